@@ -1,0 +1,30 @@
+"""kiln: a JIT kernel compiler and autotuner for the memory-bound operators of LLMs and
+diffusion transformers.
+
+Ops are registered with the torch dispatcher as ``torch.ops.kiln.*``; the functions here
+are thin wrappers. The first CUDA call of a new (device, op, dtype, hidden size) compiles
+the kernel with NVRTC and tunes it; later calls, and later processes, hit the caches.
+``import kiln`` works on a machine with no GPU (NVRTC and the driver load on first use).
+"""
+
+import torch  # noqa: F401  (loads libtorch, which the extension links against)
+
+from . import _library_paths
+from . import _C
+from . import _fakes  # noqa: F401  (registers the fake implementations)
+from ._api import compile, configure, device_count, device_info, settings, stats
+from .ops import rms_norm
+
+_library_paths.register(_C)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "compile",
+    "configure",
+    "device_count",
+    "device_info",
+    "rms_norm",
+    "settings",
+    "stats",
+]

@@ -1,0 +1,18 @@
+"""Python spellings of kiln's ops (each one call of ``torch.ops.kiln.*``)."""
+
+from typing import Optional
+
+import torch
+
+# The resolved overload: calling it skips the packet's overload lookup on every call.
+_rms_norm = torch.ops.kiln.rms_norm.default
+
+
+def rms_norm(x: torch.Tensor, weight: Optional[torch.Tensor] = None, eps: float = 1e-6) -> torch.Tensor:
+    """``x * rsqrt(mean(x**2, -1) + eps) * weight`` over the last dimension.
+
+    Math in fp32; the output has x's dtype and shape (contiguous), rounded once after the
+    weight multiply. ``weight`` must have x's dtype and device and shape ``[x.shape[-1]]``.
+    Any leading shape and non-contiguous inputs are accepted; zero rows give an empty result.
+    """
+    return _rms_norm(x, weight, eps)

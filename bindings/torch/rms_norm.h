@@ -1,0 +1,17 @@
+// kiln::rms_norm: y = x * rsqrt(mean(x^2, -1) + eps) * weight, math in fp32, output in x's
+// dtype (rounded once, after the weight multiply).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <optional>
+
+namespace kiln::torch_ops {
+
+// Shared by both implementations; returns x's dtype as kiln's.
+void check_rms_norm(const at::Tensor& x, const std::optional<at::Tensor>& weight);
+
+at::Tensor rms_norm_cpu(const at::Tensor& x, const std::optional<at::Tensor>& weight, double eps);
+at::Tensor rms_norm_cuda(const at::Tensor& x, const std::optional<at::Tensor>& weight, double eps);
+
+}  // namespace kiln::torch_ops

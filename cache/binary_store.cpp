@@ -1,0 +1,90 @@
+#include "cache/binary_store.h"
+
+#include <string>
+
+#include "cache/entry_format.h"
+#include "cache/error.h"
+#include "cache/file_io.h"
+#include "cache/log.h"
+
+namespace kiln {
+namespace {
+
+// Keys become file names, so only characters that are safe in one path component are taken.
+// Content keys (32 hex digits) always pass; anything else is a caller's bug.
+void check_key(std::string_view key) {
+  bool ok = !key.empty() && key.size() <= 200;
+  for (char c : key) {
+    ok = ok && ((c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+                c == '_' || c == '-');
+  }
+  if (!ok) {
+    throw Error(
+        "kiln cache: binary store key: expected 1 to 200 characters of [A-Za-z0-9_-], got '" +
+        std::string(key) + "'");
+  }
+}
+
+}  // namespace
+
+BinaryStore::BinaryStore(std::filesystem::path root, CacheMode mode)
+    : root_(std::move(root)), mode_(mode) {}
+
+std::filesystem::path BinaryStore::path_for(std::string_view key) const {
+  check_key(key);
+  std::string name(key);
+  return root_ / kCacheLayout / "bin" / name.substr(0, 2) / (name + ".bin");
+}
+
+std::optional<std::vector<char>> BinaryStore::load(std::string_view key) {
+  auto path = path_for(key);
+  if (mode_ == CacheMode::off) {
+    ++misses_;
+    return std::nullopt;
+  }
+  auto read = detail::read_whole_file(path);
+  if (read.status != detail::ReadStatus::ok) {
+    if (read.status == detail::ReadStatus::unreadable) {
+      log::warn_once("binary store read:" + root_.string() + ":" + std::to_string(read.code),
+                     detail::FileError(path, "read", read.code).message());
+    }
+    ++misses_;
+    return std::nullopt;
+  }
+  auto check = detail::check_entry(read.bytes, key);
+  if (!check.ok()) {
+    ++corrupt_;
+    ++misses_;
+    detail::move_aside(path, read, check.problem);
+    return std::nullopt;
+  }
+  ++hits_;
+  read.bytes.erase(read.bytes.begin(),
+                   read.bytes.begin() + static_cast<std::ptrdiff_t>(check.payload_offset));
+  return std::move(read.bytes);
+}
+
+bool BinaryStore::store(std::string_view key, std::span<const char> payload) {
+  auto path = path_for(key);
+  if (mode_ != CacheMode::rw) return false;
+  bool stored = false;
+  try {
+    stored = detail::try_publish("binary store", root_, path, detail::encode_entry(key, payload));
+  } catch (...) {
+    // Only encoding can get here (out of memory); a store that cannot be made is a miss later.
+  }
+  ++(stored ? stores_ : store_failures_);
+  return stored;
+}
+
+BinaryStoreStats BinaryStore::stats() const {
+  BinaryStoreStats stats;
+  stats.hits = hits_.load();
+  stats.misses = misses_.load();
+  stats.corrupt = corrupt_.load();
+  stats.stores = stores_.load();
+  stats.store_failures = store_failures_.load();
+  return stats;
+}
+
+}  // namespace kiln

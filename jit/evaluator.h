@@ -1,0 +1,45 @@
+// The Evaluator the tuner measures candidates with, on one GPU: compile every candidate (in
+// parallel, through the binary store), run each on scratch buffers, check its output
+// against the reference config's, and time it with CUDA events, flushing L2 between runs.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+
+#include "cache/binary_store.h"
+#include "jit/device.h"
+#include "tuner/evaluator.h"
+
+namespace kiln::jit {
+
+struct EvaluatorOptions {
+  int warmup_runs = 3;
+  int min_repetitions = 10;
+  int max_repetitions = 50;
+  double budget_ms = 20;  // GPU time spent timing one candidate, beyond the minimum
+};
+
+class GpuEvaluator : public Evaluator {
+ public:
+  // `store` may be null (compile in memory); it must outlive the evaluator.
+  GpuEvaluator(DeviceInfo device, BinaryStore* store, EvaluatorOptions options = {});
+
+  // Failures of one candidate become its trial's status and message. Throws kiln::Error only
+  // when nothing can be measured: scratch memory or a stream cannot be had, or the reference
+  // config itself fails.
+  std::vector<Trial> evaluate(const Family& family, const Problem& problem, std::int64_t rows,
+                              const Config& reference,
+                              const std::vector<Config>& candidates) override;
+
+  // NVRTC compiles made and binaries found in the store, over this evaluator's life.
+  std::uint64_t compiles() const { return compiles_; }
+  std::uint64_t binary_hits() const { return binary_hits_; }
+
+ private:
+  DeviceInfo device_;
+  BinaryStore* store_;
+  EvaluatorOptions options_;
+  std::atomic<std::uint64_t> compiles_{0}, binary_hits_{0};
+};
+
+}  // namespace kiln::jit

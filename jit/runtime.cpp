@@ -1,0 +1,263 @@
+#include "jit/runtime.h"
+
+#include <atomic>
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <shared_mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "cache/error.h"
+#include "cache/log.h"
+#include "cache/tuning_db.h"
+#include "jit/compiler.h"
+#include "jit/device_probe.h"
+#include "jit/evaluator.h"
+#include "jit/launch.h"
+#include "jit/module.h"
+#include "jit/nvrtc.h"
+#include "jit/tuning_record.h"
+
+namespace kiln::jit {
+namespace {
+
+struct TableKey {
+  int device = 0;
+  Problem problem;
+  std::int64_t bucket = 0;
+  bool operator==(const TableKey&) const = default;
+};
+
+struct TableKeyHash {
+  std::size_t operator()(const TableKey& key) const noexcept {
+    std::size_t h = std::hash<Problem>{}(key.problem);
+    h ^= static_cast<std::size_t>(key.bucket) * 0x9E3779B97F4A7C15ull + (h << 6) + (h >> 2);
+    h ^= static_cast<std::size_t>(key.device) * 0xC2B2AE3D27D4EB4Full + (h << 6) + (h >> 2);
+    return h;
+  }
+};
+
+std::string where(const TableKey& key) {
+  return key.problem.key() + " rows<=" + std::to_string(key.bucket) + " on device " +
+         std::to_string(key.device);
+}
+
+}  // namespace
+
+Settings Settings::from_env() {
+  Settings settings;
+  settings.cache_dir = default_cache_dir();
+  settings.cache_mode = default_cache_mode();
+  const char* tune = std::getenv("KILN_TUNE");
+  if (tune && *tune) {
+    const auto mode = parse_tune_mode(tune);
+    if (!mode) {
+      throw Error(std::string("kiln settings: KILN_TUNE: expected one of fast, full, off, got '") +
+                  tune + "'");
+    }
+    settings.tune_mode = *mode;
+  }
+  return settings;
+}
+
+struct Runtime::Impl {
+  // The hot table. Kernels are held by pointer so references handed out stay valid while
+  // the map rehashes; dropped ones are retired, never freed, since a caller may still hold one.
+  mutable std::shared_mutex table_mutex;
+  std::unordered_map<TableKey, std::unique_ptr<Kernel>, TableKeyHash> table;
+  std::vector<std::unique_ptr<Kernel>> retired;
+
+  // One resolve at a time: it may compile and tune, which uses the whole GPU anyway.
+  std::mutex resolve_mutex;
+
+  mutable std::mutex settings_mutex;
+  std::optional<Settings> settings;  // read from the environment when first needed
+  std::shared_ptr<BinaryStore> store;
+
+  std::mutex devices_mutex;
+  std::optional<int> count;
+  std::map<int, std::unique_ptr<DeviceInfo>> devices;
+
+  std::atomic<std::uint64_t> hot_hits{0}, resolves{0}, compiles{0}, binary_hits{0}, tunes{0},
+      tuning_hits{0};
+
+  Settings current_settings() {
+    std::lock_guard lock(settings_mutex);
+    if (!settings) settings = Settings::from_env();
+    return *settings;
+  }
+
+  std::shared_ptr<BinaryStore> current_store() {
+    const Settings s = current_settings();
+    std::lock_guard lock(settings_mutex);
+    if (!store) store = std::make_shared<BinaryStore>(s.cache_dir, s.cache_mode);
+    return store;
+  }
+
+  void forget() {
+    std::unique_lock lock(table_mutex);
+    for (auto& [key, kernel] : table) retired.push_back(std::move(kernel));
+    table.clear();
+  }
+
+  const Kernel* find(const TableKey& key) const {
+    std::shared_lock lock(table_mutex);
+    const auto it = table.find(key);
+    return it == table.end() ? nullptr : it->second.get();
+  }
+
+  // The config to use: a stored tuning result, else a tune, else the heuristic.
+  Config choose_config(const TableKey& key, const Family& family, const DeviceInfo& info,
+                       const Settings& settings, BinaryStore* store, CUstream stream,
+                       bool& heuristic_only) {
+    const DeviceTraits traits = info.traits();
+    const std::string fingerprint = info.fingerprint();
+    const std::string problem_key = key.problem.key();
+    TuningDb db(settings.cache_dir, settings.cache_mode);
+    if (auto document = db.load(fingerprint, problem_key, key.bucket)) {
+      std::string why;
+      if (auto winner = usable_winner(*document, family, key.problem, traits, why)) {
+        ++tuning_hits;
+        return *winner;
+      }
+      log::info("kiln: tuning result for " + where(key) + " not used: " + why);
+    }
+
+    heuristic_only = true;
+    const Config heuristic = family.heuristic(key.problem, traits);
+    if (settings.tune_mode == TuneMode::off) return heuristic;
+    if (settings.cache_mode == CacheMode::strict) {
+      // A strict fleet never compiles; its prewarmed heuristic binary is what it has.
+      log::info("kiln: KILN_CACHE=strict and no tuning result for " + where(key) +
+                ": using the heuristic config " + heuristic.key());
+      return heuristic;
+    }
+    if (stream_is_capturing(key.device, stream)) {
+      log::info("kiln: " + where(key) +
+                " first seen while a CUDA graph is being captured: using the heuristic config " +
+                heuristic.key() + " without tuning (not stored)");
+      return heuristic;
+    }
+    try {
+      GpuEvaluator evaluator(info, store);
+      const TuneResult result =
+          tune(family, key.problem, key.bucket, traits, settings.tune_mode, evaluator);
+      compiles += evaluator.compiles();
+      binary_hits += evaluator.binary_hits();
+      ++tunes;
+      db.store(fingerprint, problem_key, key.bucket,
+               tuning_document(result, info, nvrtc().version_string()));
+      heuristic_only = false;
+      return result.winner;
+    } catch (const Error& error) {
+      log::warn("kiln: tuning " + where(key) + " failed; using the heuristic config " +
+                heuristic.key() + " (not stored): " + error.message());
+      return heuristic;
+    }
+  }
+};
+
+Runtime::Runtime() : impl_(std::make_unique<Impl>()) {}
+Runtime::~Runtime() = default;
+
+Runtime& Runtime::get() {
+  // Never destroyed: kernels may be launched from other static destructors at exit, and
+  // nothing here needs tearing down (modules and contexts live as long as the process).
+  static Runtime* runtime = new Runtime();
+  return *runtime;
+}
+
+const Kernel& Runtime::kernel(int device, const Problem& problem, std::int64_t rows,
+                              CUstream stream) {
+  const TableKey key{device, problem, row_bucket(rows)};
+  if (const Kernel* hit = impl_->find(key)) {
+    impl_->hot_hits.fetch_add(1, std::memory_order_relaxed);
+    return *hit;
+  }
+
+  std::lock_guard resolving(impl_->resolve_mutex);
+  if (const Kernel* hit = impl_->find(key)) {
+    impl_->hot_hits.fetch_add(1, std::memory_order_relaxed);
+    return *hit;
+  }
+  ++impl_->resolves;
+  const Family& fam = family(problem.op);
+  fam.check(problem);
+  const DeviceInfo& info = this->device(device);
+  const Settings settings = impl_->current_settings();
+  const std::shared_ptr<BinaryStore> store = impl_->current_store();
+
+  auto kernel = std::make_unique<Kernel>();
+  kernel->family = &fam;
+  kernel->problem = problem;
+  kernel->device = device;
+  kernel->config =
+      impl_->choose_config(key, fam, info, settings, store.get(), stream, kernel->heuristic_only);
+
+  const CompileRequest request{&fam, problem, kernel->config, info.sm(), BinaryFormat::cubin};
+  Expected<CompiledKernel> compiled = jit::compile(request, store.get());
+  if (!compiled) throw compiled.error();
+  ++(compiled->from_cache ? impl_->binary_hits : impl_->compiles);
+  const LaunchGeometry geometry = fam.geometry(problem, kernel->config, key.bucket);
+  kernel->function = load_kernel(device, compiled.value(), geometry.smem_bytes).function;
+  kernel->binary_key = compiled->key;
+
+  std::unique_lock lock(impl_->table_mutex);
+  const auto [it, inserted] = impl_->table.emplace(key, std::move(kernel));
+  return *it->second;
+}
+
+void Runtime::launch(const Kernel& kernel, std::int64_t rows, const void* params, CUstream stream) {
+  const LaunchGeometry geometry = kernel.family->geometry(kernel.problem, kernel.config, rows);
+  launch_kernel(kernel.device, kernel.function, geometry, params, stream);
+}
+
+int Runtime::device_count() {
+  std::lock_guard lock(impl_->devices_mutex);
+  if (!impl_->count) impl_->count = jit::device_count();
+  return *impl_->count;
+}
+
+const DeviceInfo& Runtime::device(int ordinal) {
+  const int count = device_count();
+  if (ordinal < 0 || ordinal >= count) {
+    throw Error("kiln: device " + std::to_string(ordinal) + ": expected an ordinal in [0, " +
+                std::to_string(count) + ")");
+  }
+  std::lock_guard lock(impl_->devices_mutex);
+  auto& slot = impl_->devices[ordinal];
+  if (!slot) slot = std::make_unique<DeviceInfo>(probe_device(ordinal));
+  return *slot;
+}
+
+Settings Runtime::settings() const {
+  return impl_->current_settings();
+}
+
+void Runtime::set_settings(const Settings& settings) {
+  {
+    std::lock_guard lock(impl_->settings_mutex);
+    impl_->settings = settings;
+    impl_->store.reset();
+  }
+  impl_->forget();
+}
+
+RuntimeStats Runtime::stats() const {
+  RuntimeStats s;
+  s.hot_hits = impl_->hot_hits.load();
+  s.resolves = impl_->resolves.load();
+  s.compiles = impl_->compiles.load();
+  s.binary_hits = impl_->binary_hits.load();
+  s.tunes = impl_->tunes.load();
+  s.tuning_hits = impl_->tuning_hits.load();
+  return s;
+}
+
+void Runtime::forget_kernels() {
+  impl_->forget();
+}
+
+}  // namespace kiln::jit

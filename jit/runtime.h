@@ -1,0 +1,74 @@
+// The front door. The op bindings ask for a kernel for (device, problem, rows) and launch
+// it; everything behind (tuning db, tuner, binary store, NVRTC, module loading) happens on
+// a miss, once per (device, problem, row bucket) per process.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <string>
+
+#include "cache/settings.h"
+#include "jit/cuda_api.h"
+#include "jit/device.h"
+#include "templates/family.h"
+#include "tuner/tuner.h"
+
+namespace kiln::jit {
+
+struct Settings {
+  std::filesystem::path cache_dir;
+  CacheMode cache_mode = CacheMode::rw;
+  TuneMode tune_mode = TuneMode::fast;
+  // From KILN_CACHE_DIR, KILN_CACHE, KILN_TUNE.
+  static Settings from_env();
+};
+
+struct Kernel {
+  CUfunction function = nullptr;
+  const Family* family = nullptr;
+  Problem problem;
+  Config config;
+  int device = 0;
+  std::string binary_key;
+  bool heuristic_only = false;  // resolved without a tuning result (tune off, or capturing)
+};
+
+struct RuntimeStats {
+  std::uint64_t hot_hits = 0;
+  std::uint64_t resolves = 0;        // misses of the in-memory table
+  std::uint64_t compiles = 0;        // NVRTC compiles done by this process
+  std::uint64_t binary_hits = 0;     // binaries loaded from disk
+  std::uint64_t tunes = 0;           // tunes run
+  std::uint64_t tuning_hits = 0;     // tuning results read from disk
+};
+
+class Runtime {
+ public:
+  static Runtime& get();
+
+  // Hot path: a table lookup. A miss resolves (and may compile and tune); while `stream` is
+  // capturing a CUDA graph, no tune is run (stored result or heuristic).
+  const Kernel& kernel(int device, const Problem& problem, std::int64_t rows, CUstream stream);
+  // Launches with the family's geometry for `rows` rows; `params` points at the kernel's
+  // parameter struct.
+  void launch(const Kernel& kernel, std::int64_t rows, const void* params, CUstream stream);
+
+  int device_count();
+  const DeviceInfo& device(int ordinal);
+
+  Settings settings() const;
+  void set_settings(const Settings& settings);  // also drops the in-memory table
+  RuntimeStats stats() const;
+  // Drops the in-memory table (next call resolves from disk), keeping loaded modules alive.
+  void forget_kernels();
+
+  ~Runtime();
+
+ private:
+  Runtime();
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace kiln::jit

@@ -1,0 +1,30 @@
+// Turning user-facing words ("rms_norm", "bf16", "sm_90") into a compile request, shared by
+// the `kiln` command and the Python API so both validate and word errors the same way.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string_view>
+
+#include "jit/compiler.h"
+
+namespace kiln::jit {
+
+// "sm_90", "sm90", "90" or "9.0" -> 90. Throws ArgumentError otherwise.
+int parse_arch(std::string_view text);
+
+struct SpecialisationSpec {
+  std::string_view op = "rms_norm";
+  std::string_view dtype = "bf16";
+  std::int64_t hidden = 0;
+  bool weight = true;
+  std::uint32_t align = 16;
+  int sm = 90;
+  BinaryFormat format = BinaryFormat::cubin;
+  std::optional<Config> config;  // the family's heuristic for the arch when absent
+};
+
+// Validates every field (ArgumentError naming the field otherwise) and fills a request.
+CompileRequest make_compile_request(const SpecialisationSpec& spec);
+
+}  // namespace kiln::jit

@@ -1,0 +1,109 @@
+#include "jit/verify.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <sstream>
+
+#include "cache/error.h"
+#include "jit/host_float.h"
+
+namespace kiln::jit {
+namespace {
+
+// splitmix64: tiny, fast and identical everywhere (std:: distributions are not).
+std::uint64_t next(std::uint64_t& state) {
+  std::uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+double quantile(const std::vector<double>& sorted, double q) {
+  const double position = q * static_cast<double>(sorted.size() - 1);
+  const auto below = static_cast<std::size_t>(std::floor(position));
+  const std::size_t above = std::min(below + 1, sorted.size() - 1);
+  const double weight = position - static_cast<double>(below);
+  return sorted[below] * (1.0 - weight) + sorted[above] * weight;
+}
+
+}  // namespace
+
+std::vector<char> random_values(DType dtype, std::int64_t elements, std::uint64_t seed) {
+  const std::size_t size = dtype_size(dtype);
+  std::vector<char> bytes(static_cast<std::size_t>(elements) * size);
+  std::uint64_t state = seed;
+  for (std::int64_t i = 0; i < elements; ++i) {
+    // 24 random bits -> a float exactly representable in fp32, uniform in [-1, 1).
+    const float value =
+        static_cast<float>(static_cast<double>(next(state) >> 40) / 8388608.0 - 1.0);
+    char* out = bytes.data() + static_cast<std::size_t>(i) * size;
+    if (dtype == DType::f32) {
+      std::memcpy(out, &value, 4);
+    } else {
+      const std::uint16_t bits =
+          dtype == DType::f16 ? float_to_f16_bits(value) : float_to_bf16_bits(value);
+      std::memcpy(out, &bits, 2);
+    }
+  }
+  return bytes;
+}
+
+float element(DType dtype, std::span<const char> bytes, std::int64_t index) {
+  const char* at = bytes.data() + static_cast<std::size_t>(index) * dtype_size(dtype);
+  if (dtype == DType::f32) {
+    float value;
+    std::memcpy(&value, at, 4);
+    return value;
+  }
+  std::uint16_t bits;
+  std::memcpy(&bits, at, 2);
+  return dtype == DType::f16 ? f16_bits_to_float(bits) : bf16_bits_to_float(bits);
+}
+
+double tolerance(DType dtype) {
+  switch (dtype) {
+    case DType::f32:
+      return 1e-5;
+    case DType::f16:
+      return 2e-3;
+    case DType::bf16:
+      return 1.6e-2;
+  }
+  return 0;
+}
+
+std::optional<std::string> compare_outputs(DType dtype, std::span<const char> got,
+                                           std::span<const char> expected) {
+  if (got.size() != expected.size()) {
+    throw Error("kiln: compare_outputs: expected buffers of equal size, got " +
+                std::to_string(got.size()) + " and " + std::to_string(expected.size()) + " bytes");
+  }
+  const auto count = static_cast<std::int64_t>(got.size() / dtype_size(dtype));
+  const double tol = tolerance(dtype);
+  std::int64_t bad = 0;
+  std::ostringstream first;
+  for (std::int64_t i = 0; i < count; ++i) {
+    const double g = element(dtype, got, i);
+    const double e = element(dtype, expected, i);
+    const double allowed = tol * std::max(1.0, std::fabs(e));
+    const bool ok = !std::isnan(g) && !std::isnan(e) && std::fabs(g - e) <= allowed;
+    if (ok) continue;
+    if (bad++ == 0) {
+      first.precision(9);
+      first << "element " << i << ": got " << g << ", expected " << e << " (allowed difference "
+            << allowed << ")";
+    }
+  }
+  if (bad == 0) return std::nullopt;
+  return first.str() + "; " + std::to_string(bad) + " of " + std::to_string(count) +
+         " elements differ";
+}
+
+TimingSummary summarize(std::vector<double> samples_us) {
+  if (samples_us.empty()) return {};
+  std::sort(samples_us.begin(), samples_us.end());
+  return {quantile(samples_us, 0.5), quantile(samples_us, 0.75) - quantile(samples_us, 0.25)};
+}
+
+}  // namespace kiln::jit

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# On the GPU machine (torch, triton and the CUDA toolkit installed; no network): build
+# kiln, run the C++ tests, the Python tests (GPU ones included) and the benchmarks, and
+# print a short table last. Header-only libraries missing there travel in .deps/include.
+# Results go to $OUT (default bench/results/latest).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-$PWD/bench/results/latest}
+mkdir -p "$OUT"
+jobs=$(nproc)
+status=0
+step() { echo; echo "== $*"; }
+
+step "machine"
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv
+python3 -c "import sys, torch, triton; print(sys.version.split()[0], torch.__version__, 'triton', triton.__version__)"
+
+step "build and install"
+start=$(date +%s)
+python3 -m pip install --no-build-isolation --no-deps -q . >"$OUT/build.log" 2>&1 \
+  || { tail -40 "$OUT/build.log"; exit 1; }
+echo "built in $(( $(date +%s) - start )) s"
+
+step "C++ tests"
+cmake -S . -B build/gpu -G Ninja -DKILN_BUILD_TORCH=OFF >/dev/null \
+  && cmake --build build/gpu -j "$jobs" >"$OUT/cpp-build.log" 2>&1 \
+  && ctest --test-dir build/gpu --output-on-failure >"$OUT/ctest.log" 2>&1 || status=1
+tail -4 "$OUT/ctest.log"
+
+step "Python tests (GPU included)"
+(cd tests/python && python3 -m pytest -q -p no:cacheprovider -x "${PYTEST_ARGS[@]:-.}" 2>&1 \
+  | tee "$OUT/pytest.log" | tail -25) || status=1
+grep -E "passed|failed" "$OUT/pytest.log" | tail -1 | grep -q failed && status=1
+
+step "main job"
+python3 examples/quickstart.py || status=1
+
+step "benchmarks"
+python3 bench/rms_norm.py --out "$OUT" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" | tail -20 || status=1
+exit $status

@@ -1,0 +1,73 @@
+// An op family: everything kiln knows about one kernel template, with no CUDA in it.
+// The tuner enumerates and prunes its space, jit/ compiles its name expression and
+// launches with its geometry, the bindings fill its parameter struct.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "templates/types.h"
+
+namespace kiln {
+
+// A scratch buffer the evaluator must provide to run a candidate on its own.
+struct BufferSpec {
+  std::string name;
+  DType dtype;
+  std::int64_t elements;
+  bool is_output;
+};
+
+class Family {
+ public:
+  virtual ~Family() = default;
+
+  virtual Op op() const = 0;
+  std::string_view name() const { return op_name(op()); }
+  // The embedded header that defines the kernel template, e.g. "kiln/rms_norm.cuh".
+  virtual std::string_view header() const = 0;
+
+  // Throws ArgumentError if the problem cannot be specialised at all (hidden <= 0, ...).
+  virtual void check(const Problem& problem) const = 0;
+  // Every valid config for the problem on the target, in a fixed canonical order
+  // (the order ties are broken in).
+  virtual std::vector<Config> space(const Problem& problem, const DeviceTraits& device) const = 0;
+  // Why `config` is invalid for the problem on the target; empty when it is valid.
+  virtual std::string invalid_reason(const Problem& problem, const Config& config,
+                                     const DeviceTraits& device) const = 0;
+  // A good config without measuring: used with KILN_TUNE=off, under graph capture, and as
+  // the reference every tuned candidate must agree with.
+  virtual Config heuristic(const Problem& problem, const DeviceTraits& device) const = 0;
+
+  // The kernel's C++ name expression, e.g. "kiln::rms_norm<kiln::bf16, 4096, 16, 32, 128, true>".
+  virtual std::string name_expression(const Problem& problem, const Config& config) const = 0;
+  // Grid, block and dynamic shared memory for `rows` rows.
+  virtual LaunchGeometry geometry(const Problem& problem, const Config& config,
+                                  std::int64_t rows) const = 0;
+
+  // For running a candidate in isolation (the evaluator): the buffers to allocate, in the
+  // order their device addresses are passed to pack_params, and the bytes of the kernel's
+  // single by-value parameter struct for those addresses.
+  virtual std::vector<BufferSpec> buffers(const Problem& problem, std::int64_t rows) const = 0;
+  virtual std::vector<std::byte> pack_params(const Problem& problem, std::int64_t rows,
+                                             std::span<const std::uint64_t> addresses) const = 0;
+  // Bytes that must move for `rows` rows (inputs read once, outputs written once).
+  virtual std::int64_t bytes_moved(const Problem& problem, std::int64_t rows) const = 0;
+};
+
+// The registry of families, by op.
+const Family& family(Op op);
+std::span<const Family* const> families();
+
+// The embedded template sources: name ("kiln/rms_norm.cuh") -> text. Built into the library
+// from templates/kiln/*.cuh at build time, so an installed kiln needs no source tree.
+struct EmbeddedSource {
+  std::string_view name;
+  std::string_view text;
+};
+std::span<const EmbeddedSource> embedded_sources();
+
+}  // namespace kiln

@@ -1,0 +1,28 @@
+#include <array>
+
+#include "cache/error.h"
+#include "templates/family.h"
+#include "templates/rms_norm_family.h"
+
+namespace kiln {
+namespace {
+
+const RmsNormFamily kRmsNorm;
+
+// Every op has exactly one family; the list is short, so lookup is a scan.
+constexpr std::array<const Family*, 1> kFamilies = {&kRmsNorm};
+
+}  // namespace
+
+const Family& family(Op op) {
+  for (const Family* f : kFamilies) {
+    if (f->op() == op) return *f;
+  }
+  throw Error("kiln: no op family registered for op " + std::to_string(static_cast<int>(op)));
+}
+
+std::span<const Family* const> families() {
+  return kFamilies;
+}
+
+}  // namespace kiln

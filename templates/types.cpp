@@ -1,0 +1,321 @@
+#include "templates/types.h"
+
+#include <array>
+#include <cstdint>
+#include <nlohmann/json.hpp>
+
+#include "cache/error.h"
+
+namespace kiln {
+namespace {
+
+constexpr std::array<DType, 3> kDTypes = {DType::f32, DType::f16, DType::bf16};
+constexpr std::array<Op, 1> kOps = {Op::rms_norm};
+
+}  // namespace
+
+std::string_view dtype_name(DType dtype) {
+  switch (dtype) {
+    case DType::f32:
+      return "fp32";
+    case DType::f16:
+      return "fp16";
+    case DType::bf16:
+      return "bf16";
+  }
+  return "?";
+}
+
+std::string_view dtype_cuda_type(DType dtype) {
+  switch (dtype) {
+    case DType::f32:
+      return "float";
+    case DType::f16:
+      return "kiln::f16";
+    case DType::bf16:
+      return "kiln::bf16";
+  }
+  return "?";
+}
+
+std::size_t dtype_size(DType dtype) {
+  return dtype == DType::f32 ? 4 : 2;
+}
+
+// The spellings of torch ("float32", "bfloat16"), of C ("float", "half") and kiln's own.
+std::optional<DType> parse_dtype(std::string_view text) {
+  if (text == "fp32" || text == "float32" || text == "float") return DType::f32;
+  if (text == "fp16" || text == "float16" || text == "half") return DType::f16;
+  if (text == "bf16" || text == "bfloat16") return DType::bf16;
+  return std::nullopt;
+}
+
+std::string_view op_name(Op op) {
+  switch (op) {
+    case Op::rms_norm:
+      return "rms_norm";
+  }
+  return "?";
+}
+
+std::optional<Op> parse_op(std::string_view text) {
+  for (Op op : kOps) {
+    if (text == op_name(op)) return op;
+  }
+  return std::nullopt;
+}
+
+std::string Problem::key() const {
+  return std::string(op_name(op)) + "." + std::string(dtype_name(dtype)) + ".h" +
+         std::to_string(hidden) + ".f" + std::to_string(flags) + ".a" + std::to_string(align);
+}
+
+std::string Config::key() const {
+  // Appended piece by piece: GCC 12 warns falsely (-Wrestrict) on "v" + std::to_string().
+  std::string text = "v";
+  text += std::to_string(vec_bytes);
+  text += ".t";
+  text += std::to_string(threads_per_row);
+  text += ".c";
+  text += std::to_string(cta_threads);
+  for (const auto& [name, value] : extra) {
+    text += '.';
+    text += name;
+    text += '=';
+    text += std::to_string(value);
+  }
+  return text;
+}
+
+// ---------------------------------------------------------------------------------------
+// JSON. Readers check every field themselves, so a malformed file reports what was wrong
+// in kiln's words rather than as a library type error.
+
+namespace {
+
+const nlohmann::json& require(const nlohmann::json& j, const char* what, const char* field) {
+  if (!j.is_object()) {
+    throw Error(std::string(what) + " JSON: expected an object, got " + j.dump());
+  }
+  const auto it = j.find(field);
+  if (it == j.end()) {
+    throw Error(std::string(what) + " JSON: expected field \"" + field + "\", got " + j.dump());
+  }
+  return *it;
+}
+
+// The value of an integer JSON number if it lies in [min, max].
+std::optional<std::int64_t> integer_in(const nlohmann::json& value, std::int64_t min,
+                                       std::int64_t max) {
+  if (!value.is_number_integer()) return std::nullopt;
+  if (value.is_number_unsigned()) {
+    const auto v = value.get<std::uint64_t>();
+    if (v > static_cast<std::uint64_t>(max) || static_cast<std::int64_t>(v) < min) {
+      return std::nullopt;
+    }
+    return static_cast<std::int64_t>(v);
+  }
+  const auto v = value.get<std::int64_t>();
+  if (v < min || v > max) return std::nullopt;
+  return v;
+}
+
+std::int64_t require_integer(const nlohmann::json& j, const char* what, const char* field,
+                             std::int64_t min, std::int64_t max) {
+  const nlohmann::json& value = require(j, what, field);
+  const auto v = integer_in(value, min, max);
+  if (!v) {
+    throw Error(std::string(what) + " JSON: \"" + field + "\": expected an integer in [" +
+                std::to_string(min) + ", " + std::to_string(max) + "], got " + value.dump());
+  }
+  return *v;
+}
+
+std::string require_string(const nlohmann::json& j, const char* what, const char* field) {
+  const nlohmann::json& value = require(j, what, field);
+  if (!value.is_string()) {
+    throw Error(std::string(what) + " JSON: \"" + field + "\": expected a string, got " +
+                value.dump());
+  }
+  return value.get<std::string>();
+}
+
+constexpr std::int64_t kIntMax = 0x7fffffff;
+
+}  // namespace
+
+void to_json(nlohmann::json& j, const Config& config) {
+  j = nlohmann::json{{"vec_bytes", config.vec_bytes},
+                     {"threads_per_row", config.threads_per_row},
+                     {"cta_threads", config.cta_threads}};
+  nlohmann::json extra = nlohmann::json::object();
+  for (const auto& [name, value] : config.extra) extra[name] = value;
+  j["extra"] = std::move(extra);
+}
+
+void from_json(const nlohmann::json& j, Config& config) {
+  constexpr const char* kWhat = "kiln config";
+  Config result;
+  result.vec_bytes = static_cast<int>(require_integer(j, kWhat, "vec_bytes", 1, kIntMax));
+  result.threads_per_row =
+      static_cast<int>(require_integer(j, kWhat, "threads_per_row", 1, kIntMax));
+  result.cta_threads = static_cast<int>(require_integer(j, kWhat, "cta_threads", 1, kIntMax));
+  if (const auto it = j.find("extra"); it != j.end()) {
+    if (!it->is_object()) {
+      throw Error(std::string(kWhat) + " JSON: \"extra\": expected an object, got " + it->dump());
+    }
+    for (const auto& [name, value] : it->items()) {
+      const auto v = integer_in(value, INT64_MIN, INT64_MAX);
+      if (!v) {
+        throw Error(std::string(kWhat) + " JSON: \"extra\": \"" + name +
+                    "\": expected an integer, got " + value.dump());
+      }
+      result.extra[name] = *v;
+    }
+  }
+  config = std::move(result);
+}
+
+void to_json(nlohmann::json& j, const Problem& problem) {
+  j = nlohmann::json{{"op", op_name(problem.op)},
+                     {"dtype", dtype_name(problem.dtype)},
+                     {"hidden", problem.hidden},
+                     {"flags", problem.flags},
+                     {"align", problem.align}};
+}
+
+void from_json(const nlohmann::json& j, Problem& problem) {
+  constexpr const char* kWhat = "kiln problem";
+  Problem result;
+  const std::string op = require_string(j, kWhat, "op");
+  const auto parsed_op = parse_op(op);
+  if (!parsed_op) {
+    throw Error(std::string(kWhat) + " JSON: \"op\": expected a known op (rms_norm), got \"" + op +
+                "\"");
+  }
+  result.op = *parsed_op;
+  const std::string dtype = require_string(j, kWhat, "dtype");
+  const auto parsed_dtype = parse_dtype(dtype);
+  if (!parsed_dtype) {
+    throw Error(std::string(kWhat) + " JSON: \"dtype\": expected fp32, fp16 or bf16, got \"" +
+                dtype + "\"");
+  }
+  result.dtype = *parsed_dtype;
+  result.hidden = require_integer(j, kWhat, "hidden", 1, INT64_MAX);
+  result.flags = static_cast<std::uint32_t>(require_integer(j, kWhat, "flags", 0, 0xffffffffll));
+  const std::int64_t align = require_integer(j, kWhat, "align", 1, 16);
+  if ((align & (align - 1)) != 0) {
+    throw Error(std::string(kWhat) + " JSON: \"align\": expected a power of two in [1, 16], got " +
+                std::to_string(align));
+  }
+  result.align = static_cast<std::uint32_t>(align);
+  problem = result;
+}
+
+// ---------------------------------------------------------------------------------------
+// Known archs, described by the datacenter part most deployments of that arch use.
+
+namespace {
+
+DeviceTraits turing_t4() {
+  DeviceTraits t;
+  t.sm = 75;
+  t.sm_count = 40;
+  t.max_threads_per_block = 1024;
+  t.max_threads_per_sm = 1024;
+  t.regs_per_sm = 65536;
+  t.regs_per_block = 65536;
+  t.smem_per_block = 48 * 1024;
+  t.smem_per_block_optin = 64 * 1024;
+  t.smem_per_sm = 64 * 1024;
+  t.l2_bytes = 4 * 1024 * 1024;
+  return t;
+}
+
+DeviceTraits ampere_a100() {
+  DeviceTraits t;
+  t.sm = 80;
+  t.sm_count = 108;
+  t.max_threads_per_block = 1024;
+  t.max_threads_per_sm = 2048;
+  t.regs_per_sm = 65536;
+  t.regs_per_block = 65536;
+  t.smem_per_block = 48 * 1024;
+  t.smem_per_block_optin = 163 * 1024;
+  t.smem_per_sm = 164 * 1024;
+  t.l2_bytes = 40 * 1024 * 1024;
+  return t;
+}
+
+DeviceTraits ampere_a10() {
+  DeviceTraits t;
+  t.sm = 86;
+  t.sm_count = 72;
+  t.max_threads_per_block = 1024;
+  t.max_threads_per_sm = 1536;
+  t.regs_per_sm = 65536;
+  t.regs_per_block = 65536;
+  t.smem_per_block = 48 * 1024;
+  t.smem_per_block_optin = 99 * 1024;
+  t.smem_per_sm = 100 * 1024;
+  t.l2_bytes = 6 * 1024 * 1024;
+  return t;
+}
+
+DeviceTraits ada_l4() {
+  DeviceTraits t;
+  t.sm = 89;
+  t.sm_count = 58;
+  t.max_threads_per_block = 1024;
+  t.max_threads_per_sm = 1536;
+  t.regs_per_sm = 65536;
+  t.regs_per_block = 65536;
+  t.smem_per_block = 48 * 1024;
+  t.smem_per_block_optin = 99 * 1024;
+  t.smem_per_sm = 100 * 1024;
+  t.l2_bytes = 48 * 1024 * 1024;
+  return t;
+}
+
+DeviceTraits hopper_h100_sxm() {
+  DeviceTraits t;
+  t.sm = 90;
+  t.sm_count = 132;
+  t.max_threads_per_block = 1024;
+  t.max_threads_per_sm = 2048;
+  t.regs_per_sm = 65536;
+  t.regs_per_block = 65536;
+  t.smem_per_block = 48 * 1024;
+  t.smem_per_block_optin = 227 * 1024;
+  t.smem_per_sm = 228 * 1024;
+  t.l2_bytes = 50 * 1024 * 1024;
+  return t;
+}
+
+}  // namespace
+
+// An arch newer than the table (sm_100, ...) gets the traits of the newest known one below
+// it, keeping its own `sm` so code generation still targets it. Archs older than sm_75 are
+// not supported by CUDA 13's NVRTC.
+DeviceTraits DeviceTraits::for_arch(int sm) {
+  if (sm < 75) {
+    throw ArgumentError("device", "sm", "a compute capability of at least 7.5 (sm_75)",
+                        "sm_" + std::to_string(sm));
+  }
+  DeviceTraits traits;
+  if (sm >= 90) {
+    traits = hopper_h100_sxm();
+  } else if (sm >= 89) {
+    traits = ada_l4();
+  } else if (sm >= 86) {
+    traits = ampere_a10();
+  } else if (sm >= 80) {
+    traits = ampere_a100();
+  } else {
+    traits = turing_t4();
+  }
+  traits.sm = sm;
+  return traits;
+}
+
+}  // namespace kiln

@@ -1,0 +1,105 @@
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "jit/host_float.h"
+#include "jit/verify.h"
+#include "jit_test_support.h"
+
+namespace kiln::jit {
+
+using test::contains;
+
+TEST_CASE("random values: deterministic, in [-1, 1), spread out, per dtype") {
+  for (DType dtype : {DType::f32, DType::f16, DType::bf16}) {
+    CAPTURE(dtype_name(dtype));
+    const std::vector<char> a = random_values(dtype, 4096, 7);
+    CHECK(a.size() == 4096 * dtype_size(dtype));
+    CHECK(a == random_values(dtype, 4096, 7));
+    CHECK(a != random_values(dtype, 4096, 8));
+    double sum = 0;
+    int negative = 0;
+    for (std::int64_t i = 0; i < 4096; ++i) {
+      const float value = element(dtype, a, i);
+      REQUIRE(value >= -1.0f);
+      // Rounding to a 16-bit type may carry a value just below 1 up to 1.
+      REQUIRE(value <= 1.0f);
+      sum += value;
+      negative += value < 0;
+    }
+    CHECK(std::fabs(sum / 4096) < 0.05);
+    CHECK(negative > 1800);
+    CHECK(negative < 2300);
+  }
+}
+
+TEST_CASE("compare: agrees within the dtype's tolerance, names the first bad element") {
+  std::vector<float> reference = {1.0f, -2.0f, 0.5f, 100.0f};
+  std::vector<float> got = reference;
+  const auto bytes = [](const std::vector<float>& values) {
+    std::vector<char> out(values.size() * 4);
+    std::memcpy(out.data(), values.data(), out.size());
+    return out;
+  };
+  CHECK_FALSE(compare_outputs(DType::f32, bytes(got), bytes(reference)));
+
+  got[3] = 100.0f * (1 + 5e-6f);  // relative to |ref| when |ref| > 1
+  CHECK_FALSE(compare_outputs(DType::f32, bytes(got), bytes(reference)));
+  got[2] = 0.5f + 2e-5f;  // absolute 1e-5 when |ref| <= 1: too far
+  const auto why = compare_outputs(DType::f32, bytes(got), bytes(reference));
+  REQUIRE(why);
+  CHECK(contains(*why, "element 2"));
+  CHECK(contains(*why, "1 of 4"));
+
+  got = reference;
+  got[0] = std::numeric_limits<float>::quiet_NaN();
+  REQUIRE(compare_outputs(DType::f32, bytes(got), bytes(reference)));
+  CHECK(contains(*compare_outputs(DType::f32, bytes(got), bytes(reference)), "element 0"));
+}
+
+TEST_CASE("compare: 16-bit tolerances and the poison pattern") {
+  const auto halves = [](DType dtype, const std::vector<float>& values) {
+    std::vector<char> out(values.size() * 2);
+    for (std::size_t i = 0; i < values.size(); ++i) {
+      const std::uint16_t bits =
+          dtype == DType::f16 ? float_to_f16_bits(values[i]) : float_to_bf16_bits(values[i]);
+      std::memcpy(out.data() + 2 * i, &bits, 2);
+    }
+    return out;
+  };
+  // One bf16 ulp at 1.0 is 2^-7 = 0.0078: within 1.6e-2; three ulps are not.
+  CHECK_FALSE(
+      compare_outputs(DType::bf16, halves(DType::bf16, {1.0078125f}), halves(DType::bf16, {1.0f})));
+  CHECK(
+      compare_outputs(DType::bf16, halves(DType::bf16, {1.0234375f}), halves(DType::bf16, {1.0f})));
+  // fp16: 1 ulp at 1.0 is 2^-10 ~ 0.001 passes 2e-3; 3 ulps do not.
+  CHECK_FALSE(
+      compare_outputs(DType::f16, halves(DType::f16, {1.0009765625f}), halves(DType::f16, {1.0f})));
+  CHECK(
+      compare_outputs(DType::f16, halves(DType::f16, {1.0029296875f}), halves(DType::f16, {1.0f})));
+  // An output the kernel never wrote keeps the 0xFF poison: NaN in every dtype.
+  for (DType dtype : {DType::f32, DType::f16, DType::bf16}) {
+    const std::vector<char> poison(dtype_size(dtype), static_cast<char>(0xFF));
+    std::vector<char> zero(dtype_size(dtype), 0);
+    CHECK(compare_outputs(dtype, poison, zero));
+  }
+  CHECK_THROWS(compare_outputs(DType::f32, std::vector<char>(8), std::vector<char>(4)));
+}
+
+TEST_CASE("timing summary: median and interquartile range") {
+  const TimingSummary odd = summarize({5, 1, 4, 2, 3});
+  CHECK(odd.median_us == doctest::Approx(3));
+  CHECK(odd.spread_us == doctest::Approx(2));  // q75 = 4, q25 = 2
+  const TimingSummary even = summarize({10, 20, 30, 40});
+  CHECK(even.median_us == doctest::Approx(25));
+  CHECK(even.spread_us == doctest::Approx(15));  // 32.5 - 17.5
+  const TimingSummary one = summarize({7});
+  CHECK(one.median_us == doctest::Approx(7));
+  CHECK(one.spread_us == doctest::Approx(0));
+  CHECK(summarize({}).median_us == 0);
+}
+
+}  // namespace kiln::jit

@@ -1,0 +1,378 @@
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <set>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "cache/error.h"
+#include "templates/family.h"
+#include "templates/kiln/rms_norm_params.cuh"
+#include "templates/rms_norm_family.h"
+
+using kiln::Config;
+using kiln::DeviceTraits;
+using kiln::DType;
+using kiln::Op;
+using kiln::Problem;
+
+namespace {
+
+const kiln::Family& rms() {
+  return kiln::family(Op::rms_norm);
+}
+
+Problem problem(DType dtype, std::int64_t hidden, bool weight = true, std::uint32_t align = 16) {
+  return Problem{Op::rms_norm, dtype, hidden, weight ? kiln::kRmsNormHasWeight : 0u, align};
+}
+
+Config config(int vec, int tpr, int cta) {
+  Config c;
+  c.vec_bytes = vec;
+  c.threads_per_row = tpr;
+  c.cta_threads = cta;
+  return c;
+}
+
+constexpr DType kDTypes[] = {DType::f32, DType::f16, DType::bf16};
+constexpr std::int64_t kHiddens[] = {1, 7, 768, 2048, 3072, 4096, 4545, 5120, 8192, 14848};
+constexpr std::uint32_t kAligns[] = {16, 2};
+constexpr int kArchs[] = {75, 80, 90};
+
+bool power_of_two(std::int64_t v) {
+  return v > 0 && (v & (v - 1)) == 0;
+}
+
+// The space's rules restated from the family's contract, independently of its code.
+void check_config_obeys_rules(const Problem& p, const Config& c, const DeviceTraits& device) {
+  const auto element = static_cast<int>(kiln::dtype_size(p.dtype));
+  const int vec_elems = c.vec_bytes / element;
+  const int align = std::max<int>(static_cast<int>(p.align), element);
+  CHECK((c.vec_bytes == 2 || c.vec_bytes == 4 || c.vec_bytes == 8 || c.vec_bytes == 16));
+  CHECK(c.vec_bytes >= element);
+  CHECK(c.vec_bytes <= align);
+  CHECK((p.hidden * element) % c.vec_bytes == 0);
+  CHECK(power_of_two(c.threads_per_row));
+  CHECK(c.threads_per_row >= 4);
+  CHECK(c.threads_per_row <= 1024);
+  CHECK((c.threads_per_row == 4 || c.threads_per_row * vec_elems <= p.hidden));
+  const std::int64_t steps = (p.hidden + std::int64_t{vec_elems} * c.threads_per_row - 1) /
+                             (vec_elems * c.threads_per_row);
+  CHECK(steps * vec_elems <= 64);
+  CHECK(power_of_two(c.cta_threads));
+  CHECK(c.cta_threads >= 64);
+  CHECK(c.cta_threads >= c.threads_per_row);
+  CHECK(c.cta_threads <= device.max_threads_per_block);
+  CHECK(c.extra.empty());
+}
+
+}  // namespace
+
+TEST_CASE("the registry serves the rms_norm family") {
+  const kiln::Family& f = kiln::family(Op::rms_norm);
+  CHECK(f.op() == Op::rms_norm);
+  CHECK(f.name() == "rms_norm");
+  CHECK(f.header() == "kiln/rms_norm.cuh");
+  CHECK(&f == &kiln::family(Op::rms_norm));
+  const auto all = kiln::families();
+  REQUIRE(all.size() == 1);
+  CHECK(all[0] == &f);
+}
+
+TEST_CASE("check rejects problems that cannot be specialised") {
+  CHECK_NOTHROW(rms().check(problem(DType::bf16, 1)));
+  CHECK_NOTHROW(rms().check(problem(DType::bf16, 65536)));
+  CHECK_THROWS_WITH_AS(rms().check(problem(DType::bf16, 0)),
+                       "kiln.rms_norm: x: expected hidden size in [1, 65536], got 0",
+                       kiln::ArgumentError);
+  CHECK_THROWS_AS(rms().check(problem(DType::bf16, 65537)), kiln::ArgumentError);
+  CHECK_THROWS_AS(rms().check(problem(DType::bf16, -4)), kiln::ArgumentError);
+  CHECK_THROWS_WITH_AS(rms().check(problem(DType::bf16, 4096, true, 3)),
+                       doctest::Contains("power of two"), kiln::ArgumentError);
+  CHECK_THROWS_AS(rms().check(problem(DType::bf16, 4096, true, 32)), kiln::ArgumentError);
+  CHECK_THROWS_AS(rms().check(problem(DType::bf16, 4096, true, 0)), kiln::ArgumentError);
+  Problem unknown_flag = problem(DType::bf16, 4096);
+  unknown_flag.flags = 2;
+  CHECK_THROWS_WITH_AS(rms().check(unknown_flag), doctest::Contains("flags"), kiln::ArgumentError);
+  CHECK_THROWS_AS(rms().space(problem(DType::f16, 0), DeviceTraits::for_arch(90)),
+                  kiln::ArgumentError);
+}
+
+TEST_CASE("space is non-empty, valid and canonically ordered for common problems") {
+  for (int sm : kArchs) {
+    const DeviceTraits device = DeviceTraits::for_arch(sm);
+    for (DType dtype : kDTypes) {
+      for (std::int64_t hidden : kHiddens) {
+        for (bool weight : {true, false}) {
+          for (std::uint32_t align : kAligns) {
+            const Problem p = problem(dtype, hidden, weight, align);
+            CAPTURE(p.key());
+            CAPTURE(sm);
+            const std::vector<Config> space = rms().space(p, device);
+            REQUIRE_FALSE(space.empty());
+            std::set<std::string> keys;
+            for (const Config& c : space) {
+              CAPTURE(c.key());
+              CHECK(rms().invalid_reason(p, c, device) == "");
+              check_config_obeys_rules(p, c, device);
+              CHECK(keys.insert(c.key()).second);
+            }
+            const bool ordered =
+                std::is_sorted(space.begin(), space.end(), [](const Config& a, const Config& b) {
+                  return std::tuple(-a.vec_bytes, a.threads_per_row, a.cta_threads) <
+                         std::tuple(-b.vec_bytes, b.threads_per_row, b.cta_threads);
+                });
+            CHECK(ordered);
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("space holds every grid point invalid_reason accepts, and only those") {
+  const DeviceTraits device = DeviceTraits::for_arch(90);
+  for (const Problem& p : {problem(DType::bf16, 4096), problem(DType::f32, 14848, false, 8),
+                           problem(DType::f16, 4545, true, 16)}) {
+    const std::vector<Config> space = rms().space(p, device);
+    std::size_t accepted = 0;
+    for (int vec : {1, 2, 4, 8, 16, 32}) {
+      for (int tpr = 1; tpr <= 2048; tpr *= 2) {
+        for (int cta = 32; cta <= 2048; cta *= 2) {
+          const Config c = config(vec, tpr, cta);
+          const bool valid = rms().invalid_reason(p, c, device).empty();
+          const bool listed = std::find(space.begin(), space.end(), c) != space.end();
+          CAPTURE(c.key());
+          CHECK(valid == listed);
+          accepted += valid ? 1 : 0;
+        }
+      }
+    }
+    CHECK(accepted == space.size());
+  }
+}
+
+TEST_CASE("vector widths follow the data: fp32 needs 4 bytes, odd bf16 rows get 2") {
+  const DeviceTraits device = DeviceTraits::for_arch(90);
+  auto widths = [&](const Problem& p) {
+    std::set<int> vecs;
+    for (const Config& c : rms().space(p, device)) vecs.insert(c.vec_bytes);
+    return vecs;
+  };
+  CHECK(widths(problem(DType::bf16, 4096)) == std::set<int>{2, 4, 8, 16});
+  CHECK(widths(problem(DType::f32, 4096)) == std::set<int>{4, 8, 16});
+  CHECK(widths(problem(DType::bf16, 4545)) == std::set<int>{2});
+  CHECK(widths(problem(DType::f16, 4546)) == std::set<int>{2, 4});
+  CHECK(widths(problem(DType::bf16, 4096, true, 8)) == std::set<int>{2, 4, 8});
+  // An fp32 element is always 4-byte aligned, whatever smaller alignment was reported.
+  CHECK(widths(problem(DType::f32, 4096, true, 2)) == std::set<int>{4});
+}
+
+TEST_CASE("the widest rows still have a config") {
+  for (int sm : kArchs) {
+    const DeviceTraits device = DeviceTraits::for_arch(sm);
+    for (DType dtype : kDTypes) {
+      for (std::int64_t hidden : {16384, 32768, 49152, 65535, 65536}) {
+        const Problem p = problem(dtype, hidden);
+        CAPTURE(p.key());
+        CHECK_FALSE(rms().space(p, device).empty());
+        const Config h = rms().heuristic(p, device);
+        CHECK(rms().invalid_reason(p, h, device) == "");
+      }
+    }
+  }
+}
+
+TEST_CASE("invalid_reason explains each broken rule") {
+  const DeviceTraits h100 = DeviceTraits::for_arch(90);
+  const Problem aligned8 = problem(DType::bf16, 4096, true, 8);
+  CHECK(rms().invalid_reason(aligned8, config(16, 128, 256), h100) ==
+        "vec_bytes 16 exceeds the data alignment 8");
+  CHECK(rms().invalid_reason(aligned8, config(8, 128, 256), h100) == "");
+
+  const Problem bf16 = problem(DType::bf16, 4096);
+  CHECK(rms().invalid_reason(bf16, config(16, 256, 128), h100) ==
+        "cta_threads 128 is fewer than threads_per_row 256");
+  CHECK(rms().invalid_reason(bf16, config(16, 128, 96), h100).find("cta_threads 96") == 0);
+  CHECK(rms().invalid_reason(bf16, config(16, 48, 256), h100).find("threads_per_row 48") == 0);
+  CHECK(rms().invalid_reason(bf16, config(12, 128, 256), h100).find("vec_bytes 12") == 0);
+
+  const std::string odd =
+      rms().invalid_reason(problem(DType::bf16, 4545), config(4, 128, 256), h100);
+  CHECK(odd.find("4545") != std::string::npos);
+  CHECK(odd.find("4-byte vectors") != std::string::npos);
+
+  CHECK(rms()
+            .invalid_reason(problem(DType::f32, 4096), config(2, 128, 256), h100)
+            .find("narrower than one fp32 element") != std::string::npos);
+
+  // 4096 bf16 over 32 threads is 128 elements a thread: past the register budget.
+  CHECK(rms().invalid_reason(bf16, config(16, 32, 128), h100).find("register budget") !=
+        std::string::npos);
+  // 768 elements in 16-byte vectors are 96 vectors: 128 threads would leave some idle.
+  CHECK(rms().invalid_reason(problem(DType::bf16, 768), config(16, 128, 128), h100).find("idle") !=
+        std::string::npos);
+
+  DeviceTraits small = h100;
+  small.max_threads_per_block = 512;
+  CHECK(rms().invalid_reason(bf16, config(16, 128, 1024), small).find("512 threads per block") !=
+        std::string::npos);
+  Config with_extra = config(16, 128, 256);
+  with_extra.extra["cluster"] = 2;
+  CHECK(rms().invalid_reason(bf16, with_extra, h100).find("cluster") != std::string::npos);
+  CHECK(rms().invalid_reason(problem(DType::bf16, 0), config(16, 128, 256), h100).find("hidden") !=
+        std::string::npos);
+}
+
+TEST_CASE("a CTA too large for the registers a row needs is invalid") {
+  const DeviceTraits h100 = DeviceTraits::for_arch(90);
+  // 16384 fp32 over 256 threads: 64 elements a thread, too many for the 64 registers a
+  // 1024-thread CTA leaves each thread, fine for 256 threads.
+  const Problem p = problem(DType::f32, 16384);
+  CHECK(rms().invalid_reason(p, config(16, 256, 256), h100) == "");
+  CHECK(rms().invalid_reason(p, config(16, 256, 1024), h100).find("registers") !=
+        std::string::npos);
+}
+
+TEST_CASE("the heuristic is always in the space") {
+  for (int sm : kArchs) {
+    const DeviceTraits device = DeviceTraits::for_arch(sm);
+    for (DType dtype : kDTypes) {
+      for (std::int64_t hidden : kHiddens) {
+        for (bool weight : {true, false}) {
+          for (std::uint32_t align : kAligns) {
+            const Problem p = problem(dtype, hidden, weight, align);
+            CAPTURE(p.key());
+            CAPTURE(sm);
+            const Config h = rms().heuristic(p, device);
+            const std::vector<Config> space = rms().space(p, device);
+            CHECK(std::find(space.begin(), space.end(), h) != space.end());
+            // The widest vector the data allows.
+            CHECK(h.vec_bytes == space.front().vec_bytes);
+            CHECK(h.cta_threads >= 128);
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("the heuristic picks 16-byte vectors and a moderate split for LLM hidden sizes") {
+  const DeviceTraits h100 = DeviceTraits::for_arch(90);
+  for (std::int64_t hidden : {2048, 3072, 4096, 5120, 8192}) {
+    for (DType dtype : {DType::bf16, DType::f16}) {
+      const Problem p = problem(dtype, hidden);
+      CAPTURE(p.key());
+      const Config h = rms().heuristic(p, h100);
+      CHECK(h.vec_bytes == 16);
+      const std::int64_t held = kiln::RmsNormFamily::elements_per_thread(p, h);
+      CHECK(held >= 16);
+      CHECK(held <= 32);
+      CHECK(h.threads_per_row >= 32);
+    }
+  }
+  // Short rows are packed several to a CTA.
+  const Config short_rows = rms().heuristic(problem(DType::bf16, 768), h100);
+  CHECK(short_rows.rows_per_cta() >= 4);
+}
+
+TEST_CASE("name_expression spells the template instantiation") {
+  CHECK(rms().name_expression(problem(DType::bf16, 4096), config(16, 32, 128)) ==
+        "kiln::rms_norm<kiln::bf16, 4096, 16, 32, 128, true>");
+  CHECK(rms().name_expression(problem(DType::f32, 7, false), config(4, 4, 64)) ==
+        "kiln::rms_norm<float, 7, 4, 4, 64, false>");
+  CHECK(rms().name_expression(problem(DType::f16, 4545), config(2, 128, 256)) ==
+        "kiln::rms_norm<kiln::f16, 4545, 2, 128, 256, true>");
+}
+
+TEST_CASE("geometry covers every row with no idle CTA") {
+  const DeviceTraits h100 = DeviceTraits::for_arch(90);
+  for (const Problem& p :
+       {problem(DType::bf16, 4096), problem(DType::f32, 768, false), problem(DType::bf16, 4545)}) {
+    for (const Config& c : rms().space(p, h100)) {
+      for (std::int64_t rows : {1, 7, 4096, 100000}) {
+        CAPTURE(c.key());
+        CAPTURE(rows);
+        const kiln::LaunchGeometry g = rms().geometry(p, c, rows);
+        const std::int64_t rows_per_cta = c.cta_threads / c.threads_per_row;
+        CHECK(g.block[0] == static_cast<std::uint32_t>(c.cta_threads));
+        CHECK(g.block[1] == 1);
+        CHECK(g.block[2] == 1);
+        CHECK(g.grid[1] == 1);
+        CHECK(g.grid[2] == 1);
+        CHECK(std::int64_t{g.grid[0]} * rows_per_cta >= rows);
+        CHECK((std::int64_t{g.grid[0]} - 1) * rows_per_cta < rows);
+        CHECK(g.smem_bytes == 0);
+      }
+    }
+  }
+}
+
+TEST_CASE("geometry stays launchable for no rows and for more rows than a grid can hold") {
+  const Problem p = problem(DType::bf16, 4096);
+  const Config c = config(16, 128, 128);
+  CHECK(rms().geometry(p, c, 0).grid[0] == 1);
+  // One row per CTA and 2^40 rows: the grid is capped and the kernel's grid-stride loop
+  // covers the rest.
+  CHECK(rms().geometry(p, c, std::int64_t{1} << 40).grid[0] == 0x7fffffffu);
+}
+
+TEST_CASE("buffers and bytes_moved describe a stand-alone run") {
+  const auto with_weight = rms().buffers(problem(DType::bf16, 4096), 10);
+  REQUIRE(with_weight.size() == 3);
+  CHECK(with_weight[0].name == "x");
+  CHECK(with_weight[0].elements == 40960);
+  CHECK_FALSE(with_weight[0].is_output);
+  CHECK(with_weight[1].name == "weight");
+  CHECK(with_weight[1].elements == 4096);
+  CHECK_FALSE(with_weight[1].is_output);
+  CHECK(with_weight[2].name == "out");
+  CHECK(with_weight[2].elements == 40960);
+  CHECK(with_weight[2].is_output);
+  for (const auto& b : with_weight) CHECK(b.dtype == DType::bf16);
+
+  const auto without = rms().buffers(problem(DType::f32, 768, false), 3);
+  REQUIRE(without.size() == 2);
+  CHECK(without[0].name == "x");
+  CHECK(without[1].name == "out");
+  CHECK(without[1].dtype == DType::f32);
+
+  // bf16: x read and out written, 10 rows of 4096, plus the weight once.
+  CHECK(rms().bytes_moved(problem(DType::bf16, 4096), 10) == (2 * 10 * 4096 + 4096) * 2);
+  CHECK(rms().bytes_moved(problem(DType::f32, 768, false), 3) == 2 * 3 * 768 * 4);
+  CHECK_THROWS_AS(rms().buffers(problem(DType::bf16, 4096), -1), kiln::ArgumentError);
+}
+
+TEST_CASE("pack_params lays out RmsNormParams for the buffers' addresses") {
+  const Problem p = problem(DType::bf16, 4096);
+  const std::uint64_t addresses[] = {0x7f0000001000ull, 0x7f0000200000ull, 0x7f0000300000ull};
+  const std::vector<std::byte> bytes = rms().pack_params(p, 123, addresses);
+  REQUIRE(bytes.size() == sizeof(kiln::RmsNormParams));
+  kiln::RmsNormParams params;
+  std::memcpy(&params, bytes.data(), sizeof(params));
+  CHECK(reinterpret_cast<std::uintptr_t>(params.x) == addresses[0]);
+  CHECK(reinterpret_cast<std::uintptr_t>(params.weight) == addresses[1]);
+  CHECK(reinterpret_cast<std::uintptr_t>(params.out) == addresses[2]);
+  CHECK(params.rows == 123);
+  CHECK(params.x_row_stride == 4096);
+  CHECK(params.out_row_stride == 4096);
+  CHECK(params.eps == doctest::Approx(1e-6f));
+  CHECK(rms().pack_params(p, 123, addresses) == bytes);
+
+  const Problem no_weight = problem(DType::f32, 768, false);
+  const std::uint64_t two[] = {0x1000, 0x2000};
+  const std::vector<std::byte> packed = rms().pack_params(no_weight, 5, two);
+  std::memcpy(&params, packed.data(), sizeof(params));
+  CHECK(reinterpret_cast<std::uintptr_t>(params.x) == 0x1000);
+  CHECK(params.weight == nullptr);
+  CHECK(reinterpret_cast<std::uintptr_t>(params.out) == 0x2000);
+  CHECK(params.x_row_stride == 768);
+
+  CHECK_THROWS_AS(rms().pack_params(p, 1, two), kiln::Error);
+  CHECK_THROWS_AS(rms().pack_params(no_weight, 1, addresses), kiln::Error);
+  // The buffers() order is the order pack_params reads addresses in.
+  CHECK(rms().buffers(p, 1).size() == std::size(addresses));
+  CHECK(rms().buffers(no_weight, 1).size() == std::size(two));
+}

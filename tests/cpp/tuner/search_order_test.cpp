@@ -1,0 +1,105 @@
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "tuner/search_order.h"
+
+namespace kiln {
+namespace {
+
+// v{4,8,16} x t{16,32,64} x c{64,128,256}, threads per row never above the CTA's.
+std::vector<Config> grid_pool() {
+  std::vector<Config> pool;
+  for (int vec : {4, 8, 16}) {
+    for (int tpr : {16, 32, 64}) {
+      for (int cta : {64, 128, 256}) {
+        if (tpr <= cta) pool.push_back(Config{vec, tpr, cta, {}});
+      }
+    }
+  }
+  return pool;
+}
+
+std::vector<std::string> keys(const std::vector<Config>& configs) {
+  std::vector<std::string> keys;
+  keys.reserve(configs.size());
+  for (const Config& config : configs) keys.push_back(config.key());
+  return keys;
+}
+
+std::vector<std::string> sorted_keys(const std::vector<Config>& configs) {
+  auto sorted = keys(configs);
+  std::sort(sorted.begin(), sorted.end());
+  return sorted;
+}
+
+Config with_extra(Config config, std::int64_t persistent) {
+  config.extra["persistent"] = persistent;
+  return config;
+}
+
+}  // namespace
+
+TEST_CASE("order_around: a permutation of the pool") {
+  auto pool = grid_pool();
+  for (const Config& centre : pool) {
+    CAPTURE(centre.key());
+    CHECK(sorted_keys(order_around(centre, pool)) == sorted_keys(pool));
+  }
+  CHECK(order_around(Config{16, 32, 128, {}}, {}).empty());
+}
+
+TEST_CASE("order_around: centre, its neighbours, each other width's nearest, their neighbours") {
+  auto order = order_around(Config{8, 32, 128, {}}, grid_pool());
+  REQUIRE(order.size() >= 11);
+  std::vector<Config> head(order.begin(), order.begin() + 11);
+  std::vector<Config> expected = {
+      {8, 32, 128, {}},                                                          // centre
+      {8, 64, 128, {}},  {8, 16, 128, {}},  {8, 32, 256, {}},  {8, 32, 64, {}},  // neighbours
+      {16, 32, 128, {}}, {4, 32, 128, {}},                                       // widest first
+      {16, 64, 128, {}}, {16, 16, 128, {}}, {16, 32, 256, {}}, {16, 32, 64, {}}  // widest's
+  };
+  CHECK(keys(head) == keys(expected));
+}
+
+TEST_CASE("order_around: neighbours missing from the pool are skipped") {
+  // At the corner of the grid: no t128, no c512.
+  auto order = order_around(Config{16, 64, 256, {}}, grid_pool());
+  REQUIRE(order.size() >= 3);
+  CHECK(order[0] == Config{16, 64, 256, {}});
+  CHECK(order[1] == Config{16, 32, 256, {}});
+  CHECK(order[2] == Config{16, 64, 128, {}});
+}
+
+TEST_CASE("order_around: another width is represented by its config nearest the centre") {
+  std::vector<Config> pool = {{16, 16, 512, {}}, {16, 64, 128, {}}, {8, 32, 128, {}}};
+  auto order = order_around(Config{8, 32, 128, {}}, pool);
+  // t64.c128 is one doubling from t32.c128; t16.c512 is three.
+  CHECK(keys(order) ==
+        keys({Config{8, 32, 128, {}}, Config{16, 64, 128, {}}, Config{16, 16, 512, {}}}));
+}
+
+TEST_CASE("order_around: extras of the centre's shape come after the other widths") {
+  std::vector<Config> pool;
+  for (const Config& config : grid_pool()) {
+    pool.push_back(with_extra(config, 0));
+    pool.push_back(with_extra(config, 1));
+  }
+  Config centre = with_extra(Config{8, 32, 128, {}}, 0);
+  auto order = order_around(centre, pool);
+  REQUIRE(order.size() == pool.size());
+  CHECK(order[0] == centre);
+  for (int i = 1; i <= 4; ++i) CHECK(order[i].extra.at("persistent") == 0);
+  CHECK(order[5] == with_extra(Config{16, 32, 128, {}}, 0));
+  CHECK(order[6] == with_extra(Config{4, 32, 128, {}}, 0));
+  CHECK(order[7] == with_extra(Config{8, 32, 128, {}}, 1));
+}
+
+TEST_CASE("order_around: the same pool gives the same order") {
+  auto pool = grid_pool();
+  CHECK(keys(order_around(pool[5], pool)) == keys(order_around(pool[5], grid_pool())));
+}
+
+}  // namespace kiln

@@ -1,0 +1,49 @@
+// Which configs a tune measures, per mode.
+#include <algorithm>
+#include <string>
+
+#include "cache/error.h"
+#include "tuner/pruning.h"
+#include "tuner/search_order.h"
+#include "tuner/tuner.h"
+
+namespace kiln {
+namespace {
+
+// A family's space should hold no duplicates; measuring one twice would only waste time.
+std::vector<Config> distinct_in_order(const std::vector<Config>& configs) {
+  std::vector<Config> distinct;
+  for (const Config& config : configs) {
+    if (std::find(distinct.begin(), distinct.end(), config) == distinct.end()) {
+      distinct.push_back(config);
+    }
+  }
+  return distinct;
+}
+
+}  // namespace
+
+std::vector<Config> candidates(const Family& family, const Problem& problem,
+                               const DeviceTraits& device, TuneMode mode, std::size_t fast_budget,
+                               std::int64_t rows) {
+  Config heuristic = family.heuristic(problem, device);
+  if (mode == TuneMode::off) return {heuristic};
+
+  std::vector<Config> space = distinct_in_order(family.space(problem, device));
+  // Every tuned candidate is checked against the heuristic's output, and a tune that fails
+  // falls back to it, so it has to be a config the family itself calls valid.
+  if (std::find(space.begin(), space.end(), heuristic) == space.end()) {
+    throw Error("kiln." + std::string(family.name()) + " tuner: the heuristic config " +
+                heuristic.key() + " for " + problem.key() + " is not in the family's space (of " +
+                std::to_string(space.size()) + " configs)");
+  }
+  if (mode == TuneMode::full) return space;
+
+  std::vector<Config> pool = prune_static(family, problem, device, rows, space, heuristic);
+  std::vector<Config> ordered = order_around(heuristic, pool);
+  // The heuristic is always measured, so a budget of 0 still means one candidate.
+  ordered.resize(std::min(ordered.size(), std::max<std::size_t>(fast_budget, 1)));
+  return ordered;
+}
+
+}  // namespace kiln

@@ -1,0 +1,139 @@
+#include "tuner/search_order.h"
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <optional>
+#include <set>
+
+namespace kiln {
+namespace {
+
+double doublings(int a, int b) {
+  return std::abs(std::log2(static_cast<double>(std::max(a, 1))) -
+                  std::log2(static_cast<double>(std::max(b, 1))));
+}
+
+int extras_differing(const Config& a, const Config& b) {
+  std::set<std::string> names;
+  for (const auto& [name, value] : a.extra) names.insert(name);
+  for (const auto& [name, value] : b.extra) names.insert(name);
+  int count = 0;
+  for (const std::string& name : names) {
+    auto in_a = a.extra.find(name);
+    auto in_b = b.extra.find(name);
+    bool same = in_a != a.extra.end() && in_b != b.extra.end() && in_a->second == in_b->second;
+    count += same ? 0 : 1;
+  }
+  return count;
+}
+
+// Distance in everything but vector width.
+double shape_distance(const Config& a, const Config& b) {
+  return doublings(a.threads_per_row, b.threads_per_row) + doublings(a.cta_threads, b.cta_threads) +
+         extras_differing(a, b);
+}
+
+double distance(const Config& a, const Config& b) {
+  return shape_distance(a, b) + doublings(a.vec_bytes, b.vec_bytes);
+}
+
+// The configs one doubling or halving of threads_per_row or cta_threads away.
+std::vector<Config> steps_from(const Config& from) {
+  std::vector<Config> steps;
+  auto add = [&](int Config::*field, bool up) {
+    Config step = from;
+    int& value = step.*field;
+    if (up) {
+      value *= 2;
+    } else if (value % 2 == 0) {
+      value /= 2;
+    } else {
+      return;
+    }
+    steps.push_back(step);
+  };
+  add(&Config::threads_per_row, true);
+  add(&Config::threads_per_row, false);
+  add(&Config::cta_threads, true);
+  add(&Config::cta_threads, false);
+  return steps;
+}
+
+class Ordering {
+ public:
+  explicit Ordering(const std::vector<Config>& pool) : pool_(pool), taken_(pool.size()) {}
+
+  std::optional<std::size_t> find(const Config& config) const {
+    auto it = std::find(pool_.begin(), pool_.end(), config);
+    if (it == pool_.end()) return std::nullopt;
+    return static_cast<std::size_t>(it - pool_.begin());
+  }
+  void take(std::size_t index) {
+    if (taken_[index]) return;
+    taken_[index] = true;
+    order_.push_back(pool_[index]);
+  }
+  void take(const Config& config) {
+    if (auto index = find(config)) take(*index);
+  }
+  // The untaken indices that `wanted` accepts, sorted by `key` (stable: pool order breaks ties).
+  std::vector<std::size_t> untaken(const std::function<bool(const Config&)>& wanted,
+                                   const std::function<double(const Config&)>& key) const {
+    std::vector<std::size_t> indices;
+    for (std::size_t i = 0; i < pool_.size(); ++i) {
+      if (!taken_[i] && wanted(pool_[i])) indices.push_back(i);
+    }
+    std::stable_sort(indices.begin(), indices.end(),
+                     [&](std::size_t a, std::size_t b) { return key(pool_[a]) < key(pool_[b]); });
+    return indices;
+  }
+  const Config& at(std::size_t index) const { return pool_[index]; }
+  std::vector<Config> release() { return std::move(order_); }
+
+ private:
+  const std::vector<Config>& pool_;
+  std::vector<bool> taken_;
+  std::vector<Config> order_;
+};
+
+}  // namespace
+
+std::vector<Config> order_around(const Config& centre, const std::vector<Config>& pool) {
+  Ordering ordering(pool);
+  ordering.take(centre);
+  for (const Config& step : steps_from(centre)) ordering.take(step);
+
+  std::set<int, std::greater<>> other_widths;
+  for (const Config& config : pool) {
+    if (config.vec_bytes != centre.vec_bytes) other_widths.insert(config.vec_bytes);
+  }
+  std::vector<Config> width_leaders;
+  for (int width : other_widths) {
+    auto nearest = ordering.untaken([&](const Config& c) { return c.vec_bytes == width; },
+                                    [&](const Config& c) { return shape_distance(c, centre); });
+    if (nearest.empty()) continue;
+    width_leaders.push_back(ordering.at(nearest.front()));
+    ordering.take(nearest.front());
+  }
+
+  auto same_shape = [&](const Config& c) {
+    return c.vec_bytes == centre.vec_bytes && c.threads_per_row == centre.threads_per_row &&
+           c.cta_threads == centre.cta_threads;
+  };
+  auto extras_distance = [&](const Config& c) {
+    return static_cast<double>(extras_differing(c, centre));
+  };
+  for (std::size_t index : ordering.untaken(same_shape, extras_distance)) ordering.take(index);
+
+  for (const Config& leader : width_leaders) {
+    for (const Config& step : steps_from(leader)) ordering.take(step);
+  }
+
+  auto anything = [](const Config&) { return true; };
+  auto from_centre = [&](const Config& c) { return distance(c, centre); };
+  for (std::size_t index : ordering.untaken(anything, from_centre)) ordering.take(index);
+  return ordering.release();
+}
+
+}  // namespace kiln

@@ -1,0 +1,27 @@
+// The order the fast search measures configs in: its first N entries are the N configs that
+// best span the space around a starting point (the family's heuristic), so cutting the list
+// at any budget still measures the heuristic's closest rivals before far-away ones.
+#pragma once
+
+#include <vector>
+
+#include "templates/types.h"
+
+namespace kiln {
+
+// Every config of `pool` once, in this order (ties broken by `pool`'s order):
+//  1. `centre` (when it is in `pool`);
+//  2. its one-step neighbours at its own vector width and extras: threads_per_row x2, /2,
+//     then cta_threads x2, /2;
+//  3. for each other vector width in `pool`, widest first, its config nearest to `centre`
+//     in (threads_per_row, cta_threads, extras): how the other widths compare at their best
+//     guess;
+//  4. `centre`'s shape with other extras (the family-specific tunables), fewest changes first;
+//  5. the one-step neighbours of each config picked in 3, in the same order;
+//  6. the rest, nearest to `centre` first, counting vector width as a step too.
+// Distances count doublings: log2 ratios of each numeric tunable, plus one per extra that
+// differs.
+// `pool` must hold distinct configs.
+std::vector<Config> order_around(const Config& centre, const std::vector<Config>& pool);
+
+}  // namespace kiln

@@ -1,0 +1,59 @@
+// The first autotuner: enumerate the family's valid configs, prune to a small set, ask the
+// evaluator to measure them, pick the fastest with a deterministic tie rule.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "templates/family.h"
+#include "tuner/evaluator.h"
+
+namespace kiln {
+
+enum class TuneMode : std::uint8_t { off, fast, full };
+std::string_view tune_mode_name(TuneMode mode);
+std::optional<TuneMode> parse_tune_mode(std::string_view text);
+
+// Row counts share a tuning result within a bucket: the next power of two, so a new batch
+// size does not retune. Buckets stop growing at 2^16 rows (beyond it the kernel is in its
+// steady state).
+std::int64_t row_bucket(std::int64_t rows);
+
+struct TuneResult {
+  Problem problem;
+  std::int64_t bucket_rows = 0;
+  TuneMode mode = TuneMode::off;
+  Config heuristic;
+  Config winner;
+  std::vector<Trial> trials;  // empty in mode off
+  double tune_ms = 0;         // wall time of the whole tune
+  std::string reason;         // why the winner won, in a sentence
+};
+
+void to_json(nlohmann::json& j, const TuneResult& result);
+void from_json(const nlohmann::json& j, TuneResult& result);
+
+// The candidates a mode measures: `full` is the whole space; `fast` keeps at most
+// `fast_budget` configs, always including the heuristic, chosen to span vector widths and
+// thread counts around the heuristic. Deterministic.
+// `rows` (fast mode only): the rows being tuned for; its row bucket drives the pruning of
+// configs that leave SMs idle (tuner/pruning.h). 0 means unknown: no such pruning.
+std::vector<Config> candidates(const Family& family, const Problem& problem,
+                               const DeviceTraits& device, TuneMode mode,
+                               std::size_t fast_budget = 8, std::int64_t rows = 0);
+
+// The tie rule: the fastest ok trial wins, except that any ok trial within `tolerance`
+// (relative) of the fastest median that comes earlier in `trials` order wins instead.
+// Returns the index of the winner, or nullopt when no trial is ok.
+std::optional<std::size_t> select_winner(const std::vector<Trial>& trials,
+                                         double tolerance = 0.02);
+
+// The whole tune. In mode off, no evaluator call is made and the heuristic wins.
+TuneResult tune(const Family& family, const Problem& problem, std::int64_t rows,
+                const DeviceTraits& device, TuneMode mode, Evaluator& evaluator);
+
+}  // namespace kiln
