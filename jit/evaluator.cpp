@@ -51,6 +51,9 @@ std::uint32_t block_threads(const LaunchGeometry& geometry) {
 // outputs poisoned (all bits set: NaN in every float dtype) before each checked run, so an
 // element a kernel fails to write cannot pass as correct.
 struct Scratch {
+  // An odd count, so rows of any even width do not all see the same values.
+  static constexpr std::int64_t kPatternElements = (1 << 20) + 7;
+
   std::vector<BufferSpec> specs;
   std::vector<DeviceBuffer> buffers;
   std::vector<std::byte> params;
@@ -64,9 +67,16 @@ struct Scratch {
       buffers.emplace_back(static_cast<std::size_t>(spec.elements) * dtype_size(spec.dtype));
       addresses.push_back(buffers.back().address());
       if (!spec.is_output) {
-        const std::vector<char> values = random_values(spec.dtype, spec.elements, 0x6B696C6E + i);
-        check(d.cuMemcpyHtoD(buffers.back().address(), values.data(), values.size()),
-              "cuMemcpyHtoD", "filling input " + spec.name);
+        // A random block of at most kPatternElements, repeated: large inputs fill in
+        // milliseconds instead of the seconds a host generator takes for 10^8 values.
+        const std::int64_t pattern_elements = std::min(spec.elements, kPatternElements);
+        const std::vector<char> values =
+            random_values(spec.dtype, pattern_elements, 0x6B696C6E + i);
+        for (std::size_t offset = 0; offset < buffers.back().bytes(); offset += values.size()) {
+          const std::size_t bytes = std::min(values.size(), buffers.back().bytes() - offset);
+          check(d.cuMemcpyHtoD(buffers.back().address() + offset, values.data(), bytes),
+                "cuMemcpyHtoD", "filling input " + spec.name);
+        }
       }
     }
     params = family.pack_params(problem, rows, addresses);
@@ -115,6 +125,8 @@ class Measurement {
         problem_(problem),
         rows_(rows),
         options_(options),
+        verify_rows_(std::min(rows, kVerifyRows)),
+        verify_(family, problem, verify_rows_),
         scratch_(family, problem, rows),
         // Twice the L2, written between repetitions, so every run starts with cold caches
         // (as a real model's op does, its input having been evicted by the layers between).
@@ -134,12 +146,12 @@ class Measurement {
                   compiled.error().log());
     }
     try {
-      const LaunchGeometry geometry = family_.geometry(problem_, config, rows_);
+      const LaunchGeometry geometry = family_.geometry(problem_, config, verify_rows_);
       const LoadedKernel kernel =
           load_kernel(device_.ordinal, compiled.value(), geometry.smem_bytes);
       run_checked(kernel.function, geometry);
-      reference_ = scratch_.read_outputs();
-      const std::string self = scratch_.mismatch(reference_, reference_);
+      reference_ = verify_.read_outputs();
+      const std::string self = verify_.mismatch(reference_, reference_);
       if (!self.empty()) throw Error("its output has NaN or unwritten elements: " + self);
     } catch (const Error& error) {
       throw Error(where + " failed: " + error.message(), error.log());
@@ -165,8 +177,8 @@ class Measurement {
         trial.message = why;
         return trial;
       }
-      run_checked(kernel.function, geometry);
-      if (const std::string why = scratch_.mismatch(scratch_.read_outputs(), reference_);
+      run_checked(kernel.function, family_.geometry(problem_, config, verify_rows_));
+      if (const std::string why = verify_.mismatch(verify_.read_outputs(), reference_);
           !why.empty()) {
         trial.status = TrialStatus::wrong_result;
         trial.message = why;
@@ -207,8 +219,8 @@ class Measurement {
   }
 
   void run_checked(CUfunction function, const LaunchGeometry& geometry) {
-    scratch_.poison_outputs(stream_.get());
-    launch(function, geometry);
+    verify_.poison_outputs(stream_.get());
+    launch_kernel(device_.ordinal, function, geometry, verify_.params.data(), stream_.get());
     stream_.synchronize("running a candidate once");
   }
 
@@ -254,6 +266,11 @@ class Measurement {
   std::int64_t rows_;
   const EvaluatorOptions& options_;
   Stream stream_;
+  // Correctness is checked on at most kVerifyRows rows (the same kernel, fewer CTAs): reading
+  // back and comparing 10^8 outputs per candidate would cost seconds. Timing uses all rows.
+  static constexpr std::int64_t kVerifyRows = 1031;
+  std::int64_t verify_rows_;
+  Scratch verify_;
   Scratch scratch_;
   DeviceBuffer flush_;
   std::vector<Event> starts_, ends_;
