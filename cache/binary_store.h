@@ -21,7 +21,7 @@ namespace kiln {
 struct BinaryStoreStats {
   std::uint64_t hits = 0;
   std::uint64_t misses = 0;
-  std::uint64_t corrupt = 0;         // entries that failed validation (moved aside)
+  std::uint64_t corrupt = 0;  // entries that failed validation (moved aside)
   std::uint64_t stores = 0;
   std::uint64_t store_failures = 0;  // could not write (read-only dir, full disk, ...)
 };

@@ -13,8 +13,8 @@ namespace kiln {
 template <typename T>
 class Expected {
  public:
-  Expected(T value) : state_(std::move(value)) {}          // NOLINT(google-explicit-constructor)
-  Expected(Error error) : state_(std::move(error)) {}      // NOLINT(google-explicit-constructor)
+  Expected(T value) : state_(std::move(value)) {}      // NOLINT(google-explicit-constructor)
+  Expected(Error error) : state_(std::move(error)) {}  // NOLINT(google-explicit-constructor)
 
   bool ok() const { return state_.index() == 0; }
   explicit operator bool() const { return ok(); }

@@ -20,18 +20,26 @@ std::atomic<int>& current() {
 
 const char* label(Level level) {
   switch (level) {
-    case Level::error: return "error";
-    case Level::warn: return "warning";
-    case Level::info: return "info";
-    case Level::debug: return "debug";
+    case Level::error:
+      return "error";
+    case Level::warn:
+      return "warning";
+    case Level::info:
+      return "info";
+    case Level::debug:
+      return "debug";
   }
   return "?";
 }
 
 }  // namespace
 
-Level level() { return static_cast<Level>(current().load(std::memory_order_relaxed)); }
-void set_level(Level value) { current().store(static_cast<int>(value)); }
+Level level() {
+  return static_cast<Level>(current().load(std::memory_order_relaxed));
+}
+void set_level(Level value) {
+  current().store(static_cast<int>(value));
+}
 
 Level parse_level(std::string_view text, Level fallback) {
   if (text == "error" || text == "0") return Level::error;

@@ -14,10 +14,18 @@ void set_level(Level level);
 Level parse_level(std::string_view text, Level fallback);
 
 void write(Level level, std::string_view message);
-inline void error(std::string_view m) { write(Level::error, m); }
-inline void warn(std::string_view m) { write(Level::warn, m); }
-inline void info(std::string_view m) { write(Level::info, m); }
-inline void debug(std::string_view m) { write(Level::debug, m); }
+inline void error(std::string_view m) {
+  write(Level::error, m);
+}
+inline void warn(std::string_view m) {
+  write(Level::warn, m);
+}
+inline void info(std::string_view m) {
+  write(Level::info, m);
+}
+inline void debug(std::string_view m) {
+  write(Level::debug, m);
+}
 
 // Logs `message` at warn level the first time `key` is seen in this process, so a condition
 // that repeats on every call (an unwritable cache folder) is said once.

@@ -26,9 +26,9 @@ struct CompiledKernel {
   std::string name_expression;  // kiln::rms_norm<...>
   std::string lowered_name;     // the mangled symbol to look up in the module
   BinaryFormat format = BinaryFormat::cubin;
-  std::vector<char> binary;     // cubin bytes, or PTX text
-  std::string log;              // NVRTC's log (warnings), may be empty
-  double compile_ms = 0;        // 0 when it came from the store
+  std::vector<char> binary;  // cubin bytes, or PTX text
+  std::string log;           // NVRTC's log (warnings), may be empty
+  double compile_ms = 0;     // 0 when it came from the store
   bool from_cache = false;
 };
 

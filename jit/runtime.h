@@ -36,11 +36,11 @@ struct Kernel {
 
 struct RuntimeStats {
   std::uint64_t hot_hits = 0;
-  std::uint64_t resolves = 0;        // misses of the in-memory table
-  std::uint64_t compiles = 0;        // NVRTC compiles done by this process
-  std::uint64_t binary_hits = 0;     // binaries loaded from disk
-  std::uint64_t tunes = 0;           // tunes run
-  std::uint64_t tuning_hits = 0;     // tuning results read from disk
+  std::uint64_t resolves = 0;     // misses of the in-memory table
+  std::uint64_t compiles = 0;     // NVRTC compiles done by this process
+  std::uint64_t binary_hits = 0;  // binaries loaded from disk
+  std::uint64_t tunes = 0;        // tunes run
+  std::uint64_t tuning_hits = 0;  // tuning results read from disk
 };
 
 class Runtime {

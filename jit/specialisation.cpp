@@ -9,7 +9,9 @@ namespace kiln::jit {
 
 int parse_arch(std::string_view text) {
   std::string digits;
-  for (char c : text.starts_with("sm_") ? text.substr(3) : text.starts_with("sm") ? text.substr(2) : text) {
+  for (char c : text.starts_with("sm_")  ? text.substr(3)
+                : text.starts_with("sm") ? text.substr(2)
+                                         : text) {
     if (c != '.') digits.push_back(c);
   }
   int sm = 0;
@@ -22,10 +24,12 @@ int parse_arch(std::string_view text) {
 
 CompileRequest make_compile_request(const SpecialisationSpec& spec) {
   const auto op = parse_op(spec.op);
-  if (!op) throw ArgumentError("compile", "op", "a kiln op (rms_norm)", "'" + std::string(spec.op) + "'");
+  if (!op)
+    throw ArgumentError("compile", "op", "a kiln op (rms_norm)", "'" + std::string(spec.op) + "'");
   const auto dtype = parse_dtype(spec.dtype);
   if (!dtype) {
-    throw ArgumentError("compile", "dtype", "fp32, fp16 or bf16", "'" + std::string(spec.dtype) + "'");
+    throw ArgumentError("compile", "dtype", "fp32, fp16 or bf16",
+                        "'" + std::string(spec.dtype) + "'");
   }
   if (spec.sm < 75) {
     throw ArgumentError("compile", "arch", "sm_75 or newer", "sm_" + std::to_string(spec.sm));

@@ -16,8 +16,8 @@ namespace kiln {
 
 enum class DType : std::uint8_t { f32, f16, bf16 };
 
-std::string_view dtype_name(DType dtype);           // "fp32" | "fp16" | "bf16"
-std::string_view dtype_cuda_type(DType dtype);      // "float" | "kiln::f16" | "kiln::bf16"
+std::string_view dtype_name(DType dtype);       // "fp32" | "fp16" | "bf16"
+std::string_view dtype_cuda_type(DType dtype);  // "float" | "kiln::f16" | "kiln::bf16"
 std::size_t dtype_size(DType dtype);
 std::optional<DType> parse_dtype(std::string_view text);  // also accepts float32/half/bfloat16...
 
@@ -91,8 +91,8 @@ template <>
 struct std::hash<kiln::Problem> {
   std::size_t operator()(const kiln::Problem& p) const noexcept {
     std::uint64_t h = static_cast<std::uint64_t>(p.hidden);
-    h = h * 0x9E3779B97F4A7C15ull ^ (static_cast<std::uint64_t>(p.op) << 8 |
-                                     static_cast<std::uint64_t>(p.dtype));
+    h = h * 0x9E3779B97F4A7C15ull ^
+        (static_cast<std::uint64_t>(p.op) << 8 | static_cast<std::uint64_t>(p.dtype));
     h = h * 0x9E3779B97F4A7C15ull ^ (static_cast<std::uint64_t>(p.flags) << 8 | p.align);
     return static_cast<std::size_t>(h ^ (h >> 29));
   }

@@ -28,7 +28,7 @@ struct Trial {
   double spread_us = 0;   // interquartile range of the repetitions
   double compile_ms = 0;  // 0 when the binary came from the cache
   int repetitions = 0;
-  std::string message;    // why it failed, with any log
+  std::string message;  // why it failed, with any log
 };
 
 class Evaluator {

@@ -49,8 +49,7 @@ std::vector<Config> candidates(const Family& family, const Problem& problem,
 // The tie rule: the fastest ok trial wins, except that any ok trial within `tolerance`
 // (relative) of the fastest median that comes earlier in `trials` order wins instead.
 // Returns the index of the winner, or nullopt when no trial is ok.
-std::optional<std::size_t> select_winner(const std::vector<Trial>& trials,
-                                         double tolerance = 0.02);
+std::optional<std::size_t> select_winner(const std::vector<Trial>& trials, double tolerance = 0.02);
 
 // The whole tune. In mode off, no evaluator call is made and the heuristic wins.
 TuneResult tune(const Family& family, const Problem& problem, std::int64_t rows,

@@ -29,11 +29,12 @@ int run_devices() {
   }
   for (int i = 0; i < count; ++i) {
     const kiln::jit::DeviceInfo& d = runtime.device(i);
-    std::printf("%d: %s  sm_%d  %d SMs  %.1f GiB  L2 %.0f MiB  ~%.0f GB/s (datasheet)  driver %d\n"
-                "   fingerprint %s\n",
-                i, d.name.c_str(), d.sm(), d.sm_count, d.memory_bytes / double(1 << 30),
-                d.l2_bytes / double(1 << 20), d.datasheet_bandwidth_gbs(), d.driver_version,
-                d.fingerprint().c_str());
+    std::printf(
+        "%d: %s  sm_%d  %d SMs  %.1f GiB  L2 %.0f MiB  ~%.0f GB/s (datasheet)  driver %d\n"
+        "   fingerprint %s\n",
+        i, d.name.c_str(), d.sm(), d.sm_count, d.memory_bytes / double(1 << 30),
+        d.l2_bytes / double(1 << 20), d.datasheet_bandwidth_gbs(), d.driver_version,
+        d.fingerprint().c_str());
   }
   return 0;
 }
@@ -57,8 +58,8 @@ int run_compile(const CompileOptions& options) {
   spec.hidden = options.hidden;
   spec.weight = !options.no_weight;
   spec.align = options.align;
-  spec.format = options.format == "cubin" ? kiln::jit::BinaryFormat::cubin
-                                          : kiln::jit::BinaryFormat::ptx;
+  spec.format =
+      options.format == "cubin" ? kiln::jit::BinaryFormat::cubin : kiln::jit::BinaryFormat::ptx;
   spec.sm = options.arch == "native" ? kiln::jit::Runtime::get().device(0).sm()
                                      : kiln::jit::parse_arch(options.arch);
   if (options.vec_bytes || options.threads_per_row || options.cta_threads) {

@@ -133,10 +133,11 @@ PYBIND11_MODULE(_C, m) {
   py::register_exception<kiln::ArgumentError>(m, "ArgumentError", PyExc_ValueError);
 
   m.def("device_count", [] { return kiln::jit::Runtime::get().device_count(); });
-  m.def("device_info", [](int ordinal) { return device_dict(kiln::jit::Runtime::get().device(ordinal)); });
+  m.def("device_info",
+        [](int ordinal) { return device_dict(kiln::jit::Runtime::get().device(ordinal)); });
   m.def("compile", &compile_one, py::arg("op"), py::arg("dtype"), py::arg("hidden"),
-        py::arg("arch"), py::arg("weight") = true, py::arg("format") = "ptx",
-        py::arg("align") = 16, py::arg("config") = py::none());
+        py::arg("arch"), py::arg("weight") = true, py::arg("format") = "ptx", py::arg("align") = 16,
+        py::arg("config") = py::none());
   m.def("settings", &settings_dict);
   m.def("set_settings", &set_settings, py::arg("cache_dir") = py::none(),
         py::arg("cache_mode") = py::none(), py::arg("tune_mode") = py::none());

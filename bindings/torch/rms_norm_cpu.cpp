@@ -15,8 +15,7 @@ void check_rms_norm(const at::Tensor& x, const std::optional<at::Tensor>& weight
   if (weight) check_parameter("rms_norm", "weight", *weight, x);
 }
 
-at::Tensor rms_norm_cpu(const at::Tensor& x, const std::optional<at::Tensor>& weight,
-                        double eps) {
+at::Tensor rms_norm_cpu(const at::Tensor& x, const std::optional<at::Tensor>& weight, double eps) {
   check_rms_norm(x, weight);
   if (!x.device().is_cpu()) fail_value("rms_norm", "x", "a CPU or CUDA tensor", x.device().str());
   const at::Tensor xf = x.to(at::kFloat);

@@ -4,17 +4,16 @@
 #include <ATen/ATen.h>
 
 #include "bindings/torch/cuda_context.h"
-#include "cache/error.h"
 #include "bindings/torch/rms_norm.h"
 #include "bindings/torch/tensor_checks.h"
+#include "cache/error.h"
 #include "jit/runtime.h"
 #include "templates/kiln/rms_norm_params.cuh"
 #include "templates/rms_norm_family.h"
 
 namespace kiln::torch_ops {
 
-at::Tensor rms_norm_cuda(const at::Tensor& x, const std::optional<at::Tensor>& weight,
-                         double eps) {
+at::Tensor rms_norm_cuda(const at::Tensor& x, const std::optional<at::Tensor>& weight, double eps) {
   check_rms_norm(x, weight);
   if (!x.is_cuda()) {
     const std::string weight_device = weight ? weight->device().str() : "none";
@@ -33,12 +32,12 @@ at::Tensor rms_norm_cuda(const at::Tensor& x, const std::optional<at::Tensor>& w
   problem.dtype = dtype;
   problem.hidden = view.hidden;
   problem.flags = weight ? kRmsNormHasWeight : 0u;
-  problem.align = common_alignment({reinterpret_cast<std::uintptr_t>(view.tensor.data_ptr()),
-                                    reinterpret_cast<std::uintptr_t>(out.data_ptr()),
-                                    w.defined() ? reinterpret_cast<std::uintptr_t>(w.data_ptr())
-                                                : std::uintptr_t{16},
-                                    static_cast<std::uintptr_t>(view.row_stride) * element,
-                                    static_cast<std::uintptr_t>(view.hidden) * element});
+  problem.align = common_alignment(
+      {reinterpret_cast<std::uintptr_t>(view.tensor.data_ptr()),
+       reinterpret_cast<std::uintptr_t>(out.data_ptr()),
+       w.defined() ? reinterpret_cast<std::uintptr_t>(w.data_ptr()) : std::uintptr_t{16},
+       static_cast<std::uintptr_t>(view.row_stride) * element,
+       static_cast<std::uintptr_t>(view.hidden) * element});
 
   const int device = x.get_device();
   const jit::CUstream stream = current_stream(x.device());

@@ -8,14 +8,22 @@ namespace kiln::torch_ops {
 
 std::string dtype_text(c10::ScalarType type) {
   switch (type) {
-    case c10::ScalarType::Float: return "float32";
-    case c10::ScalarType::Half: return "float16";
-    case c10::ScalarType::BFloat16: return "bfloat16";
-    case c10::ScalarType::Double: return "float64";
-    case c10::ScalarType::Long: return "int64";
-    case c10::ScalarType::Int: return "int32";
-    case c10::ScalarType::Bool: return "bool";
-    default: return c10::toString(type);
+    case c10::ScalarType::Float:
+      return "float32";
+    case c10::ScalarType::Half:
+      return "float16";
+    case c10::ScalarType::BFloat16:
+      return "bfloat16";
+    case c10::ScalarType::Double:
+      return "float64";
+    case c10::ScalarType::Long:
+      return "int64";
+    case c10::ScalarType::Int:
+      return "int32";
+    case c10::ScalarType::Bool:
+      return "bool";
+    default:
+      return c10::toString(type);
   }
 }
 
@@ -48,9 +56,12 @@ void fail_type(const std::string& op, const std::string& arg, const std::string&
 
 DType kiln_dtype(const std::string& op, const std::string& arg, const at::Tensor& x) {
   switch (x.scalar_type()) {
-    case c10::ScalarType::Float: return DType::f32;
-    case c10::ScalarType::Half: return DType::f16;
-    case c10::ScalarType::BFloat16: return DType::bf16;
+    case c10::ScalarType::Float:
+      return DType::f32;
+    case c10::ScalarType::Half:
+      return DType::f16;
+    case c10::ScalarType::BFloat16:
+      return DType::bf16;
     default:
       fail_type(op, arg, "dtype float32, float16 or bfloat16", dtype_text(x.scalar_type()));
   }

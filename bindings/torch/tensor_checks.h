@@ -12,7 +12,7 @@
 
 namespace kiln::torch_ops {
 
-std::string dtype_text(c10::ScalarType type);  // "bfloat16", "float64", ...
+std::string dtype_text(c10::ScalarType type);      // "bfloat16", "float64", ...
 std::string shape_text(const at::Tensor& tensor);  // "[2, 4096]"
 
 [[noreturn]] void fail_value(const std::string& op, const std::string& arg,
