@@ -6,10 +6,12 @@
 
 #include <optional>
 
+#include "templates/types.h"
+
 namespace kiln::torch_ops {
 
 // Shared by both implementations; returns x's dtype as kiln's.
-void check_rms_norm(const at::Tensor& x, const std::optional<at::Tensor>& weight);
+DType check_rms_norm(const at::Tensor& x, const std::optional<at::Tensor>& weight);
 
 at::Tensor rms_norm_cpu(const at::Tensor& x, const std::optional<at::Tensor>& weight, double eps);
 at::Tensor rms_norm_cuda(const at::Tensor& x, const std::optional<at::Tensor>& weight, double eps);

@@ -6,13 +6,14 @@
 
 namespace kiln::torch_ops {
 
-void check_rms_norm(const at::Tensor& x, const std::optional<at::Tensor>& weight) {
-  kiln_dtype("rms_norm", "x", x);
+DType check_rms_norm(const at::Tensor& x, const std::optional<at::Tensor>& weight) {
+  const DType dtype = kiln_dtype("rms_norm", "x", x);
   if (x.dim() == 0) fail_value("rms_norm", "x", "at least 1 dimension", "a 0-dimensional tensor");
   if (x.size(-1) <= 0) {
     fail_value("rms_norm", "x", "a last dimension (hidden size) > 0", shape_text(x));
   }
   if (weight) check_parameter("rms_norm", "weight", *weight, x);
+  return dtype;
 }
 
 at::Tensor rms_norm_cpu(const at::Tensor& x, const std::optional<at::Tensor>& weight, double eps) {

@@ -14,7 +14,7 @@
 namespace kiln::torch_ops {
 
 at::Tensor rms_norm_cuda(const at::Tensor& x, const std::optional<at::Tensor>& weight, double eps) {
-  check_rms_norm(x, weight);
+  const DType dtype = check_rms_norm(x, weight);
   if (!x.is_cuda()) {
     const std::string weight_device = weight ? weight->device().str() : "none";
     fail_value("rms_norm", "x", "a CUDA tensor (weight is on " + weight_device + ")",
@@ -25,7 +25,6 @@ at::Tensor rms_norm_cuda(const at::Tensor& x, const std::optional<at::Tensor>& w
   if (view.rows == 0) return out;
 
   const at::Tensor w = weight ? weight->contiguous() : at::Tensor();
-  const DType dtype = kiln_dtype("rms_norm", "x", x);
   const auto element = static_cast<std::uintptr_t>(dtype_size(dtype));
   Problem problem;
   problem.op = Op::rms_norm;
