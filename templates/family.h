@@ -56,6 +56,16 @@ class Family {
                                              std::span<const std::uint64_t> addresses) const = 0;
   // Bytes that must move for `rows` rows (inputs read once, outputs written once).
   virtual std::int64_t bytes_moved(const Problem& problem, std::int64_t rows) const = 0;
+
+  // The specialisations models with this hidden size typically ask for, 16-byte aligned
+  // (what `kiln prewarm` compiles by default for the op).
+  virtual std::vector<Problem> common_problems(DType dtype, std::int64_t hidden) const {
+    Problem problem;
+    problem.op = op();
+    problem.dtype = dtype;
+    problem.hidden = hidden;
+    return {problem};
+  }
 };
 
 // The registry of families, by op.

@@ -1,4 +1,4 @@
-#include <array>
+#include <string>
 
 #include "cache/error.h"
 #include "templates/family.h"
@@ -9,8 +9,10 @@ namespace {
 
 const RmsNormFamily kRmsNorm;
 
-// Every op has exactly one family; the list is short, so lookup is a scan.
-constexpr std::array<const Family*, 1> kFamilies = {&kRmsNorm};
+// Every op has exactly one family; the list is short, so lookup is a scan. One line each.
+constexpr const Family* kFamilies[] = {
+    &kRmsNorm,
+};
 
 }  // namespace
 
@@ -18,7 +20,7 @@ const Family& family(Op op) {
   for (const Family* f : kFamilies) {
     if (f->op() == op) return *f;
   }
-  throw Error("kiln: no op family registered for op " + std::to_string(static_cast<int>(op)));
+  throw Error("kiln: no op family registered for op " + std::string(op_name(op)));
 }
 
 std::span<const Family* const> families() {

@@ -291,4 +291,10 @@ std::int64_t RmsNormFamily::bytes_moved(const Problem& problem, std::int64_t row
   return elements * static_cast<std::int64_t>(dtype_size(problem.dtype));
 }
 
+std::vector<Problem> RmsNormFamily::common_problems(DType dtype, std::int64_t hidden) const {
+  Problem with_weight{Op::rms_norm, dtype, hidden, kRmsNormHasWeight, 16};
+  Problem without_weight{Op::rms_norm, dtype, hidden, 0u, 16};
+  return {with_weight, without_weight};
+}
+
 }  // namespace kiln

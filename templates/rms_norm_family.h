@@ -39,6 +39,8 @@ class RmsNormFamily : public Family {
   std::vector<std::byte> pack_params(const Problem& problem, std::int64_t rows,
                                      std::span<const std::uint64_t> addresses) const override;
   std::int64_t bytes_moved(const Problem& problem, std::int64_t rows) const override;
+  // With and without a weight (diffusers' q/k norms and DiT blocks have none).
+  std::vector<Problem> common_problems(DType dtype, std::int64_t hidden) const override;
 
   // Row elements each thread holds under `config`: its vectors, tail included.
   static std::int64_t elements_per_thread(const Problem& problem, const Config& config);

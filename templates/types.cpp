@@ -10,7 +10,16 @@ namespace kiln {
 namespace {
 
 constexpr std::array<DType, 3> kDTypes = {DType::f32, DType::f16, DType::bf16};
-constexpr std::array<Op, 1> kOps = {Op::rms_norm};
+constexpr std::array kOps = {
+    Op::rms_norm, Op::fused_add_rms_norm, Op::layer_norm, Op::adaln,  Op::gated_adaln, Op::rope,
+    Op::rope_3d,  Op::rms_norm_rope,      Op::swiglu,     Op::geglu, Op::gelu,        Op::gated_residual,
+};
+
+std::string known_ops() {
+  std::string text;
+  for (Op op : kOps) text += (text.empty() ? "" : ", ") + std::string(op_name(op));
+  return text;
+}
 
 }  // namespace
 
@@ -54,6 +63,28 @@ std::string_view op_name(Op op) {
   switch (op) {
     case Op::rms_norm:
       return "rms_norm";
+    case Op::fused_add_rms_norm:
+      return "fused_add_rms_norm";
+    case Op::layer_norm:
+      return "layer_norm";
+    case Op::adaln:
+      return "adaln";
+    case Op::gated_adaln:
+      return "gated_adaln";
+    case Op::rope:
+      return "rope";
+    case Op::rope_3d:
+      return "rope_3d";
+    case Op::rms_norm_rope:
+      return "rms_norm_rope";
+    case Op::swiglu:
+      return "swiglu";
+    case Op::geglu:
+      return "geglu";
+    case Op::gelu:
+      return "gelu";
+    case Op::gated_residual:
+      return "gated_residual";
   }
   return "?";
 }
@@ -66,8 +97,11 @@ std::optional<Op> parse_op(std::string_view text) {
 }
 
 std::string Problem::key() const {
-  return std::string(op_name(op)) + "." + std::string(dtype_name(dtype)) + ".h" +
-         std::to_string(hidden) + ".f" + std::to_string(flags) + ".a" + std::to_string(align);
+  std::string text = std::string(op_name(op)) + "." + std::string(dtype_name(dtype)) + ".h" +
+                     std::to_string(hidden) + ".f" + std::to_string(flags) + ".a" +
+                     std::to_string(align);
+  if (aux != 0) text += ".x" + std::to_string(aux);
+  return text;
 }
 
 std::string Config::key() const {
@@ -182,6 +216,7 @@ void to_json(nlohmann::json& j, const Problem& problem) {
                      {"hidden", problem.hidden},
                      {"flags", problem.flags},
                      {"align", problem.align}};
+  if (problem.aux != 0) j["aux"] = problem.aux;
 }
 
 void from_json(const nlohmann::json& j, Problem& problem) {
@@ -190,8 +225,8 @@ void from_json(const nlohmann::json& j, Problem& problem) {
   const std::string op = require_string(j, kWhat, "op");
   const auto parsed_op = parse_op(op);
   if (!parsed_op) {
-    throw Error(std::string(kWhat) + " JSON: \"op\": expected a known op (rms_norm), got \"" + op +
-                "\"");
+    throw Error(std::string(kWhat) + " JSON: \"op\": expected a known op (" + known_ops() +
+                "), got \"" + op + "\"");
   }
   result.op = *parsed_op;
   const std::string dtype = require_string(j, kWhat, "dtype");
@@ -209,6 +244,7 @@ void from_json(const nlohmann::json& j, Problem& problem) {
                 std::to_string(align));
   }
   result.align = static_cast<std::uint32_t>(align);
+  if (j.contains("aux")) result.aux = require_integer(j, kWhat, "aux", 0, INT64_MAX);
   problem = result;
 }
 

@@ -21,7 +21,21 @@ std::string_view dtype_cuda_type(DType dtype);  // "float" | "kiln::f16" | "kiln
 std::size_t dtype_size(DType dtype);
 std::optional<DType> parse_dtype(std::string_view text);  // also accepts float32/half/bfloat16...
 
-enum class Op : std::uint8_t { rms_norm };
+// Every op kiln specialises; each has exactly one family (templates/registry.cpp).
+enum class Op : std::uint8_t {
+  rms_norm,
+  fused_add_rms_norm,
+  layer_norm,
+  adaln,
+  gated_adaln,
+  rope,
+  rope_3d,
+  rms_norm_rope,
+  swiglu,
+  geglu,
+  gelu,
+  gated_residual,
+};
 
 std::string_view op_name(Op op);
 std::optional<Op> parse_op(std::string_view text);
@@ -35,9 +49,12 @@ struct Problem {
   std::int64_t hidden = 0;
   std::uint32_t flags = 0;  // family-specific bits (see the family's header)
   std::uint32_t align = 16;
+  // A second compile-time size some families need (e.g. RoPE's rotary dim); 0 when unused.
+  std::int64_t aux = 0;
 
   bool operator==(const Problem&) const = default;
-  // Stable text form used in keys, file names and reports: "rms_norm.bf16.h4096.f1.a16".
+  // Stable text form used in keys, file names and reports: "rms_norm.bf16.h4096.f1.a16"
+  // (with ".x<aux>" appended when aux is not 0).
   std::string key() const;
 };
 
@@ -94,6 +111,7 @@ struct std::hash<kiln::Problem> {
     h = h * 0x9E3779B97F4A7C15ull ^
         (static_cast<std::uint64_t>(p.op) << 8 | static_cast<std::uint64_t>(p.dtype));
     h = h * 0x9E3779B97F4A7C15ull ^ (static_cast<std::uint64_t>(p.flags) << 8 | p.align);
+    h = h * 0x9E3779B97F4A7C15ull ^ static_cast<std::uint64_t>(p.aux);
     return static_cast<std::size_t>(h ^ (h >> 29));
   }
 };

@@ -1,4 +1,6 @@
-// kiln's ops in the torch dispatcher. Schemas here; fake (meta) implementations are
+// kiln's ops in the torch dispatcher: the library itself and rms_norm. Every other family
+// adds its schemas with TORCH_LIBRARY_FRAGMENT(kiln, m) and its implementations with
+// TORCH_LIBRARY_IMPL in its own <family>_ops.cpp. Fake (meta) implementations are
 // registered from Python (bindings/python/kiln/_fakes.py) so torch.compile can trace them.
 #include <torch/library.h>
 
