@@ -24,8 +24,7 @@ int parse_arch(std::string_view text) {
 
 CompileRequest make_compile_request(const SpecialisationSpec& spec) {
   const auto op = parse_op(spec.op);
-  if (!op)
-    throw ArgumentError("compile", "op", "a kiln op (rms_norm)", "'" + std::string(spec.op) + "'");
+  if (!op) throw ArgumentError("compile", "op", "a kiln op", "'" + std::string(spec.op) + "'");
   const auto dtype = parse_dtype(spec.dtype);
   if (!dtype) {
     throw ArgumentError("compile", "dtype", "fp32, fp16 or bf16",
@@ -39,7 +38,7 @@ CompileRequest make_compile_request(const SpecialisationSpec& spec) {
   request.problem.op = *op;
   request.problem.dtype = *dtype;
   request.problem.hidden = spec.hidden;
-  request.problem.flags = spec.weight ? kRmsNormHasWeight : 0u;
+  request.problem.flags = spec.flags ? *spec.flags : (spec.weight ? kRmsNormHasWeight : 0u);
   request.problem.align = spec.align;
   request.sm = spec.sm;
   request.format = spec.format;

@@ -2,16 +2,21 @@
 
 #include "cache/error.h"
 #include "templates/family.h"
+#include "templates/norm_family.h"
 #include "templates/rms_norm_family.h"
 
 namespace kiln {
 namespace {
 
 const RmsNormFamily kRmsNorm;
+const NormFamily kFusedAddRmsNorm(Op::fused_add_rms_norm);
+const NormFamily kLayerNorm(Op::layer_norm);
+const NormFamily kAdaLn(Op::adaln);
+const NormFamily kGatedAdaLn(Op::gated_adaln);
 
 // Every op has exactly one family; the list is short, so lookup is a scan. One line each.
 constexpr const Family* kFamilies[] = {
-    &kRmsNorm,
+    &kRmsNorm, &kFusedAddRmsNorm, &kLayerNorm, &kAdaLn, &kGatedAdaLn,
 };
 
 }  // namespace

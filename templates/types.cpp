@@ -11,8 +11,12 @@ namespace {
 
 constexpr std::array<DType, 3> kDTypes = {DType::f32, DType::f16, DType::bf16};
 constexpr std::array kOps = {
-    Op::rms_norm, Op::fused_add_rms_norm, Op::layer_norm, Op::adaln,  Op::gated_adaln, Op::rope,
-    Op::rope_3d,  Op::rms_norm_rope,      Op::swiglu,     Op::geglu, Op::gelu,        Op::gated_residual,
+    Op::rms_norm,    Op::fused_add_rms_norm,
+    Op::layer_norm,  Op::adaln,
+    Op::gated_adaln, Op::rope,
+    Op::rope_3d,     Op::rms_norm_rope,
+    Op::swiglu,      Op::geglu,
+    Op::gelu,        Op::gated_residual,
 };
 
 std::string known_ops() {

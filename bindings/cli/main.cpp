@@ -1,5 +1,6 @@
 // The `kiln` command: inspect devices and compile specialisations offline.
 #include <CLI/CLI.hpp>
+#include <charconv>
 
 #include <cstdio>
 #include <fstream>
@@ -44,10 +45,12 @@ struct CompileOptions {
   std::string dtype = "bf16";
   std::int64_t hidden = 0;
   bool no_weight = false;
+  std::optional<std::uint32_t> flags;
   std::uint32_t align = 16;
   std::string arch = "native";
   std::string format = "ptx";
   int vec_bytes = 0, threads_per_row = 0, cta_threads = 0;
+  std::vector<std::string> extra;  // NAME=VALUE family tunables
   std::string output;
 };
 
@@ -57,6 +60,7 @@ int run_compile(const CompileOptions& options) {
   spec.dtype = options.dtype;
   spec.hidden = options.hidden;
   spec.weight = !options.no_weight;
+  spec.flags = options.flags;
   spec.align = options.align;
   spec.format =
       options.format == "cubin" ? kiln::jit::BinaryFormat::cubin : kiln::jit::BinaryFormat::ptx;
@@ -72,6 +76,17 @@ int run_compile(const CompileOptions& options) {
     config.vec_bytes = options.vec_bytes;
     config.threads_per_row = options.threads_per_row;
     config.cta_threads = options.cta_threads;
+    for (const std::string& item : options.extra) {
+      const auto equals = item.find('=');
+      std::int64_t value = 0;
+      const char* end = item.data() + item.size();
+      if (equals == std::string::npos ||
+          std::from_chars(item.data() + equals + 1, end, value).ptr != end ||
+          equals + 1 == item.size()) {
+        throw kiln::ArgumentError("compile", "extra", "NAME=INTEGER", "'" + item + "'");
+      }
+      config.extra[item.substr(0, equals)] = value;
+    }
     spec.config = config;
   }
   const kiln::jit::CompileRequest request = kiln::jit::make_compile_request(spec);
@@ -108,6 +123,8 @@ int main(int argc, char** argv) {
   compile->add_option("--dtype", options.dtype, "fp32 | fp16 | bf16")->capture_default_str();
   compile->add_option("--hidden", options.hidden, "Hidden size (last dimension)")->required();
   compile->add_flag("--no-weight", options.no_weight, "Specialise without a weight");
+  compile->add_option("--flags", options.flags,
+                      "The family's flag bits (overrides --no-weight; see its header)");
   compile->add_option("--align", options.align, "Guaranteed data alignment in bytes")
       ->capture_default_str();
   compile->add_option("--arch", options.arch, "Target arch (sm_75, sm_80, sm_90, or native)")
@@ -118,6 +135,7 @@ int main(int argc, char** argv) {
   compile->add_option("--vec-bytes", options.vec_bytes, "Config: bytes per vector access");
   compile->add_option("--threads-per-row", options.threads_per_row, "Config: threads per row");
   compile->add_option("--cta-threads", options.cta_threads, "Config: threads per CTA");
+  compile->add_option("--extra", options.extra, "Config: family tunables, NAME=VALUE");
   compile->add_option("-o,--output", options.output, "Output file (default: stdout)");
 
   CLI11_PARSE(app, argc, argv);

@@ -290,12 +290,15 @@ __device__ __forceinline__ float warp_sum(float value) {
   return value;
 }
 
-// Sum over aligned groups of GROUP_THREADS consecutive threads of a CTA of CTA_THREADS
-// (both powers of two). Groups wider than a warp combine per-warp sums through shared
-// memory, so every thread of the CTA must call it (it contains __syncthreads).
+// Sum over aligned groups of GROUP_THREADS consecutive threads of a CTA of CTA_THREADS:
+// a power of two up to a warp, or any whole number of warps (so a row of 1856 vectors can
+// be split exactly over 928 threads). Groups wider than a warp combine per-warp sums
+// through shared memory, so every thread of the CTA must call it (it has __syncthreads).
 template <int GROUP_THREADS, int CTA_THREADS>
 __device__ __forceinline__ float group_sum(float value) {
-  static_assert((GROUP_THREADS & (GROUP_THREADS - 1)) == 0, "group must be a power of two");
+  static_assert(GROUP_THREADS <= 32 ? (GROUP_THREADS & (GROUP_THREADS - 1)) == 0
+                                    : GROUP_THREADS % 32 == 0,
+                "a group is a power of two up to a warp, or whole warps");
   static_assert(CTA_THREADS % GROUP_THREADS == 0, "groups must tile the CTA");
   if constexpr (GROUP_THREADS <= 32) {
     return warp_sum<GROUP_THREADS>(value);

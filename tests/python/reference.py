@@ -21,3 +21,40 @@ def assert_close_to(out, ref, dtype):
     err = (out.double() - ref).abs() / ref.abs().clamp_min(1.0)
     worst = err.max().item() if err.numel() else 0.0
     assert worst <= TOLERANCE[dtype], f"max relative error {worst:.3e} > {TOLERANCE[dtype]:.1e}"
+
+
+def fused_add_rms_norm_fp64(x, residual, weight, eps):
+    """(rms_norm(r), r) for r = x + residual, in fp64. The op rounds r to x's dtype (it
+    returns r in that dtype) and normalises what it returns, so the norm is taken of r
+    rounded once, as the eager composition does."""
+    r = x.double() + residual.double()
+    return rms_norm_fp64(r.to(x.dtype), weight, eps), r
+
+
+def layer_norm_fp64(x, weight, bias, eps):
+    x64 = x.double()
+    centred = x64 - x64.mean(-1, keepdim=True)
+    y = centred * torch.rsqrt(centred.pow(2).mean(-1, keepdim=True) + eps)
+    if weight is not None:
+        y = y * weight.double()
+    if bias is not None:
+        y = y + bias.double()
+    return y
+
+
+def adaln_fp64(x, scale, shift, weight=None, eps=1e-6, norm="rms", table_scale=None, table_shift=None):
+    """norm(x) [* weight] * (1 + scale) + shift, in fp64 (diffusers' DiT modulation)."""
+    n = rms_norm_fp64(x, weight, eps) if norm == "rms" else layer_norm_fp64(x, weight, None, eps)
+    scale, shift = scale.double(), shift.double()
+    if table_scale is not None:
+        scale = scale + table_scale.double()
+        shift = shift + table_shift.double()
+    return n * (1 + scale) + shift
+
+
+def gated_adaln_fp64(h, y, gate, scale, shift, weight=None, eps=1e-6, norm="rms", table_gate=None, table_scale=None, table_shift=None):
+    """(h2, adaln(h2)) for h2 = h + y * gate, in fp64; the norm is taken of h2 rounded to
+    h's dtype, the residual stream the op returns (see fused_add_rms_norm_fp64)."""
+    g = gate.double() + (table_gate.double() if table_gate is not None else 0)
+    h2 = h.double() + y.double() * g
+    return h2, adaln_fp64(h2.to(h.dtype), scale, shift, weight, eps, norm, table_scale, table_shift)

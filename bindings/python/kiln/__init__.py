@@ -12,18 +12,26 @@ import torch  # noqa: F401  (loads libtorch, which the extension links against)
 from . import _library_paths
 from . import _C
 from . import _fakes  # noqa: F401  (registers the fake implementations)
+from . import _fakes_norm  # noqa: F401
 from ._api import compile, configure, device_count, device_info, settings, stats
 from .ops import rms_norm
+from .norm_ops import ada_values, adaln, fused_add_rms_norm, fused_add_rms_norm_, gated_adaln, layer_norm
 
 _library_paths.register(_C)
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "ada_values",
+    "adaln",
     "compile",
     "configure",
     "device_count",
     "device_info",
+    "fused_add_rms_norm",
+    "fused_add_rms_norm_",
+    "gated_adaln",
+    "layer_norm",
     "rms_norm",
     "settings",
     "stats",

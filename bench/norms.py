@@ -1,0 +1,189 @@
+"""The normalisation family: kiln beside the eager module, the matching torch.nn.functional
+op and torch.compile of the eager module, in one run, bf16, on the grid of hidden sizes x
+rows of the norm issue (and the targets' shapes), with % of the copy bandwidth measured in
+the same run.
+
+Ops: rms_norm (weight), fused_add_rms_norm (weight), layer_norm (weight and bias),
+adaln (LTX-Video: RMSNorm without weight, per-token scale/shift from table + temb),
+gated_adaln (the LTX-Video block seam: h + y * gate, then the AdaLN of the new h).
+
+Usage: python bench/norms.py [--out DIR] [--quick] [--ops a,b] [--hidden a,b] [--rows a,b]
+Writes DIR/norms-<date>-<device>.json and .md; prints the table last."""
+
+import argparse
+import math
+import os
+import sys
+import tempfile
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(__file__))
+import common  # noqa: E402
+
+HIDDEN = [1536, 2048, 2432, 3072, 3584, 4096, 4544, 5120, 8192, 14848]
+ROWS = [1, 128, 2688, 8192, 32768]
+QUICK_HIDDEN = [2048, 4096, 14848]
+QUICK_ROWS = [1, 2688, 16384]
+OPS = ["rms_norm", "fused_add_rms_norm", "layer_norm", "adaln", "gated_adaln"]
+EPS = 1e-6
+
+
+def llama_rms_norm(x, w):
+    """transformers' LlamaRMSNorm.forward (fp32 upcast, cast back before the weight)."""
+    dtype = x.dtype
+    h = x.to(torch.float32)
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + EPS)
+    return w * h.to(dtype)
+
+
+def diffusers_rms_norm(x):
+    """diffusers' RMSNorm(elementwise_affine=False).forward."""
+    dtype = x.dtype
+    variance = x.to(torch.float32).pow(2).mean(-1, keepdim=True)
+    return (x * torch.rsqrt(variance + EPS)).to(dtype)
+
+
+def make_case(op, rows, hidden, kiln):
+    """(kiln fn, {peer name: fn}, eager fn to compile, bytes that must move)."""
+    dev, dt = "cuda", torch.bfloat16
+    x = torch.randn(rows, hidden, device=dev, dtype=dt)
+    w = (1 + 0.1 * torch.randn(hidden, device=dev)).to(dt)
+    size = x.numel() * x.element_size()
+    if op == "rms_norm":
+        eager = lambda: llama_rms_norm(x, w)  # noqa: E731
+        return (lambda: kiln.rms_norm(x, w, EPS),
+                {"F": lambda: F.rms_norm(x, (hidden,), w, EPS), "eager": eager}, eager, 2 * size)
+    if op == "fused_add_rms_norm":
+        r = torch.randn_like(x)
+
+        def eager():
+            s = x + r
+            return llama_rms_norm(s, w), s
+        return (lambda: kiln.fused_add_rms_norm(x, r, w, EPS),
+                {"F": lambda: F.rms_norm(x + r, (hidden,), w, EPS), "eager": eager}, eager, 4 * size)
+    if op == "layer_norm":
+        b = torch.randn(hidden, device=dev, dtype=dt)
+        eager = lambda: F.layer_norm(x, (hidden,), w, b, EPS)  # noqa: E731
+        return (lambda: kiln.layer_norm(x, w, b, EPS), {"F": eager}, eager, 2 * size)
+    # The DiT ops: x as [1, T, D] with per-token operands from a [1, T, 6D] temb.
+    x3 = x.view(1, rows, hidden)
+    temb = torch.randn(1, rows, 6 * hidden, device=dev, dtype=dt) * 0.3
+    table = torch.randn(6, hidden, device=dev, dtype=dt) * 0.3
+    ada = kiln.ada_values(temb, 6)
+    if op == "adaln":
+        def eager():
+            values = table[None, None] + temb.reshape(1, rows, 6, hidden)
+            shift, scale = values[:, :, 0], values[:, :, 1]
+            return diffusers_rms_norm(x3) * (1 + scale) + shift
+        return (lambda: kiln.adaln(x3, ada[:, :, 1], ada[:, :, 0], None, EPS, "rms", table[1], table[0]),
+                {"eager": eager}, eager, 4 * size)
+    if op == "gated_adaln":
+        y = torch.randn_like(x3)
+
+        def eager():
+            values = table[None, None] + temb.reshape(1, rows, 6, hidden)
+            shift, scale, gate = values[:, :, 0], values[:, :, 1], values[:, :, 2]
+            h = x3 + y * gate
+            return h, diffusers_rms_norm(h) * (1 + scale) + shift
+        return (lambda: kiln.gated_adaln(x3, y, ada[:, :, 2], ada[:, :, 1], ada[:, :, 0], None, EPS, "rms",
+                                         table[2], table[1], table[0]),
+                {"eager": eager}, eager, 7 * size)
+    raise ValueError(op)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", default="bench/results")
+    parser.add_argument("--quick", action="store_true", help="a 3 x 3 corner of the grid")
+    parser.add_argument("--ops", default=",".join(OPS))
+    parser.add_argument("--hidden", default=None)
+    parser.add_argument("--rows", default=None)
+    parser.add_argument("--tag", default="", help="appended to the output file names")
+    args = parser.parse_args()
+
+    os.environ["KILN_CACHE_DIR"] = tempfile.mkdtemp(prefix="kiln-bench-")
+    import kiln
+
+    kiln.configure(cache_dir=os.environ["KILN_CACHE_DIR"])
+    import torch._dynamo
+    for name in ("cache_size_limit", "recompile_limit"):
+        if hasattr(torch._dynamo.config, name):
+            setattr(torch._dynamo.config, name, 1024)
+    hiddens = [int(v) for v in args.hidden.split(",")] if args.hidden else (QUICK_HIDDEN if args.quick else HIDDEN)
+    row_counts = [int(v) for v in args.rows.split(",")] if args.rows else (QUICK_ROWS if args.quick else ROWS)
+    ops = args.ops.split(",")
+
+    env = common.environment()
+    copy_gbs = common.copy_bandwidth_gbs()
+    results = []
+    for op in ops:
+        for hidden in hiddens:
+            for rows in row_counts:
+                fn, peers, eager, moved = make_case(op, rows, hidden, kiln)
+                compiled = torch.compile(eager, dynamic=False)
+                with torch.no_grad():
+                    fn()  # compile + tune outside the timing
+                    compiled()
+                    times = {"kiln": common.bench_ms(fn)}
+                    for name, peer in peers.items():
+                        times[name] = common.bench_ms(peer)
+                    times["compiled"] = common.bench_ms(compiled)
+                best = min(v for k, v in times.items() if k != "kiln")
+                results.append({
+                    "op": op, "rows": rows, "hidden": hidden, "bytes": moved,
+                    "us": {k: v * 1e3 for k, v in times.items()},
+                    "pct_of_copy": {k: 100 * moved / (v * 1e-3) / 1e9 / copy_gbs for k, v in times.items()},
+                    "speedup_vs_best_peer": best / times["kiln"],
+                    "best_peer": min((v, k) for k, v in times.items() if k != "kiln")[1],
+                })
+                r = results[-1]
+                print(f"{op} {rows}x{hidden}: kiln {r['us']['kiln']:.1f} us ({r['pct_of_copy']['kiln']:.0f}%), "
+                      f"best peer {r['best_peer']} {best * 1e3:.1f} us, {r['speedup_vs_best_peer']:.2f}x", flush=True)
+                torch._dynamo.reset()
+                del fn, peers, eager, compiled
+
+    summary = {}
+    for op in ops:
+        mine = [r for r in results if r["op"] == op]
+        big = [r["pct_of_copy"]["kiln"] for r in mine if r["bytes"] >= 128e6]
+        mid = [r["pct_of_copy"]["kiln"] for r in mine if 20e6 <= r["bytes"] < 128e6]
+        summary[op] = {
+            "geomean_speedup": math.exp(sum(math.log(r["speedup_vs_best_peer"]) for r in mine) / len(mine)),
+            "min_speedup": min(r["speedup_vs_best_peer"] for r in mine),
+            "min_pct_of_copy_ge_128MB": min(big) if big else None,
+            "min_pct_of_copy_20_128MB": min(mid) if mid else None,
+        }
+    document = {"environment": env, "copy_gbs": copy_gbs, "results": results, "summary": summary,
+                "kiln_settings": kiln.settings()}
+    stamp = f"{env['date']}-{env['device'].replace(' ', '_')}{args.tag}"
+    common.write_json(os.path.join(args.out, f"norms-{stamp}.json"), document)
+
+    lines = [
+        f"Norm family, bf16, {env['device']} ({env['sm']}), {env['date']}, torch {env['versions']['torch']}, "
+        f"triton {env['versions'].get('triton', '-')}; copy {copy_gbs:.0f} GB/s. us (% of copy); peers: "
+        "F = torch.nn.functional op, eager = the module's formula, compiled = torch.compile(eager, dynamic=False)",
+        "",
+        "| op | rows x hidden | MB | kiln | F | eager | compiled | kiln vs best |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in results:
+        us, pct = r["us"], r["pct_of_copy"]
+        cell = lambda k: f"{us[k]:.1f} ({pct[k]:.0f}%)" if k in us else "-"  # noqa: E731
+        lines.append(f"| {r['op']} | {r['rows']}x{r['hidden']} | {r['bytes'] / 1e6:.1f} | {cell('kiln')} | {cell('F')} "
+                     f"| {cell('eager')} | {cell('compiled')} | {r['speedup_vs_best_peer']:.2f}x |")
+    lines += ["", "| op | geomean vs best peer | min vs best | min % copy (>=128 MB) | min % copy (20-128 MB) |",
+              "| --- | --- | --- | --- | --- |"]
+    fmt = lambda v: "-" if v is None else f"{v:.0f}%"  # noqa: E731
+    for op, s in summary.items():
+        lines.append(f"| {op} | {s['geomean_speedup']:.2f}x | {s['min_speedup']:.2f}x | "
+                     f"{fmt(s['min_pct_of_copy_ge_128MB'])} | {fmt(s['min_pct_of_copy_20_128MB'])} |")
+    table = "\n".join(lines)
+    with open(os.path.join(args.out, f"norms-{stamp}.md"), "w") as f:
+        f.write(table + "\n")
+    print(table)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,93 @@
+"""Fake (meta) implementations of the norm ops: shapes and dtypes only, mirroring the real
+implementations (new contiguous outputs of x's shape and dtype; the in-place op returns
+nothing)."""
+
+import torch
+
+
+def _check_device(op, name, t, x):
+    torch._check_value(
+        t.device == x.device,
+        lambda: f"kiln.{op}: {name}: expected device {x.device} (as x), got {t.device}",
+    )
+
+
+def _check_like(op, name, t, x):
+    _check_device(op, name, t, x)
+    torch._check_value(
+        t.shape == x.shape,
+        lambda: f"kiln.{op}: {name}: expected shape {list(x.shape)} (as x), got {list(t.shape)}",
+    )
+    torch._check_type(
+        t.dtype == x.dtype,
+        lambda: f"kiln.{op}: {name}: expected dtype {x.dtype} (as x), got {t.dtype}",
+    )
+
+
+def _check_parameter(op, name, p, x):
+    if p is None:
+        return
+    _check_device(op, name, p, x)
+    torch._check_value(
+        p.dim() == 1 and p.shape[0] == x.shape[-1],
+        lambda: f"kiln.{op}: {name}: expected shape [{x.shape[-1]}], got {list(p.shape)}",
+    )
+    torch._check_type(
+        p.dtype == x.dtype,
+        lambda: f"kiln.{op}: {name}: expected dtype {x.dtype} (as x), got {p.dtype}",
+    )
+
+
+def _check_modulation(op, name, m, x):
+    torch._check_value(x.dim() == 3, lambda: f"kiln.{op}: x: expected shape [B, T, D], got {list(x.shape)}")
+    _check_device(op, name, m, x)
+    torch._check_value(
+        m.dim() == 3 and m.shape[0] == x.shape[0] and m.shape[2] == x.shape[2],
+        lambda: f"kiln.{op}: {name}: expected shape [B, 1, D] or [B, T, D], got {list(m.shape)}",
+    )
+    torch._check_type(
+        m.dtype == x.dtype,
+        lambda: f"kiln.{op}: {name}: expected dtype {x.dtype} (as x), got {m.dtype}",
+    )
+
+
+@torch.library.register_fake("kiln::fused_add_rms_norm")
+def _fused_add_rms_norm_fake(x, residual, weight, eps=1e-6):
+    _check_like("fused_add_rms_norm", "residual", residual, x)
+    _check_parameter("fused_add_rms_norm", "weight", weight, x)
+    return x.new_empty(x.shape), x.new_empty(x.shape)
+
+
+@torch.library.register_fake("kiln::fused_add_rms_norm_")
+def _fused_add_rms_norm_inplace_fake(x, residual, weight, eps=1e-6):
+    _check_like("fused_add_rms_norm_", "residual", residual, x)
+    _check_parameter("fused_add_rms_norm_", "weight", weight, x)
+    return None
+
+
+@torch.library.register_fake("kiln::layer_norm")
+def _layer_norm_fake(x, weight=None, bias=None, eps=1e-5):
+    _check_parameter("layer_norm", "weight", weight, x)
+    _check_parameter("layer_norm", "bias", bias, x)
+    return x.new_empty(x.shape)
+
+
+@torch.library.register_fake("kiln::adaln")
+def _adaln_fake(x, scale, shift, weight=None, eps=1e-6, norm="rms", table_scale=None, table_shift=None):
+    for name, m in (("scale", scale), ("shift", shift)):
+        _check_modulation("adaln", name, m, x)
+    for name, p in (("weight", weight), ("table_scale", table_scale), ("table_shift", table_shift)):
+        _check_parameter("adaln", name, p, x)
+    return x.new_empty(x.shape)
+
+
+@torch.library.register_fake("kiln::gated_adaln")
+def _gated_adaln_fake(
+    h, y, gate, scale, shift, weight=None, eps=1e-6, norm="rms", table_gate=None, table_scale=None, table_shift=None
+):
+    _check_like("gated_adaln", "y", y, h)
+    for name, m in (("gate", gate), ("scale", scale), ("shift", shift)):
+        _check_modulation("gated_adaln", name, m, h)
+    for name, p in (("weight", weight), ("table_gate", table_gate), ("table_scale", table_scale), ("table_shift", table_shift)):
+        _check_parameter("gated_adaln", name, p, h)
+    return h.new_empty(h.shape), h.new_empty(h.shape)

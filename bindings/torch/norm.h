@@ -1,0 +1,85 @@
+// The norm ops beyond rms_norm: fused_add_rms_norm (and its in-place form), layer_norm,
+// adaln and gated_adaln. Output dtype rule, for all of them: every tensor has x's dtype
+// (checked), and every output has that dtype too, rounded once from fp32 math. That is what
+// the modules they replace give when a model runs in one dtype (vLLM's fused_add_rms_norm,
+// nn.LayerNorm / F.layer_norm, diffusers' RMSNorm and AdaLN blocks in bf16 or fp16).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <optional>
+#include <string>
+#include <tuple>
+
+#include "templates/types.h"
+
+namespace kiln::torch_ops {
+
+// ---- checks shared by the CPU and CUDA implementations (each returns x's dtype)
+
+DType check_fused_add_rms_norm(const std::string& op, const at::Tensor& x,
+                               const at::Tensor& residual, const std::optional<at::Tensor>& weight);
+DType check_layer_norm(const at::Tensor& x, const std::optional<at::Tensor>& weight,
+                       const std::optional<at::Tensor>& bias);
+
+// The operands of adaln / gated_adaln, checked: x (or h) [B, T, D]; scale, shift (and gate)
+// [B, 1, D] or [B, T, D]; table rows [D], all or none given.
+struct AdaLnArgs {
+  std::string op;
+  const at::Tensor* x = nullptr;
+  const at::Tensor* y = nullptr;     // gated_adaln only
+  const at::Tensor* gate = nullptr;  // gated_adaln only
+  const at::Tensor* scale = nullptr;
+  const at::Tensor* shift = nullptr;
+  const std::optional<at::Tensor>* weight = nullptr;
+  const std::optional<at::Tensor>* table_gate = nullptr;  // gated_adaln only
+  const std::optional<at::Tensor>* table_scale = nullptr;
+  const std::optional<at::Tensor>* table_shift = nullptr;
+  std::string norm;  // "rms" or "layer"
+};
+DType check_adaln(const AdaLnArgs& args);
+bool has_tables(const AdaLnArgs& args);
+// "rms" -> false, "layer" -> true; anything else is a ValueError naming the op.
+bool parse_norm_kind(const std::string& op, const std::string& norm);
+
+// ---- implementations
+
+std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm_cpu(const at::Tensor& x,
+                                                          const at::Tensor& residual,
+                                                          const std::optional<at::Tensor>& weight,
+                                                          double eps);
+std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm_cuda(const at::Tensor& x,
+                                                           const at::Tensor& residual,
+                                                           const std::optional<at::Tensor>& weight,
+                                                           double eps);
+void fused_add_rms_norm_inplace_cpu(at::Tensor& x, at::Tensor& residual,
+                                    const std::optional<at::Tensor>& weight, double eps);
+void fused_add_rms_norm_inplace_cuda(at::Tensor& x, at::Tensor& residual,
+                                     const std::optional<at::Tensor>& weight, double eps);
+
+at::Tensor layer_norm_cpu(const at::Tensor& x, const std::optional<at::Tensor>& weight,
+                          const std::optional<at::Tensor>& bias, double eps);
+at::Tensor layer_norm_cuda(const at::Tensor& x, const std::optional<at::Tensor>& weight,
+                           const std::optional<at::Tensor>& bias, double eps);
+
+at::Tensor adaln_cpu(const at::Tensor& x, const at::Tensor& scale, const at::Tensor& shift,
+                     const std::optional<at::Tensor>& weight, double eps, c10::string_view norm,
+                     const std::optional<at::Tensor>& table_scale,
+                     const std::optional<at::Tensor>& table_shift);
+at::Tensor adaln_cuda(const at::Tensor& x, const at::Tensor& scale, const at::Tensor& shift,
+                      const std::optional<at::Tensor>& weight, double eps, c10::string_view norm,
+                      const std::optional<at::Tensor>& table_scale,
+                      const std::optional<at::Tensor>& table_shift);
+
+std::tuple<at::Tensor, at::Tensor> gated_adaln_cpu(
+    const at::Tensor& h, const at::Tensor& y, const at::Tensor& gate, const at::Tensor& scale,
+    const at::Tensor& shift, const std::optional<at::Tensor>& weight, double eps,
+    c10::string_view norm, const std::optional<at::Tensor>& table_gate,
+    const std::optional<at::Tensor>& table_scale, const std::optional<at::Tensor>& table_shift);
+std::tuple<at::Tensor, at::Tensor> gated_adaln_cuda(
+    const at::Tensor& h, const at::Tensor& y, const at::Tensor& gate, const at::Tensor& scale,
+    const at::Tensor& shift, const std::optional<at::Tensor>& weight, double eps,
+    c10::string_view norm, const std::optional<at::Tensor>& table_gate,
+    const std::optional<at::Tensor>& table_scale, const std::optional<at::Tensor>& table_shift);
+
+}  // namespace kiln::torch_ops

@@ -1,0 +1,120 @@
+// The CPU implementations of the norm ops are kiln's references: plain ATen math in fp32,
+// rounding where the CUDA kernels round (the residual stream once, the output once).
+#include <ATen/ATen.h>
+
+#include "bindings/torch/norm.h"
+#include "bindings/torch/tensor_checks.h"
+
+namespace kiln::torch_ops {
+namespace {
+
+void require_cpu(const std::string& op, const at::Tensor& x) {
+  if (!x.device().is_cpu()) fail_value(op, "x", "a CPU or CUDA tensor", x.device().str());
+}
+
+at::Tensor rms(const at::Tensor& s, double eps) {
+  return s * at::rsqrt(s.pow(2).mean(-1, /*keepdim=*/true) + eps);
+}
+
+at::Tensor centred(const at::Tensor& s, double eps) {
+  const at::Tensor mean = s.mean(-1, /*keepdim=*/true);
+  const at::Tensor deviation = s - mean;
+  return deviation * at::rsqrt(deviation.pow(2).mean(-1, /*keepdim=*/true) + eps);
+}
+
+at::Tensor as_float(const std::optional<at::Tensor>& t) {
+  return t ? t->to(at::kFloat) : at::Tensor();
+}
+
+// norm(s) [* weight] * (1 + scale) + shift, in fp32 (s already fp32).
+at::Tensor modulate(const at::Tensor& s, const AdaLnArgs& args, double eps) {
+  at::Tensor n = parse_norm_kind(args.op, args.norm) ? centred(s, eps) : rms(s, eps);
+  if (args.weight->has_value()) n = n * (*args.weight)->to(at::kFloat);
+  at::Tensor scale = args.scale->to(at::kFloat);
+  at::Tensor shift = args.shift->to(at::kFloat);
+  if (has_tables(args)) {
+    scale = scale + as_float(*args.table_scale);
+    shift = shift + as_float(*args.table_shift);
+  }
+  return n * (1.0 + scale) + shift;
+}
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm_cpu(const at::Tensor& x,
+                                                          const at::Tensor& residual,
+                                                          const std::optional<at::Tensor>& weight,
+                                                          double eps) {
+  check_fused_add_rms_norm("fused_add_rms_norm", x, residual, weight);
+  require_cpu("fused_add_rms_norm", x);
+  const at::Tensor sum = (x.to(at::kFloat) + residual.to(at::kFloat)).to(x.scalar_type());
+  at::Tensor out = rms(sum.to(at::kFloat), eps);
+  if (weight) out = out * weight->to(at::kFloat);
+  return {out.to(x.scalar_type()).contiguous(), sum.contiguous()};
+}
+
+void fused_add_rms_norm_inplace_cpu(at::Tensor& x, at::Tensor& residual,
+                                    const std::optional<at::Tensor>& weight, double eps) {
+  check_fused_add_rms_norm("fused_add_rms_norm_", x, residual, weight);
+  require_cpu("fused_add_rms_norm_", x);
+  auto [out, sum] = fused_add_rms_norm_cpu(x, residual, weight, eps);
+  residual.copy_(sum);
+  x.copy_(out);
+}
+
+at::Tensor layer_norm_cpu(const at::Tensor& x, const std::optional<at::Tensor>& weight,
+                          const std::optional<at::Tensor>& bias, double eps) {
+  check_layer_norm(x, weight, bias);
+  require_cpu("layer_norm", x);
+  at::Tensor out = centred(x.to(at::kFloat), eps);
+  if (weight) out = out * weight->to(at::kFloat);
+  if (bias) out = out + bias->to(at::kFloat);
+  return out.to(x.scalar_type()).contiguous();
+}
+
+at::Tensor adaln_cpu(const at::Tensor& x, const at::Tensor& scale, const at::Tensor& shift,
+                     const std::optional<at::Tensor>& weight, double eps, c10::string_view norm,
+                     const std::optional<at::Tensor>& table_scale,
+                     const std::optional<at::Tensor>& table_shift) {
+  AdaLnArgs args;
+  args.op = "adaln";
+  args.x = &x;
+  args.scale = &scale;
+  args.shift = &shift;
+  args.weight = &weight;
+  args.table_scale = &table_scale;
+  args.table_shift = &table_shift;
+  args.norm = std::string(norm);
+  check_adaln(args);
+  require_cpu("adaln", x);
+  return modulate(x.to(at::kFloat), args, eps).to(x.scalar_type()).contiguous();
+}
+
+std::tuple<at::Tensor, at::Tensor> gated_adaln_cpu(
+    const at::Tensor& h, const at::Tensor& y, const at::Tensor& gate, const at::Tensor& scale,
+    const at::Tensor& shift, const std::optional<at::Tensor>& weight, double eps,
+    c10::string_view norm, const std::optional<at::Tensor>& table_gate,
+    const std::optional<at::Tensor>& table_scale, const std::optional<at::Tensor>& table_shift) {
+  AdaLnArgs args;
+  args.op = "gated_adaln";
+  args.x = &h;
+  args.y = &y;
+  args.gate = &gate;
+  args.scale = &scale;
+  args.shift = &shift;
+  args.weight = &weight;
+  args.table_gate = &table_gate;
+  args.table_scale = &table_scale;
+  args.table_shift = &table_shift;
+  args.norm = std::string(norm);
+  check_adaln(args);
+  if (!h.device().is_cpu())
+    fail_value("gated_adaln", "h", "a CPU or CUDA tensor", h.device().str());
+  at::Tensor g = gate.to(at::kFloat);
+  if (table_gate) g = g + table_gate->to(at::kFloat);
+  const at::Tensor sum = (h.to(at::kFloat) + y.to(at::kFloat) * g).to(h.scalar_type());
+  const at::Tensor out = modulate(sum.to(at::kFloat), args, eps).to(h.scalar_type());
+  return {sum.contiguous(), out.contiguous()};
+}
+
+}  // namespace kiln::torch_ops

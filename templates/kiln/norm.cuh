@@ -1,0 +1,298 @@
+// The normalisation kernel behind fused_add_rms_norm, layer_norm, adaln and gated_adaln:
+//
+//   s   = x                      (plain norms)
+//       | T(x + residual)        (fused_add_rms_norm; stored to sum_out)
+//       | T(x + y * gate)        (gated_adaln; stored to sum_out)
+//   n   = (s - mean(s)) * rsqrt(var(s) + eps)     (LayerNorm: FEATURES has layer)
+//       | s * rsqrt(mean(s^2) + eps)              (RMSNorm)
+//   out = T(((n * weight) + bias) * (1 + scale) + shift)   (each factor where present)
+//
+// all math in fp32. The sum is rounded to T before it is normalised, so out is exactly the
+// norm of the stored residual stream, as the eager composition computes it.
+//
+// Work split as in kiln::rms_norm: a row is shared by THREADS_PER_ROW threads, each owning
+// VEC-element vectors strided THREADS_PER_ROW vectors apart, held in registers between the
+// reduction and the output, as T (half the registers of floats for 16-bit types). Per-
+// column operands (weight, bias, table rows) are read where they are used, from L1: the row
+// streams bypass it. With PREFETCH, the loads of a thread's next row are issued before the current
+// row is reduced, so memory stays busy through the reduction and the stores.
+#pragma once
+
+#include "kiln/common.cuh"
+#include "kiln/norm_params.cuh"
+
+namespace kiln {
+
+template <int VEC_BYTES, int STEPS, bool PRESENT>
+struct RawVectors {
+  Raw<VEC_BYTES> v[PRESENT ? STEPS : 1];
+};
+
+// The row-dependent inputs of one row, as loaded (raw, so 16-bit data takes half the
+// registers of floats).
+template <int VEC_BYTES, int STEPS, unsigned F>
+struct NormRowInputs {
+  RawVectors<VEC_BYTES, STEPS, true> x;
+  RawVectors<VEC_BYTES, STEPS, (F & (NormFeature::residual | NormFeature::gate)) != 0> second;
+  RawVectors<VEC_BYTES, STEPS, (F & NormFeature::gate) != 0> gate;
+  RawVectors<VEC_BYTES, STEPS, (F & NormFeature::modulate) != 0> scale;
+  RawVectors<VEC_BYTES, STEPS, (F & NormFeature::modulate) != 0> shift;
+};
+
+// Row streams are read once: they skip L1 (no_allocate), which keeps L1 for the per-column
+// operands (weight, bias, table rows) that every row of a CTA reads again. Inputs the
+// kernel also writes (in place) use the coherent path.
+template <int BYTES>
+__device__ __forceinline__ Raw<BYTES> load_stream(const void* address);
+
+template <>
+__device__ __forceinline__ Raw<16> load_stream<16>(const void* address) {
+  Raw<16> r;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r.words[0]), "=r"(r.words[1]), "=r"(r.words[2]), "=r"(r.words[3])
+               : "l"(address));
+  return r;
+}
+
+template <>
+__device__ __forceinline__ Raw<8> load_stream<8>(const void* address) {
+  Raw<8> r;
+  asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];"
+               : "=r"(r.words[0]), "=r"(r.words[1])
+               : "l"(address));
+  return r;
+}
+
+template <>
+__device__ __forceinline__ Raw<4> load_stream<4>(const void* address) {
+  Raw<4> r;
+  asm volatile("ld.global.nc.L1::no_allocate.u32 %0, [%1];" : "=r"(r.words[0]) : "l"(address));
+  return r;
+}
+
+template <>
+__device__ __forceinline__ Raw<2> load_stream<2>(const void* address) {
+  unsigned short half;
+  asm volatile("ld.global.nc.L1::no_allocate.u16 %0, [%1];" : "=h"(half) : "l"(address));
+  Raw<2> r;
+  r.words[0] = half;
+  return r;
+}
+
+template <int VEC_BYTES, bool COHERENT>
+__device__ __forceinline__ Raw<VEC_BYTES> load_input(const void* address) {
+  if constexpr (COHERENT) {
+    return load_global<VEC_BYTES>(address);
+  } else {
+    return load_stream<VEC_BYTES>(address);
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ const T* modulation_row(const NormModulation& m, long long batch,
+                                                   long long token) {
+  return static_cast<const T*>(m.data) + batch * m.batch_stride + token * m.token_stride;
+}
+
+template <typename T, int HIDDEN, int VEC_BYTES, int THREADS_PER_ROW, unsigned F>
+struct NormRow {
+  static constexpr int kVec = VEC_BYTES / static_cast<int>(sizeof(T));
+  static constexpr int kStride = kVec * THREADS_PER_ROW;
+  static constexpr int kSteps = (HIDDEN + kStride - 1) / kStride;
+  static constexpr bool kExact = HIDDEN % kStride == 0;
+  static constexpr bool kInPlace = (F & NormFeature::in_place) != 0;
+  static constexpr bool kSum = (F & (NormFeature::residual | NormFeature::gate)) != 0;
+  static constexpr bool kTable = (F & NormFeature::table) != 0;
+  using RowInputs = NormRowInputs<VEC_BYTES, kSteps, F>;
+
+  __device__ __forceinline__ static int column(int step, int lane) {
+    return (step * THREADS_PER_ROW + lane) * kVec;
+  }
+  // Only the last step can run past the row, and only when the split does not divide it.
+  __device__ __forceinline__ static bool in_row(int step, int lane) {
+    return kExact || step + 1 < kSteps || column(step, lane) < HIDDEN;
+  }
+  // A per-column operand: the same for every row, so it stays in L1.
+  __device__ __forceinline__ static Raw<VEC_BYTES> column_operand(const void* base, int col) {
+    return load_global_nc<VEC_BYTES>(static_cast<const T*>(base) + col);
+  }
+
+  // All loads of the row are issued before any is used, so they are in flight together.
+  __device__ __forceinline__ static void load_row(const NormParams& p, long long row, int lane,
+                                                  RowInputs& in) {
+    const T* const x_row = static_cast<const T*>(p.x) + row * p.x_row_stride;
+    const T* second_row = nullptr;
+    if constexpr ((F & NormFeature::residual) != 0) {
+      second_row = static_cast<const T*>(p.residual) + row * p.residual_row_stride;
+    } else if constexpr ((F & NormFeature::gate) != 0) {
+      second_row = static_cast<const T*>(p.y) + row * p.y_row_stride;
+    }
+    long long batch = 0;
+    long long token = 0;
+    if constexpr ((F & (NormFeature::gate | NormFeature::modulate)) != 0) {
+      batch = row / p.tokens;
+      token = row - batch * p.tokens;
+    }
+#pragma unroll
+    for (int step = 0; step < kSteps; ++step) {
+      if (!in_row(step, lane)) continue;
+      const int col = column(step, lane);
+      in.x.v[step] = load_input<VEC_BYTES, kInPlace>(x_row + col);
+      if constexpr ((F & NormFeature::residual) != 0) {
+        in.second.v[step] = load_input<VEC_BYTES, kInPlace>(second_row + col);
+      } else if constexpr ((F & NormFeature::gate) != 0) {
+        in.second.v[step] = load_stream<VEC_BYTES>(second_row + col);
+        in.gate.v[step] = load_stream<VEC_BYTES>(modulation_row<T>(p.gate, batch, token) + col);
+      }
+      if constexpr ((F & NormFeature::modulate) != 0) {
+        in.scale.v[step] = load_stream<VEC_BYTES>(modulation_row<T>(p.scale, batch, token) + col);
+        in.shift.v[step] = load_stream<VEC_BYTES>(modulation_row<T>(p.shift, batch, token) + col);
+      }
+    }
+  }
+
+  template <int CTA_THREADS>
+  __device__ __forceinline__ static void process(const NormParams& p, long long row, int lane,
+                                                 bool active, const RowInputs& in) {
+    constexpr float kInvHidden = 1.0f / HIDDEN;
+
+    // The row to normalise, held as T: x itself, or the residual stream rounded to T once
+    // (which is also what is stored), so the row costs half the registers of floats for
+    // 16-bit types and is exactly the stored stream. Zeros past the row, or for a thread
+    // with no row, add nothing to the sums.
+    Raw<VEC_BYTES> values[kSteps];
+#pragma unroll
+    for (int step = 0; step < kSteps; ++step) {
+      const bool present = active && in_row(step, lane);
+      if constexpr (!kSum) {
+        values[step] = in.x.v[step];
+#pragma unroll
+        for (int w = 0; w < (VEC_BYTES < 4 ? 1 : VEC_BYTES / 4); ++w) {
+          if (!present) values[step].words[w] = 0u;
+        }
+      } else {
+#pragma unroll
+        for (int w = 0; w < (VEC_BYTES < 4 ? 1 : VEC_BYTES / 4); ++w) values[step].words[w] = 0u;
+        if (present) {
+          Raw<VEC_BYTES> table_gate;
+          if constexpr ((F & NormFeature::gate) != 0 && kTable) {
+            table_gate = column_operand(p.gate.table, column(step, lane));
+          }
+#pragma unroll
+          for (int i = 0; i < kVec; ++i) {
+            float value = get_element<T>(in.x.v[step], i);
+            if constexpr ((F & NormFeature::residual) != 0) {
+              value += get_element<T>(in.second.v[step], i);
+            } else {
+              float gate = get_element<T>(in.gate.v[step], i);
+              if constexpr (kTable) gate += get_element<T>(table_gate, i);
+              value += get_element<T>(in.second.v[step], i) * gate;
+            }
+            set_element<T>(values[step], i, value);
+          }
+          T* const sum_row = static_cast<T*>(p.sum_out) + row * p.sum_row_stride;
+          store_global<VEC_BYTES>(sum_row + column(step, lane), values[step]);
+        }
+      }
+    }
+
+    float mean = 0.0f;
+    if constexpr ((F & NormFeature::layer) != 0) {
+      float sum = 0.0f;
+#pragma unroll
+      for (int step = 0; step < kSteps; ++step) {
+        float partial = 0.0f;
+#pragma unroll
+        for (int i = 0; i < kVec; ++i) partial += get_element<T>(values[step], i);
+        sum += partial;
+      }
+      mean = group_sum<THREADS_PER_ROW, CTA_THREADS>(sum) * kInvHidden;
+    }
+    // One partial sum per vector keeps the dependent chains short. Elements past the row
+    // are zero, but after centring they would count mean^2, so they are skipped.
+    float squares = 0.0f;
+#pragma unroll
+    for (int step = 0; step < kSteps; ++step) {
+      float partial = 0.0f;
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) {
+        const float centred = get_element<T>(values[step], i) - mean;
+        partial += centred * centred;
+      }
+      if ((F & NormFeature::layer) == 0 || in_row(step, lane)) squares += partial;
+    }
+    squares = group_sum<THREADS_PER_ROW, CTA_THREADS>(squares);
+    const float scale = rsqrtf(squares * kInvHidden + p.eps);
+    if (!active) return;
+
+    T* const out_row = static_cast<T*>(p.out) + row * p.out_row_stride;
+#pragma unroll
+    for (int step = 0; step < kSteps; ++step) {
+      if (!in_row(step, lane)) continue;
+      const int col = column(step, lane);
+      Raw<VEC_BYTES> weight, bias, table_scale, table_shift;
+      if constexpr ((F & NormFeature::weight) != 0) weight = column_operand(p.weight, col);
+      if constexpr ((F & NormFeature::bias) != 0) bias = column_operand(p.bias, col);
+      if constexpr ((F & NormFeature::modulate) != 0 && kTable) {
+        table_scale = column_operand(p.scale.table, col);
+        table_shift = column_operand(p.shift.table, col);
+      }
+      float result[kVec];
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) {
+        float n = (get_element<T>(values[step], i) - mean) * scale;
+        if constexpr ((F & NormFeature::weight) != 0) n *= get_element<T>(weight, i);
+        if constexpr ((F & NormFeature::bias) != 0) n += get_element<T>(bias, i);
+        if constexpr ((F & NormFeature::modulate) != 0) {
+          float mod_scale = get_element<T>(in.scale.v[step], i);
+          float mod_shift = get_element<T>(in.shift.v[step], i);
+          if constexpr (kTable) {
+            mod_scale += get_element<T>(table_scale, i);
+            mod_shift += get_element<T>(table_shift, i);
+          }
+          n = n * (1.0f + mod_scale) + mod_shift;
+        }
+        result[i] = n;
+      }
+      store_floats<T, VEC_BYTES>(out_row + col, result);
+    }
+  }
+};
+
+template <typename T, int HIDDEN, int VEC_BYTES, int THREADS_PER_ROW, int CTA_THREADS,
+          unsigned FEATURES, bool PREFETCH>
+__global__ void __launch_bounds__(CTA_THREADS) norm(const NormParams p) {
+  using Row = NormRow<T, HIDDEN, VEC_BYTES, THREADS_PER_ROW, FEATURES>;
+  constexpr int kRowsPerCta = CTA_THREADS / THREADS_PER_ROW;
+  static_assert(VEC_BYTES % sizeof(T) == 0, "a vector holds whole elements");
+  static_assert(HIDDEN % Row::kVec == 0, "rows must be made of whole vectors");
+  static_assert(CTA_THREADS % THREADS_PER_ROW == 0, "rows must tile the CTA");
+  static_assert(THREADS_PER_ROW <= 32 ? (THREADS_PER_ROW & (THREADS_PER_ROW - 1)) == 0
+                                      : THREADS_PER_ROW % 32 == 0,
+                "a row's threads are a power of two up to a warp, or whole warps");
+
+  const int lane = static_cast<int>(threadIdx.x) % THREADS_PER_ROW;
+  const long long grid_rows = static_cast<long long>(gridDim.x) * kRowsPerCta;
+  long long row = static_cast<long long>(blockIdx.x) * kRowsPerCta +
+                  static_cast<int>(threadIdx.x) / THREADS_PER_ROW;
+
+  typename Row::RowInputs current;
+  if (PREFETCH && row < p.rows) Row::load_row(p, row, lane, current);
+  // Every thread runs the same number of iterations, even past the last row, because the
+  // row reduction may synchronise the whole CTA.
+  for (long long first_row = static_cast<long long>(blockIdx.x) * kRowsPerCta; first_row < p.rows;
+       first_row += grid_rows, row += grid_rows) {
+    const bool active = row < p.rows;
+    if constexpr (PREFETCH) {
+      typename Row::RowInputs next;
+      if (row + grid_rows < p.rows) Row::load_row(p, row + grid_rows, lane, next);
+      Row::template process<CTA_THREADS>(p, row, lane, active, current);
+      current = next;
+    } else {
+      if (active) Row::load_row(p, row, lane, current);
+      Row::template process<CTA_THREADS>(p, row, lane, active, current);
+    }
+  }
+}
+
+}  // namespace kiln

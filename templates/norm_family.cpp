@@ -1,0 +1,531 @@
+#include "templates/norm_family.h"
+
+#include <algorithm>
+#include <array>
+#include <cstdlib>
+#include <cstring>
+#include <optional>
+
+#include "cache/error.h"
+#include "templates/kiln/norm_params.cuh"
+
+namespace kiln {
+
+// The kernel receives these bytes as its by-value parameter; nvcc lays the struct out the
+// same way for the device (8-byte pointers and long longs).
+static_assert(sizeof(NormModulation) == 32 && sizeof(NormParams) == 216 &&
+              alignof(NormParams) == 8);
+
+namespace {
+
+constexpr std::array<int, 4> kVecBytes = {16, 8, 4, 2};  // widest first: the canonical order
+constexpr std::array<int, 9> kThreadsPerRow = {4, 8, 16, 32, 64, 128, 256, 512, 1024};
+constexpr std::array<int, 5> kCtaThreads = {64, 128, 256, 512, 1024};
+
+// Registers beyond the row data: addresses, indices, the reductions, one step's fp32 math
+// and its per-column operands (as calibrated on ptxas -v of sm_75 and sm_90 builds).
+constexpr int kRegisterOverhead = 40;
+constexpr int kMaxRegistersPerThread = 255;
+// Registers are allocated per warp in units of 256 (8 per thread).
+constexpr int kRegisterGranule = 8;
+// A persistent grid never needs more CTAs per SM than this to fill it.
+constexpr int kMaxResidentCtas = 16;
+
+constexpr std::int64_t kTargetElementsPerThread = 32;
+constexpr int kTargetRowsPerCta = 4;
+constexpr int kMinHeuristicCta = 128;
+constexpr int kMaxHeuristicCtaForShortRows = 256;
+
+template <std::size_t N>
+bool one_of(const std::array<int, N>& values, int value) {
+  return std::find(values.begin(), values.end(), value) != values.end();
+}
+
+template <std::size_t N>
+std::string list(const std::array<int, N>& values) {
+  std::string text;
+  for (std::size_t i = 0; i < N; ++i) {
+    text += (i == 0 ? "" : i + 1 == N ? " or " : ", ") + std::to_string(values[i]);
+  }
+  return text;
+}
+
+std::int64_t ceil_div(std::int64_t a, std::int64_t b) {
+  return (a + b - 1) / b;
+}
+
+int log2_of(int power_of_two) {
+  int log = 0;
+  while ((1 << log) < power_of_two) ++log;
+  return log;
+}
+
+std::int64_t effective_align(const Problem& problem) {
+  return std::max<std::int64_t>(problem.align,
+                                static_cast<std::int64_t>(dtype_size(problem.dtype)));
+}
+
+std::int64_t grid_of(const Config& config) {
+  const auto it = config.extra.find("grid");
+  return it == config.extra.end() ? 0 : it->second;
+}
+
+bool has(const Problem& problem, std::uint32_t bit) {
+  return (problem.flags & bit) != 0;
+}
+
+std::string flag_names(std::uint32_t flags) {
+  std::string text;
+  auto add = [&](std::uint32_t bit, const char* name) {
+    if ((flags & bit) != 0) text += (text.empty() ? "" : ", ") + std::string(name);
+  };
+  add(kNormWeight, "weight (1)");
+  add(kNormBias, "bias (2)");
+  add(kNormLayer, "layer (4)");
+  add(kNormInPlace, "in-place (8)");
+  add(kNormTable, "table (16)");
+  add(kNormPerToken, "per-token (32)");
+  return text.empty() ? "none" : text;
+}
+
+}  // namespace
+
+NormFamily::NormFamily(Op op) : op_(op) {
+  if (op != Op::fused_add_rms_norm && op != Op::layer_norm && op != Op::adaln &&
+      op != Op::gated_adaln) {
+    throw Error("kiln: NormFamily does not implement op " + std::string(op_name(op)));
+  }
+}
+
+std::uint32_t NormFamily::allowed_flags() const {
+  switch (op_) {
+    case Op::fused_add_rms_norm:
+      return kNormWeight | kNormInPlace;
+    case Op::layer_norm:
+      return kNormWeight | kNormBias;
+    case Op::adaln:
+      return kNormWeight | kNormLayer | kNormTable | kNormPerToken;
+    case Op::gated_adaln:
+      return kNormWeight | kNormLayer | kNormTable | kNormPerToken | kNormInPlace;
+    default:
+      return 0;
+  }
+}
+
+unsigned NormFamily::features(const Problem& problem) const {
+  unsigned f = 0;
+  if (has(problem, kNormWeight)) f |= NormFeature::weight;
+  if (has(problem, kNormBias)) f |= NormFeature::bias;
+  if (has(problem, kNormInPlace)) f |= NormFeature::in_place;
+  switch (op_) {
+    case Op::fused_add_rms_norm:
+      f |= NormFeature::residual;
+      break;
+    case Op::layer_norm:
+      f |= NormFeature::layer;
+      break;
+    case Op::gated_adaln:
+      f |= NormFeature::gate;
+      [[fallthrough]];
+    case Op::adaln:
+      f |= NormFeature::modulate;
+      if (has(problem, kNormLayer)) f |= NormFeature::layer;
+      if (has(problem, kNormTable)) f |= NormFeature::table;
+      break;
+    default:
+      break;
+  }
+  return f;
+}
+
+namespace {
+
+std::optional<ArgumentError> problem_error(const NormFamily& family, const Problem& problem) {
+  const std::string op(family.name());
+  if (problem.op != family.op()) {
+    return ArgumentError(op, "problem", "op " + op, std::string(op_name(problem.op)));
+  }
+  if (problem.hidden < 1 || problem.hidden > NormFamily::kMaxHidden) {
+    return ArgumentError(op, "x", "hidden size in [1, 65536]", std::to_string(problem.hidden));
+  }
+  if (problem.align < 1 || problem.align > 16 || (problem.align & (problem.align - 1)) != 0) {
+    return ArgumentError(op, "x", "alignment a power of two in [1, 16] bytes",
+                         std::to_string(problem.align));
+  }
+  if ((problem.flags & ~family.allowed_flags()) != 0) {
+    return ArgumentError(op, "flags", "only " + flag_names(family.allowed_flags()),
+                         flag_names(problem.flags));
+  }
+  if (problem.aux != 0) {
+    return ArgumentError(op, "aux", "0 (unused by the norm ops)", std::to_string(problem.aux));
+  }
+  return std::nullopt;
+}
+
+// Vectors a thread keeps live per step: the row itself (as T), the modulation operands
+// (scale, shift) from their load to the output, and with a persistent grid every stream
+// of the next row. Per-column operands are loaded where they are used (a few registers
+// for one step at a time, counted in the overhead).
+int live_vectors_per_step(const NormFamily& family, const Problem& problem, bool prefetch) {
+  const unsigned f = family.features(problem);
+  int live = 1;
+  if ((f & NormFeature::modulate) != 0) live += 2;
+  if (prefetch) {
+    int loaded = 1;
+    if ((f & (NormFeature::residual | NormFeature::gate)) != 0) ++loaded;
+    if ((f & NormFeature::gate) != 0) ++loaded;
+    if ((f & NormFeature::modulate) != 0) loaded += 2;
+    live += loaded;
+  }
+  return live;
+}
+
+std::int64_t elements_per_thread(const Problem& problem, const Config& config) {
+  const std::int64_t vec_elems = std::max<std::int64_t>(
+      1, config.vec_bytes / static_cast<std::int64_t>(dtype_size(problem.dtype)));
+  const std::int64_t per_step = vec_elems * std::max(1, config.threads_per_row);
+  return ceil_div(problem.hidden, per_step) * vec_elems;
+}
+
+// The splits of a row the space holds, ascending: powers of two, and whole warps that
+// divide the row's vectors exactly.
+std::vector<int> threads_per_row_options(const Problem& problem, int vec_bytes) {
+  std::vector<int> options(kThreadsPerRow.begin(), kThreadsPerRow.end());
+  const std::int64_t row_bytes =
+      problem.hidden * static_cast<std::int64_t>(dtype_size(problem.dtype));
+  if (row_bytes % vec_bytes == 0) {
+    const std::int64_t vectors = row_bytes / vec_bytes;
+    for (int tpr = 64; tpr <= kThreadsPerRow.back(); tpr += 32) {
+      if (vectors % tpr == 0 && !one_of(kThreadsPerRow, tpr)) options.push_back(tpr);
+    }
+  }
+  std::sort(options.begin(), options.end());
+  return options;
+}
+
+std::vector<int> cta_options(int threads_per_row) {
+  if (one_of(kThreadsPerRow, threads_per_row)) return {kCtaThreads.begin(), kCtaThreads.end()};
+  std::vector<int> options;
+  for (int cta = threads_per_row; cta <= kCtaThreads.back(); cta *= 2) options.push_back(cta);
+  return options;
+}
+
+}  // namespace
+
+void NormFamily::check(const Problem& problem) const {
+  if (auto error = problem_error(*this, problem)) throw *error;
+}
+
+std::int64_t NormFamily::registers_per_thread(const Problem& problem, const Config& config) const {
+  const std::int64_t elements = elements_per_thread(problem, config);
+  const std::int64_t vec_elems = std::max<std::int64_t>(
+      1, config.vec_bytes / static_cast<std::int64_t>(dtype_size(problem.dtype)));
+  const std::int64_t steps = elements / vec_elems;
+  const std::int64_t words = std::max(1, config.vec_bytes / 4);
+  return steps * words * live_vectors_per_step(*this, problem, grid_of(config) > 0) +
+         kRegisterOverhead;
+}
+
+int NormFamily::resident_ctas(const Problem& problem, const Config& config,
+                              const DeviceTraits& device) const {
+  const std::int64_t registers =
+      ceil_div(
+          std::min<std::int64_t>(registers_per_thread(problem, config), kMaxRegistersPerThread),
+          kRegisterGranule) *
+      kRegisterGranule;
+  const std::int64_t by_threads = device.max_threads_per_sm / config.cta_threads;
+  const std::int64_t by_registers = device.regs_per_sm / (registers * config.cta_threads);
+  return static_cast<int>(
+      std::clamp<std::int64_t>(std::min(by_threads, by_registers), 1, kMaxResidentCtas));
+}
+
+std::string NormFamily::invalid_reason(const Problem& problem, const Config& config,
+                                       const DeviceTraits& device) const {
+  if (auto error = problem_error(*this, problem)) return error->message();
+  for (const auto& [name, value] : config.extra) {
+    if (name != "grid") return std::string(this->name()) + " has no tunable named '" + name + "'";
+  }
+
+  const auto element = static_cast<std::int64_t>(dtype_size(problem.dtype));
+  const std::string dtype(dtype_name(problem.dtype));
+  const int vec = config.vec_bytes;
+  if (!one_of(kVecBytes, vec)) {
+    return "vec_bytes " + std::to_string(vec) + " is not " + list(kVecBytes);
+  }
+  if (vec < element) {
+    return "vec_bytes " + std::to_string(vec) + " is narrower than one " + dtype + " element (" +
+           std::to_string(element) + " bytes)";
+  }
+  if (vec > effective_align(problem)) {
+    return "vec_bytes " + std::to_string(vec) + " exceeds the data alignment " +
+           std::to_string(effective_align(problem));
+  }
+  const std::int64_t row_bytes = problem.hidden * element;
+  if (row_bytes % vec != 0) {
+    return "a row of " + std::to_string(problem.hidden) + " " + dtype + " elements (" +
+           std::to_string(row_bytes) + " bytes) is not a whole number of " + std::to_string(vec) +
+           "-byte vectors";
+  }
+
+  const int tpr = config.threads_per_row;
+  const std::int64_t vectors = row_bytes / vec;
+  // Besides powers of two, whole warps that split the row's vectors exactly: 14848 bf16
+  // elements are 1856 16-byte vectors, two for each of 928 threads, none idle.
+  const bool exact_warps =
+      tpr > 32 && tpr <= kThreadsPerRow.back() && tpr % 32 == 0 && vectors % tpr == 0;
+  if (!one_of(kThreadsPerRow, tpr) && !exact_warps) {
+    return "threads_per_row " + std::to_string(tpr) +
+           " is neither a power of two in [4, 1024] nor whole warps dividing the row's " +
+           std::to_string(vectors) + " vectors";
+  }
+  if (tpr != kThreadsPerRow.front() && tpr > vectors) {
+    return "threads_per_row " + std::to_string(tpr) + " leaves threads idle: a row has only " +
+           std::to_string(vectors) + " vectors of " + std::to_string(vec) + " bytes";
+  }
+  const std::int64_t held = elements_per_thread(problem, config);
+  if (held > kMaxElementsPerThread) {
+    return "each thread would hold " + std::to_string(held) + " elements of a row, more than " +
+           std::to_string(kMaxElementsPerThread) + " (the register budget)";
+  }
+
+  const int cta = config.cta_threads;
+  if (one_of(kThreadsPerRow, tpr) && !one_of(kCtaThreads, cta)) {
+    return "cta_threads " + std::to_string(cta) + " is not " + list(kCtaThreads);
+  }
+  if (cta < tpr) {
+    return "cta_threads " + std::to_string(cta) + " is fewer than threads_per_row " +
+           std::to_string(tpr);
+  }
+  const int rows_per_cta = cta / tpr;
+  if (cta % tpr != 0 || (rows_per_cta & (rows_per_cta - 1)) != 0) {
+    return "cta_threads " + std::to_string(cta) +
+           " is not a power-of-two multiple of threads_per_row " + std::to_string(tpr);
+  }
+  if (cta > device.max_threads_per_block) {
+    return "cta_threads " + std::to_string(cta) + " exceeds the device's " +
+           std::to_string(device.max_threads_per_block) + " threads per block";
+  }
+  const int register_cap =
+      std::min(kMaxRegistersPerThread, std::max(1, device.regs_per_block / cta));
+  const std::int64_t registers = registers_per_thread(problem, config);
+  const bool widest = tpr >= std::min(kThreadsPerRow.back(), device.max_threads_per_block);
+  if (registers > register_cap && !(widest && grid_of(config) == 0)) {
+    return "holding " + std::to_string(held) + " elements and their operands needs about " +
+           std::to_string(registers) + " registers per thread, more than the " +
+           std::to_string(register_cap) + " a " + std::to_string(cta) + "-thread CTA allows";
+  }
+
+  const std::int64_t grid = grid_of(config);
+  if (grid < 0) return "grid " + std::to_string(grid) + " is negative";
+  if (grid > 0) {
+    const std::int64_t persistent =
+        static_cast<std::int64_t>(device.sm_count) * resident_ctas(problem, config, device);
+    if (grid != persistent) {
+      return "grid " + std::to_string(grid) + " is not the persistent grid of this config (" +
+             std::to_string(persistent) + " = " + std::to_string(device.sm_count) + " SMs x " +
+             std::to_string(resident_ctas(problem, config, device)) + " resident CTAs)";
+    }
+  }
+  return {};
+}
+
+std::vector<Config> NormFamily::space(const Problem& problem, const DeviceTraits& device) const {
+  check(problem);
+  std::vector<Config> configs;
+  for (int vec : kVecBytes) {
+    for (int tpr : threads_per_row_options(problem, vec)) {
+      for (int cta : cta_options(tpr)) {
+        for (bool persistent : {false, true}) {
+          Config config;
+          config.vec_bytes = vec;
+          config.threads_per_row = tpr;
+          config.cta_threads = cta;
+          if (persistent) {
+            config.extra["grid"] = 1;  // sized below, once the registers are known
+            config.extra["grid"] =
+                static_cast<std::int64_t>(device.sm_count) * resident_ctas(problem, config, device);
+          }
+          if (invalid_reason(problem, config, device).empty()) configs.push_back(std::move(config));
+        }
+      }
+    }
+  }
+  return configs;
+}
+
+// As RmsNormFamily's heuristic: the widest vector, then the split and CTA nearest to about
+// kTargetElementsPerThread elements per thread and kTargetRowsPerCta rows per CTA; one pass
+// (no persistent grid), the layout kiln::rms_norm was measured with.
+Config NormFamily::heuristic(const Problem& problem, const DeviceTraits& device) const {
+  const std::vector<Config> configs = space(problem, device);
+  if (configs.empty()) {
+    throw Error("kiln." + std::string(name()) + ": no valid launch config for " + problem.key() +
+                " on sm_" + std::to_string(device.sm));
+  }
+  const int vec = configs.front().vec_bytes;
+
+  Config target;
+  target.vec_bytes = vec;
+  target.threads_per_row = kThreadsPerRow.back();
+  for (int tpr : kThreadsPerRow) {
+    target.threads_per_row = tpr;
+    if (elements_per_thread(problem, target) <= kTargetElementsPerThread) break;
+  }
+  target.cta_threads = std::max(
+      {kMinHeuristicCta, target.threads_per_row,
+       std::min(kTargetRowsPerCta * target.threads_per_row, kMaxHeuristicCtaForShortRows)});
+
+  const int target_tpr_log = log2_of(target.threads_per_row);
+  const int target_cta_log = log2_of(target.cta_threads);
+  const Config* best = nullptr;
+  auto distance = [&](const Config& c) {
+    const int tpr_log = log2_of(c.threads_per_row);
+    return std::array<int, 3>{std::abs(tpr_log - target_tpr_log), -tpr_log,
+                              std::abs(log2_of(c.cta_threads) - target_cta_log)};
+  };
+  for (const Config& config : configs) {
+    if (config.vec_bytes != vec || grid_of(config) != 0) continue;
+    if (best == nullptr || distance(config) < distance(*best)) best = &config;
+  }
+  if (best == nullptr) best = &configs.front();
+  return *best;
+}
+
+std::string NormFamily::name_expression(const Problem& problem, const Config& config) const {
+  return "kiln::norm<" + std::string(dtype_cuda_type(problem.dtype)) + ", " +
+         std::to_string(problem.hidden) + ", " + std::to_string(config.vec_bytes) + ", " +
+         std::to_string(config.threads_per_row) + ", " + std::to_string(config.cta_threads) + ", " +
+         std::to_string(features(problem)) + "u, " + (grid_of(config) > 0 ? "true" : "false") + ">";
+}
+
+// The reduction's shared memory is static (sized by the template), so none is dynamic.
+LaunchGeometry NormFamily::geometry(const Problem& problem, const Config& config,
+                                    std::int64_t rows) const {
+  (void)problem;
+  constexpr std::int64_t kMaxGrid = 0x7fffffff;
+  const std::int64_t rows_per_cta = std::max(1, config.rows_per_cta());
+  std::int64_t ctas = ceil_div(std::max<std::int64_t>(rows, 0), rows_per_cta);
+  if (const std::int64_t cap = grid_of(config); cap > 0) ctas = std::min(ctas, cap);
+  LaunchGeometry geometry;
+  geometry.grid[0] = static_cast<std::uint32_t>(std::clamp<std::int64_t>(ctas, 1, kMaxGrid));
+  geometry.block[0] = static_cast<std::uint32_t>(config.cta_threads);
+  return geometry;
+}
+
+namespace {
+
+// The buffers of a stand-alone run, in pack order. Modulation operands are per token ([rows,
+// D]) when the problem says so, else one row broadcast over every token (a single sample).
+std::vector<BufferSpec> norm_buffers(const NormFamily& family, const Problem& problem,
+                                     std::int64_t rows) {
+  const unsigned f = family.features(problem);
+  const DType t = problem.dtype;
+  const std::int64_t d = problem.hidden;
+  const std::int64_t mod_rows = has(problem, kNormPerToken) ? rows : 1;
+  std::vector<BufferSpec> specs;
+  specs.push_back({"x", t, rows * d, false});
+  if ((f & NormFeature::residual) != 0) specs.push_back({"residual", t, rows * d, false});
+  if ((f & NormFeature::gate) != 0) {
+    specs.push_back({"y", t, rows * d, false});
+    specs.push_back({"gate", t, mod_rows * d, false});
+  }
+  if ((f & NormFeature::modulate) != 0) {
+    specs.push_back({"scale", t, mod_rows * d, false});
+    specs.push_back({"shift", t, mod_rows * d, false});
+  }
+  if ((f & NormFeature::table) != 0) {
+    if ((f & NormFeature::gate) != 0) specs.push_back({"table_gate", t, d, false});
+    specs.push_back({"table_scale", t, d, false});
+    specs.push_back({"table_shift", t, d, false});
+  }
+  if ((f & NormFeature::weight) != 0) specs.push_back({"weight", t, d, false});
+  if ((f & NormFeature::bias) != 0) specs.push_back({"bias", t, d, false});
+  specs.push_back({"out", t, rows * d, true});
+  if ((f & (NormFeature::residual | NormFeature::gate)) != 0) {
+    specs.push_back({"sum_out", t, rows * d, true});
+  }
+  return specs;
+}
+
+}  // namespace
+
+std::vector<BufferSpec> NormFamily::buffers(const Problem& problem, std::int64_t rows) const {
+  check(problem);
+  if (rows < 0)
+    throw ArgumentError(std::string(name()), "rows", "a count >= 0", std::to_string(rows));
+  return norm_buffers(*this, problem, rows);
+}
+
+// A stand-alone run is always out of place (fresh output buffers), also for in-place
+// problems: the kernel is the same, with coherent loads.
+std::vector<std::byte> NormFamily::pack_params(const Problem& problem, std::int64_t rows,
+                                               std::span<const std::uint64_t> addresses) const {
+  const std::vector<BufferSpec> specs = norm_buffers(*this, problem, rows);
+  if (addresses.size() != specs.size()) {
+    std::string names;
+    for (const BufferSpec& spec : specs) names += (names.empty() ? "" : ", ") + spec.name;
+    throw Error("kiln." + std::string(name()) + ": pack_params: expected " +
+                std::to_string(specs.size()) + " addresses (" + names + "), got " +
+                std::to_string(addresses.size()));
+  }
+  NormParams params;
+  std::memset(&params, 0, sizeof(params));
+  const bool per_token = has(problem, kNormPerToken);
+  const std::int64_t d = problem.hidden;
+  for (std::size_t i = 0; i < specs.size(); ++i) {
+    void* address = reinterpret_cast<void*>(static_cast<std::uintptr_t>(addresses[i]));
+    const std::string& n = specs[i].name;
+    if (n == "x") params.x = address;
+    if (n == "residual") params.residual = address;
+    if (n == "y") params.y = address;
+    if (n == "gate") params.gate.data = address;
+    if (n == "scale") params.scale.data = address;
+    if (n == "shift") params.shift.data = address;
+    if (n == "table_gate") params.gate.table = address;
+    if (n == "table_scale") params.scale.table = address;
+    if (n == "table_shift") params.shift.table = address;
+    if (n == "weight") params.weight = address;
+    if (n == "bias") params.bias = address;
+    if (n == "out") params.out = address;
+    if (n == "sum_out") params.sum_out = address;
+  }
+  for (NormModulation* m : {&params.scale, &params.shift, &params.gate}) {
+    m->batch_stride = per_token ? rows * d : d;
+    m->token_stride = per_token ? d : 0;
+  }
+  params.rows = rows;
+  params.tokens = std::max<std::int64_t>(rows, 1);
+  params.x_row_stride = d;
+  params.residual_row_stride = d;
+  params.y_row_stride = d;
+  params.out_row_stride = d;
+  params.sum_row_stride = d;
+  params.eps = kDefaultEps;
+  std::vector<std::byte> bytes(sizeof(params));
+  std::memcpy(bytes.data(), &params, sizeof(params));
+  return bytes;
+}
+
+std::int64_t NormFamily::bytes_moved(const Problem& problem, std::int64_t rows) const {
+  std::int64_t elements = 0;
+  for (const BufferSpec& spec : norm_buffers(*this, problem, rows)) elements += spec.elements;
+  return elements * static_cast<std::int64_t>(dtype_size(problem.dtype));
+}
+
+std::vector<Problem> NormFamily::common_problems(DType dtype, std::int64_t hidden) const {
+  auto make = [&](std::uint32_t flags) { return Problem{op_, dtype, hidden, flags, 16}; };
+  switch (op_) {
+    case Op::fused_add_rms_norm:
+      return {make(kNormWeight), make(kNormWeight | kNormInPlace)};
+    case Op::layer_norm:
+      return {make(kNormWeight | kNormBias), make(0)};
+    case Op::adaln:  // FLUX (LayerNorm, per sample); LTX-Video (RMSNorm, table, per token)
+      return {make(kNormLayer), make(kNormTable | kNormPerToken)};
+    case Op::gated_adaln:
+      return {make(kNormTable | kNormPerToken)};
+    default:
+      return {};
+  }
+}
+
+}  // namespace kiln

@@ -1,0 +1,68 @@
+// The normalisation ops beyond plain RMSNorm, all on one kernel template (kiln::norm in
+// templates/kiln/norm.cuh): fused_add_rms_norm, layer_norm, adaln and gated_adaln. One
+// NormFamily object per op; they differ in which Problem::flags they accept, which kernel
+// features those flags turn on, and which buffers a stand-alone run needs.
+//
+// Tunables: vec_bytes, threads_per_row, cta_threads (hence rows per CTA) and
+// extra["grid"]: 0 launches one pass over the rows; N > 0 launches a persistent grid of N
+// CTAs (SM count x resident CTAs of the target) whose threads prefetch their next row
+// while reducing the current one.
+#pragma once
+
+#include <cstdint>
+
+#include "templates/family.h"
+
+namespace kiln {
+
+// Problem::flags bits of the norm ops (which op accepts which: NormFamily::allowed_flags).
+inline constexpr std::uint32_t kNormWeight = 1u;     // multiply by weight[D]
+inline constexpr std::uint32_t kNormBias = 2u;       // layer_norm: add bias[D]
+inline constexpr std::uint32_t kNormLayer = 4u;      // adaln ops: LayerNorm instead of RMSNorm
+inline constexpr std::uint32_t kNormInPlace = 8u;    // outputs overwrite the inputs
+inline constexpr std::uint32_t kNormTable = 16u;     // adaln ops: operands add a table row
+inline constexpr std::uint32_t kNormPerToken = 32u;  // adaln ops: operands are [B,T,D]
+                                                     // (tuning only: same kernel, more bytes)
+
+class NormFamily : public Family {
+ public:
+  static constexpr std::int64_t kMaxHidden = 65536;
+  static constexpr int kMaxElementsPerThread = 64;
+  static constexpr float kDefaultEps = 1e-6f;
+
+  explicit NormFamily(Op op);
+
+  Op op() const override { return op_; }
+  std::string_view header() const override { return "kiln/norm.cuh"; }
+
+  void check(const Problem& problem) const override;
+  std::vector<Config> space(const Problem& problem, const DeviceTraits& device) const override;
+  std::string invalid_reason(const Problem& problem, const Config& config,
+                             const DeviceTraits& device) const override;
+  Config heuristic(const Problem& problem, const DeviceTraits& device) const override;
+
+  std::string name_expression(const Problem& problem, const Config& config) const override;
+  LaunchGeometry geometry(const Problem& problem, const Config& config,
+                          std::int64_t rows) const override;
+
+  std::vector<BufferSpec> buffers(const Problem& problem, std::int64_t rows) const override;
+  std::vector<std::byte> pack_params(const Problem& problem, std::int64_t rows,
+                                     std::span<const std::uint64_t> addresses) const override;
+  std::int64_t bytes_moved(const Problem& problem, std::int64_t rows) const override;
+  std::vector<Problem> common_problems(DType dtype, std::int64_t hidden) const override;
+
+  // The Problem::flags bits this op accepts.
+  std::uint32_t allowed_flags() const;
+  // The kernel's FEATURES bits (NormFeature in norm.cuh) for a problem of this op.
+  unsigned features(const Problem& problem) const;
+  // Registers a thread needs to hold its share of a row (and, with a persistent grid, of the
+  // next row) under `config`: the estimate validity and the persistent grid size rest on.
+  std::int64_t registers_per_thread(const Problem& problem, const Config& config) const;
+  // CTAs of `config` that fit on one SM of `device` at once (at least 1).
+  int resident_ctas(const Problem& problem, const Config& config, const DeviceTraits& device) const;
+
+ private:
+  Op op_;
+};
+
+}  // namespace kiln

@@ -1,0 +1,176 @@
+// The norm ops' descriptors: accepted flags, kernel features, the search space and its
+// persistent grids, the heuristic, buffers and parameter packing. No GPU, no NVRTC.
+#include <doctest/doctest.h>
+
+#include <cstring>
+#include <set>
+
+#include "cache/error.h"
+#include "templates/kiln/norm_params.cuh"
+#include "templates/norm_family.h"
+
+namespace kiln {
+namespace {
+
+const NormFamily& norm_family(Op op) {
+  return dynamic_cast<const NormFamily&>(family(op));
+}
+
+std::int64_t grid(const Config& config) {
+  const auto it = config.extra.find("grid");
+  return it == config.extra.end() ? 0 : it->second;
+}
+
+}  // namespace
+
+TEST_CASE("each norm op is registered and accepts only its own flags") {
+  for (Op op : {Op::fused_add_rms_norm, Op::layer_norm, Op::adaln, Op::gated_adaln}) {
+    CHECK(family(op).op() == op);
+    CHECK(family(op).header() == "kiln/norm.cuh");
+  }
+  const Problem bias_on_fused{Op::fused_add_rms_norm, DType::bf16, 4096, kNormBias, 16};
+  CHECK_THROWS_WITH_AS(
+      family(Op::fused_add_rms_norm).check(bias_on_fused),
+      doctest::Contains("flags: expected only weight (1), in-place (8), got bias (2)"),
+      ArgumentError);
+  const Problem table_on_layer{Op::layer_norm, DType::bf16, 4096, kNormTable, 16};
+  CHECK_THROWS_AS(family(Op::layer_norm).check(table_on_layer), ArgumentError);
+  const Problem too_wide{Op::adaln, DType::bf16, 65537, 0, 16};
+  CHECK_THROWS_WITH_AS(
+      family(Op::adaln).check(too_wide),
+      doctest::Contains("kiln.adaln: x: expected hidden size in [1, 65536], got 65537"),
+      ArgumentError);
+  const Problem with_aux{Op::gated_adaln, DType::bf16, 64, 0, 16, 3};
+  CHECK_THROWS_AS(family(Op::gated_adaln).check(with_aux), ArgumentError);
+}
+
+TEST_CASE("flags map to kernel features") {
+  const Problem fused{Op::fused_add_rms_norm, DType::bf16, 64, kNormWeight | kNormInPlace, 16};
+  CHECK(norm_family(Op::fused_add_rms_norm).features(fused) ==
+        (NormFeature::residual | NormFeature::weight | NormFeature::in_place));
+  const Problem ln{Op::layer_norm, DType::bf16, 64, kNormWeight | kNormBias, 16};
+  CHECK(norm_family(Op::layer_norm).features(ln) ==
+        (NormFeature::layer | NormFeature::weight | NormFeature::bias));
+  const Problem ada{Op::adaln, DType::bf16, 64, kNormLayer | kNormPerToken, 16};
+  CHECK(norm_family(Op::adaln).features(ada) == (NormFeature::modulate | NormFeature::layer));
+  const Problem gated{Op::gated_adaln, DType::bf16, 64, kNormTable, 16};
+  CHECK(norm_family(Op::gated_adaln).features(gated) ==
+        (NormFeature::gate | NormFeature::modulate | NormFeature::table));
+  // Per-token is a tuning distinction only: the same kernel either way.
+  Problem per_sample = gated;
+  Problem per_token = gated;
+  per_token.flags |= kNormPerToken;
+  const Config config = family(Op::gated_adaln).heuristic(per_sample, DeviceTraits::for_arch(90));
+  CHECK(family(Op::gated_adaln).name_expression(per_sample, config) ==
+        family(Op::gated_adaln).name_expression(per_token, config));
+}
+
+TEST_CASE("the space is valid, canonical, and holds one-pass and persistent configs") {
+  for (int sm : {75, 80, 90}) {
+    const DeviceTraits traits = DeviceTraits::for_arch(sm);
+    for (Op op : {Op::fused_add_rms_norm, Op::layer_norm, Op::adaln, Op::gated_adaln}) {
+      for (std::int64_t hidden : {1, 7, 2048, 4545, 14848, 65536}) {
+        for (DType dtype : {DType::f32, DType::bf16}) {
+          const Problem problem{op, dtype, hidden, kNormWeight, hidden % 8 == 0 ? 16u : 2u};
+          CAPTURE(problem.key());
+          CAPTURE(sm);
+          const NormFamily& fam = norm_family(op);
+          const std::vector<Config> space = fam.space(problem, traits);
+          REQUIRE(!space.empty());
+          std::set<std::string> keys;
+          bool persistent = false;
+          for (const Config& config : space) {
+            CHECK(fam.invalid_reason(problem, config, traits).empty());
+            keys.insert(config.key());
+            if (grid(config) > 0) {
+              persistent = true;
+              CHECK(grid(config) == traits.sm_count * fam.resident_ctas(problem, config, traits));
+            }
+          }
+          CHECK(keys.size() == space.size());
+          // Short rows always leave room for a second row's registers.
+          if (hidden <= 4096) CHECK(persistent);
+          const Config heuristic = fam.heuristic(problem, traits);
+          CHECK(std::find(space.begin(), space.end(), heuristic) != space.end());
+          CHECK(grid(heuristic) == 0);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("invalid configs say why") {
+  const DeviceTraits traits = DeviceTraits::for_arch(90);
+  const Family& fam = family(Op::layer_norm);
+  const Problem problem{Op::layer_norm, DType::bf16, 4096, 0u, 16};
+  Config config = fam.heuristic(problem, traits);
+  config.extra["grid"] = 7;
+  CHECK(fam.invalid_reason(problem, config, traits).find("is not the persistent grid") !=
+        std::string::npos);
+  config.extra.clear();
+  config.extra["unroll"] = 2;
+  CHECK(fam.invalid_reason(problem, config, traits) == "layer_norm has no tunable named 'unroll'");
+  config.extra.clear();
+  config.vec_bytes = 16;
+  const Problem unaligned{Op::layer_norm, DType::bf16, 4096, 0u, 4};
+  CHECK(fam.invalid_reason(unaligned, config, traits) ==
+        "vec_bytes 16 exceeds the data alignment 4");
+}
+
+TEST_CASE("a persistent grid caps the launch; one pass covers every row") {
+  const DeviceTraits traits = DeviceTraits::for_arch(90);
+  const Family& fam = family(Op::fused_add_rms_norm);
+  const Problem problem{Op::fused_add_rms_norm, DType::bf16, 4096, kNormWeight, 16};
+  for (const Config& config : fam.space(problem, traits)) {
+    const std::int64_t rows_per_cta = config.rows_per_cta();
+    const LaunchGeometry small = fam.geometry(problem, config, 3);
+    CHECK(small.grid[0] == (3 + rows_per_cta - 1) / rows_per_cta);
+    const LaunchGeometry large = fam.geometry(problem, config, 1 << 20);
+    const std::int64_t all = ((1 << 20) + rows_per_cta - 1) / rows_per_cta;
+    CHECK(large.grid[0] == (grid(config) > 0 ? std::min(all, grid(config)) : all));
+    CHECK(large.block[0] == static_cast<unsigned>(config.cta_threads));
+  }
+}
+
+TEST_CASE("buffers, bytes moved and packed parameters follow the op") {
+  const Problem gated{Op::gated_adaln, DType::bf16, 256, kNormTable | kNormPerToken, 16};
+  const Family& fam = family(Op::gated_adaln);
+  const std::vector<BufferSpec> specs = fam.buffers(gated, 10);
+  std::vector<std::string> names;
+  for (const BufferSpec& spec : specs) names.push_back(spec.name);
+  CHECK(names == std::vector<std::string>{"x", "y", "gate", "scale", "shift", "table_gate",
+                                          "table_scale", "table_shift", "out", "sum_out"});
+  // x, y, gate, scale, shift, out, sum_out: 7 row-sized streams, and 3 table rows.
+  CHECK(fam.bytes_moved(gated, 10) == (7 * 10 * 256 + 3 * 256) * 2);
+  Problem per_sample = gated;
+  per_sample.flags &= ~kNormPerToken;
+  CHECK(fam.bytes_moved(per_sample, 10) == (4 * 10 * 256 + 3 * 256 + 3 * 256) * 2);
+
+  std::vector<std::uint64_t> addresses;
+  for (std::size_t i = 0; i < specs.size(); ++i) addresses.push_back(0x1000 * (i + 1));
+  const std::vector<std::byte> bytes = fam.pack_params(gated, 10, addresses);
+  REQUIRE(bytes.size() == sizeof(NormParams));
+  NormParams p;
+  std::memcpy(&p, bytes.data(), sizeof(p));
+  CHECK(reinterpret_cast<std::uintptr_t>(p.x) == 0x1000);
+  CHECK(reinterpret_cast<std::uintptr_t>(p.y) == 0x2000);
+  CHECK(reinterpret_cast<std::uintptr_t>(p.gate.data) == 0x3000);
+  CHECK(reinterpret_cast<std::uintptr_t>(p.shift.table) == 0x8000);
+  CHECK(reinterpret_cast<std::uintptr_t>(p.sum_out) == 0xa000);
+  CHECK(p.rows == 10);
+  CHECK(p.scale.token_stride == 256);
+  CHECK(p.residual == nullptr);
+  addresses.pop_back();
+  CHECK_THROWS_WITH_AS(fam.pack_params(gated, 10, addresses),
+                       doctest::Contains("expected 10 addresses (x, y, gate"), Error);
+}
+
+TEST_CASE("common problems are valid specialisations") {
+  for (Op op : {Op::fused_add_rms_norm, Op::layer_norm, Op::adaln, Op::gated_adaln}) {
+    const std::vector<Problem> problems = family(op).common_problems(DType::bf16, 3072);
+    CHECK(!problems.empty());
+    for (const Problem& problem : problems) CHECK_NOTHROW(family(op).check(problem));
+  }
+}
+
+}  // namespace kiln
