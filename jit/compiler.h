@@ -23,7 +23,7 @@ struct CompileRequest {
 
 struct CompiledKernel {
   std::string key;              // content key of the binary (cache file name)
-  std::string name_expression;  // kiln::rms_norm<...>
+  std::string name_expression;  // kiln::norm<...>
   std::string lowered_name;     // the mangled symbol to look up in the module
   BinaryFormat format = BinaryFormat::cubin;
   std::vector<char> binary;  // cubin bytes, or PTX text

@@ -54,7 +54,7 @@ struct NvrtcOutput {
 
 class NvrtcProgram {
  public:
-  // Headers are given to NVRTC by their names ("kiln/rms_norm.cuh"), so `#include
+  // Headers are given to NVRTC by their names ("kiln/norm.cuh"), so `#include
   // "kiln/..."` resolves without any file system. Throws kiln::Error if NVRTC refuses.
   NvrtcProgram(std::string_view source, std::string_view name,
                std::span<const EmbeddedSource> headers);

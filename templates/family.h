@@ -27,7 +27,7 @@ class Family {
 
   virtual Op op() const = 0;
   std::string_view name() const { return op_name(op()); }
-  // The embedded header that defines the kernel template, e.g. "kiln/rms_norm.cuh".
+  // The embedded header that defines the kernel template, e.g. "kiln/norm.cuh".
   virtual std::string_view header() const = 0;
 
   // Throws ArgumentError if the problem cannot be specialised at all (hidden <= 0, ...).
@@ -42,7 +42,7 @@ class Family {
   // the reference every tuned candidate must agree with.
   virtual Config heuristic(const Problem& problem, const DeviceTraits& device) const = 0;
 
-  // The kernel's C++ name expression, e.g. "kiln::rms_norm<kiln::bf16, 4096, 16, 32, 128, true>".
+  // The kernel's C++ name expression, e.g. "kiln::norm<kiln::bf16, 4096, 16, 32, 128, 2u, false>".
   virtual std::string name_expression(const Problem& problem, const Config& config) const = 0;
   // Grid, block and dynamic shared memory for `rows` rows.
   virtual LaunchGeometry geometry(const Problem& problem, const Config& config,
@@ -72,7 +72,7 @@ class Family {
 const Family& family(Op op);
 std::span<const Family* const> families();
 
-// The embedded template sources: name ("kiln/rms_norm.cuh") -> text. Built into the library
+// The embedded template sources: name ("kiln/norm.cuh") -> text. Built into the library
 // from templates/kiln/*.cuh at build time, so an installed kiln needs no source tree.
 struct EmbeddedSource {
   std::string_view name;

@@ -91,14 +91,16 @@ std::string flag_names(std::uint32_t flags) {
 }  // namespace
 
 NormFamily::NormFamily(Op op) : op_(op) {
-  if (op != Op::fused_add_rms_norm && op != Op::layer_norm && op != Op::adaln &&
-      op != Op::gated_adaln) {
+  if (op != Op::rms_norm && op != Op::fused_add_rms_norm && op != Op::layer_norm &&
+      op != Op::adaln && op != Op::gated_adaln) {
     throw Error("kiln: NormFamily does not implement op " + std::string(op_name(op)));
   }
 }
 
 std::uint32_t NormFamily::allowed_flags() const {
   switch (op_) {
+    case Op::rms_norm:
+      return kNormWeight;
     case Op::fused_add_rms_norm:
       return kNormWeight | kNormInPlace;
     case Op::layer_norm:
@@ -180,12 +182,16 @@ int live_vectors_per_step(const NormFamily& family, const Problem& problem, bool
   return live;
 }
 
-std::int64_t elements_per_thread(const Problem& problem, const Config& config) {
+}  // namespace
+
+std::int64_t NormFamily::elements_per_thread(const Problem& problem, const Config& config) {
   const std::int64_t vec_elems = std::max<std::int64_t>(
       1, config.vec_bytes / static_cast<std::int64_t>(dtype_size(problem.dtype)));
   const std::int64_t per_step = vec_elems * std::max(1, config.threads_per_row);
   return ceil_div(problem.hidden, per_step) * vec_elems;
 }
+
+namespace {
 
 // The splits of a row the space holds, ascending: powers of two, and whole warps that
 // divide the row's vectors exactly.
@@ -515,6 +521,8 @@ std::int64_t NormFamily::bytes_moved(const Problem& problem, std::int64_t rows) 
 std::vector<Problem> NormFamily::common_problems(DType dtype, std::int64_t hidden) const {
   auto make = [&](std::uint32_t flags) { return Problem{op_, dtype, hidden, flags, 16}; };
   switch (op_) {
+    case Op::rms_norm:  // diffusers' q/k norms and DiT blocks have no weight
+      return {make(kNormWeight), make(0)};
     case Op::fused_add_rms_norm:
       return {make(kNormWeight), make(kNormWeight | kNormInPlace)};
     case Op::layer_norm:

@@ -1,5 +1,5 @@
-// The normalisation ops beyond plain RMSNorm, all on one kernel template (kiln::norm in
-// templates/kiln/norm.cuh): fused_add_rms_norm, layer_norm, adaln and gated_adaln. One
+// The normalisation ops, all on one kernel template (kiln::norm in templates/kiln/norm.cuh):
+// rms_norm, fused_add_rms_norm, layer_norm, adaln and gated_adaln. One
 // NormFamily object per op; they differ in which Problem::flags they accept, which kernel
 // features those flags turn on, and which buffers a stand-alone run needs.
 //
@@ -58,6 +58,8 @@ class NormFamily : public Family {
   // Registers a thread needs to hold its share of a row (and, with a persistent grid, of the
   // next row) under `config`: the estimate validity and the persistent grid size rest on.
   std::int64_t registers_per_thread(const Problem& problem, const Config& config) const;
+  // Row elements each thread holds under `config`: its vectors, tail included.
+  static std::int64_t elements_per_thread(const Problem& problem, const Config& config);
   // CTAs of `config` that fit on one SM of `device` at once (at least 1).
   int resident_ctas(const Problem& problem, const Config& config, const DeviceTraits& device) const;
 

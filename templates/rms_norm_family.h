@@ -1,49 +1,20 @@
-// The RMSNorm family: kiln::rms_norm in templates/kiln/rms_norm.cuh.
-//
-// A row of `hidden` elements is split among threads_per_row threads, each holding its part
-// of the row in registers (loaded once with vec_bytes-wide accesses); a CTA of cta_threads
-// threads handles cta_threads / threads_per_row rows at a time and strides over the grid.
+// The RMSNorm family: kiln::norm (templates/kiln/norm.cuh) with neither residual, gate nor
+// modulation, so plain RMSNorm gets every tunable of the norm kernel (exact warp splits,
+// persistent prefetching grids) and one kernel serves the whole norm family.
 #pragma once
 
 #include <cstdint>
 
-#include "templates/family.h"
+#include "templates/norm_family.h"
 
 namespace kiln {
 
-// Problem::flags bits of rms_norm.
-inline constexpr std::uint32_t kRmsNormHasWeight = 1u;
+// Problem::flags bit of rms_norm (the norm family's weight bit).
+inline constexpr std::uint32_t kRmsNormHasWeight = kNormWeight;
 
-class RmsNormFamily : public Family {
+class RmsNormFamily : public NormFamily {
  public:
-  static constexpr std::int64_t kMaxHidden = 65536;
-  // The most row elements one thread may hold in registers (its fp32 copy of the row).
-  static constexpr int kMaxElementsPerThread = 64;
-  // The eps pack_params uses for a stand-alone run (the bindings pass the caller's).
-  static constexpr float kDefaultEps = 1e-6f;
-
-  Op op() const override { return Op::rms_norm; }
-  std::string_view header() const override { return "kiln/rms_norm.cuh"; }
-
-  void check(const Problem& problem) const override;
-  std::vector<Config> space(const Problem& problem, const DeviceTraits& device) const override;
-  std::string invalid_reason(const Problem& problem, const Config& config,
-                             const DeviceTraits& device) const override;
-  Config heuristic(const Problem& problem, const DeviceTraits& device) const override;
-
-  std::string name_expression(const Problem& problem, const Config& config) const override;
-  LaunchGeometry geometry(const Problem& problem, const Config& config,
-                          std::int64_t rows) const override;
-
-  std::vector<BufferSpec> buffers(const Problem& problem, std::int64_t rows) const override;
-  std::vector<std::byte> pack_params(const Problem& problem, std::int64_t rows,
-                                     std::span<const std::uint64_t> addresses) const override;
-  std::int64_t bytes_moved(const Problem& problem, std::int64_t rows) const override;
-  // With and without a weight (diffusers' q/k norms and DiT blocks have none).
-  std::vector<Problem> common_problems(DType dtype, std::int64_t hidden) const override;
-
-  // Row elements each thread holds under `config`: its vectors, tail included.
-  static std::int64_t elements_per_thread(const Problem& problem, const Config& config);
+  RmsNormFamily() : NormFamily(Op::rms_norm) {}
 };
 
 }  // namespace kiln

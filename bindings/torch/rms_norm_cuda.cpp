@@ -8,7 +8,7 @@
 #include "bindings/torch/tensor_checks.h"
 #include "cache/error.h"
 #include "jit/runtime.h"
-#include "templates/kiln/rms_norm_params.cuh"
+#include "templates/kiln/norm_params.cuh"
 #include "templates/rms_norm_family.h"
 
 namespace kiln::torch_ops {
@@ -47,11 +47,12 @@ at::Tensor rms_norm_cuda(const at::Tensor& x, const std::optional<at::Tensor>& w
   } catch (const ArgumentError& error) {
     TORCH_CHECK_VALUE(false, error.what());
   }
-  RmsNormParams params{};
+  NormParams params{};
   params.out = out.data_ptr();
   params.x = view.tensor.data_ptr();
   params.weight = w.defined() ? w.data_ptr() : nullptr;
   params.rows = view.rows;
+  params.tokens = 1;
   params.x_row_stride = view.row_stride;
   params.out_row_stride = view.hidden;
   params.eps = static_cast<float>(eps);

@@ -296,9 +296,9 @@ __device__ __forceinline__ float warp_sum(float value) {
 // through shared memory, so every thread of the CTA must call it (it has __syncthreads).
 template <int GROUP_THREADS, int CTA_THREADS>
 __device__ __forceinline__ float group_sum(float value) {
-  static_assert(GROUP_THREADS <= 32 ? (GROUP_THREADS & (GROUP_THREADS - 1)) == 0
-                                    : GROUP_THREADS % 32 == 0,
-                "a group is a power of two up to a warp, or whole warps");
+  static_assert(
+      GROUP_THREADS <= 32 ? (GROUP_THREADS & (GROUP_THREADS - 1)) == 0 : GROUP_THREADS % 32 == 0,
+      "a group is a power of two up to a warp, or whole warps");
   static_assert(CTA_THREADS % GROUP_THREADS == 0, "groups must tile the CTA");
   if constexpr (GROUP_THREADS <= 32) {
     return warp_sum<GROUP_THREADS>(value);

@@ -119,7 +119,7 @@ std::size_t bin_files(const std::filesystem::path& root) {
 class MisnamedFamily : public Family {
  public:
   Op op() const override { return Op::rms_norm; }
-  std::string_view header() const override { return "kiln/rms_norm.cuh"; }
+  std::string_view header() const override { return "kiln/norm.cuh"; }
   void check(const Problem&) const override {}
   std::vector<Config> space(const Problem&, const DeviceTraits&) const override {
     return {Config{}};
@@ -223,7 +223,7 @@ TEST_CASE("alignment reaches the binary only through the source it changes") {
 TEST_CASE("the specialised source includes the family header and names the instantiation") {
   const CompileRequest request = base_request();
   const std::string source = specialised_source(request);
-  CHECK(contains(source, "#include \"kiln/rms_norm.cuh\""));
+  CHECK(contains(source, "#include \"kiln/norm.cuh\""));
   CHECK(contains(source, request.family->name_expression(request.problem, request.config)));
   CHECK(source == specialised_source(base_request()));
 }

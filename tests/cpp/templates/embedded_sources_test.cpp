@@ -20,8 +20,8 @@ TEST_CASE("the kernel templates are embedded under their include names") {
   std::set<std::string_view> names;
   for (const auto& source : kiln::embedded_sources()) names.insert(source.name);
   CHECK(names.count("kiln/common.cuh") == 1);
-  CHECK(names.count("kiln/rms_norm.cuh") == 1);
-  CHECK(names.count("kiln/rms_norm_params.cuh") == 1);
+  CHECK(names.count("kiln/norm.cuh") == 1);
+  CHECK(names.count("kiln/norm_params.cuh") == 1);
   for (const kiln::Family* family : kiln::families()) {
     CAPTURE(family->name());
     CHECK(names.count(family->header()) == 1);
@@ -36,14 +36,14 @@ TEST_CASE("embedded templates use no toolkit header") {
   }
 }
 
-TEST_CASE("the rms_norm template includes what it uses by its embedded names") {
-  const std::string_view kernel = text_of("kiln/rms_norm.cuh");
+TEST_CASE("the norm template includes what it uses by its embedded names") {
+  const std::string_view kernel = text_of("kiln/norm.cuh");
   CHECK(kernel.find("#include \"kiln/common.cuh\"") != std::string_view::npos);
-  CHECK(kernel.find("#include \"kiln/rms_norm_params.cuh\"") != std::string_view::npos);
-  CHECK(kernel.find("rms_norm(const RmsNormParams p)") != std::string_view::npos);
+  CHECK(kernel.find("#include \"kiln/norm_params.cuh\"") != std::string_view::npos);
+  CHECK(kernel.find("norm(const NormParams p)") != std::string_view::npos);
   // The parameter header is shared with host code, so it must stay free of device code.
-  const std::string_view params = text_of("kiln/rms_norm_params.cuh");
-  CHECK(params.find("struct RmsNormParams") != std::string_view::npos);
+  const std::string_view params = text_of("kiln/norm_params.cuh");
+  CHECK(params.find("struct NormParams") != std::string_view::npos);
   CHECK(params.find("__device__") == std::string_view::npos);
   CHECK(params.find("#include") == std::string_view::npos);
 }

@@ -9,7 +9,7 @@
 
 #include "cache/error.h"
 #include "templates/family.h"
-#include "templates/kiln/rms_norm_params.cuh"
+#include "templates/kiln/norm_params.cuh"
 #include "templates/rms_norm_family.h"
 
 using kiln::Config;
@@ -54,18 +54,25 @@ void check_config_obeys_rules(const Problem& p, const Config& c, const DeviceTra
   CHECK(c.vec_bytes >= element);
   CHECK(c.vec_bytes <= align);
   CHECK((p.hidden * element) % c.vec_bytes == 0);
-  CHECK(power_of_two(c.threads_per_row));
+  const std::int64_t vectors = p.hidden * element / c.vec_bytes;
+  // Powers of two, or whole warps splitting the row's vectors exactly.
+  CHECK((power_of_two(c.threads_per_row) ||
+         (c.threads_per_row % 32 == 0 && vectors % c.threads_per_row == 0)));
   CHECK(c.threads_per_row >= 4);
   CHECK(c.threads_per_row <= 1024);
   CHECK((c.threads_per_row == 4 || c.threads_per_row * vec_elems <= p.hidden));
   const std::int64_t steps = (p.hidden + std::int64_t{vec_elems} * c.threads_per_row - 1) /
                              (vec_elems * c.threads_per_row);
   CHECK(steps * vec_elems <= 64);
-  CHECK(power_of_two(c.cta_threads));
-  CHECK(c.cta_threads >= 64);
-  CHECK(c.cta_threads >= c.threads_per_row);
+  CHECK(c.cta_threads % c.threads_per_row == 0);
+  CHECK(power_of_two(c.cta_threads / c.threads_per_row));
+  CHECK((power_of_two(c.threads_per_row) ? c.cta_threads >= 64 : true));
   CHECK(c.cta_threads <= device.max_threads_per_block);
-  CHECK(c.extra.empty());
+  // The only extra is a persistent grid: whole waves of the device's SMs.
+  for (const auto& [name, value] : c.extra) {
+    CHECK(name == "grid");
+    CHECK(value % device.sm_count == 0);
+  }
 }
 
 }  // namespace
@@ -74,7 +81,7 @@ TEST_CASE("the registry serves the rms_norm family") {
   const kiln::Family& f = kiln::family(Op::rms_norm);
   CHECK(f.op() == Op::rms_norm);
   CHECK(f.name() == "rms_norm");
-  CHECK(f.header() == "kiln/rms_norm.cuh");
+  CHECK(f.header() == "kiln/norm.cuh");
   CHECK(&f == &kiln::family(Op::rms_norm));
   const auto all = kiln::families();
   CHECK(std::count(all.begin(), all.end(), &f) == 1);
@@ -121,8 +128,9 @@ TEST_CASE("space is non-empty, valid and canonically ordered for common problems
             }
             const bool ordered =
                 std::is_sorted(space.begin(), space.end(), [](const Config& a, const Config& b) {
-                  return std::tuple(-a.vec_bytes, a.threads_per_row, a.cta_threads) <
-                         std::tuple(-b.vec_bytes, b.threads_per_row, b.cta_threads);
+                  return std::tuple(-a.vec_bytes, a.threads_per_row, a.cta_threads,
+                                    a.extra.size()) <
+                         std::tuple(-b.vec_bytes, b.threads_per_row, b.cta_threads, b.extra.size());
                 });
             CHECK(ordered);
           }
@@ -132,11 +140,14 @@ TEST_CASE("space is non-empty, valid and canonically ordered for common problems
   }
 }
 
-TEST_CASE("space holds every grid point invalid_reason accepts, and only those") {
+TEST_CASE("space holds every one-pass power-of-two point invalid_reason accepts, and only those") {
   const DeviceTraits device = DeviceTraits::for_arch(90);
   for (const Problem& p : {problem(DType::bf16, 4096), problem(DType::f32, 14848, false, 8),
                            problem(DType::f16, 4545, true, 16)}) {
-    const std::vector<Config> space = rms().space(p, device);
+    std::vector<Config> space;
+    for (const Config& c : rms().space(p, device)) {
+      if (c.extra.empty() && power_of_two(c.threads_per_row)) space.push_back(c);
+    }
     std::size_t accepted = 0;
     for (int vec : {1, 2, 4, 8, 16, 32}) {
       for (int tpr = 1; tpr <= 2048; tpr *= 2) {
@@ -278,13 +289,16 @@ TEST_CASE("the heuristic picks 16-byte vectors and a moderate split for LLM hidd
   CHECK(short_rows.rows_per_cta() >= 4);
 }
 
-TEST_CASE("name_expression spells the template instantiation") {
+TEST_CASE("name_expression spells the norm kernel with RMSNorm's features") {
+  // Features: 2 is the weight (NormFeature::weight); no residual, gate or modulation.
   CHECK(rms().name_expression(problem(DType::bf16, 4096), config(16, 32, 128)) ==
-        "kiln::rms_norm<kiln::bf16, 4096, 16, 32, 128, true>");
+        "kiln::norm<kiln::bf16, 4096, 16, 32, 128, 2u, false>");
   CHECK(rms().name_expression(problem(DType::f32, 7, false), config(4, 4, 64)) ==
-        "kiln::rms_norm<float, 7, 4, 4, 64, false>");
-  CHECK(rms().name_expression(problem(DType::f16, 4545), config(2, 128, 256)) ==
-        "kiln::rms_norm<kiln::f16, 4545, 2, 128, 256, true>");
+        "kiln::norm<float, 7, 4, 4, 64, 0u, false>");
+  Config persistent = config(2, 128, 256);
+  persistent.extra["grid"] = 264;
+  CHECK(rms().name_expression(problem(DType::f16, 4545), persistent) ==
+        "kiln::norm<kiln::f16, 4545, 2, 128, 256, 2u, true>");
 }
 
 TEST_CASE("geometry covers every row with no idle CTA") {
@@ -302,8 +316,16 @@ TEST_CASE("geometry covers every row with no idle CTA") {
         CHECK(g.block[2] == 1);
         CHECK(g.grid[1] == 1);
         CHECK(g.grid[2] == 1);
-        CHECK(std::int64_t{g.grid[0]} * rows_per_cta >= rows);
-        CHECK((std::int64_t{g.grid[0]} - 1) * rows_per_cta < rows);
+        const auto cap = c.extra.find("grid");
+        if (cap == c.extra.end()) {
+          CHECK(std::int64_t{g.grid[0]} * rows_per_cta >= rows);
+          CHECK((std::int64_t{g.grid[0]} - 1) * rows_per_cta < rows);
+        } else {  // a persistent grid: at most its cap, and never a CTA without a row
+          CHECK(std::int64_t{g.grid[0]} <= cap->second);
+          CHECK((std::int64_t{g.grid[0]} - 1) * rows_per_cta < rows);
+          CHECK((std::int64_t{g.grid[0]} == cap->second ||
+                 std::int64_t{g.grid[0]} * rows_per_cta >= rows));
+        }
         CHECK(g.smem_bytes == 0);
       }
     }
@@ -345,12 +367,12 @@ TEST_CASE("buffers and bytes_moved describe a stand-alone run") {
   CHECK_THROWS_AS(rms().buffers(problem(DType::bf16, 4096), -1), kiln::ArgumentError);
 }
 
-TEST_CASE("pack_params lays out RmsNormParams for the buffers' addresses") {
+TEST_CASE("pack_params lays out NormParams for the buffers' addresses") {
   const Problem p = problem(DType::bf16, 4096);
   const std::uint64_t addresses[] = {0x7f0000001000ull, 0x7f0000200000ull, 0x7f0000300000ull};
   const std::vector<std::byte> bytes = rms().pack_params(p, 123, addresses);
-  REQUIRE(bytes.size() == sizeof(kiln::RmsNormParams));
-  kiln::RmsNormParams params;
+  REQUIRE(bytes.size() == sizeof(kiln::NormParams));
+  kiln::NormParams params;
   std::memcpy(&params, bytes.data(), sizeof(params));
   CHECK(reinterpret_cast<std::uintptr_t>(params.x) == addresses[0]);
   CHECK(reinterpret_cast<std::uintptr_t>(params.weight) == addresses[1]);
