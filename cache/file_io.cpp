@@ -102,7 +102,7 @@ bool try_publish(std::string_view what, const std::filesystem::path& root,
   try {
     std::string reason_key, message;
     try {
-      write_file_atomic(target, bytes);
+      kiln::write_file_atomic(target, bytes);
       return true;
     } catch (const FileError& error) {
       reason_key = error.stage() + ":" + std::to_string(error.code());
