@@ -1,6 +1,12 @@
 #include "cache/cache_stats.h"
 
+#include <unistd.h>
+
 #include <chrono>
+#include <cstdlib>
+#include <map>
+#include <utility>
+#include <vector>
 #include <mutex>
 #include <string>
 
@@ -25,6 +31,74 @@ std::mutex& process_mutex() {
 CacheCounters& process_counters() {
   static CacheCounters counters;
   return counters;
+}
+
+// Counts not yet added to each rw cache's file. Events that matter to someone reading the
+// statistics right away (compiles, corrupt entries, failed stores, lock waits, evictions) are
+// written at once; hits, misses and stores at most once a second and at exit, so a busy
+// process does not serialise on the stats lock.
+struct Pending {
+  std::map<std::filesystem::path, CacheCounters> by_root;
+  std::chrono::steady_clock::time_point last_flush = std::chrono::steady_clock::now();
+  pid_t owner = ::getpid();
+};
+Pending& pending() {
+  static Pending* p = new Pending();  // never destroyed: flushed from an atexit handler
+  // A forked child inherits its parent's pending counts; they are the parent's to write.
+  if (p->owner != ::getpid()) {
+    p->by_root.clear();
+    p->owner = ::getpid();
+  }
+  return *p;
+}
+constexpr std::chrono::seconds kFlushEvery{1};
+
+bool is_urgent(const CacheCounters& d) {
+  return d.compiles || d.corrupt || d.store_failures || d.lock_waits || d.lock_timeouts ||
+         d.evicted;
+}
+
+void persist(const std::filesystem::path& root, const CacheCounters& delta) {
+  try {
+    // Only an existing cache gets a stats file: counting must not create a cache folder that
+    // the store itself could not (or did not need to) create.
+    std::error_code ec;
+    if (!std::filesystem::is_directory(root / kCacheLayout, ec)) return;
+    KeyLock lock(lock_path(root, "stats"), kStatsLockTimeout);
+    if (!lock.held()) return;
+    CacheCounters total = persisted_cache_counters(root);
+    total += delta;
+    const std::string text = nlohmann::json(total).dump(1) + "\n";
+    detail::write_file_atomic_quiet(cache_stats_path(root), text);
+  } catch (...) {
+    // Statistics are advisory; an op never fails because they could not be written.
+  }
+}
+
+// Takes the pending counts (of `root`, or of every root when null) under the process mutex.
+std::vector<std::pair<std::filesystem::path, CacheCounters>> take_pending(
+    const std::filesystem::path* root) {
+  std::vector<std::pair<std::filesystem::path, CacheCounters>> taken;
+  auto& p = pending();
+  for (auto it = p.by_root.begin(); it != p.by_root.end();) {
+    if (!root || it->first == *root) {
+      taken.emplace_back(it->first, it->second);
+      it = p.by_root.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  p.last_flush = std::chrono::steady_clock::now();
+  return taken;
+}
+
+void flush_at_exit() {
+  std::vector<std::pair<std::filesystem::path, CacheCounters>> taken;
+  {
+    std::lock_guard lock(process_mutex());
+    taken = take_pending(nullptr);
+  }
+  for (const auto& [root, delta] : taken) persist(root, delta);
 }
 
 }  // namespace
@@ -102,25 +176,30 @@ CacheCounters process_cache_counters() {
 
 void count_cache_event(const std::filesystem::path& root, CacheMode mode,
                        const CacheCounters& delta) {
+  if (mode != CacheMode::rw) {
+    std::lock_guard lock(process_mutex());
+    process_counters() += delta;
+    return;
+  }
+  std::vector<std::pair<std::filesystem::path, CacheCounters>> taken;
   {
     std::lock_guard lock(process_mutex());
     process_counters() += delta;
+    static const bool registered = std::atexit(flush_at_exit) == 0;
+    (void)registered;
+    pending().by_root[root] += delta;
+    const bool due = std::chrono::steady_clock::now() - pending().last_flush >= kFlushEvery;
+    if (is_urgent(delta)) {
+      taken = take_pending(&root);
+    } else if (due) {
+      taken = take_pending(nullptr);
+    }
   }
-  if (mode != CacheMode::rw) return;
-  try {
-    // Only an existing cache gets a stats file: counting must not create a cache folder that
-    // the store itself could not (or did not need to) create.
-    std::error_code ec;
-    if (!std::filesystem::is_directory(root / kCacheLayout, ec)) return;
-    KeyLock lock(lock_path(root, "stats"), kStatsLockTimeout);
-    if (!lock.held()) return;
-    CacheCounters total = persisted_cache_counters(root);
-    total += delta;
-    const std::string text = nlohmann::json(total).dump(1) + "\n";
-    detail::write_file_atomic_quiet(cache_stats_path(root), text);
-  } catch (...) {
-    // Statistics are advisory; an op never fails because they could not be written.
-  }
+  for (const auto& [where, counts] : taken) persist(where, counts);
+}
+
+void flush_cache_counters() {
+  flush_at_exit();
 }
 
 }  // namespace kiln

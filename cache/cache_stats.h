@@ -1,6 +1,6 @@
 // Cache statistics: counters of this process, and the same counters summed over every process
-// that used a cache in rw mode, persisted in <root>/v1/stats.json. Each event is added under
-// the cache's "stats" lock (read, add, atomic replace), so concurrent processes never lose each
+// that used a cache in rw mode, persisted in <root>/v1/stats.json. Counts are added under the
+// cache's "stats" lock (read, add, atomic replace), so concurrent processes never lose each
 // other's counts. Persisting is best effort and silent: statistics never make an op fail and
 // never add a log line (the store already says once what it could not store). Modes ro, strict
 // and off never write, so their counts stay in the process.
@@ -42,9 +42,14 @@ struct CacheCounters {
 void to_json(nlohmann::json& j, const CacheCounters& counters);
 void from_json(const nlohmann::json& j, CacheCounters& counters);
 
-// Adds `delta` to this process's counters, and to the cache's persisted ones in mode rw.
+// Adds `delta` to this process's counters, and to the cache's persisted ones in mode rw:
+// compiles, corrupt entries, failed stores, lock waits and evictions at once; hits, misses and
+// stores at most once a second, and at exit.
 void count_cache_event(const std::filesystem::path& root, CacheMode mode,
                        const CacheCounters& delta);
+
+// Writes every count not yet persisted (done at exit anyway).
+void flush_cache_counters();
 
 // What this process counted (over every cache root it used).
 CacheCounters process_cache_counters();

@@ -13,6 +13,8 @@ from . import _library_paths
 from . import _C
 from . import _fakes  # noqa: F401  (registers the fake implementations)
 from ._api import compile, configure, device_count, device_info, settings, stats
+from ._api import (cache_clear, cache_export, cache_import, cache_ls, cache_stats, cache_trim,
+                   cache_verify, prewarm)
 from .ops import rms_norm
 
 _library_paths.register(_C)
@@ -20,6 +22,14 @@ _library_paths.register(_C)
 __version__ = "0.1.0"
 
 __all__ = [
+    "cache_clear",
+    "cache_export",
+    "cache_import",
+    "cache_ls",
+    "cache_stats",
+    "cache_trim",
+    "cache_verify",
+    "prewarm",
     "compile",
     "configure",
     "device_count",
