@@ -54,8 +54,8 @@ void for_each_file_two_deep(const fs::path& folder, Fn&& fn) {
     std::error_code type_ec;
     if (!outer->is_directory(type_ec)) continue;
     std::error_code inner_ec;
-    for (fs::directory_iterator inner(outer->path(), inner_ec);
-         !inner_ec && inner != end; inner.increment(inner_ec)) {
+    for (fs::directory_iterator inner(outer->path(), inner_ec); !inner_ec && inner != end;
+         inner.increment(inner_ec)) {
       if (inner->is_regular_file(type_ec)) fn(inner->path());
     }
   }
@@ -205,10 +205,10 @@ VerifyResult verify_cache(const fs::path& root) {
     ++result.binaries;
     const auto read = detail::read_whole_file(path);
     if (read.status == detail::ReadStatus::missing) return;  // trimmed meanwhile
-    const char* problem = read.status == detail::ReadStatus::unreadable
-                              ? "unreadable"
-                              : detail::check_entry(read.bytes, name.substr(0, name.size() - 4))
-                                    .problem;
+    const char* problem =
+        read.status == detail::ReadStatus::unreadable
+            ? "unreadable"
+            : detail::check_entry(read.bytes, name.substr(0, name.size() - 4)).problem;
     if (!problem) return;
     ++result.bad_binaries;
     result.problems.push_back(path.string() + ": " + problem);

@@ -5,10 +5,10 @@
 #include <chrono>
 #include <cstdlib>
 #include <map>
-#include <utility>
-#include <vector>
 #include <mutex>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -123,13 +123,20 @@ CacheCounters& CacheCounters::operator+=(const CacheCounters& o) {
 
 void to_json(nlohmann::json& j, const CacheCounters& c) {
   j = nlohmann::json{
-      {"binary_hits", c.binary_hits},       {"binary_misses", c.binary_misses},
-      {"corrupt", c.corrupt},               {"stores", c.stores},
-      {"store_failures", c.store_failures}, {"evicted", c.evicted},
-      {"evicted_bytes", c.evicted_bytes},   {"tuning_hits", c.tuning_hits},
-      {"tuning_misses", c.tuning_misses},   {"compiles", c.compiles},
-      {"compile_ms", c.compile_ms},         {"lock_waits", c.lock_waits},
-      {"lock_timeouts", c.lock_timeouts},   {"lock_wait_ms", c.lock_wait_ms},
+      {"binary_hits", c.binary_hits},
+      {"binary_misses", c.binary_misses},
+      {"corrupt", c.corrupt},
+      {"stores", c.stores},
+      {"store_failures", c.store_failures},
+      {"evicted", c.evicted},
+      {"evicted_bytes", c.evicted_bytes},
+      {"tuning_hits", c.tuning_hits},
+      {"tuning_misses", c.tuning_misses},
+      {"compiles", c.compiles},
+      {"compile_ms", c.compile_ms},
+      {"lock_waits", c.lock_waits},
+      {"lock_timeouts", c.lock_timeouts},
+      {"lock_wait_ms", c.lock_wait_ms},
   };
 }
 
@@ -137,7 +144,8 @@ void from_json(const nlohmann::json& j, CacheCounters& c) {
   // Missing or mistyped fields read as zero: a stats file from an older kiln still adds up.
   auto get = [&](const char* name, auto& field) {
     const auto it = j.find(name);
-    if (it != j.end() && it->is_number()) field = it->get<std::remove_reference_t<decltype(field)>>();
+    if (it != j.end() && it->is_number())
+      field = it->get<std::remove_reference_t<decltype(field)>>();
   };
   get("binary_hits", c.binary_hits);
   get("binary_misses", c.binary_misses);

@@ -52,8 +52,7 @@ KeyLock::KeyLock(const std::filesystem::path& lock_file, std::chrono::duration<d
     std::this_thread::sleep_for(pause);
     pause = std::min(pause * 2, std::chrono::milliseconds(50));
   }
-  waited_seconds_ =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  waited_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
 KeyLock::~KeyLock() {

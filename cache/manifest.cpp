@@ -18,8 +18,8 @@ bool append_manifest_record(const std::filesystem::path& file, const nlohmann::j
   try {
     line = record.dump() + "\n";  // dump() without indent never contains a newline
   } catch (const std::exception& error) {
-    log::warn_once("manifest dump", std::string("kiln: cannot record a specialisation: ") +
-                                        error.what());
+    log::warn_once("manifest dump",
+                   std::string("kiln: cannot record a specialisation: ") + error.what());
     return false;
   }
   int fd;

@@ -73,9 +73,9 @@ ModelShape read_diffusion(const nlohmann::json& config, const std::string& kind)
     }
     model.rope += ")";
     model.ops = {
-        {Op::layer_norm, {model.hidden}},   {Op::adaln, {model.hidden}},
+        {Op::layer_norm, {model.hidden}},     {Op::adaln, {model.hidden}},
         {Op::gated_residual, {model.hidden}}, {Op::gelu, {model.intermediate}},
-        {Op::rms_norm, {model.head_dim}},   {Op::rope_3d, {model.head_dim}},
+        {Op::rms_norm, {model.head_dim}},     {Op::rope_3d, {model.head_dim}},
     };
   } else {
     model.rope = "3-D (frames, height, width), interleaved pairs";

@@ -159,11 +159,12 @@ PrewarmSummary prewarm(const std::vector<PrewarmTarget>& targets, BinaryStore& s
         const Family& fam = family(target.problem.op);
         fam.check(target.problem);
         if (target.sm < 75) {
-          throw ArgumentError("prewarm", "arch", "sm_75 or newer", "sm_" + std::to_string(target.sm));
+          throw ArgumentError("prewarm", "arch", "sm_75 or newer",
+                              "sm_" + std::to_string(target.sm));
         }
-        const CompileRequest request{&fam, target.problem,
-                                     fam.heuristic(target.problem, DeviceTraits::for_arch(target.sm)),
-                                     target.sm, BinaryFormat::cubin};
+        const CompileRequest request{
+            &fam, target.problem, fam.heuristic(target.problem, DeviceTraits::for_arch(target.sm)),
+            target.sm, BinaryFormat::cubin};
         Expected<CompiledKernel> compiled = compile(request, &store);
         if (!compiled) throw compiled.error();
         reused = compiled->from_cache;
@@ -190,8 +191,7 @@ PrewarmSummary prewarm(const std::vector<PrewarmTarget>& targets, BinaryStore& s
   for (int j = 1; j < jobs; ++j) workers.emplace_back(work);
   work();
   for (auto& worker : workers) worker.join();
-  summary.seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  summary.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return summary;
 }
 

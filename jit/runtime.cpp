@@ -6,9 +6,9 @@
 #include <mutex>
 #include <optional>
 #include <set>
-#include <utility>
 #include <shared_mutex>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "cache/error.h"
@@ -252,8 +252,8 @@ bool Runtime::tune_and_store(int device, const Problem& problem, std::int64_t ro
   const std::shared_ptr<BinaryStore> store = impl_->current_store();
   const std::uint64_t tunes_before = impl_->tunes.load();
   bool heuristic_only = false, from_prewarm = false;
-  impl_->choose_config(key, fam, info, settings, store.get(), nullptr, heuristic_only,
-                       from_prewarm, /*use_prewarm=*/false);
+  impl_->choose_config(key, fam, info, settings, store.get(), nullptr, heuristic_only, from_prewarm,
+                       /*use_prewarm=*/false);
   return impl_->tunes.load() > tunes_before;
 }
 

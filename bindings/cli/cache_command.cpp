@@ -79,10 +79,12 @@ int run_stats(const CacheArgs& args) {
               entries.size(), format_size(default_cache_max_bytes()).c_str());
   std::printf("binary store      %llu hits, %llu misses (%.1f%% hits)\n",
               static_cast<unsigned long long>(c.binary_hits),
-              static_cast<unsigned long long>(c.binary_misses), rate(c.binary_hits, c.binary_misses));
+              static_cast<unsigned long long>(c.binary_misses),
+              rate(c.binary_hits, c.binary_misses));
   std::printf("tuning database   %llu hits, %llu misses (%.1f%% hits)\n",
               static_cast<unsigned long long>(c.tuning_hits),
-              static_cast<unsigned long long>(c.tuning_misses), rate(c.tuning_hits, c.tuning_misses));
+              static_cast<unsigned long long>(c.tuning_misses),
+              rate(c.tuning_hits, c.tuning_misses));
   std::printf("compiles          %llu (%.1f s of NVRTC)\n",
               static_cast<unsigned long long>(c.compiles), c.compile_ms / 1e3);
   std::printf("stores            %llu, %llu failed\n", static_cast<unsigned long long>(c.stores),
@@ -99,7 +101,8 @@ int run_stats(const CacheArgs& args) {
 
 int run_verify(const CacheArgs& args) {
   const VerifyResult result = verify_cache(root_of(args));
-  for (const auto& problem : result.problems) std::printf("bad: %s (moved aside)\n", problem.c_str());
+  for (const auto& problem : result.problems)
+    std::printf("bad: %s (moved aside)\n", problem.c_str());
   std::printf("verified %llu binaries (%llu bad) and %llu tuning results (%llu bad)\n",
               static_cast<unsigned long long>(result.binaries),
               static_cast<unsigned long long>(result.bad_binaries),
@@ -112,7 +115,8 @@ int run_trim(const CacheArgs& args) {
   std::uint64_t max_bytes = default_cache_max_bytes();
   if (!args.max_size.empty()) {
     const auto parsed = parse_size(args.max_size);
-    if (!parsed) throw ArgumentError("cache trim", "--max-size", "a size such as 2G", args.max_size);
+    if (!parsed)
+      throw ArgumentError("cache trim", "--max-size", "a size such as 2G", args.max_size);
     max_bytes = *parsed;
   }
   const TrimResult result = trim_cache(root_of(args), max_bytes, max_bytes);
@@ -154,7 +158,8 @@ Runner add_cache_command(CLI::App& app) {
   stats->add_flag("--json", args->json, "As JSON");
   CLI::App* verify = cache->add_subcommand("verify", "Validate every entry; move bad ones aside");
   CLI::App* trim = cache->add_subcommand("trim", "Remove least recently used binaries");
-  trim->add_option("--max-size", args->max_size, "Size bound, e.g. 2G (default KILN_CACHE_MAX_SIZE)");
+  trim->add_option("--max-size", args->max_size,
+                   "Size bound, e.g. 2G (default KILN_CACHE_MAX_SIZE)");
   CLI::App* clear = cache->add_subcommand("clear", "Remove everything in the cache");
   CLI::App* exp = cache->add_subcommand("export", "Copy valid entries into a bundle folder");
   exp->add_option("bundle", args->bundle, "Destination folder")->required();

@@ -2,10 +2,10 @@
 // GPU process then does with it).
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
-#include <algorithm>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -67,8 +67,10 @@ std::vector<int> parse_archs(const std::vector<std::string>& names, bool require
     } catch (const Error&) {
     }
     if (count == 0) {
-      throw ArgumentError("prewarm", "--arch", "the archs to compile for (no GPU here), e.g. "
-                          "--arch sm_80,sm_90", "none");
+      throw ArgumentError("prewarm", "--arch",
+                          "the archs to compile for (no GPU here), e.g. "
+                          "--arch sm_80,sm_90",
+                          "none");
     }
     archs.push_back(jit::Runtime::get().device(0).sm());
   }
@@ -113,8 +115,8 @@ int run_prewarm(const PrewarmArgs& args) {
     std::fprintf(stderr,
                  "kiln prewarm: %s: hidden %lld, intermediate %lld, head dim %lld, RoPE %s\n",
                  model.kind.c_str(), static_cast<long long>(model.hidden),
-                 static_cast<long long>(model.intermediate),
-                 static_cast<long long>(model.head_dim), model.rope.c_str());
+                 static_cast<long long>(model.intermediate), static_cast<long long>(model.head_dim),
+                 model.rope.c_str());
     auto sizes = jit::sizes_for_ops(model, ops);
     std::vector<Op> chosen;
     for (const auto& [op, list] : sizes) chosen.push_back(op);
@@ -148,8 +150,9 @@ int run_prewarm(const PrewarmArgs& args) {
   ProgressBar bar;
   std::mutex bar_mutex;
   jit::PrewarmOptions options;
-  options.jobs = args.jobs > 0 ? args.jobs
-                               : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  options.jobs = args.jobs > 0
+                     ? args.jobs
+                     : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   options.progress = [&](std::size_t done, std::size_t total) { bar.update(done, total); };
   const jit::PrewarmSummary summary = jit::prewarm(targets, store, options);
   for (const auto& failure : summary.failures) {

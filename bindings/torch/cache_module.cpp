@@ -117,8 +117,9 @@ py::dict transfer(const std::string& bundle, const py::object& cache_dir, bool e
 
 py::dict prewarm(const std::vector<std::string>& op_names,
                  const std::vector<std::string>& dtype_names,
-                 const std::vector<std::int64_t>& hiddens, const std::vector<std::string>& arch_names,
-                 const py::object& config_path, const py::object& manifest_path, int jobs) {
+                 const std::vector<std::int64_t>& hiddens,
+                 const std::vector<std::string>& arch_names, const py::object& config_path,
+                 const py::object& manifest_path, int jobs) {
   std::vector<Op> ops;
   for (const auto& name : op_names) {
     const auto op = parse_op(name);
@@ -137,8 +138,8 @@ py::dict prewarm(const std::vector<std::string>& op_names,
   std::vector<std::string> notes;
   std::vector<jit::PrewarmTarget> targets;
   if (!manifest_path.is_none()) {
-    targets = jit::targets_from_manifest(read_manifest(manifest_path.cast<std::string>()), archs,
-                                         notes);
+    targets =
+        jit::targets_from_manifest(read_manifest(manifest_path.cast<std::string>()), archs, notes);
   }
   if (!config_path.is_none() || !hiddens.empty()) {
     if (archs.empty()) throw ArgumentError("prewarm", "archs", "at least one arch", "none");

@@ -54,7 +54,8 @@ bool is_intact(int k, const std::vector<char>& bytes) {
 TEST_CASE("kill -9 during publishes: readers never load a bad entry") {
   TempFolder temp;
   std::vector<std::string> keys;
-  for (int k = 0; k < kKeys; ++k) keys.push_back(kiln::content_key({"kill test", std::to_string(k)}));
+  for (int k = 0; k < kKeys; ++k)
+    keys.push_back(kiln::content_key({"kill test", std::to_string(k)}));
 
   std::mt19937 random(12345);
   constexpr int kKills = 200;
