@@ -45,18 +45,10 @@ def test_lists_compile_then_reuse(fresh_cache):
 
 def test_unregistered_ops_are_skipped_with_a_note(fresh_cache):
     result = kiln.prewarm(["rms_norm", "rope"], "bf16", 128, "sm_80")
-    registered = {"rope"} & {name for name in ("rope",) if _registered(name)}
-    if not registered:
-        assert any("rope" in note and "not registered" in note for note in result["notes"])
-    assert result["failed"] == 0 and result["compiled"] >= 2
-
-
-def _registered(op):
-    try:
-        kiln.compile(op, "bf16", 128, arch="sm_80")
-        return True
-    except (RuntimeError, ValueError):
-        return False
+    assert result["failed"] == 0
+    skipped = any("rope" in note and "not registered" in note for note in result["notes"])
+    # rms_norm alone gives 2 targets (with and without weight); a registered rope adds more.
+    assert (skipped and result["compiled"] == 2) or (not skipped and result["compiled"] > 2)
 
 
 @pytest.mark.parametrize("config,sizes", [
