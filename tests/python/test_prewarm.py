@@ -88,8 +88,8 @@ def kiln_cli():
     older installed copy on PATH is not the one under test)."""
     cli = os.environ.get("KILN_CLI") or shutil.which("kiln")
     if cli and not os.environ.get("KILN_CLI"):
-        probe = subprocess.run([cli, "prewarm", "--help"], capture_output=True, timeout=60)
-        cli = cli if probe.returncode == 0 else None
+        probe = subprocess.run([cli, "--help"], capture_output=True, text=True, timeout=60)
+        cli = cli if "prewarm" in probe.stdout else None
     return cli
 
 
