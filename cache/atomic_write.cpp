@@ -2,12 +2,14 @@
 // flushed under a unique temp name in the target's folder and then renamed over the target
 // (rename within one filesystem is atomic on POSIX).
 #include <fcntl.h>
+#include <pthread.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <csignal>
 #include <cstdio>
 #include <random>
 #include <string>
@@ -73,6 +75,44 @@ class TempFile {
   bool renamed_ = false;
 };
 
+// A file-size limit (RLIMIT_FSIZE) makes an oversized write raise SIGXFSZ, whose default action
+// kills the process. While the writing thread has it blocked, the kernel still fails the write
+// with EFBIG, which kiln turns into "could not store" like any other full disk; the signal it
+// left pending on this thread is taken off again before the mask is restored, so neither the
+// process nor any handler the application installed ever sees it. No process-wide state
+// changes.
+class SigxfszBlocked {
+ public:
+  SigxfszBlocked() {
+    sigset_t only;
+    sigemptyset(&only);
+    sigaddset(&only, SIGXFSZ);
+    active_ = ::pthread_sigmask(SIG_BLOCK, &only, &saved_) == 0;
+    if (!active_) return;
+    sigset_t pending;
+    already_pending_ = ::sigpending(&pending) == 0 && sigismember(&pending, SIGXFSZ) == 1;
+  }
+  SigxfszBlocked(const SigxfszBlocked&) = delete;
+  SigxfszBlocked& operator=(const SigxfszBlocked&) = delete;
+  ~SigxfszBlocked() {
+    if (!active_) return;
+    if (!already_pending_ && sigismember(&saved_, SIGXFSZ) != 1) {
+      sigset_t only;
+      sigemptyset(&only);
+      sigaddset(&only, SIGXFSZ);
+      const timespec now{0, 0};
+      while (::sigtimedwait(&only, nullptr, &now) == SIGXFSZ) {
+      }
+    }
+    ::pthread_sigmask(SIG_SETMASK, &saved_, nullptr);
+  }
+
+ private:
+  sigset_t saved_{};
+  bool active_ = false;
+  bool already_pending_ = false;
+};
+
 void write_all(const fs::path& target, int fd, std::span<const char> bytes) {
   std::size_t done = 0;
   while (done < bytes.size()) {
@@ -110,6 +150,22 @@ void fsync_folder(const fs::path& folder) {
 }  // namespace
 
 void write_file_atomic(const fs::path& target, std::span<const char> bytes) {
+  detail::write_file_atomic(target, bytes, /*durable=*/true);
+}
+
+namespace detail {
+
+bool write_file_atomic_quiet(const fs::path& target, std::span<const char> bytes) {
+  try {
+    write_file_atomic(target, bytes, /*durable=*/false);
+    return true;
+  } catch (...) {
+    return false;
+  }
+}
+
+void write_file_atomic(const fs::path& target, std::span<const char> bytes, bool durable) {
+  SigxfszBlocked no_sigxfsz;
   if (target.filename().empty()) {
     throw Error("kiln cache: write_file_atomic: expected a file path, got '" + target.string() +
                 "'");
@@ -121,7 +177,7 @@ void write_file_atomic(const fs::path& target, std::span<const char> bytes) {
 
   TempFile temp(folder / target.filename());
   write_all(target, temp.fd(), bytes);
-  fsync_retrying(target, temp.fd());
+  if (durable) fsync_retrying(target, temp.fd());
   if (temp.close() != 0) throw FileError(target, "close", errno);
   if (::rename(temp.path().c_str(), target.c_str()) == 0) {
     temp.mark_renamed();
@@ -131,7 +187,8 @@ void write_file_atomic(const fs::path& target, std::span<const char> bytes) {
     int code = errno;
     if (!target_holds(target, bytes)) throw FileError(target, "rename", code);
   }
-  fsync_folder(folder);
+  if (durable) fsync_folder(folder);
 }
 
+}  // namespace detail
 }  // namespace kiln

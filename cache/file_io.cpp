@@ -102,10 +102,13 @@ bool try_publish(std::string_view what, const std::filesystem::path& root,
   try {
     std::string reason_key, message;
     try {
-      write_file_atomic(target, bytes);
+      kiln::write_file_atomic(target, bytes);
       return true;
     } catch (const FileError& error) {
-      reason_key = error.stage() + ":" + std::to_string(error.code());
+      // Grouped by the kind of step, not its folder: an unwritable cache fails in each of its
+      // entry folders, and that is one condition to report, once.
+      const auto& stage = error.stage();
+      reason_key = stage.substr(0, stage.find(" /")) + ":" + std::to_string(error.code());
       message = error.stage() + ": " + std::strerror(error.code());
     } catch (const std::exception& error) {
       reason_key = message = error.what();

@@ -48,4 +48,11 @@ void move_aside(const std::filesystem::path& path, const FileRead& read, std::st
 bool try_publish(std::string_view what, const std::filesystem::path& root,
                  const std::filesystem::path& target, std::span<const char> bytes);
 
+// write_file_atomic with a choice of durability: durable writes fsync the file and its folder
+// (entries); the others only rely on rename's atomicity (statistics, stamps).
+void write_file_atomic(const std::filesystem::path& target, std::span<const char> bytes,
+                       bool durable);
+// Non-durable, silent: false on any failure (for advisory files such as statistics).
+bool write_file_atomic_quiet(const std::filesystem::path& target, std::span<const char> bytes);
+
 }  // namespace kiln::detail

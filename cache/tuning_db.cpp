@@ -6,6 +6,7 @@
 #include <system_error>
 #include <tuple>
 
+#include "cache/cache_stats.h"
 #include "cache/file_io.h"
 #include "cache/hash.h"
 #include "cache/log.h"
@@ -77,7 +78,12 @@ std::optional<nlohmann::json> TuningDb::load(std::string_view device, std::strin
     log::warn_once("tuning db read:" + root_.string() + ":" + std::to_string(read.code),
                    detail::FileError(path, "read", read.code).message());
   }
-  if (read.status != detail::ReadStatus::ok) return std::nullopt;
+  CacheCounters miss;
+  miss.tuning_misses = 1;
+  if (read.status != detail::ReadStatus::ok) {
+    count_cache_event(root_, mode_, miss);
+    return std::nullopt;
+  }
   auto document = nlohmann::json::parse(read.bytes.begin(), read.bytes.end(), nullptr,
                                         /*allow_exceptions=*/false);
   const char* problem_found = nullptr;
@@ -90,8 +96,13 @@ std::optional<nlohmann::json> TuningDb::load(std::string_view device, std::strin
   }
   if (problem_found) {
     detail::move_aside(path, read, problem_found);
+    miss.corrupt = 1;
+    count_cache_event(root_, mode_, miss);
     return std::nullopt;
   }
+  CacheCounters hit;
+  hit.tuning_hits = 1;
+  count_cache_event(root_, mode_, hit);
   return document;
 }
 

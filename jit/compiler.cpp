@@ -1,9 +1,13 @@
 #include "jit/compiler.h"
 
 #include <chrono>
+#include <memory>
+#include <optional>
 #include <string_view>
 
+#include "cache/cache_stats.h"
 #include "cache/error.h"
+#include "cache/file_lock.h"
 #include "cache/hash.h"
 #include "cache/log.h"
 #include "jit/kernel_payload.h"
@@ -95,6 +99,42 @@ Expected<CompiledKernel> compile_with_nvrtc(const CompileRequest& request,
   return kernel;
 }
 
+// The stored kernel for `key`, when the store has a valid one of this layout.
+std::optional<CompiledKernel> stored_kernel(BinaryStore& store, const CompileRequest& request,
+                                            const CompileTarget& target, const std::string& key,
+                                            const std::string& expression, bool count_miss) {
+  auto bytes = store.load(key, count_miss);
+  if (!bytes) return std::nullopt;
+  auto payload = decode_payload(*bytes);
+  if (payload && payload->name_expression == expression && payload->format == target.format) {
+    return from_payload(std::move(*payload), key);
+  }
+  log::warn("kiln: binary store entry " + key + " for " + describe_request(request) +
+            " is not a kernel of this layout; recompiling");
+  return std::nullopt;
+}
+
+// Serialises "compile + publish" of one key across processes: the first process that misses
+// compiles; the others wait on the key's lock and then find the entry. Only rw stores lock
+// (ro and strict never publish, off has no store).
+std::unique_ptr<KeyLock> lock_for_compile(BinaryStore* store, const std::string& key) {
+  if (!store || store->mode() != CacheMode::rw) return nullptr;
+  auto lock = std::make_unique<KeyLock>(
+      lock_path(store->root(), key), std::chrono::duration<double>(default_lock_timeout_seconds()));
+  if (lock->waited()) {
+    CacheCounters delta;
+    delta.lock_waits = 1;
+    delta.lock_timeouts = lock->outcome() == KeyLock::Outcome::timed_out ? 1 : 0;
+    delta.lock_wait_ms = lock->waited_seconds() * 1e3;
+    count_cache_event(store->root(), store->mode(), delta);
+    if (delta.lock_timeouts) {
+      log::info("kiln: waited " + std::to_string(lock->waited_seconds()) +
+                " s for another process compiling " + key + "; compiling it here too");
+    }
+  }
+  return lock;
+}
+
 }  // namespace
 
 std::vector<std::string> compile_options(int sm, BinaryFormat format) {
@@ -129,14 +169,7 @@ Expected<CompiledKernel> compile(const CompileRequest& request, BinaryStore* sto
     const std::string key = key_for(target, source, expression);
 
     if (store) {
-      if (auto bytes = store->load(key)) {
-        auto payload = decode_payload(*bytes);
-        if (payload && payload->name_expression == expression && payload->format == target.format) {
-          return from_payload(std::move(*payload), key);
-        }
-        log::warn("kiln: binary store entry " + key + " for " + describe_request(request) +
-                  " is not a kernel of this layout; recompiling");
-      }
+      if (auto hit = stored_kernel(*store, request, target, key, expression, true)) return *hit;
       if (store->mode() == CacheMode::strict) {
         return Error("kiln: KILN_CACHE=strict and the binary store " + store->root().string() +
                      " has no kernel for " + describe_request(request) + " (key " + key +
@@ -144,9 +177,24 @@ Expected<CompiledKernel> compile(const CompileRequest& request, BinaryStore* sto
       }
     }
 
+    // Readers above took no lock; only a miss that is about to compile does, and looks again
+    // once it holds the lock, since the process it waited for has usually published the key.
+    const std::unique_ptr<KeyLock> lock = lock_for_compile(store, key);
+    if (lock && lock->outcome() != KeyLock::Outcome::unavailable) {
+      if (auto hit = stored_kernel(*store, request, target, key, expression, false)) return *hit;
+    }
+
     Expected<CompiledKernel> compiled =
         compile_with_nvrtc(request, target, key, source, expression);
-    if (!compiled) return compiled;
+    if (!compiled) return compiled;  // a failed compile publishes nothing
+    CacheCounters delta;
+    delta.compiles = 1;
+    delta.compile_ms = compiled->compile_ms;
+    if (store) {
+      count_cache_event(store->root(), store->mode(), delta);
+    } else {
+      count_cache_event({}, CacheMode::off, delta);
+    }
     if (!target.note.empty()) log::info("kiln: " + target.note);
     if (store) {
       const KernelPayload payload{compiled->format, compiled->name_expression,

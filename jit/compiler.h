@@ -45,7 +45,10 @@ std::string binary_key(const CompileRequest& request);
 
 // Looks the binary up in `store` (if given), else compiles with NVRTC and stores it.
 // A compile failure is an Error carrying the full NVRTC log; nothing is stored then.
-// In strict mode a store miss is an Error naming the specialisation.
+// In strict mode a store miss is an Error naming the specialisation. With an rw store, a miss
+// takes the key's cross-process lock before compiling (cache/file_lock.h), so N processes
+// missing the same key at once compile it once; a hit never locks. Compiles and their time
+// are counted in the cache's statistics.
 Expected<CompiledKernel> compile(const CompileRequest& request, BinaryStore* store);
 
 }  // namespace kiln::jit

@@ -5,12 +5,15 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <shared_mutex>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "cache/error.h"
 #include "cache/log.h"
+#include "cache/manifest.h"
 #include "cache/tuning_db.h"
 #include "jit/compiler.h"
 #include "jit/device_probe.h"
@@ -18,6 +21,7 @@
 #include "jit/launch.h"
 #include "jit/module.h"
 #include "jit/nvrtc.h"
+#include "jit/prewarm.h"
 #include "jit/tuning_record.h"
 
 namespace kiln::jit {
@@ -50,6 +54,7 @@ Settings Settings::from_env() {
   Settings settings;
   settings.cache_dir = default_cache_dir();
   settings.cache_mode = default_cache_mode();
+  settings.record_path = default_record_path();
   const char* tune = std::getenv("KILN_TUNE");
   if (tune && *tune) {
     const auto mode = parse_tune_mode(tune);
@@ -80,6 +85,10 @@ struct Runtime::Impl {
   std::optional<int> count;
   std::map<int, std::unique_ptr<DeviceInfo>> devices;
 
+  // (problem, arch) already appended to the KILN_RECORD manifest by this process.
+  std::mutex recorded_mutex;
+  std::set<std::pair<std::string, int>> recorded;
+
   std::atomic<std::uint64_t> hot_hits{0}, resolves{0}, compiles{0}, binary_hits{0}, tunes{0},
       tuning_hits{0};
 
@@ -108,10 +117,20 @@ struct Runtime::Impl {
     return it == table.end() ? nullptr : it->second.get();
   }
 
-  // The config to use: a stored tuning result, else a tune, else the heuristic.
+  void record(const Settings& settings, const Problem& problem, int sm) {
+    if (settings.record_path.empty()) return;
+    {
+      std::lock_guard lock(recorded_mutex);
+      if (!recorded.emplace(problem.key(), sm).second) return;
+    }
+    append_manifest_record(settings.record_path, manifest_record(problem, sm));
+  }
+
+  // The config to use: a stored tuning result for the device, else a prewarm record for its
+  // arch (when `use_prewarm`), else a tune, else the heuristic.
   Config choose_config(const TableKey& key, const Family& family, const DeviceInfo& info,
                        const Settings& settings, BinaryStore* store, CUstream stream,
-                       bool& heuristic_only) {
+                       bool& heuristic_only, bool& from_prewarm, bool use_prewarm = true) {
     const DeviceTraits traits = info.traits();
     const std::string fingerprint = info.fingerprint();
     const std::string problem_key = key.problem.key();
@@ -126,6 +145,18 @@ struct Runtime::Impl {
     }
 
     heuristic_only = true;
+    // A pre-warmed fleet: the config whose binary `kiln prewarm` stored for this arch serves
+    // at once, so the request path neither tunes nor compiles (see jit/prewarm.h).
+    if (use_prewarm) {
+      if (auto record = db.load(prewarm_device(info.sm()), problem_key, kPrewarmBucket)) {
+        std::string why;
+        if (auto config = usable_winner(*record, family, key.problem, traits, why)) {
+          from_prewarm = true;
+          return *config;
+        }
+        log::info("kiln: prewarm record for " + where(key) + " not used: " + why);
+      }
+    }
     const Config heuristic = family.heuristic(key.problem, traits);
     if (settings.tune_mode == TuneMode::off) return heuristic;
     if (settings.cache_mode == CacheMode::strict) {
@@ -193,8 +224,9 @@ const Kernel& Runtime::kernel(int device, const Problem& problem, std::int64_t r
   kernel->family = &fam;
   kernel->problem = problem;
   kernel->device = device;
-  kernel->config =
-      impl_->choose_config(key, fam, info, settings, store.get(), stream, kernel->heuristic_only);
+  impl_->record(settings, problem, info.sm());
+  kernel->config = impl_->choose_config(key, fam, info, settings, store.get(), stream,
+                                        kernel->heuristic_only, kernel->from_prewarm);
 
   const CompileRequest request{&fam, problem, kernel->config, info.sm(), BinaryFormat::cubin};
   Expected<CompiledKernel> compiled = jit::compile(request, store.get());
@@ -207,6 +239,22 @@ const Kernel& Runtime::kernel(int device, const Problem& problem, std::int64_t r
   std::unique_lock lock(impl_->table_mutex);
   const auto [it, inserted] = impl_->table.emplace(key, std::move(kernel));
   return *it->second;
+}
+
+bool Runtime::tune_and_store(int device, const Problem& problem, std::int64_t rows) {
+  const TableKey key{device, problem, row_bucket(rows)};
+  std::lock_guard resolving(impl_->resolve_mutex);
+  const Family& fam = family(problem.op);
+  fam.check(problem);
+  const DeviceInfo& info = this->device(device);
+  Settings settings = impl_->current_settings();
+  if (settings.tune_mode == TuneMode::off) settings.tune_mode = TuneMode::fast;
+  const std::shared_ptr<BinaryStore> store = impl_->current_store();
+  const std::uint64_t tunes_before = impl_->tunes.load();
+  bool heuristic_only = false, from_prewarm = false;
+  impl_->choose_config(key, fam, info, settings, store.get(), nullptr, heuristic_only, from_prewarm,
+                       /*use_prewarm=*/false);
+  return impl_->tunes.load() > tunes_before;
 }
 
 void Runtime::launch(const Kernel& kernel, std::int64_t rows, const void* params, CUstream stream) {

@@ -20,7 +20,10 @@ struct Settings {
   std::filesystem::path cache_dir;
   CacheMode cache_mode = CacheMode::rw;
   TuneMode tune_mode = TuneMode::fast;
-  // From KILN_CACHE_DIR, KILN_CACHE, KILN_TUNE.
+  // Where every specialisation this process asks for is appended (a manifest for
+  // `kiln prewarm --manifest`); empty: not recording.
+  std::filesystem::path record_path;
+  // From KILN_CACHE_DIR, KILN_CACHE, KILN_TUNE, KILN_RECORD.
   static Settings from_env();
 };
 
@@ -32,6 +35,7 @@ struct Kernel {
   int device = 0;
   std::string binary_key;
   bool heuristic_only = false;  // resolved without a tuning result (tune off, or capturing)
+  bool from_prewarm = false;    // config taken from a prewarm record (jit/prewarm.h)
 };
 
 struct RuntimeStats {
@@ -50,6 +54,10 @@ class Runtime {
   // Hot path: a table lookup. A miss resolves (and may compile and tune); while `stream` is
   // capturing a CUDA graph, no tune is run (stored result or heuristic).
   const Kernel& kernel(int device, const Problem& problem, std::int64_t rows, CUstream stream);
+  // For `kiln prewarm --tune`: tunes (device, problem, row bucket of `rows`) and stores the
+  // result, unless the tuning database already has one for the device. Returns true when it
+  // tuned. Prewarm records are not consulted.
+  bool tune_and_store(int device, const Problem& problem, std::int64_t rows);
   // Launches with the family's geometry for `rows` rows; `params` points at the kernel's
   // parameter struct.
   void launch(const Kernel& kernel, std::int64_t rows, const void* params, CUstream stream);

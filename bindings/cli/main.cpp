@@ -1,4 +1,5 @@
-// The `kiln` command: inspect devices and compile specialisations offline.
+// The `kiln` command: inspect devices, compile specialisations offline, pre-warm and look
+// after the cache.
 #include <CLI/CLI.hpp>
 #include <charconv>
 
@@ -8,6 +9,7 @@
 #include <optional>
 #include <string>
 
+#include "bindings/cli/commands.h"
 #include "cache/error.h"
 #include "jit/compiler.h"
 #include "jit/runtime.h"
@@ -138,10 +140,16 @@ int main(int argc, char** argv) {
   compile->add_option("--extra", options.extra, "Config: family tunables, NAME=VALUE");
   compile->add_option("-o,--output", options.output, "Output file (default: stdout)");
 
+  const kiln::cli::Runner prewarm = kiln::cli::add_prewarm_command(app);
+  const kiln::cli::Runner cache = kiln::cli::add_cache_command(app);
+
   CLI11_PARSE(app, argc, argv);
   try {
     if (*devices) return run_devices();
     if (*compile) return run_compile(options);
+    for (const auto& runner : {prewarm, cache}) {
+      if (const int code = runner(); code >= 0) return code;
+    }
   } catch (const kiln::Error& error) {
     std::cerr << "kiln: " << error.what() << "\n";
     return 2;

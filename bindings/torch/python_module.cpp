@@ -5,6 +5,8 @@
 
 #include <string>
 
+#include "bindings/torch/cache_module.h"
+#include "cache/cache_stats.h"
 #include "cache/error.h"
 #include "jit/compiler.h"
 #include "jit/runtime.h"
@@ -88,12 +90,14 @@ py::dict settings_dict() {
   d["cache_dir"] = s.cache_dir.string();
   d["cache_mode"] = std::string(cache_mode_name(s.cache_mode));
   d["tune_mode"] = std::string(tune_mode_name(s.tune_mode));
+  d["record"] = s.record_path.string();
   return d;
 }
 
 void set_settings(const py::object& cache_dir, const py::object& cache_mode,
-                  const py::object& tune_mode) {
+                  const py::object& tune_mode, const py::object& record) {
   jit::Settings s = jit::Runtime::get().settings();
+  if (!record.is_none()) s.record_path = record.cast<std::string>();
   if (!cache_dir.is_none()) s.cache_dir = cache_dir.cast<std::string>();
   if (!cache_mode.is_none()) {
     const auto text = cache_mode.cast<std::string>();
@@ -119,6 +123,13 @@ py::dict stats_dict() {
   d["binary_hits"] = s.binary_hits;
   d["tunes"] = s.tunes;
   d["tuning_hits"] = s.tuning_hits;
+  // The cache layer's counters of this process (every store and compile, not only op calls).
+  const CacheCounters c = process_cache_counters();
+  d["nvrtc_compiles"] = c.compiles;
+  d["compile_ms"] = c.compile_ms;
+  d["corrupt"] = c.corrupt;
+  d["store_failures"] = c.store_failures;
+  d["lock_waits"] = c.lock_waits;
   return d;
 }
 
@@ -140,8 +151,10 @@ PYBIND11_MODULE(_C, m) {
         py::arg("config") = py::none());
   m.def("settings", &settings_dict);
   m.def("set_settings", &set_settings, py::arg("cache_dir") = py::none(),
-        py::arg("cache_mode") = py::none(), py::arg("tune_mode") = py::none());
+        py::arg("cache_mode") = py::none(), py::arg("tune_mode") = py::none(),
+        py::arg("record") = py::none());
   m.def("stats", &stats_dict);
   m.def("forget_kernels", [] { kiln::jit::Runtime::get().forget_kernels(); });
   m.def("add_library_search_dir", &kiln::jit::add_library_search_dir);
+  add_cache_functions(m);
 }

@@ -14,6 +14,8 @@ from . import _C
 from . import _fakes  # noqa: F401  (registers the fake implementations)
 from . import _fakes_norm  # noqa: F401
 from ._api import compile, configure, device_count, device_info, settings, stats
+from ._api import (cache_clear, cache_export, cache_import, cache_ls, cache_stats, cache_trim,
+                   cache_verify, prewarm)
 from .ops import rms_norm
 from .norm_ops import ada_values, adaln, fused_add_rms_norm, fused_add_rms_norm_, gated_adaln, layer_norm
 
@@ -24,6 +26,13 @@ __version__ = "0.1.0"
 __all__ = [
     "ada_values",
     "adaln",
+    "cache_clear",
+    "cache_export",
+    "cache_import",
+    "cache_ls",
+    "cache_stats",
+    "cache_trim",
+    "cache_verify",
     "compile",
     "configure",
     "device_count",
@@ -32,6 +41,7 @@ __all__ = [
     "fused_add_rms_norm_",
     "gated_adaln",
     "layer_norm",
+    "prewarm",
     "rms_norm",
     "settings",
     "stats",

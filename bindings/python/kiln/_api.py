@@ -1,6 +1,6 @@
 """Process-wide settings, device information and offline compiles."""
 
-from typing import Optional
+from typing import Optional, Sequence, Union
 
 from . import _C
 
@@ -39,13 +39,73 @@ def settings() -> dict:
 
 
 def configure(cache_dir: Optional[str] = None, cache: Optional[str] = None,
-              tune: Optional[str] = None) -> None:
-    """Change settings for this process (the Python spelling of KILN_CACHE_DIR, KILN_CACHE
-    and KILN_TUNE). Kernels already resolved are forgotten, so the next call re-resolves."""
-    _C.set_settings(cache_dir, cache, tune)
+              tune: Optional[str] = None, record: Optional[str] = None) -> None:
+    """Change settings for this process (the Python spelling of KILN_CACHE_DIR, KILN_CACHE,
+    KILN_TUNE and KILN_RECORD; ``record=""`` stops recording). Kernels already resolved are
+    forgotten, so the next call re-resolves."""
+    _C.set_settings(cache_dir, cache, tune, record)
 
 
 def stats() -> dict:
-    """Counters of this process: hot-table hits, resolves, NVRTC compiles, binaries and
-    tuning results read from disk, tunes run."""
+    """Counters of this process: hot-table hits, resolves, compiles by op calls, binaries and
+    tuning results read from disk, tunes run; and from the cache layer, every NVRTC compile of
+    the process (op calls, tuning, ``compile``, ``prewarm``) with its time, corrupt entries
+    found, stores that failed and compile-lock waits."""
     return _C.stats()
+
+
+def _names(value: Union[str, Sequence]) -> list:
+    if isinstance(value, str):
+        return [part for part in value.split(",") if part]
+    return [str(item) for item in value]
+
+
+def prewarm(ops: Union[str, Sequence[str]] = (), dtypes: Union[str, Sequence[str]] = "bf16",
+            hidden: Union[int, Sequence[int]] = (), archs: Union[str, Sequence[str]] = (),
+            config: Optional[str] = None, manifest: Optional[str] = None, jobs: int = 1) -> dict:
+    """Compile kernels into the cache ahead of time, with no GPU (the Python spelling of
+    ``kiln prewarm``): ops x dtypes x hidden sizes x archs, the ops of a Hugging Face
+    ``config`` (a config.json path), and/or the specialisations of a ``manifest`` recorded with
+    KILN_RECORD. Returns the counts (compiled, reused, failed), the time, and notes (ops whose
+    family is not registered are skipped with a note)."""
+    hiddens = [hidden] if isinstance(hidden, int) else [int(h) for h in hidden]
+    return _C.prewarm(_names(ops), _names(dtypes), hiddens, _names(archs), config, manifest,
+                      int(jobs))
+
+
+def cache_stats(cache_dir: Optional[str] = None) -> dict:
+    """Statistics of a cache summed over every process that used it in rw mode: hits and
+    misses of the binary store and of the tuning database, compiles and their time, stores
+    and failed stores, corrupt entries, lock waits, evictions; and its size."""
+    return _C.cache_stats(cache_dir)
+
+
+def cache_ls(cache_dir: Optional[str] = None) -> list:
+    """The binary entries of a cache (key, path, bytes, last_used), least recently used first."""
+    return _C.cache_ls(cache_dir)
+
+
+def cache_verify(cache_dir: Optional[str] = None) -> dict:
+    """Validates every entry of a cache; bad ones are moved aside and counted."""
+    return _C.cache_verify(cache_dir)
+
+
+def cache_trim(max_size: str, cache_dir: Optional[str] = None) -> dict:
+    """Removes least recently used binaries until the cache holds at most ``max_size``
+    (e.g. "2G"), and stale temp files and moved-aside entries."""
+    return _C.cache_trim(str(max_size), cache_dir)
+
+
+def cache_clear(cache_dir: Optional[str] = None) -> int:
+    """Removes everything kiln keeps in a cache; returns the number of files removed."""
+    return _C.cache_clear(cache_dir)
+
+
+def cache_export(bundle: str, cache_dir: Optional[str] = None) -> dict:
+    """Copies every valid entry of a cache into the folder ``bundle`` (itself a cache)."""
+    return _C.cache_export(str(bundle), cache_dir)
+
+
+def cache_import(bundle: str, cache_dir: Optional[str] = None) -> dict:
+    """Copies every valid entry of the folder ``bundle`` into a cache."""
+    return _C.cache_import(str(bundle), cache_dir)

@@ -1,0 +1,139 @@
+#include "jit/model_config.h"
+
+#include <nlohmann/json.hpp>
+
+#include "cache/error.h"
+
+namespace kiln::jit {
+namespace {
+
+std::int64_t require_size(const nlohmann::json& config, const char* key) {
+  const auto it = config.find(key);
+  if (it == config.end() || !it->is_number_integer() || it->get<std::int64_t>() <= 0) {
+    throw Error(std::string("kiln prewarm: config.json: \"") + key +
+                "\": expected a positive integer" +
+                (it == config.end() ? std::string(", but it is missing") : ", got " + it->dump()));
+  }
+  return it->get<std::int64_t>();
+}
+
+std::string text_of(const nlohmann::json& config, const char* key) {
+  const auto it = config.find(key);
+  return it != config.end() && it->is_string() ? it->get<std::string>() : std::string();
+}
+
+ModelShape read_llm(const nlohmann::json& config) {
+  ModelShape model;
+  model.kind = text_of(config, "model_type");
+  if (model.kind.empty()) model.kind = "llm";
+  model.hidden = require_size(config, "hidden_size");
+  model.intermediate = require_size(config, "intermediate_size");
+  const auto head_dim = config.find("head_dim");
+  if (head_dim != config.end() && !head_dim->is_null()) {
+    model.head_dim = require_size(config, "head_dim");
+  } else {
+    const std::int64_t heads = require_size(config, "num_attention_heads");
+    if (model.hidden % heads != 0) {
+      throw Error("kiln prewarm: config.json: hidden_size " + std::to_string(model.hidden) +
+                  " is not a multiple of num_attention_heads " + std::to_string(heads));
+    }
+    model.head_dim = model.hidden / heads;
+  }
+  model.rope = "rotate-half";
+  if (auto theta = config.find("rope_theta"); theta != config.end() && theta->is_number()) {
+    model.rope += ", rope_theta " + theta->dump();
+  }
+  if (auto scaling = config.find("rope_scaling"); scaling != config.end() && scaling->is_object()) {
+    const std::string type = scaling->value("rope_type", scaling->value("type", std::string()));
+    if (!type.empty()) model.rope += ", scaling " + type;
+  }
+  model.ops = {
+      {Op::rms_norm, {model.hidden}},
+      {Op::fused_add_rms_norm, {model.hidden}},
+      {Op::swiglu, {model.intermediate}},
+      {Op::rope, {model.head_dim}},
+  };
+  return model;
+}
+
+// diffusers' FeedForward default: inner width = 4 x dim (FLUX's single blocks use
+// mlp_ratio 4.0 too).
+constexpr std::int64_t kDiffusersFeedForwardMult = 4;
+
+ModelShape read_diffusion(const nlohmann::json& config, const std::string& kind) {
+  ModelShape model;
+  model.kind = kind;
+  model.head_dim = require_size(config, "attention_head_dim");
+  model.hidden = model.head_dim * require_size(config, "num_attention_heads");
+  model.intermediate = kDiffusersFeedForwardMult * model.hidden;
+  if (kind == "flux") {
+    model.rope = "3-D (axes_dims_rope";
+    if (auto axes = config.find("axes_dims_rope"); axes != config.end() && axes->is_array()) {
+      model.rope += " " + axes->dump();
+    }
+    model.rope += ")";
+    model.ops = {
+        {Op::layer_norm, {model.hidden}},     {Op::adaln, {model.hidden}},
+        {Op::gated_residual, {model.hidden}}, {Op::gelu, {model.intermediate}},
+        {Op::rms_norm, {model.head_dim}},     {Op::rope_3d, {model.head_dim}},
+    };
+  } else {
+    model.rope = "3-D (frames, height, width), interleaved pairs";
+    model.ops = {
+        {Op::rms_norm, {model.hidden}},
+        {Op::gated_residual, {model.hidden}},
+        {Op::gelu, {model.intermediate}},
+        {Op::rope_3d, {model.head_dim}},
+    };
+  }
+  return model;
+}
+
+bool is_norm(Op op) {
+  switch (op) {
+    case Op::rms_norm:
+    case Op::fused_add_rms_norm:
+    case Op::layer_norm:
+    case Op::adaln:
+    case Op::gated_adaln:
+    case Op::gated_residual:
+      return true;
+    default:
+      return false;
+  }
+}
+
+}  // namespace
+
+ModelShape read_model_config(const nlohmann::json& config) {
+  if (!config.is_object()) throw Error("kiln prewarm: config.json: expected a JSON object");
+  const std::string class_name = text_of(config, "_class_name");
+  if (class_name == "LTXVideoTransformer3DModel") return read_diffusion(config, "ltx-video");
+  if (class_name == "FluxTransformer2DModel") return read_diffusion(config, "flux");
+  if (config.contains("hidden_size")) return read_llm(config);
+  throw Error(
+      "kiln prewarm: config.json: expected a transformers LLM config (hidden_size, "
+      "intermediate_size, ...) or a diffusers LTXVideoTransformer3DModel or "
+      "FluxTransformer2DModel config, got " +
+      (class_name.empty() ? std::string("neither") : "_class_name \"" + class_name + "\""));
+}
+
+std::map<Op, std::vector<std::int64_t>> sizes_for_ops(const ModelShape& model,
+                                                      const std::vector<Op>& ops) {
+  if (ops.empty()) return model.ops;
+  std::map<Op, std::vector<std::int64_t>> sizes;
+  for (Op op : ops) {
+    if (auto it = model.ops.find(op); it != model.ops.end()) {
+      sizes[op] = it->second;
+    } else if (is_norm(op)) {
+      sizes[op] = {model.hidden};
+    } else if (op == Op::rope || op == Op::rope_3d || op == Op::rms_norm_rope) {
+      sizes[op] = {model.head_dim};
+    } else {
+      sizes[op] = {model.intermediate};
+    }
+  }
+  return sizes;
+}
+
+}  // namespace kiln::jit

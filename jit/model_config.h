@@ -1,0 +1,44 @@
+// Reading a Hugging Face config.json for `kiln prewarm --config`: which kiln ops a model uses
+// and at which sizes. Known layouts:
+//  - transformers LLMs (Llama, Mistral, Qwen2 and others with the same keys): hidden_size,
+//    intermediate_size, head_dim (else hidden_size / num_attention_heads); RoPE rotates halves
+//    of each head (rope_theta, rope_scaling are reported).
+//  - diffusers LTXVideoTransformer3DModel: inner dim = num_attention_heads * attention_head_dim;
+//    RMSNorm over the inner dim (also the "rms_norm_across_heads" q/k norm), a GELU (tanh)
+//    feed-forward of 4x the inner dim, 3-D RoPE, gated residuals.
+//  - diffusers FluxTransformer2DModel: the same inner dim; LayerNorm and AdaLN-Zero over it,
+//    RMSNorm q/k norm per head (attention_head_dim), a GELU (tanh) feed-forward of 4x the
+//    inner dim, RoPE over axes_dims_rope (3 axes), gated residuals.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "templates/types.h"
+
+namespace kiln::jit {
+
+struct ModelShape {
+  std::string kind;  // "llama", "mistral", "qwen2", ..., "ltx-video", "flux"
+  std::int64_t hidden = 0;
+  std::int64_t intermediate = 0;
+  std::int64_t head_dim = 0;
+  std::string rope;  // how the model applies RoPE, for the summary
+  // The ops the model uses, with the sizes each is called at.
+  std::map<Op, std::vector<std::int64_t>> ops;
+};
+
+// Throws kiln::Error naming the key that is missing or of the wrong type.
+ModelShape read_model_config(const nlohmann::json& config);
+
+// Sizes for `ops` (all of the model's ops when empty): the model's own sizes where it uses the
+// op, else the generic rule (norms and residuals: hidden size; GLU activations and GELU:
+// intermediate size; RoPE: head dim).
+std::map<Op, std::vector<std::int64_t>> sizes_for_ops(const ModelShape& model,
+                                                      const std::vector<Op>& ops);
+
+}  // namespace kiln::jit

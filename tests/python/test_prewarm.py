@@ -1,0 +1,127 @@
+"""kiln prewarm with no GPU: from lists, from Hugging Face config.json files, from a recorded
+manifest; the prewarmed binaries are what a later compile of the same specialisation finds."""
+
+import json
+import os
+import shutil
+import subprocess
+
+import pytest
+
+import kiln
+from cache_helpers import entry_files
+
+LLAMA = {"model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336,
+         "num_attention_heads": 32, "num_key_value_heads": 8, "rope_theta": 500000.0}
+QWEN2 = {"model_type": "qwen2", "hidden_size": 3584, "intermediate_size": 18944,
+         "num_attention_heads": 28, "rope_theta": 1000000.0}
+MISTRAL = {"model_type": "mistral", "hidden_size": 5120, "intermediate_size": 14336,
+           "num_attention_heads": 32, "head_dim": 128}
+LTX = {"_class_name": "LTXVideoTransformer3DModel", "attention_head_dim": 64,
+       "num_attention_heads": 32, "cross_attention_dim": 2048, "num_layers": 28}
+FLUX = {"_class_name": "FluxTransformer2DModel", "attention_head_dim": 128,
+        "num_attention_heads": 24, "axes_dims_rope": [16, 56, 56]}
+
+
+@pytest.fixture
+def fresh_cache(tmp_path):
+    before = kiln.settings()
+    cache = tmp_path / "cache"
+    kiln.configure(cache_dir=str(cache), cache="rw")
+    yield cache
+    kiln.configure(cache_dir=before["cache_dir"], cache=before["cache_mode"])
+
+
+def test_lists_compile_then_reuse(fresh_cache):
+    first = kiln.prewarm("rms_norm", "bf16,fp16", [2048, 4096], "sm_75,sm_90", jobs=2)
+    # rms_norm's common problems are with and without a weight: 2 x 2 dtypes x 2 sizes x 2 archs.
+    assert first["targets"] == 16 and first["compiled"] == 16 and first["failed"] == 0
+    assert len(entry_files(fresh_cache)) == 16
+    again = kiln.prewarm("rms_norm", "bf16,fp16", [2048, 4096], "sm_75,sm_90", jobs=2)
+    assert again["reused"] == 16 and again["compiled"] == 0
+    hit = kiln.compile("rms_norm", "fp16", 4096, arch="sm_90", format="cubin", weight=False)
+    assert hit["from_cache"]
+
+
+def test_unregistered_ops_are_skipped_with_a_note(fresh_cache):
+    result = kiln.prewarm(["rms_norm", "rope"], "bf16", 128, "sm_80")
+    assert result["failed"] == 0
+    skipped = any("rope" in note and "not registered" in note for note in result["notes"])
+    # rms_norm alone gives 2 targets (with and without weight); a registered rope adds more.
+    assert (skipped and result["compiled"] == 2) or (not skipped and result["compiled"] > 2)
+
+
+@pytest.mark.parametrize("config,sizes", [
+    (LLAMA, {"rms_norm": 4096}), (QWEN2, {"rms_norm": 3584}), (MISTRAL, {"rms_norm": 5120}),
+    (LTX, {"rms_norm": 2048}), (FLUX, {"rms_norm": 128})])
+def test_hugging_face_configs_map_to_sizes(fresh_cache, tmp_path, config, sizes):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    result = kiln.prewarm(dtypes="bf16", archs="sm_80", config=str(path))
+    assert result["failed"] == 0 and result["compiled"] >= 2, result
+    for op, hidden in sizes.items():
+        assert kiln.compile(op, "bf16", hidden, arch="sm_80", format="cubin")["from_cache"]
+
+
+def test_bad_config_names_the_key(tmp_path, fresh_cache):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"model_type": "llama", "hidden_size": 4096}))
+    with pytest.raises(RuntimeError, match="intermediate_size"):
+        kiln.prewarm(archs="sm_80", config=str(path))
+
+
+def test_manifest_replay(fresh_cache, tmp_path):
+    manifest = tmp_path / "manifest.jsonl"
+    records = [{"op": "rms_norm", "dtype": "bf16", "hidden": 1536, "flags": 1, "align": 16,
+                "aux": 0, "arch": "sm_80"},
+               {"op": "rms_norm", "dtype": "fp16", "hidden": 999, "flags": 0, "align": 2,
+                "aux": 0, "arch": "sm_90"}]
+    manifest.write_text("\n".join(json.dumps(r) for r in records) + "\n{\"torn\": \n")
+    result = kiln.prewarm(manifest=str(manifest))
+    assert result["compiled"] == 2 and result["failed"] == 0
+    assert any("skipped 1 line" in note for note in result["notes"])
+    assert kiln.compile("rms_norm", "bf16", 1536, arch="sm_80", format="cubin")["from_cache"]
+
+
+def kiln_cli():
+    """The kiln command of this build: KILN_CLI, else `kiln` on PATH when it has prewarm (an
+    older installed copy on PATH is not the one under test)."""
+    cli = os.environ.get("KILN_CLI") or shutil.which("kiln")
+    if cli and not os.environ.get("KILN_CLI"):
+        probe = subprocess.run([cli, "--help"], capture_output=True, text=True, timeout=60)
+        cli = cli if "prewarm" in probe.stdout else None
+    return cli
+
+
+@pytest.mark.skipif(kiln_cli() is None,
+                    reason="no kiln command of this build (set KILN_CLI or put it on PATH)")
+def test_cli_prewarm_and_cache_commands(tmp_path):
+    cache, bundle, other = tmp_path / "c", tmp_path / "bundle", tmp_path / "other"
+    cli = kiln_cli()
+
+    def run(*args, env_cache=cache):
+        env = dict(os.environ, KILN_CACHE_DIR=str(env_cache))
+        return subprocess.run([cli, *args], env=env, capture_output=True, text=True, timeout=300)
+
+    out = run("prewarm", "--op", "rms_norm", "--dtype", "bf16,fp16", "--hidden", "2048",
+              "--arch", "sm_80,sm_90", "-j", "2")
+    assert out.returncode == 0, out.stderr
+    assert "compiled 8, reused 0, failed 0" in out.stdout
+    assert "reused 8" in run("prewarm", "--op", "rms_norm", "--dtype", "bf16,fp16", "--hidden",
+                             "2048", "--arch", "sm_80,sm_90").stdout
+    stats = json.loads(run("cache", "stats", "--json").stdout)
+    assert stats["compiles"] == 8 and stats["binaries"] == 8
+    assert "8 binaries" in run("cache", "ls").stdout
+    assert run("cache", "verify").returncode == 0
+    assert "exported 16 entries" in run("cache", "export", str(bundle)).stdout  # 8 bins + 8 records
+    assert "imported 16 entries" in run("cache", "import", str(bundle), env_cache=other).stdout
+    trimmed = run("cache", "trim", "--max-size", "20K")
+    assert trimmed.returncode == 0 and "kept" in trimmed.stdout
+    assert sum(e["bytes"] for e in kiln.cache_ls(str(cache))) <= 20 * 1024
+    assert run("cache", "clear").returncode == 0
+    assert kiln.cache_ls(str(cache)) == []
+    no_arch = run("prewarm", "--op", "rms_norm", "--hidden", "64")
+    if kiln.device_count() == 0:
+        assert no_arch.returncode != 0 and "--arch" in no_arch.stderr
+    else:  # with a GPU, no --arch means the GPU's arch
+        assert no_arch.returncode == 0 and "compiled 2," in no_arch.stdout, no_arch.stderr

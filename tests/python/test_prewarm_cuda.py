@@ -1,0 +1,53 @@
+"""A cache pre-warmed on a machine with no GPU serves the first op call on a GPU with no NVRTC
+compile and no tuning (the prewarm record decides the config; see jit/prewarm.h)."""
+
+import json
+
+import pytest
+
+import kiln
+from cache_helpers import run_kiln
+
+PREWARM = """
+import json, kiln
+assert kiln.device_count() == 0, "the prewarm must run with no GPU visible"
+print(json.dumps(kiln.prewarm("rms_norm", "bf16,fp16", [4096, 2000], "{arch}", jobs=2)))
+"""
+
+FIRST_CALLS = """
+import json, torch, kiln
+worst = 0.0
+for dtype, hidden in ((torch.bfloat16, 4096), (torch.float16, 2000)):
+    x = torch.randn(37, hidden, device="cuda", dtype=dtype)
+    w = torch.randn(hidden, device="cuda", dtype=dtype)
+    y = kiln.rms_norm(x, w, 1e-6)
+    x64, w64 = x.double(), w.double()
+    ref = x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + 1e-6) * w64
+    worst = max(worst, ((y.double() - ref).abs() / (ref.abs() + 1)).max().item())
+torch.cuda.synchronize()
+s = kiln.stats()
+print(json.dumps({**s, "worst": worst}))
+"""
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["rw", "strict"])
+def test_cache_prewarmed_without_gpu_serves_first_gpu_call_with_zero_compiles(tmp_path, mode):
+    arch = kiln.device_info(0)["arch"]
+    cache = tmp_path / "cache"
+    code, warmed, err = run_kiln(PREWARM.format(arch=arch), cache, {"CUDA_VISIBLE_DEVICES": ""})
+    assert code == 0, err
+    assert warmed["compiled"] == 8 and warmed["failed"] == 0, warmed
+
+    manifest = tmp_path / "recorded.jsonl"
+    code, stats, err = run_kiln(FIRST_CALLS, cache, {"KILN_CACHE": mode, "KILN_TUNE": "fast",
+                                                     "KILN_RECORD": str(manifest)})
+    assert code == 0, err
+    print(f"first GPU calls from a cache prewarmed with no GPU ({mode}): {stats}")
+    assert stats["nvrtc_compiles"] == 0 and stats["compiles"] == 0
+    assert stats["tunes"] == 0
+    assert stats["binary_hits"] == 2
+    assert stats["worst"] < 2e-2
+    records = [json.loads(line) for line in manifest.read_text().splitlines()]
+    assert {(r["dtype"], r["hidden"], r["arch"]) for r in records} == {
+        ("bf16", 4096, arch), ("fp16", 2000, arch)}
