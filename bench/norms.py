@@ -11,6 +11,8 @@ Usage: python bench/norms.py [--out DIR] [--quick] [--ops a,b] [--hidden a,b] [-
 Writes DIR/norms-<date>-<device>.json and .md; prints the table last."""
 
 import argparse
+import glob
+import json
 import math
 import os
 import sys
@@ -93,6 +95,34 @@ def make_case(op, rows, hidden, kiln):
     raise ValueError(op)
 
 
+def chosen_config(cache_dir, op, hidden, since):
+    """The winner kiln's tuner stored for this shape (the newest tuning record of the op and
+    hidden size written since `since`), as its config key, or "-"."""
+    best = None
+    for path in glob.glob(os.path.join(cache_dir, "v1", "tune", "*", f"{op}.bf16.h{hidden}.*.json")):
+        mtime = os.path.getmtime(path)
+        if mtime >= since and (best is None or mtime > best[0]):
+            best = (mtime, path)
+    if best is None:
+        return "-"
+    with open(best[1]) as f:
+        winner = json.load(f).get("winner", {})
+    key = f"v{winner.get('vec_bytes')}.t{winner.get('threads_per_row')}.c{winner.get('cta_threads')}"
+    for name, value in sorted(winner.get("extra", {}).items()):
+        key += f".{name}={value}"
+    return key
+
+
+def copy_us(moved):
+    """A device-to-device copy of the same bytes (half read, half written): what the memory
+    system gives a kernel of this size, launch and ramp included."""
+    src = torch.empty(max(moved // 2, 1), dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    us = common.bench_ms(lambda: dst.copy_(src)) * 1e3
+    del src, dst
+    return us
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default="bench/results")
@@ -123,6 +153,8 @@ def main():
             for rows in row_counts:
                 fn, peers, eager, moved = make_case(op, rows, hidden, kiln)
                 compiled = torch.compile(eager, dynamic=False)
+                import time
+                started = time.time() - 1
                 with torch.no_grad():
                     fn()  # compile + tune outside the timing
                     compiled()
@@ -137,6 +169,8 @@ def main():
                     "pct_of_copy": {k: 100 * moved / (v * 1e-3) / 1e9 / copy_gbs for k, v in times.items()},
                     "speedup_vs_best_peer": best / times["kiln"],
                     "best_peer": min((v, k) for k, v in times.items() if k != "kiln")[1],
+                    "kiln_config": chosen_config(os.environ["KILN_CACHE_DIR"], op, hidden, started),
+                    "copy_same_bytes_us": copy_us(moved),
                 })
                 r = results[-1]
                 print(f"{op} {rows}x{hidden}: kiln {r['us']['kiln']:.1f} us ({r['pct_of_copy']['kiln']:.0f}%), "
@@ -165,14 +199,15 @@ def main():
         f"triton {env['versions'].get('triton', '-')}; copy {copy_gbs:.0f} GB/s. us (% of copy); peers: "
         "F = torch.nn.functional op, eager = the module's formula, compiled = torch.compile(eager, dynamic=False)",
         "",
-        "| op | rows x hidden | MB | kiln | F | eager | compiled | kiln vs best |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| op | rows x hidden | MB | kiln | F | eager | compiled | kiln vs best | copy of same MB | kiln config |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in results:
         us, pct = r["us"], r["pct_of_copy"]
         cell = lambda k: f"{us[k]:.1f} ({pct[k]:.0f}%)" if k in us else "-"  # noqa: E731
         lines.append(f"| {r['op']} | {r['rows']}x{r['hidden']} | {r['bytes'] / 1e6:.1f} | {cell('kiln')} | {cell('F')} "
-                     f"| {cell('eager')} | {cell('compiled')} | {r['speedup_vs_best_peer']:.2f}x |")
+                     f"| {cell('eager')} | {cell('compiled')} | {r['speedup_vs_best_peer']:.2f}x "
+                     f"| {r['copy_same_bytes_us']:.1f} | {r['kiln_config']} |")
     lines += ["", "| op | geomean vs best peer | min vs best | min % copy (>=128 MB) | min % copy (20-128 MB) |",
               "| --- | --- | --- | --- | --- |"]
     fmt = lambda v: "-" if v is None else f"{v:.0f}%"  # noqa: E731
