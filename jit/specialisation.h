@@ -18,6 +18,8 @@ struct SpecialisationSpec {
   std::string_view dtype = "bf16";
   std::int64_t hidden = 0;
   bool weight = true;
+  // Problem::flags as given; when absent, rms_norm's has-weight bit from `weight` (0 for others).
+  std::optional<std::uint32_t> flags;
   std::uint32_t align = 16;
   int sm = 90;
   BinaryFormat format = BinaryFormat::cubin;

@@ -1,6 +1,7 @@
 #include <string>
 
 #include "cache/error.h"
+#include "templates/elementwise_family.h"
 #include "templates/family.h"
 #include "templates/rms_norm_family.h"
 
@@ -8,10 +9,14 @@ namespace kiln {
 namespace {
 
 const RmsNormFamily kRmsNorm;
+const ElementwiseFamily kSwiglu{Op::swiglu};
+const ElementwiseFamily kGeglu{Op::geglu};
+const ElementwiseFamily kGelu{Op::gelu};
+const ElementwiseFamily kGatedResidual{Op::gated_residual};
 
 // Every op has exactly one family; the list is short, so lookup is a scan. One line each.
 constexpr const Family* kFamilies[] = {
-    &kRmsNorm,
+    &kRmsNorm, &kSwiglu, &kGeglu, &kGelu, &kGatedResidual,
 };
 
 }  // namespace

@@ -12,8 +12,10 @@ import torch  # noqa: F401  (loads libtorch, which the extension links against)
 from . import _library_paths
 from . import _C
 from . import _fakes  # noqa: F401  (registers the fake implementations)
+from . import _fakes_activation  # noqa: F401
 from ._api import compile, configure, device_count, device_info, settings, stats
 from .ops import rms_norm
+from .activation_ops import gated_residual, gated_residual_, geglu, gelu, swiglu
 
 _library_paths.register(_C)
 
@@ -25,6 +27,11 @@ __all__ = [
     "device_count",
     "device_info",
     "rms_norm",
+    "swiglu",
+    "geglu",
+    "gelu",
+    "gated_residual",
+    "gated_residual_",
     "settings",
     "stats",
 ]
