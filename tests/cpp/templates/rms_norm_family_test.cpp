@@ -77,8 +77,7 @@ TEST_CASE("the registry serves the rms_norm family") {
   CHECK(f.header() == "kiln/rms_norm.cuh");
   CHECK(&f == &kiln::family(Op::rms_norm));
   const auto all = kiln::families();
-  REQUIRE(all.size() == 1);
-  CHECK(all[0] == &f);
+  CHECK(std::count(all.begin(), all.end(), &f) == 1);
 }
 
 TEST_CASE("check rejects problems that cannot be specialised") {
