@@ -6,6 +6,7 @@ Usage: python bench/activations.py [--out DIR] [--quick] [--forms swiglu,gelu,..
 Writes DIR/activations-<date>-<device>.json and .md; prints the table last."""
 
 import argparse
+import json
 import os
 import sys
 import tempfile
@@ -72,6 +73,18 @@ def make_form(name, tokens, width):
     raise ValueError(f"unknown form {name}")
 
 
+def tuned_configs(tune_dir, seen):
+    """The winners of the tunes stored since the last call: {file name: reason}."""
+    found = {}
+    for name in sorted(os.listdir(tune_dir)) if os.path.isdir(tune_dir) else []:
+        if name in seen:
+            continue
+        seen.add(name)
+        with open(os.path.join(tune_dir, name)) as f:
+            found[name] = json.load(f).get("reason", "")
+    return found
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default="bench/results")
@@ -91,6 +104,9 @@ def main():
     copy_gbs = common.copy_bandwidth_gbs()
     tokens_list = QUICK_TOKENS if args.quick else TOKENS
     widths = QUICK_WIDTHS if args.quick else WIDTHS
+    tune_dir = os.path.join(kiln.settings()["cache_dir"], "v1", "tune",
+                            kiln.device_info(0)["fingerprint"])
+    seen = set()
     rows = []
     for form in args.forms.split(","):
         compiled = torch.compile(make_form(form, 1, 8)[1], dynamic=False)
@@ -115,6 +131,7 @@ def main():
                                     for k, v in times.items()},
                     "speedup_vs_best_peer": best_peer / times["kiln"],
                     "max_rel_err_vs_fp64": err,
+                    "kiln_tuned": tuned_configs(tune_dir, seen),
                 })
                 print(f"{form} {tokens}x{width}: " + ", ".join(
                     f"{k} {v * 1e3:.1f} us" for k, v in times.items()), flush=True)
