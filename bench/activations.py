@@ -85,11 +85,45 @@ def tuned_configs(tune_dir, seen):
     return found
 
 
+def write_results(args, env, copy_gbs, rows, overhead, kiln):
+    """Written after every form, so a run cut short keeps what it measured."""
+    result = {"environment": env, "copy_gbs": copy_gbs, "activations_bf16": rows,
+              "host_overhead_us": overhead, "kiln_settings": kiln.settings(),
+              "kiln_device": kiln.device_info(0)}
+    stamp = f"{env['date']}-{env['device'].replace(' ', '_')}"
+    common.write_json(os.path.join(args.out, f"activations-{stamp}.json"), result)
+
+    lines = [
+        f"Activations bf16, {env['device']} ({env['sm']}), {env['date']}, torch "
+        f"{env['versions']['torch']}, triton {env['versions'].get('triton', '-')}; copy {copy_gbs:.0f} GB/s",
+        "",
+        "| op | tokens x width | MB moved | kiln us (% copy) | eager us | torch.compile us (% copy) | kiln vs best | max rel err |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in rows:
+        us, pct = r["us"], r["pct_of_copy"]
+        lines.append(
+            f"| {r['form']} | {r['tokens']}x{r['width']} | {r['bytes'] / 1e6:.1f} "
+            f"| {us['kiln']:.1f} ({pct['kiln']:.0f}%) | {us['eager']:.1f} "
+            f"| {us['compiled']:.1f} ({pct['compiled']:.0f}%) | {r['speedup_vs_best_peer']:.2f}x "
+            f"| {r['max_rel_err_vs_fp64']:.1e} |")
+    slower = [r for r in rows if r["speedup_vs_best_peer"] < 1.0]
+    lines += ["", f"kiln slower than the best peer on {len(slower)} of {len(rows)} shapes" +
+              (": " + ", ".join(f"{r['form']} {r['tokens']}x{r['width']} ({r['speedup_vs_best_peer']:.2f}x)"
+                                for r in slower) if slower else ""),
+              "", "Host overhead per call (1x8192, us): " +
+              ", ".join(f"{k} {v:.1f}" for k, v in overhead.items())]
+    table = "\n".join(lines)
+    with open(os.path.join(args.out, f"activations-{stamp}.md"), "w") as f:
+        f.write(table + "\n")
+    print(table)
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default="bench/results")
     parser.add_argument("--quick", action="store_true", help="tokens 1,128,4096 x widths 8192,14336,28672")
-    parser.add_argument("--forms", default="swiglu,swiglu_packed,geglu,gelu,gated_residual")
+    parser.add_argument("--forms", default="swiglu,swiglu_packed,gated_residual,geglu,gelu")
     args = parser.parse_args()
 
     os.environ["KILN_CACHE_DIR"] = tempfile.mkdtemp(prefix="kiln-bench-")
@@ -104,6 +138,17 @@ def main():
     copy_gbs = common.copy_bandwidth_gbs()
     tokens_list = QUICK_TOKENS if args.quick else TOKENS
     widths = QUICK_WIDTHS if args.quick else WIDTHS
+    g = torch.randn(1, 8192, device="cuda", dtype=torch.bfloat16)
+    u = torch.randn(1, 8192, device="cuda", dtype=torch.bfloat16)
+    compiled_swiglu = torch.compile(eager_swiglu, dynamic=False)
+    swiglu_op = torch.ops.kiln.swiglu.default
+    overhead = {
+        "x.add(x)": common.host_overhead_us(lambda: g.add(g)),
+        "eager F.silu(g) * u": common.host_overhead_us(lambda: eager_swiglu(g, u)),
+        "torch.compile of it": common.host_overhead_us(lambda: compiled_swiglu(g, u)),
+        "kiln.swiglu": common.host_overhead_us(lambda: kiln.swiglu(g, u)),
+        "torch.ops.kiln.swiglu.default": common.host_overhead_us(lambda: swiglu_op(g, u, False)),
+    }
     tune_dir = os.path.join(kiln.settings()["cache_dir"], "v1", "tune",
                             kiln.device_info(0)["fingerprint"])
     seen = set()
@@ -136,48 +181,7 @@ def main():
                 print(f"{form} {tokens}x{width}: " + ", ".join(
                     f"{k} {v * 1e3:.1f} us" for k, v in times.items()), flush=True)
                 del inputs, out, expected
-
-    g = torch.randn(1, 8192, device="cuda", dtype=torch.bfloat16)
-    u = torch.randn(1, 8192, device="cuda", dtype=torch.bfloat16)
-    compiled_swiglu = torch.compile(eager_swiglu, dynamic=False)
-    swiglu_op = torch.ops.kiln.swiglu.default
-    overhead = {
-        "x.add(x)": common.host_overhead_us(lambda: g.add(g)),
-        "eager F.silu(g) * u": common.host_overhead_us(lambda: eager_swiglu(g, u)),
-        "torch.compile of it": common.host_overhead_us(lambda: compiled_swiglu(g, u)),
-        "kiln.swiglu": common.host_overhead_us(lambda: kiln.swiglu(g, u)),
-        "torch.ops.kiln.swiglu.default": common.host_overhead_us(lambda: swiglu_op(g, u, False)),
-    }
-    result = {"environment": env, "copy_gbs": copy_gbs, "activations_bf16": rows,
-              "host_overhead_us": overhead, "kiln_settings": kiln.settings(),
-              "kiln_device": kiln.device_info(0)}
-    stamp = f"{env['date']}-{env['device'].replace(' ', '_')}"
-    common.write_json(os.path.join(args.out, f"activations-{stamp}.json"), result)
-
-    lines = [
-        f"Activations bf16, {env['device']} ({env['sm']}), {env['date']}, torch "
-        f"{env['versions']['torch']}, triton {env['versions'].get('triton', '-')}; copy {copy_gbs:.0f} GB/s",
-        "",
-        "| op | tokens x width | MB moved | kiln us (% copy) | eager us | torch.compile us (% copy) | kiln vs best | max rel err |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
-    ]
-    for r in rows:
-        us, pct = r["us"], r["pct_of_copy"]
-        lines.append(
-            f"| {r['form']} | {r['tokens']}x{r['width']} | {r['bytes'] / 1e6:.1f} "
-            f"| {us['kiln']:.1f} ({pct['kiln']:.0f}%) | {us['eager']:.1f} "
-            f"| {us['compiled']:.1f} ({pct['compiled']:.0f}%) | {r['speedup_vs_best_peer']:.2f}x "
-            f"| {r['max_rel_err_vs_fp64']:.1e} |")
-    slower = [r for r in rows if r["speedup_vs_best_peer"] < 1.0]
-    lines += ["", f"kiln slower than the best peer on {len(slower)} of {len(rows)} shapes" +
-              (": " + ", ".join(f"{r['form']} {r['tokens']}x{r['width']} ({r['speedup_vs_best_peer']:.2f}x)"
-                                for r in slower) if slower else ""),
-              "", "Host overhead per call (1x8192, us): " +
-              ", ".join(f"{k} {v:.1f}" for k, v in overhead.items())]
-    table = "\n".join(lines)
-    with open(os.path.join(args.out, f"activations-{stamp}.md"), "w") as f:
-        f.write(table + "\n")
-    print(table)
+        write_results(args, env, copy_gbs, rows, overhead, kiln)
 
 
 if __name__ == "__main__":
