@@ -38,7 +38,8 @@ CompileRequest make_compile_request(const SpecialisationSpec& spec) {
   request.problem.op = *op;
   request.problem.dtype = *dtype;
   request.problem.hidden = spec.hidden;
-  request.problem.flags = spec.flags ? *spec.flags : (spec.weight ? kRmsNormHasWeight : 0u);
+  request.problem.flags =
+      spec.flags.value_or(*op == Op::rms_norm && spec.weight ? kRmsNormHasWeight : 0u);
   request.problem.align = spec.align;
   request.sm = spec.sm;
   request.format = spec.format;

@@ -17,8 +17,9 @@ struct SpecialisationSpec {
   std::string_view op = "rms_norm";
   std::string_view dtype = "bf16";
   std::int64_t hidden = 0;
-  bool weight = true;                  // rms_norm's has-weight bit, when flags is absent
-  std::optional<std::uint32_t> flags;  // the family's Problem::flags bits
+  bool weight = true;
+  // Problem::flags as given; when absent, rms_norm's has-weight bit from `weight` (0 for others).
+  std::optional<std::uint32_t> flags;
   std::uint32_t align = 16;
   int sm = 90;
   BinaryFormat format = BinaryFormat::cubin;

@@ -1,6 +1,7 @@
 #include <string>
 
 #include "cache/error.h"
+#include "templates/elementwise_family.h"
 #include "templates/family.h"
 #include "templates/norm_family.h"
 #include "templates/rms_norm_family.h"
@@ -14,9 +15,15 @@ const NormFamily kLayerNorm(Op::layer_norm);
 const NormFamily kAdaLn(Op::adaln);
 const NormFamily kGatedAdaLn(Op::gated_adaln);
 
-// Every op has exactly one family; the list is short, so lookup is a scan. One line each.
+const ElementwiseFamily kSwiglu{Op::swiglu};
+const ElementwiseFamily kGeglu{Op::geglu};
+const ElementwiseFamily kGelu{Op::gelu};
+const ElementwiseFamily kGatedResidual{Op::gated_residual};
+
+// Every op has exactly one family; the list is short, so lookup is a scan.
 constexpr const Family* kFamilies[] = {
-    &kRmsNorm, &kFusedAddRmsNorm, &kLayerNorm, &kAdaLn, &kGatedAdaLn,
+    &kRmsNorm, &kFusedAddRmsNorm, &kLayerNorm, &kAdaLn,         &kGatedAdaLn,
+    &kSwiglu,  &kGeglu,           &kGelu,      &kGatedResidual,
 };
 
 }  // namespace

@@ -43,7 +43,8 @@ py::dict device_dict(const jit::DeviceInfo& info) {
 
 py::dict compile_one(const std::string& op, const std::string& dtype, std::int64_t hidden,
                      const std::string& arch, bool weight, const std::string& format,
-                     std::uint32_t align, const py::object& config) {
+                     std::uint32_t align, const py::object& config,
+                     std::optional<std::uint32_t> flags) {
   if (format != "ptx" && format != "cubin") {
     throw ArgumentError("compile", "format", "ptx or cubin", "'" + format + "'");
   }
@@ -52,6 +53,7 @@ py::dict compile_one(const std::string& op, const std::string& dtype, std::int64
   spec.dtype = dtype;
   spec.hidden = hidden;
   spec.weight = weight;
+  spec.flags = flags;
   spec.align = align;
   spec.sm = jit::parse_arch(arch);
   spec.format = format == "ptx" ? jit::BinaryFormat::ptx : jit::BinaryFormat::cubin;
@@ -61,6 +63,12 @@ py::dict compile_one(const std::string& op, const std::string& dtype, std::int64
     chosen.vec_bytes = items["vec_bytes"].cast<int>();
     chosen.threads_per_row = items["threads_per_row"].cast<int>();
     chosen.cta_threads = items["cta_threads"].cast<int>();
+    for (const auto& [key, value] : items) {  // the rest are the family's extra tunables
+      const auto name = key.cast<std::string>();
+      if (name != "vec_bytes" && name != "threads_per_row" && name != "cta_threads") {
+        chosen.extra[name] = value.cast<std::int64_t>();
+      }
+    }
     spec.config = chosen;
   }
   const jit::CompileRequest request = jit::make_compile_request(spec);
@@ -148,7 +156,7 @@ PYBIND11_MODULE(_C, m) {
         [](int ordinal) { return device_dict(kiln::jit::Runtime::get().device(ordinal)); });
   m.def("compile", &compile_one, py::arg("op"), py::arg("dtype"), py::arg("hidden"),
         py::arg("arch"), py::arg("weight") = true, py::arg("format") = "ptx", py::arg("align") = 16,
-        py::arg("config") = py::none());
+        py::arg("config") = py::none(), py::arg("flags") = py::none());
   m.def("settings", &settings_dict);
   m.def("set_settings", &set_settings, py::arg("cache_dir") = py::none(),
         py::arg("cache_mode") = py::none(), py::arg("tune_mode") = py::none(),

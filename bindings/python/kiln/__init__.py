@@ -13,11 +13,13 @@ from . import _library_paths
 from . import _C
 from . import _fakes  # noqa: F401  (registers the fake implementations)
 from . import _fakes_norm  # noqa: F401
+from . import _fakes_activation  # noqa: F401
 from ._api import compile, configure, device_count, device_info, settings, stats
 from ._api import (cache_clear, cache_export, cache_import, cache_ls, cache_stats, cache_trim,
                    cache_verify, prewarm)
 from .ops import rms_norm
 from .norm_ops import ada_values, adaln, fused_add_rms_norm, fused_add_rms_norm_, gated_adaln, layer_norm
+from .activation_ops import gated_residual, gated_residual_, geglu, gelu, swiglu
 
 _library_paths.register(_C)
 
@@ -43,6 +45,11 @@ __all__ = [
     "layer_norm",
     "prewarm",
     "rms_norm",
+    "swiglu",
+    "geglu",
+    "gelu",
+    "gated_residual",
+    "gated_residual_",
     "settings",
     "stats",
 ]

@@ -24,13 +24,15 @@ def device_info(device: int = 0) -> dict:
 
 def compile(op: str = "rms_norm", dtype: str = "bf16", hidden: int = 4096, arch: str = "sm_90",
             weight: bool = True, format: str = "ptx", align: int = 16,
-            config: Optional[dict] = None) -> dict:
+            config: Optional[dict] = None, flags: Optional[int] = None) -> dict:
     """Compile one specialisation with NVRTC (no GPU needed), through the disk cache.
 
     Returns a dict with the binary (PTX text or cubin bytes), its cache key, the kernel's
     name expression and lowered name, the config used (the family's heuristic unless
-    ``config`` gives vec_bytes, threads_per_row and cta_threads), and the compile time."""
-    return _C.compile(op, dtype, hidden, arch, weight, format, align, config)
+    ``config`` gives vec_bytes, threads_per_row and cta_threads, plus the family's extra
+    tunables), and the compile time. ``flags`` sets the problem's family bits (see the
+    family's header); without it, ``weight`` gives rms_norm's."""
+    return _C.compile(op, dtype, hidden, arch, weight, format, align, config, flags)
 
 
 def settings() -> dict:

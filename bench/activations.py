@@ -1,0 +1,188 @@
+"""Activations: kiln's swiglu, geglu, gelu and gated_residual beside the eager formula and
+torch.compile of it (dynamic=False), bf16, on the issue's grid of tokens x widths; with the
+copy-bandwidth ceiling measured in the same run and the host overhead of one call.
+
+Usage: python bench/activations.py [--out DIR] [--quick] [--forms swiglu,gelu,...]
+Writes DIR/activations-<date>-<device>.json and .md; prints the table last."""
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(__file__))
+import common  # noqa: E402
+
+TOKENS = [1, 128, 4096, 16384]
+WIDTHS = [8192, 8960, 11008, 12288, 13824, 14336, 18944, 28672]
+QUICK_TOKENS = [1, 128, 4096]
+QUICK_WIDTHS = [8192, 14336, 28672]
+
+
+def eager_swiglu(gate, up):
+    return F.silu(gate) * up
+
+
+def eager_swiglu_packed(gate_up):
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+def eager_geglu(gate, up):
+    return F.gelu(gate, approximate="tanh") * up
+
+
+def eager_gelu(x):
+    return F.gelu(x, approximate="tanh")
+
+
+def eager_gated_residual(h, y, gate):
+    return h + y * gate
+
+
+def make_form(name, tokens, width):
+    """(kiln call, eager function, its arguments, bytes that must move)."""
+    import kiln
+
+    def r(*shape):
+        return torch.randn(shape, device="cuda", dtype=torch.bfloat16)
+
+    n = tokens * width * 2  # bytes of one [tokens, width] bf16 tensor
+    if name == "swiglu":
+        g, u = r(tokens, width), r(tokens, width)
+        return (lambda: kiln.swiglu(g, u)), eager_swiglu, (g, u), 3 * n
+    if name == "swiglu_packed":
+        p = r(tokens, 2 * width)
+        return (lambda: kiln.swiglu(p)), eager_swiglu_packed, (p,), 3 * n
+    if name == "geglu":
+        g, u = r(tokens, width), r(tokens, width)
+        return (lambda: kiln.geglu(g, u)), eager_geglu, (g, u), 3 * n
+    if name == "gelu":
+        x = r(tokens, width)
+        return (lambda: kiln.gelu(x)), eager_gelu, (x,), 2 * n
+    if name == "gated_residual":  # DiT: [B, T, D] with a gate per sample
+        batch = 2 if tokens % 2 == 0 else 1
+        h, y = r(batch, tokens // batch, width), r(batch, tokens // batch, width)
+        gate = r(batch, 1, width)
+        return (lambda: kiln.gated_residual(h, y, gate)), eager_gated_residual, (h, y, gate), \
+            3 * n + gate.numel() * 2
+    raise ValueError(f"unknown form {name}")
+
+
+def tuned_configs(tune_dir, seen):
+    """The winners of the tunes stored since the last call: {file name: reason}."""
+    found = {}
+    for name in sorted(os.listdir(tune_dir)) if os.path.isdir(tune_dir) else []:
+        if name in seen:
+            continue
+        seen.add(name)
+        with open(os.path.join(tune_dir, name)) as f:
+            found[name] = json.load(f).get("reason", "")
+    return found
+
+
+def write_results(args, env, copy_gbs, rows, overhead, kiln):
+    """Written after every form, so a run cut short keeps what it measured."""
+    result = {"environment": env, "copy_gbs": copy_gbs, "activations_bf16": rows,
+              "host_overhead_us": overhead, "kiln_settings": kiln.settings(),
+              "kiln_device": kiln.device_info(0)}
+    stamp = f"{env['date']}-{env['device'].replace(' ', '_')}"
+    common.write_json(os.path.join(args.out, f"activations-{stamp}.json"), result)
+
+    lines = [
+        f"Activations bf16, {env['device']} ({env['sm']}), {env['date']}, torch "
+        f"{env['versions']['torch']}, triton {env['versions'].get('triton', '-')}; copy {copy_gbs:.0f} GB/s",
+        "",
+        "| op | tokens x width | MB moved | kiln us (% copy) | eager us | torch.compile us (% copy) | kiln vs best | max rel err |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in rows:
+        us, pct = r["us"], r["pct_of_copy"]
+        lines.append(
+            f"| {r['form']} | {r['tokens']}x{r['width']} | {r['bytes'] / 1e6:.1f} "
+            f"| {us['kiln']:.1f} ({pct['kiln']:.0f}%) | {us['eager']:.1f} "
+            f"| {us['compiled']:.1f} ({pct['compiled']:.0f}%) | {r['speedup_vs_best_peer']:.2f}x "
+            f"| {r['max_rel_err_vs_fp64']:.1e} |")
+    slower = [r for r in rows if r["speedup_vs_best_peer"] < 1.0]
+    lines += ["", f"kiln slower than the best peer on {len(slower)} of {len(rows)} shapes" +
+              (": " + ", ".join(f"{r['form']} {r['tokens']}x{r['width']} ({r['speedup_vs_best_peer']:.2f}x)"
+                                for r in slower) if slower else ""),
+              "", "Host overhead per call (1x8192, us): " +
+              ", ".join(f"{k} {v:.1f}" for k, v in overhead.items())]
+    table = "\n".join(lines)
+    with open(os.path.join(args.out, f"activations-{stamp}.md"), "w") as f:
+        f.write(table + "\n")
+    print(table)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", default="bench/results")
+    parser.add_argument("--quick", action="store_true", help="tokens 1,128,4096 x widths 8192,14336,28672")
+    parser.add_argument("--forms", default="swiglu,swiglu_packed,gated_residual,geglu,gelu")
+    args = parser.parse_args()
+
+    os.environ["KILN_CACHE_DIR"] = tempfile.mkdtemp(prefix="kiln-bench-")
+    import kiln
+
+    kiln.configure(cache_dir=os.environ["KILN_CACHE_DIR"])
+    import torch._dynamo
+    for name in ("cache_size_limit", "recompile_limit"):
+        if hasattr(torch._dynamo.config, name):
+            setattr(torch._dynamo.config, name, 1024)
+    env = common.environment()
+    copy_gbs = common.copy_bandwidth_gbs()
+    tokens_list = QUICK_TOKENS if args.quick else TOKENS
+    widths = QUICK_WIDTHS if args.quick else WIDTHS
+    g = torch.randn(1, 8192, device="cuda", dtype=torch.bfloat16)
+    u = torch.randn(1, 8192, device="cuda", dtype=torch.bfloat16)
+    compiled_swiglu = torch.compile(eager_swiglu, dynamic=False)
+    swiglu_op = torch.ops.kiln.swiglu.default
+    overhead = {
+        "x.add(x)": common.host_overhead_us(lambda: g.add(g)),
+        "eager F.silu(g) * u": common.host_overhead_us(lambda: eager_swiglu(g, u)),
+        "torch.compile of it": common.host_overhead_us(lambda: compiled_swiglu(g, u)),
+        "kiln.swiglu": common.host_overhead_us(lambda: kiln.swiglu(g, u)),
+        "torch.ops.kiln.swiglu.default": common.host_overhead_us(lambda: swiglu_op(g, u, False)),
+    }
+    tune_dir = os.path.join(kiln.settings()["cache_dir"], "v1", "tune",
+                            kiln.device_info(0)["fingerprint"])
+    seen = set()
+    rows = []
+    for form in args.forms.split(","):
+        compiled = torch.compile(make_form(form, 1, 8)[1], dynamic=False)
+        for tokens in tokens_list:
+            for width in widths:
+                kiln_call, eager, inputs, moved = make_form(form, tokens, width)
+                with torch.no_grad():
+                    expected = eager(*[t.double() for t in inputs])
+                    out = kiln_call()
+                    err = ((out.double() - expected).abs() /
+                           expected.abs().clamp_min(1)).max().item()
+                    times = {
+                        "kiln": common.bench_ms(kiln_call),
+                        "eager": common.bench_ms(lambda: eager(*inputs)),
+                        "compiled": common.bench_ms(lambda: compiled(*inputs)),
+                    }
+                best_peer = min(times["eager"], times["compiled"])
+                rows.append({
+                    "form": form, "tokens": tokens, "width": width, "bytes": moved,
+                    "us": {k: v * 1e3 for k, v in times.items()},
+                    "pct_of_copy": {k: 100 * moved / (v * 1e-3) / 1e9 / copy_gbs
+                                    for k, v in times.items()},
+                    "speedup_vs_best_peer": best_peer / times["kiln"],
+                    "max_rel_err_vs_fp64": err,
+                    "kiln_tuned": tuned_configs(tune_dir, seen),
+                })
+                print(f"{form} {tokens}x{width}: " + ", ".join(
+                    f"{k} {v * 1e3:.1f} us" for k, v in times.items()), flush=True)
+                del inputs, out, expected
+        write_results(args, env, copy_gbs, rows, overhead, kiln)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,53 @@
+"""Python spellings of kiln's activation ops (each one call of ``torch.ops.kiln.*``).
+
+Math in fp32, rounded once; the output has the inputs' dtype, which every input must share,
+and is a new contiguous tensor (except ``gated_residual_``, which writes into ``h``). Inputs
+of any leading shape and non-contiguous inputs are accepted; every input must be on one
+device. ``approximate`` is ``"tanh"`` or ``"none"`` (erf), as ``F.gelu`` spells it; note
+that kiln's default is ``"tanh"`` (the form LTX-Video, FLUX and GPT-style MLPs use), while
+``F.gelu``'s is ``"none"``.
+"""
+
+from typing import Optional
+
+import torch
+
+# Resolved overloads: calling them skips the packet's overload lookup on every call.
+_swiglu = torch.ops.kiln.swiglu.default
+_geglu = torch.ops.kiln.geglu.default
+_gelu = torch.ops.kiln.gelu.default
+_gated_residual = torch.ops.kiln.gated_residual.default
+_gated_residual_ = torch.ops.kiln.gated_residual_.default
+
+
+def swiglu(gate: torch.Tensor, up: Optional[torch.Tensor] = None, up_first: bool = False) -> torch.Tensor:
+    """``F.silu(gate) * up``.
+
+    With ``up=None``, ``gate`` is one packed ``[..., 2I]`` tensor (a fused gate_up
+    projection) whose first half is the gate and second half up (the other way round when
+    ``up_first``); the output is ``[..., I]``."""
+    return _swiglu(gate, up, up_first)
+
+
+def geglu(gate: torch.Tensor, up: Optional[torch.Tensor] = None, approximate: str = "tanh",
+          up_first: bool = False) -> torch.Tensor:
+    """``F.gelu(gate, approximate=approximate) * up``; ``up=None`` as in :func:`swiglu`."""
+    return _geglu(gate, up, approximate, up_first)
+
+
+def gelu(x: torch.Tensor, bias: Optional[torch.Tensor] = None, approximate: str = "tanh") -> torch.Tensor:
+    """``F.gelu(x + bias, approximate=approximate)``; ``bias`` has shape ``[x.shape[-1]]``."""
+    return _gelu(x, bias, approximate)
+
+
+def gated_residual(h: torch.Tensor, y: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    """``h + y * gate`` (the DiT gated residual). ``y`` has h's shape; ``gate`` has h's shape
+    (a gate per token), or ``[B, 1, ..., 1, D]`` (per sample) or ``[1, ..., 1, D]`` / ``[D]``
+    (one gate for all)."""
+    return _gated_residual(h, y, gate)
+
+
+def gated_residual_(h: torch.Tensor, y: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    """:func:`gated_residual` written into ``h``; returns ``h``."""
+    _gated_residual_(h, y, gate)
+    return h

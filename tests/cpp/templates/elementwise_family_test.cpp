@@ -1,0 +1,267 @@
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "cache/error.h"
+#include "templates/elementwise_family.h"
+#include "templates/family.h"
+#include "templates/kiln/elementwise_params.cuh"
+
+using kiln::Config;
+using kiln::DeviceTraits;
+using kiln::DType;
+using kiln::Op;
+using kiln::Problem;
+
+namespace {
+
+constexpr Op kOps[] = {Op::swiglu, Op::geglu, Op::gelu, Op::gated_residual};
+constexpr DType kDTypes[] = {DType::f32, DType::f16, DType::bf16};
+constexpr std::int64_t kWidths[] = {1, 7, 768, 4545, 8192, 8960, 11008, 14336, 18944, 28672};
+constexpr int kArchs[] = {75, 80, 90};
+
+Problem problem(Op op, DType dtype, std::int64_t hidden, std::uint32_t flags = 0,
+                std::uint32_t align = 16) {
+  return Problem{op, dtype, hidden, flags, align};
+}
+
+// Every flag combination the op accepts.
+std::vector<std::uint32_t> flag_sets(Op op) {
+  const auto& f = static_cast<const kiln::ElementwiseFamily&>(kiln::family(op));
+  std::vector<std::uint32_t> sets;
+  for (std::uint32_t flags = 0; flags < 32; ++flags) {
+    if ((flags & ~f.allowed_flags()) != 0) continue;
+    const bool flat = (flags & kiln::kElementwiseFlat) != 0;
+    if (flat && (flags & (kiln::kGeluHasBias | kiln::kGatePerSample)) != 0) continue;
+    sets.push_back(flags);
+  }
+  return sets;
+}
+
+Config config(int vec, int cta, std::int64_t unroll, std::int64_t max_ctas) {
+  Config c;
+  c.vec_bytes = vec;
+  c.threads_per_row = 1;
+  c.cta_threads = cta;
+  c.extra["unroll"] = unroll;
+  c.extra["max_ctas"] = max_ctas;
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("the registry serves one elementwise family per activation op") {
+  const auto all = kiln::families();
+  for (Op op : kOps) {
+    const kiln::Family& f = kiln::family(op);
+    CHECK(f.op() == op);
+    CHECK(f.header() == "kiln/elementwise.cuh");
+    CHECK(std::count(all.begin(), all.end(), &f) == 1);
+  }
+  CHECK(kiln::family(Op::swiglu).name() == "swiglu");
+  CHECK(kiln::family(Op::gated_residual).name() == "gated_residual");
+  CHECK_THROWS_AS(kiln::ElementwiseFamily(Op::rms_norm), kiln::Error);
+}
+
+TEST_CASE("check rejects what cannot be specialised") {
+  const kiln::Family& swiglu = kiln::family(Op::swiglu);
+  const kiln::Family& gelu = kiln::family(Op::gelu);
+  CHECK_NOTHROW(swiglu.check(problem(Op::swiglu, DType::bf16, 1)));
+  CHECK_THROWS_WITH_AS(swiglu.check(problem(Op::swiglu, DType::bf16, 0)),
+                       "kiln.swiglu: hidden: expected a row width in [1, 16777216], got 0",
+                       kiln::ArgumentError);
+  CHECK_THROWS_AS(swiglu.check(problem(Op::gelu, DType::bf16, 8)), kiln::ArgumentError);
+  CHECK_THROWS_WITH_AS(swiglu.check(problem(Op::swiglu, DType::bf16, 8, kiln::kGeluErf)),
+                       doctest::Contains("flags"), kiln::ArgumentError);
+  CHECK_THROWS_AS(swiglu.check(problem(Op::swiglu, DType::bf16, 8, 0, 3)), kiln::ArgumentError);
+  // A broadcast operand has no flat layout.
+  CHECK_THROWS_WITH_AS(
+      gelu.check(problem(Op::gelu, DType::bf16, 8, kiln::kElementwiseFlat | kiln::kGeluHasBias)),
+      doctest::Contains("broadcast"), kiln::ArgumentError);
+  CHECK_THROWS_AS(kiln::family(Op::gated_residual)
+                      .check(problem(Op::gated_residual, DType::bf16, 8,
+                                     kiln::kElementwiseFlat | kiln::kGatePerSample)),
+                  kiln::ArgumentError);
+}
+
+TEST_CASE("space is non-empty and valid, and holds the heuristic, for every problem class") {
+  for (int sm : kArchs) {
+    const DeviceTraits device = DeviceTraits::for_arch(sm);
+    for (Op op : kOps) {
+      const kiln::Family& f = kiln::family(op);
+      for (DType dtype : kDTypes) {
+        for (std::int64_t width : kWidths) {
+          for (std::uint32_t flags : flag_sets(op)) {
+            for (std::uint32_t align : {16u, 4u, 2u}) {
+              const Problem p = problem(op, dtype, width, flags, align);
+              CAPTURE(p.key());
+              CAPTURE(sm);
+              const std::vector<Config> space = f.space(p, device);
+              REQUIRE_FALSE(space.empty());
+              std::set<std::string> keys;
+              for (const Config& c : space) {
+                CAPTURE(c.key());
+                CHECK(f.invalid_reason(p, c, device) == "");
+                CHECK(keys.insert(c.key()).second);
+                CHECK(c.threads_per_row == 1);
+                CHECK(c.vec_bytes == space.front().vec_bytes);
+              }
+              const Config h = f.heuristic(p, device);
+              CHECK(std::find(space.begin(), space.end(), h) != space.end());
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("the vector is the widest the alignment and the layout allow") {
+  const kiln::Family& f = kiln::family(Op::swiglu);
+  const DeviceTraits h100 = DeviceTraits::for_arch(90);
+  auto vec = [&](const Problem& p) { return f.heuristic(p, h100).vec_bytes; };
+  CHECK(vec(problem(Op::swiglu, DType::bf16, 14336)) == 16);
+  CHECK(vec(problem(Op::swiglu, DType::f32, 14336)) == 16);
+  // Rows of 4545 bf16 are not whole 16-, 8- or 4-byte vectors; flat, the width does not matter.
+  CHECK(vec(problem(Op::swiglu, DType::bf16, 4545)) == 2);
+  CHECK(vec(problem(Op::swiglu, DType::bf16, 4545, kiln::kElementwiseFlat)) == 16);
+  CHECK(vec(problem(Op::swiglu, DType::bf16, 4546)) == 4);
+  CHECK(vec(problem(Op::swiglu, DType::bf16, 4096, 0, 8)) == 8);
+  // An fp32 element is 4-byte aligned whatever smaller alignment was reported.
+  CHECK(vec(problem(Op::swiglu, DType::f32, 4096, 0, 2)) == 4);
+}
+
+TEST_CASE("invalid_reason explains each broken rule") {
+  const kiln::Family& f = kiln::family(Op::gated_residual);
+  const DeviceTraits h100 = DeviceTraits::for_arch(90);
+  const Problem p = problem(Op::gated_residual, DType::bf16, 4096);
+  const std::int64_t wave = kiln::ElementwiseFamily::wave_ctas(h100, 256);
+  CHECK(wave == 132 * 8);
+  CHECK(f.invalid_reason(p, config(16, 256, 2, 0), h100) == "");
+  CHECK(f.invalid_reason(p, config(16, 256, 2, wave), h100) == "");
+  CHECK(f.invalid_reason(p, config(8, 256, 2, 0), h100).find("widest") != std::string::npos);
+  CHECK(f.invalid_reason(p, config(16, 96, 2, 0), h100).find("cta_threads 96") == 0);
+  CHECK(f.invalid_reason(p, config(16, 256, 3, 0), h100).find("unroll 3") == 0);
+  CHECK(f.invalid_reason(p, config(16, 256, 2, 7), h100).find("max_ctas 7") == 0);
+  // 3 operands x 8 steps x 4 words is too much for the 64 registers of a 1024-thread CTA.
+  CHECK(f.invalid_reason(p, config(16, 1024, 8, 0), h100).find("registers") != std::string::npos);
+  Config split = config(16, 256, 2, 0);
+  split.threads_per_row = 32;
+  CHECK(f.invalid_reason(p, split, h100).find("threads_per_row") == 0);
+  Config unknown = config(16, 256, 2, 0);
+  unknown.extra["cluster"] = 2;
+  CHECK(f.invalid_reason(p, unknown, h100).find("cluster") != std::string::npos);
+  DeviceTraits small = h100;
+  small.max_threads_per_block = 512;
+  CHECK(f.invalid_reason(p, config(16, 1024, 1, 0), small).find("512 threads per block") !=
+        std::string::npos);
+}
+
+TEST_CASE("name_expression spells the kernel and its op") {
+  const Config c = config(16, 256, 2, 0);
+  CHECK(kiln::family(Op::swiglu)
+            .name_expression(problem(Op::swiglu, DType::bf16, 14336, kiln::kElementwiseFlat), c) ==
+        "kiln::elementwise<kiln::bf16, 14336, 16, 256, 2, true, kiln::SiluMul>");
+  CHECK(kiln::family(Op::geglu).name_expression(
+            problem(Op::geglu, DType::f16, 8192, kiln::kGeluErf), c) ==
+        "kiln::elementwise<kiln::f16, 8192, 16, 256, 2, false, kiln::GeluMul<true>>");
+  CHECK(kiln::family(Op::gelu).name_expression(
+            problem(Op::gelu, DType::f32, 3072, kiln::kGeluHasBias), config(16, 128, 4, 0)) ==
+        "kiln::elementwise<float, 3072, 16, 128, 4, false, kiln::BiasGelu<false, true>>");
+  CHECK(kiln::family(Op::gated_residual)
+            .name_expression(problem(Op::gated_residual, DType::bf16, 2048,
+                                     kiln::kGatePerSample | kiln::kGatedResidualInPlace),
+                             c) ==
+        "kiln::elementwise<kiln::bf16, 2048, 16, 256, 2, false, kiln::GatedResidual<true, true>>");
+}
+
+TEST_CASE("geometry covers every vector once, or caps the grid at one wave") {
+  const kiln::Family& f = kiln::family(Op::swiglu);
+  const DeviceTraits h100 = DeviceTraits::for_arch(90);
+  for (const Problem& p : {problem(Op::swiglu, DType::bf16, 14336),
+                           problem(Op::swiglu, DType::bf16, 4545, kiln::kElementwiseFlat),
+                           problem(Op::swiglu, DType::f32, 7)}) {
+    for (const Config& c : f.space(p, h100)) {
+      for (std::int64_t rows : {1, 7, 128, 4096, 16384}) {
+        CAPTURE(c.key());
+        CAPTURE(rows);
+        const kiln::LaunchGeometry g = f.geometry(p, c, rows);
+        const std::int64_t unroll = c.extra.at("unroll");
+        const std::int64_t max_ctas = c.extra.at("max_ctas");
+        const std::int64_t vectors = kiln::ElementwiseFamily::vectors(p, c.vec_bytes, rows);
+        const std::int64_t per_cta = c.cta_threads * unroll;
+        CHECK(g.block[0] == static_cast<std::uint32_t>(c.cta_threads));
+        const std::int64_t grid = g.grid[0];
+        CHECK(grid >= 1);
+        if (max_ctas == 0 || (vectors + per_cta - 1) / per_cta <= max_ctas) {
+          CHECK(grid * per_cta >= vectors);
+          CHECK((grid - 1) * per_cta < std::max<std::int64_t>(vectors, 1));
+        } else {
+          CHECK(grid == max_ctas);
+        }
+      }
+    }
+  }
+  // Flat: rows * width elements in whole vectors, the partial last one done apart.
+  CHECK(kiln::ElementwiseFamily::vectors(
+            problem(Op::swiglu, DType::bf16, 4545, kiln::kElementwiseFlat), 16, 3) == 3 * 4545 / 8);
+  CHECK(kiln::ElementwiseFamily::vectors(problem(Op::swiglu, DType::bf16, 4096), 16, 3) == 3 * 512);
+}
+
+TEST_CASE("buffers, bytes_moved and pack_params describe a stand-alone run") {
+  const std::int64_t rows = 10;
+  const auto swiglu = kiln::family(Op::swiglu).buffers(problem(Op::swiglu, DType::bf16, 64), rows);
+  REQUIRE(swiglu.size() == 3);
+  CHECK(swiglu[0].name == "gate");
+  CHECK(swiglu[1].name == "up");
+  CHECK(swiglu[2].is_output);
+  CHECK(kiln::family(Op::swiglu).bytes_moved(problem(Op::swiglu, DType::bf16, 64), rows) ==
+        3 * rows * 64 * 2);
+
+  const Problem bias = problem(Op::gelu, DType::f32, 64, kiln::kGeluHasBias);
+  const auto gelu = kiln::family(Op::gelu).buffers(bias, rows);
+  REQUIRE(gelu.size() == 3);
+  CHECK(gelu[1].name == "bias");
+  CHECK(gelu[1].elements == 64);
+  CHECK(kiln::family(Op::gelu).bytes_moved(bias, rows) == (2 * rows * 64 + 64) * 4);
+  CHECK(kiln::family(Op::gelu).buffers(problem(Op::gelu, DType::f32, 64), rows).size() == 2);
+
+  const Problem per_sample = problem(Op::gated_residual, DType::bf16, 64, kiln::kGatePerSample);
+  const auto gr = kiln::family(Op::gated_residual).buffers(per_sample, 600);
+  REQUIRE(gr.size() == 4);
+  CHECK(gr[2].name == "gate");
+  CHECK(gr[2].elements == 3 * 64);  // ceil(600 / 256) samples
+
+  const std::uint64_t addresses[] = {0x1000, 0x2000, 0x3000, 0x4000};
+  const std::vector<std::byte> bytes =
+      kiln::family(Op::gated_residual).pack_params(per_sample, 600, addresses);
+  REQUIRE(bytes.size() == sizeof(kiln::ElementwiseParams));
+  kiln::ElementwiseParams params;
+  std::memcpy(&params, bytes.data(), sizeof(params));
+  CHECK(reinterpret_cast<std::uintptr_t>(params.a) == 0x1000);
+  CHECK(reinterpret_cast<std::uintptr_t>(params.b) == 0x2000);
+  CHECK(reinterpret_cast<std::uintptr_t>(params.c) == 0x3000);
+  CHECK(reinterpret_cast<std::uintptr_t>(params.out) == 0x4000);
+  CHECK(params.rows == 600);
+  CHECK(params.rows_per_sample == kiln::ElementwiseFamily::kStandaloneRowsPerSample);
+  CHECK(params.c_row_stride == 64);
+
+  const std::uint64_t two[] = {0x1000, 0x2000, 0x3000};
+  std::memcpy(&params, kiln::family(Op::gelu).pack_params(bias, 5, two).data(), sizeof(params));
+  CHECK(params.b_row_stride == 0);  // the bias is one row for all
+  CHECK(params.c == nullptr);
+  CHECK_THROWS_AS(kiln::family(Op::gelu).pack_params(bias, 5, addresses), kiln::Error);
+}
+
+TEST_CASE("common problems are valid and cover both layouts") {
+  for (Op op : kOps) {
+    const kiln::Family& f = kiln::family(op);
+    const auto problems = f.common_problems(DType::bf16, 14336);
+    CHECK(problems.size() >= 2);
+    for (const Problem& p : problems) CHECK_NOTHROW(f.check(p));
+  }
+}

@@ -1,0 +1,222 @@
+"""The activation ops' CUDA path against fp64 math on fresh random inputs, output memory
+poisoned first: the issue's grid of tokens x widths in bf16, every dtype on a subset, odd
+widths, every input form and gate broadcast, layouts, streams, graphs, compile and tuning."""
+
+import pytest
+import torch
+
+import kiln
+from activation_reference import (bias_gelu_fp64, fresh, gated_residual_fp64, geglu_fp64,
+                                  swiglu_fp64)
+from reference import assert_close_to
+
+pytestmark = pytest.mark.gpu
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+GRID_TOKENS = [1, 128, 4096]
+GRID_WIDTHS = [8192, 8960, 11008, 12288, 13824, 14336, 18944, 28672]
+ODD_WIDTHS = [1, 5, 33, 4545]
+
+
+def poison_allocator(shape, dtype):
+    """Leaves NaN in the caching allocator's free block the op's output will reuse, so an
+    element the kernel fails to write shows up as NaN."""
+    junk = torch.full(shape, float("nan"), dtype=dtype, device="cuda")
+    del junk
+
+
+@pytest.fixture(scope="module", autouse=True)
+def heuristic_configs():
+    # The grid checks every specialisation's kernel; tuning is checked separately below.
+    before = kiln.settings()
+    kiln.configure(tune="off")
+    yield
+    kiln.configure(tune=before["tune_mode"])
+
+
+def run_case(form, tokens, width, dtype, gen):
+    """One call of one op form; returns (output, fp64 reference)."""
+    def r(*shape, scale=2.0):
+        return fresh(shape, dtype, device="cuda", scale=scale, generator=gen)
+
+    out_shape = (tokens, width)
+    if form == "swiglu":
+        gate, up = r(tokens, width), r(tokens, width)
+        poison_allocator(out_shape, dtype)
+        return kiln.swiglu(gate, up), swiglu_fp64(gate, up)
+    if form == "swiglu packed":
+        packed = r(tokens, 2 * width)
+        poison_allocator(out_shape, dtype)
+        return kiln.swiglu(packed), swiglu_fp64(packed)
+    if form == "swiglu packed up_first":
+        packed = r(tokens, 2 * width)
+        poison_allocator(out_shape, dtype)
+        return kiln.swiglu(packed, up_first=True), swiglu_fp64(packed, up_first=True)
+    if form.startswith("geglu"):
+        approximate = "none" if "erf" in form else "tanh"
+        if "packed" in form:
+            gate, up = r(tokens, 2 * width), None
+        else:
+            gate, up = r(tokens, width), r(tokens, width)
+        poison_allocator(out_shape, dtype)
+        return (kiln.geglu(gate, up, approximate=approximate),
+                geglu_fp64(gate, up, approximate))
+    if form.startswith("gelu"):
+        approximate = "none" if "erf" in form else "tanh"
+        x = r(tokens, width)
+        bias = r(width, scale=0.5) if "bias" in form else None
+        poison_allocator(out_shape, dtype)
+        return kiln.gelu(x, bias, approximate=approximate), bias_gelu_fp64(x, bias, approximate)
+    # gated_residual: h as [B, T, D] with 2 samples where the tokens split evenly
+    batch = 2 if tokens % 2 == 0 else 1
+    shape = (batch, tokens // batch, width)
+    h, y = r(*shape), r(*shape)
+    gate = r(batch, 1, width, scale=0.5) if "sample" in form else r(*shape, scale=0.5)
+    ref = gated_residual_fp64(h, y, gate)
+    if "in place" in form:
+        kiln.gated_residual_(h, y, gate)
+        return h, ref
+    poison_allocator(shape, dtype)
+    return kiln.gated_residual(h, y, gate), ref
+
+
+FORMS = ["swiglu", "swiglu packed", "swiglu packed up_first", "geglu", "geglu erf packed",
+         "gelu", "gelu erf bias", "gated_residual", "gated_residual sample",
+         "gated_residual sample in place"]
+
+
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("width", GRID_WIDTHS)
+def test_grid_bf16(form, width):
+    gen = torch.Generator(device="cuda").manual_seed(width)
+    for tokens in GRID_TOKENS:
+        out, ref = run_case(form, tokens, width, torch.bfloat16, gen)
+        assert out.dtype == torch.bfloat16
+        assert_close_to(out.reshape(ref.shape), ref, torch.bfloat16)
+
+
+@pytest.mark.parametrize("form", ["swiglu", "swiglu packed", "gelu erf bias", "gated_residual sample"])
+@pytest.mark.parametrize("width", [8192, 28672])
+def test_grid_16384_tokens(form, width):
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    out, ref = run_case(form, 16384, width, torch.bfloat16, gen)
+    assert_close_to(out.reshape(ref.shape), ref, torch.bfloat16)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("form", FORMS)
+def test_other_dtypes(dtype, form):
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    for width in (8960, 14336):
+        for tokens in (1, 7, 128):
+            out, ref = run_case(form, tokens, width, dtype, gen)
+            assert out.dtype == dtype
+            assert_close_to(out.reshape(ref.shape), ref, dtype)
+
+
+@pytest.mark.parametrize("width", ODD_WIDTHS)
+@pytest.mark.parametrize("form", FORMS)
+def test_odd_widths(width, form):
+    gen = torch.Generator(device="cuda").manual_seed(width)
+    for dtype in DTYPES:
+        for tokens in (1, 2, 37):
+            out, ref = run_case(form, tokens, width, dtype, gen)
+            assert_close_to(out.reshape(ref.shape), ref, dtype)
+
+
+def test_gate_shared_by_all_rows_and_any_leading_shape():
+    for gate_shape in [(1, 1, 256), (256,)]:
+        h = fresh((3, 4, 256), torch.bfloat16, "cuda")
+        y = fresh((3, 4, 256), torch.bfloat16, "cuda")
+        gate = fresh(gate_shape, torch.bfloat16, "cuda")
+        assert_close_to(kiln.gated_residual(h, y, gate), gated_residual_fp64(h, y, gate), torch.bfloat16)
+    x = fresh((2, 3, 5, 512), torch.bfloat16, "cuda")
+    assert_close_to(kiln.swiglu(x), swiglu_fp64(x), torch.bfloat16)
+
+
+def test_non_contiguous_and_unaligned_inputs():
+    base = fresh((64, 520), torch.bfloat16, "cuda")
+    odd = base[:, 1:257]  # 2-byte aligned rows, 520 apart
+    other = fresh((64, 256), torch.bfloat16, "cuda")
+    assert_close_to(kiln.swiglu(odd, other), swiglu_fp64(odd, other), torch.bfloat16)
+    assert_close_to(kiln.gelu(odd), bias_gelu_fp64(odd), torch.bfloat16)
+    t = fresh((8, 6, 512), torch.float16, "cuda").transpose(0, 1)
+    assert_close_to(kiln.geglu(t, approximate="none"), geglu_fp64(t, None, "none"), torch.float16)
+    h = fresh((2, 8, 512), torch.bfloat16, "cuda")[:, :, :256]  # padded rows, written in place
+    y = fresh((2, 8, 256), torch.bfloat16, "cuda")
+    gate = fresh((2, 1, 256), torch.bfloat16, "cuda")
+    ref = gated_residual_fp64(h, y, gate)
+    kiln.gated_residual_(h, y, gate)
+    assert_close_to(h, ref, torch.bfloat16)
+    h = fresh((8, 2, 256), torch.bfloat16, "cuda").transpose(0, 1)  # rows do not collapse
+    ref = gated_residual_fp64(h, h * 0.5, h * 0.25)
+    kiln.gated_residual_(h, h * 0.5, h * 0.25)
+    assert_close_to(h, ref, torch.bfloat16)
+
+
+def test_zero_rows():
+    assert kiln.swiglu(torch.randn(0, 64, device="cuda")).shape == (0, 32)
+    assert kiln.gelu(torch.randn(0, 64, device="cuda")).is_cuda
+
+
+def test_mismatched_devices():
+    with pytest.raises(ValueError, match=r"kiln.swiglu: up: expected device cpu \(as gate\), got cuda:0"):
+        kiln.swiglu(torch.randn(2, 8), torch.randn(2, 8, device="cuda"))
+    with pytest.raises(ValueError, match=r"kiln.swiglu: up: expected device cuda:0 \(as gate\), got cpu"):
+        kiln.swiglu(torch.randn(2, 8, device="cuda"), torch.randn(2, 8))
+    with pytest.raises(ValueError, match=r"kiln.gelu: bias: expected device cuda:0 \(as x\), got cpu"):
+        kiln.gelu(torch.randn(2, 8, device="cuda"), torch.randn(8))
+    with pytest.raises(ValueError, match=r"kiln.gated_residual: gate: expected device cuda:0 \(as h\), got cpu"):
+        kiln.gated_residual(torch.randn(2, 8, device="cuda"), torch.randn(2, 8, device="cuda"),
+                            torch.randn(2, 8))
+
+
+def test_current_stream_and_graph_capture():
+    x = fresh((4096, 2 * 4096), torch.bfloat16, "cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        out = kiln.swiglu(x)
+    side.synchronize()
+    assert_close_to(out, swiglu_fp64(x), torch.bfloat16)
+
+    h = fresh((2, 256, 2048), torch.bfloat16, "cuda")
+    y = fresh((2, 256, 2048), torch.bfloat16, "cuda")
+    gate = fresh((2, 1, 2048), torch.bfloat16, "cuda")
+    kiln.gated_residual(h, y, gate)  # resolve outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=side):
+        captured = kiln.gated_residual(h, y, gate)
+    y.copy_(fresh(y.shape, torch.bfloat16, "cuda"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert_close_to(captured, gated_residual_fp64(h, y, gate), torch.bfloat16)
+
+
+def test_compile_fullgraph_cuda():
+    def block(h, x, gate):
+        return kiln.gated_residual(h, kiln.gelu(x + 1, approximate="tanh"), gate)
+
+    compiled = torch.compile(block, fullgraph=True)
+    for tokens in (8, 24):
+        h = fresh((2, tokens, 1024), torch.bfloat16, "cuda")
+        x = fresh((2, tokens, 1024), torch.bfloat16, "cuda")
+        gate = fresh((2, 1, 1024), torch.bfloat16, "cuda")
+        ref = gated_residual_fp64(h, bias_gelu_fp64((x + 1)), gate)
+        assert_close_to(compiled(h, x, gate), ref, torch.bfloat16)
+
+
+def test_tuned_kernels_are_correct(tmp_path):
+    """With tuning on, the winners compute the same function, for every row bucket."""
+    before = kiln.settings()
+    kiln.configure(cache_dir=str(tmp_path), tune="fast")
+    try:
+        gen = torch.Generator(device="cuda").manual_seed(11)
+        for form in ("swiglu", "swiglu packed", "geglu erf packed", "gelu erf bias",
+                     "gated_residual sample in place"):
+            for tokens, width in ((1, 14336), (128, 8960), (4096, 4545)):
+                out, ref = run_case(form, tokens, width, torch.bfloat16, gen)
+                assert_close_to(out.reshape(ref.shape), ref, torch.bfloat16)
+        assert list(tmp_path.rglob("*.json")), "tuning results were not stored"
+    finally:
+        kiln.configure(cache_dir=before["cache_dir"], tune=before["tune_mode"])
