@@ -104,6 +104,26 @@ std::vector<Config> order_around(const Config& centre, const std::vector<Config>
   ordering.take(centre);
   for (const Config& step : steps_from(centre)) ordering.take(step);
 
+  auto same_shape = [&](const Config& c) {
+    return c.vec_bytes == centre.vec_bytes && c.threads_per_row == centre.threads_per_row &&
+           c.cta_threads == centre.cta_threads;
+  };
+  auto extras_distance = [&](const Config& c) {
+    return static_cast<double>(extras_differing(c, centre));
+  };
+  for (std::size_t index : ordering.untaken(same_shape, extras_distance)) ordering.take(index);
+
+  // Splits between the centre's neighbours (a family may offer threads-per-row counts that
+  // are not powers of two, e.g. whole warps that divide a row exactly).
+  auto between = [&](const Config& c) {
+    return c.vec_bytes == centre.vec_bytes && c.extra == centre.extra &&
+           c.threads_per_row != centre.threads_per_row &&
+           2 * c.threads_per_row > centre.threads_per_row &&
+           c.threads_per_row < 2 * centre.threads_per_row;
+  };
+  auto from_centre_shape = [&](const Config& c) { return shape_distance(c, centre); };
+  for (std::size_t index : ordering.untaken(between, from_centre_shape)) ordering.take(index);
+
   std::set<int, std::greater<>> other_widths;
   for (const Config& config : pool) {
     if (config.vec_bytes != centre.vec_bytes) other_widths.insert(config.vec_bytes);
@@ -116,16 +136,6 @@ std::vector<Config> order_around(const Config& centre, const std::vector<Config>
     width_leaders.push_back(ordering.at(nearest.front()));
     ordering.take(nearest.front());
   }
-
-  auto same_shape = [&](const Config& c) {
-    return c.vec_bytes == centre.vec_bytes && c.threads_per_row == centre.threads_per_row &&
-           c.cta_threads == centre.cta_threads;
-  };
-  auto extras_distance = [&](const Config& c) {
-    return static_cast<double>(extras_differing(c, centre));
-  };
-  for (std::size_t index : ordering.untaken(same_shape, extras_distance)) ordering.take(index);
-
   for (const Config& leader : width_leaders) {
     for (const Config& step : steps_from(leader)) ordering.take(step);
   }

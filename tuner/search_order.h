@@ -13,12 +13,18 @@ namespace kiln {
 //  1. `centre` (when it is in `pool`);
 //  2. its one-step neighbours at its own vector width and extras: threads_per_row x2, /2,
 //     then cta_threads x2, /2;
-//  3. for each other vector width in `pool`, widest first, its config nearest to `centre`
+//  3. `centre`'s shape with other extras (the family-specific tunables, such as a persistent
+//     grid), fewest changes first;
+//  4. at its width and extras, the threads_per_row counts strictly between its neighbours'
+//     (splits that are not powers of two), nearest first;
+//  5. for each other vector width in `pool`, widest first, its config nearest to `centre`
 //     in (threads_per_row, cta_threads, extras): how the other widths compare at their best
 //     guess;
-//  4. `centre`'s shape with other extras (the family-specific tunables), fewest changes first;
-//  5. the one-step neighbours of each config picked in 3, in the same order;
-//  6. the rest, nearest to `centre` first, counting vector width as a step too.
+//  6. the one-step neighbours of each config picked in 5, in the same order;
+//  7. the rest, nearest to `centre` first, counting vector width as a step too.
+// The family's own tunables come before narrower vectors: a memory-bound kernel seldom gains
+// from narrower accesses than its data allows, and a fast budget of 8 would otherwise be
+// spent on them.
 // Distances count doublings: log2 ratios of each numeric tunable, plus one per extra that
 // differs.
 // `pool` must hold distinct configs.

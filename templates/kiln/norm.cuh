@@ -151,10 +151,47 @@ struct NormRow {
     }
   }
 
+  // The per-column operands of one step.
+  struct Columns {
+    Raw<VEC_BYTES> weight, bias, table_gate, table_scale, table_shift;
+  };
+  static constexpr int kColumnStreams =
+      ((F & NormFeature::weight) != 0 ? 1 : 0) + ((F & NormFeature::bias) != 0 ? 1 : 0) +
+      (kTable ? ((F & NormFeature::gate) != 0 ? 3 : 2) : 0);
+  // When they fit in a few registers, every step's per-column operands are loaded with the
+  // row, so their first (L2 or DRAM) latency overlaps the row's instead of following the
+  // reduction step by step: what a single row, or the first row of a CTA, waits on. Wider
+  // rows read them per step, from L1, to keep registers for the row.
+  static constexpr bool kEarlyColumns =
+      kSteps * (VEC_BYTES < 4 ? 1 : VEC_BYTES / 4) * kColumnStreams <= 32;
+
+  __device__ __forceinline__ static Columns load_columns(const NormParams& p, int col) {
+    Columns c;
+    if constexpr ((F & NormFeature::weight) != 0) c.weight = column_operand(p.weight, col);
+    if constexpr ((F & NormFeature::bias) != 0) c.bias = column_operand(p.bias, col);
+    if constexpr (kTable && (F & NormFeature::gate) != 0) {
+      c.table_gate = column_operand(p.gate.table, col);
+    }
+    if constexpr (kTable && (F & NormFeature::modulate) != 0) {
+      c.table_scale = column_operand(p.scale.table, col);
+      c.table_shift = column_operand(p.shift.table, col);
+    }
+    return c;
+  }
+
   template <int CTA_THREADS>
   __device__ __forceinline__ static void process(const NormParams& p, long long row, int lane,
                                                  bool active, const RowInputs& in) {
     constexpr float kInvHidden = 1.0f / HIDDEN;
+    Columns early[kEarlyColumns ? kSteps : 1];
+    if constexpr (kEarlyColumns && kColumnStreams > 0) {
+      if (active) {
+#pragma unroll
+        for (int step = 0; step < kSteps; ++step) {
+          if (in_row(step, lane)) early[step] = load_columns(p, column(step, lane));
+        }
+      }
+    }
 
     // The row to normalise, held as T: x itself, or the residual stream rounded to T once
     // (which is also what is stored), so the row costs half the registers of floats for
@@ -176,7 +213,8 @@ struct NormRow {
         if (present) {
           Raw<VEC_BYTES> table_gate;
           if constexpr ((F & NormFeature::gate) != 0 && kTable) {
-            table_gate = column_operand(p.gate.table, column(step, lane));
+            table_gate = kEarlyColumns ? early[kEarlyColumns ? step : 0].table_gate
+                                       : column_operand(p.gate.table, column(step, lane));
           }
 #pragma unroll
           for (int i = 0; i < kVec; ++i) {
@@ -230,13 +268,13 @@ struct NormRow {
     for (int step = 0; step < kSteps; ++step) {
       if (!in_row(step, lane)) continue;
       const int col = column(step, lane);
-      Raw<VEC_BYTES> weight, bias, table_scale, table_shift;
-      if constexpr ((F & NormFeature::weight) != 0) weight = column_operand(p.weight, col);
-      if constexpr ((F & NormFeature::bias) != 0) bias = column_operand(p.bias, col);
-      if constexpr ((F & NormFeature::modulate) != 0 && kTable) {
-        table_scale = column_operand(p.scale.table, col);
-        table_shift = column_operand(p.shift.table, col);
-      }
+      Columns late;
+      if constexpr (!kEarlyColumns) late = load_columns(p, col);
+      const Columns& c = kEarlyColumns ? early[kEarlyColumns ? step : 0] : late;
+      const Raw<VEC_BYTES>& weight = c.weight;
+      const Raw<VEC_BYTES>& bias = c.bias;
+      const Raw<VEC_BYTES>& table_scale = c.table_scale;
+      const Raw<VEC_BYTES>& table_shift = c.table_shift;
       float result[kVec];
 #pragma unroll
       for (int i = 0; i < kVec; ++i) {

@@ -81,7 +81,7 @@ TEST_CASE("order_around: another width is represented by its config nearest the 
         keys({Config{8, 32, 128, {}}, Config{16, 64, 128, {}}, Config{16, 16, 512, {}}}));
 }
 
-TEST_CASE("order_around: extras of the centre's shape come after the other widths") {
+TEST_CASE("order_around: extras of the centre's shape come before the other widths") {
   std::vector<Config> pool;
   for (const Config& config : grid_pool()) {
     pool.push_back(with_extra(config, 0));
@@ -92,9 +92,20 @@ TEST_CASE("order_around: extras of the centre's shape come after the other width
   REQUIRE(order.size() == pool.size());
   CHECK(order[0] == centre);
   for (int i = 1; i <= 4; ++i) CHECK(order[i].extra.at("persistent") == 0);
-  CHECK(order[5] == with_extra(Config{16, 32, 128, {}}, 0));
-  CHECK(order[6] == with_extra(Config{4, 32, 128, {}}, 0));
-  CHECK(order[7] == with_extra(Config{8, 32, 128, {}}, 1));
+  CHECK(order[5] == with_extra(Config{8, 32, 128, {}}, 1));
+  CHECK(order[6] == with_extra(Config{16, 32, 128, {}}, 0));
+  CHECK(order[7] == with_extra(Config{4, 32, 128, {}}, 0));
+}
+
+TEST_CASE("order_around: splits between the neighbours come before the other widths") {
+  std::vector<Config> pool = grid_pool();
+  pool.push_back(Config{8, 48, 128, {}});  // whole warps between t32 and t64
+  pool.push_back(Config{8, 96, 128, {}});  // past t64: not between the neighbours
+  auto order = order_around(Config{8, 32, 128, {}}, pool);
+  REQUIRE(order.size() == pool.size());
+  CHECK(order[5] == Config{8, 48, 128, {}});
+  CHECK(order[6] == Config{16, 32, 128, {}});
+  CHECK(std::find(order.begin(), order.begin() + 7, Config{8, 96, 128, {}}) == order.begin() + 7);
 }
 
 TEST_CASE("order_around: the same pool gives the same order") {
