@@ -39,7 +39,8 @@ CompileRequest make_compile_request(const SpecialisationSpec& spec) {
   request.problem.op = *op;
   request.problem.dtype = *dtype;
   request.problem.hidden = spec.hidden;
-  request.problem.flags = spec.weight ? kRmsNormHasWeight : 0u;
+  request.problem.flags = spec.flags ? *spec.flags : (spec.weight ? kRmsNormHasWeight : 0u);
+  request.problem.aux = spec.aux;
   request.problem.align = spec.align;
   request.sm = spec.sm;
   request.format = spec.format;

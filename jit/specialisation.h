@@ -18,6 +18,9 @@ struct SpecialisationSpec {
   std::string_view dtype = "bf16";
   std::int64_t hidden = 0;
   bool weight = true;
+  // Family bits of Problem::flags; when absent, rms_norm's has-weight bit from `weight`.
+  std::optional<std::uint32_t> flags;
+  std::int64_t aux = 0;  // Problem::aux (e.g. RoPE's rotary dim)
   std::uint32_t align = 16;
   int sm = 90;
   BinaryFormat format = BinaryFormat::cubin;

@@ -3,15 +3,23 @@
 #include "cache/error.h"
 #include "templates/family.h"
 #include "templates/rms_norm_family.h"
+#include "templates/rms_norm_rope_family.h"
+#include "templates/rope_family.h"
 
 namespace kiln {
 namespace {
 
 const RmsNormFamily kRmsNorm;
+const RopeFamily kRope(Op::rope);
+const RopeFamily kRope3d(Op::rope_3d);
+const RmsNormRopeFamily kRmsNormRope;
 
 // Every op has exactly one family; the list is short, so lookup is a scan. One line each.
 constexpr const Family* kFamilies[] = {
     &kRmsNorm,
+    &kRope,
+    &kRope3d,
+    &kRmsNormRope,
 };
 
 }  // namespace

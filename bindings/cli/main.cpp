@@ -44,6 +44,8 @@ struct CompileOptions {
   std::string dtype = "bf16";
   std::int64_t hidden = 0;
   bool no_weight = false;
+  std::optional<std::uint32_t> flags;
+  std::int64_t aux = 0;
   std::uint32_t align = 16;
   std::string arch = "native";
   std::string format = "ptx";
@@ -58,6 +60,8 @@ int run_compile(const CompileOptions& options) {
   spec.hidden = options.hidden;
   spec.weight = !options.no_weight;
   spec.align = options.align;
+  spec.flags = options.flags;
+  spec.aux = options.aux;
   spec.format =
       options.format == "cubin" ? kiln::jit::BinaryFormat::cubin : kiln::jit::BinaryFormat::ptx;
   spec.sm = options.arch == "native" ? kiln::jit::Runtime::get().device(0).sm()
@@ -108,6 +112,9 @@ int main(int argc, char** argv) {
   compile->add_option("--dtype", options.dtype, "fp32 | fp16 | bf16")->capture_default_str();
   compile->add_option("--hidden", options.hidden, "Hidden size (last dimension)")->required();
   compile->add_flag("--no-weight", options.no_weight, "Specialise without a weight");
+  compile->add_option("--flags", options.flags,
+                      "Problem flags (family bits; overrides --no-weight)");
+  compile->add_option("--aux", options.aux, "Problem aux size (e.g. RoPE's rotary dim)");
   compile->add_option("--align", options.align, "Guaranteed data alignment in bytes")
       ->capture_default_str();
   compile->add_option("--arch", options.arch, "Target arch (sm_75, sm_80, sm_90, or native)")

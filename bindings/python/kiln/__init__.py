@@ -14,6 +14,8 @@ from . import _C
 from . import _fakes  # noqa: F401  (registers the fake implementations)
 from ._api import compile, configure, device_count, device_info, settings, stats
 from .ops import rms_norm
+from . import _fakes_rope  # noqa: F401  (registers the RoPE fakes)
+from .rope_ops import rms_norm_rope, rope, rope_, rope_3d
 
 _library_paths.register(_C)
 
@@ -25,6 +27,10 @@ __all__ = [
     "device_count",
     "device_info",
     "rms_norm",
+    "rms_norm_rope",
+    "rope",
+    "rope_",
+    "rope_3d",
     "settings",
     "stats",
 ]
