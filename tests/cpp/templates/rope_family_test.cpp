@@ -119,6 +119,9 @@ TEST_CASE("rope packs its stand-alone run and counts its bytes") {
   CHECK(f.bytes_moved(p, 64) == 2 * 64 * 128 * 2 + 2 * 8 * 128 * 4);
   // Odd row counts (the evaluator's verification rows) become one q head per token.
   CHECK(f.buffers(p, 1031)[0].elements == 1031 * 128);
+  // ...and their k_out, never written, is not an output the evaluator checks for NaN.
+  CHECK_FALSE(f.buffers(p, 1031)[5].is_output);
+  CHECK(f.buffers(p, 64)[5].is_output);
 }
 
 TEST_CASE("video grids follow LTXVideoRotaryPosEmbed") {
