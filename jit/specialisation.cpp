@@ -40,6 +40,7 @@ CompileRequest make_compile_request(const SpecialisationSpec& spec) {
   request.problem.hidden = spec.hidden;
   request.problem.flags =
       spec.flags.value_or(*op == Op::rms_norm && spec.weight ? kRmsNormHasWeight : 0u);
+  request.problem.aux = spec.aux;
   request.problem.align = spec.align;
   request.sm = spec.sm;
   request.format = spec.format;

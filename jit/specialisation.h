@@ -20,6 +20,7 @@ struct SpecialisationSpec {
   bool weight = true;
   // Problem::flags as given; when absent, rms_norm's has-weight bit from `weight` (0 for others).
   std::optional<std::uint32_t> flags;
+  std::int64_t aux = 0;  // Problem::aux (e.g. RoPE's rotary dim)
   std::uint32_t align = 16;
   int sm = 90;
   BinaryFormat format = BinaryFormat::cubin;

@@ -5,6 +5,8 @@
 #include "templates/family.h"
 #include "templates/norm_family.h"
 #include "templates/rms_norm_family.h"
+#include "templates/rms_norm_rope_family.h"
+#include "templates/rope_family.h"
 
 namespace kiln {
 namespace {
@@ -14,6 +16,9 @@ const NormFamily kFusedAddRmsNorm(Op::fused_add_rms_norm);
 const NormFamily kLayerNorm(Op::layer_norm);
 const NormFamily kAdaLn(Op::adaln);
 const NormFamily kGatedAdaLn(Op::gated_adaln);
+const RopeFamily kRope(Op::rope);
+const RopeFamily kRope3d(Op::rope_3d);
+const RmsNormRopeFamily kRmsNormRope;
 
 const ElementwiseFamily kSwiglu{Op::swiglu};
 const ElementwiseFamily kGeglu{Op::geglu};
@@ -22,8 +27,8 @@ const ElementwiseFamily kGatedResidual{Op::gated_residual};
 
 // Every op has exactly one family; the list is short, so lookup is a scan.
 constexpr const Family* kFamilies[] = {
-    &kRmsNorm, &kFusedAddRmsNorm, &kLayerNorm, &kAdaLn,         &kGatedAdaLn,
-    &kSwiglu,  &kGeglu,           &kGelu,      &kGatedResidual,
+    &kRmsNorm, &kFusedAddRmsNorm, &kLayerNorm, &kAdaLn,  &kGatedAdaLn,  &kSwiglu, &kGeglu,
+    &kGelu,    &kGatedResidual,   &kRope,      &kRope3d, &kRmsNormRope,
 };
 
 }  // namespace

@@ -48,6 +48,7 @@ struct CompileOptions {
   std::int64_t hidden = 0;
   bool no_weight = false;
   std::optional<std::uint32_t> flags;
+  std::int64_t aux = 0;
   std::uint32_t align = 16;
   std::string arch = "native";
   std::string format = "ptx";
@@ -64,6 +65,8 @@ int run_compile(const CompileOptions& options) {
   spec.weight = !options.no_weight;
   spec.flags = options.flags;
   spec.align = options.align;
+  spec.flags = options.flags;
+  spec.aux = options.aux;
   spec.format =
       options.format == "cubin" ? kiln::jit::BinaryFormat::cubin : kiln::jit::BinaryFormat::ptx;
   spec.sm = options.arch == "native" ? kiln::jit::Runtime::get().device(0).sm()
@@ -127,6 +130,7 @@ int main(int argc, char** argv) {
   compile->add_flag("--no-weight", options.no_weight, "Specialise without a weight");
   compile->add_option("--flags", options.flags,
                       "The family's flag bits (overrides --no-weight; see its header)");
+  compile->add_option("--aux", options.aux, "Problem aux size (e.g. RoPE's rotary dim)");
   compile->add_option("--align", options.align, "Guaranteed data alignment in bytes")
       ->capture_default_str();
   compile->add_option("--arch", options.arch, "Target arch (sm_75, sm_80, sm_90, or native)")

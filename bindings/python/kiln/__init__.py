@@ -20,6 +20,8 @@ from ._api import (cache_clear, cache_export, cache_import, cache_ls, cache_stat
 from .ops import rms_norm
 from .norm_ops import ada_values, adaln, fused_add_rms_norm, fused_add_rms_norm_, gated_adaln, layer_norm
 from .activation_ops import gated_residual, gated_residual_, geglu, gelu, swiglu
+from . import _fakes_rope  # noqa: F401  (registers the RoPE fakes)
+from .rope_ops import rms_norm_rope, rope, rope_, rope_3d
 
 _library_paths.register(_C)
 
@@ -50,6 +52,10 @@ __all__ = [
     "gelu",
     "gated_residual",
     "gated_residual_",
+    "rms_norm_rope",
+    "rope",
+    "rope_",
+    "rope_3d",
     "settings",
     "stats",
 ]

@@ -1,0 +1,53 @@
+"""Fake (meta) implementations of the RoPE ops: outputs are new contiguous tensors of q's
+and k's shapes and dtype; the in-place op returns nothing."""
+
+import torch
+
+
+def _same_device(op, q, **tensors):
+    # A meta tensor among real ones dispatches here, so devices are checked here too, with
+    # the message the real implementations give.
+    for name, t in tensors.items():
+        if t is not None and t.device != q.device:
+            raise ValueError(f"kiln.{op}: {name}: expected device {q.device} (as q), got {t.device}")
+
+
+def _rope_shape_checks(q, k, layout, cos=None, sin=None):
+    _same_device("rope", q, k=k, cos=cos, sin=sin)
+    torch._check(layout in ("bhsd", "bshd"),
+                 lambda: f'kiln.rope: layout: expected "bhsd" or "bshd", got "{layout}"')
+    torch._check(k.dtype == q.dtype,
+                 lambda: f"kiln.rope: k: expected dtype {q.dtype} (as q), got {k.dtype}")
+    torch._check(q.dim() == k.dim() and q.dim() in (3, 4),
+                 lambda: f"kiln.rope: q, k: expected 4 dimensions (or 3 in bshd), got {q.dim()}, {k.dim()}")
+
+
+@torch.library.register_fake("kiln::rope")
+def _rope_fake(q, k, cos, sin, interleaved=False, rotary_dim=-1, layout="bhsd", head_dim=-1):
+    _rope_shape_checks(q, k, layout, cos, sin)
+    return q.new_empty(q.shape), k.new_empty(k.shape)
+
+
+@torch.library.register_fake("kiln::rope_")
+def _rope_inplace_fake(q, k, cos, sin, interleaved=False, rotary_dim=-1, layout="bhsd", head_dim=-1):
+    _rope_shape_checks(q, k, layout, cos, sin)
+    return None
+
+
+@torch.library.register_fake("kiln::rope_3d")
+def _rope_3d_fake(q, k, grid, rope_interpolation_scale=None, base_sizes=(20, 2048, 2048),
+                  patch_sizes=(1, 1), theta=10000.0):
+    _same_device("rope_3d", q, k=k)
+    torch._check(q.dim() == 3 and k.shape == q.shape,
+                 lambda: f"kiln.rope_3d: k: expected q's shape {list(q.shape)}, got {list(k.shape)}")
+    return q.new_empty(q.shape), k.new_empty(k.shape)
+
+
+@torch.library.register_fake("kiln::rms_norm_rope")
+def _rms_norm_rope_fake(q, k, q_weight, k_weight, eps=1e-5, cos=None, sin=None, grid=None,
+                        rope_interpolation_scale=None, base_sizes=(20, 2048, 2048),
+                        patch_sizes=(1, 1), theta=10000.0):
+    _same_device("rope_3d", q, k=k)
+    torch._check(q.dim() == 3 and k.shape == q.shape,
+                 lambda: f"kiln.rms_norm_rope: k: expected q's shape {list(q.shape)}, got {list(k.shape)}")
+    return q.new_empty(q.shape), k.new_empty(k.shape)

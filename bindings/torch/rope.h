@@ -1,0 +1,106 @@
+// kiln's RoPE ops: rope / rope_ (table), rope_3d (LTX-Video angles from coordinates) and
+// rms_norm_rope (LTX-Video's q/k RMSNorm across heads + interleaved RoPE).
+//
+// Layouts. "bhsd": q [B, Hq, S, D] and k [B, Hk, S, D] (transformers). "bshd": q
+// [B, S, Hq, D] or, before the head split, [B, S, Hq * D] (diffusers); the head dim of a
+// 3-D input is `head_dim`, or cos's last dimension when head_dim is -1 (diffusers' LTX-Video
+// table spans the whole row: one "head" of H * D). cos/sin: [S, R], [B or 1, S, R], or 4-D
+// with a heads axis of 1 where the layout has its heads; fp32 or q's dtype. R is the
+// rotated width: rotary_dim (-1: R), the first rotary_dim columns of each head rotate with
+// cos[..., :rotary_dim], the rest pass through.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <optional>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "templates/types.h"
+
+namespace kiln::torch_ops {
+
+// q or k seen as [B, S, H, D] (a view, any strides, last dimension contiguous).
+struct RopeOperands {
+  at::Tensor q4, k4;      // inputs
+  at::Tensor cos3, sin3;  // [B, S, R] views (stride 0 where broadcast); undefined for video
+  std::int64_t rotary_dim = 0;
+  bool interleaved = false;
+  DType dtype = DType::f32;
+};
+
+RopeOperands rope_operands(const std::string& op, const at::Tensor& q, const at::Tensor& k,
+                           const at::Tensor& cos, const at::Tensor& sin, bool interleaved,
+                           std::int64_t rotary_dim, const std::string& layout,
+                           std::int64_t head_dim);
+// The [B, S, H, D] view of a tensor of q's (or k's) shape in `layout`.
+at::Tensor rope_view(const at::Tensor& x, const std::string& layout, std::int64_t head_dim);
+
+// Reference math in fp32 on [B, S, H, D] views, written into out4 (which may alias x4).
+void rope_reference(const at::Tensor& x4, const at::Tensor& cos3, const at::Tensor& sin3,
+                    std::int64_t rotary_dim, bool interleaved, const at::Tensor& out4);
+// diffusers' LTXVideoRotaryPosEmbed table, [1, S, dim] fp32 each (cos, sin), on `device`.
+std::pair<at::Tensor, at::Tensor> video_table(std::int64_t dim,
+                                              const std::vector<std::int64_t>& grid,
+                                              const std::optional<std::vector<double>>& scale,
+                                              const std::vector<std::int64_t>& base_sizes,
+                                              const std::vector<std::int64_t>& patch_sizes,
+                                              double theta, const c10::Device& device);
+
+// Launches kiln::rope on CUDA (table or video angles) for the views.
+struct VideoArgs {
+  std::vector<std::int64_t> grid;
+  std::optional<std::vector<double>> scale;
+  std::vector<std::int64_t> base_sizes;
+  std::vector<std::int64_t> patch_sizes;
+  double theta = 10000.0;
+};
+void rope_launch(const std::string& op, const RopeOperands& operands, const at::Tensor& q_out4,
+                 const at::Tensor& k_out4, const std::optional<VideoArgs>& video);
+
+void check_rope_3d(const at::Tensor& q, const at::Tensor& k, at::IntArrayRef grid,
+                   std::optional<at::ArrayRef<double>> scale, at::IntArrayRef base_sizes,
+                   at::IntArrayRef patch_sizes);
+void check_rms_norm_rope(const at::Tensor& q, const at::Tensor& k, const at::Tensor& q_weight,
+                         const at::Tensor& k_weight, const std::optional<at::Tensor>& cos,
+                         const std::optional<at::Tensor>& sin, at::OptionalIntArrayRef grid,
+                         std::optional<at::ArrayRef<double>> scale, at::IntArrayRef base_sizes,
+                         at::IntArrayRef patch_sizes);
+
+using TensorPair = std::tuple<at::Tensor, at::Tensor>;
+
+TensorPair rope_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
+                    const at::Tensor& sin, bool interleaved, std::int64_t rotary_dim,
+                    std::string_view layout, std::int64_t head_dim);
+TensorPair rope_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
+                     const at::Tensor& sin, bool interleaved, std::int64_t rotary_dim,
+                     std::string_view layout, std::int64_t head_dim);
+void rope_inplace_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
+                      const at::Tensor& sin, bool interleaved, std::int64_t rotary_dim,
+                      std::string_view layout, std::int64_t head_dim);
+void rope_inplace_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
+                       const at::Tensor& sin, bool interleaved, std::int64_t rotary_dim,
+                       std::string_view layout, std::int64_t head_dim);
+
+TensorPair rope_3d_cpu(const at::Tensor& q, const at::Tensor& k, at::IntArrayRef grid,
+                       std::optional<at::ArrayRef<double>> scale, at::IntArrayRef base_sizes,
+                       at::IntArrayRef patch_sizes, double theta);
+TensorPair rope_3d_cuda(const at::Tensor& q, const at::Tensor& k, at::IntArrayRef grid,
+                        std::optional<at::ArrayRef<double>> scale, at::IntArrayRef base_sizes,
+                        at::IntArrayRef patch_sizes, double theta);
+
+TensorPair rms_norm_rope_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& q_weight,
+                             const at::Tensor& k_weight, double eps,
+                             const std::optional<at::Tensor>& cos,
+                             const std::optional<at::Tensor>& sin, at::OptionalIntArrayRef grid,
+                             std::optional<at::ArrayRef<double>> scale, at::IntArrayRef base_sizes,
+                             at::IntArrayRef patch_sizes, double theta);
+TensorPair rms_norm_rope_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& q_weight,
+                              const at::Tensor& k_weight, double eps,
+                              const std::optional<at::Tensor>& cos,
+                              const std::optional<at::Tensor>& sin, at::OptionalIntArrayRef grid,
+                              std::optional<at::ArrayRef<double>> scale, at::IntArrayRef base_sizes,
+                              at::IntArrayRef patch_sizes, double theta);
+
+}  // namespace kiln::torch_ops

@@ -1,0 +1,132 @@
+// Argument checks and views shared by the CPU and CUDA implementations of the RoPE ops.
+#include <ATen/ATen.h>
+
+#include "bindings/torch/rope.h"
+#include "bindings/torch/tensor_checks.h"
+
+namespace kiln::torch_ops {
+
+namespace {
+
+void check_same_device(const std::string& op, const std::string& arg, const at::Tensor& t,
+                       const at::Tensor& q) {
+  if (t.device() != q.device()) {
+    fail_value(op, arg, "device " + q.device().str() + " (as q)", t.device().str());
+  }
+}
+
+// cos or sin as [B or 1, S, R], before broadcasting.
+at::Tensor table_view(const std::string& op, const std::string& arg, const at::Tensor& t,
+                      const std::string& layout) {
+  if (t.dim() == 2) return t.unsqueeze(0);
+  if (t.dim() == 3) return t;
+  if (t.dim() == 4) {
+    const std::int64_t heads_axis = layout == "bhsd" ? 1 : 2;
+    if (t.size(heads_axis) != 1) {
+      fail_value(op, arg,
+                 "a heads axis (dimension " + std::to_string(heads_axis) +
+                     ") of size 1 in layout " + layout,
+                 shape_text(t));
+    }
+    return t.squeeze(heads_axis);
+  }
+  fail_value(op, arg, "[S, R], [B, S, R] or [B, 1, S, R] (2 to 4 dimensions)", shape_text(t));
+}
+
+}  // namespace
+
+at::Tensor rope_view(const at::Tensor& x, const std::string& layout, std::int64_t head_dim) {
+  if (layout == "bhsd") return x.permute({0, 2, 1, 3});
+  if (x.dim() == 4) return x;
+  at::Tensor source = x.stride(-1) == 1 ? x : x.contiguous();
+  return source.unflatten(-1, {x.size(-1) / head_dim, head_dim});
+}
+
+RopeOperands rope_operands(const std::string& op, const at::Tensor& q, const at::Tensor& k,
+                           const at::Tensor& cos, const at::Tensor& sin, bool interleaved,
+                           std::int64_t rotary_dim, const std::string& layout,
+                           std::int64_t head_dim) {
+  RopeOperands r;
+  r.dtype = kiln_dtype(op, "q", q);
+  if (k.scalar_type() != q.scalar_type()) {
+    fail_type(op, "k", "dtype " + dtype_text(q.scalar_type()) + " (as q)",
+              dtype_text(k.scalar_type()));
+  }
+  check_same_device(op, "k", k, q);
+  check_same_device(op, "cos", cos, q);
+  check_same_device(op, "sin", sin, q);
+  for (const auto& [arg, table] : {std::pair{"cos", &cos}, std::pair{"sin", &sin}}) {
+    if (table->scalar_type() != at::kFloat && table->scalar_type() != q.scalar_type()) {
+      fail_type(op, arg, "dtype float32 or " + dtype_text(q.scalar_type()) + " (as q)",
+                dtype_text(table->scalar_type()));
+    }
+  }
+  if (sin.scalar_type() != cos.scalar_type()) {
+    fail_type(op, "sin", "dtype " + dtype_text(cos.scalar_type()) + " (as cos)",
+              dtype_text(sin.scalar_type()));
+  }
+  if (sin.sizes() != cos.sizes()) {
+    fail_value(op, "sin", "shape " + shape_text(cos) + " (as cos)", shape_text(sin));
+  }
+  if (layout != "bhsd" && layout != "bshd") {
+    fail_value(op, "layout", "\"bhsd\" ([B, H, S, D]) or \"bshd\" ([B, S, H, D] or [B, S, H*D])",
+               "\"" + layout + "\"");
+  }
+  const bool flat = layout == "bshd" && q.dim() == 3;
+  for (const auto& [arg, t] : {std::pair{"q", &q}, std::pair{"k", &k}}) {
+    if (flat ? t->dim() != 3 : t->dim() != 4) {
+      fail_value(op, arg,
+                 layout == "bhsd" ? "4 dimensions [B, H, S, D]"
+                 : flat           ? "3 dimensions [B, S, H*D] (as q)"
+                                  : "4 dimensions [B, S, H, D] or 3 [B, S, H*D]",
+                 shape_text(*t));
+    }
+  }
+  if (cos.dim() < 2) fail_value(op, "cos", "[S, R], [B, S, R] or [B, 1, S, R]", shape_text(cos));
+  const std::int64_t table_width = cos.size(-1);
+  if (flat) {
+    if (head_dim == -1) head_dim = table_width;
+    if (head_dim <= 0 || q.size(-1) % head_dim != 0 || k.size(-1) % head_dim != 0) {
+      fail_value(op, "head_dim",
+                 "a divisor of q's and k's last dimensions (" + std::to_string(q.size(-1)) + ", " +
+                     std::to_string(k.size(-1)) + ")",
+                 std::to_string(head_dim));
+    }
+  }
+  r.q4 = rope_view(q, layout, head_dim);
+  r.k4 = rope_view(k, layout, head_dim);
+  const std::int64_t d = r.q4.size(3);
+  if (d % 2 != 0)
+    fail_value(op, "q", "an even head dim", std::to_string(d) + " in " + shape_text(q));
+  if (r.k4.size(0) != r.q4.size(0) || r.k4.size(1) != r.q4.size(1) || r.k4.size(3) != d) {
+    fail_value(op, "k", "q's batch, sequence length and head dim in layout " + layout,
+               shape_text(k) + " (q is " + shape_text(q) + ")");
+  }
+  r.rotary_dim = rotary_dim == -1 ? table_width : rotary_dim;
+  if (r.rotary_dim < 2 || r.rotary_dim % 2 != 0 || r.rotary_dim > d) {
+    fail_value(op, rotary_dim == -1 ? "cos" : "rotary_dim",
+               "an even rotated width in [2, head dim " + std::to_string(d) + "]",
+               rotary_dim == -1 ? shape_text(cos) : std::to_string(rotary_dim));
+  }
+  if (r.rotary_dim > table_width) {
+    fail_value(op, "cos", "a last dimension >= rotary_dim " + std::to_string(r.rotary_dim),
+               shape_text(cos));
+  }
+  const std::int64_t batch = r.q4.size(0), seq = r.q4.size(1);
+  for (const auto& [arg, t, out] :
+       {std::tuple{"cos", &cos, &r.cos3}, std::tuple{"sin", &sin, &r.sin3}}) {
+    at::Tensor view = table_view(op, arg, *t, layout);
+    if ((view.size(0) != 1 && view.size(0) != batch) || view.size(1) != seq) {
+      fail_value(op, arg,
+                 "a table for " + std::to_string(seq) + " positions (batch 1 or " +
+                     std::to_string(batch) + ")",
+                 shape_text(*t));
+    }
+    if (view.stride(-1) != 1) view = view.contiguous();
+    *out = view.narrow(-1, 0, r.rotary_dim).expand({batch, seq, r.rotary_dim});
+  }
+  r.interleaved = interleaved;
+  return r;
+}
+
+}  // namespace kiln::torch_ops

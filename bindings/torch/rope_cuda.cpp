@@ -1,0 +1,256 @@
+// The CUDA implementations: validate, describe the problem, ask the runtime for the kernel,
+// fill its parameters from the tensors' strides and launch on the current stream.
+#include <ATen/ATen.h>
+
+#include <limits>
+
+#include "bindings/torch/cuda_context.h"
+#include "bindings/torch/rope.h"
+#include "bindings/torch/tensor_checks.h"
+#include "cache/error.h"
+#include "jit/runtime.h"
+#include "templates/kiln/rope_params.cuh"
+#include "templates/rms_norm_rope_family.h"
+#include "templates/rope_family.h"
+#include "templates/rope_video.h"
+
+namespace kiln::torch_ops {
+
+namespace {
+
+void require_cuda(const std::string& op, const at::Tensor& q) {
+  if (!q.is_cuda()) fail_value(op, "q", "a CUDA tensor", q.device().str());
+}
+
+VideoRopeSettings video_settings(const VideoArgs& v) {
+  VideoRopeSettings s;
+  s.frames = static_cast<int>(v.grid[0]);
+  s.height = static_cast<int>(v.grid[1]);
+  s.width = static_cast<int>(v.grid[2]);
+  if (v.scale) {
+    s.interpolation_scale = std::array<double, 3>{(*v.scale)[0], (*v.scale)[1], (*v.scale)[2]};
+  } else {
+    s.interpolation_scale.reset();
+  }
+  for (int a = 0; a < 3; ++a) s.base_sizes[a] = static_cast<int>(v.base_sizes[a]);
+  s.patch_size_t = static_cast<int>(v.patch_sizes[0]);
+  s.patch_size = static_cast<int>(v.patch_sizes[1]);
+  s.theta = v.theta;
+  return s;
+}
+
+VideoArgs video_args(at::IntArrayRef grid, std::optional<at::ArrayRef<double>> scale,
+                     at::IntArrayRef base_sizes, at::IntArrayRef patch_sizes, double theta) {
+  VideoArgs v;
+  v.grid.assign(grid.begin(), grid.end());
+  if (scale) v.scale = std::vector<double>(scale->begin(), scale->end());
+  v.base_sizes.assign(base_sizes.begin(), base_sizes.end());
+  v.patch_sizes.assign(patch_sizes.begin(), patch_sizes.end());
+  v.theta = theta;
+  return v;
+}
+
+std::uintptr_t address(const at::Tensor& t) {
+  return reinterpret_cast<std::uintptr_t>(t.data_ptr());
+}
+
+// Alignment of every address and every (non-zero) stride in bytes of the given views.
+std::uint32_t alignment_of(std::initializer_list<const at::Tensor*> tensors) {
+  std::uintptr_t bits = 16;
+  for (const at::Tensor* t : tensors) {
+    if (!t->defined()) continue;
+    bits |= address(*t);
+    for (std::int64_t d = 0; d + 1 < t->dim(); ++d) {
+      bits |= static_cast<std::uintptr_t>(t->stride(d) * t->element_size());
+    }
+  }
+  return common_alignment({bits});
+}
+
+const jit::Kernel& resolve(const std::string& op, const at::Tensor& q, const Problem& problem,
+                           std::int64_t rows, jit::CUstream stream) {
+  try {
+    return jit::Runtime::get().kernel(q.get_device(), problem, rows, stream);
+  } catch (const ArgumentError& error) {
+    TORCH_CHECK_VALUE(false, error.what());
+  }
+  (void)op;
+  std::abort();
+}
+
+void fill_strides(long long* to, const at::Tensor& view, int count) {
+  for (int i = 0; i < count; ++i) to[i] = view.stride(i);
+}
+
+at::Tensor last_dim_contiguous(const at::Tensor& t) {
+  return t.stride(-1) == 1 ? t : t.contiguous();
+}
+
+}  // namespace
+
+void rope_launch(const std::string& op, const RopeOperands& r, const at::Tensor& q_out4,
+                 const at::Tensor& k_out4, const std::optional<VideoArgs>& video) {
+  const at::Tensor q4 = last_dim_contiguous(r.q4), k4 = last_dim_contiguous(r.k4);
+  const std::int64_t batch = q4.size(0), seq = q4.size(1);
+  const std::int64_t heads_q = q4.size(2), heads_k = k4.size(2), d = q4.size(3);
+  const std::int64_t rows = batch * seq * (heads_q + heads_k);
+  if (rows == 0) return;
+  if (rows > std::numeric_limits<std::int32_t>::max()) {
+    fail_value(op, "q", "fewer than 2^31 (batch x sequence x heads) rows of q and k together",
+               std::to_string(rows));
+  }
+  Problem problem;
+  problem.op = video ? Op::rope_3d : Op::rope;
+  problem.dtype = r.dtype;
+  problem.hidden = d;
+  problem.aux = r.rotary_dim == d ? 0 : r.rotary_dim;
+  if (!video) {
+    problem.flags = (r.interleaved ? kRopeInterleaved : 0u) |
+                    (r.cos3.scalar_type() == at::kFloat ? kRopeTableF32 : 0u);
+  }
+  problem.align = alignment_of({&q4, &k4, &q_out4, &k_out4, &r.cos3, &r.sin3});
+
+  const jit::CUstream stream = current_stream(q4.device());
+  const jit::Kernel& kernel = resolve(op, q4, problem, rows, stream);
+  RopeParams p{};
+  p.q = q4.data_ptr();
+  p.k = k4.data_ptr();
+  p.q_out = q_out4.data_ptr();
+  p.k_out = k_out4.data_ptr();
+  p.rows = rows;
+  p.batch = static_cast<int>(batch);
+  p.heads_q = static_cast<int>(heads_q);
+  p.heads_k = static_cast<int>(heads_k);
+  fill_strides(p.q_strides, q4, 3);
+  fill_strides(p.k_strides, k4, 3);
+  fill_strides(p.q_out_strides, q_out4, 3);
+  fill_strides(p.k_out_strides, k_out4, 3);
+  if (video) {
+    try {
+      p.video = make_video_grid(op.c_str(), d, video_settings(*video));
+    } catch (const ArgumentError& error) {
+      TORCH_CHECK_VALUE(false, error.what());
+    }
+  } else {
+    p.cos = r.cos3.data_ptr();
+    p.sin = r.sin3.data_ptr();
+    fill_strides(p.cos_strides, r.cos3, 2);
+    fill_strides(p.sin_strides, r.sin3, 2);
+  }
+  jit::Runtime::get().launch(kernel, rows, &p, stream);
+}
+
+TensorPair rope_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
+                     const at::Tensor& sin, bool interleaved, std::int64_t rotary_dim,
+                     std::string_view layout, std::int64_t head_dim) {
+  const std::string lay(layout);
+  const RopeOperands r =
+      rope_operands("rope", q, k, cos, sin, interleaved, rotary_dim, lay, head_dim);
+  require_cuda("rope", q);
+  at::Tensor q_out = at::empty(q.sizes(), q.options().memory_format(at::MemoryFormat::Contiguous));
+  at::Tensor k_out = at::empty(k.sizes(), k.options().memory_format(at::MemoryFormat::Contiguous));
+  const std::int64_t d = r.q4.size(3);
+  rope_launch("rope", r, rope_view(q_out, lay, d), rope_view(k_out, lay, d), std::nullopt);
+  return {q_out, k_out};
+}
+
+void rope_inplace_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
+                       const at::Tensor& sin, bool interleaved, std::int64_t rotary_dim,
+                       std::string_view layout, std::int64_t head_dim) {
+  const std::string lay(layout);
+  const RopeOperands r =
+      rope_operands("rope_", q, k, cos, sin, interleaved, rotary_dim, lay, head_dim);
+  require_cuda("rope_", q);
+  if (r.q4.stride(3) != 1 || r.k4.stride(3) != 1 || !r.q4.is_alias_of(q) || !r.k4.is_alias_of(k)) {
+    // Rows not addressable in place (a strided last dimension): rotate a copy, copy back.
+    auto [q_out, k_out] = rope_cuda(q, k, cos, sin, interleaved, rotary_dim, layout, head_dim);
+    q.copy_(q_out);
+    k.copy_(k_out);
+    return;
+  }
+  // q and k are their own outputs: the kernel leaves the unrotated columns alone.
+  rope_launch("rope_", r, r.q4, r.k4, std::nullopt);
+}
+
+TensorPair rope_3d_cuda(const at::Tensor& q, const at::Tensor& k, at::IntArrayRef grid,
+                        std::optional<at::ArrayRef<double>> scale, at::IntArrayRef base_sizes,
+                        at::IntArrayRef patch_sizes, double theta) {
+  check_rope_3d(q, k, grid, scale, base_sizes, patch_sizes);
+  require_cuda("rope_3d", q);
+  RopeOperands r;
+  r.dtype = kiln_dtype("rope_3d", "q", q);
+  r.q4 = q.unsqueeze(2);
+  r.k4 = k.unsqueeze(2);
+  r.rotary_dim = q.size(2);
+  r.interleaved = true;
+  at::Tensor q_out = at::empty(q.sizes(), q.options().memory_format(at::MemoryFormat::Contiguous));
+  at::Tensor k_out = at::empty(k.sizes(), k.options().memory_format(at::MemoryFormat::Contiguous));
+  rope_launch("rope_3d", r, q_out.unsqueeze(2), k_out.unsqueeze(2),
+              video_args(grid, scale, base_sizes, patch_sizes, theta));
+  return {q_out, k_out};
+}
+
+TensorPair rms_norm_rope_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& q_weight,
+                              const at::Tensor& k_weight, double eps,
+                              const std::optional<at::Tensor>& cos,
+                              const std::optional<at::Tensor>& sin, at::OptionalIntArrayRef grid,
+                              std::optional<at::ArrayRef<double>> scale, at::IntArrayRef base_sizes,
+                              at::IntArrayRef patch_sizes, double theta) {
+  const std::string op = "rms_norm_rope";
+  check_rms_norm_rope(q, k, q_weight, k_weight, cos, sin, grid, scale, base_sizes, patch_sizes);
+  require_cuda(op, q);
+  const at::Tensor qc = last_dim_contiguous(q), kc = last_dim_contiguous(k);
+  const at::Tensor qw = q_weight.contiguous(), kw = k_weight.contiguous();
+  at::Tensor q_out = at::empty(q.sizes(), q.options().memory_format(at::MemoryFormat::Contiguous));
+  at::Tensor k_out = at::empty(k.sizes(), k.options().memory_format(at::MemoryFormat::Contiguous));
+  const std::int64_t batch = q.size(0), seq = q.size(1), width = q.size(2);
+  const std::int64_t rows = batch * seq;
+  if (rows == 0) return {q_out, k_out};
+
+  Problem problem;
+  problem.op = Op::rms_norm_rope;
+  problem.dtype = kiln_dtype(op, "q", q);
+  problem.hidden = width;
+  RmsNormRopeParams p{};
+  at::Tensor cos3, sin3;
+  if (grid) {
+    problem.flags = kRmsNormRopeVideo;
+    try {
+      p.video =
+          make_video_grid(op.c_str(), width,
+                          video_settings(video_args(*grid, scale, base_sizes, patch_sizes, theta)));
+    } catch (const ArgumentError& error) {
+      TORCH_CHECK_VALUE(false, error.what());
+    }
+  } else {
+    const RopeOperands r = rope_operands(op, q, k, *cos, *sin, true, -1, "bshd", width);
+    cos3 = r.cos3;
+    sin3 = r.sin3;
+    problem.flags = cos3.scalar_type() == at::kFloat ? kRmsNormRopeTableF32 : 0u;
+    p.cos = cos3.data_ptr();
+    p.sin = sin3.data_ptr();
+    fill_strides(p.cos_strides, cos3, 2);
+    fill_strides(p.sin_strides, sin3, 2);
+  }
+  problem.align = alignment_of({&qc, &kc, &qw, &kw, &q_out, &k_out, &cos3, &sin3});
+
+  const jit::CUstream stream = current_stream(q.device());
+  const jit::Kernel& kernel = resolve(op, q, problem, rows, stream);
+  p.q = qc.data_ptr();
+  p.k = kc.data_ptr();
+  p.q_weight = qw.data_ptr();
+  p.k_weight = kw.data_ptr();
+  p.q_out = q_out.data_ptr();
+  p.k_out = k_out.data_ptr();
+  p.rows = rows;
+  p.seq_len = seq;
+  fill_strides(p.q_strides, qc, 2);
+  fill_strides(p.k_strides, kc, 2);
+  fill_strides(p.q_out_strides, q_out, 2);
+  fill_strides(p.k_out_strides, k_out, 2);
+  p.eps = static_cast<float>(eps);
+  jit::Runtime::get().launch(kernel, rows, &p, stream);
+  return {q_out, k_out};
+}
+
+}  // namespace kiln::torch_ops

@@ -1,0 +1,142 @@
+// LTX-Video's attention prologue in one pass: for each token, q and k are RMS-normalised
+// over their whole width with their own weights (x * rsqrt(mean(x^2) + eps) * weight,
+// rounded to T as the separate norm would), then rotated in interleaved pairs over the
+// whole width with cos/sin from a table row (TABLE = float or T) or computed from the
+// token's video coordinates (VIDEO). Math in fp32.
+//
+// A token's q row and k row are split among THREADS_PER_ROW threads, each holding its
+// vectors of both in registers through the reductions, so q and k are read exactly once;
+// interleaved pairs never straddle a vector, so rotation needs no data from other threads.
+#pragma once
+
+#include "kiln/common.cuh"
+#include "kiln/rope_angles.cuh"
+#include "kiln/rope_params.cuh"
+
+namespace kiln {
+
+template <typename T, typename TABLE, int WIDTH, int VEC_BYTES, int THREADS_PER_ROW,
+          int CTA_THREADS, bool VIDEO>
+__global__ void __launch_bounds__(CTA_THREADS) rms_norm_rope(const RmsNormRopeParams p) {
+  constexpr int kVec = VEC_BYTES / static_cast<int>(sizeof(T));
+  constexpr int kStride = kVec * THREADS_PER_ROW;
+  constexpr int kSteps = (WIDTH + kStride - 1) / kStride;
+  constexpr bool kExact = WIDTH % kStride == 0;
+  constexpr int kRowsPerCta = CTA_THREADS / THREADS_PER_ROW;
+  constexpr float kInvWidth = 1.0f / WIDTH;
+  static_assert(kVec >= 2 && kVec % 2 == 0, "interleaved pairs must not straddle vectors");
+  static_assert(WIDTH % kVec == 0, "rows must be made of whole vectors");
+  static_assert(CTA_THREADS % THREADS_PER_ROW == 0, "rows must tile the CTA");
+
+  const int lane = static_cast<int>(threadIdx.x) % THREADS_PER_ROW;
+  const int row_in_cta = static_cast<int>(threadIdx.x) / THREADS_PER_ROW;
+
+  float frequency[VIDEO ? kSteps : 1][VIDEO ? kVec / 2 : 1];
+  int axis_of[VIDEO ? kSteps : 1][VIDEO ? kVec / 2 : 1];
+  if constexpr (VIDEO) {
+#pragma unroll
+    for (int step = 0; step < kSteps; ++step) {
+#pragma unroll
+      for (int i = 0; i < kVec / 2; ++i) {
+        const int pair = (step * THREADS_PER_ROW + lane) * (kVec / 2) + i;
+        frequency[step][i] = video_frequency(p.video, pair, axis_of[step][i]);
+      }
+    }
+  }
+
+  // Every thread runs the same iterations (the reductions may synchronise the CTA).
+  for (long long first_row = static_cast<long long>(blockIdx.x) * kRowsPerCta; first_row < p.rows;
+       first_row += static_cast<long long>(gridDim.x) * kRowsPerCta) {
+    const long long row = first_row + row_in_cta;
+    const bool active = row < p.rows;
+    const long long entry = active ? row / p.seq_len : 0;
+    const long long position = active ? row - entry * p.seq_len : 0;
+    const T* q_row = static_cast<const T*>(p.q) + entry * p.q_strides[0] + position * p.q_strides[1];
+    const T* k_row = static_cast<const T*>(p.k) + entry * p.k_strides[0] + position * p.k_strides[1];
+
+    float qv[kSteps][kVec];
+    float kv[kSteps][kVec];
+#pragma unroll
+    for (int step = 0; step < kSteps; ++step) {
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) qv[step][i] = kv[step][i] = 0.0f;
+    }
+    if (active) {
+#pragma unroll
+      for (int step = 0; step < kSteps; ++step) {
+        const int column = (step * THREADS_PER_ROW + lane) * kVec;
+        if (kExact || step + 1 < kSteps || column < WIDTH) {
+          load_floats_nc<T, VEC_BYTES>(q_row + column, qv[step]);
+          load_floats_nc<T, VEC_BYTES>(k_row + column, kv[step]);
+        }
+      }
+    }
+    float q_squares = 0.0f;
+    float k_squares = 0.0f;
+#pragma unroll
+    for (int step = 0; step < kSteps; ++step) {
+      float qp = 0.0f, kp = 0.0f;
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) {
+        qp += qv[step][i] * qv[step][i];
+        kp += kv[step][i] * kv[step][i];
+      }
+      q_squares += qp;
+      k_squares += kp;
+    }
+    q_squares = group_sum<THREADS_PER_ROW, CTA_THREADS>(q_squares);
+    k_squares = group_sum<THREADS_PER_ROW, CTA_THREADS>(k_squares);
+    const float q_scale = rsqrtf(q_squares * kInvWidth + p.eps);
+    const float k_scale = rsqrtf(k_squares * kInvWidth + p.eps);
+    if (!active) continue;
+
+    float axes[3];
+    if constexpr (VIDEO) video_axes(p.video, position, axes);
+    const TABLE* cos_row =
+        static_cast<const TABLE*>(p.cos) + entry * p.cos_strides[0] + position * p.cos_strides[1];
+    const TABLE* sin_row =
+        static_cast<const TABLE*>(p.sin) + entry * p.sin_strides[0] + position * p.sin_strides[1];
+    T* q_out = static_cast<T*>(p.q_out) + entry * p.q_out_strides[0] +
+               position * p.q_out_strides[1];
+    T* k_out = static_cast<T*>(p.k_out) + entry * p.k_out_strides[0] +
+               position * p.k_out_strides[1];
+#pragma unroll
+    for (int step = 0; step < kSteps; ++step) {
+      const int column = (step * THREADS_PER_ROW + lane) * kVec;
+      if (!(kExact || step + 1 < kSteps || column < WIDTH)) continue;
+      float c[kVec], s[kVec];
+      if constexpr (VIDEO) {
+#pragma unroll
+        for (int i = 0; i < kVec / 2; ++i) {
+          video_cos_sin(frequency[step][i], pick_axis(axes, axis_of[step][i]), c[2 * i], s[2 * i]);
+          c[2 * i + 1] = c[2 * i];
+          s[2 * i + 1] = s[2 * i];
+        }
+      } else {
+        load_table<TABLE, kVec, VEC_BYTES>(cos_row + column, c);
+        load_table<TABLE, kVec, VEC_BYTES>(sin_row + column, s);
+      }
+      const Raw<VEC_BYTES> qw = load_global_nc<VEC_BYTES>(static_cast<const T*>(p.q_weight) + column);
+      const Raw<VEC_BYTES> kw = load_global_nc<VEC_BYTES>(static_cast<const T*>(p.k_weight) + column);
+      float q_result[kVec], k_result[kVec];
+#pragma unroll
+      for (int i = 0; i < kVec; i += 2) {
+        // The separate norm's output is rounded to T before the rotation reads it.
+        const float q_re = to_float(from_float<T>(qv[step][i] * q_scale * get_element<T>(qw, i)));
+        const float q_im =
+            to_float(from_float<T>(qv[step][i + 1] * q_scale * get_element<T>(qw, i + 1)));
+        const float k_re = to_float(from_float<T>(kv[step][i] * k_scale * get_element<T>(kw, i)));
+        const float k_im =
+            to_float(from_float<T>(kv[step][i + 1] * k_scale * get_element<T>(kw, i + 1)));
+        q_result[i] = q_re * c[i] - q_im * s[i];
+        q_result[i + 1] = q_im * c[i + 1] + q_re * s[i + 1];
+        k_result[i] = k_re * c[i] - k_im * s[i];
+        k_result[i + 1] = k_im * c[i + 1] + k_re * s[i + 1];
+      }
+      store_floats<T, VEC_BYTES>(q_out + column, q_result);
+      store_floats<T, VEC_BYTES>(k_out + column, k_result);
+    }
+  }
+}
+
+}  // namespace kiln

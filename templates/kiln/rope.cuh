@@ -1,0 +1,202 @@
+// Rotary position embedding of q and k in one launch:
+//   half-split (transformers' rotate_half): for i < R/2, with h = R/2,
+//     out[i]     = x[i] * cos[i]     - x[i + h] * sin[i]
+//     out[i + h] = x[i + h] * cos[i + h] + x[i] * sin[i + h]
+//   interleaved (diffusers' use_real_unbind_dim=-1): for pairs (2j, 2j + 1) < R,
+//     out[2j]     = x[2j] * cos[2j]         - x[2j + 1] * sin[2j]
+//     out[2j + 1] = x[2j + 1] * cos[2j + 1] + x[2j] * sin[2j + 1]
+// over the first R = ROTARY_DIM of HEAD_DIM elements (the rest is copied when out of place
+// and left alone in place, where the output is the input), math in fp32,
+// rounded once. cos/sin come from a table row per token (TABLE = float or T) or, for
+// VIDEO, from the token's video coordinates (interleaved only).
+//
+// A row is one head of one token (RopeParams). A row is split among THREADS_PER_ROW
+// threads; each owns whole rotation units (a vector and, half-split, its partner vector
+// R/2 further), so no data crosses threads. A thread handles ROWS_PER_THREAD consecutive
+// rows: all their loads are issued first, and cos/sin are loaded (or computed) once and
+// kept in registers while consecutive rows share them.
+#pragma once
+
+#include "kiln/common.cuh"
+#include "kiln/rope_angles.cuh"
+#include "kiln/rope_params.cuh"
+
+namespace kiln {
+
+template <typename T, typename TABLE, int HEAD_DIM, int ROTARY_DIM, int VEC_BYTES,
+          int THREADS_PER_ROW, int CTA_THREADS, int ROWS_PER_THREAD, bool INTERLEAVED, bool VIDEO>
+__global__ void __launch_bounds__(CTA_THREADS) rope(const RopeParams p) {
+  constexpr int kVec = VEC_BYTES / static_cast<int>(sizeof(T));
+  constexpr int kParts = INTERLEAVED ? 1 : 2;  // vectors per rotation unit
+  constexpr int kUnitWidth = INTERLEAVED ? kVec : 2 * kVec;  // angles per unit
+  constexpr int kRotUnits = INTERLEAVED ? ROTARY_DIM / kVec : ROTARY_DIM / 2 / kVec;
+  constexpr int kPassUnits = (HEAD_DIM - ROTARY_DIM) / kVec;
+  constexpr int kRotSteps = (kRotUnits + THREADS_PER_ROW - 1) / THREADS_PER_ROW;
+  constexpr int kPassSteps = (kPassUnits + THREADS_PER_ROW - 1) / THREADS_PER_ROW;
+  constexpr bool kRotExact = kRotUnits % THREADS_PER_ROW == 0;
+  constexpr int kRowsPerCta = CTA_THREADS / THREADS_PER_ROW * ROWS_PER_THREAD;
+  static_assert(kVec >= 1 && VEC_BYTES % sizeof(T) == 0, "a vector holds whole elements");
+  static_assert(!INTERLEAVED || kVec % 2 == 0, "interleaved pairs must not straddle vectors");
+  static_assert(INTERLEAVED ? ROTARY_DIM % kVec == 0 : ROTARY_DIM % (2 * kVec) == 0,
+                "the rotated part is whole units");
+  static_assert((HEAD_DIM - ROTARY_DIM) % kVec == 0, "the rest is whole vectors");
+  static_assert(!VIDEO || INTERLEAVED, "video angles rotate interleaved pairs");
+  static_assert(CTA_THREADS % THREADS_PER_ROW == 0, "rows must tile the CTA");
+
+  const int lane = static_cast<int>(threadIdx.x) % THREADS_PER_ROW;
+  const int slot = static_cast<int>(threadIdx.x) / THREADS_PER_ROW;
+  const unsigned heads = static_cast<unsigned>(p.heads_q + p.heads_k);
+  const unsigned batch = static_cast<unsigned>(p.batch);
+
+  // Video frequencies depend only on the column: computed once per thread.
+  float frequency[VIDEO ? kRotSteps : 1][VIDEO ? kVec / 2 : 1];
+  int axis_of[VIDEO ? kRotSteps : 1][VIDEO ? kVec / 2 : 1];
+  if constexpr (VIDEO) {
+#pragma unroll
+    for (int step = 0; step < kRotSteps; ++step) {
+#pragma unroll
+      for (int i = 0; i < kVec / 2; ++i) {
+        const int pair = (step * THREADS_PER_ROW + lane) * (kVec / 2) + i;
+        frequency[step][i] = video_frequency(p.video, pair, axis_of[step][i]);
+      }
+    }
+  }
+
+  for (long long first = static_cast<long long>(blockIdx.x) * kRowsPerCta; first < p.rows;
+       first += static_cast<long long>(gridDim.x) * kRowsPerCta) {
+    const long long row0 = first + static_cast<long long>(slot) * ROWS_PER_THREAD;
+    if (row0 >= p.rows) continue;
+
+    Raw<VEC_BYTES> x[ROWS_PER_THREAD][kRotSteps][kParts];
+    Raw<VEC_BYTES> rest[ROWS_PER_THREAD][kPassSteps > 0 ? kPassSteps : 1];
+    T* out_row[ROWS_PER_THREAD];
+    bool copy_rest[ROWS_PER_THREAD];  // out of place: the unrotated columns are copied
+    long long angle_key[ROWS_PER_THREAD];  // rows with equal keys share cos/sin
+    long long sin_offset[ROWS_PER_THREAD];
+#pragma unroll
+    for (int j = 0; j < ROWS_PER_THREAD; ++j) {
+      const long long row = row0 + j;
+      out_row[j] = nullptr;
+      copy_rest[j] = false;
+      angle_key[j] = -1;
+      sin_offset[j] = 0;
+      if (row >= p.rows) continue;
+      const unsigned r = static_cast<unsigned>(row);
+      const unsigned token = r / heads;
+      const unsigned head = r - token * heads;
+      const unsigned position = token / batch;
+      const unsigned entry = token - position * batch;
+      const bool is_q = head < static_cast<unsigned>(p.heads_q);
+      const long long* in_strides = is_q ? p.q_strides : p.k_strides;
+      const long long* out_strides = is_q ? p.q_out_strides : p.k_out_strides;
+      const unsigned h = is_q ? head : head - p.heads_q;
+      const T* in_row = static_cast<const T*>(is_q ? p.q : p.k) + entry * in_strides[0] +
+                        position * in_strides[1] + h * in_strides[2];
+      out_row[j] = static_cast<T*>(is_q ? p.q_out : p.k_out) + entry * out_strides[0] +
+                   position * out_strides[1] + h * out_strides[2];
+      copy_rest[j] = kPassUnits > 0 && static_cast<const void*>(out_row[j]) != in_row;
+      if constexpr (VIDEO) {
+        angle_key[j] = position;
+      } else {
+        angle_key[j] = entry * p.cos_strides[0] + position * p.cos_strides[1];
+        sin_offset[j] = entry * p.sin_strides[0] + position * p.sin_strides[1];
+      }
+#pragma unroll
+      for (int step = 0; step < kRotSteps; ++step) {
+        const int unit = step * THREADS_PER_ROW + lane;
+        if (kRotExact || step + 1 < kRotSteps || unit < kRotUnits) {
+#pragma unroll
+          for (int part = 0; part < kParts; ++part) {
+            const int column = unit * kVec + part * (ROTARY_DIM / 2);
+            // In place, each element is read once, by the thread that later overwrites it,
+            // so the read-only path stays valid.
+            x[j][step][part] = load_global_nc<VEC_BYTES>(in_row + column);
+          }
+        }
+      }
+#pragma unroll
+      for (int step = 0; step < kPassSteps; ++step) {
+        const int unit = step * THREADS_PER_ROW + lane;
+        if (copy_rest[j] && unit < kPassUnits) {
+          rest[j][step] = load_global_nc<VEC_BYTES>(in_row + ROTARY_DIM + unit * kVec);
+        }
+      }
+    }
+
+    float cos_v[kRotSteps][kUnitWidth];
+    float sin_v[kRotSteps][kUnitWidth];
+#pragma unroll
+    for (int j = 0; j < ROWS_PER_THREAD; ++j) {
+      if (out_row[j] == nullptr) continue;
+      if (j == 0 || angle_key[j] != angle_key[j - 1]) {
+#pragma unroll
+        for (int step = 0; step < kRotSteps; ++step) {
+          const int unit = step * THREADS_PER_ROW + lane;
+          if (!(kRotExact || step + 1 < kRotSteps || unit < kRotUnits)) continue;
+          if constexpr (VIDEO) {
+            float axes[3];
+            video_axes(p.video, angle_key[j], axes);
+#pragma unroll
+            for (int i = 0; i < kVec / 2; ++i) {
+              float c, s;
+              video_cos_sin(frequency[step][i], pick_axis(axes, axis_of[step][i]), c, s);
+              cos_v[step][2 * i] = c;
+              cos_v[step][2 * i + 1] = c;
+              sin_v[step][2 * i] = s;
+              sin_v[step][2 * i + 1] = s;
+            }
+          } else {
+            const TABLE* cos_row = static_cast<const TABLE*>(p.cos) + angle_key[j];
+            const TABLE* sin_row = static_cast<const TABLE*>(p.sin) + sin_offset[j];
+#pragma unroll
+            for (int part = 0; part < kParts; ++part) {
+              const int column = unit * kVec + part * (ROTARY_DIM / 2);
+              load_table<TABLE, kVec, VEC_BYTES>(cos_row + column, cos_v[step] + part * kVec);
+              load_table<TABLE, kVec, VEC_BYTES>(sin_row + column, sin_v[step] + part * kVec);
+            }
+          }
+        }
+      }
+
+#pragma unroll
+      for (int step = 0; step < kRotSteps; ++step) {
+        const int unit = step * THREADS_PER_ROW + lane;
+        if (!(kRotExact || step + 1 < kRotSteps || unit < kRotUnits)) continue;
+        const float* c = cos_v[step];
+        const float* s = sin_v[step];
+        if constexpr (INTERLEAVED) {
+          float result[kVec];
+#pragma unroll
+          for (int i = 0; i < kVec; i += 2) {
+            const float re = get_element<T>(x[j][step][0], i);
+            const float im = get_element<T>(x[j][step][0], i + 1);
+            result[i] = re * c[i] - im * s[i];
+            result[i + 1] = im * c[i + 1] + re * s[i + 1];
+          }
+          store_floats<T, VEC_BYTES>(out_row[j] + unit * kVec, result);
+        } else {
+          float first_half[kVec];
+          float second_half[kVec];
+#pragma unroll
+          for (int i = 0; i < kVec; ++i) {
+            const float a = get_element<T>(x[j][step][0], i);
+            const float b = get_element<T>(x[j][step][1], i);
+            first_half[i] = a * c[i] - b * s[i];
+            second_half[i] = b * c[kVec + i] + a * s[kVec + i];
+          }
+          store_floats<T, VEC_BYTES>(out_row[j] + unit * kVec, first_half);
+          store_floats<T, VEC_BYTES>(out_row[j] + unit * kVec + ROTARY_DIM / 2, second_half);
+        }
+      }
+#pragma unroll
+      for (int step = 0; step < kPassSteps; ++step) {
+        const int unit = step * THREADS_PER_ROW + lane;
+        if (copy_rest[j] && unit < kPassUnits) {
+          store_global<VEC_BYTES>(out_row[j] + ROTARY_DIM + unit * kVec, rest[j][step]);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace kiln

@@ -1,0 +1,63 @@
+// Where rotary angles come from, shared by kiln::rope and kiln::rms_norm_rope: a cos/sin
+// table row (fp32 or the data's dtype), or LTX-Video's angles computed from a token's
+// video coordinates (see RopeVideoGrid).
+#pragma once
+
+#include "kiln/common.cuh"
+#include "kiln/rope_params.cuh"
+
+namespace kiln {
+
+// N consecutive elements of a table of C, widened to fp32, in loads of CHUNK_BYTES
+// (the data's vector width, or one element when that is narrower).
+template <typename C, int N, int CHUNK_BYTES>
+__device__ __forceinline__ void load_table(const C* source, float* values) {
+  constexpr int kChunk = CHUNK_BYTES < static_cast<int>(sizeof(C)) ? static_cast<int>(sizeof(C))
+                                                                     : CHUNK_BYTES;
+  constexpr int kPerChunk = kChunk / static_cast<int>(sizeof(C));
+  static_assert(N % kPerChunk == 0, "a table vector is whole chunks");
+#pragma unroll
+  for (int chunk = 0; chunk < N / kPerChunk; ++chunk) {
+    const Raw<kChunk> r = load_global_nc<kChunk>(source + chunk * kPerChunk);
+#pragma unroll
+    for (int i = 0; i < kPerChunk; ++i) values[chunk * kPerChunk + i] = get_element<C>(r, i);
+  }
+}
+
+// The frequency of interleaved pair `pair` of a row of LTX-Video angles (0 for the
+// padding pairs at the front, whose angle is then 0: cos 1, sin 0 exactly), and the axis
+// (0 frame, 1 row, 2 column) whose coordinate scales it.
+__device__ __forceinline__ float video_frequency(const RopeVideoGrid& grid, int pair, int& axis) {
+  const int j = pair - grid.pad_pairs;
+  if (j < 0) {
+    axis = 0;
+    return 0.0f;
+  }
+  axis = j % 3;
+  // theta ** (i / (n - 1)) as torch computes it in fp32 (linspace then pow), times pi / 2.
+  return exp2f(static_cast<float>(j / 3) * grid.log2_freq_step) * 1.57079632679489662f;
+}
+
+// 2 * coordinate * scale - 1 for each axis of the token at `position`.
+__device__ __forceinline__ void video_axes(const RopeVideoGrid& grid, long long position,
+                                           float* axes) {
+  const long long plane = static_cast<long long>(grid.height) * grid.width;
+  const float coordinate[3] = {static_cast<float>(position / plane),
+                               static_cast<float>((position / grid.width) % grid.height),
+                               static_cast<float>(position % grid.width)};
+#pragma unroll
+  for (int a = 0; a < 3; ++a) axes[a] = coordinate[a] * grid.scale[a] * 2.0f - 1.0f;
+}
+
+__device__ __forceinline__ float pick_axis(const float* axes, int axis) {
+  return axis == 0 ? axes[0] : axis == 1 ? axes[1] : axes[2];
+}
+
+// Angles reach ~1e4 radians: sincosf's full range reduction is needed (the fast-math
+// __sincosf loses all accuracy there).
+__device__ __forceinline__ void video_cos_sin(float frequency, float axis_value, float& c,
+                                              float& s) {
+  sincosf(frequency * axis_value, &s, &c);
+}
+
+}  // namespace kiln

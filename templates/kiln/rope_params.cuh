@@ -1,0 +1,76 @@
+// The by-value parameters of kiln::rope and kiln::rms_norm_rope. Included by the kernel
+// templates and by host code that fills them, so they hold plain data only and include
+// nothing. Strides are in elements; a stride of 0 broadcasts (cos/sin over the batch).
+#pragma once
+
+namespace kiln {
+
+// LTX-Video's rotary angles, computed from a token's (frame, row, column) instead of read
+// from a table. Token s of a sequence is at frame s / (height * width), row
+// (s / width) % height, column s % width. The angle of rotation pair p of a row of `dim`
+// elements (dim = the rotated width) is, for p >= pad_pairs,
+//   freq(i) * (2 * coordinate[a] * scale[a] - 1),  j = p - pad_pairs, i = j / 3, a = j % 3,
+//   freq(i) = theta ** (i / (dim / 6 - 1)) * pi / 2,
+// and 0 (cos 1, sin 0) for the dim % 6 lanes at the front (pad_pairs = (dim % 6) / 2).
+struct RopeVideoGrid {
+  int frames;
+  int height;
+  int width;
+  int pad_pairs;
+  float scale[3];         // per axis: interpolation scale * patch size / base size (or 1)
+  float log2_freq_step;   // log2(theta) / (dim / 6 - 1); 0 when dim / 6 == 1
+};
+
+// Rows are (token, head) pairs, token-major: row r is head r % (heads_q + heads_k) of token
+// r / (heads_q + heads_k), the first heads_q of q and the rest of k. Tokens are
+// position-major, token t = position t / batch of batch entry t % batch, so the rows that
+// share cos/sin (all heads of a position; all batch entries too when cos/sin broadcast over
+// the batch, and always for video angles) are neighbours and reuse them from registers.
+struct RopeParams {
+  void* q_out;
+  void* k_out;
+  const void* q;
+  const void* k;
+  const void* cos;  // table mode only
+  const void* sin;
+  long long rows;   // tokens * (heads_q + heads_k), < 2^31
+  int batch;
+  int heads_q;
+  int heads_k;
+  int pad0;
+  long long q_strides[3];  // batch, position, head
+  long long k_strides[3];
+  long long q_out_strides[3];
+  long long k_out_strides[3];
+  long long cos_strides[2];  // batch, position (the last dimension is contiguous)
+  long long sin_strides[2];
+  RopeVideoGrid video;
+};
+
+// One row is one token: q's and k's rows of `width` elements, each RMS-normalised over the
+// whole width with its own weight, then rotated in interleaved pairs over the whole width.
+// Tokens are in (batch, position) order: token t is position t % seq_len of batch entry
+// t / seq_len.
+struct RmsNormRopeParams {
+  void* q_out;
+  void* k_out;
+  const void* q;
+  const void* k;
+  const void* q_weight;
+  const void* k_weight;
+  const void* cos;  // table mode only
+  const void* sin;
+  long long rows;
+  long long seq_len;
+  long long q_strides[2];  // batch, position
+  long long k_strides[2];
+  long long q_out_strides[2];
+  long long k_out_strides[2];
+  long long cos_strides[2];
+  long long sin_strides[2];
+  float eps;
+  int pad0;
+  RopeVideoGrid video;
+};
+
+}  // namespace kiln

@@ -1,0 +1,266 @@
+#include "templates/rms_norm_rope_family.h"
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+#include <optional>
+
+#include "cache/error.h"
+#include "templates/kiln/rope_params.cuh"
+#include "templates/rope_video.h"
+
+namespace kiln {
+
+static_assert(sizeof(RmsNormRopeParams) == 216 && alignof(RmsNormRopeParams) == 8);
+
+namespace {
+
+constexpr std::array<int, 3> kVecBytes = {16, 8, 4};  // a vector holds whole pairs
+constexpr std::array<int, 9> kThreadsPerRow = {4, 8, 16, 32, 64, 128, 256, 512, 1024};
+constexpr std::array<int, 5> kCtaThreads = {64, 128, 256, 512, 1024};
+constexpr int kRegisterOverhead = 40;
+constexpr int kMaxRegistersPerThread = 255;
+constexpr std::int64_t kTargetElementsPerThread = 32;  // q and k together
+
+template <std::size_t N>
+bool one_of(const std::array<int, N>& values, int value) {
+  return std::find(values.begin(), values.end(), value) != values.end();
+}
+
+std::int64_t ceil_div(std::int64_t a, std::int64_t b) {
+  return (a + b - 1) / b;
+}
+
+std::optional<ArgumentError> problem_error(const Problem& problem) {
+  if (problem.op != Op::rms_norm_rope) {
+    return ArgumentError("rms_norm_rope", "problem", "op rms_norm_rope",
+                         std::string(op_name(problem.op)));
+  }
+  if (problem.hidden < 6 || problem.hidden > RmsNormRopeFamily::kMaxWidth ||
+      problem.hidden % 2 != 0) {
+    return ArgumentError("rms_norm_rope", "q", "an even row width in [6, 32768]",
+                         std::to_string(problem.hidden));
+  }
+  if (problem.align < 1 || problem.align > 16 || (problem.align & (problem.align - 1)) != 0) {
+    return ArgumentError("rms_norm_rope", "q", "alignment a power of two in [1, 16] bytes",
+                         std::to_string(problem.align));
+  }
+  if ((problem.flags & ~(kRmsNormRopeVideo | kRmsNormRopeTableF32)) != 0 ||
+      ((problem.flags & kRmsNormRopeVideo) && (problem.flags & kRmsNormRopeTableF32))) {
+    return ArgumentError("rms_norm_rope", "flags", "video (1) or table-fp32 (2), not both",
+                         std::to_string(problem.flags));
+  }
+  if (problem.aux != 0) {
+    return ArgumentError("rms_norm_rope", "aux", "0 (the rotation spans the row)",
+                         std::to_string(problem.aux));
+  }
+  return std::nullopt;
+}
+
+bool video(const Problem& problem) {
+  return (problem.flags & kRmsNormRopeVideo) != 0;
+}
+
+std::int64_t elements_per_thread(const Problem& problem, const Config& config) {
+  const std::int64_t vec = config.vec_bytes / std::int64_t(dtype_size(problem.dtype));
+  return 2 * ceil_div(problem.hidden, vec * config.threads_per_row) * vec;
+}
+
+}  // namespace
+
+void RmsNormRopeFamily::check(const Problem& problem) const {
+  if (auto error = problem_error(problem)) throw *error;
+}
+
+std::string RmsNormRopeFamily::invalid_reason(const Problem& problem, const Config& config,
+                                              const DeviceTraits& device) const {
+  if (auto error = problem_error(problem)) return error->message();
+  if (!config.extra.empty()) {
+    return "rms_norm_rope has no tunable named '" + config.extra.begin()->first + "'";
+  }
+  const auto element = static_cast<std::int64_t>(dtype_size(problem.dtype));
+  const int vec = config.vec_bytes;
+  if (!one_of(kVecBytes, vec)) return "vec_bytes " + std::to_string(vec) + " is not 16, 8 or 4";
+  if (vec < 2 * element) {
+    return "vec_bytes " + std::to_string(vec) + " cannot hold a whole interleaved pair";
+  }
+  if (vec > std::max<std::int64_t>(problem.align, element)) {
+    return "vec_bytes " + std::to_string(vec) + " exceeds the data alignment " +
+           std::to_string(problem.align);
+  }
+  if ((problem.hidden * element) % vec != 0) {
+    return "a row of " + std::to_string(problem.hidden) + " elements is not whole " +
+           std::to_string(vec) + "-byte vectors";
+  }
+  const int tpr = config.threads_per_row;
+  if (!one_of(kThreadsPerRow, tpr)) {
+    return "threads_per_row " + std::to_string(tpr) + " is not a power of two in [4, 1024]";
+  }
+  const std::int64_t vectors = problem.hidden * element / vec;
+  if (tpr != kThreadsPerRow.front() && tpr > vectors) {
+    return "threads_per_row " + std::to_string(tpr) + " leaves threads idle";
+  }
+  const std::int64_t held = elements_per_thread(problem, config);
+  if (held > kMaxElementsPerThread) {
+    return "each thread would hold " + std::to_string(held) + " elements of q and k, more than " +
+           std::to_string(kMaxElementsPerThread);
+  }
+  const int cta = config.cta_threads;
+  if (!one_of(kCtaThreads, cta)) return "cta_threads " + std::to_string(cta) + " is not 64..1024";
+  if (cta < tpr) return "cta_threads is fewer than threads_per_row";
+  if (cta > device.max_threads_per_block) return "cta_threads exceeds the device's limit";
+  const int register_cap =
+      std::min(kMaxRegistersPerThread, std::max(1, device.regs_per_block / cta));
+  if (held + kRegisterOverhead > register_cap) {
+    return "holding " + std::to_string(held) + " elements needs more than the " +
+           std::to_string(register_cap) + " registers a " + std::to_string(cta) +
+           "-thread CTA allows";
+  }
+  return {};
+}
+
+std::vector<Config> RmsNormRopeFamily::space(const Problem& problem,
+                                             const DeviceTraits& device) const {
+  check(problem);
+  std::vector<Config> configs;
+  for (int vec : kVecBytes) {
+    for (int tpr : kThreadsPerRow) {
+      for (int cta : kCtaThreads) {
+        Config config;
+        config.vec_bytes = vec;
+        config.threads_per_row = tpr;
+        config.cta_threads = cta;
+        if (invalid_reason(problem, config, device).empty()) configs.push_back(std::move(config));
+      }
+    }
+  }
+  return configs;
+}
+
+// The widest vector, then the narrowest split holding at most kTargetElementsPerThread of
+// q and k together (the row-kernel rule RMSNorm uses), in CTAs of 128..512 threads.
+Config RmsNormRopeFamily::heuristic(const Problem& problem, const DeviceTraits& device) const {
+  const std::vector<Config> configs = space(problem, device);
+  if (configs.empty()) {
+    throw Error("kiln.rms_norm_rope: no valid launch config for " + problem.key() + " on sm_" +
+                std::to_string(device.sm));
+  }
+  const int vec = configs.front().vec_bytes;
+  Config target;
+  target.vec_bytes = vec;
+  for (int tpr : kThreadsPerRow) {
+    target.threads_per_row = tpr;
+    if (elements_per_thread(problem, target) <= kTargetElementsPerThread) break;
+  }
+  target.cta_threads = std::clamp(4 * target.threads_per_row, 128, 512);
+  const Config* best = nullptr;
+  auto distance = [&](const Config& c) {
+    return std::array<std::int64_t, 3>{c.vec_bytes == vec ? 0 : 1,
+                                       std::abs(c.threads_per_row - target.threads_per_row),
+                                       std::abs(c.cta_threads - target.cta_threads)};
+  };
+  for (const Config& config : configs) {
+    if (best == nullptr || distance(config) < distance(*best)) best = &config;
+  }
+  return *best;
+}
+
+std::string RmsNormRopeFamily::name_expression(const Problem& problem, const Config& config) const {
+  const std::string type(dtype_cuda_type(problem.dtype));
+  const std::string table =
+      (video(problem) || (problem.flags & kRmsNormRopeTableF32)) ? "float" : type;
+  return "kiln::rms_norm_rope<" + type + ", " + table + ", " + std::to_string(problem.hidden) +
+         ", " + std::to_string(config.vec_bytes) + ", " + std::to_string(config.threads_per_row) +
+         ", " + std::to_string(config.cta_threads) + ", " + (video(problem) ? "true" : "false") +
+         ">";
+}
+
+LaunchGeometry RmsNormRopeFamily::geometry(const Problem& problem, const Config& config,
+                                           std::int64_t rows) const {
+  (void)problem;
+  constexpr std::int64_t kMaxGrid = 0x7fffffff;
+  LaunchGeometry geometry;
+  geometry.grid[0] = static_cast<std::uint32_t>(std::clamp<std::int64_t>(
+      ceil_div(std::max<std::int64_t>(rows, 0), std::max(1, config.rows_per_cta())), 1, kMaxGrid));
+  geometry.block[0] = static_cast<std::uint32_t>(config.cta_threads);
+  return geometry;
+}
+
+std::vector<BufferSpec> RmsNormRopeFamily::buffers(const Problem& problem,
+                                                   std::int64_t rows) const {
+  check(problem);
+  if (rows < 0) throw ArgumentError("rms_norm_rope", "rows", "a count >= 0", std::to_string(rows));
+  const std::int64_t w = problem.hidden;
+  std::vector<BufferSpec> specs;
+  specs.push_back({"q", problem.dtype, rows * w, false});
+  specs.push_back({"k", problem.dtype, rows * w, false});
+  specs.push_back({"q_weight", problem.dtype, w, false});
+  specs.push_back({"k_weight", problem.dtype, w, false});
+  if (!video(problem)) {
+    const DType table = (problem.flags & kRmsNormRopeTableF32) ? DType::f32 : problem.dtype;
+    specs.push_back({"cos", table, rows * w, false});
+    specs.push_back({"sin", table, rows * w, false});
+  }
+  specs.push_back({"q_out", problem.dtype, rows * w, true});
+  specs.push_back({"k_out", problem.dtype, rows * w, true});
+  return specs;
+}
+
+std::vector<std::byte> RmsNormRopeFamily::pack_params(
+    const Problem& problem, std::int64_t rows, std::span<const std::uint64_t> addresses) const {
+  const std::size_t expected = video(problem) ? 6 : 8;
+  if (addresses.size() != expected) {
+    throw Error("kiln.rms_norm_rope: pack_params: expected " + std::to_string(expected) +
+                " addresses, got " + std::to_string(addresses.size()));
+  }
+  const auto pointer = [&](std::size_t i) {
+    return reinterpret_cast<void*>(static_cast<std::uintptr_t>(addresses[i]));
+  };
+  const std::int64_t w = problem.hidden;
+  RmsNormRopeParams params;
+  std::memset(&params, 0, sizeof(params));
+  params.q = pointer(0);
+  params.k = pointer(1);
+  params.q_weight = pointer(2);
+  params.k_weight = pointer(3);
+  if (!video(problem)) {
+    params.cos = pointer(4);
+    params.sin = pointer(5);
+  }
+  params.q_out = pointer(expected - 2);
+  params.k_out = pointer(expected - 1);
+  params.rows = rows;
+  params.seq_len = std::max<std::int64_t>(rows, 1);
+  for (long long* strides : {params.q_strides, params.k_strides, params.q_out_strides,
+                             params.k_out_strides, params.cos_strides, params.sin_strides}) {
+    strides[0] = rows * w;
+    strides[1] = w;
+  }
+  params.eps = kDefaultEps;
+  if (video(problem)) {
+    VideoRopeSettings settings;
+    settings.frames = static_cast<int>(
+        std::max<std::int64_t>(1, ceil_div(rows, std::int64_t{settings.height} * settings.width)));
+    params.video = make_video_grid("rms_norm_rope", w, settings);
+  }
+  std::vector<std::byte> bytes(sizeof(params));
+  std::memcpy(bytes.data(), &params, sizeof(params));
+  return bytes;
+}
+
+std::int64_t RmsNormRopeFamily::bytes_moved(const Problem& problem, std::int64_t rows) const {
+  const auto element = static_cast<std::int64_t>(dtype_size(problem.dtype));
+  std::int64_t bytes = (4 * rows + 2) * problem.hidden * element;
+  if (!video(problem)) {
+    const std::int64_t table = (problem.flags & kRmsNormRopeTableF32) ? 4 : element;
+    bytes += 2 * rows * problem.hidden * table;
+  }
+  return bytes;
+}
+
+std::vector<Problem> RmsNormRopeFamily::common_problems(DType dtype, std::int64_t hidden) const {
+  return {Problem{Op::rms_norm_rope, dtype, hidden, kRmsNormRopeTableF32, 16},
+          Problem{Op::rms_norm_rope, dtype, hidden, kRmsNormRopeVideo, 16}};
+}
+
+}  // namespace kiln

@@ -1,0 +1,338 @@
+#include "templates/rope_family.h"
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+#include <optional>
+
+#include "cache/error.h"
+#include "templates/kiln/rope_params.cuh"
+#include "templates/rope_video.h"
+
+namespace kiln {
+
+static_assert(sizeof(RopeParams) == 232 && alignof(RopeParams) == 8);
+
+namespace {
+
+constexpr std::array<int, 4> kVecBytes = {16, 8, 4, 2};  // widest first: the canonical order
+constexpr std::array<int, 9> kThreadsPerRow = {1, 2, 4, 8, 16, 32, 64, 128, 256};
+constexpr std::array<int, 4> kCtaThreads = {64, 128, 256, 512};
+constexpr std::array<int, 3> kRowsPerThreadValues = {1, 2, 4};
+// 32-bit words a thread may hold (its rows' raw vectors plus fp32 cos/sin) before the
+// kernel would spill: the row kernels' budget, less room for addresses and indices.
+constexpr std::int64_t kMaxHeldWords = 96;
+constexpr std::int64_t kMaxRows = (std::int64_t{1} << 31) - 1;
+
+template <std::size_t N>
+bool one_of(const std::array<int, N>& values, int value) {
+  return std::find(values.begin(), values.end(), value) != values.end();
+}
+
+std::int64_t ceil_div(std::int64_t a, std::int64_t b) {
+  return (a + b - 1) / b;
+}
+
+bool interleaved(const Problem& problem) {
+  return problem.op == Op::rope_3d || (problem.flags & kRopeInterleaved) != 0;
+}
+
+std::int64_t effective_align(const Problem& problem) {
+  return std::max<std::int64_t>(problem.align,
+                                static_cast<std::int64_t>(dtype_size(problem.dtype)));
+}
+
+std::optional<ArgumentError> problem_error(Op op, const Problem& problem) {
+  const std::string name(op_name(op));
+  if (problem.op != op) {
+    return ArgumentError(name, "problem", "op " + name, std::string(op_name(problem.op)));
+  }
+  if (problem.hidden < 2 || problem.hidden > RopeFamily::kMaxHeadDim || problem.hidden % 2 != 0) {
+    return ArgumentError(name, "q", "an even head dim in [2, 16384]",
+                         std::to_string(problem.hidden));
+  }
+  if (problem.align < 1 || problem.align > 16 || (problem.align & (problem.align - 1)) != 0) {
+    return ArgumentError(name, "q", "alignment a power of two in [1, 16] bytes",
+                         std::to_string(problem.align));
+  }
+  const std::uint32_t allowed = op == Op::rope ? (kRopeInterleaved | kRopeTableF32) : 0u;
+  if ((problem.flags & ~allowed) != 0) {
+    return ArgumentError(name, "flags",
+                         op == Op::rope ? "only interleaved (1) and table-fp32 (2)" : "none",
+                         std::to_string(problem.flags));
+  }
+  if (op == Op::rope_3d && problem.aux != 0) {
+    return ArgumentError(name, "rotary_dim", "the whole row (aux 0)", std::to_string(problem.aux));
+  }
+  if (op == Op::rope_3d && problem.hidden < 6) {
+    return ArgumentError(name, "q", "a row of >= 6 elements (dim // 6 frequencies per axis)",
+                         std::to_string(problem.hidden));
+  }
+  if (problem.aux < 0 || problem.aux > problem.hidden || problem.aux % 2 != 0) {
+    return ArgumentError(name, "rotary_dim",
+                         "an even count in [2, " + std::to_string(problem.hidden) + "] (0: all)",
+                         std::to_string(problem.aux));
+  }
+  return std::nullopt;
+}
+
+struct Shape {
+  std::int64_t vec = 1;         // elements per vector
+  std::int64_t parts = 1;       // vectors per rotation unit
+  std::int64_t rot_units = 0;   // rotation units per row
+  std::int64_t pass_units = 0;  // vectors of unrotated columns per row
+};
+
+Shape shape_of(const Problem& problem, const Config& config) {
+  Shape s;
+  s.vec = std::max<std::int64_t>(1, config.vec_bytes / std::int64_t(dtype_size(problem.dtype)));
+  const std::int64_t rd = RopeFamily::rotary_dim(problem);
+  s.parts = interleaved(problem) ? 1 : 2;
+  s.rot_units = rd / s.parts / s.vec;
+  s.pass_units = (problem.hidden - rd) / s.vec;
+  return s;
+}
+
+}  // namespace
+
+RopeFamily::RopeFamily(Op op) : op_(op) {}
+
+std::int64_t RopeFamily::rotary_dim(const Problem& problem) {
+  return problem.aux == 0 ? problem.hidden : problem.aux;
+}
+
+int RopeFamily::rows_per_thread(const Config& config) {
+  const auto it = config.extra.find(kRowsPerThread);
+  return it == config.extra.end() ? 1 : static_cast<int>(it->second);
+}
+
+std::pair<int, int> RopeFamily::standalone_heads(const Problem& problem, std::int64_t rows) {
+  if (problem.op == Op::rope_3d) return rows % 2 == 0 ? std::pair{1, 1} : std::pair{1, 0};
+  return rows % 8 == 0 ? std::pair{6, 2} : std::pair{1, 0};
+}
+
+void RopeFamily::check(const Problem& problem) const {
+  if (auto error = problem_error(op_, problem)) throw *error;
+}
+
+std::string RopeFamily::invalid_reason(const Problem& problem, const Config& config,
+                                       const DeviceTraits& device) const {
+  if (auto error = problem_error(op_, problem)) return error->message();
+  for (const auto& [name, value] : config.extra) {
+    if (name != kRowsPerThread)
+      return std::string(op_name(op_)) + " has no tunable named '" + name + "'";
+  }
+  const int rpt = rows_per_thread(config);
+  if (!one_of(kRowsPerThreadValues, rpt)) {
+    return "rows_per_thread " + std::to_string(rpt) + " is not 1, 2 or 4";
+  }
+  const auto element = static_cast<int>(dtype_size(problem.dtype));
+  const int vec = config.vec_bytes;
+  if (!one_of(kVecBytes, vec)) return "vec_bytes " + std::to_string(vec) + " is not 16, 8, 4 or 2";
+  if (vec < element) {
+    return "vec_bytes " + std::to_string(vec) + " is narrower than one element";
+  }
+  if (vec > effective_align(problem)) {
+    return "vec_bytes " + std::to_string(vec) + " exceeds the data alignment " +
+           std::to_string(effective_align(problem));
+  }
+  const Shape s = shape_of(problem, config);
+  const std::int64_t rd = rotary_dim(problem);
+  if (interleaved(problem) && s.vec % 2 != 0) {
+    return "a vector of " + std::to_string(s.vec) + " element splits an interleaved pair";
+  }
+  if (rd % (s.parts * s.vec) != 0) {
+    return "the rotated " + std::to_string(rd) + " columns are not whole " +
+           (s.parts == 2 ? "half-split vector pairs" : "vectors") + " of " + std::to_string(s.vec) +
+           " elements";
+  }
+  if ((problem.hidden - rd) % s.vec != 0) {
+    return "the " + std::to_string(problem.hidden - rd) + " unrotated columns are not whole " +
+           std::to_string(s.vec) + "-element vectors";
+  }
+  const int tpr = config.threads_per_row;
+  if (!one_of(kThreadsPerRow, tpr)) {
+    return "threads_per_row " + std::to_string(tpr) + " is not a power of two in [1, 256]";
+  }
+  if (tpr > 1 && tpr / 2 >= s.rot_units) {
+    return "threads_per_row " + std::to_string(tpr) + " leaves threads idle: a row has " +
+           std::to_string(s.rot_units) + " rotation units";
+  }
+  const int cta = config.cta_threads;
+  if (!one_of(kCtaThreads, cta)) return "cta_threads " + std::to_string(cta) + " is not 64..512";
+  if (cta < tpr) return "cta_threads is fewer than threads_per_row";
+  if (cta > device.max_threads_per_block) return "cta_threads exceeds the device's limit";
+  const std::int64_t rot_steps = ceil_div(s.rot_units, tpr);
+  const std::int64_t pass_steps = ceil_div(s.pass_units, tpr);
+  const std::int64_t words_per_vector = std::max(1, vec / 4);
+  const std::int64_t held =
+      rpt * (rot_steps * s.parts + pass_steps) * words_per_vector + 2 * rot_steps * s.parts * s.vec;
+  if (held > kMaxHeldWords) {
+    return "each thread would hold about " + std::to_string(held) +
+           " words (rows and cos/sin), more than " + std::to_string(kMaxHeldWords);
+  }
+  return {};
+}
+
+std::vector<Config> RopeFamily::space(const Problem& problem, const DeviceTraits& device) const {
+  check(problem);
+  std::vector<Config> configs;
+  for (int vec : kVecBytes) {
+    for (int tpr : kThreadsPerRow) {
+      for (int cta : kCtaThreads) {
+        for (int rpt : kRowsPerThreadValues) {
+          Config config;
+          config.vec_bytes = vec;
+          config.threads_per_row = tpr;
+          config.cta_threads = cta;
+          config.extra[kRowsPerThread] = rpt;
+          if (invalid_reason(problem, config, device).empty()) configs.push_back(std::move(config));
+        }
+      }
+    }
+  }
+  return configs;
+}
+
+// The widest vector; one or two rotation units per thread (so a head of 128 bf16 elements
+// is 8 threads, 16-byte accesses); two rows per thread (a token's heads share cos/sin);
+// 128-thread CTAs, wider when a row needs more threads.
+Config RopeFamily::heuristic(const Problem& problem, const DeviceTraits& device) const {
+  const std::vector<Config> configs = space(problem, device);
+  if (configs.empty()) {
+    throw Error("kiln." + std::string(op_name(op_)) + ": no valid launch config for " +
+                problem.key() + " on sm_" + std::to_string(device.sm));
+  }
+  const int vec = configs.front().vec_bytes;
+  Config probe;
+  probe.vec_bytes = vec;
+  const std::int64_t units = shape_of(problem, probe).rot_units;
+  int target_tpr = 1;
+  while (target_tpr < 256 && target_tpr * 2 <= units) target_tpr *= 2;
+  if (units > 64) target_tpr = std::max(1, target_tpr / 2);  // long rows: two units each
+  const int target_cta = std::max(128, std::min(512, 2 * target_tpr));
+  const Config* best = nullptr;
+  auto distance = [&](const Config& c) {
+    return std::array<std::int64_t, 4>{
+        c.vec_bytes == vec ? 0 : 1, std::abs(c.threads_per_row - target_tpr),
+        std::abs(rows_per_thread(c) - 2), std::abs(c.cta_threads - target_cta)};
+  };
+  for (const Config& config : configs) {
+    if (best == nullptr || distance(config) < distance(*best)) best = &config;
+  }
+  return *best;
+}
+
+std::string RopeFamily::name_expression(const Problem& problem, const Config& config) const {
+  const std::string type(dtype_cuda_type(problem.dtype));
+  const bool video = op_ == Op::rope_3d;
+  const std::string table = (video || (problem.flags & kRopeTableF32)) ? "float" : type;
+  return "kiln::rope<" + type + ", " + table + ", " + std::to_string(problem.hidden) + ", " +
+         std::to_string(rotary_dim(problem)) + ", " + std::to_string(config.vec_bytes) + ", " +
+         std::to_string(config.threads_per_row) + ", " + std::to_string(config.cta_threads) + ", " +
+         std::to_string(rows_per_thread(config)) + ", " +
+         (interleaved(problem) ? "true" : "false") + ", " + (video ? "true" : "false") + ">";
+}
+
+LaunchGeometry RopeFamily::geometry(const Problem& problem, const Config& config,
+                                    std::int64_t rows) const {
+  (void)problem;
+  constexpr std::int64_t kMaxGrid = 0x7fffffff;
+  const std::int64_t rows_per_cta =
+      std::max(1, config.cta_threads / std::max(1, config.threads_per_row)) *
+      rows_per_thread(config);
+  LaunchGeometry geometry;
+  geometry.grid[0] = static_cast<std::uint32_t>(std::clamp<std::int64_t>(
+      ceil_div(std::max<std::int64_t>(rows, 0), rows_per_cta), 1, kMaxGrid));
+  geometry.block[0] = static_cast<std::uint32_t>(config.cta_threads);
+  return geometry;
+}
+
+std::vector<BufferSpec> RopeFamily::buffers(const Problem& problem, std::int64_t rows) const {
+  check(problem);
+  const std::string name(op_name(op_));
+  if (rows < 0 || rows > kMaxRows) {
+    throw ArgumentError(name, "rows", "a count in [0, 2^31)", std::to_string(rows));
+  }
+  const auto [hq, hk] = standalone_heads(problem, rows);
+  const std::int64_t tokens = rows / (hq + hk);
+  const std::int64_t d = problem.hidden;
+  std::vector<BufferSpec> specs;
+  specs.push_back({"q", problem.dtype, tokens * hq * d, false});
+  specs.push_back({"k", problem.dtype, std::max<std::int64_t>(1, tokens * hk * d), false});
+  if (op_ == Op::rope) {
+    const DType table = (problem.flags & kRopeTableF32) ? DType::f32 : problem.dtype;
+    specs.push_back({"cos", table, tokens * rotary_dim(problem), false});
+    specs.push_back({"sin", table, tokens * rotary_dim(problem), false});
+  }
+  specs.push_back({"q_out", problem.dtype, tokens * hq * d, true});
+  // With no k heads (odd row counts) k_out is never written: scratch, not an output to check.
+  specs.push_back({"k_out", problem.dtype, std::max<std::int64_t>(1, tokens * hk * d), hk > 0});
+  return specs;
+}
+
+std::vector<std::byte> RopeFamily::pack_params(const Problem& problem, std::int64_t rows,
+                                               std::span<const std::uint64_t> addresses) const {
+  const std::size_t expected = op_ == Op::rope ? 6 : 4;
+  if (addresses.size() != expected) {
+    throw Error("kiln." + std::string(op_name(op_)) + ": pack_params: expected " +
+                std::to_string(expected) + " addresses, got " + std::to_string(addresses.size()));
+  }
+  const auto pointer = [&](std::size_t i) {
+    return reinterpret_cast<void*>(static_cast<std::uintptr_t>(addresses[i]));
+  };
+  const auto [hq, hk] = standalone_heads(problem, rows);
+  const std::int64_t tokens = rows / (hq + hk);
+  const std::int64_t d = problem.hidden;
+  RopeParams params;
+  std::memset(&params, 0, sizeof(params));
+  params.q = pointer(0);
+  params.k = pointer(1);
+  if (op_ == Op::rope) {
+    params.cos = pointer(2);
+    params.sin = pointer(3);
+  }
+  params.q_out = pointer(expected - 2);
+  params.k_out = pointer(expected - 1);
+  params.rows = tokens * (hq + hk);
+  params.batch = 1;
+  params.heads_q = hq;
+  params.heads_k = hk;
+  const std::int64_t q_strides[3] = {tokens * hq * d, hq * d, d};
+  const std::int64_t k_strides[3] = {tokens * hk * d, hk * d, d};
+  std::copy(q_strides, q_strides + 3, params.q_strides);
+  std::copy(q_strides, q_strides + 3, params.q_out_strides);
+  std::copy(k_strides, k_strides + 3, params.k_strides);
+  std::copy(k_strides, k_strides + 3, params.k_out_strides);
+  params.cos_strides[1] = params.sin_strides[1] = rotary_dim(problem);
+  if (op_ == Op::rope_3d) {
+    VideoRopeSettings settings;
+    // Enough positions for every token of the run, so no coordinate repeats.
+    settings.frames = static_cast<int>(std::max<std::int64_t>(
+        1, ceil_div(tokens, std::int64_t{settings.height} * settings.width)));
+    params.video = make_video_grid("rope_3d", d, settings);
+  }
+  std::vector<std::byte> bytes(sizeof(params));
+  std::memcpy(bytes.data(), &params, sizeof(params));
+  return bytes;
+}
+
+std::int64_t RopeFamily::bytes_moved(const Problem& problem, std::int64_t rows) const {
+  const auto element = static_cast<std::int64_t>(dtype_size(problem.dtype));
+  std::int64_t bytes = 2 * rows * problem.hidden * element;
+  if (op_ == Op::rope) {
+    const auto [hq, hk] = standalone_heads(problem, rows);
+    const std::int64_t table = (problem.flags & kRopeTableF32) ? 4 : element;
+    bytes += 2 * (rows / (hq + hk)) * rotary_dim(problem) * table;
+  }
+  return bytes;
+}
+
+std::vector<Problem> RopeFamily::common_problems(DType dtype, std::int64_t hidden) const {
+  if (op_ == Op::rope_3d) return {Problem{Op::rope_3d, dtype, hidden, 0u, 16}};
+  // transformers (half-split, table in the model's dtype), diffusers (interleaved, fp32).
+  return {Problem{Op::rope, dtype, hidden, 0u, 16},
+          Problem{Op::rope, dtype, hidden, kRopeInterleaved | kRopeTableF32, 16}};
+}
+
+}  // namespace kiln

@@ -1,0 +1,59 @@
+// The RoPE families: kiln::rope in templates/kiln/rope.cuh, specialised as two ops:
+//  - rope: cos/sin read from a table (fp32 or the data's dtype), half-split or interleaved,
+//    over the first rotary_dim (Problem::aux, 0 = all) of each head;
+//  - rope_3d: LTX-Video's angles computed from each token's (frame, row, column), no table,
+//    interleaved over the whole row.
+// Problem::hidden is the head dim D (the width one row rotates). A row is one head of one
+// token (q's heads then k's, per token, in one launch), so a tuning bucket counts heads x
+// tokens: the work, whatever the split between batch, sequence and heads.
+#pragma once
+
+#include <cstdint>
+
+#include "templates/family.h"
+
+namespace kiln {
+
+// Problem::flags bits of rope (rope_3d uses none: it is always interleaved, table-free).
+inline constexpr std::uint32_t kRopeInterleaved = 1u;
+inline constexpr std::uint32_t kRopeTableF32 = 2u;  // cos/sin fp32 (else the data's dtype)
+
+class RopeFamily : public Family {
+ public:
+  static constexpr std::int64_t kMaxHeadDim = 16384;
+  // rows_per_thread: consecutive rows (heads) a thread rotates with one load of cos/sin.
+  static constexpr const char* kRowsPerThread = "rows_per_thread";
+
+  explicit RopeFamily(Op op);  // Op::rope or Op::rope_3d
+
+  Op op() const override { return op_; }
+  std::string_view header() const override { return "kiln/rope.cuh"; }
+
+  void check(const Problem& problem) const override;
+  std::vector<Config> space(const Problem& problem, const DeviceTraits& device) const override;
+  std::string invalid_reason(const Problem& problem, const Config& config,
+                             const DeviceTraits& device) const override;
+  Config heuristic(const Problem& problem, const DeviceTraits& device) const override;
+
+  std::string name_expression(const Problem& problem, const Config& config) const override;
+  LaunchGeometry geometry(const Problem& problem, const Config& config,
+                          std::int64_t rows) const override;
+
+  // A stand-alone run: q and k [tokens, heads, D] with cos/sin [tokens, rotary_dim] (table),
+  // heads 6 + 2 when rows divide by 8 (1 + 1 for rope_3d when even), else q's one head.
+  std::vector<BufferSpec> buffers(const Problem& problem, std::int64_t rows) const override;
+  std::vector<std::byte> pack_params(const Problem& problem, std::int64_t rows,
+                                     std::span<const std::uint64_t> addresses) const override;
+  std::int64_t bytes_moved(const Problem& problem, std::int64_t rows) const override;
+  std::vector<Problem> common_problems(DType dtype, std::int64_t hidden) const override;
+
+  static std::int64_t rotary_dim(const Problem& problem);
+  static int rows_per_thread(const Config& config);
+  // Heads (q, k) per token of a stand-alone run of `rows` rows.
+  static std::pair<int, int> standalone_heads(const Problem& problem, std::int64_t rows);
+
+ private:
+  Op op_;
+};
+
+}  // namespace kiln

@@ -1,0 +1,54 @@
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <thread>
+#include <vector>
+
+#include "jit/compiler.h"
+#include "templates/family.h"
+#include "templates/rms_norm_rope_family.h"
+#include "templates/rope_family.h"
+#include "tuner/tuner.h"
+
+namespace kiln::jit {
+
+// What a fast tune compiles, compiled as the evaluator does (worker threads, no GPU needed).
+TEST_CASE("every fast-tune candidate of the RoPE families compiles for sm_75, sm_80 and sm_90") {
+  const Problem problems[] = {
+      Problem{Op::rope, DType::bf16, 128, 0u, 16},
+      Problem{Op::rope, DType::f16, 128, kRopeInterleaved | kRopeTableF32, 16},
+      Problem{Op::rope_3d, DType::bf16, 2048, 0u, 16},
+      Problem{Op::rms_norm_rope, DType::bf16, 2048, kRmsNormRopeVideo, 16},
+  };
+  std::vector<CompileRequest> requests;
+  for (int sm : {75, 80, 90}) {
+    for (const Problem& p : problems) {
+      if (sm != 90 && p.op != Op::rope_3d) continue;  // one family each on the older archs
+      const DeviceTraits traits = DeviceTraits::for_arch(sm);
+      for (const Config& c : candidates(family(p.op), p, traits, TuneMode::fast, 8, 32768)) {
+        requests.push_back({&family(p.op), p, c, sm, BinaryFormat::cubin});
+      }
+    }
+  }
+  REQUIRE(requests.size() >= 20);
+  std::atomic<std::size_t> next{0}, failures{0};
+  std::vector<std::string> errors(requests.size());
+  auto work = [&] {
+    for (std::size_t i; (i = next.fetch_add(1)) < requests.size();) {
+      const auto compiled = compile(requests[i], nullptr);
+      if (!compiled) {
+        errors[i] = compiled.error().message() + "\n" + compiled.error().log();
+        ++failures;
+      }
+    }
+  };
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 2; ++t) threads.emplace_back(work);
+  for (auto& t : threads) t.join();
+  for (const auto& e : errors) {
+    if (!e.empty()) MESSAGE(e);
+  }
+  CHECK(failures == 0);
+}
+
+}  // namespace kiln::jit

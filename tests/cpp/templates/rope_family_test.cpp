@@ -1,0 +1,156 @@
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstring>
+#include <string>
+
+#include "cache/error.h"
+#include "templates/family.h"
+#include "templates/kiln/rope_params.cuh"
+#include "templates/rms_norm_rope_family.h"
+#include "templates/rope_family.h"
+#include "templates/rope_video.h"
+
+using kiln::Config;
+using kiln::DeviceTraits;
+using kiln::DType;
+using kiln::Op;
+using kiln::Problem;
+
+namespace {
+
+Problem rope(DType dtype, std::int64_t d, std::uint32_t flags = 0, std::int64_t aux = 0,
+             std::uint32_t align = 16) {
+  Problem p{Op::rope, dtype, d, flags, align};
+  p.aux = aux;
+  return p;
+}
+
+std::int64_t element(const Problem& p) {
+  return static_cast<std::int64_t>(kiln::dtype_size(p.dtype));
+}
+
+}  // namespace
+
+TEST_CASE("the registry serves one family per RoPE op") {
+  for (Op op : {Op::rope, Op::rope_3d, Op::rms_norm_rope}) {
+    CHECK(kiln::family(op).op() == op);
+  }
+  CHECK(kiln::family(Op::rope).header() == "kiln/rope.cuh");
+  CHECK(kiln::family(Op::rope_3d).header() == "kiln/rope.cuh");
+  CHECK(kiln::family(Op::rms_norm_rope).header() == "kiln/rms_norm_rope.cuh");
+}
+
+TEST_CASE("rope refuses problems it cannot specialise") {
+  const kiln::Family& f = kiln::family(Op::rope);
+  CHECK_NOTHROW(f.check(rope(DType::bf16, 128)));
+  CHECK_THROWS_WITH_AS(f.check(rope(DType::bf16, 63)),
+                       "kiln.rope: q: expected an even head dim in [2, 16384], got 63",
+                       kiln::ArgumentError);
+  CHECK_THROWS_AS(f.check(rope(DType::bf16, 128, 0, 130)), kiln::ArgumentError);
+  CHECK_THROWS_AS(f.check(rope(DType::bf16, 128, 0, 33)), kiln::ArgumentError);
+  CHECK_THROWS_AS(f.check(rope(DType::bf16, 128, 8)), kiln::ArgumentError);
+  Problem video{Op::rope_3d, DType::bf16, 2048, kiln::kRopeInterleaved, 16};
+  CHECK_THROWS_AS(kiln::family(Op::rope_3d).check(video), kiln::ArgumentError);
+}
+
+TEST_CASE("every config of the rope space keeps whole rotation units in one thread") {
+  const DeviceTraits device = DeviceTraits::for_arch(90);
+  for (DType dtype : {DType::f32, DType::f16, DType::bf16}) {
+    for (std::int64_t d : {2, 64, 80, 96, 128, 256, 2048}) {
+      for (std::uint32_t flags : {0u, kiln::kRopeInterleaved, kiln::kRopeTableF32}) {
+        for (std::int64_t aux : {std::int64_t{0}, d / 2}) {
+          if (aux % 2 != 0 || (aux != 0 && aux < 2)) continue;
+          const Problem p = rope(dtype, d, flags, aux);
+          const auto configs = kiln::family(Op::rope).space(p, device);
+          const std::int64_t rd = aux == 0 ? d : aux;
+          const bool interleaved = (flags & kiln::kRopeInterleaved) != 0;
+          for (const Config& c : configs) {
+            const std::int64_t vec = c.vec_bytes / element(p);
+            CHECK(c.vec_bytes >= element(p));
+            CHECK(rd % (interleaved ? vec : 2 * vec) == 0);
+            CHECK((d - rd) % vec == 0);
+            if (interleaved) CHECK(vec % 2 == 0);
+            CHECK(c.cta_threads % c.threads_per_row == 0);
+          }
+          if (d >= 4 || !interleaved) {
+            REQUIRE_FALSE(configs.empty());
+            const Config h = kiln::family(Op::rope).heuristic(p, device);
+            CHECK(kiln::family(Op::rope).invalid_reason(p, h, device).empty());
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("the rope heuristic gives a 128-wide bf16 head eight threads of 16-byte vectors") {
+  const DeviceTraits device = DeviceTraits::for_arch(90);
+  const Config h = kiln::family(Op::rope).heuristic(rope(DType::bf16, 128), device);
+  CHECK(h.vec_bytes == 16);
+  CHECK(h.threads_per_row == 8);
+  CHECK(kiln::RopeFamily::rows_per_thread(h) == 2);
+  CHECK(kiln::family(Op::rope).name_expression(rope(DType::bf16, 128), h) ==
+        "kiln::rope<kiln::bf16, kiln::bf16, 128, 128, 16, 8, 128, 2, false, false>");
+  const Config narrow = kiln::family(Op::rope).heuristic(rope(DType::bf16, 128, 0, 0, 4), device);
+  CHECK(narrow.vec_bytes == 4);
+}
+
+TEST_CASE("rope packs its stand-alone run and counts its bytes") {
+  const kiln::Family& f = kiln::family(Op::rope);
+  const Problem p = rope(DType::bf16, 128, kiln::kRopeTableF32);
+  const auto specs = f.buffers(p, 64);  // 8 tokens x (6 + 2) heads
+  REQUIRE(specs.size() == 6);
+  CHECK(specs[0].elements == 8 * 6 * 128);
+  CHECK(specs[1].elements == 8 * 2 * 128);
+  CHECK(specs[2].dtype == DType::f32);
+  CHECK(specs[2].elements == 8 * 128);
+  CHECK(specs[4].is_output);
+  const std::uint64_t addresses[] = {0x1000, 0x2000, 0x3000, 0x4000, 0x5000, 0x6000};
+  const auto bytes = f.pack_params(p, 64, addresses);
+  kiln::RopeParams params;
+  REQUIRE(bytes.size() == sizeof(params));
+  std::memcpy(&params, bytes.data(), sizeof(params));
+  CHECK(params.rows == 64);
+  CHECK(params.heads_q == 6);
+  CHECK(params.heads_k == 2);
+  CHECK(params.q_strides[1] == 6 * 128);
+  CHECK(params.cos_strides[1] == 128);
+  CHECK(f.bytes_moved(p, 64) == 2 * 64 * 128 * 2 + 2 * 8 * 128 * 4);
+  // Odd row counts (the evaluator's verification rows) become one q head per token.
+  CHECK(f.buffers(p, 1031)[0].elements == 1031 * 128);
+  // ...and their k_out, never written, is not an output the evaluator checks for NaN.
+  CHECK_FALSE(f.buffers(p, 1031)[5].is_output);
+  CHECK(f.buffers(p, 64)[5].is_output);
+}
+
+TEST_CASE("video grids follow LTXVideoRotaryPosEmbed") {
+  kiln::VideoRopeSettings s;
+  const kiln::RopeVideoGrid g = kiln::make_video_grid("rope_3d", 2048, s);
+  CHECK(g.pad_pairs == 1);  // 2048 % 6 = 2 lanes
+  CHECK(g.scale[0] == doctest::Approx(0.32 / 20));
+  CHECK(g.scale[1] == doctest::Approx(32.0 / 2048));
+  CHECK(g.log2_freq_step == doctest::Approx(std::log2(10000.0) / 340));
+  s.interpolation_scale.reset();
+  CHECK(kiln::make_video_grid("rope_3d", 96, s).scale[2] == 1.0f);
+  CHECK_THROWS_AS(kiln::make_video_grid("rope_3d", 4, s), kiln::ArgumentError);
+}
+
+TEST_CASE("rms_norm_rope vectors always hold whole pairs") {
+  const DeviceTraits device = DeviceTraits::for_arch(80);
+  const kiln::Family& f = kiln::family(Op::rms_norm_rope);
+  for (DType dtype : {DType::f32, DType::bf16}) {
+    for (std::int64_t w : {6, 96, 2048, 3072}) {
+      const Problem p{Op::rms_norm_rope, dtype, w, kiln::kRmsNormRopeVideo, 16};
+      const auto configs = f.space(p, device);
+      REQUIRE_FALSE(configs.empty());
+      for (const Config& c : configs) {
+        CHECK((c.vec_bytes / element(p)) % 2 == 0);
+        CHECK((w * element(p)) % c.vec_bytes == 0);
+      }
+    }
+  }
+  const Problem both{Op::rms_norm_rope, DType::bf16, 2048,
+                     kiln::kRmsNormRopeVideo | kiln::kRmsNormRopeTableF32, 16};
+  CHECK_THROWS_AS(f.check(both), kiln::ArgumentError);
+}

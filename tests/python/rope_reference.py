@@ -1,0 +1,91 @@
+"""fp64 restatements of the RoPE formulas kiln's ops must match, written from the libraries'
+source:
+- transformers: ``rotate_half`` and ``apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1)``
+  (cos/sin [B, S, D]), with partial rotary as GPT-NeoX-style models slice it;
+- diffusers: ``apply_rotary_emb(x, (cos, sin), use_real=True, use_real_unbind_dim=-1)``
+  (interleaved pairs) and LTX-Video's ``apply_rotary_emb`` on [B, S, C];
+- diffusers' ``LTXVideoRotaryPosEmbed.forward`` (the video table) in fp64."""
+
+import math
+
+import torch
+
+
+def rotate_half(x):
+    x1 = x[..., : x.shape[-1] // 2]
+    x2 = x[..., x.shape[-1] // 2:]
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def hf_apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
+    """q, k [B, H, S, D]; cos, sin [B, S, R] (R <= D: the rest passes through)."""
+    q, k, cos, sin = q.double(), k.double(), cos.double(), sin.double()
+    cos = cos.unsqueeze(unsqueeze_dim)
+    sin = sin.unsqueeze(unsqueeze_dim)
+    r = cos.shape[-1]
+    q_rot, q_pass = q[..., :r], q[..., r:]
+    k_rot, k_pass = k[..., :r], k[..., r:]
+    q_embed = (q_rot * cos) + (rotate_half(q_rot) * sin)
+    k_embed = (k_rot * cos) + (rotate_half(k_rot) * sin)
+    return torch.cat([q_embed, q_pass], -1), torch.cat([k_embed, k_pass], -1)
+
+
+def diffusers_apply_rotary_emb(x, cos, sin):
+    """use_real=True, use_real_unbind_dim=-1: x [B, H, S, D], cos/sin [S, D]."""
+    x = x.double()
+    cos, sin = cos.double()[None, None], sin.double()[None, None]
+    x_real, x_imag = x.reshape(*x.shape[:-1], -1, 2).unbind(-1)
+    x_rotated = torch.stack([-x_imag, x_real], dim=-1).flatten(3)
+    return x * cos + x_rotated * sin
+
+
+def ltx_apply_rotary_emb(x, cos, sin):
+    """LTX-Video's: x [B, S, C], cos/sin [B, S, C]."""
+    x = x.double()
+    x_real, x_imag = x.unflatten(2, (-1, 2)).unbind(-1)
+    x_rotated = torch.stack([-x_imag, x_real], dim=-1).flatten(2)
+    return x * cos.double() + x_rotated * sin.double()
+
+
+def ltx_video_table(batch, dim, num_frames, height, width, rope_interpolation_scale=None,
+                    base_num_frames=20, base_height=2048, base_width=2048, patch_size=1,
+                    patch_size_t=1, theta=10000.0):
+    """LTXVideoRotaryPosEmbed.forward in fp64: (cos, sin), each [B, F*H*W, dim]."""
+    f64 = torch.float64
+    grid_h = torch.arange(height, dtype=f64)
+    grid_w = torch.arange(width, dtype=f64)
+    grid_f = torch.arange(num_frames, dtype=f64)
+    grid = torch.stack(torch.meshgrid(grid_f, grid_h, grid_w, indexing="ij"), dim=0)
+    grid = grid.unsqueeze(0).repeat(batch, 1, 1, 1, 1)
+    if rope_interpolation_scale is not None:
+        grid[:, 0:1] = grid[:, 0:1] * rope_interpolation_scale[0] * patch_size_t / base_num_frames
+        grid[:, 1:2] = grid[:, 1:2] * rope_interpolation_scale[1] * patch_size / base_height
+        grid[:, 2:3] = grid[:, 2:3] * rope_interpolation_scale[2] * patch_size / base_width
+    grid = grid.flatten(2, 4).transpose(1, 2)
+    freqs = theta ** torch.linspace(math.log(1.0, theta), math.log(theta, theta), dim // 6, dtype=f64)
+    freqs = freqs * math.pi / 2.0
+    freqs = freqs * (grid.unsqueeze(-1) * 2 - 1)
+    freqs = freqs.transpose(-1, -2).flatten(2)
+    cos = freqs.cos().repeat_interleave(2, dim=-1)
+    sin = freqs.sin().repeat_interleave(2, dim=-1)
+    if dim % 6 != 0:
+        cos = torch.cat([torch.ones_like(cos[:, :, : dim % 6]), cos], dim=-1)
+        sin = torch.cat([torch.zeros_like(cos[:, :, : dim % 6]), sin], dim=-1)
+    return cos, sin
+
+
+def rms_norm_across_heads(x, weight, eps, dtype):
+    """torch.nn.RMSNorm(C) in fp64, rounded to `dtype` as the module's output is."""
+    x = x.double()
+    y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight.double()
+    return y.to(dtype)
+
+
+def llama_cos_sin(batch, seq, dim, base=10000.0, positions=None):
+    """LlamaRotaryEmbedding's table (fp32): cat(freqs, freqs) of inv_freq x positions."""
+    inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    if positions is None:
+        positions = torch.arange(seq).expand(batch, seq)
+    freqs = positions[..., None].float() * inv_freq
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos(), emb.sin()

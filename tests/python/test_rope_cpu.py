@@ -1,0 +1,268 @@
+"""The RoPE ops' CPU implementations (kiln's registered references) against the
+transformers and diffusers formulas in fp64, and their argument checks."""
+
+import math
+
+import pytest
+import torch
+
+import kiln
+from reference import TOLERANCE, assert_close_to
+from rope_reference import (diffusers_apply_rotary_emb, hf_apply_rotary_pos_emb,
+                            llama_cos_sin, ltx_apply_rotary_emb, ltx_video_table,
+                            rms_norm_across_heads)
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+def assert_video_close(out, ref, dtype, cos, x):
+    """Video angles reach pi/2 * theta * |2 g - 1| (1.6e4 rad and more), where fp32 holds an
+    angle only to ~1e-3 rad: diffusers' own fp32 table is that far from fp64. An angle error
+    moves an output by up to the pair's norm times it, so the tolerance is the dtype's plus
+    the largest pair norm of x times eight fp32 half-ulps of the largest angle (the roundings
+    of linspace, pow, the two products and the sin/cos)."""
+    assert out.shape == ref.shape and not torch.isnan(out).any()
+    largest_angle = _largest_video_angle(cos)
+    assert largest_angle > 0, "the table must come from video_reference"
+    largest_pair = x.double().unflatten(-1, (-1, 2)).norm(dim=-1).max().item()
+    tol = TOLERANCE[dtype] + largest_pair * 8 * largest_angle * 2.0 ** -24
+    err = ((out.double() - ref).abs() / ref.abs().clamp_min(1.0)).max().item()
+    assert err <= tol, f"max relative error {err:.3e} > {tol:.3e}"
+
+
+_ANGLES = {}
+
+
+def _largest_video_angle(cos):
+    return _ANGLES.get(id(cos), 0.0)
+
+
+def video_reference(batch, dim, frames, height, width, scale, **kw):
+    """The table and its largest angle (recorded for the tolerance)."""
+    cos, sin = ltx_video_table(batch, dim, frames, height, width, rope_interpolation_scale=scale, **kw)
+    theta = kw.get("theta", 10000.0)
+    if scale is None:
+        largest_coordinate = max(frames, height, width) - 1
+    else:
+        base = [kw.get("base_num_frames", 20), kw.get("base_height", 2048), kw.get("base_width", 2048)]
+        patch = [kw.get("patch_size_t", 1), kw.get("patch_size", 1), kw.get("patch_size", 1)]
+        largest_coordinate = max((n - 1) * s * p / b for n, s, p, b in
+                                 zip((frames, height, width), scale, patch, base))
+    _ANGLES[id(cos)] = theta * math.pi / 2 * max(1.0, abs(2 * largest_coordinate - 1))
+    return cos, sin
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("seq", [1, 7, 33])
+@pytest.mark.parametrize("table_fp32", [True, False])
+def test_half_split_bhsd_matches_transformers(dtype, seq, table_fp32):
+    q = torch.randn(2, 4, seq, 64).to(dtype)
+    k = torch.randn(2, 2, seq, 64).to(dtype)  # grouped-query attention: fewer k heads
+    cos, sin = llama_cos_sin(2, seq, 64, positions=torch.randint(0, 4096, (2, seq)))
+    if not table_fp32:
+        cos, sin = cos.to(dtype), sin.to(dtype)
+    q_out, k_out = kiln.rope(q, k, cos, sin)
+    q_ref, k_ref = hf_apply_rotary_pos_emb(q, k, cos, sin)
+    assert q_out.dtype == dtype and k_out.shape == k.shape
+    assert_close_to(q_out, q_ref, dtype)
+    assert_close_to(k_out, k_ref, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rotary_dim", [32, 64])
+def test_partial_rotary_and_unsqueezed_table(dtype, rotary_dim):
+    q = torch.randn(1, 3, 9, 96).to(dtype)
+    k = torch.randn(1, 1, 9, 96).to(dtype)
+    cos, sin = llama_cos_sin(1, 9, rotary_dim)
+    # transformers' own unsqueeze(1) form, broadcast over batch.
+    q_out, k_out = kiln.rope(q, k, cos.unsqueeze(1), sin.unsqueeze(1))
+    q_ref, k_ref = hf_apply_rotary_pos_emb(q, k, cos, sin)
+    assert_close_to(q_out, q_ref, dtype)
+    assert_close_to(k_out, k_ref, dtype)
+    # rotary_dim picks the first columns of a wider table.
+    wide_cos, wide_sin = torch.randn(9, 96), torch.randn(9, 96)
+    q2, _ = kiln.rope(q, k, wide_cos, wide_sin, rotary_dim=rotary_dim)
+    ref2, _ = hf_apply_rotary_pos_emb(q, k, wide_cos[None, :, :rotary_dim], wide_sin[None, :, :rotary_dim])
+    assert_close_to(q2, ref2, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("seq", [1, 15])
+def test_interleaved_matches_diffusers_both_layouts(dtype, seq):
+    q = torch.randn(2, 3, seq, 32).to(dtype)
+    k = torch.randn(2, 3, seq, 32).to(dtype)
+    cos, sin = torch.randn(seq, 32), torch.randn(seq, 32)  # any table, not only unit pairs
+    q_ref = diffusers_apply_rotary_emb(q, cos, sin)
+    k_ref = diffusers_apply_rotary_emb(k, cos, sin)
+    q_out, k_out = kiln.rope(q, k, cos, sin, interleaved=True)
+    assert_close_to(q_out, q_ref, dtype)
+    assert_close_to(k_out, k_ref, dtype)
+    # [B, S, H, D] and the flattened [B, S, H*D] (head_dim from cos), same results.
+    q_bshd, k_bshd = q.transpose(1, 2).contiguous(), k.transpose(1, 2).contiguous()
+    q4, _ = kiln.rope(q_bshd, k_bshd, cos, sin, interleaved=True, layout="bshd")
+    assert_close_to(q4, q_ref.transpose(1, 2), dtype)
+    q3, k3 = kiln.rope(q_bshd.flatten(2), k_bshd.flatten(2), cos, sin, interleaved=True, layout="bshd")
+    assert q3.shape == (2, seq, 96)
+    assert_close_to(q3, q_ref.transpose(1, 2).flatten(2), dtype)
+    assert_close_to(k3, k_ref.transpose(1, 2).flatten(2), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_ltx_table_over_the_whole_row(dtype):
+    # LTX-Video: q, k [B, S, C] with a [B, S, C] fp32 table spanning all heads.
+    cos, sin = ltx_video_table(2, 96, 2, 3, 4, rope_interpolation_scale=(0.32, 32, 32))
+    q = torch.randn(2, 24, 96).to(dtype)
+    k = torch.randn(2, 24, 96).to(dtype)
+    q_out, k_out = kiln.rope(q, k, cos.float(), sin.float(), interleaved=True, layout="bshd")
+    assert_close_to(q_out, ltx_apply_rotary_emb(q, cos, sin), dtype)
+    assert_close_to(k_out, ltx_apply_rotary_emb(k, cos, sin), dtype)
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_in_place_matches_out_of_place(interleaved):
+    q = torch.randn(2, 4, 11, 64)
+    k = torch.randn(2, 1, 11, 64)
+    cos, sin = torch.randn(11, 48), torch.randn(11, 48)  # partial: 16 columns untouched
+    expected_q, expected_k = kiln.rope(q, k, cos, sin, interleaved)
+    q2, k2 = q.clone(), k.clone()
+    assert kiln.rope_(q2, k2, cos, sin, interleaved) is None
+    torch.testing.assert_close(q2, expected_q, rtol=0, atol=0)
+    torch.testing.assert_close(k2, expected_k, rtol=0, atol=0)
+    assert torch.equal(q2[..., 48:], q[..., 48:])
+
+
+def test_non_contiguous_inputs():
+    base = torch.randn(2, 7, 4, 64)
+    q = base.transpose(1, 2)  # a bhsd view of bshd memory
+    k = torch.randn(2, 2, 7, 128)[..., ::2]  # strided last dimension
+    cos, sin = llama_cos_sin(2, 7, 64)
+    q_out, k_out = kiln.rope(q, k, cos, sin)
+    q_ref, k_ref = hf_apply_rotary_pos_emb(q, k, cos, sin)
+    assert_close_to(q_out, q_ref, torch.float32)
+    assert_close_to(k_out, k_ref, torch.float32)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dim,scale", [(96, (0.32, 32, 32)), (2048, (0.32, 32, 32)), (100, None)])
+def test_rope_3d_matches_ltx_video(dtype, dim, scale):
+    frames, height, width = 3, 4, 5
+    seq = frames * height * width
+    cos, sin = video_reference(2, dim, frames, height, width, scale)
+    q = torch.randn(2, seq, dim).to(dtype)
+    k = torch.randn(2, seq, dim).to(dtype)
+    q_out, k_out = kiln.rope_3d(q, k, frames, height, width, scale)
+    assert_video_close(q_out, ltx_apply_rotary_emb(q, cos, sin), dtype, cos, q)
+    assert_video_close(k_out, ltx_apply_rotary_emb(k, cos, sin), dtype, cos, k)
+
+
+def test_rope_3d_patch_and_base_sizes():
+    cos, sin = video_reference(1, 60, 2, 2, 3, (0.5, 16, 8), base_num_frames=10,
+                               base_height=512, base_width=256, patch_size=2, patch_size_t=3,
+                               theta=500.0)
+    q, k = torch.randn(1, 12, 60), torch.randn(1, 12, 60)
+    q_out, _ = kiln.rope_3d(q, k, 2, 2, 3, (0.5, 16, 8), base_num_frames=10, base_height=512,
+                            base_width=256, patch_size=2, patch_size_t=3, theta=500.0)
+    assert_video_close(q_out, ltx_apply_rotary_emb(q, cos, sin), torch.float32, cos, q)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("video", [False, True])
+def test_rms_norm_rope_matches_ltx_attention(dtype, video):
+    frames, height, width, dim = 2, 3, 5, 192
+    seq = frames * height * width
+    q = (torch.randn(2, seq, dim) * 3).to(dtype)
+    k = (torch.randn(2, seq, dim) + 0.5).to(dtype)
+    wq = (1 + 0.2 * torch.randn(dim)).to(dtype)
+    wk = (1 + 0.2 * torch.randn(dim)).to(dtype)
+    cos, sin = video_reference(2, dim, frames, height, width, (0.32, 32, 32))
+    q_ref = ltx_apply_rotary_emb(rms_norm_across_heads(q, wq, 1e-5, dtype), cos, sin)
+    k_ref = ltx_apply_rotary_emb(rms_norm_across_heads(k, wk, 1e-5, dtype), cos, sin)
+    if video:
+        q_out, k_out = kiln.rms_norm_rope(q, k, wq, wk, 1e-5, grid=(frames, height, width),
+                                          rope_interpolation_scale=(0.32, 32, 32))
+        assert_video_close(q_out, q_ref, dtype, cos, rms_norm_across_heads(q, wq, 1e-5, dtype))
+        assert_video_close(k_out, k_ref, dtype, cos, rms_norm_across_heads(k, wk, 1e-5, dtype))
+    else:
+        q_out, k_out = kiln.rms_norm_rope(q, k, wq, wk, 1e-5, cos.float(), sin.float())
+        assert_close_to(q_out, q_ref, dtype)
+        assert_close_to(k_out, k_ref, dtype)
+
+
+# --- bad inputs -------------------------------------------------------------------------
+
+def _qk(d=64, dtype=torch.float32):
+    return torch.randn(1, 2, 5, d, dtype=dtype), torch.randn(1, 1, 5, d, dtype=dtype)
+
+
+def test_odd_head_dim_is_refused():
+    q, k = _qk(63)
+    with pytest.raises(ValueError, match=r"kiln\.rope: q: expected an even head dim"):
+        kiln.rope(q, k, torch.randn(5, 62), torch.randn(5, 62))
+
+
+def test_table_wider_than_head_or_mismatched():
+    q, k = _qk(64)
+    with pytest.raises(ValueError, match=r"kiln\.rope: cos: expected an even rotated width"):
+        kiln.rope(q, k, torch.randn(5, 128), torch.randn(5, 128))
+    with pytest.raises(ValueError, match=r"kiln\.rope: sin: expected shape \[5, 64\] \(as cos\)"):
+        kiln.rope(q, k, torch.randn(5, 64), torch.randn(5, 32))
+    with pytest.raises(ValueError, match=r"kiln\.rope: cos: expected a table for 5 positions"):
+        kiln.rope(q, k, torch.randn(6, 64), torch.randn(6, 64))
+    with pytest.raises(ValueError, match=r"kiln\.rope: rotary_dim: expected an even rotated width"):
+        kiln.rope(q, k, torch.randn(5, 64), torch.randn(5, 64), rotary_dim=33)
+
+
+def test_bad_dtypes_and_layouts():
+    q, k = _qk()
+    with pytest.raises(TypeError, match=r"kiln\.rope: k: expected dtype float32 \(as q\), got bfloat16"):
+        kiln.rope(q, k.bfloat16(), torch.randn(5, 64), torch.randn(5, 64))
+    with pytest.raises(TypeError, match=r"kiln\.rope: cos: expected dtype float32 or bfloat16"):
+        kiln.rope(q.bfloat16(), k.bfloat16(), torch.randn(5, 64).half(), torch.randn(5, 64).half())
+    with pytest.raises(TypeError, match=r"kiln\.rope: q: expected dtype"):
+        kiln.rope(q.double(), k.double(), torch.randn(5, 64), torch.randn(5, 64))
+    with pytest.raises(ValueError, match=r"kiln\.rope: layout: expected"):
+        kiln.rope(q, k, torch.randn(5, 64), torch.randn(5, 64), layout="sbhd")
+    with pytest.raises(ValueError, match=r"kiln\.rope: k: expected q's batch, sequence length and head dim"):
+        kiln.rope(q, torch.randn(1, 1, 6, 64), torch.randn(5, 64), torch.randn(5, 64))
+    with pytest.raises(ValueError, match=r"kiln\.rope: head_dim: expected a divisor"):
+        kiln.rope(torch.randn(1, 5, 96), torch.randn(1, 5, 96), torch.randn(5, 64),
+                  torch.randn(5, 64), layout="bshd")
+
+
+def test_mismatched_devices():
+    q, k = _qk()
+    cos = torch.randn(5, 64, device="meta")
+    with pytest.raises(ValueError, match=r"kiln\.rope: cos: expected device cpu \(as q\), got meta"):
+        kiln.rope(q, k, cos, torch.randn(5, 64))
+
+
+def test_video_and_fused_bad_inputs():
+    q = torch.randn(1, 12, 60)
+    with pytest.raises(ValueError, match=r"kiln\.rope_3d: grid: expected frames \* height \* width"):
+        kiln.rope_3d(q, q, 2, 2, 2)
+    with pytest.raises(ValueError, match=r"kiln\.rope_3d: q: expected an even width"):
+        kiln.rope_3d(torch.randn(1, 12, 61), torch.randn(1, 12, 61), 2, 2, 3)
+    w = torch.randn(60)
+    with pytest.raises(ValueError, match=r"kiln\.rms_norm_rope: cos: expected either cos and sin or a video grid"):
+        kiln.rms_norm_rope(q, q, w, w)
+    with pytest.raises(ValueError, match=r"kiln\.rms_norm_rope: q_weight: expected shape \[60\]"):
+        kiln.rms_norm_rope(q, q, torch.randn(30), w, grid=(2, 2, 3))
+    with pytest.raises(ValueError, match=r"kiln\.rms_norm_rope: cos: expected a last dimension of q's width 60"):
+        kiln.rms_norm_rope(q, q, w, w, 1e-5, torch.randn(12, 30), torch.randn(12, 30))
+
+
+def test_fakes_trace_under_compile():
+    q, k = _qk()
+    cos, sin = torch.randn(5, 64), torch.randn(5, 64)
+
+    v = torch.randn(1, 60, 12)
+    w = torch.randn(12)
+
+    @torch.compile(fullgraph=True, backend="eager")
+    def f(q, k, cos, sin, v, w):
+        a, b = kiln.rope(q, k, cos, sin)
+        c, _ = kiln.rope_3d(v, v, 3, 4, 5, (0.32, 32, 32))
+        d, _ = kiln.rms_norm_rope(v, v, w, w, grid=(3, 4, 5))
+        return a + 1, b, c, d
+
+    a, b, c, d = f(q, k, cos, sin, v, w)
+    assert a.shape == q.shape and b.shape == k.shape and c.shape == d.shape == v.shape
+    torch.testing.assert_close(c, kiln.rope_3d(v, v, 3, 4, 5, (0.32, 32, 32))[0])

@@ -1,0 +1,141 @@
+"""The RoPE ops on the GPU against the fp64 formulas, on the issue's grid and odd shapes,
+output memory poisoned first; plus the in-place form, tuning and mixed devices."""
+
+import pytest
+import torch
+
+import kiln
+from reference import assert_close_to
+from rope_reference import (diffusers_apply_rotary_emb, hf_apply_rotary_pos_emb, llama_cos_sin,
+                            ltx_apply_rotary_emb, ltx_video_table, rms_norm_across_heads)
+from test_rope_cpu import assert_video_close, video_reference
+
+pytestmark = pytest.mark.gpu
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
+
+def poison(shape, dtype):
+    junk = torch.full(shape, float("nan"), dtype=dtype, device="cuda")
+    del junk
+
+
+@pytest.fixture(scope="module", autouse=True)
+def heuristic_configs():
+    before = kiln.settings()
+    kiln.configure(tune="off")
+    yield
+    kiln.configure(tune=before["tune_mode"])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(1, 32, 8, 4096, 128), (2, 32, 8, 33, 128), (1, 32, 8, 1, 128),
+                                   (3, 5, 1, 17, 64), (1, 4, 4, 7, 80)])
+@pytest.mark.parametrize("table_fp32", [True, False])
+def test_half_split_grid(dtype, shape, table_fp32):
+    b, hq, hk, s, d = shape
+    q = torch.randn(b, hq, s, d, device="cuda").to(dtype)
+    k = torch.randn(b, hk, s, d, device="cuda").to(dtype)
+    cos, sin = llama_cos_sin(b, s, d, positions=torch.randint(0, 8192, (b, s)))
+    cos, sin = cos.cuda(), sin.cuda()
+    if not table_fp32:
+        cos, sin = cos.to(dtype), sin.to(dtype)
+    poison(q.shape, dtype)
+    q_out, k_out = kiln.rope(q, k, cos, sin)
+    q_ref, k_ref = hf_apply_rotary_pos_emb(q, k, cos, sin)
+    assert_close_to(q_out, q_ref, dtype)
+    assert_close_to(k_out, k_ref, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(1, 24, 4608, 128), (2, 3, 31, 64), (1, 2, 5, 6)])
+def test_interleaved_flux_like(dtype, shape):
+    b, h, s, d = shape
+    q = torch.randn(b, h, s, d, device="cuda").to(dtype)
+    k = torch.randn(b, h, s, d, device="cuda").to(dtype)
+    cos, sin = torch.randn(s, d, device="cuda"), torch.randn(s, d, device="cuda")
+    poison(q.shape, dtype)
+    q_out, k_out = kiln.rope(q, k, cos, sin, interleaved=True)
+    assert_close_to(q_out, diffusers_apply_rotary_emb(q, cos, sin), dtype)
+    assert_close_to(k_out, diffusers_apply_rotary_emb(k, cos, sin), dtype)
+    q3, _ = kiln.rope(q.transpose(1, 2).flatten(2), k.transpose(1, 2).flatten(2), cos, sin,
+                      interleaved=True, layout="bshd")
+    assert_close_to(q3, diffusers_apply_rotary_emb(q, cos, sin).transpose(1, 2).flatten(2), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rotary_dim", [32, 64])
+def test_partial_and_in_place(dtype, rotary_dim):
+    q = torch.randn(2, 8, 37, 128, device="cuda").to(dtype)
+    k = torch.randn(2, 2, 37, 128, device="cuda").to(dtype)
+    cos, sin = llama_cos_sin(2, 37, rotary_dim)
+    cos, sin = cos.cuda(), sin.cuda()
+    q_ref, k_ref = hf_apply_rotary_pos_emb(q, k, cos, sin)
+    q_out, k_out = kiln.rope(q, k, cos, sin)
+    assert_close_to(q_out, q_ref, dtype)
+    assert_close_to(k_out, k_ref, dtype)
+    q2, k2 = q.clone(), k.clone()
+    kiln.rope_(q2, k2, cos, sin)
+    assert torch.equal(q2, q_out) and torch.equal(k2, k_out)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("frames,height,width,dim", [(7, 16, 24, 2048), (3, 5, 7, 96), (2, 3, 4, 100)])
+def test_ltx_table_rope_3d_and_fused(dtype, frames, height, width, dim):
+    s = frames * height * width
+    scale = (0.32, 32, 32)
+    cos, sin = video_reference(2, dim, frames, height, width, scale)
+    q = torch.randn(2, s, dim, device="cuda").to(dtype)
+    k = torch.randn(2, s, dim, device="cuda").to(dtype)
+    q_ref = ltx_apply_rotary_emb(q, cos.cuda(), sin.cuda())
+    k_ref = ltx_apply_rotary_emb(k, cos.cuda(), sin.cuda())
+    # The table form (diffusers' fp32 table passed in).
+    q_t, k_t = kiln.rope(q, k, cos.float().cuda(), sin.float().cuda(), interleaved=True, layout="bshd")
+    assert_close_to(q_t, q_ref, dtype)
+    assert_close_to(k_t, k_ref, dtype)
+    # Angles from coordinates.
+    poison(q.shape, dtype)
+    q_v, k_v = kiln.rope_3d(q, k, frames, height, width, scale)
+    assert_video_close(q_v.cpu(), q_ref.cpu(), dtype, cos, q.cpu())
+    assert_video_close(k_v.cpu(), k_ref.cpu(), dtype, cos, k.cpu())
+    # Fused with the norm, from the table and from coordinates.
+    wq = (1 + 0.2 * torch.randn(dim, device="cuda")).to(dtype)
+    wk = (1 + 0.2 * torch.randn(dim, device="cuda")).to(dtype)
+    qn, kn = rms_norm_across_heads(q, wq, 1e-5, dtype), rms_norm_across_heads(k, wk, 1e-5, dtype)
+    qn_ref = ltx_apply_rotary_emb(qn, cos.cuda(), sin.cuda())
+    kn_ref = ltx_apply_rotary_emb(kn, cos.cuda(), sin.cuda())
+    q_f, k_f = kiln.rms_norm_rope(q, k, wq, wk, 1e-5, cos.float().cuda(), sin.float().cuda())
+    # One extra rounding (the norm's output) sits inside the reference too; allow two.
+    tol_dtype = dtype
+    assert_close_to(q_f, qn_ref, tol_dtype)
+    assert_close_to(k_f, kn_ref, tol_dtype)
+    q_fv, k_fv = kiln.rms_norm_rope(q, k, wq, wk, 1e-5, grid=(frames, height, width),
+                                    rope_interpolation_scale=scale)
+    assert_video_close(q_fv.cpu(), qn_ref.cpu(), dtype, cos, qn.cpu())
+    assert_video_close(k_fv.cpu(), kn_ref.cpu(), dtype, cos, kn.cpu())
+
+
+def test_tuned_kernels_agree_with_the_heuristic():
+    kiln.configure(tune="fast")
+    try:
+        q = torch.randn(1, 32, 512, 128, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(1, 8, 512, 128, device="cuda", dtype=torch.bfloat16)
+        cos, sin = llama_cos_sin(1, 512, 128)
+        q_out, k_out = kiln.rope(q, k, cos.cuda(), sin.cuda())
+        q_ref, k_ref = hf_apply_rotary_pos_emb(q, k, cos.cuda(), sin.cuda())
+        assert_close_to(q_out, q_ref, torch.bfloat16)
+        assert_close_to(k_out, k_ref, torch.bfloat16)
+        v = torch.randn(2, 7 * 16 * 24, 2048, device="cuda", dtype=torch.bfloat16)
+        w = torch.ones(2048, device="cuda", dtype=torch.bfloat16)
+        a, _ = kiln.rope_3d(v, v, 7, 16, 24, (0.32, 32, 32))
+        b, _ = kiln.rms_norm_rope(v, v, w, w, grid=(7, 16, 24), rope_interpolation_scale=(0.32, 32, 32))
+        assert not torch.isnan(a).any() and not torch.isnan(b).any()
+        assert kiln.stats()["tunes"] >= 1
+    finally:
+        kiln.configure(tune="off")
+
+
+def test_mixed_devices_are_refused():
+    q = torch.randn(1, 2, 5, 64, device="cuda")
+    with pytest.raises(ValueError, match=r"kiln\.rope: cos: expected device cuda:0 \(as q\), got cpu"):
+        kiln.rope(q, q, torch.randn(5, 64), torch.randn(5, 64, device="cuda"))
