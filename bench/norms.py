@@ -177,6 +177,9 @@ def main():
                       f"best peer {r['best_peer']} {best * 1e3:.1f} us, {r['speedup_vs_best_peer']:.2f}x", flush=True)
                 torch._dynamo.reset()
                 del fn, peers, eager, compiled
+                # Written after every shape, so a run stopped at its time limit keeps what it measured.
+                common.write_json(os.path.join(args.out, f"norms-partial{args.tag}.json"),
+                                  {"environment": env, "copy_gbs": copy_gbs, "results": results})
 
     summary = {}
     for op in ops:

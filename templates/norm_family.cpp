@@ -326,10 +326,11 @@ std::string NormFamily::invalid_reason(const Problem& problem, const Config& con
   if (grid > 0) {
     const std::int64_t persistent =
         static_cast<std::int64_t>(device.sm_count) * resident_ctas(problem, config, device);
-    if (grid != persistent) {
-      return "grid " + std::to_string(grid) + " is not the persistent grid of this config (" +
+    if (grid != persistent && grid != 2 * persistent) {
+      return "grid " + std::to_string(grid) + " is not a persistent grid of this config (" +
              std::to_string(persistent) + " = " + std::to_string(device.sm_count) + " SMs x " +
-             std::to_string(resident_ctas(problem, config, device)) + " resident CTAs)";
+             std::to_string(resident_ctas(problem, config, device)) +
+             " resident CTAs, or twice that)";
     }
   }
   return {};
@@ -341,15 +342,17 @@ std::vector<Config> NormFamily::space(const Problem& problem, const DeviceTraits
   for (int vec : kVecBytes) {
     for (int tpr : threads_per_row_options(problem, vec)) {
       for (int cta : cta_options(tpr)) {
-        for (bool persistent : {false, true}) {
+        // One pass; then persistent grids of the estimated residency and of twice it (the
+        // estimate is conservative, and a grid short of what fits leaves SMs half idle).
+        for (int waves : {0, 1, 2}) {
           Config config;
           config.vec_bytes = vec;
           config.threads_per_row = tpr;
           config.cta_threads = cta;
-          if (persistent) {
+          if (waves > 0) {
             config.extra["grid"] = 1;  // sized below, once the registers are known
-            config.extra["grid"] =
-                static_cast<std::int64_t>(device.sm_count) * resident_ctas(problem, config, device);
+            config.extra["grid"] = waves * static_cast<std::int64_t>(device.sm_count) *
+                                   resident_ctas(problem, config, device);
           }
           if (invalid_reason(problem, config, device).empty()) configs.push_back(std::move(config));
         }
