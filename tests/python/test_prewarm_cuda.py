@@ -51,3 +51,41 @@ def test_cache_prewarmed_without_gpu_serves_first_gpu_call_with_zero_compiles(tm
     records = [json.loads(line) for line in manifest.read_text().splitlines()]
     assert {(r["dtype"], r["hidden"], r["arch"]) for r in records} == {
         ("bf16", 4096, arch), ("fp16", 2000, arch)}
+
+
+TUNED_FIRST_CALL = """
+import json, torch, kiln
+x = torch.randn(1024, 4096, device="cuda", dtype=torch.bfloat16)
+w = torch.randn(4096, device="cuda", dtype=torch.bfloat16)
+y = kiln.rms_norm(x, w, 1e-6)
+x64, w64 = x.double(), w.double()
+ref = x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + 1e-6) * w64
+torch.cuda.synchronize()
+print(json.dumps({**kiln.stats(), "worst": ((y.double() - ref).abs() / (ref.abs() + 1)).max().item()}))
+"""
+
+
+@pytest.mark.gpu
+def test_prewarm_tune_stores_what_the_first_call_uses(tmp_path):
+    """`kiln prewarm --tune` on a GPU measures and stores the tuning result, so the first op
+    call of a later process reads it (a tuning hit) and neither tunes nor compiles."""
+    from test_prewarm import kiln_cli
+
+    cli = kiln_cli()
+    if cli is None:
+        pytest.skip("the kiln command is not installed (set KILN_CLI)")
+    import subprocess
+
+    cache = tmp_path / "cache"
+    done = subprocess.run([cli, "prewarm", "--op", "rms_norm", "--dtype", "bf16", "--hidden", "4096",
+                           "--tune", "--rows", "1024", "--cache-dir", str(cache)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    print(done.stdout, done.stderr)
+    assert list((cache / "v1" / "tune").rglob("rms_norm.bf16.h4096.*.json")), "no tuning result stored"
+    code, stats, err = run_kiln(TUNED_FIRST_CALL, cache, {"KILN_TUNE": "fast"})
+    assert code == 0, err
+    print(f"first call after prewarm --tune: {stats}")
+    assert stats["tunes"] == 0 and stats["compiles"] == 0
+    assert stats["tuning_hits"] == 1
+    assert stats["worst"] < 2e-2
