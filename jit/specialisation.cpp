@@ -12,7 +12,9 @@ int parse_arch(std::string_view text) {
   for (char c : text.starts_with("sm_")  ? text.substr(3)
                 : text.starts_with("sm") ? text.substr(2)
                                          : text) {
-    if (c != '.') digits.push_back(c);
+    if (c != '.') {
+      digits.push_back(c);
+    }
   }
   int sm = 0;
   const auto [end, error] = std::from_chars(digits.data(), digits.data() + digits.size(), sm);
@@ -24,7 +26,9 @@ int parse_arch(std::string_view text) {
 
 CompileRequest make_compile_request(const SpecialisationSpec& spec) {
   const auto op = parse_op(spec.op);
-  if (!op) throw ArgumentError("compile", "op", "a kiln op", "'" + std::string(spec.op) + "'");
+  if (!op) {
+    throw ArgumentError("compile", "op", "a kiln op", "'" + std::string(spec.op) + "'");
+  }
   const auto dtype = parse_dtype(spec.dtype);
   if (!dtype) {
     throw ArgumentError("compile", "dtype", "fp32, fp16 or bf16",
@@ -48,7 +52,9 @@ CompileRequest make_compile_request(const SpecialisationSpec& spec) {
   const DeviceTraits traits = DeviceTraits::for_arch(spec.sm);
   if (spec.config) {
     const std::string why = request.family->invalid_reason(request.problem, *spec.config, traits);
-    if (!why.empty()) throw ArgumentError("compile", "config", "a valid config", why);
+    if (!why.empty()) {
+      throw ArgumentError("compile", "config", "a valid config", why);
+    }
     request.config = *spec.config;
   } else {
     request.config = request.family->heuristic(request.problem, traits);

@@ -56,7 +56,9 @@ std::int64_t ceil_div(std::int64_t a, std::int64_t b) {
 
 int log2_of(int power_of_two) {
   int log = 0;
-  while ((1 << log) < power_of_two) ++log;
+  while ((1 << log) < power_of_two) {
+    ++log;
+  }
   return log;
 }
 
@@ -77,7 +79,9 @@ bool has(const Problem& problem, std::uint32_t bit) {
 std::string flag_names(std::uint32_t flags) {
   std::string text;
   auto add = [&](std::uint32_t bit, const char* name) {
-    if ((flags & bit) != 0) text += (text.empty() ? "" : ", ") + std::string(name);
+    if ((flags & bit) != 0) {
+      text += (text.empty() ? "" : ", ") + std::string(name);
+    }
   };
   add(kNormWeight, "weight (1)");
   add(kNormBias, "bias (2)");
@@ -116,9 +120,15 @@ std::uint32_t NormFamily::allowed_flags() const {
 
 unsigned NormFamily::features(const Problem& problem) const {
   unsigned f = 0;
-  if (has(problem, kNormWeight)) f |= NormFeature::weight;
-  if (has(problem, kNormBias)) f |= NormFeature::bias;
-  if (has(problem, kNormInPlace)) f |= NormFeature::in_place;
+  if (has(problem, kNormWeight)) {
+    f |= NormFeature::weight;
+  }
+  if (has(problem, kNormBias)) {
+    f |= NormFeature::bias;
+  }
+  if (has(problem, kNormInPlace)) {
+    f |= NormFeature::in_place;
+  }
   switch (op_) {
     case Op::fused_add_rms_norm:
       f |= NormFeature::residual;
@@ -131,8 +141,12 @@ unsigned NormFamily::features(const Problem& problem) const {
       [[fallthrough]];
     case Op::adaln:
       f |= NormFeature::modulate;
-      if (has(problem, kNormLayer)) f |= NormFeature::layer;
-      if (has(problem, kNormTable)) f |= NormFeature::table;
+      if (has(problem, kNormLayer)) {
+        f |= NormFeature::layer;
+      }
+      if (has(problem, kNormTable)) {
+        f |= NormFeature::table;
+      }
       break;
     default:
       break;
@@ -171,12 +185,20 @@ std::optional<ArgumentError> problem_error(const NormFamily& family, const Probl
 int live_vectors_per_step(const NormFamily& family, const Problem& problem, bool prefetch) {
   const unsigned f = family.features(problem);
   int live = 1;
-  if ((f & NormFeature::modulate) != 0) live += 2;
+  if ((f & NormFeature::modulate) != 0) {
+    live += 2;
+  }
   if (prefetch) {
     int loaded = 1;
-    if ((f & (NormFeature::residual | NormFeature::gate)) != 0) ++loaded;
-    if ((f & NormFeature::gate) != 0) ++loaded;
-    if ((f & NormFeature::modulate) != 0) loaded += 2;
+    if ((f & (NormFeature::residual | NormFeature::gate)) != 0) {
+      ++loaded;
+    }
+    if ((f & NormFeature::gate) != 0) {
+      ++loaded;
+    }
+    if ((f & NormFeature::modulate) != 0) {
+      loaded += 2;
+    }
     live += loaded;
   }
   return live;
@@ -202,7 +224,9 @@ std::vector<int> threads_per_row_options(const Problem& problem, int vec_bytes) 
   if (row_bytes % vec_bytes == 0) {
     const std::int64_t vectors = row_bytes / vec_bytes;
     for (int tpr = 64; tpr <= kThreadsPerRow.back(); tpr += 32) {
-      if (vectors % tpr == 0 && !one_of(kThreadsPerRow, tpr)) options.push_back(tpr);
+      if (vectors % tpr == 0 && !one_of(kThreadsPerRow, tpr)) {
+        options.push_back(tpr);
+      }
     }
   }
   std::sort(options.begin(), options.end());
@@ -210,16 +234,22 @@ std::vector<int> threads_per_row_options(const Problem& problem, int vec_bytes) 
 }
 
 std::vector<int> cta_options(int threads_per_row) {
-  if (one_of(kThreadsPerRow, threads_per_row)) return {kCtaThreads.begin(), kCtaThreads.end()};
+  if (one_of(kThreadsPerRow, threads_per_row)) {
+    return {kCtaThreads.begin(), kCtaThreads.end()};
+  }
   std::vector<int> options;
-  for (int cta = threads_per_row; cta <= kCtaThreads.back(); cta *= 2) options.push_back(cta);
+  for (int cta = threads_per_row; cta <= kCtaThreads.back(); cta *= 2) {
+    options.push_back(cta);
+  }
   return options;
 }
 
 }  // namespace
 
 void NormFamily::check(const Problem& problem) const {
-  if (auto error = problem_error(*this, problem)) throw *error;
+  if (auto error = problem_error(*this, problem)) {
+    throw *error;
+  }
 }
 
 std::int64_t NormFamily::registers_per_thread(const Problem& problem, const Config& config) const {
@@ -247,9 +277,13 @@ int NormFamily::resident_ctas(const Problem& problem, const Config& config,
 
 std::string NormFamily::invalid_reason(const Problem& problem, const Config& config,
                                        const DeviceTraits& device) const {
-  if (auto error = problem_error(*this, problem)) return error->message();
+  if (auto error = problem_error(*this, problem)) {
+    return error->message();
+  }
   for (const auto& [name, value] : config.extra) {
-    if (name != "grid") return std::string(this->name()) + " has no tunable named '" + name + "'";
+    if (name != "grid") {
+      return std::string(this->name()) + " has no tunable named '" + name + "'";
+    }
   }
 
   const auto element = static_cast<std::int64_t>(dtype_size(problem.dtype));
@@ -322,7 +356,9 @@ std::string NormFamily::invalid_reason(const Problem& problem, const Config& con
   }
 
   const std::int64_t grid = grid_of(config);
-  if (grid < 0) return "grid " + std::to_string(grid) + " is negative";
+  if (grid < 0) {
+    return "grid " + std::to_string(grid) + " is negative";
+  }
   if (grid > 0) {
     const std::int64_t persistent =
         static_cast<std::int64_t>(device.sm_count) * resident_ctas(problem, config, device);
@@ -354,7 +390,9 @@ std::vector<Config> NormFamily::space(const Problem& problem, const DeviceTraits
             config.extra["grid"] = waves * static_cast<std::int64_t>(device.sm_count) *
                                    resident_ctas(problem, config, device);
           }
-          if (invalid_reason(problem, config, device).empty()) configs.push_back(std::move(config));
+          if (invalid_reason(problem, config, device).empty()) {
+            configs.push_back(std::move(config));
+          }
         }
       }
     }
@@ -378,7 +416,9 @@ Config NormFamily::heuristic(const Problem& problem, const DeviceTraits& device)
   target.threads_per_row = kThreadsPerRow.back();
   for (int tpr : kThreadsPerRow) {
     target.threads_per_row = tpr;
-    if (elements_per_thread(problem, target) <= kTargetElementsPerThread) break;
+    if (elements_per_thread(problem, target) <= kTargetElementsPerThread) {
+      break;
+    }
   }
   target.cta_threads = std::max(
       {kMinHeuristicCta, target.threads_per_row,
@@ -393,10 +433,16 @@ Config NormFamily::heuristic(const Problem& problem, const DeviceTraits& device)
                               std::abs(log2_of(c.cta_threads) - target_cta_log)};
   };
   for (const Config& config : configs) {
-    if (config.vec_bytes != vec || grid_of(config) != 0) continue;
-    if (best == nullptr || distance(config) < distance(*best)) best = &config;
+    if (config.vec_bytes != vec || grid_of(config) != 0) {
+      continue;
+    }
+    if (best == nullptr || distance(config) < distance(*best)) {
+      best = &config;
+    }
   }
-  if (best == nullptr) best = &configs.front();
+  if (best == nullptr) {
+    best = &configs.front();
+  }
   return *best;
 }
 
@@ -414,7 +460,9 @@ LaunchGeometry NormFamily::geometry(const Problem& problem, const Config& config
   constexpr std::int64_t kMaxGrid = 0x7fffffff;
   const std::int64_t rows_per_cta = std::max(1, config.rows_per_cta());
   std::int64_t ctas = ceil_div(std::max<std::int64_t>(rows, 0), rows_per_cta);
-  if (const std::int64_t cap = grid_of(config); cap > 0) ctas = std::min(ctas, cap);
+  if (const std::int64_t cap = grid_of(config); cap > 0) {
+    ctas = std::min(ctas, cap);
+  }
   LaunchGeometry geometry;
   geometry.grid[0] = static_cast<std::uint32_t>(std::clamp<std::int64_t>(ctas, 1, kMaxGrid));
   geometry.block[0] = static_cast<std::uint32_t>(config.cta_threads);
@@ -433,7 +481,9 @@ std::vector<BufferSpec> norm_buffers(const NormFamily& family, const Problem& pr
   const std::int64_t mod_rows = has(problem, kNormPerToken) ? rows : 1;
   std::vector<BufferSpec> specs;
   specs.push_back({"x", t, rows * d, false});
-  if ((f & NormFeature::residual) != 0) specs.push_back({"residual", t, rows * d, false});
+  if ((f & NormFeature::residual) != 0) {
+    specs.push_back({"residual", t, rows * d, false});
+  }
   if ((f & NormFeature::gate) != 0) {
     specs.push_back({"y", t, rows * d, false});
     specs.push_back({"gate", t, mod_rows * d, false});
@@ -443,12 +493,18 @@ std::vector<BufferSpec> norm_buffers(const NormFamily& family, const Problem& pr
     specs.push_back({"shift", t, mod_rows * d, false});
   }
   if ((f & NormFeature::table) != 0) {
-    if ((f & NormFeature::gate) != 0) specs.push_back({"table_gate", t, d, false});
+    if ((f & NormFeature::gate) != 0) {
+      specs.push_back({"table_gate", t, d, false});
+    }
     specs.push_back({"table_scale", t, d, false});
     specs.push_back({"table_shift", t, d, false});
   }
-  if ((f & NormFeature::weight) != 0) specs.push_back({"weight", t, d, false});
-  if ((f & NormFeature::bias) != 0) specs.push_back({"bias", t, d, false});
+  if ((f & NormFeature::weight) != 0) {
+    specs.push_back({"weight", t, d, false});
+  }
+  if ((f & NormFeature::bias) != 0) {
+    specs.push_back({"bias", t, d, false});
+  }
   specs.push_back({"out", t, rows * d, true});
   if ((f & (NormFeature::residual | NormFeature::gate)) != 0) {
     specs.push_back({"sum_out", t, rows * d, true});
@@ -460,8 +516,9 @@ std::vector<BufferSpec> norm_buffers(const NormFamily& family, const Problem& pr
 
 std::vector<BufferSpec> NormFamily::buffers(const Problem& problem, std::int64_t rows) const {
   check(problem);
-  if (rows < 0)
+  if (rows < 0) {
     throw ArgumentError(std::string(name()), "rows", "a count >= 0", std::to_string(rows));
+  }
   return norm_buffers(*this, problem, rows);
 }
 
@@ -472,7 +529,9 @@ std::vector<std::byte> NormFamily::pack_params(const Problem& problem, std::int6
   const std::vector<BufferSpec> specs = norm_buffers(*this, problem, rows);
   if (addresses.size() != specs.size()) {
     std::string names;
-    for (const BufferSpec& spec : specs) names += (names.empty() ? "" : ", ") + spec.name;
+    for (const BufferSpec& spec : specs) {
+      names += (names.empty() ? "" : ", ") + spec.name;
+    }
     throw Error("kiln." + std::string(name()) + ": pack_params: expected " +
                 std::to_string(specs.size()) + " addresses (" + names + "), got " +
                 std::to_string(addresses.size()));
@@ -484,19 +543,45 @@ std::vector<std::byte> NormFamily::pack_params(const Problem& problem, std::int6
   for (std::size_t i = 0; i < specs.size(); ++i) {
     void* address = reinterpret_cast<void*>(static_cast<std::uintptr_t>(addresses[i]));
     const std::string& n = specs[i].name;
-    if (n == "x") params.x = address;
-    if (n == "residual") params.residual = address;
-    if (n == "y") params.y = address;
-    if (n == "gate") params.gate.data = address;
-    if (n == "scale") params.scale.data = address;
-    if (n == "shift") params.shift.data = address;
-    if (n == "table_gate") params.gate.table = address;
-    if (n == "table_scale") params.scale.table = address;
-    if (n == "table_shift") params.shift.table = address;
-    if (n == "weight") params.weight = address;
-    if (n == "bias") params.bias = address;
-    if (n == "out") params.out = address;
-    if (n == "sum_out") params.sum_out = address;
+    if (n == "x") {
+      params.x = address;
+    }
+    if (n == "residual") {
+      params.residual = address;
+    }
+    if (n == "y") {
+      params.y = address;
+    }
+    if (n == "gate") {
+      params.gate.data = address;
+    }
+    if (n == "scale") {
+      params.scale.data = address;
+    }
+    if (n == "shift") {
+      params.shift.data = address;
+    }
+    if (n == "table_gate") {
+      params.gate.table = address;
+    }
+    if (n == "table_scale") {
+      params.scale.table = address;
+    }
+    if (n == "table_shift") {
+      params.shift.table = address;
+    }
+    if (n == "weight") {
+      params.weight = address;
+    }
+    if (n == "bias") {
+      params.bias = address;
+    }
+    if (n == "out") {
+      params.out = address;
+    }
+    if (n == "sum_out") {
+      params.sum_out = address;
+    }
   }
   for (NormModulation* m : {&params.scale, &params.shift, &params.gate}) {
     m->batch_stride = per_token ? rows * d : d;
@@ -517,7 +602,9 @@ std::vector<std::byte> NormFamily::pack_params(const Problem& problem, std::int6
 
 std::int64_t NormFamily::bytes_moved(const Problem& problem, std::int64_t rows) const {
   std::int64_t elements = 0;
-  for (const BufferSpec& spec : norm_buffers(*this, problem, rows)) elements += spec.elements;
+  for (const BufferSpec& spec : norm_buffers(*this, problem, rows)) {
+    elements += spec.elements;
+  }
   return elements * static_cast<std::int64_t>(dtype_size(problem.dtype));
 }
 

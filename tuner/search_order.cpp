@@ -16,8 +16,12 @@ double doublings(int a, int b) {
 
 int extras_differing(const Config& a, const Config& b) {
   std::set<std::string> names;
-  for (const auto& [name, value] : a.extra) names.insert(name);
-  for (const auto& [name, value] : b.extra) names.insert(name);
+  for (const auto& [name, value] : a.extra) {
+    names.insert(name);
+  }
+  for (const auto& [name, value] : b.extra) {
+    names.insert(name);
+  }
   int count = 0;
   for (const std::string& name : names) {
     auto in_a = a.extra.find(name);
@@ -66,23 +70,31 @@ class Ordering {
 
   std::optional<std::size_t> find(const Config& config) const {
     auto it = std::find(pool_.begin(), pool_.end(), config);
-    if (it == pool_.end()) return std::nullopt;
+    if (it == pool_.end()) {
+      return std::nullopt;
+    }
     return static_cast<std::size_t>(it - pool_.begin());
   }
   void take(std::size_t index) {
-    if (taken_[index]) return;
+    if (taken_[index]) {
+      return;
+    }
     taken_[index] = true;
     order_.push_back(pool_[index]);
   }
   void take(const Config& config) {
-    if (auto index = find(config)) take(*index);
+    if (auto index = find(config)) {
+      take(*index);
+    }
   }
   // The untaken indices that `wanted` accepts, sorted by `key` (stable: pool order breaks ties).
   std::vector<std::size_t> untaken(const std::function<bool(const Config&)>& wanted,
                                    const std::function<double(const Config&)>& key) const {
     std::vector<std::size_t> indices;
     for (std::size_t i = 0; i < pool_.size(); ++i) {
-      if (!taken_[i] && wanted(pool_[i])) indices.push_back(i);
+      if (!taken_[i] && wanted(pool_[i])) {
+        indices.push_back(i);
+      }
     }
     std::stable_sort(indices.begin(), indices.end(),
                      [&](std::size_t a, std::size_t b) { return key(pool_[a]) < key(pool_[b]); });
@@ -102,7 +114,9 @@ class Ordering {
 std::vector<Config> order_around(const Config& centre, const std::vector<Config>& pool) {
   Ordering ordering(pool);
   ordering.take(centre);
-  for (const Config& step : steps_from(centre)) ordering.take(step);
+  for (const Config& step : steps_from(centre)) {
+    ordering.take(step);
+  }
 
   auto same_shape = [&](const Config& c) {
     return c.vec_bytes == centre.vec_bytes && c.threads_per_row == centre.threads_per_row &&
@@ -111,7 +125,9 @@ std::vector<Config> order_around(const Config& centre, const std::vector<Config>
   auto extras_distance = [&](const Config& c) {
     return static_cast<double>(extras_differing(c, centre));
   };
-  for (std::size_t index : ordering.untaken(same_shape, extras_distance)) ordering.take(index);
+  for (std::size_t index : ordering.untaken(same_shape, extras_distance)) {
+    ordering.take(index);
+  }
 
   // Splits between the centre's neighbours (a family may offer threads-per-row counts that
   // are not powers of two, e.g. whole warps that divide a row exactly).
@@ -122,27 +138,37 @@ std::vector<Config> order_around(const Config& centre, const std::vector<Config>
            c.threads_per_row < 2 * centre.threads_per_row;
   };
   auto from_centre_shape = [&](const Config& c) { return shape_distance(c, centre); };
-  for (std::size_t index : ordering.untaken(between, from_centre_shape)) ordering.take(index);
+  for (std::size_t index : ordering.untaken(between, from_centre_shape)) {
+    ordering.take(index);
+  }
 
   std::set<int, std::greater<>> other_widths;
   for (const Config& config : pool) {
-    if (config.vec_bytes != centre.vec_bytes) other_widths.insert(config.vec_bytes);
+    if (config.vec_bytes != centre.vec_bytes) {
+      other_widths.insert(config.vec_bytes);
+    }
   }
   std::vector<Config> width_leaders;
   for (int width : other_widths) {
     auto nearest = ordering.untaken([&](const Config& c) { return c.vec_bytes == width; },
                                     [&](const Config& c) { return shape_distance(c, centre); });
-    if (nearest.empty()) continue;
+    if (nearest.empty()) {
+      continue;
+    }
     width_leaders.push_back(ordering.at(nearest.front()));
     ordering.take(nearest.front());
   }
   for (const Config& leader : width_leaders) {
-    for (const Config& step : steps_from(leader)) ordering.take(step);
+    for (const Config& step : steps_from(leader)) {
+      ordering.take(step);
+    }
   }
 
   auto anything = [](const Config&) { return true; };
   auto from_centre = [&](const Config& c) { return distance(c, centre); };
-  for (std::size_t index : ordering.untaken(anything, from_centre)) ordering.take(index);
+  for (std::size_t index : ordering.untaken(anything, from_centre)) {
+    ordering.take(index);
+  }
   return ordering.release();
 }
 

@@ -9,7 +9,9 @@ namespace kiln::torch_ops {
 namespace {
 
 void check_rows(const std::string& op, const std::string& arg, const at::Tensor& x) {
-  if (x.dim() == 0) fail_value(op, arg, "at least 1 dimension", "a 0-dimensional tensor");
+  if (x.dim() == 0) {
+    fail_value(op, arg, "at least 1 dimension", "a 0-dimensional tensor");
+  }
   if (x.size(-1) <= 0) {
     fail_value(op, arg, "a last dimension (hidden size) > 0", shape_text(x));
   }
@@ -65,7 +67,9 @@ DType check_fused_add_rms_norm(const std::string& op, const at::Tensor& x,
   const DType dtype = kiln_dtype(op, "x", x);
   check_rows(op, "x", x);
   check_same(op, "residual", residual, "x", x);
-  if (weight) check_parameter(op, "weight", *weight, x);
+  if (weight) {
+    check_parameter(op, "weight", *weight, x);
+  }
   return dtype;
 }
 
@@ -73,14 +77,22 @@ DType check_layer_norm(const at::Tensor& x, const std::optional<at::Tensor>& wei
                        const std::optional<at::Tensor>& bias) {
   const DType dtype = kiln_dtype("layer_norm", "x", x);
   check_rows("layer_norm", "x", x);
-  if (weight) check_parameter("layer_norm", "weight", *weight, x);
-  if (bias) check_parameter("layer_norm", "bias", *bias, x);
+  if (weight) {
+    check_parameter("layer_norm", "weight", *weight, x);
+  }
+  if (bias) {
+    check_parameter("layer_norm", "bias", *bias, x);
+  }
   return dtype;
 }
 
 bool parse_norm_kind(const std::string& op, const std::string& norm) {
-  if (norm == "rms") return false;
-  if (norm == "layer") return true;
+  if (norm == "rms") {
+    return false;
+  }
+  if (norm == "layer") {
+    return true;
+  }
   fail_value(op, "norm", "\"rms\" or \"layer\"", "\"" + norm + "\"");
 }
 
@@ -98,11 +110,17 @@ DType check_adaln(const AdaLnArgs& args) {
     fail_value(op, x_name, "shape [B, T, D] with D > 0", shape_text(x));
   }
   parse_norm_kind(op, args.norm);
-  if (args.y != nullptr) check_same(op, "y", *args.y, x_name, x);
-  if (args.gate != nullptr) check_modulation(op, "gate", *args.gate, x);
+  if (args.y != nullptr) {
+    check_same(op, "y", *args.y, x_name, x);
+  }
+  if (args.gate != nullptr) {
+    check_modulation(op, "gate", *args.gate, x);
+  }
   check_modulation(op, "scale", *args.scale, x);
   check_modulation(op, "shift", *args.shift, x);
-  if (args.weight->has_value()) check_parameter(op, "weight", **args.weight, x);
+  if (args.weight->has_value()) {
+    check_parameter(op, "weight", **args.weight, x);
+  }
 
   if (has_tables(args)) {
     auto need = [&](const std::string& name, const std::optional<at::Tensor>& table) {
@@ -111,7 +129,9 @@ DType check_adaln(const AdaLnArgs& args) {
       }
       check_parameter(op, name, *table, x);
     };
-    if (args.table_gate != nullptr) need("table_gate", *args.table_gate);
+    if (args.table_gate != nullptr) {
+      need("table_gate", *args.table_gate);
+    }
     need("table_scale", *args.table_scale);
     need("table_shift", *args.table_shift);
   }

@@ -9,7 +9,9 @@ namespace kiln::torch_ops {
 namespace {
 
 void require_cpu(const std::string& op, const at::Tensor& x) {
-  if (!x.device().is_cpu()) fail_value(op, "x", "a CPU or CUDA tensor", x.device().str());
+  if (!x.device().is_cpu()) {
+    fail_value(op, "x", "a CPU or CUDA tensor", x.device().str());
+  }
 }
 
 at::Tensor rms(const at::Tensor& s, double eps) {
@@ -29,7 +31,9 @@ at::Tensor as_float(const std::optional<at::Tensor>& t) {
 // norm(s) [* weight] * (1 + scale) + shift, in fp32 (s already fp32).
 at::Tensor modulate(const at::Tensor& s, const AdaLnArgs& args, double eps) {
   at::Tensor n = parse_norm_kind(args.op, args.norm) ? centred(s, eps) : rms(s, eps);
-  if (args.weight->has_value()) n = n * (*args.weight)->to(at::kFloat);
+  if (args.weight->has_value()) {
+    n = n * (*args.weight)->to(at::kFloat);
+  }
   at::Tensor scale = args.scale->to(at::kFloat);
   at::Tensor shift = args.shift->to(at::kFloat);
   if (has_tables(args)) {
@@ -49,7 +53,9 @@ std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm_cpu(const at::Tensor& x,
   require_cpu("fused_add_rms_norm", x);
   const at::Tensor sum = (x.to(at::kFloat) + residual.to(at::kFloat)).to(x.scalar_type());
   at::Tensor out = rms(sum.to(at::kFloat), eps);
-  if (weight) out = out * weight->to(at::kFloat);
+  if (weight) {
+    out = out * weight->to(at::kFloat);
+  }
   return {out.to(x.scalar_type()).contiguous(), sum.contiguous()};
 }
 
@@ -67,8 +73,12 @@ at::Tensor layer_norm_cpu(const at::Tensor& x, const std::optional<at::Tensor>& 
   check_layer_norm(x, weight, bias);
   require_cpu("layer_norm", x);
   at::Tensor out = centred(x.to(at::kFloat), eps);
-  if (weight) out = out * weight->to(at::kFloat);
-  if (bias) out = out + bias->to(at::kFloat);
+  if (weight) {
+    out = out * weight->to(at::kFloat);
+  }
+  if (bias) {
+    out = out + bias->to(at::kFloat);
+  }
   return out.to(x.scalar_type()).contiguous();
 }
 
@@ -108,10 +118,13 @@ std::tuple<at::Tensor, at::Tensor> gated_adaln_cpu(
   args.table_shift = &table_shift;
   args.norm = std::string(norm);
   check_adaln(args);
-  if (!h.device().is_cpu())
+  if (!h.device().is_cpu()) {
     fail_value("gated_adaln", "h", "a CPU or CUDA tensor", h.device().str());
+  }
   at::Tensor g = gate.to(at::kFloat);
-  if (table_gate) g = g + table_gate->to(at::kFloat);
+  if (table_gate) {
+    g = g + table_gate->to(at::kFloat);
+  }
   const at::Tensor sum = (h.to(at::kFloat) + y.to(at::kFloat) * g).to(h.scalar_type());
   const at::Tensor out = modulate(sum.to(at::kFloat), args, eps).to(h.scalar_type());
   return {sum.contiguous(), out.contiguous()};

@@ -16,7 +16,9 @@ namespace kiln::torch_ops {
 namespace {
 
 void require_cuda(const std::string& op, const std::string& arg, const at::Tensor& x) {
-  if (!x.is_cuda()) fail_value(op, arg, "a CUDA tensor", x.device().str());
+  if (!x.is_cuda()) {
+    fail_value(op, arg, "a CUDA tensor", x.device().str());
+  }
 }
 
 // Addresses and byte strides the vector width must divide.
@@ -69,7 +71,9 @@ NormModulation modulation(const at::Tensor& m, std::vector<at::Tensor>& keep, Al
 
 const void* table_row(const std::optional<at::Tensor>& table, std::vector<at::Tensor>& keep,
                       Alignment& align) {
-  if (!table) return nullptr;
+  if (!table) {
+    return nullptr;
+  }
   keep.push_back(table->contiguous());
   align.address(keep.back().data_ptr());
   return keep.back().data_ptr();
@@ -88,7 +92,9 @@ std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm_cuda(const at::Tensor& x,
   at::Tensor out = at::empty(x.sizes(), contiguous);
   at::Tensor sum = at::empty(x.sizes(), contiguous);
   const RowView xv = row_view(op, x);
-  if (xv.rows == 0) return {out, sum};
+  if (xv.rows == 0) {
+    return {out, sum};
+  }
   const RowView rv = row_view(op, residual);
   const at::Tensor w = weight ? weight->contiguous() : at::Tensor();
 
@@ -109,9 +115,13 @@ std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm_cuda(const at::Tensor& x,
   Alignment align(dtype);
   for (const void* a :
        std::initializer_list<const void*>{p.out, p.sum_out, p.x, p.residual, p.weight}) {
-    if (a != nullptr) align.address(a);
+    if (a != nullptr) {
+      align.address(a);
+    }
   }
-  for (std::int64_t s : {xv.row_stride, rv.row_stride, xv.hidden}) align.stride(s);
+  for (std::int64_t s : {xv.row_stride, rv.row_stride, xv.hidden}) {
+    align.stride(s);
+  }
   const Problem problem{Op::fused_add_rms_norm, dtype, xv.hidden, weight ? kNormWeight : 0u,
                         align.value()};
   launch(x, problem, p);
@@ -124,7 +134,9 @@ void fused_add_rms_norm_inplace_cuda(at::Tensor& x, at::Tensor& residual,
   const DType dtype = check_fused_add_rms_norm(op, x, residual, weight);
   require_cuda(op, "x", x);
   const RowView xv = row_view(op, x);
-  if (xv.rows == 0) return;
+  if (xv.rows == 0) {
+    return;
+  }
   const RowView rv = row_view(op, residual);
   // Layouts that need a copy to be seen as rows: compute aside and copy back.
   if (!xv.tensor.is_same(x) || !rv.tensor.is_same(residual)) {
@@ -150,9 +162,13 @@ void fused_add_rms_norm_inplace_cuda(at::Tensor& x, at::Tensor& residual,
 
   Alignment align(dtype);
   for (const void* a : {p.x, p.residual, p.weight}) {
-    if (a != nullptr) align.address(a);
+    if (a != nullptr) {
+      align.address(a);
+    }
   }
-  for (std::int64_t s : {xv.row_stride, rv.row_stride, xv.hidden}) align.stride(s);
+  for (std::int64_t s : {xv.row_stride, rv.row_stride, xv.hidden}) {
+    align.stride(s);
+  }
   const Problem problem{Op::fused_add_rms_norm, dtype, xv.hidden,
                         (weight ? kNormWeight : 0u) | kNormInPlace, align.value()};
   launch(x, problem, p);
@@ -165,7 +181,9 @@ at::Tensor layer_norm_cuda(const at::Tensor& x, const std::optional<at::Tensor>&
   require_cuda(op, "x", x);
   at::Tensor out = at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
   const RowView xv = row_view(op, x);
-  if (xv.rows == 0) return out;
+  if (xv.rows == 0) {
+    return out;
+  }
   const at::Tensor w = weight ? weight->contiguous() : at::Tensor();
   const at::Tensor b = bias ? bias->contiguous() : at::Tensor();
 
@@ -182,9 +200,13 @@ at::Tensor layer_norm_cuda(const at::Tensor& x, const std::optional<at::Tensor>&
 
   Alignment align(dtype);
   for (const void* a : std::initializer_list<const void*>{p.out, p.x, p.weight, p.bias}) {
-    if (a != nullptr) align.address(a);
+    if (a != nullptr) {
+      align.address(a);
+    }
   }
-  for (std::int64_t s : {xv.row_stride, xv.hidden}) align.stride(s);
+  for (std::int64_t s : {xv.row_stride, xv.hidden}) {
+    align.stride(s);
+  }
   const std::uint32_t flags = (weight ? kNormWeight : 0u) | (bias ? kNormBias : 0u);
   launch(x, Problem{Op::layer_norm, dtype, xv.hidden, flags, align.value()}, p);
   return out;
@@ -200,9 +222,13 @@ at::Tensor run_adaln(const AdaLnArgs& args, double eps, at::Tensor* sum) {
   require_cuda(args.op, args.y != nullptr ? "h" : "x", x);
   const auto contiguous = x.options().memory_format(at::MemoryFormat::Contiguous);
   at::Tensor out = at::empty(x.sizes(), contiguous);
-  if (sum != nullptr) *sum = at::empty(x.sizes(), contiguous);
+  if (sum != nullptr) {
+    *sum = at::empty(x.sizes(), contiguous);
+  }
   const RowView xv = row_view(args.op, x);
-  if (xv.rows == 0) return out;
+  if (xv.rows == 0) {
+    return out;
+  }
 
   std::vector<at::Tensor> keep;
   Alignment align(dtype);
@@ -236,7 +262,9 @@ at::Tensor run_adaln(const AdaLnArgs& args, double eps, at::Tensor* sum) {
     align.address(p.weight);
   }
   if (has_tables(args)) {
-    if (args.table_gate != nullptr) p.gate.table = table_row(*args.table_gate, keep, align);
+    if (args.table_gate != nullptr) {
+      p.gate.table = table_row(*args.table_gate, keep, align);
+    }
     p.scale.table = table_row(*args.table_scale, keep, align);
     p.shift.table = table_row(*args.table_shift, keep, align);
   }
@@ -246,10 +274,18 @@ at::Tensor run_adaln(const AdaLnArgs& args, double eps, at::Tensor* sum) {
   align.stride(xv.hidden);
 
   std::uint32_t flags = 0;
-  if (args.weight->has_value()) flags |= kNormWeight;
-  if (parse_norm_kind(args.op, args.norm)) flags |= kNormLayer;
-  if (has_tables(args)) flags |= kNormTable;
-  if (per_token) flags |= kNormPerToken;
+  if (args.weight->has_value()) {
+    flags |= kNormWeight;
+  }
+  if (parse_norm_kind(args.op, args.norm)) {
+    flags |= kNormLayer;
+  }
+  if (has_tables(args)) {
+    flags |= kNormTable;
+  }
+  if (per_token) {
+    flags |= kNormPerToken;
+  }
   const Op op = args.y != nullptr ? Op::gated_adaln : Op::adaln;
   launch(x, Problem{op, dtype, xv.hidden, flags, align.value()}, p);
   return out;

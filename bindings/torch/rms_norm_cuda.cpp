@@ -22,7 +22,9 @@ at::Tensor rms_norm_cuda(const at::Tensor& x, const std::optional<at::Tensor>& w
   }
   const RowView view = row_view("rms_norm", x);
   at::Tensor out = at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
-  if (view.rows == 0) return out;
+  if (view.rows == 0) {
+    return out;
+  }
 
   const at::Tensor w = weight ? weight->contiguous() : at::Tensor();
   const auto element = static_cast<std::uintptr_t>(dtype_size(dtype));
