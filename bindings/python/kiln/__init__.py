@@ -22,6 +22,7 @@ from .norm_ops import ada_values, adaln, fused_add_rms_norm, fused_add_rms_norm_
 from .activation_ops import gated_residual, gated_residual_, geglu, gelu, swiglu
 from . import _fakes_rope  # noqa: F401  (registers the RoPE fakes)
 from .rope_ops import rms_norm_rope, rope, rope_, rope_3d
+from .patching import PatchReport, patch, unpatch
 
 _library_paths.register(_C)
 
@@ -45,6 +46,8 @@ __all__ = [
     "fused_add_rms_norm_",
     "gated_adaln",
     "layer_norm",
+    "patch",
+    "PatchReport",
     "prewarm",
     "rms_norm",
     "swiglu",
@@ -58,4 +61,5 @@ __all__ = [
     "rope_3d",
     "settings",
     "stats",
+    "unpatch",
 ]

@@ -1,0 +1,75 @@
+"""``kiln.patch(model)``: the modules of a model that compute what a kiln op computes get a
+forward that calls the op; ``kiln.unpatch(model)`` puts the originals back.
+
+What is recognised (by what the module computes, see :mod:`.detect`): RMSNorms (Llama's
+rounding rule, Gemma's ``1 + weight``, ``nn.RMSNorm``, norms with no weight) and gated MLPs
+``down_proj(act_fn(gate_proj(x)) * up_proj(x))`` with SiLU or GELU (the activation and
+multiply become ``kiln.swiglu`` / ``kiln.geglu``; the projections stay). kiln's ops have no
+backward: a patched forward that would record an autograd graph calls the original.
+"""
+
+from typing import Iterable, Optional
+
+import torch
+
+from . import detect, replace
+from .report import Left, PatchReport, Replaced
+
+OPS = ("rms_norm", "swiglu", "geglu")
+
+
+def _check_ops(ops: Optional[Iterable[str]]) -> frozenset:
+    if ops is None:
+        return frozenset(OPS)
+    if isinstance(ops, str):
+        ops = (ops,)
+    chosen = frozenset(ops)
+    unknown = sorted(chosen - set(OPS))
+    if unknown:
+        raise ValueError(f"kiln.patch: ops: expected names among {list(OPS)}, got {unknown}")
+    return chosen
+
+
+def patch(model: torch.nn.Module, ops: Optional[Iterable[str]] = None) -> PatchReport:
+    """Replaces, in place, the forward of each module of ``model`` that computes what one
+    of ``ops`` (default: all of ``kiln.patching.OPS``) computes; returns what was replaced
+    and which candidates were left, why. Patching a patched module again changes nothing
+    (it is listed again). Works before or after accelerate's hooks: a hooked module's inner
+    forward (``_old_forward``) is the one replaced, so the hook still runs around it."""
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"kiln.patch: model: expected a torch.nn.Module, got {type(model).__name__}")
+    chosen = _check_ops(ops)
+    report = PatchReport()
+    for path, module in model.named_modules():
+        state = replace.state_of(module)
+        if state is not None:
+            report.replaced.append(Replaced(path, state.kind, state.op))
+            continue
+        if detect.norm_candidate(module):
+            classify = detect.classify_norm
+        elif detect.mlp_candidate(module):
+            classify = detect.classify_mlp
+        else:
+            continue
+        cls = type(module).__name__
+        original = replace.inner_forward(module)
+        result = classify(module, original)
+        if isinstance(result, detect.NoMatch):
+            report.left.append(Left(path, cls, result.reason))
+        elif result.op not in chosen:
+            report.left.append(Left(path, cls, f"computes {result.kind}; {result.op} is not in ops"))
+        else:
+            replace.install(module, original, result.factory(module, original), result.kind, result.op)
+            report.replaced.append(Replaced(path, result.kind, result.op))
+    return report
+
+
+def unpatch(model: torch.nn.Module) -> int:
+    """Puts back the original forward of every module :func:`patch` replaced; returns how
+    many. The model computes bit for bit what it did before the patch."""
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"kiln.unpatch: model: expected a torch.nn.Module, got {type(model).__name__}")
+    return sum(replace.uninstall(module, path) for path, module in model.named_modules())
+
+
+__all__ = ["Left", "OPS", "PatchReport", "Replaced", "patch", "unpatch"]

@@ -1,0 +1,210 @@
+"""Which modules compute what kiln has an op for, decided by what they compute.
+
+A module is a candidate by its attributes (an RMSNorm: a leaf with ``variance_epsilon`` or
+``eps`` and a 1-D ``weight`` or none; a gated MLP: ``gate_proj``, ``up_proj``,
+``down_proj`` and ``act_fn``), never by its class. A candidate is replaced only when the
+replacement computes what its own forward computes on a random probe: the original
+forward and the replacement run on the same CPU probe (a random weight of the module's
+size and dtype for a norm, small random projections of the module's dtype for an MLP),
+for inputs of the weight's dtype and of the other float dtypes, and must agree in dtype,
+shape and value. Variants with different dtype rules (Gemma's ``1 + weight``, Llama's
+rounding before the weight multiply, ``nn.RMSNorm``'s single rounding) are told apart
+the same way.
+"""
+
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional, Tuple, Union
+
+import torch
+
+from . import forwards
+
+_PROBE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+@dataclass(frozen=True)
+class Match:
+    kind: str
+    op: str  # the kiln op, or "" where the op filter decides
+    factory: Callable  # (module, original forward) -> replacement forward
+
+
+@dataclass(frozen=True)
+class NoMatch:
+    kind: str
+    reason: str
+
+
+def _tolerance(dtype: torch.dtype) -> float:
+    # Two ulps of the output dtype: the originals round twice where kiln rounds once (Llama's
+    # norm before its weight multiply, SiLU before the up multiply), and fp32 sums in
+    # another order; a different computation is off by far more on a random probe.
+    return max(2.0 * torch.finfo(dtype).eps, 1e-5)
+
+
+def _agree(expected: torch.Tensor, actual: torch.Tensor, scale: float = 0.0) -> Optional[str]:
+    if not isinstance(actual, torch.Tensor):
+        return f"returned {type(actual).__name__}, not a tensor"
+    if actual.dtype != expected.dtype or actual.shape != expected.shape:
+        return f"gives {actual.dtype} {tuple(actual.shape)} where the original gives {expected.dtype} {tuple(expected.shape)}"
+    tol = _tolerance(expected.dtype)
+    e, a = expected.double(), actual.double()
+    bound = tol * (e.abs() + scale) + tol
+    worst = ((a - e).abs() - bound).max().item()
+    if not worst <= 0.0:
+        return f"differs from the original by up to {(a - e).abs().max().item():.3g} in {expected.dtype}"
+    return None
+
+
+def _probe_inputs(hidden: int, dtypes, generator: torch.Generator) -> List[torch.Tensor]:
+    # A nonzero mean, so that a LayerNorm (which subtracts it) is not mistaken for an RMSNorm.
+    base = torch.randn(3, 5, hidden, generator=generator) + 0.5
+    return [base.to(d) for d in dtypes]
+
+
+def _compare(original: Callable, candidate: Callable, inputs: List[torch.Tensor],
+             scale_of=lambda out: 0.0) -> Optional[str]:
+    """None when the candidate agrees with the original on every probe input the original
+    accepts (and it accepts at least one); else why not."""
+    compared, first_error = 0, None
+    for x in inputs:
+        try:
+            expected = original(x)
+        except Exception as e:  # an input dtype this module does not take
+            first_error = first_error or f"{type(e).__name__}: {e}"
+            continue
+        try:
+            actual = candidate(x)
+        except Exception as e:
+            return f"the replacement fails on a {x.dtype} probe ({type(e).__name__}: {e})"
+        why = _agree(expected, actual, scale_of(expected))
+        if why is not None:
+            return f"on a {x.dtype} probe the replacement {why}"
+        compared += 1
+    if compared == 0:
+        return f"its forward fails on every probe ({first_error})"
+    return None
+
+
+class _Swapped:
+    """Temporarily replaces a module's parameters or children (restored on exit)."""
+
+    def __init__(self, module: torch.nn.Module, params: Dict[str, torch.Tensor] = None,
+                 children: Dict[str, torch.nn.Module] = None):
+        self.module, self.params, self.children = module, params or {}, children or {}
+
+    def __enter__(self):
+        self.saved_params = {k: self.module._parameters[k] for k in self.params}
+        self.saved_children = {k: self.module._modules[k] for k in self.children}
+        for k, v in self.params.items():
+            self.module._parameters[k] = torch.nn.Parameter(v, requires_grad=False)
+        self.module._modules.update(self.children)
+        return self
+
+    def __exit__(self, *exc):
+        self.module._parameters.update(self.saved_params)
+        self.module._modules.update(self.saved_children)
+        return False
+
+
+# Tried in this order: the first whose replacement agrees on every probe is taken. The
+# Llama rule comes before the plain one because a mixed-dtype probe tells them apart only
+# that way round (the plain replacement defers to the original on mixed dtypes).
+NORM_VARIANTS: Tuple[Tuple[str, Callable], ...] = (
+    ("rms_norm (1 + weight, fp32 math: Gemma)", forwards.rms_norm_offset),
+    ("rms_norm (rounded before the weight: Llama)", forwards.rms_norm_llama),
+    ("rms_norm", forwards.rms_norm_plain),
+)
+
+
+def norm_candidate(module: torch.nn.Module) -> bool:
+    if any(True for _ in module.children()):
+        return False
+    if not (hasattr(module, "variance_epsilon") or hasattr(module, "eps")):
+        return False
+    weight = getattr(module, "weight", None)
+    return weight is None or (isinstance(weight, torch.Tensor) and weight.dim() == 1)
+
+
+def classify_norm(module: torch.nn.Module, original: Callable) -> Union[Match, NoMatch]:
+    weight = getattr(module, "weight", None)
+    if getattr(module, "bias", None) is not None:
+        return NoMatch("norm", "it has a bias (not an RMSNorm)")
+    eps = getattr(module, "variance_epsilon", getattr(module, "eps", None))
+    if eps is not None and not isinstance(eps, (int, float)):
+        return NoMatch("norm", f"its eps is a {type(eps).__name__}, not a number")
+    generator = torch.Generator().manual_seed(0)
+    if weight is None:
+        shape = getattr(module, "normalized_shape", None)
+        hidden = int(shape[-1]) if shape else 64
+        variants = NORM_VARIANTS[-1:]
+        swap = {}
+        dtypes = _PROBE_DTYPES
+    else:
+        hidden = weight.shape[0]
+        variants = NORM_VARIANTS
+        swap = {"weight": torch.randn(hidden, generator=generator).to(weight.dtype)}
+        dtypes = (weight.dtype,) + tuple(d for d in _PROBE_DTYPES if d != weight.dtype)
+    inputs = _probe_inputs(hidden, dtypes, generator)
+    why = None
+    with torch.no_grad(), _Swapped(module, params=swap):
+        for kind, factory in variants:
+            why = _compare(original, factory(module, original), inputs)
+            if why is None:
+                return Match(kind, "rms_norm", factory)
+            if why.startswith("its forward fails"):
+                return NoMatch("norm", why)
+    # The reason the last (plain RMSNorm) variant gave: the most general one tried.
+    return NoMatch("norm", "does not compute an RMSNorm: " + why)
+
+
+def mlp_candidate(module: torch.nn.Module) -> bool:
+    return all(isinstance(getattr(module, n, None), torch.nn.Module) for n in ("gate_proj", "up_proj", "down_proj")) \
+        and callable(getattr(module, "act_fn", None))
+
+
+def _identify_activation(act_fn: Callable) -> Optional[str]:
+    t = torch.linspace(-6.0, 6.0, 97)
+    with torch.no_grad():
+        try:
+            out = act_fn(t)
+        except Exception:
+            return None
+        for name, fn in forwards.ACTIVATIONS.items():
+            if isinstance(out, torch.Tensor) and out.shape == t.shape and torch.allclose(out, fn(t), rtol=1e-6, atol=1e-6):
+                return name
+    return None
+
+
+_MLP_OPS = {"silu": ("mlp swiglu", "swiglu"), "gelu_tanh": ("mlp geglu (tanh)", "geglu"), "gelu": ("mlp geglu", "geglu")}
+
+
+def classify_mlp(module: torch.nn.Module, original: Callable) -> Union[Match, NoMatch]:
+    act = _identify_activation(module.act_fn)
+    if act is None:
+        return NoMatch("mlp", f"its act_fn ({type(module.act_fn).__name__}) is not SiLU or GELU on a probe")
+    gate = getattr(module.gate_proj, "weight", None)
+    dtype = gate.dtype if isinstance(gate, torch.Tensor) and gate.is_floating_point() else torch.float32
+    generator = torch.Generator().manual_seed(0)
+
+    def linear(n_in, n_out, like):
+        layer = torch.nn.Linear(n_in, n_out, bias=getattr(like, "bias", None) is not None)
+        with torch.no_grad():
+            layer.weight.copy_(torch.randn(n_out, n_in, generator=generator) / n_in ** 0.5)
+            if layer.bias is not None:
+                layer.bias.copy_(torch.randn(n_out, generator=generator))
+        return layer.to(dtype).requires_grad_(False)
+
+    hidden, inner = 24, 40
+    children = {"gate_proj": linear(hidden, inner, module.gate_proj), "up_proj": linear(hidden, inner, module.up_proj),
+                "down_proj": linear(inner, hidden, module.down_proj)}
+    dtypes = (dtype,) + tuple(d for d in _PROBE_DTYPES if d != dtype)
+    inputs = _probe_inputs(hidden, dtypes, generator)
+    kind, op = _MLP_OPS[act]
+    factory = forwards.gated_mlp(act)
+    # The down projection sums many rounded products: the bound scales with the output's size.
+    with torch.no_grad(), _Swapped(module, children=children):
+        why = _compare(original, factory(module, original), inputs, scale_of=lambda out: out.abs().max().item())
+    if why is not None:
+        return NoMatch("mlp", f"does not compute down_proj(act_fn(gate_proj(x)) * up_proj(x)): {why}")
+    return Match(kind, op, factory)

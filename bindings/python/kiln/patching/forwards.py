@@ -1,0 +1,162 @@
+"""The replacement forwards, one per computation kiln.patch recognises.
+
+Each factory takes the module and its original (inner) forward and returns a function of
+the forward's arguments. The replacement calls a kiln op where that op computes the same
+thing under the module's own dtype rule, and the original forward everywhere else: other
+arguments, dtypes or devices kiln has no kernel for, and autograd (kiln's ops have no
+backward, so a call that would record a graph keeps the original).
+"""
+
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from .. import activation_ops, ops
+
+_KILN_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_KILN_DEVICES = ("cpu", "cuda")
+
+
+def kiln_can_take(*tensors: torch.Tensor) -> bool:
+    """Whether one kiln call may take these tensors: floating dtypes kiln has kernels for,
+    a device it runs on, one dtype and one device for all, and no graph to record."""
+    first = tensors[0]
+    for t in tensors:
+        if t.dtype not in _KILN_DTYPES or t.device.type not in _KILN_DEVICES:
+            return False
+        if t.dtype != first.dtype or t.device != first.device:
+            return False
+    return not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
+
+
+def norm_eps(module: torch.nn.Module, x: torch.Tensor) -> float:
+    """transformers names it ``variance_epsilon``, torch and diffusers ``eps``; torch's
+    ``nn.RMSNorm`` takes ``eps=None`` as the input dtype's machine epsilon."""
+    eps = getattr(module, "variance_epsilon", None)
+    if eps is None:
+        eps = getattr(module, "eps", None)
+    return float(torch.finfo(x.dtype).eps if eps is None else eps)
+
+
+def _single_tensor_call(args, kwargs) -> bool:
+    return len(args) == 1 and not kwargs and isinstance(args[0], torch.Tensor)
+
+
+def rms_norm_plain(module: torch.nn.Module, original: Callable) -> Callable:
+    """``x * rsqrt(mean(x^2) + eps) * weight`` rounded once to x's dtype (``nn.RMSNorm``,
+    or a norm with no weight). A weight of another dtype keeps the original forward."""
+
+    def forward(*args, **kwargs):
+        if not _single_tensor_call(args, kwargs):
+            return original(*args, **kwargs)
+        x = args[0]
+        weight = module.weight if isinstance(getattr(module, "weight", None), torch.Tensor) else None
+        tensors = (x,) if weight is None else (x, weight)
+        if not kiln_can_take(*tensors):
+            return original(x)
+        return ops.rms_norm(x, weight, norm_eps(module, x))
+
+    return forward
+
+
+def rms_norm_llama(module: torch.nn.Module, original: Callable) -> Callable:
+    """transformers' ``LlamaRMSNorm`` (and the Mistral, Qwen2, Qwen3 copies of it):
+    ``weight * normalized.to(input_dtype)``, the output dtype the promotion of the weight's
+    and the input's. With one dtype that is one kiln call (kiln rounds once, after the
+    weight multiply, where the original rounds before it too: at most an ulp apart); with
+    two, kiln normalises and rounds to the input dtype and the weight multiplies after, in
+    the promoted dtype, as the original does."""
+
+    def forward(*args, **kwargs):
+        if not _single_tensor_call(args, kwargs):
+            return original(*args, **kwargs)
+        x = args[0]
+        weight = module.weight
+        if weight.device != x.device or not kiln_can_take(x):
+            return original(x)
+        eps = norm_eps(module, x)
+        if weight.dtype == x.dtype and kiln_can_take(x, weight):
+            return ops.rms_norm(x, weight, eps)
+        if torch.is_grad_enabled() and weight.requires_grad:
+            return original(x)
+        return weight * ops.rms_norm(x, None, eps)
+
+    return forward
+
+
+_OFFSET_CACHE = "_kiln_offset_weight"
+
+
+def _offset_weight(module: torch.nn.Module, dtype: torch.dtype) -> torch.Tensor:
+    """``(1 + weight.float())`` in ``dtype``, kept between calls and made again when the
+    weight changes (in place: its version counter moves; or replaced: another storage)."""
+    weight = module.weight
+    if torch.compiler.is_compiling():
+        return (1.0 + weight.float()).to(dtype)
+    try:
+        key = (weight._version, weight.data_ptr(), weight.device, dtype)
+    except RuntimeError:  # an inference-mode tensor has no version counter
+        return (1.0 + weight.float()).to(dtype)
+    cached = module.__dict__.get(_OFFSET_CACHE)
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    with torch.no_grad():
+        value = (1.0 + weight.float()).to(dtype)
+    module.__dict__[_OFFSET_CACHE] = (key, value)
+    return value
+
+
+def rms_norm_offset(module: torch.nn.Module, original: Callable) -> Callable:
+    """Gemma's RMSNorm: ``(normalized * (1 + weight.float())).type_as(x)``, math in fp32.
+    kiln takes ``1 + weight`` rounded to x's dtype (exact for fp32; for fp16/bf16 within an
+    ulp of the output, the same order as the output's own rounding)."""
+
+    def forward(*args, **kwargs):
+        if not _single_tensor_call(args, kwargs):
+            return original(*args, **kwargs)
+        x = args[0]
+        weight = module.weight
+        if weight.device != x.device or not kiln_can_take(x):
+            return original(x)
+        if torch.is_grad_enabled() and weight.requires_grad:
+            return original(x)
+        return ops.rms_norm(x, _offset_weight(module, x.dtype), norm_eps(module, x))
+
+    return forward
+
+
+def gated_mlp(act: str) -> Callable:
+    """``down_proj(act_fn(gate_proj(x)) * up_proj(x))`` with the ``act_fn(gate) * up`` part
+    as one kiln call (``act``: ``"silu"``, ``"gelu_tanh"`` or ``"gelu"``); the projections
+    are the module's own."""
+
+    def fuse(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        if act == "silu":
+            return activation_ops.swiglu(gate, up)
+        return activation_ops.geglu(gate, up, approximate="tanh" if act == "gelu_tanh" else "none")
+
+    def factory(module: torch.nn.Module, original: Callable) -> Callable:
+        def forward(*args, **kwargs):
+            if not _single_tensor_call(args, kwargs):
+                return original(*args, **kwargs)
+            x = args[0]
+            gate = module.gate_proj(x)
+            up = module.up_proj(x)
+            if gate.shape == up.shape and kiln_can_take(gate, up):
+                hidden = fuse(gate, up)
+            else:
+                hidden = module.act_fn(gate) * up
+            return module.down_proj(hidden)
+
+        return forward
+
+    return factory
+
+
+# The activations a gated MLP's act_fn is recognised as, by what it computes.
+ACTIVATIONS = {
+    "silu": F.silu,
+    "gelu_tanh": lambda t: F.gelu(t, approximate="tanh"),
+    "gelu": lambda t: F.gelu(t, approximate="none"),
+}
