@@ -19,7 +19,7 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 PYTHON=${PYTHON:-python3}
-if ! "$PYTHON" -c "import torch, pytest, scikit_build_core, numpy" >/dev/null 2>&1; then
+if ! "$PYTHON" -c "import torch, pytest, scikit_build_core, numpy, transformers, accelerate" >/dev/null 2>&1; then
   echo "setup: installing Python packages (scripts/requirements.txt)"
   "$PYTHON" -m pip install -q -r scripts/requirements.txt
 fi

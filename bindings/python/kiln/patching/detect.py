@@ -15,6 +15,8 @@ the same way.
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Tuple, Union
 
+import warnings
+
 import torch
 
 from . import forwards
@@ -67,22 +69,34 @@ def _compare(original: Callable, candidate: Callable, inputs: List[torch.Tensor]
     """None when the candidate agrees with the original on every probe input the original
     accepts (and it accepts at least one); else why not."""
     compared, first_error = 0, None
-    for x in inputs:
-        try:
-            expected = original(x)
-        except Exception as e:  # an input dtype this module does not take
-            first_error = first_error or f"{type(e).__name__}: {e}"
-            continue
-        try:
-            actual = candidate(x)
-        except Exception as e:
-            return f"the replacement fails on a {x.dtype} probe ({type(e).__name__}: {e})"
-        why = _agree(expected, actual, scale_of(expected))
-        if why is not None:
-            return f"on a {x.dtype} probe the replacement {why}"
-        compared += 1
+    with warnings.catch_warnings():
+        # torch warns on mixed-dtype probes it computes anyway; the probe is not the user's call.
+        warnings.simplefilter("ignore")
+        for x in inputs:
+            why = _compare_one(original, candidate, x, scale_of)
+            if why is None:
+                compared += 1
+            elif why.startswith("original: "):
+                first_error = first_error or why[len("original: "):]
+            else:
+                return why
     if compared == 0:
         return f"its forward fails on every probe ({first_error})"
+    return None
+
+
+def _compare_one(original: Callable, candidate: Callable, x: torch.Tensor, scale_of) -> Optional[str]:
+    try:
+        expected = original(x)
+    except Exception as e:  # an input dtype this module does not take
+        return f"original: {type(e).__name__}: {e}"
+    try:
+        actual = candidate(x)
+    except Exception as e:
+        return f"the replacement fails on a {x.dtype} probe ({type(e).__name__}: {e})"
+    why = _agree(expected, actual, scale_of(expected))
+    if why is not None:
+        return f"on a {x.dtype} probe the replacement {why}"
     return None
 
 

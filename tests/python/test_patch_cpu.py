@@ -1,0 +1,351 @@
+"""kiln.patch / kiln.unpatch on tiny random transformers models and on single modules (CPU).
+
+Model tolerances: the patched model differs from the original only where kiln rounds once
+where the original rounds twice (Llama's norm rounds before its weight multiply, SiLU
+before the up multiply) and in fp32 summation order. In fp32 that is ~1e-6 relative per
+op, so logits agree to 1e-4. In bf16 each op is within an ulp, and the differences
+compound through the layers, so the bf16 check is against the truth instead: the patched
+bf16 model must be about as close to the fp32 model as transformers' own bf16 model is.
+"""
+
+import copy
+
+import pytest
+import torch
+
+import kiln
+from kiln import ops as kiln_ops, activation_ops
+
+transformers = pytest.importorskip("transformers", reason="transformers is not installed")
+
+VOCAB = 128
+
+
+def _config(arch):
+    common = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, vocab_size=VOCAB, max_position_embeddings=64)
+    if arch == "llama":
+        return transformers.LlamaForCausalLM, transformers.LlamaConfig(**common)
+    if arch == "mistral":
+        return transformers.MistralForCausalLM, transformers.MistralConfig(**common, sliding_window=None)
+    if arch == "qwen2":
+        return transformers.Qwen2ForCausalLM, transformers.Qwen2Config(**common)
+    if arch == "qwen3":
+        return transformers.Qwen3ForCausalLM, transformers.Qwen3Config(**common, head_dim=16)
+    if arch == "gemma":
+        return transformers.GemmaForCausalLM, transformers.GemmaConfig(**common, head_dim=16)
+    raise AssertionError(arch)
+
+
+def _model(arch, dtype=torch.float32, seed=0):
+    torch.manual_seed(seed)
+    cls, config = _config(arch)
+    model = cls(config).eval()
+    # Norm weights start as ones (zeros in Gemma): make them random so the weight matters.
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.add_(0.2 * torch.randn_like(p))
+    return model.to(dtype)
+
+
+def _ids(seed=1):
+    return torch.randint(0, VOCAB, (2, 9), generator=torch.Generator().manual_seed(seed))
+
+
+def _logits(model, ids):
+    with torch.no_grad():
+        return model(ids).logits
+
+
+# Qwen3 also has a q_norm and a k_norm per layer.
+NORMS_PER_LAYER = {"llama": 2, "mistral": 2, "qwen2": 2, "qwen3": 4, "gemma": 2}
+MLP_OP = {"llama": "swiglu", "mistral": "swiglu", "qwen2": "swiglu", "qwen3": "swiglu", "gemma": "geglu"}
+ARCHS = list(NORMS_PER_LAYER)
+
+
+class _Counter:
+    """Counts the calls of the kiln op wrappers the patched forwards use."""
+
+    def __init__(self, monkeypatch):
+        self.calls = {"rms_norm": 0, "swiglu": 0, "geglu": 0}
+        for module, name in ((kiln_ops, "rms_norm"), (activation_ops, "swiglu"), (activation_ops, "geglu")):
+            monkeypatch.setattr(module, name, self._wrap(name, getattr(module, name)))
+
+    def _wrap(self, name, fn):
+        def counted(*args, **kwargs):
+            self.calls[name] += 1
+            return fn(*args, **kwargs)
+
+        return counted
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_report_lists_norms_and_mlps(arch):
+    model = _model(arch)
+    report = kiln.patch(model)
+    norms = [r for r in report.replaced if r.op == "rms_norm"]
+    mlps = [r for r in report.replaced if r.op == MLP_OP[arch]]
+    assert len(norms) == 2 * NORMS_PER_LAYER[arch] + 1
+    assert sorted(r.path for r in mlps) == ["model.layers.0.mlp", "model.layers.1.mlp"]
+    assert "model.norm" in {r.path for r in norms}
+    expected_kind = "Gemma" if arch == "gemma" else "Llama"
+    assert all(expected_kind in r.kind for r in norms)
+    assert report.left == []
+    text = str(report)
+    assert "model.layers.1.post_attention_layernorm" in text and MLP_OP[arch] in text
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_fp32_patched_agrees_and_uses_kiln(arch, monkeypatch):
+    model = _model(arch)
+    ids = _ids()
+    expected = _logits(model, ids)
+    kiln.patch(model)
+    counter = _Counter(monkeypatch)
+    actual = _logits(model, ids)
+    layers = 2
+    assert counter.calls["rms_norm"] == layers * NORMS_PER_LAYER[arch] + 1
+    assert counter.calls[MLP_OP[arch]] == layers
+    assert actual.dtype == expected.dtype
+    torch.testing.assert_close(actual, expected, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_bf16_patched_is_as_close_to_fp32_as_the_original(arch, monkeypatch):
+    truth = _logits(_model(arch, torch.float32), _ids()).double()
+    model = _model(arch, torch.bfloat16)
+    original = _logits(model, _ids())
+    kiln.patch(model)
+    counter = _Counter(monkeypatch)
+    patched = _logits(model, _ids())
+    assert counter.calls["rms_norm"] > 0 and counter.calls[MLP_OP[arch]] > 0
+    assert patched.dtype == torch.bfloat16
+    err_original = (original.double() - truth).abs().max().item()
+    err_patched = (patched.double() - truth).abs().max().item()
+    assert err_patched <= 1.5 * err_original + 1e-2, (err_patched, err_original)
+    # And directly: a few bf16 ulps of the logits' scale.
+    assert (patched.double() - original.double()).abs().max().item() <= 0.05 * truth.abs().max().item()
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_unpatch_restores_bit_identical(arch, dtype):
+    model = _model(arch, dtype)
+    ids = _ids()
+    before = _logits(model, ids)
+    report = kiln.patch(model)
+    assert kiln.unpatch(model) == len(report.replaced)
+    assert all("forward" not in m.__dict__ for m in model.modules())
+    assert torch.equal(_logits(model, ids), before)
+    assert kiln.unpatch(model) == 0
+
+
+def test_patch_twice_is_idempotent():
+    model = _model("llama", torch.bfloat16)
+    ids = _ids()
+    before = _logits(model, ids)
+    first = kiln.patch(model)
+    forwards = {name: m.__dict__.get("forward") for name, m in model.named_modules()}
+    once = _logits(model, ids)
+    second = kiln.patch(model)
+    assert second.replaced == first.replaced and second.left == first.left
+    assert {name: m.__dict__.get("forward") for name, m in model.named_modules()} == forwards
+    assert torch.equal(_logits(model, ids), once)
+    kiln.unpatch(model)
+    assert torch.equal(_logits(model, ids), before)
+
+
+def test_ops_filter_and_bad_ops():
+    model = _model("llama")
+    report = kiln.patch(model, ops=["rms_norm"])
+    assert {r.op for r in report.replaced} == {"rms_norm"}
+    assert sorted(l.path for l in report.left) == ["model.layers.0.mlp", "model.layers.1.mlp"]
+    assert all("swiglu is not in ops" in l.reason for l in report.left)
+    with pytest.raises(ValueError, match=r"kiln.patch: ops: expected names among .*got \['layernorm'\]"):
+        kiln.patch(model, ops=["layernorm"])
+    with pytest.raises(TypeError, match="kiln.patch: model: expected a torch.nn.Module"):
+        kiln.patch("model")
+
+
+def test_autograd_keeps_the_original():
+    """kiln's ops have no backward: with grad enabled and trainable weights the patched
+    forward calls the original, so training still works (and computes the same)."""
+    model = _model("llama")
+    ids = _ids()
+    expected = model(ids).logits
+    kiln.patch(model)
+    actual = model(ids).logits
+    assert actual.requires_grad
+    assert torch.equal(actual, expected)
+    actual.sum().backward()
+    assert model.model.norm.weight.grad is not None
+
+
+# ---- single modules -------------------------------------------------------------------
+
+
+def _close_in(dtype):
+    return dict(rtol=2 * torch.finfo(dtype).eps, atol=2 * torch.finfo(dtype).eps) if dtype != torch.float32 \
+        else dict(rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("eps", [None, 1e-5])
+@pytest.mark.parametrize("affine", [True, False])
+def test_torch_rms_norm(dtype, eps, affine):
+    norm = torch.nn.RMSNorm(37, eps=eps, elementwise_affine=affine, dtype=dtype)
+    if affine:
+        with torch.no_grad():
+            norm.weight.copy_(torch.randn(37))
+    x = torch.randn(4, 3, 37).to(dtype)
+    with torch.no_grad():
+        expected = norm(x)
+        report = kiln.patch(norm)
+        assert [(r.path, r.kind) for r in report.replaced] == [("", "rms_norm")]
+        actual = norm(x)
+    assert actual.dtype == dtype
+    torch.testing.assert_close(actual, expected, **_close_in(dtype))
+
+
+def test_llama_norm_fp32_weight_bf16_input():
+    """The mixed case: transformers' rule gives an fp32 output, normalised and rounded to
+    bf16 first; the patch reproduces both (kiln normalises, torch multiplies)."""
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    norm = LlamaRMSNorm(48, eps=1e-6)
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(48))
+    x = torch.randn(5, 48).to(torch.bfloat16)
+    with torch.no_grad():
+        expected = norm(x)
+        kiln.patch(norm)
+        actual = norm(x)
+    assert expected.dtype == actual.dtype == torch.float32
+    # The only difference: the bf16 rounding of the normalised value may fall the other way.
+    bound = norm.weight.abs().max().item() * torch.finfo(torch.bfloat16).eps * 4
+    assert (actual - expected).abs().max().item() <= bound
+
+
+def test_gemma_offset_weight_follows_weight_changes():
+    from transformers.models.gemma.modeling_gemma import GemmaRMSNorm
+
+    norm = GemmaRMSNorm(40, eps=1e-6).to(torch.bfloat16)
+    x = torch.randn(3, 40).to(torch.bfloat16)
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(40))
+        kiln.patch(norm)
+        first = norm(x)
+        norm.weight.mul_(-2.0)  # in place: the cached 1 + weight must be remade
+        second = norm(x)
+        kiln.unpatch(norm)
+        expected = norm(x)
+    assert not torch.allclose(first.float(), second.float())
+    # (1 + weight) is rounded to bf16 for kiln: within two ulps of the output.
+    torch.testing.assert_close(second, expected, rtol=4 * 2**-8, atol=4 * 2**-8)
+
+
+def test_layer_norms_are_left_with_a_reason():
+    model = torch.nn.Sequential(torch.nn.LayerNorm(32), torch.nn.LayerNorm(32, bias=False))
+    report = kiln.patch(model)
+    assert report.replaced == []
+    reasons = {l.path: l.reason for l in report.left}
+    assert "has a bias" in reasons["0"]
+    assert reasons["1"].startswith("does not compute an RMSNorm")
+    assert all(l.cls == "LayerNorm" for l in report.left)
+
+
+def test_mlp_with_another_activation_is_left():
+    from transformers.models.llama.modeling_llama import LlamaMLP
+
+    _, config = _config("llama")
+    config.hidden_act = "relu"
+    report = kiln.patch(LlamaMLP(config))
+    assert report.replaced == []
+    assert len(report.left) == 1 and "not SiLU or GELU" in report.left[0].reason
+
+
+# ---- accelerate's hooks ---------------------------------------------------------------
+
+try:
+    import accelerate
+    import accelerate.hooks as accelerate_hooks
+except ImportError:
+    accelerate = None
+needs_accelerate = pytest.mark.skipif(accelerate is None, reason="accelerate is not installed")
+
+
+class _CountingHook(accelerate_hooks.ModelHook if accelerate is not None else object):
+    def __init__(self):
+        self.calls = 0
+
+    def pre_forward(self, module, *args, **kwargs):
+        self.calls += 1
+        return args, kwargs
+
+
+@needs_accelerate
+@pytest.mark.parametrize("order", ["hook_then_patch", "patch_then_hook"])
+def test_patched_inside_an_accelerate_hook(order, monkeypatch):
+    model = _model("llama")
+    ids = _ids()
+    expected = _logits(model, ids)
+    norm = model.model.layers[0].input_layernorm
+    hook = _CountingHook()
+    if order == "hook_then_patch":
+        accelerate_hooks.add_hook_to_module(norm, hook)
+        kiln.patch(model)
+    else:
+        kiln.patch(model)
+        accelerate_hooks.add_hook_to_module(norm, hook)
+    counter = _Counter(monkeypatch)
+    actual = _logits(model, ids)
+    assert hook.calls == 1  # the hook still runs around the module
+    assert norm._old_forward is norm.__dict__["_kiln_patch"].patched  # the patch is inside it
+    assert counter.calls["rms_norm"] == 5
+    torch.testing.assert_close(actual, expected, rtol=1e-4, atol=1e-4)
+    assert kiln.unpatch(model) == 7
+    assert "_kiln_patch" not in norm.__dict__ and norm._old_forward.__func__ is type(norm).forward
+    assert torch.equal(_logits(model, ids), expected)
+    assert hook.calls == 2
+    accelerate_hooks.remove_hook_from_module(norm)
+    assert "forward" not in norm.__dict__ or norm.forward.__func__ is type(norm).forward
+
+
+@needs_accelerate
+def test_hook_removed_after_patch_then_unpatch():
+    model = _model("llama")
+    ids = _ids()
+    expected = _logits(model, ids)
+    norm = model.model.norm
+    accelerate_hooks.add_hook_to_module(norm, _CountingHook())
+    kiln.patch(model)
+    accelerate_hooks.remove_hook_from_module(norm)  # leaves the patched forward as forward
+    assert norm.forward is norm.__dict__["_kiln_patch"].patched
+    kiln.unpatch(model)
+    assert "forward" not in norm.__dict__
+    assert torch.equal(_logits(model, ids), expected)
+
+
+@needs_accelerate
+@pytest.mark.parametrize("order", ["offload_then_patch", "patch_then_offload"])
+def test_cpu_offload_hooks(order, monkeypatch):
+    """accelerate's cpu_offload: weights live on the meta device and the hooks bring them
+    in for each forward (the same hooks enable_model_cpu_offload uses)."""
+    model = _model("llama")
+    ids = _ids()
+    expected = _logits(model, ids)
+    if order == "offload_then_patch":
+        accelerate.cpu_offload(model, execution_device=torch.device("cpu"))
+        assert model.model.norm.weight.device.type == "meta"
+        report = kiln.patch(model)
+    else:
+        report = kiln.patch(model)
+        accelerate.cpu_offload(model, execution_device=torch.device("cpu"))
+    assert len(report.replaced) == 7 and report.left == []
+    counter = _Counter(monkeypatch)
+    actual = _logits(model, ids)
+    assert counter.calls["rms_norm"] == 5 and counter.calls["swiglu"] == 2
+    torch.testing.assert_close(actual, expected, rtol=1e-4, atol=1e-4)
+    kiln.unpatch(model)
+    assert torch.equal(_logits(model, ids), expected)
