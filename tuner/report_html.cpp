@@ -11,10 +11,10 @@
 namespace kiln::report {
 namespace {
 
-using nlohmann::json;
 using detail::fixed;
 using detail::text_or_unknown;
 using detail::times;
+using nlohmann::json;
 
 constexpr int kChartWidth = 760;
 constexpr int kLabelWidth = 230;
@@ -45,18 +45,31 @@ std::string escape(std::string_view text) {
   std::string out;
   for (char c : text) {
     switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      case '\'': out += "&#39;"; break;
-      default: out += c;
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      case '\'':
+        out += "&#39;";
+        break;
+      default:
+        out += c;
     }
   }
   return out;
 }
 
-std::string str(const json& value) { return escape(value.get<std::string>()); }
+std::string str(const json& value) {
+  return escape(value.get<std::string>());
+}
 
 std::string td(const std::string& text, bool numeric = false) {
   return numeric ? "<td class=\"num\">" + text + "</td>" : "<td>" + text + "</td>";
@@ -68,7 +81,9 @@ std::string th_row(std::initializer_list<const char*> names) {
   return out + "</tr>\n";
 }
 
-std::string number(double value) { return fixed(json(value), 1); }
+std::string number(double value) {
+  return fixed(json(value), 1);
+}
 
 // Bars for the ok candidates (failed ones have no bandwidth; the table lists them).
 std::string chart(const json& result, const json& copy_gbs) {
@@ -101,9 +116,9 @@ std::string chart(const json& result, const json& copy_gbs) {
            std::to_string(y + kBarHeight - 4) + "\" text-anchor=\"end\">" + str(c->at("config")) +
            "</text>";
     out += "<rect class=\"" + cls + "\" x=\"" + std::to_string(kLabelWidth) + "\" y=\"" +
-           std::to_string(y) + "\" width=\"" + number(x_of(gbs) - kLabelWidth) +
-           "\" height=\"" + std::to_string(kBarHeight) + "\" data-gbs=\"" + number(gbs) +
-           "\"><title>" + str(c->at("config")) + ": " + number(gbs) + " GB/s</title></rect>";
+           std::to_string(y) + "\" width=\"" + number(x_of(gbs) - kLabelWidth) + "\" height=\"" +
+           std::to_string(kBarHeight) + "\" data-gbs=\"" + number(gbs) + "\"><title>" +
+           str(c->at("config")) + ": " + number(gbs) + " GB/s</title></rect>";
     out += "<text x=\"" + number(x_of(gbs) + 4) + "\" y=\"" + std::to_string(y + kBarHeight - 4) +
            "\">" + number(gbs) + "</text>\n";
     y += kBarHeight + kBarGap;
@@ -111,8 +126,8 @@ std::string chart(const json& result, const json& copy_gbs) {
   if (copy_gbs.is_number()) {
     const std::string x = number(x_of(copy_gbs.get<double>()));
     out += "<line class=\"roofline\" x1=\"" + x + "\" x2=\"" + x + "\" y1=\"" +
-           std::to_string(kTopMargin - 6) + "\" y2=\"" + std::to_string(height) +
-           "\" data-gbs=\"" + number(copy_gbs.get<double>()) + "\"></line>";
+           std::to_string(kTopMargin - 6) + "\" y2=\"" + std::to_string(height) + "\" data-gbs=\"" +
+           number(copy_gbs.get<double>()) + "\"></line>";
     out += "<text class=\"roofline\" x=\"" + x + "\" y=\"12\" text-anchor=\"end\">copy " +
            number(copy_gbs.get<double>()) + " GB/s</text>\n";
   }
@@ -142,8 +157,8 @@ void render_result(std::string& out, const json& result) {
   }
   out += chart(result, copy_gbs);
   out += "<table class=\"candidates\">\n";
-  out += th_row({"config", "status", "median us", "spread us", "GB/s", "% of copy", "compile ms",
-                 "note"});
+  out += th_row(
+      {"config", "status", "median us", "spread us", "GB/s", "% of copy", "compile ms", "note"});
   for (const json& c : result.at("candidates")) {
     std::string cls;
     if (c.at("is_winner").get<bool>()) cls = "winner";
@@ -170,16 +185,15 @@ void render_devices(std::string& out, const json& devices) {
   for (const json& d : devices) {
     const json& copy = d.at("copy_bandwidth_gbs");
     const json& datasheet = d.at("datasheet_bandwidth_gbs");
-    out += "<tr>" + td(str(d.at("device"))) + td(str(d.at("name"))) +
-           td(d.at("sm_count").is_number() ? std::to_string(d.at("sm_count").get<int>())
-                                           : "unknown",
-              true) +
-           td(escape(text_or_unknown(d.at("driver")))) +
-           td(escape(text_or_unknown(d.at("nvrtc")))) +
-           td(copy.is_number() ? fixed(copy, 0) + " GB/s" : "not recorded", true) +
-           td(datasheet.is_number() ? fixed(datasheet, 0) + " GB/s" : "unknown", true) +
-           td(std::to_string(d.at("results").size()), true) +
-           td(fixed(d.at("total_tune_ms"), 0), true) + "</tr>\n";
+    out +=
+        "<tr>" + td(str(d.at("device"))) + td(str(d.at("name"))) +
+        td(d.at("sm_count").is_number() ? std::to_string(d.at("sm_count").get<int>()) : "unknown",
+           true) +
+        td(escape(text_or_unknown(d.at("driver")))) + td(escape(text_or_unknown(d.at("nvrtc")))) +
+        td(copy.is_number() ? fixed(copy, 0) + " GB/s" : "not recorded", true) +
+        td(datasheet.is_number() ? fixed(datasheet, 0) + " GB/s" : "unknown", true) +
+        td(std::to_string(d.at("results").size()), true) +
+        td(fixed(d.at("total_tune_ms"), 0), true) + "</tr>\n";
   }
   out += "</table>\n";
 }
@@ -193,8 +207,7 @@ std::string render_html(const json& model) {
   out += kStyle;
   out += "</style>\n</head>\n<body>\n<h1>kiln autotune report</h1>\n";
   out += "<p class=\"summary\">" + std::to_string(model.at("total_results").get<std::int64_t>()) +
-         " tuning results, " + fixed(model.at("total_tune_ms"), 0) +
-         " ms of tuning in all.</p>\n";
+         " tuning results, " + fixed(model.at("total_tune_ms"), 0) + " ms of tuning in all.</p>\n";
   if (!model.at("devices").empty()) render_devices(out, model.at("devices"));
   for (const json& d : model.at("devices")) {
     out += "<section class=\"device\">\n<h2>" + str(d.at("name")) + " (" + str(d.at("device")) +

@@ -8,10 +8,10 @@
 namespace kiln::report {
 namespace {
 
-using nlohmann::json;
 using detail::fixed;
 using detail::text_or_unknown;
 using detail::times;
+using nlohmann::json;
 
 // A table cell: pipes would end the cell and newlines the row.
 std::string cell(const std::string& text) {
@@ -47,9 +47,9 @@ void render_result(std::string& out, const json& result) {
   out += "### " + result.at("problem_key").get<std::string>() + ", " +
          detail::bucket_label(result) + "\n\n";
   out += "mode " + result.at("mode").get<std::string>() + "; winner `" +
-         result.at("winner").get<std::string>() + "` (" +
-         fixed(result.at("winner_median_us"), 2) + " us, " + fixed(result.at("winner_gbs"), 1) +
-         " GB/s); heuristic `" + result.at("heuristic").get<std::string>() + "` (" +
+         result.at("winner").get<std::string>() + "` (" + fixed(result.at("winner_median_us"), 2) +
+         " us, " + fixed(result.at("winner_gbs"), 1) + " GB/s); heuristic `" +
+         result.at("heuristic").get<std::string>() + "` (" +
          fixed(result.at("heuristic_median_us"), 2) + " us); speedup over the heuristic " +
          times(result.at("speedup_over_heuristic")) + "; tuned in " +
          fixed(result.at("tune_ms"), 0) + " ms; " +
@@ -61,8 +61,8 @@ void render_result(std::string& out, const json& result) {
     out += "(no candidates measured)\n\n";
     return;
   }
-  out += row({"config", "status", "median us", "spread us", "GB/s", "% of copy", "compile ms",
-              "note"});
+  out += row(
+      {"config", "status", "median us", "spread us", "GB/s", "% of copy", "compile ms", "note"});
   out += "| --- | --- | ---: | ---: | ---: | ---: | ---: | --- |\n";
   for (const json& c : result.at("candidates")) {
     std::string note;
@@ -82,8 +82,8 @@ void render_result(std::string& out, const json& result) {
 
 std::string render_markdown(const json& model) {
   std::string out = "# kiln autotune report\n\n";
-  out += std::to_string(model.at("total_results").get<std::int64_t>()) +
-         " tuning results, " + fixed(model.at("total_tune_ms"), 0) + " ms of tuning in all.\n\n";
+  out += std::to_string(model.at("total_results").get<std::int64_t>()) + " tuning results, " +
+         fixed(model.at("total_tune_ms"), 0) + " ms of tuning in all.\n\n";
   if (!model.at("devices").empty()) {
     out += "## Devices\n\n";
     out += row({"device", "name", "SMs", "driver", "NVRTC", "copy bandwidth", "datasheet",

@@ -68,8 +68,8 @@ double gbs(std::int64_t bytes, double median_us) {
 }
 
 json result_json(const TuneResult& result, const json& copy_gbs) {
-  const std::int64_t bytes = family(result.problem.op).bytes_moved(result.problem,
-                                                                    result.bucket_rows);
+  const std::int64_t bytes =
+      family(result.problem.op).bytes_moved(result.problem, result.bucket_rows);
   json candidates = json::array();
   for (const Trial& trial : result.trials) {
     const bool ok = trial.status == TrialStatus::ok;
@@ -134,14 +134,14 @@ json device_header(const StoredDocument& stored) {
   const json& d = stored.document;
   const json* fingerprint = field(d, "device", "fingerprint");
   const json* name = field(d, "device", "name");
-  return {{"device", stored.device},
-          {"fingerprint", fingerprint && fingerprint->is_string() ? *fingerprint
-                                                                  : json(stored.device)},
-          {"name", name && name->is_string() ? *name : json(stored.device)},
-          {"sm", integer(field(d, "device", "sm"))},
-          {"sm_count", integer(field(d, "device", "sm_count"))},
-          {"memory_bytes", integer(field(d, "device", "memory_bytes"))},
-          {"datasheet_bandwidth_gbs", positive_number(field(d, "device", "bandwidth_gbs"))}};
+  return {
+      {"device", stored.device},
+      {"fingerprint", fingerprint && fingerprint->is_string() ? *fingerprint : json(stored.device)},
+      {"name", name && name->is_string() ? *name : json(stored.device)},
+      {"sm", integer(field(d, "device", "sm"))},
+      {"sm_count", integer(field(d, "device", "sm_count"))},
+      {"memory_bytes", integer(field(d, "device", "memory_bytes"))},
+      {"datasheet_bandwidth_gbs", positive_number(field(d, "device", "bandwidth_gbs"))}};
 }
 
 }  // namespace
@@ -201,8 +201,7 @@ json build(const std::vector<StoredDocument>& documents, const Filter& filter) {
     if (group.header.is_null()) group.header = device_header(stored);
     note_versions(group, stored.document);
     // Percentages use the bandwidth measured with this document; the device shows the first.
-    const json copy_gbs =
-        positive_number(field(stored.document, "device", "copy_bandwidth_gbs"));
+    const json copy_gbs = positive_number(field(stored.document, "device", "copy_bandwidth_gbs"));
     if (group.copy_gbs.is_null()) group.copy_gbs = copy_gbs;
     if (std::isfinite(result.tune_ms)) group.tune_ms += result.tune_ms;
     group.results.push_back(result_json(result, copy_gbs));

@@ -27,18 +27,22 @@ inline Trial trial(Config config, TrialStatus status, double median_us, double s
   return t;
 }
 
-inline Problem rms_norm_problem() { return Problem{Op::rms_norm, DType::bf16, 4096, 1, 16}; }
-inline Problem swiglu_problem() { return Problem{Op::swiglu, DType::bf16, 4096, 0, 16}; }
+inline Problem rms_norm_problem() {
+  return Problem{Op::rms_norm, DType::bf16, 4096, 1, 16};
+}
+inline Problem swiglu_problem() {
+  return Problem{Op::swiglu, DType::bf16, 4096, 0, 16};
+}
 
 // Stored like jit::tuning_document writes it, plus `copy_gbs` when positive.
 inline nlohmann::json stored(const TuneResult& result, const std::string& name,
                              const std::string& fingerprint, int sm_count, double copy_gbs) {
   nlohmann::json document = result;
   document["versions"] = {{"kiln", "0.1.0"}, {"nvrtc", "12.8"}, {"driver", "13.0"}};
-  document["device"] = {{"name", name},         {"fingerprint", fingerprint},
-                        {"sm", 90},             {"sm_count", sm_count},
-                        {"memory_bytes", 1},    {"l2_bytes", 52428800},
-                        {"bandwidth_gbs", 3352.3}};
+  document["device"] = {
+      {"name", name},           {"fingerprint", fingerprint}, {"sm", 90},
+      {"sm_count", sm_count},   {"memory_bytes", 1},          {"l2_bytes", 52428800},
+      {"bandwidth_gbs", 3352.3}};
   if (copy_gbs > 0) document["device"]["copy_bandwidth_gbs"] = copy_gbs;
   return document;
 }
@@ -53,13 +57,13 @@ inline TuneResult rms_norm_result() {
   r.mode = TuneMode::full;
   r.heuristic = kHeuristic;
   r.winner = kWinner;
-  r.trials = {trial(kHeuristic, TrialStatus::ok, 40.0, 0.4, 120),
-              trial(kWinner, TrialStatus::ok, 32.0, 0.2, 130),
-              trial(Config{8, 32, 128, {}}, TrialStatus::ok, 50.0, 1.0, 0),
-              trial(Config{16, 1024, 1024, {}}, TrialStatus::resource_error, NAN, NAN, 90,
-                    "too many registers | <spill>"),
-              trial(Config{4, 32, 128, {}}, TrialStatus::wrong_result, NAN, NAN, 80,
-                    "max error 0.25")};
+  r.trials = {
+      trial(kHeuristic, TrialStatus::ok, 40.0, 0.4, 120),
+      trial(kWinner, TrialStatus::ok, 32.0, 0.2, 130),
+      trial(Config{8, 32, 128, {}}, TrialStatus::ok, 50.0, 1.0, 0),
+      trial(Config{16, 1024, 1024, {}}, TrialStatus::resource_error, NAN, NAN, 90,
+            "too many registers | <spill>"),
+      trial(Config{4, 32, 128, {}}, TrialStatus::wrong_result, NAN, NAN, 80, "max error 0.25")};
   r.tune_ms = 900;
   r.reason = "fastest ok candidate";
   return r;
@@ -97,8 +101,7 @@ inline std::vector<report::StoredDocument> fixture_documents() {
   std::vector<report::StoredDocument> docs;
   auto add = [&](const std::string& device, const TuneResult& r, const std::string& name,
                  double copy) {
-    docs.push_back({device, r.problem.key(), r.bucket_rows,
-                    stored(r, name, device, 132, copy)});
+    docs.push_back({device, r.problem.key(), r.bucket_rows, stored(r, name, device, 132, copy)});
   };
   add(h100, rms_norm_result(), "NVIDIA H100 80GB HBM3", 3000.0);
   add(h100, swiglu_result(), "NVIDIA H100 80GB HBM3", 3000.0);
@@ -109,7 +112,8 @@ inline std::vector<report::StoredDocument> fixture_documents() {
                                  {"problem", rms_norm_problem()},
                                  {"arch", "sm_90"},
                                  {"winner", kHeuristic}}});
-  docs.push_back({h200, "swiglu.bf16.h4096.f0.a16", 64, nlohmann::json(nlohmann::json::value_t::discarded)});
+  docs.push_back(
+      {h200, "swiglu.bf16.h4096.f0.a16", 64, nlohmann::json(nlohmann::json::value_t::discarded)});
   return docs;
 }
 

@@ -34,11 +34,11 @@ void check_type(const json& object, const char* key, json::value_t type, bool nu
   INFO("key " << key);
   REQUIRE(object.contains(key));
   const auto actual = object.at(key).type();
-  const bool numbers = type == json::value_t::number_float &&
-                       (actual == json::value_t::number_integer ||
-                        actual == json::value_t::number_unsigned);
-  const bool integers = type == json::value_t::number_integer &&
-                        actual == json::value_t::number_unsigned;
+  const bool numbers =
+      type == json::value_t::number_float &&
+      (actual == json::value_t::number_integer || actual == json::value_t::number_unsigned);
+  const bool integers =
+      type == json::value_t::number_integer && actual == json::value_t::number_unsigned;
   CHECK((actual == type || numbers || integers || (nullable && object.at(key).is_null())));
 }
 
@@ -76,8 +76,8 @@ TEST_CASE("report model: schema keys and types") {
         for (const char* key : {"config", "status", "message"}) check_type(c, key, t::string);
         check_type(c, "config_fields", t::object);
         check_type(c, "repetitions", t::number_integer);
-        for (const char* key : {"median_us", "spread_us", "compile_ms", "achieved_gbs",
-                                "percent_of_copy"}) {
+        for (const char* key :
+             {"median_us", "spread_us", "compile_ms", "achieved_gbs", "percent_of_copy"}) {
           check_type(c, key, t::number_float, true);
         }
         check_type(c, "is_winner", t::boolean);
@@ -185,7 +185,8 @@ TEST_CASE("report markdown: one table row per candidate, escaped cells") {
         std::string::npos);
   CHECK(md.find("too many registers \\| <spill>") != std::string::npos);
   CHECK(md.find("speedup over the heuristic 1.25x") != std::string::npos);
-  CHECK(md.find("| NVIDIA_H200.sm90.132sm.141GiB | NVIDIA H200 | 132 | 13.0 | 12.8 | not recorded |") !=
+  CHECK(md.find(
+            "| NVIDIA_H200.sm90.132sm.141GiB | NVIDIA H200 | 132 | 13.0 | 12.8 | not recorded |") !=
         std::string::npos);
   CHECK(md.find("## Skipped documents") != std::string::npos);
 }
