@@ -17,6 +17,12 @@ if [ ${#missing[@]} -gt 0 ]; then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
+# A headless browser for the report's rendering test (skipped without it); optional, so a
+# distribution that packages chromium only as a snap still sets up.
+if ! command -v chromium >/dev/null 2>&1; then
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium >/dev/null 2>&1 ||
+    echo "setup: chromium not installed; the report's browser test will be skipped"
+fi
 
 PYTHON=${PYTHON:-python3}
 if ! "$PYTHON" -c "import torch, pytest, scikit_build_core, numpy, transformers, accelerate" >/dev/null 2>&1; then

@@ -12,5 +12,7 @@ using Runner = std::function<int()>;
 
 Runner add_prewarm_command(CLI::App& app);
 Runner add_cache_command(CLI::App& app);
+Runner add_report_command(CLI::App& app);
+Runner add_tune_command(CLI::App& app);
 
 }  // namespace kiln::cli

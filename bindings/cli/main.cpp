@@ -146,12 +146,14 @@ int main(int argc, char** argv) {
 
   const kiln::cli::Runner prewarm = kiln::cli::add_prewarm_command(app);
   const kiln::cli::Runner cache = kiln::cli::add_cache_command(app);
+  const kiln::cli::Runner report = kiln::cli::add_report_command(app);
+  const kiln::cli::Runner tune = kiln::cli::add_tune_command(app);
 
   CLI11_PARSE(app, argc, argv);
   try {
     if (*devices) return run_devices();
     if (*compile) return run_compile(options);
-    for (const auto& runner : {prewarm, cache}) {
+    for (const auto& runner : {prewarm, cache, report, tune}) {
       if (const int code = runner(); code >= 0) return code;
     }
   } catch (const kiln::Error& error) {

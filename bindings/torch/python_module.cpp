@@ -6,6 +6,7 @@
 #include <string>
 
 #include "bindings/torch/cache_module.h"
+#include "bindings/torch/report_module.h"
 #include "cache/cache_stats.h"
 #include "cache/error.h"
 #include "jit/compiler.h"
@@ -165,4 +166,5 @@ PYBIND11_MODULE(_C, m) {
   m.def("forget_kernels", [] { kiln::jit::Runtime::get().forget_kernels(); });
   m.def("add_library_search_dir", &kiln::jit::add_library_search_dir);
   add_cache_functions(m);
+  add_report_functions(m);
 }

@@ -111,3 +111,22 @@ def cache_export(bundle: str, cache_dir: Optional[str] = None) -> dict:
 def cache_import(bundle: str, cache_dir: Optional[str] = None) -> dict:
     """Copies every valid entry of the folder ``bundle`` into a cache."""
     return _C.cache_import(str(bundle), cache_dir)
+
+
+def report(format: str = "md", device: Optional[str] = None, op: Optional[str] = None,
+           cache_dir: Optional[str] = None) -> str:
+    """The tuning database as text: ``format`` "json" (schema "kiln.report", version 1), "md"
+    or "html" (one self-contained page with a bandwidth chart per problem). ``device``: a
+    fingerprint, database folder or part of a device name; ``op``: one op family."""
+    return _C.report(str(format), device, op, None if cache_dir is None else str(cache_dir))
+
+
+def tune_export(file: str, device: Optional[str] = None, cache_dir: Optional[str] = None) -> dict:
+    """Writes every valid tuning result (of ``device``, or all) to one JSON bundle file."""
+    return _C.tune_export(str(file), device, None if cache_dir is None else str(cache_dir))
+
+
+def tune_import(file: str, cache_dir: Optional[str] = None) -> dict:
+    """Validates each entry of a bundle written by tune_export and stores the valid ones;
+    returns the counts (imported, skipped_invalid, failed) and why each was skipped."""
+    return _C.tune_import(str(file), None if cache_dir is None else str(cache_dir))

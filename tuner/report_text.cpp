@@ -1,0 +1,26 @@
+#include "tuner/report_text.h"
+
+#include <cstdio>
+
+namespace kiln::report::detail {
+
+std::string fixed(const nlohmann::json& value, int decimals) {
+  if (!value.is_number()) return "–";
+  char text[64];
+  std::snprintf(text, sizeof(text), "%.*f", decimals, value.get<double>());
+  return text;
+}
+
+std::string times(const nlohmann::json& value) {
+  return value.is_number() ? fixed(value, 2) + "x" : "–";
+}
+
+std::string text_or_unknown(const nlohmann::json& value) {
+  return value.is_string() ? value.get<std::string>() : "unknown";
+}
+
+std::string bucket_label(const nlohmann::json& result) {
+  return "rows <= " + std::to_string(result.at("bucket_rows").get<std::int64_t>());
+}
+
+}  // namespace kiln::report::detail
