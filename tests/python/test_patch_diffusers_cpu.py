@@ -132,6 +132,20 @@ def test_layer_norm(dtype, hidden, affine, monkeypatch):
     torch.testing.assert_close(actual, expected, **_close_in(dtype))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_diffusers_fp32_layer_norm(dtype, monkeypatch):
+    """diffusers' FP32LayerNorm computes in fp32 and casts back: kiln's fp32 math rounded
+    once to x's dtype is the same computation."""
+    from diffusers.models.normalization import FP32LayerNorm
+
+    norm = _randomise(FP32LayerNorm(40, eps=1e-6)).to(dtype)
+    report, counter, expected, actual = _patched_vs_original(norm, _input((3, 40), dtype), monkeypatch)
+    assert [(r.kind, r.op) for r in report.replaced] == [("layer_norm", "layer_norm")]
+    assert counter.calls["layer_norm"] == 1
+    assert actual.dtype == dtype
+    torch.testing.assert_close(actual, expected, **_close_in(dtype))
+
+
 def test_layer_norm_over_two_dims_is_left():
     report = kiln.patch(torch.nn.LayerNorm((4, 8), elementwise_affine=False))
     assert report.replaced == []
