@@ -245,14 +245,32 @@ def test_gemma_offset_weight_follows_weight_changes():
     torch.testing.assert_close(second, expected, rtol=4 * 2**-8, atol=4 * 2**-8)
 
 
-def test_layer_norms_are_left_with_a_reason():
+def test_layer_norms_are_replaced():
     model = torch.nn.Sequential(torch.nn.LayerNorm(32), torch.nn.LayerNorm(32, bias=False))
+    x = torch.randn(3, 32) + 0.5
+    with torch.no_grad():
+        for norm in model:
+            norm.weight.copy_(torch.randn(32))
+        expected = model(x)
+        report = kiln.patch(model)
+        actual = model(x)
+    assert [(r.path, r.op) for r in report.replaced] == [("0", "layer_norm"), ("1", "layer_norm")]
+    assert report.left == []
+    torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_norms_computing_something_else_are_left_with_a_reason():
+    class Halved(torch.nn.LayerNorm):
+        def forward(self, x):
+            return 0.5 * super().forward(x)
+
+    model = torch.nn.Sequential(Halved(32), Halved(32, bias=False))
     report = kiln.patch(model)
     assert report.replaced == []
     reasons = {l.path: l.reason for l in report.left}
-    assert "has a bias" in reasons["0"]
-    assert reasons["1"].startswith("does not compute an RMSNorm")
-    assert all(l.cls == "LayerNorm" for l in report.left)
+    assert reasons["0"].startswith("does not compute a LayerNorm (it has a bias, so not an RMSNorm)")
+    assert reasons["1"].startswith("does not compute an RMSNorm") and "nor a LayerNorm" in reasons["1"]
+    assert all(l.cls == "Halved" for l in report.left)
 
 
 def test_mlp_with_another_activation_is_left():

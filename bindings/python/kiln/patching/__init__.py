@@ -2,7 +2,10 @@
 forward that calls the op; ``kiln.unpatch(model)`` puts the originals back.
 
 What is recognised (by what the module computes, see :mod:`.detect`): RMSNorms (Llama's
-rounding rule, Gemma's ``1 + weight``, ``nn.RMSNorm``, norms with no weight) and gated MLPs
+rounding rule, Gemma's ``1 + weight``, diffusers' weight-dtype rule, ``nn.RMSNorm``, norms
+with no weight), LayerNorms over the last dimension (``nn.LayerNorm`` with or without
+affine parameters), diffusers' ``GELU`` (``gelu(proj(x))``: the activation becomes
+``kiln.gelu``, the projection stays) and gated MLPs
 ``down_proj(act_fn(gate_proj(x)) * up_proj(x))`` with SiLU or GELU (the activation and
 multiply become ``kiln.swiglu`` / ``kiln.geglu``; the projections stay). kiln's ops have no
 backward: a patched forward that would record an autograd graph calls the original.
@@ -15,7 +18,7 @@ import torch
 from . import detect, replace
 from .report import Left, PatchReport, Replaced
 
-OPS = ("rms_norm", "swiglu", "geglu")
+OPS = ("rms_norm", "layer_norm", "gelu", "swiglu", "geglu")
 
 
 def _check_ops(ops: Optional[Iterable[str]]) -> frozenset:
@@ -49,6 +52,8 @@ def patch(model: torch.nn.Module, ops: Optional[Iterable[str]] = None) -> PatchR
             classify = detect.classify_norm
         elif detect.mlp_candidate(module):
             classify = detect.classify_mlp
+        elif detect.gelu_candidate(module):
+            classify = detect.classify_gelu
         else:
             continue
         cls = type(module).__name__

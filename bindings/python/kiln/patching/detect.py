@@ -1,8 +1,9 @@
 """Which modules compute what kiln has an op for, decided by what they compute.
 
-A module is a candidate by its attributes (an RMSNorm: a leaf with ``variance_epsilon`` or
+A module is a candidate by its attributes (a norm: a leaf with ``variance_epsilon`` or
 ``eps`` and a 1-D ``weight`` or none; a gated MLP: ``gate_proj``, ``up_proj``,
-``down_proj`` and ``act_fn``), never by its class. A candidate is replaced only when the
+``down_proj`` and ``act_fn``; diffusers' GELU: a ``proj`` child, ``approximate`` and a
+``gelu`` method), never by its class. A candidate is replaced only when the
 replacement computes what its own forward computes on a random probe: the original
 forward and the replacement run on the same CPU probe (a random weight of the module's
 size and dtype for a norm, small random projections of the module's dtype for an MLP),
@@ -123,12 +124,16 @@ class _Swapped:
 
 # Tried in this order: the first whose replacement agrees on every probe is taken. The
 # Llama rule comes before the plain one because a mixed-dtype probe tells them apart only
-# that way round (the plain replacement defers to the original on mixed dtypes).
+# that way round (the plain replacement defers to the original on mixed dtypes); the
+# diffusers rule likewise, and its output dtype (the weight's for a half weight, fp32 for
+# an fp32 one) sets it apart from Llama's and torch's on the mixed probes.
 NORM_VARIANTS: Tuple[Tuple[str, Callable], ...] = (
     ("rms_norm (1 + weight, fp32 math: Gemma)", forwards.rms_norm_offset),
     ("rms_norm (rounded before the weight: Llama)", forwards.rms_norm_llama),
+    ("rms_norm (weight's dtype rule: diffusers)", forwards.rms_norm_diffusers),
     ("rms_norm", forwards.rms_norm_plain),
 )
+LAYER_NORM_VARIANT = ("layer_norm", forwards.layer_norm)
 
 
 def norm_candidate(module: torch.nn.Module) -> bool:
@@ -140,36 +145,86 @@ def norm_candidate(module: torch.nn.Module) -> bool:
     return weight is None or (isinstance(weight, torch.Tensor) and weight.dim() == 1)
 
 
+def _normalized_shape(module: torch.nn.Module) -> Optional[Tuple[int, ...]]:
+    """torch names it ``normalized_shape``, diffusers' RMSNorm ``dim``."""
+    for name in ("normalized_shape", "dim"):
+        shape = getattr(module, name, None)
+        if isinstance(shape, (tuple, list, torch.Size)) and all(isinstance(n, int) for n in shape):
+            return tuple(shape)
+    return None
+
+
 def classify_norm(module: torch.nn.Module, original: Callable) -> Union[Match, NoMatch]:
     weight = getattr(module, "weight", None)
-    if getattr(module, "bias", None) is not None:
-        return NoMatch("norm", "it has a bias (not an RMSNorm)")
+    bias = getattr(module, "bias", None)
+    if bias is not None and not (isinstance(bias, torch.Tensor) and bias.dim() == 1):
+        return NoMatch("norm", f"its bias is a {type(bias).__name__} of another shape than [hidden]")
     eps = getattr(module, "variance_epsilon", getattr(module, "eps", None))
     if eps is not None and not isinstance(eps, (int, float)):
         return NoMatch("norm", f"its eps is a {type(eps).__name__}, not a number")
+    shape = _normalized_shape(module)
+    if shape is not None and len(shape) != 1:
+        return NoMatch("norm", f"it normalises over the last {len(shape)} dimensions; kiln's norms take the last one")
     generator = torch.Generator().manual_seed(0)
-    if weight is None:
-        shape = getattr(module, "normalized_shape", None)
-        hidden = int(shape[-1]) if shape else 64
+    swap = {}
+    if weight is None and bias is None:
+        hidden = shape[-1] if shape else 64
         variants = NORM_VARIANTS[-1:]
-        swap = {}
         dtypes = _PROBE_DTYPES
     else:
-        hidden = weight.shape[0]
-        variants = NORM_VARIANTS
-        swap = {"weight": torch.randn(hidden, generator=generator).to(weight.dtype)}
-        dtypes = (weight.dtype,) + tuple(d for d in _PROBE_DTYPES if d != weight.dtype)
+        like = weight if weight is not None else bias
+        hidden = like.shape[0]
+        # An RMSNorm has no bias: with one, only the LayerNorm is tried.
+        variants = NORM_VARIANTS if bias is None else ()
+        if weight is not None:
+            swap["weight"] = torch.randn(hidden, generator=generator).to(weight.dtype)
+        if bias is not None:
+            swap["bias"] = torch.randn(hidden, generator=generator).to(bias.dtype)
+        dtypes = (like.dtype,) + tuple(d for d in _PROBE_DTYPES if d != like.dtype)
+    variants = tuple(variants) + (LAYER_NORM_VARIANT,)
     inputs = _probe_inputs(hidden, dtypes, generator)
-    why = None
+    reasons = []
     with torch.no_grad(), _Swapped(module, params=swap):
         for kind, factory in variants:
             why = _compare(original, factory(module, original), inputs)
             if why is None:
-                return Match(kind, "rms_norm", factory)
+                return Match(kind, "layer_norm" if factory is forwards.layer_norm else "rms_norm", factory)
             if why.startswith("its forward fails"):
                 return NoMatch("norm", why)
-    # The reason the last (plain RMSNorm) variant gave: the most general one tried.
-    return NoMatch("norm", "does not compute an RMSNorm: " + why)
+            reasons.append(why)
+    # The reasons the most general variants gave (the plain RMSNorm's and the LayerNorm's).
+    if len(reasons) == 1:
+        return NoMatch("norm", "does not compute a LayerNorm (it has a bias, so not an RMSNorm): " + reasons[0])
+    return NoMatch("norm", f"does not compute an RMSNorm: {reasons[-2]}; nor a LayerNorm: {reasons[-1]}")
+
+
+def gelu_candidate(module: torch.nn.Module) -> bool:
+    """diffusers' ``GELU``: a ``proj`` child, an ``approximate`` of F.gelu's and a
+    ``gelu`` method."""
+    return isinstance(getattr(module, "proj", None), torch.nn.Module) \
+        and getattr(module, "approximate", None) in ("tanh", "none") and callable(getattr(module, "gelu", None))
+
+
+def classify_gelu(module: torch.nn.Module, original: Callable) -> Union[Match, NoMatch]:
+    proj = module.proj
+    weight = getattr(proj, "weight", None)
+    dtype = weight.dtype if isinstance(weight, torch.Tensor) and weight.is_floating_point() else torch.float32
+    generator = torch.Generator().manual_seed(0)
+    n_in, n_out = 24, 40
+    probe_proj = torch.nn.Linear(n_in, n_out, bias=getattr(proj, "bias", None) is not None)
+    with torch.no_grad():
+        probe_proj.weight.copy_(torch.randn(n_out, n_in, generator=generator) / n_in ** 0.5)
+        if probe_proj.bias is not None:
+            probe_proj.bias.copy_(torch.randn(n_out, generator=generator))
+    probe_proj = probe_proj.to(dtype).requires_grad_(False)
+    dtypes = (dtype,) + tuple(d for d in _PROBE_DTYPES if d != dtype)
+    inputs = _probe_inputs(n_in, dtypes, generator)
+    factory = forwards.gelu_after_proj
+    with torch.no_grad(), _Swapped(module, children={"proj": probe_proj}):
+        why = _compare(original, factory(module, original), inputs)
+    if why is not None:
+        return NoMatch("gelu", f"does not compute F.gelu(proj(x), approximate={module.approximate!r}): {why}")
+    return Match("gelu (tanh)" if module.approximate == "tanh" else "gelu", "gelu", factory)
 
 
 def mlp_candidate(module: torch.nn.Module) -> bool:

@@ -12,7 +12,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from .. import activation_ops, ops
+from .. import activation_ops, norm_ops, ops
 
 _KILN_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _KILN_DEVICES = ("cpu", "cuda")
@@ -81,6 +81,81 @@ def rms_norm_llama(module: torch.nn.Module, original: Callable) -> Callable:
         if torch.is_grad_enabled() and weight.requires_grad:
             return original(x)
         return weight * ops.rms_norm(x, None, eps)
+
+    return forward
+
+
+_HALF_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def rms_norm_diffusers(module: torch.nn.Module, original: Callable) -> Callable:
+    """diffusers' ``RMSNorm`` with a weight: normalised in fp32; a half-precision weight
+    rounds that to its own dtype before multiplying (the output has the weight's dtype
+    whatever the input's), an fp32 weight multiplies in fp32 (the output is fp32). With x
+    and a half weight of one dtype that is one kiln call (rounded once where the original
+    rounds twice: at most an ulp apart); otherwise kiln normalises x in fp32 and the rest
+    is the original's own rounding and multiply."""
+
+    def forward(*args, **kwargs):
+        if not _single_tensor_call(args, kwargs):
+            return original(*args, **kwargs)
+        x = args[0]
+        weight = getattr(module, "weight", None)
+        if not isinstance(weight, torch.Tensor) or getattr(module, "bias", None) is not None:
+            return original(x)
+        if weight.device != x.device or not kiln_can_take(x):
+            return original(x)
+        if torch.is_grad_enabled() and weight.requires_grad:
+            return original(x)
+        eps = norm_eps(module, x)
+        if weight.dtype in _HALF_DTYPES:
+            if x.dtype == weight.dtype:
+                return ops.rms_norm(x, weight, eps)
+            return ops.rms_norm(x.float(), None, eps).to(weight.dtype) * weight
+        if weight.dtype == torch.float32:
+            return ops.rms_norm(x.float(), weight, eps)
+        return original(x)
+
+    return forward
+
+
+def layer_norm(module: torch.nn.Module, original: Callable) -> Callable:
+    """``F.layer_norm`` over the last dimension, weight and bias optional (``nn.LayerNorm``
+    with or without ``elementwise_affine``), rounded once to x's dtype. Parameters of
+    another dtype than x keep the original forward."""
+
+    def forward(*args, **kwargs):
+        if not _single_tensor_call(args, kwargs):
+            return original(*args, **kwargs)
+        x = args[0]
+        params = [getattr(module, n, None) for n in ("weight", "bias")]
+        weight, bias = [p if isinstance(p, torch.Tensor) else None for p in params]
+        shape = getattr(module, "normalized_shape", None)
+        if x.dim() == 0 or (shape is not None and tuple(shape) != (x.shape[-1],)):
+            return original(x)
+        if not kiln_can_take(x, *[p for p in (weight, bias) if p is not None]):
+            return original(x)
+        return norm_ops.layer_norm(x, weight, bias, norm_eps(module, x))
+
+    return forward
+
+
+def gelu_after_proj(module: torch.nn.Module, original: Callable) -> Callable:
+    """diffusers' ``GELU``: ``F.gelu(proj(x), approximate=module.approximate)``. The
+    projection stays the module's own; the activation is ``kiln.gelu``. The projection's
+    bias stays in the projection: moving it into ``kiln.gelu`` would round the matmul
+    to x's dtype before the bias is added, which the original does not."""
+
+    def forward(*args, **kwargs):
+        if not _single_tensor_call(args, kwargs):
+            return original(*args, **kwargs)
+        approximate = getattr(module, "approximate", None)
+        if approximate not in ("tanh", "none"):
+            return original(*args)
+        hidden = module.proj(args[0])
+        if not kiln_can_take(hidden):
+            return module.gelu(hidden)
+        return activation_ops.gelu(hidden, None, approximate)
 
     return forward
 
