@@ -37,6 +37,17 @@ struct AdaLnArgs {
   const std::optional<at::Tensor>* table_shift = nullptr;
   std::string norm;  // "rms" or "layer"
 };
+// The operands of an adaln / gated_adaln call, gathered (the tensors stay the caller's).
+AdaLnArgs adaln_args(const at::Tensor& x, const at::Tensor& scale, const at::Tensor& shift,
+                     const std::optional<at::Tensor>& weight, c10::string_view norm,
+                     const std::optional<at::Tensor>& table_scale,
+                     const std::optional<at::Tensor>& table_shift);
+AdaLnArgs gated_adaln_args(const at::Tensor& h, const at::Tensor& y, const at::Tensor& gate,
+                           const at::Tensor& scale, const at::Tensor& shift,
+                           const std::optional<at::Tensor>& weight, c10::string_view norm,
+                           const std::optional<at::Tensor>& table_gate,
+                           const std::optional<at::Tensor>& table_scale,
+                           const std::optional<at::Tensor>& table_shift);
 DType check_adaln(const AdaLnArgs& args);
 bool has_tables(const AdaLnArgs& args);
 // "rms" -> false, "layer" -> true; anything else is a ValueError naming the op.

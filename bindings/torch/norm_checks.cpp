@@ -96,6 +96,36 @@ bool parse_norm_kind(const std::string& op, const std::string& norm) {
   fail_value(op, "norm", "\"rms\" or \"layer\"", "\"" + norm + "\"");
 }
 
+AdaLnArgs adaln_args(const at::Tensor& x, const at::Tensor& scale, const at::Tensor& shift,
+                     const std::optional<at::Tensor>& weight, c10::string_view norm,
+                     const std::optional<at::Tensor>& table_scale,
+                     const std::optional<at::Tensor>& table_shift) {
+  AdaLnArgs args;
+  args.op = "adaln";
+  args.x = &x;
+  args.scale = &scale;
+  args.shift = &shift;
+  args.weight = &weight;
+  args.table_scale = &table_scale;
+  args.table_shift = &table_shift;
+  args.norm = std::string(norm);
+  return args;
+}
+
+AdaLnArgs gated_adaln_args(const at::Tensor& h, const at::Tensor& y, const at::Tensor& gate,
+                           const at::Tensor& scale, const at::Tensor& shift,
+                           const std::optional<at::Tensor>& weight, c10::string_view norm,
+                           const std::optional<at::Tensor>& table_gate,
+                           const std::optional<at::Tensor>& table_scale,
+                           const std::optional<at::Tensor>& table_shift) {
+  AdaLnArgs args = adaln_args(h, scale, shift, weight, norm, table_scale, table_shift);
+  args.op = "gated_adaln";
+  args.y = &y;
+  args.gate = &gate;
+  args.table_gate = &table_gate;
+  return args;
+}
+
 bool has_tables(const AdaLnArgs& args) {
   return args.table_scale->has_value() || args.table_shift->has_value() ||
          (args.table_gate != nullptr && args.table_gate->has_value());

@@ -86,15 +86,7 @@ at::Tensor adaln_cpu(const at::Tensor& x, const at::Tensor& scale, const at::Ten
                      const std::optional<at::Tensor>& weight, double eps, c10::string_view norm,
                      const std::optional<at::Tensor>& table_scale,
                      const std::optional<at::Tensor>& table_shift) {
-  AdaLnArgs args;
-  args.op = "adaln";
-  args.x = &x;
-  args.scale = &scale;
-  args.shift = &shift;
-  args.weight = &weight;
-  args.table_scale = &table_scale;
-  args.table_shift = &table_shift;
-  args.norm = std::string(norm);
+  const AdaLnArgs args = adaln_args(x, scale, shift, weight, norm, table_scale, table_shift);
   check_adaln(args);
   require_cpu("adaln", x);
   return modulate(x.to(at::kFloat), args, eps).to(x.scalar_type()).contiguous();
@@ -105,18 +97,8 @@ std::tuple<at::Tensor, at::Tensor> gated_adaln_cpu(
     const at::Tensor& shift, const std::optional<at::Tensor>& weight, double eps,
     c10::string_view norm, const std::optional<at::Tensor>& table_gate,
     const std::optional<at::Tensor>& table_scale, const std::optional<at::Tensor>& table_shift) {
-  AdaLnArgs args;
-  args.op = "gated_adaln";
-  args.x = &h;
-  args.y = &y;
-  args.gate = &gate;
-  args.scale = &scale;
-  args.shift = &shift;
-  args.weight = &weight;
-  args.table_gate = &table_gate;
-  args.table_scale = &table_scale;
-  args.table_shift = &table_shift;
-  args.norm = std::string(norm);
+  const AdaLnArgs args = gated_adaln_args(h, y, gate, scale, shift, weight, norm, table_gate,
+                                          table_scale, table_shift);
   check_adaln(args);
   if (!h.device().is_cpu()) {
     fail_value("gated_adaln", "h", "a CPU or CUDA tensor", h.device().str());

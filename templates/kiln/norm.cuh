@@ -155,9 +155,9 @@ struct NormRow {
   struct Columns {
     Raw<VEC_BYTES> weight, bias, table_gate, table_scale, table_shift;
   };
-  static constexpr int kColumnStreams =
-      ((F & NormFeature::weight) != 0 ? 1 : 0) + ((F & NormFeature::bias) != 0 ? 1 : 0) +
-      (kTable ? ((F & NormFeature::gate) != 0 ? 3 : 2) : 0);
+  static constexpr int kColumnStreams = ((F & NormFeature::weight) != 0 ? 1 : 0) +
+                                        ((F & NormFeature::bias) != 0 ? 1 : 0) +
+                                        (kTable ? ((F & NormFeature::gate) != 0 ? 3 : 2) : 0);
   // When they fit in a few registers, every step's per-column operands are loaded with the
   // row, so their first (L2 or DRAM) latency overlaps the row's instead of following the
   // reduction step by step: what a single row, or the first row of a CTA, waits on. Wider

@@ -51,8 +51,10 @@ __global__ void __launch_bounds__(CTA_THREADS) rms_norm_rope(const RmsNormRopePa
     const bool active = row < p.rows;
     const long long entry = active ? row / p.seq_len : 0;
     const long long position = active ? row - entry * p.seq_len : 0;
-    const T* q_row = static_cast<const T*>(p.q) + entry * p.q_strides[0] + position * p.q_strides[1];
-    const T* k_row = static_cast<const T*>(p.k) + entry * p.k_strides[0] + position * p.k_strides[1];
+    const T* q_row =
+        static_cast<const T*>(p.q) + entry * p.q_strides[0] + position * p.q_strides[1];
+    const T* k_row =
+        static_cast<const T*>(p.k) + entry * p.k_strides[0] + position * p.k_strides[1];
 
     float qv[kSteps][kVec];
     float kv[kSteps][kVec];
@@ -96,10 +98,10 @@ __global__ void __launch_bounds__(CTA_THREADS) rms_norm_rope(const RmsNormRopePa
         static_cast<const TABLE*>(p.cos) + entry * p.cos_strides[0] + position * p.cos_strides[1];
     const TABLE* sin_row =
         static_cast<const TABLE*>(p.sin) + entry * p.sin_strides[0] + position * p.sin_strides[1];
-    T* q_out = static_cast<T*>(p.q_out) + entry * p.q_out_strides[0] +
-               position * p.q_out_strides[1];
-    T* k_out = static_cast<T*>(p.k_out) + entry * p.k_out_strides[0] +
-               position * p.k_out_strides[1];
+    T* q_out =
+        static_cast<T*>(p.q_out) + entry * p.q_out_strides[0] + position * p.q_out_strides[1];
+    T* k_out =
+        static_cast<T*>(p.k_out) + entry * p.k_out_strides[0] + position * p.k_out_strides[1];
 #pragma unroll
     for (int step = 0; step < kSteps; ++step) {
       const int column = (step * THREADS_PER_ROW + lane) * kVec;
@@ -116,8 +118,10 @@ __global__ void __launch_bounds__(CTA_THREADS) rms_norm_rope(const RmsNormRopePa
         load_table<TABLE, kVec, VEC_BYTES>(cos_row + column, c);
         load_table<TABLE, kVec, VEC_BYTES>(sin_row + column, s);
       }
-      const Raw<VEC_BYTES> qw = load_global_nc<VEC_BYTES>(static_cast<const T*>(p.q_weight) + column);
-      const Raw<VEC_BYTES> kw = load_global_nc<VEC_BYTES>(static_cast<const T*>(p.k_weight) + column);
+      const Raw<VEC_BYTES> qw =
+          load_global_nc<VEC_BYTES>(static_cast<const T*>(p.q_weight) + column);
+      const Raw<VEC_BYTES> kw =
+          load_global_nc<VEC_BYTES>(static_cast<const T*>(p.k_weight) + column);
       float q_result[kVec], k_result[kVec];
 #pragma unroll
       for (int i = 0; i < kVec; i += 2) {

@@ -27,7 +27,7 @@ template <typename T, typename TABLE, int HEAD_DIM, int ROTARY_DIM, int VEC_BYTE
           int THREADS_PER_ROW, int CTA_THREADS, int ROWS_PER_THREAD, bool INTERLEAVED, bool VIDEO>
 __global__ void __launch_bounds__(CTA_THREADS) rope(const RopeParams p) {
   constexpr int kVec = VEC_BYTES / static_cast<int>(sizeof(T));
-  constexpr int kParts = INTERLEAVED ? 1 : 2;  // vectors per rotation unit
+  constexpr int kParts = INTERLEAVED ? 1 : 2;                // vectors per rotation unit
   constexpr int kUnitWidth = INTERLEAVED ? kVec : 2 * kVec;  // angles per unit
   constexpr int kRotUnits = INTERLEAVED ? ROTARY_DIM / kVec : ROTARY_DIM / 2 / kVec;
   constexpr int kPassUnits = (HEAD_DIM - ROTARY_DIM) / kVec;
@@ -70,7 +70,7 @@ __global__ void __launch_bounds__(CTA_THREADS) rope(const RopeParams p) {
     Raw<VEC_BYTES> x[ROWS_PER_THREAD][kRotSteps][kParts];
     Raw<VEC_BYTES> rest[ROWS_PER_THREAD][kPassSteps > 0 ? kPassSteps : 1];
     T* out_row[ROWS_PER_THREAD];
-    bool copy_rest[ROWS_PER_THREAD];  // out of place: the unrotated columns are copied
+    bool copy_rest[ROWS_PER_THREAD];       // out of place: the unrotated columns are copied
     long long angle_key[ROWS_PER_THREAD];  // rows with equal keys share cos/sin
     long long sin_offset[ROWS_PER_THREAD];
 #pragma unroll

@@ -12,8 +12,8 @@ namespace kiln {
 // (the data's vector width, or one element when that is narrower).
 template <typename C, int N, int CHUNK_BYTES>
 __device__ __forceinline__ void load_table(const C* source, float* values) {
-  constexpr int kChunk = CHUNK_BYTES < static_cast<int>(sizeof(C)) ? static_cast<int>(sizeof(C))
-                                                                     : CHUNK_BYTES;
+  constexpr int kChunk =
+      CHUNK_BYTES < static_cast<int>(sizeof(C)) ? static_cast<int>(sizeof(C)) : CHUNK_BYTES;
   constexpr int kPerChunk = kChunk / static_cast<int>(sizeof(C));
   static_assert(N % kPerChunk == 0, "a table vector is whole chunks");
 #pragma unroll

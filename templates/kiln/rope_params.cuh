@@ -17,8 +17,8 @@ struct RopeVideoGrid {
   int height;
   int width;
   int pad_pairs;
-  float scale[3];         // per axis: interpolation scale * patch size / base size (or 1)
-  float log2_freq_step;   // log2(theta) / (dim / 6 - 1); 0 when dim / 6 == 1
+  float scale[3];        // per axis: interpolation scale * patch size / base size (or 1)
+  float log2_freq_step;  // log2(theta) / (dim / 6 - 1); 0 when dim / 6 == 1
 };
 
 // Rows are (token, head) pairs, token-major: row r is head r % (heads_q + heads_k) of token
@@ -33,7 +33,7 @@ struct RopeParams {
   const void* k;
   const void* cos;  // table mode only
   const void* sin;
-  long long rows;   // tokens * (heads_q + heads_k), < 2^31
+  long long rows;  // tokens * (heads_q + heads_k), < 2^31
   int batch;
   int heads_q;
   int heads_k;

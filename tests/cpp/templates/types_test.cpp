@@ -40,9 +40,9 @@ TEST_CASE("op names round-trip") {
   CHECK(kiln::parse_op("rms_norm") == Op::rms_norm);
   CHECK_FALSE(kiln::parse_op("softmax").has_value());
   CHECK_FALSE(kiln::parse_op("").has_value());
-  for (Op op : {Op::rms_norm, Op::fused_add_rms_norm, Op::layer_norm, Op::adaln, Op::gated_adaln,
-                Op::rope, Op::rope_3d, Op::rms_norm_rope, Op::swiglu, Op::geglu, Op::gelu,
-                Op::gated_residual}) {
+  for (Op op :
+       {Op::rms_norm, Op::fused_add_rms_norm, Op::layer_norm, Op::adaln, Op::gated_adaln, Op::rope,
+        Op::rope_3d, Op::rms_norm_rope, Op::swiglu, Op::geglu, Op::gelu, Op::gated_residual}) {
     CHECK(kiln::parse_op(kiln::op_name(op)) == op);
   }
 }
@@ -54,7 +54,8 @@ TEST_CASE("Problem::aux appears in the key and JSON only when set") {
   problem.aux = 64;
   CHECK(problem.key() == "rope.bf16.h128.f0.a16.x64");
   CHECK(nlohmann::json(problem).get<Problem>() == problem);
-  CHECK(std::hash<Problem>{}(problem) != std::hash<Problem>{}(Problem{Op::rope, kiln::DType::bf16, 128, 0u, 16}));
+  CHECK(std::hash<Problem>{}(problem) !=
+        std::hash<Problem>{}(Problem{Op::rope, kiln::DType::bf16, 128, 0u, 16}));
 }
 
 TEST_CASE("Problem::key is the documented text form") {
@@ -146,7 +147,8 @@ TEST_CASE("bad Problem JSON throws kiln::Error naming the field") {
   };
   CHECK(good.get<Problem>() == Problem{Op::rms_norm, DType::bf16, 4096, 1, 16});
   CHECK(with("dtype", "bfloat16").get<Problem>().dtype == DType::bf16);
-  CHECK_THROWS_WITH_AS(with("op", "softmax").get<Problem>(), doctest::Contains("softmax"), kiln::Error);
+  CHECK_THROWS_WITH_AS(with("op", "softmax").get<Problem>(), doctest::Contains("softmax"),
+                       kiln::Error);
   CHECK_THROWS_WITH_AS(with("dtype", "fp8").get<Problem>(), doctest::Contains("fp8"), kiln::Error);
   CHECK_THROWS_AS(with("dtype", 2).get<Problem>(), kiln::Error);
   CHECK_THROWS_WITH_AS(with("hidden", 0).get<Problem>(), doctest::Contains("hidden"), kiln::Error);

@@ -1,10 +1,10 @@
 #include <doctest/doctest.h>
 
+#include "fakes.h"
 #include "templates/family.h"
 #include "templates/rms_norm_rope_family.h"
 #include "templates/rope_family.h"
 #include "tuner/tuner.h"
-#include "fakes.h"
 
 using kiln::DType;
 using kiln::Op;
