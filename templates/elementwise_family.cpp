@@ -1,4 +1,5 @@
 #include "templates/elementwise_family.h"
+#include "templates/config_rules.h"
 
 #include <algorithm>
 #include <array>
@@ -32,15 +33,6 @@ constexpr int kMaxRegistersPerThread = 255;
 // of the fastest (the copy-bandwidth ceiling).
 constexpr int kHeuristicCta = 256;
 constexpr int kHeuristicUnroll = 1;
-
-template <std::size_t N>
-bool one_of(const std::array<int, N>& values, std::int64_t value) {
-  return std::find(values.begin(), values.end(), value) != values.end();
-}
-
-std::int64_t ceil_div(std::int64_t a, std::int64_t b) {
-  return (a + b - 1) / b;
-}
 
 std::int64_t extra(const Config& config, const char* name, std::int64_t fallback) {
   const auto it = config.extra.find(name);
@@ -267,14 +259,14 @@ std::string ElementwiseFamily::name_expression(const Problem& problem, const Con
 
 LaunchGeometry ElementwiseFamily::geometry(const Problem& problem, const Config& config,
                                            std::int64_t rows) const {
-  constexpr std::int64_t kMaxGrid = 0x7fffffff;
   const std::int64_t per_cta = std::int64_t{std::max(config.cta_threads, 1)} *
                                std::max<std::int64_t>(extra(config, "unroll", kHeuristicUnroll), 1);
-  std::int64_t grid = ceil_div(vectors(problem, config.vec_bytes, rows), per_cta);
-  const std::int64_t max_ctas = extra(config, "max_ctas", 0);
-  if (max_ctas > 0) grid = std::min(grid, max_ctas);
   LaunchGeometry geometry;
-  geometry.grid[0] = static_cast<std::uint32_t>(std::clamp<std::int64_t>(grid, 1, kMaxGrid));
+  geometry.grid[0] = covering_grid(vectors(problem, config.vec_bytes, rows), per_cta);
+  const std::int64_t max_ctas = extra(config, "max_ctas", 0);
+  if (max_ctas > 0 && geometry.grid[0] > max_ctas) {
+    geometry.grid[0] = static_cast<std::uint32_t>(max_ctas);
+  }
   geometry.block[0] = static_cast<std::uint32_t>(config.cta_threads);
   return geometry;
 }

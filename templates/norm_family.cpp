@@ -1,4 +1,5 @@
 #include "templates/norm_family.h"
+#include "templates/config_rules.h"
 
 #include <algorithm>
 #include <array>
@@ -35,37 +36,6 @@ constexpr std::int64_t kTargetElementsPerThread = 32;
 constexpr int kTargetRowsPerCta = 4;
 constexpr int kMinHeuristicCta = 128;
 constexpr int kMaxHeuristicCtaForShortRows = 256;
-
-template <std::size_t N>
-bool one_of(const std::array<int, N>& values, int value) {
-  return std::find(values.begin(), values.end(), value) != values.end();
-}
-
-template <std::size_t N>
-std::string list(const std::array<int, N>& values) {
-  std::string text;
-  for (std::size_t i = 0; i < N; ++i) {
-    text += (i == 0 ? "" : i + 1 == N ? " or " : ", ") + std::to_string(values[i]);
-  }
-  return text;
-}
-
-std::int64_t ceil_div(std::int64_t a, std::int64_t b) {
-  return (a + b - 1) / b;
-}
-
-int log2_of(int power_of_two) {
-  int log = 0;
-  while ((1 << log) < power_of_two) {
-    ++log;
-  }
-  return log;
-}
-
-std::int64_t effective_align(const Problem& problem) {
-  return std::max<std::int64_t>(problem.align,
-                                static_cast<std::int64_t>(dtype_size(problem.dtype)));
-}
 
 std::int64_t grid_of(const Config& config) {
   const auto it = config.extra.find("grid");
@@ -290,7 +260,7 @@ std::string NormFamily::invalid_reason(const Problem& problem, const Config& con
   const std::string dtype(dtype_name(problem.dtype));
   const int vec = config.vec_bytes;
   if (!one_of(kVecBytes, vec)) {
-    return "vec_bytes " + std::to_string(vec) + " is not " + list(kVecBytes);
+    return "vec_bytes " + std::to_string(vec) + " is not " + list_of(kVecBytes);
   }
   if (vec < element) {
     return "vec_bytes " + std::to_string(vec) + " is narrower than one " + dtype + " element (" +
@@ -330,7 +300,7 @@ std::string NormFamily::invalid_reason(const Problem& problem, const Config& con
 
   const int cta = config.cta_threads;
   if (one_of(kThreadsPerRow, tpr) && !one_of(kCtaThreads, cta)) {
-    return "cta_threads " + std::to_string(cta) + " is not " + list(kCtaThreads);
+    return "cta_threads " + std::to_string(cta) + " is not " + list_of(kCtaThreads);
   }
   if (cta < tpr) {
     return "cta_threads " + std::to_string(cta) + " is fewer than threads_per_row " +
@@ -424,13 +394,13 @@ Config NormFamily::heuristic(const Problem& problem, const DeviceTraits& device)
       {kMinHeuristicCta, target.threads_per_row,
        std::min(kTargetRowsPerCta * target.threads_per_row, kMaxHeuristicCtaForShortRows)});
 
-  const int target_tpr_log = log2_of(target.threads_per_row);
-  const int target_cta_log = log2_of(target.cta_threads);
+  const int target_tpr_log = log2_ceil(target.threads_per_row);
+  const int target_cta_log = log2_ceil(target.cta_threads);
   const Config* best = nullptr;
   auto distance = [&](const Config& c) {
-    const int tpr_log = log2_of(c.threads_per_row);
+    const int tpr_log = log2_ceil(c.threads_per_row);
     return std::array<int, 3>{std::abs(tpr_log - target_tpr_log), -tpr_log,
-                              std::abs(log2_of(c.cta_threads) - target_cta_log)};
+                              std::abs(log2_ceil(c.cta_threads) - target_cta_log)};
   };
   for (const Config& config : configs) {
     if (config.vec_bytes != vec || grid_of(config) != 0) {
@@ -457,14 +427,11 @@ std::string NormFamily::name_expression(const Problem& problem, const Config& co
 LaunchGeometry NormFamily::geometry(const Problem& problem, const Config& config,
                                     std::int64_t rows) const {
   (void)problem;
-  constexpr std::int64_t kMaxGrid = 0x7fffffff;
-  const std::int64_t rows_per_cta = std::max(1, config.rows_per_cta());
-  std::int64_t ctas = ceil_div(std::max<std::int64_t>(rows, 0), rows_per_cta);
-  if (const std::int64_t cap = grid_of(config); cap > 0) {
-    ctas = std::min(ctas, cap);
-  }
   LaunchGeometry geometry;
-  geometry.grid[0] = static_cast<std::uint32_t>(std::clamp<std::int64_t>(ctas, 1, kMaxGrid));
+  geometry.grid[0] = covering_grid(rows, config.rows_per_cta());
+  if (const std::int64_t cap = grid_of(config); cap > 0 && geometry.grid[0] > cap) {
+    geometry.grid[0] = static_cast<std::uint32_t>(cap);
+  }
   geometry.block[0] = static_cast<std::uint32_t>(config.cta_threads);
   return geometry;
 }

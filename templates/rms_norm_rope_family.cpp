@@ -1,4 +1,5 @@
 #include "templates/rms_norm_rope_family.h"
+#include "templates/config_rules.h"
 
 #include <algorithm>
 #include <array>
@@ -21,15 +22,6 @@ constexpr std::array<int, 5> kCtaThreads = {64, 128, 256, 512, 1024};
 constexpr int kRegisterOverhead = 40;
 constexpr int kMaxRegistersPerThread = 255;
 constexpr std::int64_t kTargetElementsPerThread = 32;  // q and k together
-
-template <std::size_t N>
-bool one_of(const std::array<int, N>& values, int value) {
-  return std::find(values.begin(), values.end(), value) != values.end();
-}
-
-std::int64_t ceil_div(std::int64_t a, std::int64_t b) {
-  return (a + b - 1) / b;
-}
 
 std::optional<ArgumentError> problem_error(const Problem& problem) {
   if (problem.op != Op::rms_norm_rope) {
@@ -178,10 +170,8 @@ std::string RmsNormRopeFamily::name_expression(const Problem& problem, const Con
 LaunchGeometry RmsNormRopeFamily::geometry(const Problem& problem, const Config& config,
                                            std::int64_t rows) const {
   (void)problem;
-  constexpr std::int64_t kMaxGrid = 0x7fffffff;
   LaunchGeometry geometry;
-  geometry.grid[0] = static_cast<std::uint32_t>(std::clamp<std::int64_t>(
-      ceil_div(std::max<std::int64_t>(rows, 0), std::max(1, config.rows_per_cta())), 1, kMaxGrid));
+  geometry.grid[0] = covering_grid(rows, config.rows_per_cta());
   geometry.block[0] = static_cast<std::uint32_t>(config.cta_threads);
   return geometry;
 }

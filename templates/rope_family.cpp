@@ -1,4 +1,5 @@
 #include "templates/rope_family.h"
+#include "templates/config_rules.h"
 
 #include <algorithm>
 #include <array>
@@ -24,22 +25,8 @@ constexpr std::array<int, 3> kRowsPerThreadValues = {1, 2, 4};
 constexpr std::int64_t kMaxHeldWords = 96;
 constexpr std::int64_t kMaxRows = (std::int64_t{1} << 31) - 1;
 
-template <std::size_t N>
-bool one_of(const std::array<int, N>& values, int value) {
-  return std::find(values.begin(), values.end(), value) != values.end();
-}
-
-std::int64_t ceil_div(std::int64_t a, std::int64_t b) {
-  return (a + b - 1) / b;
-}
-
 bool interleaved(const Problem& problem) {
   return problem.op == Op::rope_3d || (problem.flags & kRopeInterleaved) != 0;
-}
-
-std::int64_t effective_align(const Problem& problem) {
-  return std::max<std::int64_t>(problem.align,
-                                static_cast<std::int64_t>(dtype_size(problem.dtype)));
 }
 
 std::optional<ArgumentError> problem_error(Op op, const Problem& problem) {
@@ -237,13 +224,11 @@ std::string RopeFamily::name_expression(const Problem& problem, const Config& co
 LaunchGeometry RopeFamily::geometry(const Problem& problem, const Config& config,
                                     std::int64_t rows) const {
   (void)problem;
-  constexpr std::int64_t kMaxGrid = 0x7fffffff;
   const std::int64_t rows_per_cta =
       std::max(1, config.cta_threads / std::max(1, config.threads_per_row)) *
       rows_per_thread(config);
   LaunchGeometry geometry;
-  geometry.grid[0] = static_cast<std::uint32_t>(std::clamp<std::int64_t>(
-      ceil_div(std::max<std::int64_t>(rows, 0), rows_per_cta), 1, kMaxGrid));
+  geometry.grid[0] = covering_grid(rows, rows_per_cta);
   geometry.block[0] = static_cast<std::uint32_t>(config.cta_threads);
   return geometry;
 }
