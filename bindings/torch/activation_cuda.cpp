@@ -4,10 +4,8 @@
 #include <ATen/ATen.h>
 
 #include "bindings/torch/activation.h"
-#include "bindings/torch/cuda_context.h"
+#include "bindings/torch/launch_op.h"
 #include "bindings/torch/tensor_checks.h"
-#include "cache/error.h"
-#include "jit/runtime.h"
 #include "templates/elementwise_family.h"
 #include "templates/kiln/elementwise_params.cuh"
 
@@ -57,16 +55,8 @@ void run(const at::Tensor& like, Problem problem, std::int64_t rows, Elementwise
   problem.align = common_alignment({bits});
   if (flat) problem.flags |= kElementwiseFlat;
 
-  const jit::CUstream stream = current_stream(like.device());
-  jit::Runtime& runtime = jit::Runtime::get();
-  const jit::Kernel* kernel = nullptr;
-  try {
-    kernel = &runtime.kernel(like.get_device(), problem, rows, stream);
-  } catch (const ArgumentError& error) {
-    TORCH_CHECK_VALUE(false, error.what());
-  }
   params.rows = rows;
-  runtime.launch(*kernel, rows, &params, stream);
+  launch_op(like, problem, rows, &params);
 }
 
 at::Tensor gated_cuda(Op op, const at::Tensor& gate, const std::optional<at::Tensor>& up,

@@ -4,11 +4,9 @@
 
 #include <vector>
 
-#include "bindings/torch/cuda_context.h"
+#include "bindings/torch/launch_op.h"
 #include "bindings/torch/norm.h"
 #include "bindings/torch/tensor_checks.h"
-#include "cache/error.h"
-#include "jit/runtime.h"
 #include "templates/kiln/norm_params.cuh"
 #include "templates/norm_family.h"
 
@@ -42,16 +40,7 @@ const void* data_or_null(const at::Tensor& t) {
 }
 
 void launch(const at::Tensor& x, const Problem& problem, const NormParams& params) {
-  const int device = x.get_device();
-  const jit::CUstream stream = current_stream(x.device());
-  jit::Runtime& runtime = jit::Runtime::get();
-  const jit::Kernel* kernel = nullptr;
-  try {
-    kernel = &runtime.kernel(device, problem, params.rows, stream);
-  } catch (const ArgumentError& error) {
-    TORCH_CHECK_VALUE(false, error.what());
-  }
-  runtime.launch(*kernel, params.rows, &params, stream);
+  launch_op(x, problem, params.rows, &params);
 }
 
 // A [B, 1 or T, D] operand with a unit last stride (copied otherwise); the copy, if any,

@@ -3,11 +3,9 @@
 // specialisation).
 #include <ATen/ATen.h>
 
-#include "bindings/torch/cuda_context.h"
+#include "bindings/torch/launch_op.h"
 #include "bindings/torch/rms_norm.h"
 #include "bindings/torch/tensor_checks.h"
-#include "cache/error.h"
-#include "jit/runtime.h"
 #include "templates/kiln/norm_params.cuh"
 #include "templates/rms_norm_family.h"
 
@@ -40,15 +38,6 @@ at::Tensor rms_norm_cuda(const at::Tensor& x, const std::optional<at::Tensor>& w
        static_cast<std::uintptr_t>(view.row_stride) * element,
        static_cast<std::uintptr_t>(view.hidden) * element});
 
-  const int device = x.get_device();
-  const jit::CUstream stream = current_stream(x.device());
-  jit::Runtime& runtime = jit::Runtime::get();
-  const jit::Kernel* kernel = nullptr;
-  try {
-    kernel = &runtime.kernel(device, problem, view.rows, stream);
-  } catch (const ArgumentError& error) {
-    TORCH_CHECK_VALUE(false, error.what());
-  }
   NormParams params{};
   params.out = out.data_ptr();
   params.x = view.tensor.data_ptr();
@@ -58,7 +47,7 @@ at::Tensor rms_norm_cuda(const at::Tensor& x, const std::optional<at::Tensor>& w
   params.x_row_stride = view.row_stride;
   params.out_row_stride = view.hidden;
   params.eps = static_cast<float>(eps);
-  runtime.launch(*kernel, view.rows, &params, stream);
+  launch_op(x, problem, view.rows, &params);
   return out;
 }
 

@@ -4,11 +4,10 @@
 
 #include <limits>
 
-#include "bindings/torch/cuda_context.h"
+#include "bindings/torch/launch_op.h"
 #include "bindings/torch/rope.h"
 #include "bindings/torch/tensor_checks.h"
 #include "cache/error.h"
-#include "jit/runtime.h"
 #include "templates/kiln/rope_params.cuh"
 #include "templates/rms_norm_rope_family.h"
 #include "templates/rope_family.h"
@@ -67,17 +66,6 @@ std::uint32_t alignment_of(std::initializer_list<const at::Tensor*> tensors) {
   return common_alignment({bits});
 }
 
-const jit::Kernel& resolve(const std::string& op, const at::Tensor& q, const Problem& problem,
-                           std::int64_t rows, jit::CUstream stream) {
-  try {
-    return jit::Runtime::get().kernel(q.get_device(), problem, rows, stream);
-  } catch (const ArgumentError& error) {
-    TORCH_CHECK_VALUE(false, error.what());
-  }
-  (void)op;
-  std::abort();
-}
-
 void fill_strides(long long* to, const at::Tensor& view, int count) {
   for (int i = 0; i < count; ++i) to[i] = view.stride(i);
 }
@@ -110,8 +98,6 @@ void rope_launch(const std::string& op, const RopeOperands& r, const at::Tensor&
   }
   problem.align = alignment_of({&q4, &k4, &q_out4, &k_out4, &r.cos3, &r.sin3});
 
-  const jit::CUstream stream = current_stream(q4.device());
-  const jit::Kernel& kernel = resolve(op, q4, problem, rows, stream);
   RopeParams p{};
   p.q = q4.data_ptr();
   p.k = k4.data_ptr();
@@ -137,7 +123,7 @@ void rope_launch(const std::string& op, const RopeOperands& r, const at::Tensor&
     fill_strides(p.cos_strides, r.cos3, 2);
     fill_strides(p.sin_strides, r.sin3, 2);
   }
-  jit::Runtime::get().launch(kernel, rows, &p, stream);
+  launch_op(q4, problem, rows, &p);
 }
 
 TensorPair rope_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
@@ -234,8 +220,6 @@ TensorPair rms_norm_rope_cuda(const at::Tensor& q, const at::Tensor& k, const at
   }
   problem.align = alignment_of({&qc, &kc, &qw, &kw, &q_out, &k_out, &cos3, &sin3});
 
-  const jit::CUstream stream = current_stream(q.device());
-  const jit::Kernel& kernel = resolve(op, q, problem, rows, stream);
   p.q = qc.data_ptr();
   p.k = kc.data_ptr();
   p.q_weight = qw.data_ptr();
@@ -249,7 +233,7 @@ TensorPair rms_norm_rope_cuda(const at::Tensor& q, const at::Tensor& k, const at
   fill_strides(p.q_out_strides, q_out, 2);
   fill_strides(p.k_out_strides, k_out, 2);
   p.eps = static_cast<float>(eps);
-  jit::Runtime::get().launch(kernel, rows, &p, stream);
+  launch_op(q, problem, rows, &p);
   return {q_out, k_out};
 }
 
