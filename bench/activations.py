@@ -9,7 +9,6 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 
 import torch
 import torch.nn.functional as F
@@ -90,7 +89,7 @@ def write_results(args, env, copy_gbs, rows, overhead, kiln):
     result = {"environment": env, "copy_gbs": copy_gbs, "activations_bf16": rows,
               "host_overhead_us": overhead, "kiln_settings": kiln.settings(),
               "kiln_device": kiln.device_info(0)}
-    stamp = f"{env['date']}-{env['device'].replace(' ', '_')}"
+    stamp = common.stamp(env)
     common.write_json(os.path.join(args.out, f"activations-{stamp}.json"), result)
 
     lines = [
@@ -126,14 +125,7 @@ def main():
     parser.add_argument("--forms", default="swiglu,swiglu_packed,gated_residual,geglu,gelu")
     args = parser.parse_args()
 
-    os.environ["KILN_CACHE_DIR"] = tempfile.mkdtemp(prefix="kiln-bench-")
-    import kiln
-
-    kiln.configure(cache_dir=os.environ["KILN_CACHE_DIR"])
-    import torch._dynamo
-    for name in ("cache_size_limit", "recompile_limit"):
-        if hasattr(torch._dynamo.config, name):
-            setattr(torch._dynamo.config, name, 1024)
+    kiln = common.fresh_kiln(1024)
     env = common.environment()
     copy_gbs = common.copy_bandwidth_gbs()
     tokens_list = QUICK_TOKENS if args.quick else TOKENS

@@ -7,6 +7,7 @@ import json
 import os
 import platform
 import subprocess
+import tempfile
 
 import torch
 
@@ -70,3 +71,23 @@ def write_json(path, document):
     with open(path, "w") as f:
         json.dump(document, f, indent=2)
         f.write("\n")
+
+
+def fresh_kiln(recompile_limit=1024):
+    """kiln on a fresh, empty cache (so each specialisation's first call is a true cold
+    start), with torch.compile allowed one static compile per shape, as a user with fixed
+    shapes gets (never the eager fallback). Returns the kiln module."""
+    os.environ["KILN_CACHE_DIR"] = tempfile.mkdtemp(prefix="kiln-bench-")
+    import kiln
+    import torch._dynamo
+
+    kiln.configure(cache_dir=os.environ["KILN_CACHE_DIR"])
+    for name in ("cache_size_limit", "recompile_limit"):
+        if hasattr(torch._dynamo.config, name):
+            setattr(torch._dynamo.config, name, recompile_limit)
+    return kiln
+
+
+def stamp(env):
+    """The date-device part of result file names: "2026-11-22-NVIDIA_H200"."""
+    return f"{env['date']}-{env['device'].replace(' ', '_')}"

@@ -16,7 +16,6 @@ import json
 import math
 import os
 import sys
-import tempfile
 
 import torch
 import torch.nn.functional as F
@@ -133,14 +132,7 @@ def main():
     parser.add_argument("--tag", default="", help="appended to the output file names")
     args = parser.parse_args()
 
-    os.environ["KILN_CACHE_DIR"] = tempfile.mkdtemp(prefix="kiln-bench-")
-    import kiln
-
-    kiln.configure(cache_dir=os.environ["KILN_CACHE_DIR"])
-    import torch._dynamo
-    for name in ("cache_size_limit", "recompile_limit"):
-        if hasattr(torch._dynamo.config, name):
-            setattr(torch._dynamo.config, name, 1024)
+    kiln = common.fresh_kiln(1024)
     hiddens = [int(v) for v in args.hidden.split(",")] if args.hidden else (QUICK_HIDDEN if args.quick else HIDDEN)
     row_counts = [int(v) for v in args.rows.split(",")] if args.rows else (QUICK_ROWS if args.quick else ROWS)
     ops = args.ops.split(",")
@@ -194,7 +186,7 @@ def main():
         }
     document = {"environment": env, "copy_gbs": copy_gbs, "results": results, "summary": summary,
                 "kiln_settings": kiln.settings()}
-    stamp = f"{env['date']}-{env['device'].replace(' ', '_')}{args.tag}"
+    stamp = f"{common.stamp(env)}{args.tag}"
     common.write_json(os.path.join(args.out, f"norms-{stamp}.json"), document)
 
     lines = [

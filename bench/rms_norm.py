@@ -8,7 +8,6 @@ Writes DIR/rms_norm.json and DIR/rms_norm.md; prints the table last."""
 import argparse
 import os
 import sys
-import tempfile
 import time
 
 import torch
@@ -63,16 +62,7 @@ def main():
     parser.add_argument("--quick", action="store_true", help="first three shapes only")
     args = parser.parse_args()
 
-    # A fresh cache, so each shape's first call is a true cold start.
-    os.environ["KILN_CACHE_DIR"] = tempfile.mkdtemp(prefix="kiln-bench-")
-    import kiln
-
-    kiln.configure(cache_dir=os.environ["KILN_CACHE_DIR"])
-    # One static compile per shape, as a user with fixed shapes gets (never the eager fallback).
-    import torch._dynamo
-    for name in ("cache_size_limit", "recompile_limit"):
-        if hasattr(torch._dynamo.config, name):
-            setattr(torch._dynamo.config, name, 256)
+    kiln = common.fresh_kiln(256)
     env = common.environment()
     copy_gbs = common.copy_bandwidth_gbs()
     rows = []
@@ -127,7 +117,7 @@ def main():
     result = {"environment": env, "copy_gbs": copy_gbs, "rms_norm_bf16": rows,
               "host_overhead_us": overhead, "kiln_settings": kiln.settings(),
               "kiln_device": kiln.device_info(0)}
-    stamp = f"{env['date']}-{env['device'].replace(' ', '_')}"
+    stamp = common.stamp(env)
     common.write_json(os.path.join(args.out, f"rms_norm-{stamp}.json"), result)
 
     lines = [

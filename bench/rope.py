@@ -11,7 +11,6 @@ import argparse
 import math
 import os
 import sys
-import tempfile
 
 import torch
 
@@ -195,13 +194,7 @@ def main():
     parser.add_argument("--out", default="bench/results")
     parser.add_argument("--quick", action="store_true", help="a subset of the grid")
     args = parser.parse_args()
-    os.environ["KILN_CACHE_DIR"] = tempfile.mkdtemp(prefix="kiln-bench-")
-    import kiln
-    kiln.configure(cache_dir=os.environ["KILN_CACHE_DIR"])
-    import torch._dynamo
-    for name in ("cache_size_limit", "recompile_limit"):
-        if hasattr(torch._dynamo.config, name):
-            setattr(torch._dynamo.config, name, 256)
+    kiln = common.fresh_kiln(256)
     env = common.environment()
     copy_gbs = common.copy_bandwidth_gbs()
     rows = []
@@ -226,7 +219,7 @@ def main():
     geomean = math.exp(sum(math.log(r["speedup_vs_best_peer"]) for r in rows) / len(rows))
     result = {"environment": env, "copy_gbs": copy_gbs, "rope_bf16": rows,
               "geomean_speedup_vs_best_peer": geomean, "kiln_settings": kiln.settings()}
-    stamp = f"{env['date']}-{env['device'].replace(' ', '_')}"
+    stamp = common.stamp(env)
     common.write_json(os.path.join(args.out, f"rope-{stamp}.json"), result)
     lines = [
         f"RoPE bf16, {env['device']} ({env['sm']}), {env['date']}, torch {env['versions']['torch']}, "
