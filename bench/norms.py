@@ -16,6 +16,7 @@ import json
 import math
 import os
 import sys
+import time
 
 import torch
 import torch.nn.functional as F
@@ -145,7 +146,6 @@ def main():
             for rows in row_counts:
                 fn, peers, eager, moved = make_case(op, rows, hidden, kiln)
                 compiled = torch.compile(eager, dynamic=False)
-                import time
                 started = time.time() - 1
                 with torch.no_grad():
                     fn()  # compile + tune outside the timing
