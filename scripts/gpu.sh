@@ -16,6 +16,15 @@ step "machine"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv
 python3 -c "import sys, torch, triton; print(sys.version.split()[0], torch.__version__, 'triton', triton.__version__)"
 
+step "optional packages"
+# Pure-Python wheels the GPU machine lacks (diffusers, kernels) travel in .deps/wheels,
+# fetched with `pip download --no-deps`; tests that need them skip where they are absent.
+for wheel in .deps/wheels/*.whl; do
+  [ -e "$wheel" ] || continue
+  python3 -m pip install --root-user-action=ignore --no-index --no-deps -q "$wheel" \
+    && echo "installed $(basename "$wheel")" || echo "could not install $(basename "$wheel")"
+done
+
 step "build and install"
 start=$(date +%s)
 python3 -m pip install --no-build-isolation --no-deps -q . >"$OUT/build.log" 2>&1 \
