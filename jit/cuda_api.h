@@ -146,6 +146,8 @@ using PFN_cuMemFree = CUresult (*)(CUdeviceptr pointer);
 using PFN_cuMemcpyHtoD = CUresult (*)(CUdeviceptr destination, const void* source,
                                       std::size_t bytes);
 using PFN_cuMemcpyDtoH = CUresult (*)(void* destination, CUdeviceptr source, std::size_t bytes);
+using PFN_cuMemcpyDtoDAsync = CUresult (*)(CUdeviceptr destination, CUdeviceptr source,
+                                           std::size_t bytes, CUstream stream);
 using PFN_cuMemsetD8 = CUresult (*)(CUdeviceptr destination, unsigned char value,
                                     std::size_t count);
 using PFN_cuMemsetD8Async = CUresult (*)(CUdeviceptr destination, unsigned char value,

@@ -61,6 +61,7 @@ std::unique_ptr<Driver> open_driver() {
   resolve(library, d->cuMemFree, {"cuMemFree_v2"});
   resolve(library, d->cuMemcpyHtoD, {"cuMemcpyHtoD_v2"});
   resolve(library, d->cuMemcpyDtoH, {"cuMemcpyDtoH_v2"});
+  resolve(library, d->cuMemcpyDtoDAsync, {"cuMemcpyDtoDAsync_v2"});
   resolve(library, d->cuMemsetD8, {"cuMemsetD8_v2"});
   resolve(library, d->cuMemsetD8Async, {"cuMemsetD8Async"});
   resolve(library, d->cuStreamCreate, {"cuStreamCreate"});

@@ -40,6 +40,7 @@ struct Driver {
   PFN_cuMemFree cuMemFree = nullptr;
   PFN_cuMemcpyHtoD cuMemcpyHtoD = nullptr;
   PFN_cuMemcpyDtoH cuMemcpyDtoH = nullptr;
+  PFN_cuMemcpyDtoDAsync cuMemcpyDtoDAsync = nullptr;
   PFN_cuMemsetD8 cuMemsetD8 = nullptr;
   PFN_cuMemsetD8Async cuMemsetD8Async = nullptr;
 

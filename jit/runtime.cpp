@@ -16,13 +16,19 @@
 #include "cache/manifest.h"
 #include "cache/tuning_db.h"
 #include "jit/compiler.h"
+#include "jit/copy_bandwidth.h"
 #include "jit/device_probe.h"
 #include "jit/evaluator.h"
 #include "jit/launch.h"
 #include "jit/module.h"
 #include "jit/nvrtc.h"
 #include "jit/prewarm.h"
+#include "jit/tuning_pin.h"
 #include "jit/tuning_record.h"
+
+#ifndef KILN_VERSION
+#define KILN_VERSION "unknown"
+#endif
 
 namespace kiln::jit {
 namespace {
@@ -85,6 +91,17 @@ struct Runtime::Impl {
   std::optional<int> count;
   std::map<int, std::unique_ptr<DeviceInfo>> devices;
 
+  // Measured once per device and process, when its first tuning result is stored (under
+  // resolve_mutex): the ceiling `kiln report` compares candidates with.
+  std::map<int, std::optional<double>> copy_bandwidth_gbs;
+
+  std::optional<double> copy_bandwidth(const DeviceInfo& info) {
+    auto it = copy_bandwidth_gbs.find(info.ordinal);
+    if (it == copy_bandwidth_gbs.end())
+      it = copy_bandwidth_gbs.emplace(info.ordinal, measure_copy_bandwidth_gbs(info)).first;
+    return it->second;
+  }
+
   // (problem, arch) already appended to the KILN_RECORD manifest by this process.
   std::mutex recorded_mutex;
   std::set<std::pair<std::string, int>> recorded;
@@ -135,19 +152,36 @@ struct Runtime::Impl {
     const std::string fingerprint = info.fingerprint();
     const std::string problem_key = key.problem.key();
     TuningDb db(settings.cache_dir, settings.cache_mode);
+    // A winner measured with other kiln or NVRTC versions is tuned again where tuning is
+    // possible and kept otherwise: it is still a better guess than the heuristic.
+    std::optional<Config> stale;
     if (auto document = db.load(fingerprint, problem_key, key.bucket)) {
       std::string why;
       if (auto winner = usable_winner(*document, family, key.problem, traits, why)) {
-        ++tuning_hits;
-        return *winner;
+        const std::string stale_why =
+            stale_reason(*document, KILN_VERSION, nvrtc().version_string());
+        if (stale_why.empty() || settings.cache_mode != CacheMode::rw) {
+          ++tuning_hits;
+          return *winner;
+        }
+        log::info("kiln: tuning result for " + where(key) + " " + stale_why +
+                  ": tuning again (`kiln tune pin` keeps a result)");
+        stale = winner;
+      } else {
+        log::info("kiln: tuning result for " + where(key) + " not used: " + why);
       }
-      log::info("kiln: tuning result for " + where(key) + " not used: " + why);
     }
+    const auto fallback = [&](const Config& heuristic) {
+      if (!stale) return heuristic;
+      ++tuning_hits;
+      heuristic_only = false;
+      return *stale;
+    };
 
     heuristic_only = true;
     // A pre-warmed fleet: the config whose binary `kiln prewarm` stored for this arch serves
     // at once, so the request path neither tunes nor compiles (see jit/prewarm.h).
-    if (use_prewarm) {
+    if (use_prewarm && !stale) {
       if (auto record = db.load(prewarm_device(info.sm()), problem_key, kPrewarmBucket)) {
         std::string why;
         if (auto config = usable_winner(*record, family, key.problem, traits, why)) {
@@ -158,7 +192,7 @@ struct Runtime::Impl {
       }
     }
     const Config heuristic = family.heuristic(key.problem, traits);
-    if (settings.tune_mode == TuneMode::off) return heuristic;
+    if (settings.tune_mode == TuneMode::off) return fallback(heuristic);
     if (settings.cache_mode == CacheMode::strict) {
       // A strict fleet never compiles; its prewarmed heuristic binary is what it has.
       log::info("kiln: KILN_CACHE=strict and no tuning result for " + where(key) +
@@ -169,7 +203,7 @@ struct Runtime::Impl {
       log::info("kiln: " + where(key) +
                 " first seen while a CUDA graph is being captured: using the heuristic config " +
                 heuristic.key() + " without tuning (not stored)");
-      return heuristic;
+      return fallback(heuristic);
     }
     try {
       GpuEvaluator evaluator(info, store);
@@ -179,13 +213,13 @@ struct Runtime::Impl {
       binary_hits += evaluator.binary_hits();
       ++tunes;
       db.store(fingerprint, problem_key, key.bucket,
-               tuning_document(result, info, nvrtc().version_string()));
+               tuning_document(result, info, nvrtc().version_string(), copy_bandwidth(info)));
       heuristic_only = false;
       return result.winner;
     } catch (const Error& error) {
       log::warn("kiln: tuning " + where(key) + " failed; using the heuristic config " +
                 heuristic.key() + " (not stored): " + error.message());
-      return heuristic;
+      return fallback(heuristic);
     }
   }
 };

@@ -1,11 +1,13 @@
 #include "jit/tuning_bundle.h"
 
+#include <set>
 #include <string>
 
 #include "cache/error.h"
 #include "cache/file_io.h"
 #include "cache/tuning_db.h"
 #include "jit/prewarm.h"
+#include "jit/tuning_pin.h"
 #include "templates/family.h"
 #include "tuner/tuner.h"
 
@@ -171,7 +173,8 @@ TuneTransfer export_tuning(const std::filesystem::path& root, const std::filesys
   return transfer;
 }
 
-TuneTransfer import_tuning(const std::filesystem::path& root, const std::filesystem::path& bundle) {
+TuneTransfer import_tuning(const std::filesystem::path& root, const std::filesystem::path& bundle,
+                           bool pin) {
   constexpr const char* kWhat = "kiln tune import";
   const json document = read_json_file(bundle, kWhat);
   if (!document.is_object() || document.value("format", "") != kTuneBundleFormat) {
@@ -188,14 +191,29 @@ TuneTransfer import_tuning(const std::filesystem::path& root, const std::filesys
   }
   TuneTransfer transfer;
   TuningDb db(root, CacheMode::rw);
+  // Read as the report reads, so that the check counts no cache hits or misses.
+  std::set<std::string> pinned_here;
+  for (const report::StoredDocument& stored : read_tuning_documents(root)) {
+    if (!stored.document.is_discarded() && is_pinned(stored.document))
+      pinned_here.insert(entry_name(stored.device, stored.problem, stored.bucket));
+  }
   for (const json& entry : document["entries"]) {
     if (std::string why = invalid_entry_reason(entry); !why.empty()) {
       ++transfer.skipped_invalid;
       transfer.problems.push_back(entry_name(entry) + ": " + why);
       continue;
     }
-    if (db.store(entry["device"].get<std::string>(), entry["problem"].get<std::string>(),
-                 entry["bucket"].get<std::int64_t>(), entry["document"])) {
+    const auto device = entry["device"].get<std::string>();
+    const auto problem = entry["problem"].get<std::string>();
+    const auto bucket = entry["bucket"].get<std::int64_t>();
+    if (pinned_here.contains(entry_name(device, problem, bucket))) {
+      ++transfer.kept_pinned;
+      transfer.problems.push_back(entry_name(entry) + ": pinned here, kept (unpin it to replace)");
+      continue;
+    }
+    json document = entry["document"];
+    if (pin) document["pinned"] = true;
+    if (db.store(device, problem, bucket, document)) {
       ++transfer.written;
     } else {
       ++transfer.failed;

@@ -42,6 +42,7 @@ struct TuneTransfer {
   std::uint64_t written = 0;          // exported to the bundle, or imported into the cache
   std::uint64_t skipped_invalid = 0;  // failed validation
   std::uint64_t failed = 0;           // import only: valid, but the cache could not store it
+  std::uint64_t kept_pinned = 0;      // import only: the cache's own result is pinned
   std::vector<std::string> problems;  // "<device>/<problem>.r<bucket>: <why>" per skip/failure
 };
 
@@ -49,6 +50,9 @@ struct TuneTransfer {
 // to the bundle file `bundle`, atomically.
 TuneTransfer export_tuning(const std::filesystem::path& root, const std::filesystem::path& bundle,
                            std::string_view device = {});
-TuneTransfer import_tuning(const std::filesystem::path& root, const std::filesystem::path& bundle);
+// `pin`: the imported results are pinned (see jit/tuning_pin.h). A result pinned in the cache
+// is never replaced by an import.
+TuneTransfer import_tuning(const std::filesystem::path& root, const std::filesystem::path& bundle,
+                           bool pin = false);
 
 }  // namespace kiln::jit

@@ -13,7 +13,8 @@ std::string driver_version_string(int version) {
 }
 
 nlohmann::json tuning_document(const TuneResult& result, const DeviceInfo& device,
-                               const std::string& nvrtc_version) {
+                               const std::string& nvrtc_version,
+                               std::optional<double> copy_bandwidth_gbs) {
   nlohmann::json document = result;
   document["versions"] = {
       {"kiln", KILN_VERSION},
@@ -29,6 +30,7 @@ nlohmann::json tuning_document(const TuneResult& result, const DeviceInfo& devic
       {"l2_bytes", device.l2_bytes},
       {"bandwidth_gbs", device.datasheet_bandwidth_gbs()},
   };
+  if (copy_bandwidth_gbs) document["device"]["copy_bandwidth_gbs"] = *copy_bandwidth_gbs;
   return document;
 }
 

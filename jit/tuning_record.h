@@ -17,9 +17,11 @@ namespace kiln::jit {
 std::string driver_version_string(int version);
 
 // The TuneResult's JSON plus "versions": {"kiln", "nvrtc", "driver"} and "device": {"name",
-// "fingerprint", "sm", "sm_count", "memory_bytes", "l2_bytes", "bandwidth_gbs"}.
+// "fingerprint", "sm", "sm_count", "memory_bytes", "l2_bytes", "bandwidth_gbs" (datasheet),
+// "copy_bandwidth_gbs" (measured; only when it could be)}.
 nlohmann::json tuning_document(const TuneResult& result, const DeviceInfo& device,
-                               const std::string& nvrtc_version);
+                               const std::string& nvrtc_version,
+                               std::optional<double> copy_bandwidth_gbs = std::nullopt);
 
 // The stored winner, when the document has a readable one that the family still accepts for
 // the problem on the device (a family update may have narrowed its space); nullopt otherwise,

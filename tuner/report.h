@@ -22,6 +22,7 @@
 //        "heuristic": str, "winner": str (config keys), "reason": str, "tune_ms": num|null,
 //        "winner_median_us": num|null, "heuristic_median_us": num|null,
 //        "winner_gbs": num|null, "speedup_over_heuristic": num|null,
+//        "pinned": bool                      (kept whatever the versions; `kiln tune pin`),
 //        "candidates": [{
 //          "config": str, "config_fields": {...Config JSON}, "status": str,
 //          "median_us": num|null, "spread_us": num|null, "compile_ms": num|null,

@@ -139,9 +139,11 @@ void render_result(std::string& out, const json& result) {
   out += "<section class=\"result\">\n<h3>" + str(result.at("problem_key")) + ", " +
          escape(detail::bucket_label(result)) + "</h3>\n";
   out += "<p class=\"summary\">mode " + str(result.at("mode")) + "; winner <code>" +
-         str(result.at("winner")) + "</code> (" + fixed(result.at("winner_median_us"), 2) +
-         " us, " + fixed(result.at("winner_gbs"), 1) + " GB/s); heuristic <code>" +
-         str(result.at("heuristic")) + "</code> (" + fixed(result.at("heuristic_median_us"), 2) +
+         str(result.at("winner")) + "</code>" +
+         (result.value("pinned", false) ? " <span class=\"pinned\">(pinned)</span>" : "") + " (" +
+         fixed(result.at("winner_median_us"), 2) + " us, " + fixed(result.at("winner_gbs"), 1) +
+         " GB/s); heuristic <code>" + str(result.at("heuristic")) + "</code> (" +
+         fixed(result.at("heuristic_median_us"), 2) +
          " us); speedup over the heuristic <strong class=\"speedup\">" +
          times(result.at("speedup_over_heuristic")) + "</strong>; tuned in " +
          fixed(result.at("tune_ms"), 0) + " ms.</p>\n";

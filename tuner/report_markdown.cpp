@@ -52,9 +52,10 @@ void render_result(std::string& out, const json& result) {
   out += "### " + result.at("problem_key").get<std::string>() + ", " +
          detail::bucket_label(result) + "\n\n";
   out += "mode " + result.at("mode").get<std::string>() + "; winner `" +
-         result.at("winner").get<std::string>() + "` (" + fixed(result.at("winner_median_us"), 2) +
-         " us, " + fixed(result.at("winner_gbs"), 1) + " GB/s); heuristic `" +
-         result.at("heuristic").get<std::string>() + "` (" +
+         result.at("winner").get<std::string>() + "`" +
+         (result.value("pinned", false) ? " (pinned)" : "") + " (" +
+         fixed(result.at("winner_median_us"), 2) + " us, " + fixed(result.at("winner_gbs"), 1) +
+         " GB/s); heuristic `" + result.at("heuristic").get<std::string>() + "` (" +
          fixed(result.at("heuristic_median_us"), 2) + " us); speedup over the heuristic " +
          times(result.at("speedup_over_heuristic")) + "; tuned in " +
          fixed(result.at("tune_ms"), 0) + " ms; " +

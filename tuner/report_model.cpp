@@ -204,7 +204,9 @@ json build(const std::vector<StoredDocument>& documents, const Filter& filter) {
     const json copy_gbs = positive_number(field(stored.document, "device", "copy_bandwidth_gbs"));
     if (group.copy_gbs.is_null()) group.copy_gbs = copy_gbs;
     if (std::isfinite(result.tune_ms)) group.tune_ms += result.tune_ms;
-    group.results.push_back(result_json(result, copy_gbs));
+    json result_model = result_json(result, copy_gbs);
+    result_model["pinned"] = stored.document.value("pinned", false);
+    group.results.push_back(std::move(result_model));
   }
 
   json devices = json::array();

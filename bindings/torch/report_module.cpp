@@ -8,6 +8,7 @@
 #include "cache/error.h"
 #include "jit/runtime.h"
 #include "jit/tuning_bundle.h"
+#include "jit/tuning_pin.h"
 
 namespace py = pybind11;
 
@@ -40,6 +41,7 @@ py::dict transfer_dict(const jit::TuneTransfer& transfer, const char* written) {
   d[written] = transfer.written;
   d["skipped_invalid"] = transfer.skipped_invalid;
   d["failed"] = transfer.failed;
+  d["kept_pinned"] = transfer.kept_pinned;
   d["problems"] = transfer.problems;
   return d;
 }
@@ -56,14 +58,36 @@ py::dict tune_export(const std::string& bundle, const py::object& device,
   return transfer_dict(transfer, "exported");
 }
 
-py::dict tune_import(const std::string& bundle, const py::object& cache_dir) {
+py::dict tune_import(const std::string& bundle, const py::object& cache_dir, bool pin) {
   const auto root = root_of(cache_dir);
   jit::TuneTransfer transfer;
   {
     py::gil_scoped_release unlocked;
-    transfer = jit::import_tuning(root, bundle);
+    transfer = jit::import_tuning(root, bundle, pin);
   }
   return transfer_dict(transfer, "imported");
+}
+
+py::dict tune_pin(bool pin, const py::object& device, const py::object& op,
+                  const py::object& problem, const py::object& bucket, const py::object& config,
+                  const py::object& cache_dir) {
+  jit::PinRequest request;
+  request.pin = pin;
+  request.device = text_or_empty(device);
+  request.op = text_or_empty(op);
+  request.problem = text_or_empty(problem);
+  if (!bucket.is_none()) request.bucket = bucket.cast<std::int64_t>();
+  request.config = text_or_empty(config);
+  const auto root = root_of(cache_dir);
+  jit::PinOutcome outcome;
+  {
+    py::gil_scoped_release unlocked;
+    outcome = jit::set_pinned(root, request);
+  }
+  py::dict d;
+  d["changed"] = outcome.changed;
+  d["unchanged"] = outcome.unchanged;
+  return d;
 }
 
 }  // namespace
@@ -73,7 +97,10 @@ void add_report_functions(py::module_& m) {
         py::arg("op") = py::none(), py::arg("cache_dir") = py::none());
   m.def("tune_export", &tune_export, py::arg("bundle"), py::arg("device") = py::none(),
         py::arg("cache_dir") = py::none());
-  m.def("tune_import", &tune_import, py::arg("bundle"), py::arg("cache_dir") = py::none());
+  m.def("tune_import", &tune_import, py::arg("bundle"), py::arg("cache_dir") = py::none(),
+        py::arg("pin") = false);
+  m.def("tune_pin", &tune_pin, py::arg("pin"), py::arg("device"), py::arg("op"), py::arg("problem"),
+        py::arg("bucket"), py::arg("config"), py::arg("cache_dir"));
 }
 
 }  // namespace kiln::python

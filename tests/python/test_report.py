@@ -254,3 +254,62 @@ def test_cli_report_and_tune(database, tmp_path):
     bundle.write_text("[]")
     out = run("tune", "import", str(bundle))
     assert out.returncode == 2 and '"format"' in out.stderr
+
+
+def stored(database, device, key, bucket):
+    return json.loads(next((database / "v1" / "tune" / device).glob(f"{key}.r{bucket}.json"))
+                      .read_text())
+
+
+def test_pin_choose_and_unpin_from_python(database):
+    report = json.loads(kiln.report("json", device=H100, op="rms_norm", cache_dir=str(database)))
+    result = report["devices"][0]["results"][0]
+    assert result["pinned"] is False
+    chosen = result["heuristic"]
+    out = kiln.tune_pin(device=H100, problem=RMS_NORM_KEY, bucket=result["bucket_rows"],
+                        config=chosen, cache_dir=str(database))
+    assert len(out["changed"]) == 1 and out["unchanged"] == []
+    document = stored(database, H100, RMS_NORM_KEY, result["bucket_rows"])
+    assert document["pinned"] is True
+    assert "pinned by hand" in document["reason"]
+    again = json.loads(kiln.report("json", device=H100, op="rms_norm", cache_dir=str(database)))
+    assert again["devices"][0]["results"][0]["winner"] == chosen
+    assert again["devices"][0]["results"][0]["pinned"] is True
+    assert "(pinned)" in kiln.report("md", device=H100, op="rms_norm", cache_dir=str(database))
+
+    out = kiln.tune_unpin(op="rms_norm", cache_dir=str(database))
+    assert len(out["changed"]) == 1 and len(out["unchanged"]) >= 1
+    assert "pinned" not in stored(database, H100, RMS_NORM_KEY, result["bucket_rows"])
+
+    with pytest.raises(RuntimeError, match="no tuning result"):
+        kiln.tune_pin(device="A100", cache_dir=str(database))
+    with pytest.raises(RuntimeError, match="results match"):
+        kiln.tune_pin(op="rms_norm", config=chosen, cache_dir=str(database))
+
+
+def test_cli_pin_and_import_keep_pinned(database, tmp_path):
+    cli = kiln_cli()
+
+    def run(*args):
+        env = dict(os.environ, KILN_CACHE_DIR=str(database))
+        return subprocess.run([cli, *args], env=env, capture_output=True, text=True, timeout=120)
+
+    out = run("tune", "pin", "--op", "swiglu")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.count("pinned ") >= 1 and SWIGLU_KEY in out.stdout
+    bundle, other = tmp_path / "b.json", tmp_path / "other"
+    assert run("tune", "export", str(bundle)).returncode == 0
+    # Imported with --pin into an empty cache: every result arrives pinned.
+    out = run("tune", "--cache-dir", str(other), "import", "--pin", str(bundle))
+    assert out.returncode == 0, out.stderr
+    docs = [json.loads(p.read_text()) for p in other.rglob("*.json")]
+    assert docs and all(d.get("pinned") is True for d in docs if d.get("source") != "prewarm")
+    # Imported into the source cache, whose swiglu results are pinned: those are kept.
+    out = run("tune", "import", str(bundle))
+    assert out.returncode == 0, out.stderr
+    assert "kept" in out.stdout and "pinned" in out.stdout
+    out = run("tune", "unpin", "--op", "swiglu", "--bucket", "1024")
+    assert out.returncode == 0, out.stderr
+    assert "unpinned" in out.stdout
+    bad = run("tune", "pin", "--op", "rmsnorm")
+    assert bad.returncode != 0 and "--op" in bad.stderr

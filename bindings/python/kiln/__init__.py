@@ -17,7 +17,7 @@ from . import _fakes_activation  # noqa: F401
 from ._api import compile, configure, device_count, device_info, settings, stats
 from ._api import (cache_clear, cache_export, cache_import, cache_ls, cache_stats, cache_trim,
                    cache_verify, prewarm)
-from ._api import report, tune_export, tune_import
+from ._api import report, tune_export, tune_import, tune_pin, tune_unpin
 from .ops import rms_norm
 from .norm_ops import ada_values, adaln, fused_add_rms_norm, fused_add_rms_norm_, gated_adaln, layer_norm
 from .activation_ops import gated_residual, gated_residual_, geglu, gelu, swiglu
@@ -53,6 +53,8 @@ __all__ = [
     "report",
     "tune_export",
     "tune_import",
+    "tune_pin",
+    "tune_unpin",
     "rms_norm",
     "swiglu",
     "geglu",

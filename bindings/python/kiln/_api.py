@@ -126,7 +126,27 @@ def tune_export(file: str, device: Optional[str] = None, cache_dir: Optional[str
     return _C.tune_export(str(file), device, None if cache_dir is None else str(cache_dir))
 
 
-def tune_import(file: str, cache_dir: Optional[str] = None) -> dict:
-    """Validates each entry of a bundle written by tune_export and stores the valid ones;
-    returns the counts (imported, skipped_invalid, failed) and why each was skipped."""
-    return _C.tune_import(str(file), None if cache_dir is None else str(cache_dir))
+def tune_import(file: str, cache_dir: Optional[str] = None, pin: bool = False) -> dict:
+    """Validates each entry of a bundle written by tune_export and stores the valid ones
+    (pinned, with ``pin``); returns the counts (imported, skipped_invalid, failed,
+    kept_pinned) and why each was skipped. A result pinned in the cache is never replaced."""
+    return _C.tune_import(str(file), None if cache_dir is None else str(cache_dir), bool(pin))
+
+
+def tune_pin(device: Optional[str] = None, op: Optional[str] = None, problem: Optional[str] = None,
+             bucket: Optional[int] = None, config: Optional[str] = None,
+             cache_dir: Optional[str] = None) -> dict:
+    """Pins the selected tuning results: they are used whatever kiln or NVRTC version runs
+    (an unpinned result measured with other versions is tuned again) and never replaced by a
+    tune or an import. ``config`` (one result only): make that measured candidate the winner,
+    e.g. one chosen from ``kiln.report()``. Returns the entries changed and unchanged."""
+    return _C.tune_pin(True, device, op, problem, bucket, config,
+                       None if cache_dir is None else str(cache_dir))
+
+
+def tune_unpin(device: Optional[str] = None, op: Optional[str] = None,
+               problem: Optional[str] = None, bucket: Optional[int] = None,
+               cache_dir: Optional[str] = None) -> dict:
+    """Unpins the selected tuning results (see tune_pin)."""
+    return _C.tune_pin(False, device, op, problem, bucket, None,
+                       None if cache_dir is None else str(cache_dir))

@@ -13,6 +13,7 @@
 
 #include "cache/error.h"
 #include "cache/tuning_db.h"
+#include "jit/copy_bandwidth.h"
 #include "jit/device_memory.h"
 #include "jit/device_probe.h"
 #include "jit/driver.h"
@@ -137,6 +138,18 @@ TEST_CASE("GPU: the probe describes device 0") {
   CHECK_THROWS_AS(probe_device(device_count()), Error);
 }
 
+TEST_CASE("GPU: the copy bandwidth measures as a fraction of the datasheet's, repeatably") {
+  if (!have_gpu()) return;
+  const DeviceInfo info = probe_device(0);
+  const auto first = measure_copy_bandwidth_gbs(info);
+  const auto second = measure_copy_bandwidth_gbs(info);
+  REQUIRE(first);
+  REQUIRE(second);
+  MESSAGE("copy " << *first << " and " << *second << " GB/s");
+  CHECK(*first > 0.3 * info.datasheet_bandwidth_gbs());
+  CHECK(std::abs(*first - *second) < 0.1 * *first);
+}
+
 TEST_CASE("GPU: heuristic kernels of every specialisation class compute RMSNorm") {
   if (!have_gpu()) return;
   ScratchDir dir;
@@ -233,6 +246,13 @@ TEST_CASE("GPU: the runtime tunes once, stores it, and later resolves from disk"
   CHECK(document->at("winner").get<Config>() == tuned.config);
   CHECK(document->at("versions").contains("nvrtc"));
   CHECK(document->at("device").at("fingerprint") == info.fingerprint());
+  // The report's ceiling: a measured copy, below the datasheet and well above nothing.
+  REQUIRE(document->at("device").contains("copy_bandwidth_gbs"));
+  const double copy_gbs = document->at("device").at("copy_bandwidth_gbs").get<double>();
+  MESSAGE("copy bandwidth " << copy_gbs << " GB/s of " << info.datasheet_bandwidth_gbs()
+                            << " datasheet");
+  CHECK(copy_gbs > 0.3 * info.datasheet_bandwidth_gbs());
+  CHECK(copy_gbs < 1.05 * info.datasheet_bandwidth_gbs());
   MESSAGE("tuned " << problem.key() << ": " << document->at("reason").get<std::string>());
 
   // Same bucket: a hot hit, the same kernel object.
@@ -272,6 +292,43 @@ TEST_CASE("GPU: the runtime tunes once, stores it, and later resolves from disk"
   CHECK(after_warm.compiles == after_tune.compiles);
   CHECK(warm.config == tuned.config);
   CHECK(warm.binary_key == tuned.binary_key);
+}
+
+TEST_CASE("GPU: a result from another kiln version is tuned again, unless it is pinned") {
+  if (!have_gpu()) return;
+  ScratchDir dir;
+  Runtime& runtime = Runtime::get();
+  runtime.set_settings(test_settings(dir.path(), TuneMode::fast));
+  ScopedContext context(0);
+  Stream stream;
+  const Problem problem = rms_problem(DType::bf16, false, 2560);
+  const std::int64_t rows = 500;  // bucket 512
+  runtime.kernel(0, problem, rows, stream.get());
+  const DeviceInfo& info = runtime.device(0);
+  TuningDb db(dir.path(), CacheMode::rw);
+  auto document = db.load(info.fingerprint(), problem.key(), 512);
+  REQUIRE(document);
+
+  // As if an older kiln had measured it.
+  (*document)["versions"]["kiln"] = "0.0.0-older";
+  REQUIRE(db.store(info.fingerprint(), problem.key(), 512, *document));
+  runtime.forget_kernels();
+  RuntimeStats before = runtime.stats();
+  runtime.kernel(0, problem, rows, stream.get());
+  CHECK(runtime.stats().tunes == before.tunes + 1);
+  const auto retuned = db.load(info.fingerprint(), problem.key(), 512);
+  REQUIRE(retuned);
+  CHECK(retuned->at("versions").at("kiln") != "0.0.0-older");
+
+  // Pinned, the old result is used as it is.
+  (*document)["pinned"] = true;
+  REQUIRE(db.store(info.fingerprint(), problem.key(), 512, *document));
+  runtime.forget_kernels();
+  before = runtime.stats();
+  const Kernel& pinned = runtime.kernel(0, problem, rows, stream.get());
+  CHECK(runtime.stats().tunes == before.tunes);
+  CHECK(runtime.stats().tuning_hits == before.tuning_hits + 1);
+  CHECK(pinned.config == document->at("winner").get<Config>());
 }
 
 TEST_CASE("GPU: a kernel first asked for during graph capture uses the heuristic, untuned") {

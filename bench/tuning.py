@@ -1,0 +1,207 @@
+"""The autotuner's own benchmark: a `full` and a `fast` tune of the same problems (RMSNorm with
+a weight and SwiGLU, hidden 4096, bf16, over the benchmark grid's row counts), each on a fresh
+cache, then the three configs that result per problem (heuristic, fast winner, full winner)
+timed side by side through the ops, in one process.
+
+What it records, per op and row count:
+- the tune itself: candidates measured, tune time (the tuner's clock) and the cold first call
+  (compile and tune included, wall clock), for both modes;
+- fast vs full: the fast winner's median as measured inside the full tune (the same
+  measurement session as the full winner's) and as an op call beside the full winner's;
+- tuned vs heuristic: the same two ways.
+The full tune's report goes beside it as JSON and HTML (`kiln report`), with the copy
+bandwidth kiln measured on the device.
+
+Usage: python bench/tuning.py [--out DIR] [--quick] [--ops rms_norm,swiglu] [--hidden 4096]
+Writes DIR/tuning-<date>-<device>.{json,md} and DIR/tune-report-<date>-<device>.{json,html}."""
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+import common  # noqa: E402
+
+ROWS = [1, 128, 2688, 8192, 32768]
+QUICK_ROWS = [128, 8192]
+FAST_WITHIN = 0.03  # the issue's bar: fast's winner within 3% of full's
+
+
+def make_call(kiln, op, rows, hidden):
+    def r(*shape):
+        return torch.randn(shape, device="cuda", dtype=torch.bfloat16)
+
+    if op == "rms_norm":
+        x, w = r(rows, hidden), r(hidden)
+        return lambda: kiln.rms_norm(x, w, 1e-6)
+    if op == "swiglu":
+        gate, up = r(rows, hidden), r(rows, hidden)
+        return lambda: kiln.swiglu(gate, up)
+    raise SystemExit(f"bench/tuning.py: --ops: expected rms_norm or swiglu, got {op!r}")
+
+
+def tune_all(kiln, mode, ops, rows_list, hidden):
+    """A fresh cache tuned in `mode` by first op calls; returns (cache dir, cold seconds)."""
+    cache = tempfile.mkdtemp(prefix=f"kiln-tune-{mode}-")
+    kiln.configure(cache_dir=cache, tune=mode)
+    cold = {}
+    for op in ops:
+        for rows in rows_list:
+            call = make_call(kiln, op, rows, hidden)
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            call()
+            torch.cuda.synchronize()
+            cold[(op, rows)] = time.perf_counter() - start
+    return cache, cold
+
+
+def results_by_key(report):
+    """(op, bucket) -> the report's result for it (one device)."""
+    out = {}
+    for device in report["devices"]:
+        for result in device["results"]:
+            out[(result["op"], result["bucket_rows"])] = result
+    return out
+
+
+def candidate_us(result, config_key):
+    for candidate in result["candidates"]:
+        if candidate["config"] == config_key and candidate["status"] == "ok":
+            return candidate["median_us"]
+    return None
+
+
+def time_configs(kiln, caches, op, rows, hidden):
+    """Median us of the op with each cache's stored config, interleaved so that drift in the
+    GPU's clocks falls on all of them alike."""
+    samples = {label: [] for label in caches}
+    for _ in range(3):
+        for label, cache in caches.items():
+            kiln.configure(cache_dir=cache, tune="off")
+            call = make_call(kiln, op, rows, hidden)
+            call()
+            samples[label].append(common.bench_ms(call, warmup=10, rep=50) * 1e3)
+    return {label: sorted(values)[1] for label, values in samples.items()}
+
+
+def bucket_of(rows):
+    bucket = 1
+    while bucket < rows and bucket < (1 << 16):
+        bucket *= 2
+    return bucket
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default="bench/results/latest")
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--ops", default="rms_norm,swiglu")
+    parser.add_argument("--hidden", type=int, default=4096)
+    args = parser.parse_args()
+    ops = [op for op in args.ops.split(",") if op]
+    rows_list = QUICK_ROWS if args.quick else ROWS
+
+    kiln = common.fresh_kiln()
+    env = common.environment()
+    env["kiln"] = kiln.__version__
+    copy_gbs = common.copy_bandwidth_gbs()
+
+    full_cache, full_cold = tune_all(kiln, "full", ops, rows_list, args.hidden)
+    fast_cache, fast_cold = tune_all(kiln, "fast", ops, rows_list, args.hidden)
+    heuristic_cache = tempfile.mkdtemp(prefix="kiln-tune-heuristic-")
+    full = json.loads(kiln.report("json", cache_dir=full_cache))
+    fast = json.loads(kiln.report("json", cache_dir=fast_cache))
+    full_results, fast_results = results_by_key(full), results_by_key(fast)
+
+    rows_out = []
+    for op in ops:
+        for rows in rows_list:
+            bucket = bucket_of(rows)
+            f, q = full_results[(op, bucket)], fast_results[(op, bucket)]
+            fast_in_full = candidate_us(f, q["winner"])
+            timed = time_configs(kiln, {"heuristic": heuristic_cache, "fast": fast_cache,
+                                        "full": full_cache}, op, rows, args.hidden)
+            rows_out.append({
+                "op": op, "rows": rows, "bucket": bucket,
+                "full": {"winner": f["winner"], "candidates": len(f["candidates"]),
+                         "tune_ms": f["tune_ms"], "cold_s": full_cold[(op, rows)],
+                         "winner_us": f["winner_median_us"],
+                         "heuristic_us": f["heuristic_median_us"],
+                         "speedup_over_heuristic": f["speedup_over_heuristic"]},
+                "fast": {"winner": q["winner"], "candidates": len(q["candidates"]),
+                         "tune_ms": q["tune_ms"], "cold_s": fast_cold[(op, rows)],
+                         "winner_us_in_full_tune": fast_in_full,
+                         "speedup_over_heuristic": q["speedup_over_heuristic"]},
+                "fast_over_full_in_tune": (fast_in_full / f["winner_median_us"]
+                                           if fast_in_full else None),
+                "op_call_us": timed,
+                "fast_over_full_op_call": timed["fast"] / timed["full"],
+                "tuned_speedup_op_call": timed["heuristic"] / timed["full"],
+            })
+
+    document = {"benchmark": "tuning", "environment": env, "hidden": args.hidden,
+                "dtype": "bf16", "copy_bandwidth_gbs_torch": copy_gbs,
+                "copy_bandwidth_gbs_kiln": next(iter(full["devices"]), {}).get(
+                    "copy_bandwidth_gbs"),
+                "fast_within": FAST_WITHIN, "rows": rows_out}
+    tag = common.stamp(env) + ("-quick" if args.quick else "")
+    common.write_json(os.path.join(args.out, f"tuning-{tag}.json"), document)
+    with open(os.path.join(args.out, f"tune-report-{tag}.json"), "w") as f:
+        f.write(kiln.report("json", cache_dir=full_cache))
+    with open(os.path.join(args.out, f"tune-report-{tag}.html"), "w") as f:
+        f.write(kiln.report("html", cache_dir=full_cache))
+    table = markdown(document)
+    with open(os.path.join(args.out, f"tuning-{tag}.md"), "w") as f:
+        f.write(table)
+    print(table)
+
+
+def seconds(ms):
+    return None if ms is None else ms / 1e3
+
+
+def fmt(value, digits=2, suffix=""):
+    return "n/a" if value is None else f"{value:.{digits}f}{suffix}"
+
+
+def markdown(document):
+    env = document["environment"]
+    lines = [
+        f"# Tuning: full vs fast vs heuristic, {env['device']} ({env['sm']}), {env['date']}",
+        "",
+        f"bf16, hidden {document['hidden']}; kiln {env['kiln']}, torch {env['versions']['torch']}."
+        f" Copy bandwidth measured by kiln: {fmt(document['copy_bandwidth_gbs_kiln'], 0)} GB/s"
+        f" (torch copy_: {fmt(document['copy_bandwidth_gbs_torch'], 0)} GB/s).",
+        "",
+        "fast/full: the fast winner's median over the full winner's, inside the full tune and as"
+        " op calls side by side (1.00 = same speed); tuned: heuristic over full winner.",
+        "",
+        "| op | rows | full: configs, tune s, cold s | fast: configs, tune s, cold s "
+        "| full winner | fast winner | fast/full (tune) | fast/full (op) | tuned x (tune) "
+        "| tuned x (op) | op us: heur / fast / full |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in document["rows"]:
+        f, q, t = r["full"], r["fast"], r["op_call_us"]
+        lines.append(
+            f"| {r['op']} | {r['rows']} | {f['candidates']}, {fmt(seconds(f['tune_ms']))}, "
+            f"{fmt(f['cold_s'])} | {q['candidates']}, {fmt(seconds(q['tune_ms']))}, "
+            f"{fmt(q['cold_s'])} | `{f['winner']}` | `{q['winner']}` | "
+            f"{fmt(r['fast_over_full_in_tune'], 3)} | {fmt(r['fast_over_full_op_call'], 3)} | "
+            f"{fmt(f['speedup_over_heuristic'])}x | {fmt(r['tuned_speedup_op_call'])}x | "
+            f"{fmt(t['heuristic'])} / {fmt(t['fast'])} / {fmt(t['full'])} |")
+    worst = max((r["fast_over_full_in_tune"] or 0) for r in document["rows"])
+    ok = worst <= 1 + document["fast_within"]
+    lines += ["", f"Worst fast/full inside the full tune: {worst:.3f} "
+              f"({'within' if ok else 'NOT within'} {document['fast_within']:.0%})."]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()
