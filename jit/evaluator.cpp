@@ -5,6 +5,7 @@
 #include <cmath>
 #include <optional>
 #include <thread>
+#include <unordered_map>
 
 #include "cache/error.h"
 #include "jit/compiler.h"
@@ -18,8 +19,8 @@ namespace kiln::jit {
 namespace {
 
 // NVRTC is thread-safe across programs; compiling is most of a cold tune's time.
-std::vector<Expected<CompiledKernel>> compile_all(const std::vector<CompileRequest>& requests,
-                                                  BinaryStore* store) {
+std::vector<Expected<CompiledKernel>> compile_each(const std::vector<CompileRequest>& requests,
+                                                   BinaryStore* store) {
   std::vector<std::optional<Expected<CompiledKernel>>> slots(requests.size());
   std::atomic<std::size_t> next{0};
   const auto work = [&] {
@@ -40,6 +41,38 @@ std::vector<Expected<CompiledKernel>> compile_all(const std::vector<CompileReque
   std::vector<Expected<CompiledKernel>> out;
   out.reserve(slots.size());
   for (auto& slot : slots) out.push_back(std::move(*slot));
+  return out;
+}
+
+// Configs that differ only in launch geometry (a grid size, say) share one instantiation:
+// each is compiled once, by its first config in order, and the rest reuse that binary with
+// no compile time of their own. Compiling them side by side would race for the same store
+// entry and spend NVRTC time twice.
+std::vector<Expected<CompiledKernel>> compile_all(const std::vector<CompileRequest>& requests,
+                                                  BinaryStore* store) {
+  std::vector<CompileRequest> unique;
+  std::vector<std::size_t> slot_of(requests.size());
+  std::unordered_map<std::string, std::size_t> seen;
+  for (std::size_t i = 0; i < requests.size(); ++i) {
+    const CompileRequest& request = requests[i];
+    const std::string name = request.family->name_expression(request.problem, request.config);
+    const auto [it, inserted] = seen.emplace(name, unique.size());
+    if (inserted) unique.push_back(request);
+    slot_of[i] = it->second;
+  }
+  std::vector<Expected<CompiledKernel>> compiled = compile_each(unique, store);
+  std::vector<bool> handed_out(unique.size(), false);
+  std::vector<Expected<CompiledKernel>> out;
+  out.reserve(requests.size());
+  for (std::size_t i = 0; i < requests.size(); ++i) {
+    Expected<CompiledKernel> result = compiled[slot_of[i]];
+    if (handed_out[slot_of[i]] && result) {
+      result->compile_ms = 0;
+      result->from_cache = true;
+    }
+    handed_out[slot_of[i]] = true;
+    out.push_back(std::move(result));
+  }
   return out;
 }
 

@@ -46,4 +46,16 @@ std::vector<Config> candidates(const Family& family, const Problem& problem,
   return ordered;
 }
 
+std::vector<Config> refinement_candidates(const Family& family, const Problem& problem,
+                                          const DeviceTraits& device, std::int64_t rows,
+                                          const Config& best, const std::vector<Config>& measured,
+                                          std::size_t budget) {
+  const Config heuristic = family.heuristic(problem, device);
+  const std::vector<Config> space = distinct_in_order(family.space(problem, device));
+  const std::vector<Config> pool = prune_static(family, problem, device, rows, space, heuristic);
+  std::vector<Config> ordered = refine_around(best, pool, measured);
+  ordered.resize(std::min(ordered.size(), budget));
+  return ordered;
+}
+
 }  // namespace kiln

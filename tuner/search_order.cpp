@@ -101,6 +101,7 @@ class Ordering {
     return indices;
   }
   const Config& at(std::size_t index) const { return pool_[index]; }
+  std::size_t size() const { return order_.size(); }
   std::vector<Config> release() { return std::move(order_); }
 
  private:
@@ -170,6 +171,41 @@ std::vector<Config> order_around(const Config& centre, const std::vector<Config>
     ordering.take(index);
   }
   return ordering.release();
+}
+
+std::vector<Config> refine_around(const Config& best, const std::vector<Config>& pool,
+                                  const std::vector<Config>& measured) {
+  Ordering ordering(pool);
+  for (const Config& config : measured) {
+    if (auto index = ordering.find(config)) ordering.take(*index);
+  }
+  const std::size_t already = ordering.size();
+
+  auto extras_distance = [&](const Config& c) {
+    return static_cast<double>(extras_differing(c, best));
+  };
+  auto shape_at = [&](int vec_bytes) {
+    return [&best, vec_bytes](const Config& c) {
+      return c.vec_bytes == vec_bytes && c.threads_per_row == best.threads_per_row &&
+             c.cta_threads == best.cta_threads;
+    };
+  };
+  for (std::size_t index : ordering.untaken(shape_at(best.vec_bytes), extras_distance)) {
+    ordering.take(index);
+  }
+  std::set<int, std::greater<>> narrower;
+  for (const Config& config : pool) {
+    if (config.vec_bytes < best.vec_bytes) narrower.insert(config.vec_bytes);
+  }
+  for (int width : narrower) {
+    for (std::size_t index : ordering.untaken(shape_at(width), extras_distance)) {
+      ordering.take(index);
+    }
+  }
+  for (const Config& config : order_around(best, pool)) ordering.take(config);
+  std::vector<Config> order = ordering.release();
+  order.erase(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(already));
+  return order;
 }
 
 }  // namespace kiln

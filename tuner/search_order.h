@@ -30,4 +30,15 @@ namespace kiln {
 // `pool` must hold distinct configs.
 std::vector<Config> order_around(const Config& centre, const std::vector<Config>& pool);
 
+// The fast search's second round, around the first round's winner `best`: the configs of
+// `pool` not in `measured`, in this order:
+//  1. `best`'s shape (width, threads per row, CTA threads) with other extras, fewest
+//     changes first;
+//  2. the same shape at each narrower vector width in `pool`, widest first, with its extras
+//     as in 1 (a thread then keeps more, narrower vectors in flight, which often wins at
+//     mid-sized row counts);
+//  3. the rest of order_around(best, pool).
+std::vector<Config> refine_around(const Config& best, const std::vector<Config>& pool,
+                                  const std::vector<Config>& measured);
+
 }  // namespace kiln

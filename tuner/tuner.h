@@ -46,12 +46,23 @@ std::vector<Config> candidates(const Family& family, const Problem& problem,
                                const DeviceTraits& device, TuneMode mode,
                                std::size_t fast_budget = 8, std::int64_t rows = 0);
 
+// The fast search's second round: at most `budget` configs around the first round's winner
+// `best` that `measured` (the first round) does not hold, from the same statically pruned
+// pool (see refine_around in tuner/search_order.h). Deterministic.
+std::vector<Config> refinement_candidates(const Family& family, const Problem& problem,
+                                          const DeviceTraits& device, std::int64_t rows,
+                                          const Config& best, const std::vector<Config>& measured,
+                                          std::size_t budget);
+
 // The tie rule: the fastest ok trial wins, except that any ok trial within `tolerance`
 // (relative) of the fastest median that comes earlier in `trials` order wins instead.
 // Returns the index of the winner, or nullopt when no trial is ok.
 std::optional<std::size_t> select_winner(const std::vector<Trial>& trials, double tolerance = 0.02);
 
-// The whole tune. In mode off, no evaluator call is made and the heuristic wins.
+// The whole tune. In mode off, no evaluator call is made and the heuristic wins. In mode
+// fast, a first round measures the candidates() around the heuristic and a second round the
+// refinement_candidates() around the first round's winner; the tie rule then runs over both
+// rounds in order, so the first round wins ties.
 TuneResult tune(const Family& family, const Problem& problem, std::int64_t rows,
                 const DeviceTraits& device, TuneMode mode, Evaluator& evaluator);
 

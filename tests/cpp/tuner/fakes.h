@@ -115,6 +115,7 @@ class FakeEvaluator : public Evaluator {
   std::int64_t last_rows = 0;
   Config last_reference;
   std::vector<Config> last_candidates;
+  std::vector<std::vector<Config>> rounds;  // every call's candidates, in order
 
   std::vector<Trial> evaluate(const Family&, const Problem&, std::int64_t rows,
                               const Config& reference,
@@ -123,6 +124,7 @@ class FakeEvaluator : public Evaluator {
     last_rows = rows;
     last_reference = reference;
     last_candidates = candidates;
+    rounds.push_back(candidates);
     std::vector<Trial> trials;
     for (const Config& config : candidates) {
       Trial trial;

@@ -113,4 +113,31 @@ TEST_CASE("order_around: the same pool gives the same order") {
   CHECK(keys(order_around(pool[5], pool)) == keys(order_around(pool[5], grid_pool())));
 }
 
+TEST_CASE("refine_around: the winner's extras, then its shape at narrower widths, then the rest") {
+  std::vector<Config> pool;
+  for (const Config& config : grid_pool()) {
+    pool.push_back(with_extra(config, 0));
+    pool.push_back(with_extra(config, 1));
+  }
+  const Config best = with_extra(Config{16, 32, 128, {}}, 0);
+  const std::vector<Config> measured = {best, with_extra(Config{16, 64, 128, {}}, 0),
+                                        with_extra(Config{8, 32, 128, {}}, 0)};
+  const auto order = refine_around(best, pool, measured);
+  REQUIRE(order.size() == pool.size() - measured.size());
+  for (const Config& config : measured) {
+    CHECK(std::find(order.begin(), order.end(), config) == order.end());
+  }
+  CHECK(order[0] == with_extra(Config{16, 32, 128, {}}, 1));
+  CHECK(order[1] == with_extra(Config{8, 32, 128, {}}, 1));  // its extra-0 twin was measured
+  CHECK(order[2] == with_extra(Config{4, 32, 128, {}}, 0));
+  CHECK(order[3] == with_extra(Config{4, 32, 128, {}}, 1));
+  CHECK(sorted_keys(order) == sorted_keys([&] {
+          std::vector<Config> rest;
+          for (const Config& c : pool)
+            if (std::find(measured.begin(), measured.end(), c) == measured.end()) rest.push_back(c);
+          return rest;
+        }()));
+  CHECK(keys(refine_around(best, pool, measured)) == keys(order));
+}
+
 }  // namespace kiln

@@ -82,21 +82,41 @@ TEST_CASE("tune full: every config measured once, the fastest wins") {
   CHECK(contains(result.reason, "over heuristic"));
 }
 
-TEST_CASE("tune fast: the winner is the fastest candidate measured") {
+TEST_CASE("tune fast: two rounds, the second around the first's winner; the fastest wins") {
   FakeFamily family;
   FakeEvaluator evaluator;
   Problem problem = fake_problem(1024);
   TuneResult result = tune(family, problem, 3000, DeviceTraits{}, TuneMode::fast, evaluator);
-  CHECK(evaluator.calls == 1);
-  CHECK(evaluator.last_candidates ==
-        candidates(family, problem, DeviceTraits{}, TuneMode::fast, 8, 3000));
-  REQUIRE(!result.trials.empty());
-  CHECK(result.trials.size() <= 8);
+  REQUIRE(evaluator.calls == 2);
+  const std::vector<Config> first =
+      candidates(family, problem, DeviceTraits{}, TuneMode::fast, 8, 3000);
+  CHECK(evaluator.rounds[0] == first);
   CHECK(result.trials.front().config == family.heuristic_config);
+  // The second round is centred on the first round's fastest, and measures nothing twice.
+  const Config first_best = fastest_in(first);
+  CHECK(evaluator.rounds[1] ==
+        refinement_candidates(family, problem, DeviceTraits{}, 3000, first_best, first, 6));
+  CHECK(evaluator.rounds[1].size() <= 6);
+  for (const Config& config : evaluator.rounds[1]) {
+    CHECK(std::find(first.begin(), first.end(), config) == first.end());
+  }
+  CHECK(result.trials.size() == first.size() + evaluator.rounds[1].size());
   std::vector<Config> measured;
   for (const Trial& trial : result.trials) measured.push_back(trial.config);
   CHECK(result.winner == fastest_in(measured));
+  CHECK(bowl_time_us(result.winner) <= bowl_time_us(first_best));
   CHECK(bowl_time_us(result.winner) < bowl_time_us(family.heuristic_config));
+}
+
+TEST_CASE("tune fast: no second round when every first-round candidate failed") {
+  FakeFamily family;
+  FakeEvaluator evaluator;
+  Problem problem = fake_problem(1024);
+  for (const Config& config : candidates(family, problem, DeviceTraits{}, TuneMode::fast, 8, 3000))
+    evaluator.failures[config.key()] = InjectedFailure{TrialStatus::launch_error, 0};
+  TuneResult result = tune(family, problem, 3000, DeviceTraits{}, TuneMode::fast, evaluator);
+  CHECK(evaluator.calls == 1);
+  CHECK(result.winner == family.heuristic_config);
 }
 
 TEST_CASE("tune is deterministic") {
@@ -128,9 +148,9 @@ TEST_CASE("tune: within 2% the earlier candidate (the heuristic) keeps the win")
       return 200.0;
     };
     TuneResult result = tune(family, problem, 512, DeviceTraits{}, TuneMode::fast, evaluator);
-    REQUIRE(evaluator.last_candidates.front() == family.heuristic_config);
-    REQUIRE(std::find(evaluator.last_candidates.begin(), evaluator.last_candidates.end(), rival) !=
-            evaluator.last_candidates.end());
+    REQUIRE(evaluator.rounds.at(0).front() == family.heuristic_config);
+    REQUIRE(std::find(evaluator.rounds[0].begin(), evaluator.rounds[0].end(), rival) !=
+            evaluator.rounds[0].end());
     if (rival_us == 99.0) {
       CHECK(result.winner == family.heuristic_config);
       CHECK(contains(result.reason, "earlier in order"));
