@@ -75,8 +75,8 @@ def _rms_norm_child(module: torch.nn.Module, name: str) -> Union[detect.Match, N
     result = detect.classify_norm(norm, replace.original_forward(norm))
     if isinstance(result, NoMatch):
         return NoMatch("norm", f"{name} {result.reason}")
-    if result.factory is detect.forwards.rms_norm_offset:
-        return NoMatch("norm", f"{name} computes {result.kind}, not x * rsqrt(mean(x^2) + eps) * weight")
+    if result.op != "rms_norm" or result.factory is detect.forwards.rms_norm_offset:
+        return NoMatch("norm", f"{name} computes {result.kind}, not an RMSNorm one kiln.rms_norm call computes")
     return result
 
 
@@ -239,7 +239,7 @@ def classify_ltx_attention(module: torch.nn.Module, processor) -> Union[DitMatch
         probe_rope.__dict__.update(base_num_frames=20, base_height=2048, base_width=2048, patch_size_t=1,
                                    patch_size=1, theta=10000.0)
         cos, sin = _pair_probe_table(inner, _PROBE_GRID, scale, probe_rope)
-        grid_rope = ltx.VideoRotaryEmbedding(cos, sin, _PROBE_GRID, scale, (20, 2048, 2048), (1, 1), 10000.0)
+        grid_rope = ltx.VideoRotaryEmbedding((cos, sin), _PROBE_GRID, scale, (20, 2048, 2048), (1, 1), 10000.0)
         calls.append(((module, x), dict(image_rotary_emb=grid_rope)))
     patched = ltx.LTXAttnProcessor(processor)
     swaps = [_Swapped(module, children=children), _Swapped(module.to_out, children={"0": _linear(inner, _PROBE_DIM, g)})]

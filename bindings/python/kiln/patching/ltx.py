@@ -22,10 +22,12 @@ from .forwards import kiln_can_take, norm_eps
 class VideoRotaryEmbedding(tuple):
     """``(cos, sin)`` as diffusers' ``LTXVideoRotaryPosEmbed`` returns them, plus the video
     grid they were computed from, so a kiln processor can compute the angles in its kernel
-    instead of reading the two fp32 tables. Anything else sees the plain pair."""
+    instead of reading the two fp32 tables. Anything else sees the plain pair; a copy made
+    from the pair alone (accelerate rebuilds tuples as ``type(t)(items)`` when it moves
+    them) has no grid, and its tables are read."""
 
-    def __new__(cls, cos, sin, grid, scale, base_sizes, patch_sizes, theta):
-        self = super().__new__(cls, (cos, sin))
+    def __new__(cls, pair, grid=None, scale=None, base_sizes=None, patch_sizes=None, theta=None):
+        self = super().__new__(cls, pair)
         self.grid, self.scale, self.base_sizes = grid, scale, base_sizes
         self.patch_sizes, self.theta = patch_sizes, theta
         return self
@@ -67,7 +69,7 @@ def video_rope(module: torch.nn.Module, original: Callable) -> Callable:
             return out
         cos, sin = out
         return VideoRotaryEmbedding(
-            cos, sin, (frames, height, width), plain,
+            (cos, sin), (frames, height, width), plain,
             (module.base_num_frames, module.base_height, module.base_width),
             (module.patch_size_t, module.patch_size), float(module.theta))
 
