@@ -290,8 +290,8 @@ def classify_ltx_block(module: torch.nn.Module, original: Callable) -> Union[Dit
     d = table.shape[1]
     params = inspect.signature(original).parameters
     needed = ("hidden_states", "encoder_hidden_states", "temb", "image_rotary_emb", "encoder_attention_mask")
-    if any(n not in params for n in needed):
-        return NoMatch("block", "its forward does not take LTX-Video's block arguments")
+    if tuple(params) != needed:
+        return NoMatch("block", f"its forward takes {tuple(params)}, not LTX-Video's block arguments {needed}")
     g = torch.Generator().manual_seed(0)
     children = {"attn1": _ProbeMixer(d, g), "attn2": _ProbeMixer(d, g), "ff": _ProbeFF(d, g)}
     h = torch.randn(2, 5, d, generator=g) + 0.5

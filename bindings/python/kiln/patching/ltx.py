@@ -212,14 +212,12 @@ def ltx_block(module: torch.nn.Module, original: Callable) -> Callable:
     The attentions and the feed-forward are the module's own, called as diffusers calls
     them. kiln rounds each seam once where diffusers rounds after every elementwise op
     (the outputs agree within an ulp or two per seam); the output dtype is the same."""
-    signature = inspect.signature(original)
-
-    def forward(*args, **kwargs):
-        try:
-            a = signature.bind(*args, **kwargs).arguments
-        except TypeError:
-            return original(*args, **kwargs)
-        h, temb = a.get("hidden_states"), a.get("temb")
+    # diffusers' own signature (the probe checked the names), so no argument binding runs
+    # per call.
+    def forward(hidden_states, encoder_hidden_states, temb, image_rotary_emb=None, encoder_attention_mask=None):
+        h = hidden_states
+        args = (hidden_states, encoder_hidden_states, temb, image_rotary_emb, encoder_attention_mask)
+        kwargs = {}
         table = module.scale_shift_table
         w1, w2 = [w if isinstance(w, torch.Tensor) else None
                   for w in (getattr(module.norm1, "weight", None), getattr(module.norm2, "weight", None))]
@@ -236,11 +234,11 @@ def ltx_block(module: torch.nn.Module, original: Callable) -> Callable:
         norm_h = norm_ops.adaln(h, ada[:, :, 1], ada[:, :, 0], w1, norm_eps(module.norm1, h),
                                 "rms", table[1], table[0])
         attn_out = module.attn1(hidden_states=norm_h, encoder_hidden_states=None,
-                                image_rotary_emb=a.get("image_rotary_emb"))
+                                image_rotary_emb=image_rotary_emb)
         # The gates as diffusers rounds them (table + temb in the model's dtype): [B, 1 or T, D].
         h = _residual(h, attn_out, table[2] + ada[:, :, 2])
-        attn_out = module.attn2(h, encoder_hidden_states=a.get("encoder_hidden_states"), image_rotary_emb=None,
-                                attention_mask=a.get("encoder_attention_mask"))
+        attn_out = module.attn2(h, encoder_hidden_states=encoder_hidden_states, image_rotary_emb=None,
+                                attention_mask=encoder_attention_mask)
         if attn_out.shape != h.shape or not kiln_can_take(h, attn_out):
             h = h + attn_out
             norm_h = norm_ops.adaln(h, ada[:, :, 4], ada[:, :, 3], w2, norm_eps(module.norm2, h), "rms",
