@@ -229,10 +229,11 @@ def _ltx_out(model, inputs):
 
 
 def _ltx_check(dtype, monkeypatch, device="cpu"):
+    # The module-level patterns only (test_patch_dit_cpu.py covers the attention and block ones).
     model = _ltx(dtype, device)
     inputs = _ltx_inputs(dtype, device)
     expected = _ltx_out(model, inputs)
-    report = kiln.patch(model)
+    report = kiln.patch(model, ops=("rms_norm", "layer_norm", "gelu"))
     by_op = {}
     for r in report.replaced:
         by_op.setdefault(r.op, []).append(r.path)

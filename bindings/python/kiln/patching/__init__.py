@@ -7,7 +7,12 @@ with no weight), LayerNorms over the last dimension (``nn.LayerNorm`` with or wi
 affine parameters), diffusers' ``GELU`` (``gelu(proj(x))``: the activation becomes
 ``kiln.gelu``, the projection stays) and gated MLPs
 ``down_proj(act_fn(gate_proj(x)) * up_proj(x))`` with SiLU or GELU (the activation and
-multiply become ``kiln.swiglu`` / ``kiln.geglu``; the projections stay). kiln's ops have no
+multiply become ``kiln.swiglu`` / ``kiln.geglu``; the projections stay). For diffusion
+transformers (see :mod:`.detect_dit`): LTX-Video's attention processor (q/k RMSNorm and RoPE
+as one ``kiln.rms_norm_rope``, its rotary embedding tagged with the grid so the angles are
+computed in the kernel), its block's AdaLN and gated-residual seams (``kiln.adaln``,
+``kiln.gated_residual``, ``kiln.gated_adaln``), FLUX's attention processor (q and k rotated
+by one ``kiln.rope``) and diffusers' AdaLN modules (``kiln.adaln``). kiln's ops have no
 backward: a patched forward that would record an autograd graph calls the original.
 """
 
@@ -15,10 +20,10 @@ from typing import Iterable, Optional
 
 import torch
 
-from . import detect, replace
+from . import detect, detect_dit, replace
 from .report import Left, PatchReport, Replaced
 
-OPS = ("rms_norm", "layer_norm", "gelu", "swiglu", "geglu")
+OPS = ("rms_norm", "layer_norm", "gelu", "swiglu", "geglu", "rms_norm_rope", "rope", "adaln")
 
 
 def _check_ops(ops: Optional[Iterable[str]]) -> frozenset:
@@ -48,6 +53,8 @@ def patch(model: torch.nn.Module, ops: Optional[Iterable[str]] = None) -> PatchR
         if state is not None:
             report.replaced.append(Replaced(path, state.kind, state.op))
             continue
+        if _patch_dit(path, module, chosen, report):
+            continue
         if detect.norm_candidate(module):
             classify = detect.classify_norm
         elif detect.mlp_candidate(module):
@@ -67,6 +74,31 @@ def patch(model: torch.nn.Module, ops: Optional[Iterable[str]] = None) -> PatchR
             replace.install(module, original, result.factory(module, original), result.kind, result.op)
             report.replaced.append(Replaced(path, result.kind, result.op))
     return report
+
+
+def _patch_dit(path: str, module: torch.nn.Module, chosen: frozenset, report: PatchReport) -> bool:
+    """The diffusion-transformer patterns (:mod:`.detect_dit`); True if the module was one
+    of their candidates (replaced or left)."""
+    for candidate, classify in detect_dit.CANDIDATES:
+        if candidate(module):
+            break
+    else:
+        return False
+    cls = type(module).__name__
+    processor = classify in (detect_dit.classify_ltx_attention, detect_dit.classify_flux_attention)
+    original = module.processor if processor else replace.inner_forward(module)
+    result = classify(module, original)
+    if isinstance(result, detect.NoMatch):
+        report.left.append(Left(path, cls, result.reason))
+    elif result.family not in chosen:
+        report.left.append(Left(path, cls, f"computes {result.kind}; {result.family} is not in ops"))
+    else:
+        if result.target == "processor":
+            replace.install_processor(module, result.factory(original), result.kind, result.op)
+        else:
+            replace.install(module, original, result.factory(module, original), result.kind, result.op)
+        report.replaced.append(Replaced(path, result.kind, result.op))
+    return True
 
 
 def unpatch(model: torch.nn.Module) -> int:

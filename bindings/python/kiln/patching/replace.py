@@ -10,7 +10,7 @@ and inputs around it. A hook added after the patch takes the patched forward as 
 
 import warnings
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable
 
 import torch
 
@@ -31,14 +31,55 @@ def inner_forward(module: torch.nn.Module) -> Callable:
     return module.__dict__[_HOOKED] if _HOOKED in module.__dict__ else module.forward
 
 
-def state_of(module: torch.nn.Module) -> Optional[PatchState]:
+def state_of(module: torch.nn.Module):
+    """The module's PatchState or ProcessorState, or None."""
     return module.__dict__.get(_STATE)
+
+
+def original_forward(module: torch.nn.Module) -> Callable:
+    """The forward the module computed before any kiln patch."""
+    state = state_of(module)
+    return state.original if isinstance(state, PatchState) else inner_forward(module)
 
 
 def install(module: torch.nn.Module, original: Callable, patched: Callable, kind: str, op: str) -> None:
     attr = _HOOKED if _HOOKED in module.__dict__ else "forward"
     module.__dict__[attr] = patched
     module.__dict__[_STATE] = PatchState(original, patched, kind, op)
+
+
+@dataclass(frozen=True)
+class ProcessorState:
+    """A diffusers attention module whose ``processor`` kiln replaced (the module's forward
+    stays its own: it calls whatever processor is set, inside any hook)."""
+    original: object
+    patched: object
+    kind: str
+    op: str
+
+
+def install_processor(module: torch.nn.Module, patched: object, kind: str, op: str) -> None:
+    original = module.processor
+    _set_processor(module, patched)
+    module.__dict__[_STATE] = ProcessorState(original, patched, kind, op)
+
+
+def _set_processor(module: torch.nn.Module, processor: object) -> None:
+    setter = getattr(module, "set_processor", None)
+    if callable(setter):
+        setter(processor)
+    else:
+        module.processor = processor
+
+
+def _uninstall_processor(module: torch.nn.Module, state: ProcessorState, path: str) -> bool:
+    if getattr(module, "processor", None) is not state.patched:
+        # Someone set another processor since: theirs stays, and the patch is forgotten.
+        warnings.warn(f"kiln.unpatch: {path or '<model>'}: its attention processor was replaced "
+                      "after kiln.patch; left as it is", stacklevel=4)
+        return False
+    _set_processor(module, state.original)
+    return True
 
 
 def _is_class_forward(module: torch.nn.Module, fn: Callable) -> bool:
@@ -52,6 +93,8 @@ def uninstall(module: torch.nn.Module, path: str) -> bool:
     if state is None:
         return False
     module.__dict__.pop("_kiln_offset_weight", None)
+    if isinstance(state, ProcessorState):
+        return _uninstall_processor(module, state, path)
     restored = False
     if module.__dict__.get(_HOOKED) is state.patched:
         module.__dict__[_HOOKED] = state.original

@@ -1,0 +1,399 @@
+"""The diffusion-transformer patterns kiln.patch recognises, each confirmed on a probe.
+
+Candidates are found by attributes (a video rotary embedding: LTX-Video's grid sizes and
+theta; an attention module: its processor's ``__call__``, whose code is what is replaced;
+a transformer block: norm1, norm2, attn1, attn2, ff and a 6-row ``scale_shift_table``; an
+AdaLN module: ``linear``, ``silu`` and a ``norm``). A candidate is replaced only when the
+replacement computes what the original computes on a random fp32 CPU probe: the module's
+projections, attentions or feed-forward are swapped for small random stand-ins (so the
+probe is cheap whatever the model's size, and runs wherever its weights are), and every
+output of the original and the replacement must agree. Its inner norms are first
+classified by what they compute (:func:`detect.classify_norm`).
+"""
+
+import inspect
+import math
+from dataclasses import dataclass
+from typing import Callable, Dict, Optional, Union
+
+import torch
+
+from . import detect, flux, ltx, replace
+from .. import rope_ops
+from .detect import NoMatch, _Swapped
+
+
+@dataclass(frozen=True)
+class DitMatch:
+    kind: str
+    op: str  # the kiln op(s) the replacement calls
+    family: str  # the name in kiln.patching.OPS that selects it
+    factory: Callable  # (module, original forward) -> forward; for a processor: (original processor) -> processor
+    target: str = "forward"  # or "processor"
+
+
+_PROBE_DIM = 8  # the stand-in projections' outer width
+
+
+def _processor_call(module: torch.nn.Module) -> str:
+    proc = getattr(module, "processor", None)
+    if proc is None or not type(proc).__module__.startswith("diffusers."):
+        return ""
+    return getattr(type(proc).__call__, "__qualname__", "")
+
+
+def video_rope_candidate(module: torch.nn.Module) -> bool:
+    names = ("dim", "base_num_frames", "base_height", "base_width", "patch_size", "patch_size_t", "theta")
+    return all(hasattr(module, n) for n in names) and callable(getattr(module, "_prepare_video_coords", None))
+
+
+def ltx_attention_candidate(module: torch.nn.Module) -> bool:
+    return _processor_call(module) == "LTXVideoAttnProcessor.__call__"
+
+
+def flux_attention_candidate(module: torch.nn.Module) -> bool:
+    return _processor_call(module) == "FluxAttnProcessor.__call__"
+
+
+def ltx_block_candidate(module: torch.nn.Module) -> bool:
+    table = getattr(module, "scale_shift_table", None)
+    return all(isinstance(getattr(module, n, None), torch.nn.Module) for n in ("norm1", "norm2", "attn1", "attn2", "ff")) \
+        and isinstance(table, torch.Tensor) and table.dim() == 2
+
+
+def adaln_candidate(module: torch.nn.Module) -> bool:
+    linear, norm = getattr(module, "linear", None), getattr(module, "norm", None)
+    return isinstance(getattr(linear, "out_features", None), int) and isinstance(norm, torch.nn.Module) \
+        and callable(getattr(module, "silu", None)) and detect.norm_candidate(norm)
+
+
+def _rms_norm_child(module: torch.nn.Module, name: str) -> Union[detect.Match, NoMatch]:
+    """The child norm's classification; an RMSNorm one kiln.rms_norm call computes."""
+    norm = getattr(module, name, None)
+    if not isinstance(norm, torch.nn.Module) or not detect.norm_candidate(norm):
+        return NoMatch("norm", f"{name} is not a norm module")
+    result = detect.classify_norm(norm, replace.original_forward(norm))
+    if isinstance(result, NoMatch):
+        return NoMatch("norm", f"{name} {result.reason}")
+    if result.op != "rms_norm" or result.factory is detect.forwards.rms_norm_offset:
+        return NoMatch("norm", f"{name} computes {result.kind}, not an RMSNorm one kiln.rms_norm call computes")
+    return result
+
+
+def _worst(expected, actual) -> Optional[str]:
+    """None when every tensor of actual agrees with expected's (within fp32 rounding of the
+    output's own scale), else how they differ."""
+    if isinstance(expected, torch.Tensor):
+        expected, actual = (expected,), (actual,) if isinstance(actual, torch.Tensor) else actual
+    if not isinstance(actual, tuple) or len(actual) != len(expected):
+        return f"returns {type(actual).__name__} where the original returns {len(expected)} tensors"
+    for e, a in zip(expected, actual):
+        why = detect._agree(e, a, scale=e.abs().max().item() if e.numel() else 0.0)
+        if why is not None:
+            return why
+    return None
+
+
+def _compare_calls(original: Callable, patched: Callable, calls) -> Optional[str]:
+    for args, kwargs in calls:
+        try:
+            expected = original(*args, **kwargs)
+        except Exception as e:
+            return f"its forward fails on the probe ({type(e).__name__}: {e})"
+        try:
+            actual = patched(*args, **kwargs)
+        except Exception as e:
+            return f"the replacement fails on the probe ({type(e).__name__}: {e})"
+        why = _worst(expected, actual)
+        if why is not None:
+            return f"the replacement {why}"
+    return None
+
+
+def _linear(n_in: int, n_out: int, g: torch.Generator, bias: bool = True) -> torch.nn.Linear:
+    lin = torch.nn.Linear(n_in, n_out, bias=bias)
+    with torch.no_grad():
+        lin.weight.copy_(torch.randn(n_out, n_in, generator=g) / n_in ** 0.5)
+        if bias:
+            lin.bias.copy_(0.1 * torch.randn(n_out, generator=g))
+    return lin.requires_grad_(False)
+
+
+def _norm_weights(module: torch.nn.Module, names, g: torch.Generator) -> list:
+    """Swaps for the named child norms' weights: random fp32 values near 1."""
+    swaps = []
+    for name in names:
+        norm = getattr(module, name, None)
+        weight = getattr(norm, "weight", None)
+        if isinstance(weight, torch.Tensor):
+            swaps.append(_Swapped(norm, params={"weight": 1 + 0.3 * torch.randn(weight.shape, generator=g)}))
+    return swaps
+
+
+class _Stack:
+    def __init__(self, contexts):
+        self.contexts = contexts
+
+    def __enter__(self):
+        for c in self.contexts:
+            c.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        for c in reversed(self.contexts):
+            c.__exit__(*exc)
+        return False
+
+
+class _LocalAttention:
+    """The processor's attention backend and parallel settings, off for a CPU probe."""
+
+    def __init__(self, processor):
+        self.processor = processor
+
+    def __enter__(self):
+        self.saved = {n: self.processor.__dict__[n] for n in ("_attention_backend", "_parallel_config")
+                      if n in self.processor.__dict__}
+        for n in ("_attention_backend", "_parallel_config"):
+            self.processor.__dict__[n] = None
+
+    def __exit__(self, *exc):
+        for n in ("_attention_backend", "_parallel_config"):
+            self.processor.__dict__.pop(n, None)
+        self.processor.__dict__.update(self.saved)
+        return False
+
+
+# ---- LTX-Video -------------------------------------------------------------------------
+
+_PROBE_GRID = (2, 2, 3)
+
+
+def _pair_probe_table(dim: int, grid, scale, module) -> tuple:
+    """kiln's own angles for a grid, read back as diffusers' (cos, sin) layout: rotating
+    the pairs (1, 0) gives (cos, sin) of each pair's angle."""
+    s = grid[0] * grid[1] * grid[2]
+    ones = torch.zeros(1, s, dim)
+    ones[..., 0::2] = 1.0
+    out, _ = rope_ops.rope_3d(ones, ones, *grid, scale, base_num_frames=module.base_num_frames,
+                              base_height=module.base_height, base_width=module.base_width,
+                              patch_size_t=module.patch_size_t, patch_size=module.patch_size,
+                              theta=float(module.theta))
+    cos = out[..., 0::2].repeat_interleave(2, -1)
+    sin = out[..., 1::2].repeat_interleave(2, -1)
+    return cos, sin
+
+
+def classify_video_rope(module: torch.nn.Module, original: Callable) -> Union[DitMatch, NoMatch]:
+    dim = module.dim
+    if not isinstance(dim, int) or dim < 6 or dim % 2:
+        return NoMatch("rope", f"its width {dim!r} is not an even number >= 6, as kiln's video RoPE takes")
+    frames, height, width = _PROBE_GRID
+    s = frames * height * width
+    for scale in (None, (0.32, 32.0, 32.0)):
+        try:
+            with torch.no_grad():
+                cos, sin = original(torch.zeros(1, s, 1), frames, height, width, scale)
+        except Exception as e:
+            return NoMatch("rope", f"its forward fails on the probe ({type(e).__name__}: {e})")
+        if not (isinstance(cos, torch.Tensor) and cos.shape == (1, s, dim) and sin.shape == cos.shape):
+            return NoMatch("rope", "it does not return (cos, sin) of shape [B, S, dim]")
+        kc, ks = _pair_probe_table(dim, _PROBE_GRID, scale, module)
+        # fp32 holds the angles (up to pi/2 * theta * |2g - 1|) only to a few ulps of their size.
+        coords = [n - 1 for n in _PROBE_GRID]
+        if scale is not None:
+            patch = (module.patch_size_t, module.patch_size, module.patch_size)
+            base = (module.base_num_frames, module.base_height, module.base_width)
+            coords = [c * sc * p / b for c, sc, p, b in zip(coords, scale, patch, base)]
+        largest_angle = math.pi / 2 * float(module.theta) * max(max(abs(2 * c - 1) for c in coords), 1.0)
+        tol = 8 * largest_angle * 2.0 ** -24 + 1e-6
+        err = max((kc - cos.float()).abs().max().item(), (ks - sin.float()).abs().max().item())
+        if not err <= tol:
+            return NoMatch("rope", f"its angles differ from kiln's video RoPE by {err:.3g} (scale {scale})")
+    return DitMatch("ltx video rope (tags its tables with their grid)", "rms_norm_rope (angles in-kernel)",
+                    "rms_norm_rope", ltx.video_rope)
+
+
+def classify_ltx_attention(module: torch.nn.Module, processor) -> Union[DitMatch, NoMatch]:
+    for name in ("norm_q", "norm_k"):
+        result = _rms_norm_child(module, name)
+        if isinstance(result, NoMatch):
+            return NoMatch("attention", result.reason)
+    g = torch.Generator().manual_seed(0)
+    inner, inner_kv = module.to_q.out_features, module.to_k.out_features
+    children = {"to_q": _linear(_PROBE_DIM, inner, g), "to_k": _linear(_PROBE_DIM, inner_kv, g),
+                "to_v": _linear(_PROBE_DIM, inner_kv, g)}
+    frames, height, width = _PROBE_GRID
+    s = frames * height * width
+    x = torch.randn(2, s, _PROBE_DIM, generator=g)
+    enc = torch.randn(2, 5, _PROBE_DIM, generator=g)
+    mask = torch.zeros(2, 1, 5)
+    mask[1, :, 3:] = -10000.0
+    angles = 40 * torch.randn(1, s, inner // 2, generator=g)
+    table = (angles.cos().repeat_interleave(2, -1), angles.sin().repeat_interleave(2, -1))
+    calls = [((module, x), dict(image_rotary_emb=table)),
+             ((module, x), dict(encoder_hidden_states=enc, attention_mask=mask))]
+    if inner >= 6 and inner % 2 == 0:
+        scale = (0.32, 32.0, 32.0)
+        probe_rope = torch.nn.Module()
+        probe_rope.__dict__.update(base_num_frames=20, base_height=2048, base_width=2048, patch_size_t=1,
+                                   patch_size=1, theta=10000.0)
+        cos, sin = _pair_probe_table(inner, _PROBE_GRID, scale, probe_rope)
+        grid_rope = ltx.VideoRotaryEmbedding((cos, sin), _PROBE_GRID, scale, (20, 2048, 2048), (1, 1), 10000.0)
+        calls.append(((module, x), dict(image_rotary_emb=grid_rope)))
+    patched = ltx.LTXAttnProcessor(processor)
+    swaps = [_Swapped(module, children=children), _Swapped(module.to_out, children={"0": _linear(inner, _PROBE_DIM, g)})]
+    with torch.no_grad(), _LocalAttention(processor), _Stack(swaps + _norm_weights(module, ("norm_q", "norm_k"), g)):
+        why = _compare_calls(processor, patched, calls)
+    if why is not None:
+        return NoMatch("attention", f"does not compute LTX-Video's attention as kiln's processor does: {why}")
+    return DitMatch("ltx attention (q/k rms_norm + rope)", "rms_norm_rope + rms_norm", "rms_norm_rope",
+                    ltx.LTXAttnProcessor, target="processor")
+
+
+class _ProbeMixer(torch.nn.Module):
+    """A stand-in for an attention: elementwise, but every argument changes its output."""
+
+    def __init__(self, dim: int, g: torch.Generator):
+        super().__init__()
+        self.w = torch.randn(dim, generator=g)
+        self.b = torch.randn(dim, generator=g)
+
+    def forward(self, hidden_states, encoder_hidden_states=None, image_rotary_emb=None, attention_mask=None):
+        y = torch.tanh(hidden_states * self.w + self.b)
+        if encoder_hidden_states is not None:
+            y = y + encoder_hidden_states.mean(1, keepdim=True) * self.b
+        if image_rotary_emb is not None:
+            y = y + image_rotary_emb
+        if attention_mask is not None:
+            y = y + attention_mask.mean()
+        return y
+
+
+class _ProbeFF(torch.nn.Module):
+    def __init__(self, dim: int, g: torch.Generator):
+        super().__init__()
+        self.w = torch.randn(dim, generator=g)
+
+    def forward(self, x):
+        return torch.tanh(x * self.w)
+
+
+def classify_ltx_block(module: torch.nn.Module, original: Callable) -> Union[DitMatch, NoMatch]:
+    for name in ("norm1", "norm2"):
+        result = _rms_norm_child(module, name)
+        if isinstance(result, NoMatch):
+            return NoMatch("block", result.reason)
+    table = module.scale_shift_table
+    if table.shape[0] != 6:
+        return NoMatch("block", f"its scale_shift_table has {table.shape[0]} rows, not LTX-Video's 6")
+    d = table.shape[1]
+    params = inspect.signature(original).parameters
+    needed = ("hidden_states", "encoder_hidden_states", "temb", "image_rotary_emb", "encoder_attention_mask")
+    if tuple(params) != needed:
+        return NoMatch("block", f"its forward takes {tuple(params)}, not LTX-Video's block arguments {needed}")
+    g = torch.Generator().manual_seed(0)
+    children = {"attn1": _ProbeMixer(d, g), "attn2": _ProbeMixer(d, g), "ff": _ProbeFF(d, g)}
+    h = torch.randn(2, 5, d, generator=g) + 0.5
+    enc = torch.randn(2, 3, d, generator=g)
+    rope = 0.1 * torch.randn(d, generator=g)
+    mask = torch.randn(2, 1, 3, generator=g)
+    calls = [((), dict(hidden_states=h, encoder_hidden_states=enc, temb=torch.randn(2, t, 6 * d, generator=g),
+                       image_rotary_emb=rope, encoder_attention_mask=mask)) for t in (1, 5)]
+    patched = ltx.ltx_block(module, original)
+    swaps = [_Swapped(module, params={"scale_shift_table": torch.randn(6, d, generator=g) / d ** 0.5}, children=children)]
+    with torch.no_grad(), _Stack(swaps + _norm_weights(module, ("norm1", "norm2"), g)):
+        why = _compare_calls(original, patched, calls)
+    if why is not None:
+        return NoMatch("block", f"does not compute LTX-Video's block seams: {why}")
+    return DitMatch("ltx block (adaln, gated residual, residual + adaln seam)",
+                    "adaln + gated_residual + gated_adaln", "adaln", ltx.ltx_block)
+
+
+# ---- FLUX ------------------------------------------------------------------------------
+
+
+def classify_flux_attention(module: torch.nn.Module, processor) -> Union[DitMatch, NoMatch]:
+    g = torch.Generator().manual_seed(0)
+    head_dim = getattr(module, "head_dim", None)
+    if not isinstance(head_dim, int) or head_dim % 2:
+        return NoMatch("attention", f"its head_dim {head_dim!r} is not even")
+    inner = module.heads * head_dim
+    children: Dict[str, torch.nn.Module] = {}
+    joint = getattr(module, "added_kv_proj_dim", None) is not None
+    if getattr(module, "fused_projections", False):
+        children["to_qkv"] = _linear(_PROBE_DIM, 3 * inner, g)
+        if joint:
+            children["to_added_qkv"] = _linear(_PROBE_DIM, 3 * inner, g)
+    else:
+        for name in ("to_q", "to_k", "to_v") + (("add_q_proj", "add_k_proj", "add_v_proj") if joint else ()):
+            children[name] = _linear(_PROBE_DIM, inner, g)
+    if joint and isinstance(getattr(module, "to_add_out", None), torch.nn.Module):
+        children["to_add_out"] = _linear(inner, _PROBE_DIM, g)
+    swaps = [_Swapped(module, children=children)]
+    if isinstance(getattr(module, "to_out", None), torch.nn.ModuleList):
+        swaps.append(_Swapped(module.to_out, children={"0": _linear(inner, _PROBE_DIM, g)}))
+    x = torch.randn(2, 6, _PROBE_DIM, generator=g)
+    enc = torch.randn(2, 3, _PROBE_DIM, generator=g) if joint else None
+    s = 6 + (3 if joint else 0)
+    angles = 40 * torch.randn(s, head_dim // 2, generator=g)
+    rope = (angles.cos().repeat_interleave(2, -1), angles.sin().repeat_interleave(2, -1))
+    calls = [((module, x), dict(encoder_hidden_states=enc, image_rotary_emb=rope))]
+    patched = flux.FluxAttnProcessor(processor)
+    norms = ("norm_q", "norm_k", "norm_added_q", "norm_added_k")
+    with torch.no_grad(), _LocalAttention(processor), _Stack(swaps + _norm_weights(module, norms, g)):
+        why = _compare_calls(processor, patched, calls)
+    if why is not None:
+        return NoMatch("attention", f"does not compute FLUX's attention as kiln's processor does: {why}")
+    return DitMatch("flux attention (rope of q and k)", "rope", "rope", flux.FluxAttnProcessor, target="processor")
+
+
+def classify_adaln(module: torch.nn.Module, original: Callable) -> Union[DitMatch, NoMatch]:
+    nm = module.norm
+    result = detect.classify_norm(nm, replace.original_forward(nm))
+    if isinstance(result, NoMatch):
+        return NoMatch("adaln", f"its norm {result.reason}")
+    if result.factory is detect.forwards.layer_norm:
+        kind = "layer"
+    elif result.op == "rms_norm" and result.factory is not detect.forwards.rms_norm_offset:
+        kind = "rms"
+    else:
+        return NoMatch("adaln", f"its norm computes {result.kind}")
+    if getattr(nm, "bias", None) is not None:
+        return NoMatch("adaln", "its norm has a bias; kiln.adaln's LayerNorm takes none")
+    shape = detect._normalized_shape(nm)
+    weight = getattr(nm, "weight", None)
+    d = shape[-1] if shape else (weight.shape[0] if isinstance(weight, torch.Tensor) else None)
+    out = module.linear.out_features
+    if not d or out % d:
+        return NoMatch("adaln", f"its linear's {out} outputs are not whole chunks of the norm's width {d}")
+    layout = {6: "zero", 3: "zero_single", 2: "continuous"}.get(out // d)
+    if layout is None:
+        return NoMatch("adaln", f"its linear makes {out // d} chunks; kiln knows AdaLN layouts of 6, 3 and 2")
+    emb_name = flux.ADALN_LAYOUTS[layout][1]
+    if emb_name not in inspect.signature(original).parameters:
+        return NoMatch("adaln", f"its forward takes no {emb_name!r}")
+    if getattr(module, "emb", None) is not None:
+        return NoMatch("adaln", "it embeds the timestep itself (its emb module)")
+    g = torch.Generator().manual_seed(0)
+    lin = _linear(16, out, g, bias=getattr(module.linear, "bias", None) is not None)
+    x = torch.randn(2, 5, d, generator=g) + 0.5
+    calls = [((x,), {emb_name: torch.randn(2, 16, generator=g)})]
+    factory = flux.adaln_module(layout, kind)
+    swaps = [_Swapped(module, children={"linear": lin})] + _norm_weights(module, ("norm",), g)
+    with torch.no_grad(), _Stack(swaps):
+        why = _compare_calls(original, factory(module, original), calls)
+    if why is not None:
+        return NoMatch("adaln", f"does not compute norm(x) * (1 + scale) + shift with {layout} chunks: {why}")
+    return DitMatch(f"adaln ({'layer' if kind == 'layer' else 'rms'} norm, {layout.replace('_', ' ')})",
+                    "adaln", "adaln", factory)
+
+
+# Tried in this order; the first candidate test that holds decides the classifier.
+CANDIDATES = (
+    (video_rope_candidate, classify_video_rope),
+    (ltx_attention_candidate, classify_ltx_attention),
+    (flux_attention_candidate, classify_flux_attention),
+    (ltx_block_candidate, classify_ltx_block),
+    (adaln_candidate, classify_adaln),
+)

@@ -1,0 +1,140 @@
+"""FLUX's replacements (diffusers' ``FluxTransformer2DModel``): its AdaLN modules (norm plus
+modulation as one ``kiln.adaln``) and its attention processor (the rotation of q and k as
+one ``kiln.rope``; the per-head q/k RMSNorms stay modules, patched as norms).
+
+kiln's ``rms_norm_rope`` normalises over a whole row of heads, as LTX-Video does; FLUX
+normalises each head, so its norm and rotation stay two steps.
+"""
+
+import inspect
+import sys
+from typing import Callable, Optional
+
+import torch
+
+from .. import norm_ops, rope_ops
+from .forwards import kiln_can_take, norm_eps
+
+# chunk count, the emb argument's name, the order of the chunks, what is returned after x.
+ADALN_LAYOUTS = {
+    "zero": (6, "emb", ("shift", "scale", "gate", "shift_mlp", "scale_mlp", "gate_mlp"),
+             ("gate", "shift_mlp", "scale_mlp", "gate_mlp")),
+    "zero_single": (3, "emb", ("shift", "scale", "gate"), ("gate",)),
+    "continuous": (2, "conditioning_embedding", ("scale", "shift"), ()),
+}
+
+
+def adaln_module(layout: str, norm: str) -> Callable:
+    """diffusers' ``AdaLayerNormZero`` / ``AdaLayerNormZeroSingle`` /
+    ``AdaLayerNormContinuous``: ``emb = linear(silu(emb))`` as the module computes it, then
+    ``norm(x) * (1 + scale) + shift`` as one ``kiln.adaln`` reading scale and shift in place
+    from emb's chunks (``norm``: ``"layer"`` or ``"rms"``)."""
+    chunks, emb_name, order, returned = ADALN_LAYOUTS[layout]
+
+    def factory(module: torch.nn.Module, original: Callable) -> Callable:
+        signature = inspect.signature(original)
+
+        def forward(*args, **kwargs):
+            try:
+                a = signature.bind(*args, **kwargs).arguments
+            except TypeError:
+                return original(*args, **kwargs)
+            x, e = a.get("x"), a.get(emb_name)
+            if getattr(module, "emb", None) is not None or not isinstance(x, torch.Tensor) \
+                    or not isinstance(e, torch.Tensor) or x.dim() != 3:
+                return original(*args, **kwargs)
+            nm = module.norm
+            weight = getattr(nm, "weight", None)
+            weight = weight if isinstance(weight, torch.Tensor) else None
+            if getattr(nm, "bias", None) is not None:
+                return original(*args, **kwargs)
+            silu = module.silu(e)
+            emb = module.linear(silu.to(x.dtype) if layout == "continuous" else silu)
+            parts = dict(zip(order, emb.chunk(chunks, dim=1)))
+            scale, shift = parts["scale"], parts["shift"]
+            tensors = (x, emb) if weight is None else (x, emb, weight)
+            if emb.dim() == 2 and emb.shape[0] == x.shape[0] and scale.shape[1] == x.shape[2] \
+                    and kiln_can_take(*tensors):
+                out = norm_ops.adaln(x, scale[:, None], shift[:, None], weight, norm_eps(nm, x), norm)
+            else:
+                out = nm(x) * (1 + scale[:, None]) + shift[:, None]
+            if not returned:
+                return out
+            return (out,) + tuple(parts[name] for name in returned)
+
+        return forward
+
+    return factory
+
+
+class FluxAttnProcessor:
+    """diffusers' ``FluxAttnProcessor.__call__`` with the two ``apply_rotary_emb`` calls as
+    one ``kiln.rope`` (interleaved pairs, [B, S, H, D]); everything else is diffusers'."""
+
+    def __init__(self, original: object):
+        self.original = original
+        module = sys.modules[type(original).__module__]
+        self._qkv = module._get_qkv_projections
+        self._apply_rotary_emb = module.apply_rotary_emb
+        self._dispatch = module.dispatch_attention_fn
+
+    @property
+    def _attention_backend(self):
+        return getattr(self.original, "_attention_backend", None)
+
+    @_attention_backend.setter
+    def _attention_backend(self, value):
+        self.original._attention_backend = value
+
+    @property
+    def _parallel_config(self):
+        return getattr(self.original, "_parallel_config", None)
+
+    @_parallel_config.setter
+    def _parallel_config(self, value):
+        self.original._parallel_config = value
+
+    def _rotate(self, query, key, image_rotary_emb):
+        cos, sin = image_rotary_emb if isinstance(image_rotary_emb, tuple) else (None, None)
+        if (isinstance(cos, torch.Tensor) and isinstance(sin, torch.Tensor) and query.dim() == 4
+                and query.shape[:2] == key.shape[:2] and query.shape[3] == key.shape[3]
+                and cos.dim() == 2 and cos.shape == sin.shape and cos.shape[0] == query.shape[1]
+                and cos.shape[1] == query.shape[3] and cos.dtype in (torch.float32, query.dtype)
+                and sin.dtype == cos.dtype and cos.device == query.device and kiln_can_take(query, key)):
+            return rope_ops.rope(query, key, cos, sin, interleaved=True, layout="bshd")
+        return (self._apply_rotary_emb(query, image_rotary_emb, sequence_dim=1),
+                self._apply_rotary_emb(key, image_rotary_emb, sequence_dim=1))
+
+    def __call__(self, attn, hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor = None,
+                 attention_mask: Optional[torch.Tensor] = None,
+                 image_rotary_emb: Optional[torch.Tensor] = None) -> torch.Tensor:
+        query, key, value, encoder_query, encoder_key, encoder_value = self._qkv(
+            attn, hidden_states, encoder_hidden_states)
+        query = query.unflatten(-1, (-1, attn.head_dim))
+        key = key.unflatten(-1, (-1, attn.head_dim))
+        value = value.unflatten(-1, (-1, attn.head_dim))
+        query = attn.norm_q(query)
+        key = attn.norm_k(key)
+        if attn.added_kv_proj_dim is not None:
+            encoder_query = encoder_query.unflatten(-1, (-1, attn.head_dim))
+            encoder_key = encoder_key.unflatten(-1, (-1, attn.head_dim))
+            encoder_value = encoder_value.unflatten(-1, (-1, attn.head_dim))
+            encoder_query = attn.norm_added_q(encoder_query)
+            encoder_key = attn.norm_added_k(encoder_key)
+            query = torch.cat([encoder_query, query], dim=1)
+            key = torch.cat([encoder_key, key], dim=1)
+            value = torch.cat([encoder_value, value], dim=1)
+        if image_rotary_emb is not None:
+            query, key = self._rotate(query, key, image_rotary_emb)
+        hidden_states = self._dispatch(query, key, value, attn_mask=attention_mask,
+                                       backend=self._attention_backend, parallel_config=self._parallel_config)
+        hidden_states = hidden_states.flatten(2, 3)
+        hidden_states = hidden_states.to(query.dtype)
+        if encoder_hidden_states is not None:
+            encoder_hidden_states, hidden_states = hidden_states.split_with_sizes(
+                [encoder_hidden_states.shape[1], hidden_states.shape[1] - encoder_hidden_states.shape[1]], dim=1)
+            hidden_states = attn.to_out[0](hidden_states.contiguous())
+            hidden_states = attn.to_out[1](hidden_states)
+            encoder_hidden_states = attn.to_add_out(encoder_hidden_states.contiguous())
+            return hidden_states, encoder_hidden_states
+        return hidden_states

@@ -1,0 +1,257 @@
+"""LTX-Video's replacements: its rotary embedding (which keeps the grid its angles came
+from), its attention processor (q/k RMSNorm and RoPE as one ``kiln.rms_norm_rope``) and its
+transformer block's AdaLN / gated-residual seams.
+
+Everything else (projections, attention, masks, the feed-forward) stays diffusers' own
+code, called in diffusers' order; anything kiln has no kernel for (other dtypes or
+devices, mixed dtypes, autograd, weights still on the meta device under sequential
+offload) takes diffusers' path.
+"""
+
+import inspect
+import sys
+from numbers import Real
+from typing import Callable, Optional
+
+import torch
+
+from .. import activation_ops, norm_ops, ops, rope_ops
+from .forwards import kiln_can_take, norm_eps
+
+
+class VideoRotaryEmbedding(tuple):
+    """``(cos, sin)`` as diffusers' ``LTXVideoRotaryPosEmbed`` returns them, plus the video
+    grid they were computed from, so a kiln processor can compute the angles in its kernel
+    instead of reading the two fp32 tables. Anything else sees the plain pair; a copy made
+    from the pair alone (accelerate rebuilds tuples as ``type(t)(items)`` when it moves
+    them) has no grid, and its tables are read."""
+
+    def __new__(cls, pair, grid=None, scale=None, base_sizes=None, patch_sizes=None, theta=None):
+        self = super().__new__(cls, pair)
+        self.grid, self.scale, self.base_sizes = grid, scale, base_sizes
+        self.patch_sizes, self.theta = patch_sizes, theta
+        return self
+
+
+def _plain_scale(scale) -> Optional[tuple]:
+    """The interpolation scale as three floats, or None where it is not three numbers."""
+    if scale is None or len(scale) != 3:
+        return None
+    values = []
+    for v in scale:
+        if isinstance(v, torch.Tensor) and v.numel() == 1 and v.device.type == "cpu":
+            v = v.item()
+        if not isinstance(v, Real):
+            return None
+        values.append(float(v))
+    return tuple(values)
+
+
+def video_rope(module: torch.nn.Module, original: Callable) -> Callable:
+    """``LTXVideoRotaryPosEmbed``: the original tables, tagged with their grid."""
+    signature = inspect.signature(original)
+
+    def forward(*args, **kwargs):
+        out = original(*args, **kwargs)
+        if torch.compiler.is_compiling():
+            return out
+        try:
+            bound = signature.bind(*args, **kwargs)
+        except TypeError:
+            return out
+        a = bound.arguments
+        frames, height, width = a.get("num_frames"), a.get("height"), a.get("width")
+        if a.get("video_coords") is not None or not all(isinstance(n, int) for n in (frames, height, width)):
+            return out
+        scale = a.get("rope_interpolation_scale")
+        plain = _plain_scale(scale)
+        if scale is not None and plain is None:
+            return out
+        cos, sin = out
+        return VideoRotaryEmbedding(
+            (cos, sin), (frames, height, width), plain,
+            (module.base_num_frames, module.base_height, module.base_width),
+            (module.patch_size_t, module.patch_size), float(module.theta))
+
+    return forward
+
+
+def _diffusers_module(processor: object):
+    return sys.modules[type(processor).__module__]
+
+
+def _weight(norm: torch.nn.Module, like: torch.Tensor, cache: dict) -> Optional[torch.Tensor]:
+    weight = getattr(norm, "weight", None)
+    if isinstance(weight, torch.Tensor):
+        return weight
+    # rms_norm_rope takes a weight; a norm without one multiplies by ones.
+    key = (like.shape[-1], like.dtype, like.device)
+    if key not in cache:
+        cache.clear()
+        cache[key] = torch.ones(like.shape[-1], dtype=like.dtype, device=like.device)
+    return cache[key]
+
+
+class LTXAttnProcessor:
+    """diffusers' ``LTXVideoAttnProcessor.__call__`` with ``norm_q``, ``norm_k`` and both
+    ``apply_rotary_emb`` calls as one ``kiln.rms_norm_rope`` (angles from the grid where
+    the rotary embedding carries one, else from diffusers' cos/sin), and the two norms of
+    cross-attention as ``kiln.rms_norm``. The attention backend and parallel settings are
+    the original processor's (set on either, both see them)."""
+
+    def __init__(self, original: object):
+        self.original = original
+        self._ones = {}
+        module = _diffusers_module(original)
+        self._apply_rotary_emb = module.apply_rotary_emb
+        self._dispatch = module.dispatch_attention_fn
+
+    @property
+    def _attention_backend(self):
+        return getattr(self.original, "_attention_backend", None)
+
+    @_attention_backend.setter
+    def _attention_backend(self, value):
+        self.original._attention_backend = value
+
+    @property
+    def _parallel_config(self):
+        return getattr(self.original, "_parallel_config", None)
+
+    @_parallel_config.setter
+    def _parallel_config(self, value):
+        self.original._parallel_config = value
+
+    def _norms(self, attn, query, key, image_rotary_emb):
+        """``norm_q(query)``, ``norm_k(key)`` then the rotation, as kiln calls where they can."""
+        wq, wk = _weight(attn.norm_q, query, self._ones), _weight(attn.norm_k, key, self._ones)
+        eps = norm_eps(attn.norm_q, query)
+        if not kiln_can_take(query, key, wq, wk) or eps != norm_eps(attn.norm_k, key) \
+                or query.dim() != 3 or wq.shape != (query.shape[-1],) or wk.shape != (key.shape[-1],):
+            return self._diffusers_norms(attn, query, key, image_rotary_emb)
+        if image_rotary_emb is None:
+            return ops.rms_norm(query, wq, eps), ops.rms_norm(key, wk, eps)
+        if query.shape != key.shape or query.shape[-1] < 6 or query.shape[-1] % 2:
+            return self._diffusers_norms(attn, query, key, image_rotary_emb)
+        grid = getattr(image_rotary_emb, "grid", None)
+        if grid is not None and grid[0] * grid[1] * grid[2] == query.shape[1]:
+            r = image_rotary_emb
+            return rope_ops.rms_norm_rope(
+                query, key, wq, wk, eps, grid=grid, rope_interpolation_scale=r.scale,
+                base_num_frames=r.base_sizes[0], base_height=r.base_sizes[1], base_width=r.base_sizes[2],
+                patch_size_t=r.patch_sizes[0], patch_size=r.patch_sizes[1], theta=r.theta)
+        cos, sin = image_rotary_emb
+        if _table_fits(cos, query) and _table_fits(sin, query):
+            return rope_ops.rms_norm_rope(query, key, wq, wk, eps, cos, sin)
+        return self._diffusers_norms(attn, query, key, image_rotary_emb)
+
+    def _diffusers_norms(self, attn, query, key, image_rotary_emb):
+        query, key = attn.norm_q(query), attn.norm_k(key)
+        if image_rotary_emb is not None:
+            query = self._apply_rotary_emb(query, image_rotary_emb)
+            key = self._apply_rotary_emb(key, image_rotary_emb)
+        return query, key
+
+    def __call__(self, attn, hidden_states: torch.Tensor, encoder_hidden_states: Optional[torch.Tensor] = None,
+                 attention_mask: Optional[torch.Tensor] = None,
+                 image_rotary_emb: Optional[torch.Tensor] = None) -> torch.Tensor:
+        batch_size, sequence_length, _ = (
+            hidden_states.shape if encoder_hidden_states is None else encoder_hidden_states.shape)
+        if attention_mask is not None:
+            attention_mask = attn.prepare_attention_mask(attention_mask, sequence_length, batch_size)
+            attention_mask = attention_mask.view(batch_size, attn.heads, -1, attention_mask.shape[-1])
+        if encoder_hidden_states is None:
+            encoder_hidden_states = hidden_states
+
+        query = attn.to_q(hidden_states)
+        key = attn.to_k(encoder_hidden_states)
+        value = attn.to_v(encoder_hidden_states)
+        query, key = self._norms(attn, query, key, image_rotary_emb)
+
+        query = query.unflatten(2, (attn.heads, -1))
+        key = key.unflatten(2, (attn.heads, -1))
+        value = value.unflatten(2, (attn.heads, -1))
+        hidden_states = self._dispatch(
+            query, key, value, attn_mask=attention_mask, dropout_p=0.0, is_causal=False,
+            backend=self._attention_backend, parallel_config=self._parallel_config)
+        hidden_states = hidden_states.flatten(2, 3)
+        hidden_states = hidden_states.to(query.dtype)
+        hidden_states = attn.to_out[0](hidden_states)
+        hidden_states = attn.to_out[1](hidden_states)
+        return hidden_states
+
+
+def _table_fits(table, x: torch.Tensor) -> bool:
+    """A cos/sin table rms_norm_rope reads as it is: [S, C] or [B or 1, S, C], fp32 or x's dtype."""
+    if not isinstance(table, torch.Tensor) or table.device != x.device:
+        return False
+    if table.dtype not in (torch.float32, x.dtype) or table.shape[-1] != x.shape[-1]:
+        return False
+    if table.dim() == 2:
+        return table.shape[0] == x.shape[1]
+    return table.dim() == 3 and table.shape[1] == x.shape[1] and table.shape[0] in (1, x.shape[0])
+
+
+def _residual(h: torch.Tensor, y: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    """``h + y * gate`` as one kiln call where it can, else as diffusers writes it."""
+    if y.shape == h.shape and kiln_can_take(h, y, gate):
+        return activation_ops.gated_residual(h, y, gate)
+    return h + y * gate
+
+
+def ltx_block(module: torch.nn.Module, original: Callable) -> Callable:
+    """``LTXVideoTransformerBlock.forward`` with its seams fused:
+
+    * ``norm1(h) * (1 + scale_msa) + shift_msa`` -> ``kiln.adaln`` (the table rows read
+      beside temb's slices, the sum never materialised);
+    * ``h + attn1 * gate_msa`` -> ``kiln.gated_residual``;
+    * ``h + attn2`` then ``norm2(h) * (1 + scale_mlp) + shift_mlp`` -> one
+      ``kiln.gated_adaln`` (gate 0 + 1: the add is exact, as diffusers' is);
+    * ``h + ff * gate_mlp`` -> ``kiln.gated_residual_`` into the fresh h.
+
+    The attentions and the feed-forward are the module's own, called as diffusers calls
+    them. kiln rounds each seam once where diffusers rounds after every elementwise op
+    (the outputs agree within an ulp or two per seam); the output dtype is the same."""
+    # diffusers' own signature (the probe checked the names), so no argument binding runs
+    # per call.
+    def forward(hidden_states, encoder_hidden_states, temb, image_rotary_emb=None, encoder_attention_mask=None):
+        h = hidden_states
+        args = (hidden_states, encoder_hidden_states, temb, image_rotary_emb, encoder_attention_mask)
+        kwargs = {}
+        table = module.scale_shift_table
+        w1, w2 = [w if isinstance(w, torch.Tensor) else None
+                  for w in (getattr(module.norm1, "weight", None), getattr(module.norm2, "weight", None))]
+        weights = [w for w in (w1, w2) if w is not None]
+        if not (isinstance(h, torch.Tensor) and isinstance(temb, torch.Tensor) and h.dim() == 3
+                and temb.dim() == 3 and kiln_can_take(h, temb, table, *weights)):
+            return original(*args, **kwargs)
+        b, t, d = h.shape
+        n = table.shape[0]
+        if n != 6 or table.shape[1] != d or temb.shape[0] != b or temb.shape[1] not in (1, t) \
+                or temb.shape[2] != n * d or any(w.shape != (d,) for w in weights):
+            return original(*args, **kwargs)
+        ada = norm_ops.ada_values(temb, n)  # shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp
+        norm_h = norm_ops.adaln(h, ada[:, :, 1], ada[:, :, 0], w1, norm_eps(module.norm1, h),
+                                "rms", table[1], table[0])
+        attn_out = module.attn1(hidden_states=norm_h, encoder_hidden_states=None,
+                                image_rotary_emb=image_rotary_emb)
+        # The gates as diffusers rounds them (table + temb in the model's dtype): [B, 1 or T, D].
+        h = _residual(h, attn_out, table[2] + ada[:, :, 2])
+        attn_out = module.attn2(h, encoder_hidden_states=encoder_hidden_states, image_rotary_emb=None,
+                                attention_mask=encoder_attention_mask)
+        if attn_out.shape != h.shape or not kiln_can_take(h, attn_out):
+            h = h + attn_out
+            norm_h = norm_ops.adaln(h, ada[:, :, 4], ada[:, :, 3], w2, norm_eps(module.norm2, h), "rms",
+                                    table[4], table[3])
+        else:
+            zero = h.new_zeros(1, 1, d).expand(b, 1, d)
+            one = h.new_ones(d)
+            h, norm_h = norm_ops.gated_adaln(h, attn_out, zero, ada[:, :, 4], ada[:, :, 3], w2,
+                                             norm_eps(module.norm2, h), "rms", one, table[4], table[3])
+        ff_out = module.ff(norm_h)
+        gate_mlp = table[5] + ada[:, :, 5]
+        if ff_out.shape == h.shape and kiln_can_take(h, ff_out, gate_mlp):
+            return activation_ops.gated_residual_(h, ff_out, gate_mlp)
+        return h + ff_out * gate_mlp
+
+    return forward

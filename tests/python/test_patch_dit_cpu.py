@@ -1,0 +1,437 @@
+"""kiln.patch on diffusion transformers (CPU): LTX-Video's attention processor and block
+seams, FLUX's attention RoPE and AdaLN modules, the LTX VAE's norms; patched vs unpatched,
+unpatch restoring the original processors and forwards, accelerate's hooks.
+
+Tolerances: in fp32 kiln and diffusers differ only in fp32 rounding order (1e-5 of the
+output's scale through a tiny model). In bf16 kiln rounds each fused seam once where
+diffusers rounds after every elementwise op; through two blocks the differences compound
+to a few bf16 ulps of the output's scale (8 ulps allowed, as for the module-level patch).
+"""
+
+import pytest
+import torch
+
+import kiln
+from kiln import activation_ops, norm_ops, ops as kiln_ops, rope_ops
+
+diffusers = pytest.importorskip("diffusers", reason="diffusers is not installed")
+from diffusers.models.transformers.transformer_flux import FluxAttnProcessor  # noqa: E402
+from diffusers.models.transformers.transformer_ltx import LTXVideoAttnProcessor  # noqa: E402
+
+from test_patch_diffusers_cpu import _ltx, _ltx_inputs, _ltx_out  # noqa: E402
+
+try:
+    import accelerate
+    import accelerate.hooks as accelerate_hooks
+except ImportError:
+    accelerate = None
+needs_accelerate = pytest.mark.skipif(accelerate is None, reason="accelerate is not installed")
+
+WRAPPED = ((kiln_ops, "rms_norm"), (norm_ops, "layer_norm"), (norm_ops, "adaln"), (norm_ops, "gated_adaln"),
+           (activation_ops, "gelu"), (activation_ops, "gated_residual"), (activation_ops, "gated_residual_"),
+           (rope_ops, "rms_norm_rope"), (rope_ops, "rope"))
+
+
+class Counter:
+    """Counts the kiln op wrappers' calls (and rms_norm_rope's calls with a grid)."""
+
+    def __init__(self, monkeypatch):
+        self.calls = {name: 0 for _, name in WRAPPED}
+        self.calls["rms_norm_rope grid"] = 0
+        for module, name in WRAPPED:
+            monkeypatch.setattr(module, name, self._wrap(name, getattr(module, name)))
+
+    def _wrap(self, name, fn):
+        def counted(*args, **kwargs):
+            self.calls[name] += 1
+            if kwargs.get("grid") is not None:
+                self.calls[name + " grid"] += 1
+            return fn(*args, **kwargs)
+
+        return counted
+
+    def used(self):
+        return {k: v for k, v in self.calls.items() if v}
+
+
+def _max_err(actual, expected):
+    assert actual.dtype == expected.dtype and actual.shape == expected.shape
+    return (actual.double() - expected.double()).abs().max().item()
+
+
+def _agree(actual, expected, dtype):
+    scale = expected.double().abs().max().item()
+    bound = 1e-5 * (1 + scale) if dtype == torch.float32 else 8 * 2**-8 * scale
+    assert _max_err(actual, expected) <= bound
+
+
+def _processors(model):
+    return {n: m.processor for n, m in model.named_modules() if hasattr(m, "processor")}
+
+
+def _instance_forwards(model):
+    """Modules with a kiln state or an instance forward other than their class's own
+    (accelerate leaves the class forward bound on the instance when its hook is removed)."""
+    def own(m):
+        f = m.__dict__.get("forward")
+        return f is None or getattr(f, "__func__", None) is type(m).forward
+    return [n for n, m in model.named_modules() if not own(m) or "_kiln_patch" in m.__dict__]
+
+
+# ---- LTX-Video -------------------------------------------------------------------------
+
+LTX_FUSED = {"rms_norm_rope": 2, "rms_norm_rope grid": 2, "rms_norm": 4, "adaln": 2, "gated_adaln": 2,
+             "gated_residual": 2, "gated_residual_": 2, "gelu": 2, "layer_norm": 1}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_ltx_patched_agrees_and_unpatch_restores(dtype, monkeypatch):
+    model = _ltx(dtype)
+    inputs = _ltx_inputs(dtype)
+    processors = _processors(model)
+    expected = _ltx_out(model, inputs)
+    report = kiln.patch(model)
+    kinds = {r.path: r.op for r in report.replaced}
+    assert kinds["rope"] == "rms_norm_rope (angles in-kernel)"
+    for b in ("transformer_blocks.0", "transformer_blocks.1"):
+        assert kinds[b] == "adaln + gated_residual + gated_adaln"
+        assert kinds[b + ".attn1"] == kinds[b + ".attn2"] == "rms_norm_rope + rms_norm"
+    assert report.left == []
+    for name, proc in _processors(model).items():
+        assert type(proc).__name__ == "LTXAttnProcessor" and proc.original is processors[name]
+    counter = Counter(monkeypatch)
+    actual = _ltx_out(model, inputs)
+    # Per block: one fused q/k norm + rope (self-attention) from the grid, two q/k norms
+    # (cross-attention), one adaln, one gated_adaln, two gated residuals; no other rms_norm.
+    assert counter.used() == LTX_FUSED
+    _agree(actual, expected, dtype)
+    assert kiln.unpatch(model) == len(report.replaced)
+    assert _processors(model) == processors and _instance_forwards(model) == []
+    assert torch.equal(_ltx_out(model, inputs), expected)
+
+
+def test_ltx_table_rope_when_coords_are_given(monkeypatch):
+    """With video_coords the rotary embedding has no grid: the diffusers tables are read."""
+    dtype = torch.float32
+    model = _ltx(dtype)
+    inputs = _ltx_inputs(dtype)
+    f, h, w = inputs.pop("num_frames"), inputs.pop("height"), inputs.pop("width")
+    grid = torch.stack(torch.meshgrid(torch.arange(f), torch.arange(h), torch.arange(w), indexing="ij"))
+    inputs["video_coords"] = (grid.flatten(1).float() * torch.tensor([[0.4], [32.0], [32.0]]))[None].repeat(2, 1, 1)
+    expected = _ltx_out(model, inputs)
+    kiln.patch(model)
+    counter = Counter(monkeypatch)
+    actual = _ltx_out(model, inputs)
+    assert counter.calls["rms_norm_rope"] == 2 and counter.calls["rms_norm_rope grid"] == 0
+    _agree(actual, expected, dtype)
+
+
+@pytest.mark.parametrize("scale", [(0.32, 32, 32), None, (torch.tensor(0.04), 32.0, 32.0)])
+def test_ltx_grid_with_interpolation_scales(scale, monkeypatch):
+    dtype = torch.float32
+    model = _ltx(dtype)
+    inputs = dict(_ltx_inputs(dtype), rope_interpolation_scale=scale)
+    expected = _ltx_out(model, inputs)
+    kiln.patch(model)
+    counter = Counter(monkeypatch)
+    actual = _ltx_out(model, inputs)
+    assert counter.calls["rms_norm_rope grid"] == 2
+    _agree(actual, expected, dtype)
+
+
+def test_ltx_with_grad_keeps_diffusers_path_exactly(monkeypatch):
+    model = _ltx(torch.float32)
+    inputs = _ltx_inputs(torch.float32)
+    expected = model(**inputs)[0]
+    kiln.patch(model)
+    counter = Counter(monkeypatch)
+    actual = model(**inputs)[0]
+    assert counter.used() == {}
+    assert torch.equal(actual, expected)
+
+
+def test_ltx_ops_filter_leaves_the_patterns():
+    model = _ltx(torch.float32)
+    report = kiln.patch(model, ops=["rms_norm"])
+    reasons = {l.path: l.reason for l in report.left}
+    assert "rms_norm_rope is not in ops" in reasons["transformer_blocks.0.attn1"]
+    assert "rms_norm_rope is not in ops" in reasons["rope"]
+    assert "adaln is not in ops" in reasons["transformer_blocks.1"]
+    assert all(type(p) is LTXVideoAttnProcessor for p in _processors(model).values())
+    kiln.unpatch(model)
+
+
+def test_ltx_attention_backend_set_after_patch_reaches_the_original():
+    model = _ltx(torch.float32)
+    kiln.patch(model)
+    attn = model.transformer_blocks[0].attn1
+    original = attn.processor.original
+    attn.processor._attention_backend = "native"
+    assert original._attention_backend == "native"
+    kiln.unpatch(model)
+    assert attn.processor is original
+
+
+def test_processor_replaced_after_patch_is_kept():
+    model = _ltx(torch.float32)
+    kiln.patch(model)
+    attn = model.transformer_blocks[0].attn1
+    mine = LTXVideoAttnProcessor()
+    attn.set_processor(mine)
+    with pytest.warns(UserWarning, match="attention processor was replaced after kiln.patch"):
+        kiln.unpatch(model)
+    assert attn.processor is mine
+
+
+def test_ltx_block_with_other_seams_is_left():
+    """A block whose norm1 is a LayerNorm does not compute LTX-Video's RMSNorm seams."""
+    model = _ltx(torch.float32)
+    block = model.transformer_blocks[0]
+    block.norm1 = torch.nn.LayerNorm(block.scale_shift_table.shape[1], elementwise_affine=False)
+    report = kiln.patch(model)
+    reasons = {l.path: l.reason for l in report.left}
+    assert reasons["transformer_blocks.0"].startswith("norm1 computes layer_norm, not an RMSNorm")
+    assert "transformer_blocks.1" in {r.path for r in report.replaced}
+
+
+def test_ltx_block_with_another_formula_is_left():
+    """A block class that computes something else with the same attributes is left."""
+    model = _ltx(torch.float32)
+    block = model.transformer_blocks[0]
+
+    class OtherBlock(type(block)):
+        def forward(self, hidden_states, encoder_hidden_states, temb, image_rotary_emb=None,
+                    encoder_attention_mask=None):
+            return super().forward(hidden_states, encoder_hidden_states, temb, image_rotary_emb,
+                                   encoder_attention_mask) * 2
+
+    block.__class__ = OtherBlock
+    report = kiln.patch(model)
+    reasons = {l.path: l.reason for l in report.left}
+    assert "does not compute LTX-Video's block seams" in reasons["transformer_blocks.0"]
+
+
+def test_ltx_attention_with_a_layer_norm_is_left(monkeypatch):
+    model = _ltx(torch.float32)
+    inputs = _ltx_inputs(torch.float32)
+    attn = model.transformer_blocks[0].attn1
+    attn.norm_q = torch.nn.LayerNorm(attn.inner_dim, elementwise_affine=False)
+    expected = _ltx_out(model, inputs)
+    report = kiln.patch(model)
+    reasons = {l.path: l.reason for l in report.left}
+    assert reasons["transformer_blocks.0.attn1"].startswith("norm_q computes layer_norm, not an RMSNorm")
+    assert type(attn.processor) is LTXVideoAttnProcessor
+    counter = Counter(monkeypatch)
+    _agree(_ltx_out(model, inputs), expected, torch.float32)
+    assert counter.calls["rms_norm_rope"] == 1
+
+
+@needs_accelerate
+@pytest.mark.parametrize("order", ["hook_then_patch", "patch_then_hook"])
+def test_ltx_inside_accelerate_hooks(order, monkeypatch):
+    class CountingHook(accelerate_hooks.ModelHook):
+        calls = 0
+
+        def pre_forward(self, module, *args, **kwargs):
+            CountingHook.calls += 1
+            return args, kwargs
+
+    model = _ltx(torch.float32)
+    inputs = _ltx_inputs(torch.float32)
+    expected = _ltx_out(model, inputs)
+    targets = [model.transformer_blocks[0], model.transformer_blocks[0].attn1, model.rope]
+    if order == "patch_then_hook":
+        kiln.patch(model)
+    for m in targets:
+        accelerate_hooks.add_hook_to_module(m, CountingHook())
+    if order == "hook_then_patch":
+        kiln.patch(model)
+    block = model.transformer_blocks[0]
+    assert block._old_forward is block.__dict__["_kiln_patch"].patched  # inside the hook
+    counter = Counter(monkeypatch)
+    actual = _ltx_out(model, inputs)
+    assert CountingHook.calls == 3
+    assert counter.used() == LTX_FUSED
+    _agree(actual, expected, torch.float32)
+    kiln.unpatch(model)
+    assert block._old_forward.__func__ is type(block).forward
+    assert torch.equal(_ltx_out(model, inputs), expected)
+    for m in targets:
+        accelerate_hooks.remove_hook_from_module(m)
+    assert _instance_forwards(model) == []
+
+
+@needs_accelerate
+@pytest.mark.parametrize("order", ["offload_then_patch", "patch_then_offload"])
+def test_ltx_model_cpu_offload_hook(order, monkeypatch):
+    """enable_model_cpu_offload's hook: one hook on the whole model, which brings all of
+    its weights to the execution device around the forward."""
+    model = _ltx(torch.float32)
+    inputs = _ltx_inputs(torch.float32)
+    expected = _ltx_out(model, inputs)
+    if order == "offload_then_patch":
+        accelerate.cpu_offload_with_hook(model, execution_device=torch.device("cpu"))
+        report = kiln.patch(model)
+    else:
+        report = kiln.patch(model)
+        accelerate.cpu_offload_with_hook(model, execution_device=torch.device("cpu"))
+    assert report.left == []
+    counter = Counter(monkeypatch)
+    actual = _ltx_out(model, inputs)
+    assert counter.used() == LTX_FUSED
+    _agree(actual, expected, torch.float32)
+    kiln.unpatch(model)
+    assert torch.equal(_ltx_out(model, inputs), expected)
+
+
+@needs_accelerate
+@pytest.mark.parametrize("order", ["offload_then_patch", "patch_then_offload"])
+def test_ltx_sequential_cpu_offload(order, monkeypatch):
+    """Sequential offload keeps each leaf's weights on the meta device until that leaf
+    runs: the block seams (whose table the block's own hook brings in) still fuse; the
+    attention processors, which read norm_q/norm_k's weights without calling them, take
+    diffusers' path for the norms."""
+    model = _ltx(torch.float32)
+    inputs = _ltx_inputs(torch.float32)
+    expected = _ltx_out(model, inputs)
+    if order == "offload_then_patch":
+        accelerate.cpu_offload(model, execution_device=torch.device("cpu"))
+        assert model.transformer_blocks[0].attn1.norm_q.weight.device.type == "meta"
+        report = kiln.patch(model)
+    else:
+        report = kiln.patch(model)
+        accelerate.cpu_offload(model, execution_device=torch.device("cpu"))
+    assert report.left == []
+    counter = Counter(monkeypatch)
+    actual = _ltx_out(model, inputs)
+    assert counter.calls["adaln"] == 2 and counter.calls["gated_adaln"] == 2
+    assert counter.calls["rms_norm_rope"] == 0 and counter.calls["rms_norm"] == 8  # the q/k norm modules
+    assert counter.calls["gated_residual"] == 2 and counter.calls["gated_residual_"] == 2
+    _agree(actual, expected, torch.float32)
+    kiln.unpatch(model)
+    assert torch.equal(_ltx_out(model, inputs), expected)
+
+
+# ---- FLUX ------------------------------------------------------------------------------
+
+
+def _flux(dtype, device="cpu"):
+    torch.manual_seed(0)
+    model = diffusers.FluxTransformer2DModel(
+        patch_size=1, in_channels=8, num_layers=1, num_single_layers=2, attention_head_dim=16,
+        num_attention_heads=2, joint_attention_dim=24, pooled_projection_dim=12, guidance_embeds=False,
+        axes_dims_rope=(4, 6, 6)).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.add_(0.2 * torch.randn_like(p))
+    return model.to(device=device, dtype=dtype)
+
+
+def _flux_inputs(dtype, device="cpu"):
+    g = torch.Generator().manual_seed(3)
+    s, t = 12, 5
+    ids = torch.stack(torch.meshgrid(torch.zeros(1), torch.arange(3.0), torch.arange(4.0), indexing="ij"), -1)
+    return dict(hidden_states=torch.randn(2, s, 8, generator=g).to(device, dtype),
+                encoder_hidden_states=torch.randn(2, t, 24, generator=g).to(device, dtype),
+                pooled_projections=torch.randn(2, 12, generator=g).to(device, dtype),
+                timestep=torch.tensor([0.3, 0.7]).to(device, dtype), img_ids=ids.reshape(s, 3).to(device),
+                txt_ids=torch.zeros(t, 3, device=device), return_dict=False)
+
+
+def _flux_out(model, inputs):
+    with torch.no_grad():
+        return model(**inputs)[0]
+
+
+FLUX_FUSED = {"adaln": 5, "rope": 3, "rms_norm": 8, "layer_norm": 2, "gelu": 2}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_flux_patched_agrees_and_unpatch_restores(dtype, monkeypatch):
+    model = _flux(dtype)
+    inputs = _flux_inputs(dtype)
+    processors = _processors(model)
+    expected = _flux_out(model, inputs)
+    report = kiln.patch(model)
+    kinds = {r.path: r.kind for r in report.replaced}
+    assert kinds["transformer_blocks.0.norm1"] == kinds["transformer_blocks.0.norm1_context"] \
+        == "adaln (layer norm, zero)"
+    assert kinds["single_transformer_blocks.1.norm"] == "adaln (layer norm, zero single)"
+    assert kinds["norm_out"] == "adaln (layer norm, continuous)"
+    assert kinds["transformer_blocks.0.attn"] == "flux attention (rope of q and k)"
+    assert report.left == []
+    counter = Counter(monkeypatch)
+    actual = _flux_out(model, inputs)
+    # AdaLN: 2 (double block) + 2 (single blocks) + 1 (output); one rope per attention;
+    # the per-head q/k norms stay modules: 4 + 2 * 2; norm2 / norm2_context LayerNorms.
+    assert counter.used() == FLUX_FUSED
+    _agree(actual, expected, dtype)
+    assert kiln.unpatch(model) == len(report.replaced)
+    assert _processors(model) == processors and _instance_forwards(model) == []
+    assert all(type(p) is FluxAttnProcessor for p in processors.values())
+    assert torch.equal(_flux_out(model, inputs), expected)
+
+
+def test_flux_adaln_with_affine_norm_is_left():
+    from diffusers.models.normalization import AdaLayerNormContinuous
+
+    norm = AdaLayerNormContinuous(32, 16, elementwise_affine=True, eps=1e-6)
+    report = kiln.patch(norm)
+    assert [(l.path, l.cls) for l in report.left] == [("", "AdaLayerNormContinuous")]
+    assert "bias" in report.left[0].reason
+
+
+@pytest.mark.parametrize("norm_type", ["layer_norm", "rms_norm"])
+def test_adaln_continuous_norm_types(norm_type, monkeypatch):
+    from diffusers.models.normalization import AdaLayerNormContinuous
+
+    module = AdaLayerNormContinuous(32, 16, elementwise_affine=False, eps=1e-6, norm_type=norm_type).eval()
+    g = torch.Generator().manual_seed(0)
+    x, e = torch.randn(3, 7, 32, generator=g) + 0.5, torch.randn(3, 16, generator=g)
+    with torch.no_grad():
+        expected = module(x, e)
+        report = kiln.patch(module)
+        assert report.replaced[0].kind == f"adaln ({norm_type.split('_')[0]} norm, continuous)"
+        counter = Counter(monkeypatch)
+        actual = module(x, e)
+    assert counter.calls["adaln"] == 1
+    _agree(actual, expected, torch.float32)
+
+
+# ---- the LTX VAE -----------------------------------------------------------------------
+
+
+def _ltx_vae():
+    torch.manual_seed(0)
+    vae = diffusers.AutoencoderKLLTXVideo(
+        in_channels=3, out_channels=3, latent_channels=8, block_out_channels=(8, 16),
+        decoder_block_out_channels=(8, 16), layers_per_block=(1, 1, 1), decoder_layers_per_block=(1, 1, 1),
+        spatio_temporal_scaling=(True, False), decoder_spatio_temporal_scaling=(True, False),
+        decoder_inject_noise=(False, False, False), upsample_residual=(False, False), upsample_factor=(1, 1),
+        patch_size=2, patch_size_t=1).eval()
+    with torch.no_grad():
+        for name, p in vae.named_parameters():
+            if "norm" in name:
+                p.add_(0.2 * torch.randn_like(p))
+    return vae
+
+
+def test_ltx_vae_channel_norms(monkeypatch):
+    """The VAE's RMSNorms run over channels after a movedim (a last dimension of stride
+    T*H*W): recognised as RMSNorms by what they compute, and agree on that layout."""
+    vae = _ltx_vae()
+    x = torch.randn(1, 3, 5, 16, 16, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        expected = vae(x).sample
+        report = kiln.patch(vae)
+        counter = Counter(monkeypatch)
+        actual = vae(x).sample
+        ops_by_path = {r.path: r.op for r in report.replaced}
+        assert ops_by_path["encoder.down_blocks.0.resnets.0.norm1"] == "rms_norm"
+        assert ops_by_path["decoder.norm_out"] == "rms_norm"
+        assert report.left == []
+        assert counter.calls["rms_norm"] == 18 and counter.calls["layer_norm"] == 2
+        _agree(actual, expected, torch.float32)
+        kiln.unpatch(vae)
+        assert torch.equal(vae(x).sample, expected)

@@ -1,0 +1,92 @@
+"""kiln.patch on diffusion transformers on a GPU in bf16: the patched model must be as close
+to the fp32 model as the unpatched bf16 one is (kiln rounds each fused seam once, diffusers
+after every op, so the patched error is expected at or below the original's), for tiny
+LTX-Video and FLUX transformers and one default-size LTX-Video block."""
+
+import copy
+
+import pytest
+import torch
+
+import kiln
+
+diffusers = pytest.importorskip("diffusers", reason="diffusers is not installed")
+from diffusers.models.transformers.transformer_ltx import (  # noqa: E402
+    LTXVideoRotaryPosEmbed, LTXVideoTransformerBlock)
+
+from test_patch_diffusers_cpu import _ltx, _ltx_inputs, _ltx_out  # noqa: E402
+from test_patch_dit_cpu import FLUX_FUSED, LTX_FUSED, Counter, _flux, _flux_inputs, _flux_out  # noqa: E402
+
+
+def _as_close_as_the_original(patched, original, truth):
+    err_original = (original.double() - truth.double()).abs().max().item()
+    err_patched = (patched.double() - truth.double()).abs().max().item()
+    assert patched.dtype == original.dtype == torch.bfloat16
+    assert err_patched <= 1.5 * err_original + 1e-2 * truth.double().abs().max().item(), (err_patched, err_original)
+
+
+@pytest.mark.gpu
+def test_ltx_tiny_bf16_cuda(monkeypatch):
+    truth = _ltx_out(_ltx(torch.float32, "cuda"), _ltx_inputs(torch.float32, "cuda"))
+    model = _ltx(torch.bfloat16, "cuda")
+    inputs = _ltx_inputs(torch.bfloat16, "cuda")
+    original = _ltx_out(model, inputs)
+    report = kiln.patch(model)
+    assert report.left == []
+    counter = Counter(monkeypatch)
+    patched = _ltx_out(model, inputs)
+    assert counter.used() == LTX_FUSED
+    _as_close_as_the_original(patched, original, truth)
+    kiln.unpatch(model)
+    assert torch.equal(_ltx_out(model, inputs), original)
+
+
+@pytest.mark.gpu
+def test_flux_tiny_bf16_cuda(monkeypatch):
+    truth = _flux_out(_flux(torch.float32, "cuda"), _flux_inputs(torch.float32, "cuda"))
+    model = _flux(torch.bfloat16, "cuda")
+    inputs = _flux_inputs(torch.bfloat16, "cuda")
+    original = _flux_out(model, inputs)
+    report = kiln.patch(model)
+    assert report.left == []
+    counter = Counter(monkeypatch)
+    patched = _flux_out(model, inputs)
+    assert counter.used() == FLUX_FUSED
+    _as_close_as_the_original(patched, original, truth)
+    kiln.unpatch(model)
+    assert torch.equal(_flux_out(model, inputs), original)
+
+
+@pytest.mark.gpu
+def test_ltx_default_size_block_bf16_cuda(monkeypatch):
+    """LTX-Video's default block (2048 wide, 32 heads of 64, cross-attention 2048) on a
+    4 x 16 x 24 latent grid, its angles computed in the kernel from the grid."""
+    torch.manual_seed(0)
+    dim, frames, height, width = 2048, 4, 16, 24
+    block = LTXVideoTransformerBlock(dim, 32, 64, cross_attention_dim=2048).eval().cuda()
+    rope = LTXVideoRotaryPosEmbed(dim)
+    g = torch.Generator(device="cuda").manual_seed(1)
+    s = frames * height * width
+    h = torch.randn(1, s, dim, device="cuda", generator=g)
+    enc = torch.randn(1, 128, dim, device="cuda", generator=g)
+    temb = torch.randn(1, 1, 6 * dim, device="cuda", generator=g)
+    mask = torch.zeros(1, 1, 128, device="cuda")
+    mask[..., 100:] = -10000.0
+    scale = (0.32, 32.0, 32.0)
+
+    def run(module, dtype, rope_module):
+        table = rope_module(h, frames, height, width, scale)
+        with torch.no_grad():
+            return module(h.to(dtype), enc.to(dtype), temb.to(dtype), table, mask.to(dtype))
+
+    truth = run(block, torch.float32, rope)
+    block = copy.deepcopy(block).to(torch.bfloat16)
+    original = run(block, torch.bfloat16, rope)
+    assert len(kiln.patch(block).replaced) == 10 and len(kiln.patch(rope).replaced) == 1
+    counter = Counter(monkeypatch)
+    patched = run(block, torch.bfloat16, rope)
+    assert counter.calls["rms_norm_rope grid"] == 1 and counter.calls["gated_adaln"] == 1
+    _as_close_as_the_original(patched, original, truth)
+    kiln.unpatch(block)
+    kiln.unpatch(rope)
+    assert torch.equal(run(block, torch.bfloat16, rope), original)
