@@ -15,7 +15,9 @@ namespace kiln::jit {
 struct EvaluatorOptions {
   int warmup_runs = 3;
   int min_repetitions = 10;
-  int max_repetitions = 50;
+  // A kernel of a few microseconds jitters by a tenth of its time from run to run: its median
+  // needs a few hundred samples to separate configs 3% apart (each costs microseconds).
+  int max_repetitions = 200;
   double budget_ms = 20;  // GPU time spent timing one candidate, beyond the minimum
 };
 
