@@ -207,4 +207,13 @@ Expected<CompiledKernel> compile(const CompileRequest& request, BinaryStore* sto
   }
 }
 
+std::optional<CompiledKernel> find_stored(const CompileRequest& request, BinaryStore* store) {
+  if (!store) return std::nullopt;
+  require_family(request);
+  const CompileTarget target = target_for(request);
+  const std::string expression = request.family->name_expression(request.problem, request.config);
+  const std::string key = key_for(target, specialised_source(request), expression);
+  return stored_kernel(*store, request, target, key, expression, true);
+}
+
 }  // namespace kiln::jit

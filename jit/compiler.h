@@ -2,6 +2,7 @@
 // with NVRTC, and go through the binary store. Needs no GPU (the offline half of kiln).
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -50,5 +51,9 @@ std::string binary_key(const CompileRequest& request);
 // missing the same key at once compile it once; a hit never locks. Compiles and their time
 // are counted in the cache's statistics.
 Expected<CompiledKernel> compile(const CompileRequest& request, BinaryStore* store);
+
+// The stored binary for `request`, never compiling (what a CUDA graph capture may use);
+// nullopt when `store` is null or has no valid entry for it.
+std::optional<CompiledKernel> find_stored(const CompileRequest& request, BinaryStore* store);
 
 }  // namespace kiln::jit

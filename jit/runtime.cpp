@@ -70,6 +70,16 @@ Settings Settings::from_env() {
     }
     settings.tune_mode = *mode;
   }
+  const char* capture = std::getenv("KILN_CAPTURE");
+  if (capture && *capture) {
+    const auto mode = parse_capture_mode(capture);
+    if (!mode) {
+      throw Error(
+          std::string("kiln settings: KILN_CAPTURE: expected one of heuristic, error, got '") +
+          capture + "'");
+    }
+    settings.capture_mode = *mode;
+  }
   return settings;
 }
 
@@ -146,7 +156,7 @@ struct Runtime::Impl {
   // The config to use: a stored tuning result for the device, else a prewarm record for its
   // arch (when `use_prewarm`), else a tune, else the heuristic.
   Config choose_config(const TableKey& key, const Family& family, const DeviceInfo& info,
-                       const Settings& settings, BinaryStore* store, CUstream stream,
+                       const Settings& settings, BinaryStore* store, bool capturing,
                        bool& heuristic_only, bool& from_prewarm, bool use_prewarm = true) {
     const DeviceTraits traits = info.traits();
     const std::string fingerprint = info.fingerprint();
@@ -199,12 +209,8 @@ struct Runtime::Impl {
                 ": using the heuristic config " + heuristic.key());
       return heuristic;
     }
-    if (stream_is_capturing(key.device, stream)) {
-      log::info("kiln: " + where(key) +
-                " first seen while a CUDA graph is being captured: using the heuristic config " +
-                heuristic.key() + " without tuning (not stored)");
-      return fallback(heuristic);
-    }
+    // Never tune inside a capture (jit/capture_policy.h).
+    if (capturing) return fallback(heuristic);
     try {
       GpuEvaluator evaluator(info, store);
       const TuneResult result =
@@ -221,6 +227,59 @@ struct Runtime::Impl {
                 heuristic.key() + " (not stored): " + error.message());
       return fallback(heuristic);
     }
+  }
+
+  // A function this process already loaded for (device, problem, config) at another row
+  // bucket, usable for `key`'s bucket (its dynamic shared memory opt-in covers this one's).
+  const Kernel* loaded_elsewhere(const TableKey& key, const Config& config) const {
+    constexpr std::uint32_t kDefaultDynamicSmem = 48 * 1024;
+    const Family& fam = family(key.problem.op);
+    const std::uint32_t needed = fam.geometry(key.problem, config, key.bucket).smem_bytes;
+    std::shared_lock lock(table_mutex);
+    for (const auto& [other, kernel] : table) {
+      if (other.device != key.device || !(other.problem == key.problem) ||
+          !(kernel->config == config)) {
+        continue;
+      }
+      if (needed <= kDefaultDynamicSmem ||
+          fam.geometry(key.problem, config, other.bucket).smem_bytes >= needed) {
+        return kernel.get();
+      }
+    }
+    return nullptr;
+  }
+
+  // Readies `kernel` inside a CUDA graph capture without compiling: its config's function
+  // from memory (another bucket) or its binary from the store, else the same for the family's
+  // heuristic config (switching `kernel` to it). Returns the binary to load, or nullopt when
+  // `kernel.function` was set from memory. Neither present is an error naming the fix.
+  std::optional<CompiledKernel> ready_in_capture(const TableKey& key, Kernel& kernel,
+                                                 const DeviceInfo& info, BinaryStore* store) {
+    const Config chosen = kernel.config;
+    const Config heuristic = kernel.family->heuristic(key.problem, info.traits());
+    std::vector<Config> candidates{chosen};
+    if (!(heuristic == chosen)) candidates.push_back(heuristic);
+    for (const Config& config : candidates) {
+      if (!(config == chosen)) {
+        log::info("kiln: " + where(key) + " first seen during a CUDA graph capture: config " +
+                  chosen.key() + " is neither loaded nor in the binary store; trying the " +
+                  "heuristic " + config.key());
+        kernel.config = config;
+        kernel.heuristic_only = true;
+        kernel.from_prewarm = false;
+      }
+      if (const Kernel* loaded = loaded_elsewhere(key, config)) {
+        kernel.function = loaded->function;
+        kernel.binary_key = loaded->binary_key;
+        return std::nullopt;
+      }
+      const CompileRequest request{kernel.family, key.problem, config, info.sm(),
+                                   BinaryFormat::cubin};
+      if (auto stored = find_stored(request, store)) return stored;
+    }
+    throw Error(capture_miss_message(key.problem, key.bucket, key.device,
+                                     "is neither loaded nor in the binary store (config " +
+                                         chosen.key() + ", heuristic " + heuristic.key() + ")"));
   }
 };
 
@@ -254,21 +313,40 @@ const Kernel& Runtime::kernel(int device, const Problem& problem, std::int64_t r
   const Settings settings = impl_->current_settings();
   const std::shared_ptr<BinaryStore> store = impl_->current_store();
 
+  const bool capturing = stream_is_capturing(device, stream);
+  if (capturing && settings.capture_mode == CaptureMode::error) {
+    throw Error(capture_miss_message(problem, key.bucket, device,
+                                     "is not loaded in this process (KILN_CAPTURE=error)"));
+  }
+
   auto kernel = std::make_unique<Kernel>();
   kernel->family = &fam;
   kernel->problem = problem;
   kernel->device = device;
+  kernel->bucket = key.bucket;
+  kernel->in_capture = capturing;
   impl_->record(settings, problem, info.sm());
-  kernel->config = impl_->choose_config(key, fam, info, settings, store.get(), stream,
+  kernel->config = impl_->choose_config(key, fam, info, settings, store.get(), capturing,
                                         kernel->heuristic_only, kernel->from_prewarm);
 
-  const CompileRequest request{&fam, problem, kernel->config, info.sm(), BinaryFormat::cubin};
-  Expected<CompiledKernel> compiled = jit::compile(request, store.get());
-  if (!compiled) throw compiled.error();
-  ++(compiled->from_cache ? impl_->binary_hits : impl_->compiles);
-  const LaunchGeometry geometry = fam.geometry(problem, kernel->config, key.bucket);
-  kernel->function = load_kernel(device, compiled.value(), geometry.smem_bytes).function;
-  kernel->binary_key = compiled->key;
+  std::optional<CompiledKernel> compiled;
+  if (capturing) {
+    compiled = impl_->ready_in_capture(key, *kernel, info, store.get());
+    log::info("kiln: " + where(key) + " first seen during a CUDA graph capture: config " +
+              kernel->config.key() + (compiled ? " loaded from the binary store" : " reused") +
+              " (no compile, no tuning)");
+  } else {
+    Expected<CompiledKernel> fresh = jit::compile(
+        CompileRequest{&fam, problem, kernel->config, info.sm(), BinaryFormat::cubin}, store.get());
+    if (!fresh) throw fresh.error();
+    compiled = std::move(fresh.value());
+  }
+  if (compiled) {
+    ++(compiled->from_cache ? impl_->binary_hits : impl_->compiles);
+    const LaunchGeometry geometry = fam.geometry(problem, kernel->config, key.bucket);
+    kernel->function = load_kernel(device, *compiled, geometry.smem_bytes).function;
+    kernel->binary_key = compiled->key;
+  }
 
   std::unique_lock lock(impl_->table_mutex);
   const auto [it, inserted] = impl_->table.emplace(key, std::move(kernel));
@@ -286,8 +364,8 @@ bool Runtime::tune_and_store(int device, const Problem& problem, std::int64_t ro
   const std::shared_ptr<BinaryStore> store = impl_->current_store();
   const std::uint64_t tunes_before = impl_->tunes.load();
   bool heuristic_only = false, from_prewarm = false;
-  impl_->choose_config(key, fam, info, settings, store.get(), nullptr, heuristic_only, from_prewarm,
-                       /*use_prewarm=*/false);
+  impl_->choose_config(key, fam, info, settings, store.get(), stream_is_capturing(device, nullptr),
+                       heuristic_only, from_prewarm, /*use_prewarm=*/false);
   return impl_->tunes.load() > tunes_before;
 }
 
@@ -340,6 +418,14 @@ RuntimeStats Runtime::stats() const {
 
 void Runtime::forget_kernels() {
   impl_->forget();
+}
+
+std::vector<Kernel> Runtime::loaded_kernels() const {
+  std::shared_lock lock(impl_->table_mutex);
+  std::vector<Kernel> kernels;
+  kernels.reserve(impl_->table.size());
+  for (const auto& [key, kernel] : impl_->table) kernels.push_back(*kernel);
+  return kernels;
 }
 
 }  // namespace kiln::jit

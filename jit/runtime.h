@@ -7,8 +7,10 @@
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "cache/settings.h"
+#include "jit/capture_policy.h"
 #include "jit/cuda_api.h"
 #include "jit/device.h"
 #include "templates/family.h"
@@ -23,7 +25,9 @@ struct Settings {
   // Where every specialisation this process asks for is appended (a manifest for
   // `kiln prewarm --manifest`); empty: not recording.
   std::filesystem::path record_path;
-  // From KILN_CACHE_DIR, KILN_CACHE, KILN_TUNE, KILN_RECORD.
+  // What a kernel first needed during a CUDA graph capture may use (jit/capture_policy.h).
+  CaptureMode capture_mode = CaptureMode::heuristic;
+  // From KILN_CACHE_DIR, KILN_CACHE, KILN_TUNE, KILN_RECORD, KILN_CAPTURE.
   static Settings from_env();
 };
 
@@ -36,6 +40,8 @@ struct Kernel {
   std::string binary_key;
   bool heuristic_only = false;  // resolved without a tuning result (tune off, or capturing)
   bool from_prewarm = false;    // config taken from a prewarm record (jit/prewarm.h)
+  bool in_capture = false;      // first resolved while its stream was being captured
+  std::int64_t bucket = 0;      // the row bucket it serves
 };
 
 struct RuntimeStats {
@@ -52,7 +58,8 @@ class Runtime {
   static Runtime& get();
 
   // Hot path: a table lookup. A miss resolves (and may compile and tune); while `stream` is
-  // capturing a CUDA graph, no tune is run (stored result or heuristic).
+  // capturing a CUDA graph, nothing is compiled or tuned: the kernel comes from the binary
+  // store or the call throws (KILN_CAPTURE, jit/capture_policy.h).
   const Kernel& kernel(int device, const Problem& problem, std::int64_t rows, CUstream stream);
   // For `kiln prewarm --tune`: tunes (device, problem, row bucket of `rows`) and stores the
   // result, unless the tuning database already has one for the device. Returns true when it
@@ -70,6 +77,8 @@ class Runtime {
   RuntimeStats stats() const;
   // Drops the in-memory table (next call resolves from disk), keeping loaded modules alive.
   void forget_kernels();
+  // A copy of every kernel in the in-memory table (what this process has ready to launch).
+  std::vector<Kernel> loaded_kernels() const;
 
   ~Runtime();
 

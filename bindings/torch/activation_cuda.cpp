@@ -59,8 +59,9 @@ void run(const at::Tensor& like, Problem problem, std::int64_t rows, Elementwise
   launch_op(like, problem, rows, &params);
 }
 
+// `into`, when given, is the output (contiguous, of the output's shape); else a new tensor.
 at::Tensor gated_cuda(Op op, const at::Tensor& gate, const std::optional<at::Tensor>& up,
-                      bool up_first, std::uint32_t flags) {
+                      bool up_first, std::uint32_t flags, const at::Tensor* into = nullptr) {
   const char* name = op == Op::swiglu ? "swiglu" : "geglu";
   const DType dtype = check_gated(name, gate, up);
   require_cuda(name, "gate", gate);
@@ -78,7 +79,8 @@ at::Tensor gated_cuda(Op op, const at::Tensor& gate, const std::optional<at::Ten
   }
   c10::SmallVector<std::int64_t, 6> sizes(gate.sizes().begin(), gate.sizes().end());
   sizes.back() = width;
-  at::Tensor out = at::empty(sizes, gate.options().memory_format(at::MemoryFormat::Contiguous));
+  at::Tensor out =
+      into ? *into : at::empty(sizes, gate.options().memory_format(at::MemoryFormat::Contiguous));
   const std::int64_t rows = out.numel() / width;
   if (rows == 0) return out;
 
@@ -125,6 +127,11 @@ void gated_residual_into(const char* name, const GateLayout& layout, const at::T
 
 at::Tensor swiglu_cuda(const at::Tensor& gate, const std::optional<at::Tensor>& up, bool up_first) {
   return gated_cuda(Op::swiglu, gate, up, up_first, 0);
+}
+
+void swiglu_cuda_into(const at::Tensor& gate, const std::optional<at::Tensor>& up, bool up_first,
+                      const at::Tensor& out) {
+  gated_cuda(Op::swiglu, gate, up, up_first, 0, &out);
 }
 
 at::Tensor geglu_cuda(const at::Tensor& gate, const std::optional<at::Tensor>& up,

@@ -3,7 +3,9 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <string>
+#include <vector>
 
 #include "bindings/torch/cache_module.h"
 #include "bindings/torch/report_module.h"
@@ -100,12 +102,20 @@ py::dict settings_dict() {
   d["cache_mode"] = std::string(cache_mode_name(s.cache_mode));
   d["tune_mode"] = std::string(tune_mode_name(s.tune_mode));
   d["record"] = s.record_path.string();
+  d["capture"] = std::string(jit::capture_mode_name(s.capture_mode));
   return d;
 }
 
 void set_settings(const py::object& cache_dir, const py::object& cache_mode,
-                  const py::object& tune_mode, const py::object& record) {
+                  const py::object& tune_mode, const py::object& record,
+                  const py::object& capture_mode) {
   jit::Settings s = jit::Runtime::get().settings();
+  if (!capture_mode.is_none()) {
+    const auto text = capture_mode.cast<std::string>();
+    const auto mode = jit::parse_capture_mode(text);
+    if (!mode) throw ArgumentError("configure", "capture", "heuristic or error", text);
+    s.capture_mode = *mode;
+  }
   if (!record.is_none()) s.record_path = record.cast<std::string>();
   if (!cache_dir.is_none()) s.cache_dir = cache_dir.cast<std::string>();
   if (!cache_mode.is_none()) {
@@ -142,6 +152,49 @@ py::dict stats_dict() {
   return d;
 }
 
+py::dict kernel_dict(const jit::Kernel& kernel) {
+  py::dict d;
+  d["device"] = kernel.device;
+  d["op"] = std::string(op_name(kernel.problem.op));
+  d["problem"] = kernel.problem.key();
+  d["rows_bucket"] = kernel.bucket;
+  d["config"] = kernel.config.key();
+  d["heuristic_only"] = kernel.heuristic_only;
+  d["from_prewarm"] = kernel.from_prewarm;
+  d["in_capture"] = kernel.in_capture;
+  d["binary_key"] = kernel.binary_key;
+  return d;
+}
+
+py::list loaded_kernels() {
+  py::list out;
+  for (const jit::Kernel& kernel : jit::Runtime::get().loaded_kernels()) {
+    out.append(kernel_dict(kernel));
+  }
+  return out;
+}
+
+// Readies, for every loaded kernel whose problem key is in `problems` (all when empty), the
+// row buckets of `rows`: resolved (tuned, compiled or read from disk) and loaded, launching
+// nothing. Returns how many table entries were added.
+std::size_t warm_rows(const std::vector<std::string>& problems,
+                      const std::vector<std::int64_t>& rows) {
+  jit::Runtime& runtime = jit::Runtime::get();
+  const std::vector<jit::Kernel> loaded = runtime.loaded_kernels();
+  const std::size_t before = loaded.size();
+  py::gil_scoped_release unlocked;  // compiles and tunes take seconds
+  for (const jit::Kernel& kernel : loaded) {
+    if (!problems.empty() &&
+        std::find(problems.begin(), problems.end(), kernel.problem.key()) == problems.end()) {
+      continue;
+    }
+    for (const std::int64_t count : rows) {
+      if (count > 0) runtime.kernel(kernel.device, kernel.problem, count, nullptr);
+    }
+  }
+  return runtime.loaded_kernels().size() - before;
+}
+
 }  // namespace
 }  // namespace kiln::python
 
@@ -161,9 +214,11 @@ PYBIND11_MODULE(_C, m) {
   m.def("settings", &settings_dict);
   m.def("set_settings", &set_settings, py::arg("cache_dir") = py::none(),
         py::arg("cache_mode") = py::none(), py::arg("tune_mode") = py::none(),
-        py::arg("record") = py::none());
+        py::arg("record") = py::none(), py::arg("capture_mode") = py::none());
   m.def("stats", &stats_dict);
   m.def("forget_kernels", [] { kiln::jit::Runtime::get().forget_kernels(); });
+  m.def("loaded_kernels", &loaded_kernels);
+  m.def("warm_rows", &warm_rows, py::arg("problems"), py::arg("rows"));
   m.def("add_library_search_dir", &kiln::jit::add_library_search_dir);
   add_cache_functions(m);
   add_report_functions(m);

@@ -15,5 +15,9 @@ DType check_rms_norm(const at::Tensor& x, const std::optional<at::Tensor>& weigh
 
 at::Tensor rms_norm_cpu(const at::Tensor& x, const std::optional<at::Tensor>& weight, double eps);
 at::Tensor rms_norm_cuda(const at::Tensor& x, const std::optional<at::Tensor>& weight, double eps);
+// Writes into `out`: contiguous, of x's shape, dtype and device, not overlapping x (the
+// caller checks; see out_variants.cpp).
+void rms_norm_cuda_into(const at::Tensor& x, const std::optional<at::Tensor>& weight, double eps,
+                        const at::Tensor& out);
 
 }  // namespace kiln::torch_ops

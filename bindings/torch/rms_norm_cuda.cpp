@@ -12,6 +12,13 @@
 namespace kiln::torch_ops {
 
 at::Tensor rms_norm_cuda(const at::Tensor& x, const std::optional<at::Tensor>& weight, double eps) {
+  at::Tensor out = at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
+  rms_norm_cuda_into(x, weight, eps, out);
+  return out;
+}
+
+void rms_norm_cuda_into(const at::Tensor& x, const std::optional<at::Tensor>& weight, double eps,
+                        const at::Tensor& out) {
   const DType dtype = check_rms_norm(x, weight);
   if (!x.is_cuda()) {
     const std::string weight_device = weight ? weight->device().str() : "none";
@@ -19,10 +26,7 @@ at::Tensor rms_norm_cuda(const at::Tensor& x, const std::optional<at::Tensor>& w
                x.device().str());
   }
   const RowView view = row_view("rms_norm", x);
-  at::Tensor out = at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
-  if (view.rows == 0) {
-    return out;
-  }
+  if (view.rows == 0) return;
 
   const at::Tensor w = weight ? weight->contiguous() : at::Tensor();
   const auto element = static_cast<std::uintptr_t>(dtype_size(dtype));
@@ -48,7 +52,6 @@ at::Tensor rms_norm_cuda(const at::Tensor& x, const std::optional<at::Tensor>& w
   params.out_row_stride = view.hidden;
   params.eps = static_cast<float>(eps);
   launch_op(x, problem, view.rows, &params);
-  return out;
 }
 
 }  // namespace kiln::torch_ops

@@ -24,6 +24,8 @@ from .activation_ops import gated_residual, gated_residual_, geglu, gelu, swiglu
 from . import _fakes_rope  # noqa: F401  (registers the RoPE fakes)
 from .rope_ops import rms_norm_rope, rope, rope_, rope_3d
 from .patching import PatchReport, patch, unpatch
+from .warmup import WarmupReport, warmup
+from . import hub  # noqa: F401  (kiln's layers for the `kernels` package's kernelize)
 
 _library_paths.register(_C)
 
@@ -68,4 +70,6 @@ __all__ = [
     "settings",
     "stats",
     "unpatch",
+    "warmup",
+    "WarmupReport",
 ]

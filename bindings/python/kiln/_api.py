@@ -36,16 +36,25 @@ def compile(op: str = "rms_norm", dtype: str = "bf16", hidden: int = 4096, arch:
 
 
 def settings() -> dict:
-    """The settings in force: cache_dir, cache_mode (rw|ro|off|strict), tune_mode (off|fast|full)."""
+    """The settings in force: cache_dir, cache_mode (rw|ro|off|strict), tune_mode (off|fast|full),
+    record (the KILN_RECORD manifest, "" when not recording), capture (heuristic|error: what a
+    kernel first needed during a CUDA graph capture may use)."""
     return _C.settings()
 
 
 def configure(cache_dir: Optional[str] = None, cache: Optional[str] = None,
-              tune: Optional[str] = None, record: Optional[str] = None) -> None:
+              tune: Optional[str] = None, record: Optional[str] = None,
+              capture: Optional[str] = None) -> None:
     """Change settings for this process (the Python spelling of KILN_CACHE_DIR, KILN_CACHE,
-    KILN_TUNE and KILN_RECORD; ``record=""`` stops recording). Kernels already resolved are
-    forgotten, so the next call re-resolves."""
-    _C.set_settings(cache_dir, cache, tune, record)
+    KILN_TUNE, KILN_RECORD and KILN_CAPTURE; ``record=""`` stops recording). Kernels already
+    resolved are forgotten, so the next call re-resolves.
+
+    ``capture``: what a kernel first needed while a CUDA graph is being captured may use.
+    Nothing is ever compiled or tuned inside a capture; ``"heuristic"`` (default) loads the
+    tuned config's binary from the cache, else the heuristic config's, and raises if neither
+    is cached; ``"error"`` raises for any kernel this process has not loaded before the
+    capture (so a capture uses exactly what :func:`kiln.warmup` readied)."""
+    _C.set_settings(cache_dir, cache, tune, record, capture)
 
 
 def stats() -> dict:

@@ -26,6 +26,13 @@ def _swiglu_fake(gate, up=None, up_first=False):
     return _gated("swiglu", gate, up)
 
 
+@torch.library.register_fake("kiln::swiglu.out")
+def _swiglu_out_fake(gate, up=None, up_first=False, *, out):
+    from ._fakes import check_out
+
+    check_out("swiglu", out, _gated("swiglu", gate, up).shape, gate)
+
+
 @torch.library.register_fake("kiln::geglu")
 def _geglu_fake(gate, up=None, approximate="tanh", up_first=False):
     torch._check(approximate in ("tanh", "none"),

@@ -20,12 +20,17 @@ _gated_residual = torch.ops.kiln.gated_residual.default
 _gated_residual_ = torch.ops.kiln.gated_residual_.default
 
 
-def swiglu(gate: torch.Tensor, up: Optional[torch.Tensor] = None, up_first: bool = False) -> torch.Tensor:
+def swiglu(gate: torch.Tensor, up: Optional[torch.Tensor] = None, up_first: bool = False,
+           out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """``F.silu(gate) * up``.
 
     With ``up=None``, ``gate`` is one packed ``[..., 2I]`` tensor (a fused gate_up
     projection) whose first half is the gate and second half up (the other way round when
-    ``up_first``); the output is ``[..., I]``."""
+    ``up_first``); the output is ``[..., I]``. ``out``: a preallocated result written in place
+    and returned (``torch.ops.kiln.swiglu.out``, vLLM's ``silu_and_mul(out, x)``)."""
+    if out is not None:
+        torch.ops.kiln.swiglu.out(gate, up, up_first, out=out)
+        return out
     return _swiglu(gate, up, up_first)
 
 

@@ -1,0 +1,109 @@
+// `out=` overloads for the ops a serving engine calls with preallocated outputs (vLLM's
+// rms_norm(out, x, w, eps) and silu_and_mul(out, x)): rms_norm.out and swiglu.out. The schema
+// returns nothing (a custom op returning an alias of its input cannot be functionalised by
+// torch.compile); the Python wrappers return `out`. The kernel writes into `out` directly when
+// it is contiguous and shares no memory with an input; otherwise the result is computed into
+// a new tensor and copied in, so any `out` layout is correct.
+#include <ATen/ATen.h>
+#include <ATen/MemoryOverlap.h>
+#include <torch/library.h>
+
+#include <optional>
+
+#include "bindings/torch/activation.h"
+#include "bindings/torch/rms_norm.h"
+#include "bindings/torch/tensor_checks.h"
+
+namespace kiln::torch_ops {
+namespace {
+
+// `out` must have the result's shape, dtype and device.
+void check_out(const char* op, const at::Tensor& out, at::IntArrayRef shape,
+               const at::Tensor& like) {
+  if (out.scalar_type() != like.scalar_type()) {
+    fail_type(op, "out", dtype_text(like.scalar_type()) + " (the inputs' dtype)",
+              dtype_text(out.scalar_type()));
+  }
+  if (out.device() != like.device()) {
+    fail_value(op, "out", "a tensor on " + like.device().str() + " (as the inputs)",
+               out.device().str());
+  }
+  if (out.sizes() != shape) {
+    fail_value(op, "out", "shape " + c10::str(shape), shape_text(out));
+  }
+}
+
+// Whether the kernel may write `out` in place of a new output.
+bool writes_directly(const at::Tensor& out, std::initializer_list<const at::Tensor*> inputs) {
+  if (!out.is_contiguous()) return false;
+  for (const at::Tensor* input : inputs) {
+    if (input && input->defined() &&
+        at::get_overlap_status(out, *input) != at::MemOverlapStatus::No) {
+      return false;
+    }
+  }
+  return true;
+}
+
+c10::SmallVector<std::int64_t, 6> gated_shape(const at::Tensor& gate,
+                                              const std::optional<at::Tensor>& up) {
+  c10::SmallVector<std::int64_t, 6> sizes(gate.sizes().begin(), gate.sizes().end());
+  if (!up && !sizes.empty()) sizes.back() /= 2;
+  return sizes;
+}
+
+void rms_norm_out_cpu(const at::Tensor& x, const std::optional<at::Tensor>& weight, double eps,
+                      const at::Tensor& out) {
+  check_rms_norm(x, weight);
+  check_out("rms_norm", out, x.sizes(), x);
+  const_cast<at::Tensor&>(out).copy_(rms_norm_cpu(x, weight, eps));
+}
+
+void rms_norm_out_cuda(const at::Tensor& x, const std::optional<at::Tensor>& weight, double eps,
+                       const at::Tensor& out) {
+  check_rms_norm(x, weight);
+  check_out("rms_norm", out, x.sizes(), x);
+  const at::Tensor* w = weight ? &*weight : nullptr;
+  if (writes_directly(out, {&x, w})) {
+    rms_norm_cuda_into(x, weight, eps, out);
+  } else {
+    const_cast<at::Tensor&>(out).copy_(rms_norm_cuda(x, weight, eps));
+  }
+}
+
+void swiglu_out_cpu(const at::Tensor& gate, const std::optional<at::Tensor>& up, bool up_first,
+                    const at::Tensor& out) {
+  check_gated("swiglu", gate, up);
+  check_out("swiglu", out, gated_shape(gate, up), gate);
+  const_cast<at::Tensor&>(out).copy_(swiglu_cpu(gate, up, up_first));
+}
+
+void swiglu_out_cuda(const at::Tensor& gate, const std::optional<at::Tensor>& up, bool up_first,
+                     const at::Tensor& out) {
+  check_gated("swiglu", gate, up);
+  check_out("swiglu", out, gated_shape(gate, up), gate);
+  const at::Tensor* u = up ? &*up : nullptr;
+  if (writes_directly(out, {&gate, u})) {
+    swiglu_cuda_into(gate, up, up_first, out);
+  } else {
+    const_cast<at::Tensor&>(out).copy_(swiglu_cuda(gate, up, up_first));
+  }
+}
+
+}  // namespace
+}  // namespace kiln::torch_ops
+
+TORCH_LIBRARY_FRAGMENT(kiln, m) {
+  m.def("rms_norm.out(Tensor x, Tensor? weight, float eps=1e-06, *, Tensor(a!) out) -> ()");
+  m.def("swiglu.out(Tensor gate, Tensor? up=None, bool up_first=False, *, Tensor(a!) out) -> ()");
+}
+
+TORCH_LIBRARY_IMPL(kiln, CPU, m) {
+  m.impl("rms_norm.out", &kiln::torch_ops::rms_norm_out_cpu);
+  m.impl("swiglu.out", &kiln::torch_ops::swiglu_out_cpu);
+}
+
+TORCH_LIBRARY_IMPL(kiln, CUDA, m) {
+  m.impl("rms_norm.out", &kiln::torch_ops::rms_norm_out_cuda);
+  m.impl("swiglu.out", &kiln::torch_ops::swiglu_out_cuda);
+}

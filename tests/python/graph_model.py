@@ -1,0 +1,47 @@
+"""A small block mixing nn.Linear with kiln's norm, AdaLN, RoPE and SwiGLU ops, for the
+torch.compile and CUDA graph tests. Batch size is the only varying dimension."""
+
+import torch
+
+import kiln
+
+HIDDEN, HEADS, INTER, SEQ = 64, 4, 96, 6
+HEAD_DIM = HIDDEN // HEADS
+
+
+class Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.norm_weight = torch.nn.Parameter(1 + 0.1 * torch.randn(HIDDEN))
+        self.ada = torch.nn.Linear(HIDDEN, 2 * HIDDEN)
+        self.qk = torch.nn.Linear(HIDDEN, 2 * HIDDEN)
+        self.gate_up = torch.nn.Linear(HIDDEN, 2 * INTER)
+        self.down = torch.nn.Linear(INTER, HIDDEN)
+
+    def forward(self, x, cond, cos, sin):
+        h = kiln.rms_norm(x, self.norm_weight)
+        scale, shift = self.ada(cond).unsqueeze(1).chunk(2, dim=-1)
+        h = kiln.adaln(h, scale, shift)
+        q, k = self.qk(h).unflatten(-1, (2, HEADS, HEAD_DIM)).unbind(2)
+        q, k = kiln.rope(q, k, cos, sin, layout="bshd")
+        mixed = h + (q * k).flatten(2)
+        return x + self.down(kiln.swiglu(self.gate_up(mixed)))
+
+
+def rope_tables(device, dtype=torch.float32):
+    inv = 1.0 / (10000 ** (torch.arange(0, HEAD_DIM, 2, dtype=torch.float64) / HEAD_DIM))
+    angles = torch.arange(SEQ, dtype=torch.float64)[:, None] * inv[None, :]
+    angles = torch.cat([angles, angles], dim=-1)
+    return angles.cos().to(device, dtype), angles.sin().to(device, dtype)
+
+
+def inputs(batch, device, seed=0):
+    gen = torch.Generator().manual_seed(seed + batch)
+    x = torch.randn(batch, SEQ, HIDDEN, generator=gen).to(device)
+    cond = torch.randn(batch, HIDDEN, generator=gen).to(device)
+    return x, cond
+
+
+def model(device):
+    torch.manual_seed(0)
+    return Block().to(device).eval()
