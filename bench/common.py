@@ -172,8 +172,8 @@ def capture_graph(step, kiln=None):
         if warmup is not None:
             try:
                 warmup(step)
-            except TypeError:
-                pass  # another signature: the runs below warm up all the same
+            except (TypeError, AttributeError) as error:  # another signature: the runs below warm up all the same
+                print(f"  kiln.warmup(step) not used: {error}")
         for _ in range(3):
             step()
     torch.cuda.current_stream().wait_stream(side)
@@ -205,8 +205,15 @@ def run_model_settings(model, call, kiln, *, settings=SETTINGS, warmup=2, reps=1
         first_s = time.perf_counter() - start
         graph = None
         with torch.no_grad():
+            graph_error = None
             if graphs:
-                graph, static_out = capture_graph(lambda: call(fn), kiln)
+                try:
+                    graph, static_out = capture_graph(lambda: call(fn), kiln)
+                except RuntimeError as error:  # timed without a graph, and the record says why
+                    graph_error = str(error).splitlines()[0]
+                    log(f"  {name}: CUDA graph capture failed, timing without: {graph_error}")
+                    torch.cuda.synchronize()
+            if graph is not None:
                 timed = graph.replay
                 graph.replay()
                 _sync()
@@ -214,8 +221,11 @@ def run_model_settings(model, call, kiln, *, settings=SETTINGS, warmup=2, reps=1
             else:
                 timed = lambda: call(fn)  # noqa: E731
             ms = model_time_ms(timed, warmup, reps)
+        graphed = graph is not None
         del graph, timed
-        record = {"ms": ms, "first_call_s": first_s, "output_shape": list(out.shape)}
+        record = {"ms": ms, "first_call_s": first_s, "output_shape": list(out.shape), "cuda_graph": graphed}
+        if graph_error:
+            record["cuda_graph_error"] = graph_error
         if reference is None:
             reference = out.clone()
         else:

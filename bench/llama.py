@@ -195,7 +195,8 @@ def markdown(env, config, results):
             err = s.get("error_vs_eager")
             speedup = f"{s['speedup']:.2f}x vs {s['speedup_vs']}" if "speedup" in s else "-"
             errs = f"{err['max_rel']:.2e} | {err['mean_rel']:.2e}" if err else "- | -"
-            lines.append(f"| {r['case']} | {shape} | {name} | {s['ms']:.3f} | {speedup} | {errs} | "
+            label = name if s["cuda_graph"] or not r["cuda_graphs"] else f"{name} (capture failed: no graph)"
+            lines.append(f"| {r['case']} | {shape} | {label} | {s['ms']:.3f} | {speedup} | {errs} | "
                          f"{s['first_call_s']:.1f} |")
     lines.append("")
     for r in results:
