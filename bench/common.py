@@ -183,9 +183,32 @@ def capture_graph(step, kiln=None):
     return graph, out
 
 
-def run_model_settings(model, call, kiln, *, settings=SETTINGS, warmup=2, reps=10, graphs=False, log=print):
+def compile_model(model):
+    """torch.compile of the whole model (default mode, one static compile per shape); returns
+    what to call and how to undo it."""
+    return torch.compile(model, dynamic=False), lambda: None
+
+
+def compile_blocks(blocks):
+    """A compile_model for regional compilation (diffusers' compile_repeated_blocks): each of
+    `blocks` compiled in place (nn.Module.compile); identical blocks share one graph, so the
+    compile costs one block's, not the whole stack's."""
+    def compile_(model):
+        for block in blocks:
+            block.compile(dynamic=False)
+
+        def undo():
+            for block in blocks:
+                block._compiled_call_impl = None
+        return model, undo
+    return compile_
+
+
+def run_model_settings(model, call, kiln, *, settings=SETTINGS, warmup=2, reps=10, graphs=False, log=print,
+                       compile_fn=compile_model):
     """The four settings of an end-to-end benchmark on one model and one input: `eager`
-    (the model as built), `compile` (torch.compile(model, dynamic=False), default mode),
+    (the model as built), `compile` (compile_fn(model): torch.compile(model, dynamic=False),
+    default mode, unless told otherwise),
     `eager+kiln` (after kiln.patch(model)) and `compile+kiln` (torch.compile of the patched
     model). call(fn) runs one forward of fn (the model or its compiled form) and returns the
     output tensor. With graphs=True each setting is captured in a CUDA graph and its replay
@@ -239,8 +262,11 @@ def run_model_settings(model, call, kiln, *, settings=SETTINGS, warmup=2, reps=1
         import torch._dynamo
 
         torch._dynamo.reset()
-        compiled = torch.compile(model, dynamic=False)
-        measure(name, compiled)
+        compiled, undo = compile_fn(model)
+        try:
+            measure(name, compiled)
+        finally:
+            undo()
         del compiled
         torch._dynamo.reset()
 

@@ -149,7 +149,6 @@ def main(argv=None):
                                                         reps=reps * 5, graphs=graphs)
             shape = {"batch": batch, "tokens": 1, "past": args.past, "cuda_graphs": graphs}
             del cache, step
-        del inputs
         results.append({"case": case, **shape, "settings": records, "patch": common.patch_summary(report)})
         write(args, env, config, results, final=False)
     table = write(args, env, config, results, final=True)

@@ -9,7 +9,8 @@ eager, compile + kiln over compile), the first call's time (torch.compile's comp
 JIT), and the output's relative error against the unpatched eager output.
 
 Usage: python bench/ltx_video.py [--out DIR] [--quick] [--frames 49,161] [--layers N]
-       [--settings eager,compile,eager+kiln,compile+kiln] [--device cuda|cpu] [--tiny]
+       [--compile-scope model|blocks] [--settings eager,compile,eager+kiln,compile+kiln]
+       [--device cuda|cpu] [--tiny]
 Writes DIR/ltx_video-<date>-<device>.json and .md; prints the table last. --device cpu
 with --tiny is a smoke run of the whole script (the CI tests build the same pieces)."""
 
@@ -93,6 +94,9 @@ def parse_args(argv=None):
     parser.add_argument("--frames", default=None, help="comma-separated video frame counts (default 49,161)")
     parser.add_argument("--layers", type=int, default=None, help="transformer blocks (default: the config's 28)")
     parser.add_argument("--settings", default=",".join(common.SETTINGS))
+    parser.add_argument("--compile-scope", default="model", choices=["model", "blocks"],
+                        help="torch.compile the whole model, or each transformer block in place (regional "
+                             "compilation: one block's compile time instead of 28)")
     parser.add_argument("--reps", type=int, default=None)
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     parser.add_argument("--tiny", action="store_true", help="the tiny config of the CI tests")
@@ -121,6 +125,8 @@ def main(argv=None):
     print(f"LTX-Video transformer: {config.num_layers} blocks, {config.num_attention_heads}x{config.attention_head_dim}, "
           f"{sum(p.numel() for p in model.parameters()) / 1e9:.2f}B parameters, built in {build_s:.1f} s", flush=True)
 
+    compile_fn = (common.compile_blocks(model.transformer_blocks) if args.compile_scope == "blocks"
+                  else common.compile_model)
     cases = []
     for frames in frames_list:
         inputs = build_inputs(config, frames, height, width, device=args.device)
@@ -128,11 +134,10 @@ def main(argv=None):
         print(f"{frames} frames at {height}x{width}: latent {latent[0]}x{latent[1]}x{latent[2]} = "
               f"{inputs['hidden_states'].shape[1]} tokens, batch {BATCH}", flush=True)
         records, report = common.run_model_settings(model, lambda fn: forward(fn, inputs), kiln, settings=settings,
-                                                    warmup=warmup, reps=reps)
+                                                    warmup=warmup, reps=reps, compile_fn=compile_fn)
         cases.append({"frames": frames, "height": height, "width": width, "latent": list(latent),
                       "tokens": inputs["hidden_states"].shape[1], "batch": BATCH, "text_tokens": TEXT_TOKENS,
                       "settings": records, "patch": common.patch_summary(report)})
-        del inputs
         write(args, env, config, cases, final=False)
     table = write(args, env, config, cases, final=True)
     print(f"total {time.perf_counter() - started:.0f} s")
@@ -142,7 +147,7 @@ def main(argv=None):
 
 def write(args, env, config, cases, final):
     document = {"environment": env, "config": dict(config), "dtype": "bf16" if args.device == "cuda" else "bf16 (cpu)",
-                "quick": args.quick, "cases": cases,
+                "quick": args.quick, "compile_scope": args.compile_scope, "cases": cases,
                 "errors": "max_rel = max|out - eager| / max|eager|, mean_rel = mean|out - eager| / mean|eager|, "
                           "against the unpatched eager output",
                 "kiln_settings": __import__("kiln").settings()}
@@ -150,18 +155,19 @@ def write(args, env, config, cases, final):
     common.write_json(os.path.join(args.out, name + ".json"), document)
     if not final:
         return None
-    table = markdown(env, config, cases)
+    table = markdown(env, config, cases, args.compile_scope)
     with open(os.path.join(args.out, name + ".md"), "w") as f:
         f.write(table + "\n")
     return table
 
 
-def markdown(env, config, cases):
+def markdown(env, config, cases, compile_scope="model"):
     versions = env["versions"]
     lines = [
         f"LTX-Video transformer forward, bf16, {env['device']} ({env['sm']}), {env['date']}, torch {versions['torch']}, "
         f"diffusers {versions.get('diffusers', '-')}; {config.num_layers} blocks, random weights, batch {BATCH}, "
-        f"{TEXT_TOKENS} text tokens. ms = median forward; speedup of eager+kiln over eager and of compile+kiln over "
+        f"{TEXT_TOKENS} text tokens; compile = torch.compile of the "
+        f"{'whole model' if compile_scope == 'model' else 'transformer blocks, each in place'}. ms = median forward; speedup of eager+kiln over eager and of compile+kiln over "
         "compile; errors against the unpatched eager output (max|d| / max|ref|, mean|d| / mean|ref|); first call = "
         "torch.compile's compile or kiln's JIT and tuning.",
         "",

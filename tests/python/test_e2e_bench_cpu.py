@@ -93,6 +93,17 @@ def test_ltx_tiny_forward_patched_and_unpatched():
 
 
 @needs_diffusers
+def test_ltx_compile_blocks_in_place_and_undone():
+    ltx, common = _load("ltx_video"), _load("common")
+    model = ltx.build_model(tiny=True, device="cpu")
+    compiled, undo = common.compile_blocks(model.transformer_blocks)(model)
+    assert compiled is model  # the same module tree, so kiln.patch sees the same modules
+    assert all(b._compiled_call_impl is not None for b in model.transformer_blocks)
+    undo()
+    assert all(b._compiled_call_impl is None for b in model.transformer_blocks)
+
+
+@needs_diffusers
 def test_ltx_bench_smoke_run(tmp_path):
     out = _smoke("ltx_video.py", tmp_path, "--frames", "9,17")
     assert "| 9x64x96 | 12 | eager+kiln |" in out and "| 17x64x96 | 18 | eager+kiln |" in out
