@@ -91,3 +91,210 @@ def fresh_kiln(recompile_limit=1024):
 def stamp(env):
     """The date-device part of result file names: "2026-11-22-NVIDIA_H200"."""
     return f"{env['date']}-{env['device'].replace(' ', '_')}"
+
+
+# ---- whole-model benchmarks (bench/ltx_video.py, bench/llama.py) -----------------------
+
+
+def model_environment(device):
+    """environment() on a GPU; on the CPU (the benchmarks' smoke runs) the same keys with
+    what the CPU can say. Adds the versions of the model libraries."""
+    if device == "cuda":
+        env = environment()
+    else:
+        env = {"date": datetime.date.today().isoformat(), "device": f"cpu ({platform.machine()})", "sm": "-",
+               "sm_count": 0, "driver": "-",
+               "versions": {"torch": torch.__version__, "python": platform.python_version()}}
+    for name in ("transformers", "diffusers", "accelerate"):
+        try:
+            env["versions"][name] = __import__(name).__version__
+        except ImportError:
+            pass
+    return env
+
+
+def model_time_ms(fn, warmup, reps):
+    """Median milliseconds of fn() over `reps` calls after `warmup` calls, each call timed
+    alone: by CUDA events on a GPU (no L2 flush: a model's layers do not fit in L2 and run
+    back to back in use), by the host clock on the CPU."""
+    import statistics
+    import time
+
+    for _ in range(warmup):
+        fn()
+    times = []
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+        for _ in range(reps):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+    else:
+        for _ in range(reps):
+            start = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times)
+
+
+def relative_errors(actual, expected):
+    """How far `actual` is from `expected`, in fp64, relative to expected's own scale:
+    max |a - e| / max |e| and mean |a - e| / mean |e| (an element-wise ratio would divide
+    by the outputs' near-zero values)."""
+    a, e = actual.detach().double().flatten(), expected.detach().double().flatten()
+    if a.shape != e.shape:
+        raise ValueError(f"relative_errors: shapes differ: {tuple(actual.shape)} vs {tuple(expected.shape)}")
+    diff = (a - e).abs()
+    return {"max_rel": (diff.max() / e.abs().max()).item(), "mean_rel": (diff.mean() / e.abs().mean()).item(),
+            "finite": bool(torch.isfinite(a).all().item())}
+
+
+SETTINGS = ("eager", "compile", "eager+kiln", "compile+kiln")
+
+
+def _sync():
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
+def capture_graph(step, kiln=None):
+    """A CUDA graph of step() and the output it writes on replay. Every JIT compile (kiln's,
+    torch.compile's autotuning) and lazy allocation must happen before the capture, so step
+    runs a few times first on a side stream (as torch.cuda.graphs asks), through
+    kiln.warmup where this kiln has it."""
+    warmup = getattr(kiln, "warmup", None)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        if warmup is not None:
+            try:
+                warmup(step)
+            except (TypeError, AttributeError) as error:  # another signature: the runs below warm up all the same
+                print(f"  kiln.warmup(step) not used: {error}")
+        for _ in range(3):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step()
+    return graph, out
+
+
+def compile_model(model):
+    """torch.compile of the whole model (default mode, one static compile per shape); returns
+    what to call and how to undo it."""
+    return torch.compile(model, dynamic=False), lambda: None
+
+
+def compile_blocks(blocks):
+    """A compile_model for regional compilation (diffusers' compile_repeated_blocks): each of
+    `blocks` compiled in place (nn.Module.compile); identical blocks share one graph, so the
+    compile costs one block's, not the whole stack's."""
+    def compile_(model):
+        for block in blocks:
+            block.compile(dynamic=False)
+
+        def undo():
+            for block in blocks:
+                block._compiled_call_impl = None
+        return model, undo
+    return compile_
+
+
+def run_model_settings(model, call, kiln, *, settings=SETTINGS, warmup=2, reps=10, graphs=False, log=print,
+                       compile_fn=compile_model):
+    """The four settings of an end-to-end benchmark on one model and one input: `eager`
+    (the model as built), `compile` (compile_fn(model): torch.compile(model, dynamic=False),
+    default mode, unless told otherwise),
+    `eager+kiln` (after kiln.patch(model)) and `compile+kiln` (torch.compile of the patched
+    model). call(fn) runs one forward of fn (the model or its compiled form) and returns the
+    output tensor. With graphs=True each setting is captured in a CUDA graph and its replay
+    is timed. Returns ({setting: record}, the kiln.patch report); every output is compared
+    with the unpatched eager output. The model is unpatched again on return."""
+    import time
+
+    records, report, reference = {}, None, None
+
+    def measure(name, fn):
+        nonlocal reference
+        _sync()
+        start = time.perf_counter()
+        with torch.no_grad():
+            out = call(fn)  # the first call compiles: torch.compile's graph, kiln's kernels
+        _sync()
+        first_s = time.perf_counter() - start
+        graph = None
+        with torch.no_grad():
+            graph_error = None
+            if graphs:
+                try:
+                    graph, static_out = capture_graph(lambda: call(fn), kiln)
+                except RuntimeError as error:  # timed without a graph, and the record says why
+                    graph_error = str(error).splitlines()[0]
+                    log(f"  {name}: CUDA graph capture failed, timing without: {graph_error}")
+                    torch.cuda.synchronize()
+            if graph is not None:
+                timed = graph.replay
+                graph.replay()
+                _sync()
+                out = static_out.clone()
+            else:
+                timed = lambda: call(fn)  # noqa: E731
+            ms = model_time_ms(timed, warmup, reps)
+        graphed = graph is not None
+        del graph, timed
+        record = {"ms": ms, "first_call_s": first_s, "output_shape": list(out.shape), "cuda_graph": graphed}
+        if graph_error:
+            record["cuda_graph_error"] = graph_error
+        if reference is None:
+            reference = out.clone()
+        else:
+            record["error_vs_eager"] = relative_errors(out, reference)
+        records[name] = record
+        err = record.get("error_vs_eager")
+        log(f"  {name}: {ms:.3f} ms, first call {first_s:.1f} s"
+            + (f", max rel err {err['max_rel']:.2e}, mean rel err {err['mean_rel']:.2e}" if err else ""))
+
+    def compiled_measure(name):
+        import torch._dynamo
+
+        torch._dynamo.reset()
+        compiled, undo = compile_fn(model)
+        try:
+            measure(name, compiled)
+        finally:
+            undo()
+        del compiled
+        torch._dynamo.reset()
+
+    try:
+        measure("eager", model)  # always: the reference output
+        if "compile" in settings:
+            compiled_measure("compile")
+        if "eager+kiln" in settings or "compile+kiln" in settings:
+            report = kiln.patch(model)
+            if "eager+kiln" in settings:
+                measure("eager+kiln", model)
+            if "compile+kiln" in settings:
+                compiled_measure("compile+kiln")
+    finally:
+        kiln.unpatch(model)
+    for name, record in records.items():
+        base = "compile" if name == "compile+kiln" else "eager"
+        if name != base and base in records:
+            record["speedup_vs"] = base
+            record["speedup"] = records[base]["ms"] / record["ms"]
+    return records, report
+
+
+def patch_summary(report):
+    """{kiln op: modules replaced} and the number of candidates left, for the record."""
+    if report is None:
+        return None
+    by_op = {}
+    for r in report.replaced:
+        by_op[r.op] = by_op.get(r.op, 0) + 1
+    return {"replaced": by_op, "left": len(report.left)}

@@ -1,0 +1,208 @@
+"""A Llama-3-8B-shaped decoder end to end: transformers' LlamaForCausalLM with Llama-3-8B's
+widths (hidden 4096, MLP 14336, 32 query and 8 key/value heads, vocabulary 128256, RoPE
+theta 500000) and fewer layers (--layers, default 4), random weights, bf16. Cases:
+prefill of 2 x 2048 tokens (one forward over the prompt, logits of the last token, as
+generate computes them), and one decode step at batch 1 and 32 after 2048 cached tokens
+(a StaticCache, replayed from a CUDA graph). Four settings each: eager, eager + kiln
+(kiln.patch), torch.compile, torch.compile + kiln (the patched model compiled). Per
+setting: median time, speedup over its baseline, the first call's time (compile, JIT),
+and the logits' relative error against the unpatched eager logits.
+
+Usage: python bench/llama.py [--out DIR] [--quick] [--layers N] [--cases prefill,decode1,decode32]
+       [--settings eager,compile,eager+kiln,compile+kiln] [--device cuda|cpu] [--tiny]
+Writes DIR/llama-<date>-<device>.json and .md; prints the table last. --device cpu with
+--tiny is a smoke run (no CUDA graphs there); the CI tests build the same pieces."""
+
+import argparse
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
+
+LLAMA3_8B = dict(hidden_size=4096, intermediate_size=14336, num_attention_heads=32, num_key_value_heads=8,
+                 vocab_size=128256, rope_theta=500000.0, rms_norm_eps=1e-5, max_position_embeddings=8192,
+                 tie_word_embeddings=False)
+TINY = dict(hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2, vocab_size=128,
+            rope_theta=500000.0, rms_norm_eps=1e-5, max_position_embeddings=256, tie_word_embeddings=False)
+PREFILL = (2, 2048)  # batch, tokens
+PAST = 2048  # tokens in the cache before the decode step
+CASES = ["prefill", "decode1", "decode32"]
+
+
+def llama_config(layers=4, tiny=False):
+    import transformers
+
+    return transformers.LlamaConfig(**(TINY if tiny else LLAMA3_8B), num_hidden_layers=layers)
+
+
+def build_model(config, device="cuda", dtype=torch.bfloat16, seed=0):
+    """LlamaForCausalLM with transformers' own random init (normal, std 0.02) made on
+    `device` in `dtype`; the norm weights, which start at one, get a random spread so the
+    weight matters."""
+    import transformers
+
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if "norm" in name:
+                    p.add_(0.1 * torch.randn_like(p))
+    return model.eval()
+
+
+def prefill_inputs(config, batch, tokens, device="cuda", seed=1):
+    """A prompt of random token ids; only the last position's logits (logits_to_keep=1),
+    and no cache kept (the forward over the prompt is what is timed)."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    ids = torch.randint(0, config.vocab_size, (batch, tokens), generator=g).to(device)
+    return dict(input_ids=ids, use_cache=False, logits_to_keep=1)
+
+
+def decode_state(model, batch, past, device="cuda", seed=2):
+    """A StaticCache holding `past` tokens (a prompt of random ids run through the
+    unpatched model) and the inputs of the next token's step, all at fixed addresses so the
+    step can be captured in a CUDA graph: the token, its position, and the 4-D attention
+    mask over the cache (every slot valid; transformers takes a 4-D mask as given). The
+    cache layers count the tokens written in a tensor that each step advances: `step`
+    rewinds it first, so every replay writes the same slot and sees the same cache."""
+    import transformers
+
+    config = model.config
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    cache = transformers.StaticCache(config=config, max_cache_len=past + 1)
+    prompt = torch.randint(0, config.vocab_size, (batch, past), generator=g).to(device)
+    with torch.no_grad():
+        model(input_ids=prompt, past_key_values=cache, use_cache=True, logits_to_keep=1)
+    inputs = dict(
+        input_ids=torch.randint(0, config.vocab_size, (batch, 1), generator=g).to(device),
+        position_ids=torch.full((batch, 1), past, dtype=torch.long, device=device),
+        attention_mask=torch.ones(batch, 1, 1, past + 1, dtype=torch.bool, device=device),
+        past_key_values=cache, use_cache=True)
+
+    def step(fn):
+        for layer in cache.layers:
+            layer.cumulative_length.fill_(past)
+        return fn(**inputs).logits
+
+    return cache, inputs, step
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", default="bench/results")
+    parser.add_argument("--quick", action="store_true", help="2 layers, prefill and decode at batch 32, fewer reps")
+    parser.add_argument("--layers", type=int, default=None, help="decoder layers (default 4; Llama-3-8B has 32)")
+    parser.add_argument("--cases", default=None, help=f"comma-separated among {CASES} (decodeN: batch N)")
+    parser.add_argument("--settings", default=",".join(common.SETTINGS))
+    parser.add_argument("--past", type=int, default=PAST, help="cached tokens before the decode step")
+    parser.add_argument("--prefill", default="x".join(map(str, PREFILL)), help="batch x tokens of the prefill")
+    parser.add_argument("--reps", type=int, default=None)
+    parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    parser.add_argument("--tiny", action="store_true", help="the tiny config of the CI tests")
+    parser.add_argument("--tag", default="", help="appended to the output file names")
+    return parser.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    kiln = common.fresh_kiln(1024)
+    layers = args.layers if args.layers is not None else (2 if args.quick else 4)
+    cases = args.cases.split(",") if args.cases else (["prefill", "decode32"] if args.quick else CASES)
+    settings = args.settings.split(",")
+    unknown = sorted(set(settings) - set(common.SETTINGS))
+    if unknown:
+        raise SystemExit(f"llama: --settings: expected names among {list(common.SETTINGS)}, got {unknown}")
+    bad = [c for c in cases if c != "prefill" and not (c.startswith("decode") and c[6:].isdigit())]
+    if bad:
+        raise SystemExit(f"llama: --cases: expected prefill or decodeN, got {bad}")
+    prefill_batch, prefill_tokens = (int(v) for v in args.prefill.split("x"))
+    graphs = args.device == "cuda"
+    reps = args.reps or (3 if args.quick else 10)
+    warmup = 1 if args.quick else 2
+
+    env = common.model_environment(args.device)
+    started = time.perf_counter()
+    config = llama_config(layers, args.tiny)
+    model = build_model(config, args.device)
+    print(f"Llama-3-8B-shaped decoder: {layers} layers, {sum(p.numel() for p in model.parameters()) / 1e9:.2f}B "
+          f"parameters, built in {time.perf_counter() - started:.1f} s", flush=True)
+
+    results = []
+    for case in cases:
+        if case == "prefill":
+            inputs = prefill_inputs(config, prefill_batch, prefill_tokens, args.device)
+            print(f"prefill {prefill_batch}x{prefill_tokens}", flush=True)
+            records, report = common.run_model_settings(model, lambda fn: fn(**inputs).logits, kiln,
+                                                        settings=settings, warmup=warmup, reps=reps)
+            shape = {"batch": prefill_batch, "tokens": prefill_tokens, "cuda_graphs": False}
+        else:
+            batch = int(case[6:])
+            cache, inputs, step = decode_state(model, batch, args.past, args.device)
+            print(f"decode batch {batch}, {args.past} cached tokens, CUDA graphs: {graphs}", flush=True)
+            # Decode steps take a millisecond or two: more of them for a steady median.
+            records, report = common.run_model_settings(model, step, kiln, settings=settings, warmup=warmup,
+                                                        reps=reps * 5, graphs=graphs)
+            shape = {"batch": batch, "tokens": 1, "past": args.past, "cuda_graphs": graphs}
+            del cache, step
+        results.append({"case": case, **shape, "settings": records, "patch": common.patch_summary(report)})
+        write(args, env, config, results, final=False)
+    table = write(args, env, config, results, final=True)
+    print(f"total {time.perf_counter() - started:.0f} s")
+    print(table)
+    return results
+
+
+def write(args, env, config, results, final):
+    import kiln
+
+    document = {"environment": env, "config": config.to_dict(), "dtype": "bf16", "quick": args.quick,
+                "cases": results,
+                "errors": "max_rel = max|out - eager| / max|eager|, mean_rel = mean|out - eager| / mean|eager|, "
+                          "of the logits, against the unpatched eager logits",
+                "kiln_settings": kiln.settings()}
+    name = f"llama-{common.stamp(env)}{args.tag}" if final else f"llama-partial{args.tag}"
+    common.write_json(os.path.join(args.out, name + ".json"), document)
+    if not final:
+        return None
+    table = markdown(env, config, results)
+    with open(os.path.join(args.out, name + ".md"), "w") as f:
+        f.write(table + "\n")
+    return table
+
+
+def markdown(env, config, results):
+    versions = env["versions"]
+    lines = [
+        f"Llama-3-8B-shaped decoder ({config.num_hidden_layers} layers), bf16, {env['device']} ({env['sm']}), "
+        f"{env['date']}, torch {versions['torch']}, transformers {versions.get('transformers', '-')}; random weights. "
+        "ms = median per forward (decode: one token, replayed from a CUDA graph); speedup of eager+kiln over eager "
+        "and of compile+kiln over compile; errors of the logits against the unpatched eager logits "
+        "(max|d| / max|ref|, mean|d| / mean|ref|); first call = torch.compile's compile or kiln's JIT and tuning.",
+        "",
+        "| case | shape | setting | ms | speedup | max rel err | mean rel err | first call s |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in results:
+        shape = (f"{r['batch']}x{r['tokens']}" if r["case"] == "prefill"
+                 else f"batch {r['batch']}, {r['past']} past" + (", graphs" if r["cuda_graphs"] else ""))
+        for name, s in r["settings"].items():
+            err = s.get("error_vs_eager")
+            speedup = f"{s['speedup']:.2f}x vs {s['speedup_vs']}" if "speedup" in s else "-"
+            errs = f"{err['max_rel']:.2e} | {err['mean_rel']:.2e}" if err else "- | -"
+            label = name if s["cuda_graph"] or not r["cuda_graphs"] else f"{name} (capture failed: no graph)"
+            lines.append(f"| {r['case']} | {shape} | {label} | {s['ms']:.3f} | {speedup} | {errs} | "
+                         f"{s['first_call_s']:.1f} |")
+    lines.append("")
+    for r in results:
+        if r["patch"]:
+            lines.append(f"kiln.patch ({r['case']}): replaced {r['patch']['replaced']}, left {r['patch']['left']}")
+    return "\n".join(lines).rstrip()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,226 @@
+"""The CPU side of the end-to-end benchmarks (bench/ltx_video.py, bench/llama.py): the models
+and inputs they build (the full-size ones on the meta device, the tiny ones for real), the
+decode step's static-cache set-up against a plain forward, the settings runner, and a smoke
+run of each script on the CPU. Timings are not checked here; the GPU run measures them."""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import kiln
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+BENCH = os.path.join(ROOT, "bench")
+
+
+def _load(name):
+    if BENCH not in sys.path:
+        sys.path.insert(0, BENCH)
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", os.path.join(BENCH, f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _smoke(script, out, *extra):
+    cmd = [sys.executable, os.path.join(BENCH, script), "--device", "cpu", "--tiny", "--reps", "1",
+           "--settings", "eager,eager+kiln", "--out", str(out), *extra]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=dict(os.environ))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc.stdout
+
+
+# ---- LTX-Video ------------------------------------------------------------------------
+
+diffusers_missing = importlib.util.find_spec("diffusers") is None
+needs_diffusers = pytest.mark.skipif(diffusers_missing, reason="diffusers is not installed")
+
+
+def test_ltx_latent_sizes():
+    ltx = _load("ltx_video")
+    assert ltx.latent_size(49) == (7, 16, 24)  # 2688 tokens per sample
+    assert ltx.latent_size(161) == (21, 16, 24)
+    assert ltx.latent_size(9, 64, 96) == (2, 2, 3)
+
+
+@needs_diffusers
+def test_ltx_default_model_and_inputs():
+    """The benchmark's model is the constructor's default (the 2B config); built on the meta
+    device, so nothing is allocated. Its inputs are built for real."""
+    ltx = _load("ltx_video")
+    model = ltx.build_model(device="meta")
+    config = model.config
+    assert (config.num_layers, config.num_attention_heads, config.attention_head_dim) == (28, 32, 64)
+    assert (config.in_channels, config.caption_channels, config.cross_attention_dim) == (128, 4096, 2048)
+    assert 1.8e9 < sum(p.numel() for p in model.parameters()) < 2.1e9
+    assert all(p.dtype == torch.bfloat16 for p in model.parameters())
+    inputs = ltx.build_inputs(config, 49, device="cpu")
+    assert inputs["hidden_states"].shape == (2, 7 * 16 * 24, 128)
+    assert inputs["hidden_states"].dtype == torch.bfloat16
+    assert inputs["encoder_hidden_states"].shape == (2, 128, 4096)
+    assert inputs["encoder_attention_mask"].shape == (2, 128)
+    assert inputs["encoder_attention_mask"][0].all() and not inputs["encoder_attention_mask"][1].all()
+    assert (inputs["num_frames"], inputs["height"], inputs["width"]) == (7, 16, 24)
+    assert inputs["rope_interpolation_scale"] == (8 / 25, 32, 32)
+    assert ltx.build_model(layers=3, device="meta").config.num_layers == 3
+
+
+@needs_diffusers
+def test_ltx_tiny_forward_patched_and_unpatched():
+    ltx, common = _load("ltx_video"), _load("common")
+    model = ltx.build_model(tiny=True, device="cpu")
+    inputs = ltx.build_inputs(model.config, 17, 64, 96, device="cpu")
+    logs = []
+    records, report = common.run_model_settings(model, lambda fn: ltx.forward(fn, inputs), kiln,
+                                                settings=("eager", "eager+kiln"), warmup=0, reps=1,
+                                                log=logs.append)
+    tokens = 3 * 2 * 3
+    assert records["eager"]["output_shape"] == [2, tokens, 8]
+    assert records["eager+kiln"]["output_shape"] == [2, tokens, 8]
+    assert "error_vs_eager" not in records["eager"]
+    err = records["eager+kiln"]["error_vs_eager"]
+    assert err["finite"] and err["max_rel"] < 2e-2 and err["mean_rel"] < 2e-2
+    assert records["eager+kiln"]["speedup_vs"] == "eager" and records["eager+kiln"]["speedup"] > 0
+    assert common.patch_summary(report) == {"replaced": {"rms_norm": 12, "gelu": 2, "layer_norm": 1}, "left": 0}
+    assert len(logs) == 2
+    # run_model_settings leaves the model unpatched.
+    assert all("forward" not in m.__dict__ for m in model.modules())
+
+
+@needs_diffusers
+def test_ltx_compile_blocks_in_place_and_undone():
+    ltx, common = _load("ltx_video"), _load("common")
+    model = ltx.build_model(tiny=True, device="cpu")
+    compiled, undo = common.compile_blocks(model.transformer_blocks)(model)
+    assert compiled is model  # the same module tree, so kiln.patch sees the same modules
+    assert all(b._compiled_call_impl is not None for b in model.transformer_blocks)
+    undo()
+    assert all(b._compiled_call_impl is None for b in model.transformer_blocks)
+
+
+@needs_diffusers
+def test_ltx_bench_smoke_run(tmp_path):
+    out = _smoke("ltx_video.py", tmp_path, "--frames", "9,17")
+    assert "| 9x64x96 | 12 | eager+kiln |" in out and "| 17x64x96 | 18 | eager+kiln |" in out
+    [doc_path] = [p for p in tmp_path.glob("ltx_video-*.json") if "partial" not in p.name]
+    doc = json.loads(doc_path.read_text())
+    assert [c["frames"] for c in doc["cases"]] == [9, 17]
+    for case in doc["cases"]:
+        assert set(case["settings"]) == {"eager", "eager+kiln"}
+        assert case["settings"]["eager+kiln"]["error_vs_eager"]["finite"]
+    assert doc_path.with_suffix(".md").exists()
+
+
+# ---- Llama ------------------------------------------------------------------------------
+
+transformers = pytest.importorskip("transformers", reason="transformers is not installed")
+
+
+def test_llama_config_and_model_shapes():
+    llama = _load("llama")
+    config = llama.llama_config(4)
+    assert (config.hidden_size, config.intermediate_size, config.num_hidden_layers) == (4096, 14336, 4)
+    assert (config.num_attention_heads, config.num_key_value_heads, config.vocab_size) == (32, 8, 128256)
+    assert config.rope_parameters["rope_theta"] == 500000.0
+    model = llama.build_model(config, device="meta")
+    per_layer = 2 * 4096 * 4096 + 2 * 1024 * 4096 + 3 * 4096 * 14336 + 2 * 4096  # q, o; k, v; mlp; norms
+    assert sum(p.numel() for p in model.parameters()) == 2 * 128256 * 4096 + 4 * per_layer + 4096
+    assert all(p.dtype == torch.bfloat16 for p in model.parameters())
+    inputs = llama.prefill_inputs(config, 2, 2048, device="cpu")
+    assert inputs["input_ids"].shape == (2, 2048) and int(inputs["input_ids"].max()) < 128256
+
+
+def test_llama_tiny_prefill_logits():
+    llama = _load("llama")
+    config = llama.llama_config(2, tiny=True)
+    model = llama.build_model(config, device="cpu", dtype=torch.float32)
+    inputs = llama.prefill_inputs(config, 2, 16, device="cpu")
+    with torch.no_grad():
+        last = model(**inputs).logits
+        full = model(inputs["input_ids"]).logits
+    assert last.shape == (2, 1, config.vocab_size)
+    torch.testing.assert_close(last[:, 0], full[:, -1], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_llama_decode_step_is_the_next_token_of_a_plain_forward(batch):
+    """The decode step (static cache filled by a prefill, explicit position, 4-D mask, the
+    cache's counter rewound each step) computes the logits a plain forward over the prompt
+    and the new token gives at its last position, and the same on every repetition."""
+    llama = _load("llama")
+    config = llama.llama_config(2, tiny=True)
+    model = llama.build_model(config, device="cpu", dtype=torch.float32)
+    past = 12
+    cache, inputs, step = llama.decode_state(model, batch, past, device="cpu")
+    prompt = torch.randint(0, config.vocab_size, (batch, past), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        first = step(model)
+        again = step(model)
+        expected = model(torch.cat([prompt, inputs["input_ids"]], dim=1)).logits[:, -1]
+    assert first.shape == (batch, 1, config.vocab_size)
+    torch.testing.assert_close(first[:, 0], expected, rtol=1e-4, atol=1e-4)
+    assert torch.equal(first, again)
+    assert all(int(layer.cumulative_length) == past + 1 for layer in cache.layers)
+
+
+def test_llama_bench_smoke_run(tmp_path):
+    out = _smoke("llama.py", tmp_path, "--past", "24", "--prefill", "2x16", "--layers", "2")
+    assert "| prefill | 2x16 | eager+kiln |" in out and "| decode32 | batch 32, 24 past | eager+kiln |" in out
+    [doc_path] = [p for p in tmp_path.glob("llama-*.json") if "partial" not in p.name]
+    doc = json.loads(doc_path.read_text())
+    assert [c["case"] for c in doc["cases"]] == ["prefill", "decode1", "decode32"]
+    for case in doc["cases"]:
+        err = case["settings"]["eager+kiln"]["error_vs_eager"]
+        assert err["finite"] and err["max_rel"] < 5e-2
+        assert case["patch"]["replaced"] == {"rms_norm": 5, "swiglu": 2}
+    assert doc_path.with_suffix(".md").exists()
+
+
+# ---- the examples -----------------------------------------------------------------------
+
+
+def _example(*args):
+    cmd = [sys.executable, os.path.join(ROOT, "examples", args[0]), *args[1:], "--device", "cpu"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=dict(os.environ))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc.stdout
+
+
+def test_llama_example_tiny():
+    out = _example("llama.py", "--tiny", "--new-tokens", "6")
+    assert "kiln.patch: 7 replaced, 0 left" in out
+    # fp32 on the CPU: the patched model's greedy tokens are the unpatched model's.
+    assert "comparison: 6/6 greedy tokens equal" in out
+    assert "kiln.unpatch: 7 modules restored" in out
+
+
+def test_llama_example_from_checkpoint(tmp_path):
+    config = transformers.LlamaConfig(hidden_size=64, intermediate_size=96, num_hidden_layers=1,
+                                      num_attention_heads=4, num_key_value_heads=2, vocab_size=96)
+    transformers.LlamaForCausalLM(config).save_pretrained(tmp_path)
+    out = _example("llama.py", str(tmp_path), "--new-tokens", "3")
+    assert "1 layers, hidden 64" in out and "kiln.patch: 4 replaced, 0 left" in out
+    assert "comparison: 3/3 greedy tokens equal" in out
+
+
+@needs_diffusers
+def test_ltx_example_tiny():
+    out = _example("ltx_video.py", "--tiny")
+    assert "kiln.patch: 15 replaced, 0 left" in out
+    assert "comparison: output (2, 48, 8)" in out and "max rel err" in out
+
+
+@needs_diffusers
+def test_ltx_example_from_checkpoint(tmp_path):
+    from diffusers import LTXVideoTransformer3DModel
+
+    ltx = _load("ltx_video")
+    LTXVideoTransformer3DModel(**{**ltx.TINY, "num_layers": 1}).save_pretrained(tmp_path / "transformer")
+    out = _example("ltx_video.py", str(tmp_path), "--frames", "9", "--height", "64", "--width", "96")
+    assert "1 blocks, 2 heads x 16" in out and "kiln.patch: 8 replaced, 0 left" in out
+    assert "comparison: output (2, 12, 8)" in out
