@@ -24,6 +24,8 @@ from .activation_ops import gated_residual, gated_residual_, geglu, gelu, swiglu
 from . import _fakes_rope  # noqa: F401  (registers the RoPE fakes)
 from .rope_ops import rms_norm_rope, rope, rope_, rope_3d
 from .patching import PatchReport, patch, unpatch
+from . import _fakes_norm_backward  # noqa: F401  (registers the norm backward fakes)
+from . import _autograd_norm  # noqa: F401  (registers the norm ops' autograd formulas)
 
 _library_paths.register(_C)
 
