@@ -16,7 +16,10 @@ _adaln_backward = torch.ops.kiln.adaln_backward.default
 
 
 def _wanted(ctx, index, grad):
-    return grad if ctx.needs_input_grad[index] else None
+    # The dispatcher drops trailing arguments equal to their defaults, so needs_input_grad
+    # may be shorter than the schema (the extra gradients returned are None).
+    needs = ctx.needs_input_grad
+    return grad if index < len(needs) and needs[index] else None
 
 
 # ---- rms_norm(x, weight, eps)
