@@ -179,7 +179,7 @@ TEST_CASE("invalid configs say why") {
   CHECK(fam.invalid_reason(problem, idle, traits).find("leaves threads idle") != std::string::npos);
   Config uneven;
   uneven.vec_bytes = 16;
-  uneven.threads_per_row = 32;
+  uneven.threads_per_row = 256;
   uneven.cta_threads = 96;
   CHECK(fam.invalid_reason(problem, uneven, traits) ==
         "cta_threads 96 is not 64, 128, 256, 512 or 1024");
