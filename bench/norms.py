@@ -7,8 +7,15 @@ Ops: rms_norm (weight), fused_add_rms_norm (weight), layer_norm (weight and bias
 adaln (LTX-Video: RMSNorm without weight, per-token scale/shift from table + temb),
 gated_adaln (the LTX-Video block seam: h + y * gate, then the AdaLN of the new h).
 
-Usage: python bench/norms.py [--out DIR] [--quick] [--ops a,b] [--hidden a,b] [--rows a,b]
-Writes DIR/norms-<date>-<device>.json and .md; prints the table last."""
+With --backward, the backward passes instead (training): each column is one
+torch.autograd.grad over a graph built once (kiln's registered autograd formula and its
+backward kernel; F's autograd; torch.compile's generated backward), for rms_norm,
+fused_add_rms_norm, layer_norm and adaln; "MB" counts what the norm's backward itself must
+move (x, dy, the gradients of the residual or modulation operands, dx, dscale).
+
+Usage: python bench/norms.py [--out DIR] [--quick] [--backward] [--ops a,b] [--hidden a,b] [--rows a,b]
+Writes DIR/norms-<date>-<device>.json and .md (norms-backward-... with --backward); prints
+the table last."""
 
 import argparse
 import glob
@@ -95,6 +102,58 @@ def make_case(op, rows, hidden, kiln):
     raise ValueError(op)
 
 
+BACKWARD_OPS = ["rms_norm", "fused_add_rms_norm", "layer_norm", "adaln"]
+
+
+def make_backward_case(op, rows, hidden, kiln):
+    """(kiln fn, {peer name: fn}, bytes that must move): each fn is one backward pass of the
+    op, torch.autograd.grad over a forward graph built here once."""
+    dev, dt = "cuda", torch.bfloat16
+    x = torch.randn(rows, hidden, device=dev, dtype=dt).requires_grad_(True)
+    w = (1 + 0.1 * torch.randn(hidden, device=dev)).to(dt).requires_grad_(True)
+    dy = torch.randn_like(x)
+    size = x.numel() * x.element_size()
+
+    def grad_of(outputs, inputs, grads):
+        return lambda: torch.autograd.grad(outputs, inputs, grads, retain_graph=True)
+
+    def cases(kiln_fn, peer_fn, inputs, grads, moved):
+        peers = {"F": grad_of(peer_fn(*inputs), inputs, grads),
+                 "compiled": grad_of(torch.compile(peer_fn, dynamic=False)(*inputs), inputs, grads)}
+        return grad_of(kiln_fn(*inputs), inputs, grads), peers, moved
+
+    if op == "rms_norm":
+        return cases(lambda x, w: kiln.rms_norm(x, w, EPS), lambda x, w: F.rms_norm(x, (hidden,), w, EPS),
+                     (x, w), dy, 3 * size)
+    if op == "fused_add_rms_norm":
+        r = torch.randn_like(x).requires_grad_(True)
+
+        def peer(x, r, w):
+            s = x + r
+            return F.rms_norm(s, (hidden,), w, EPS), s
+        return cases(lambda x, r, w: kiln.fused_add_rms_norm(x, r, w, EPS), peer, (x, r, w),
+                     (dy, torch.randn_like(dy)), 4 * size)
+    if op == "layer_norm":
+        b = torch.randn(hidden, device=dev, dtype=dt).requires_grad_(True)
+        return cases(lambda x, w, b: kiln.layer_norm(x, w, b, EPS), lambda x, w, b: F.layer_norm(x, (hidden,), w, b, EPS),
+                     (x, w, b), dy, 3 * size)
+    if op == "adaln":  # LTX-Video: RMSNorm without weight, per-token scale/shift from table + temb
+        x3 = x.detach().view(1, rows, hidden).requires_grad_(True)
+        temb = (torch.randn(1, rows, 6 * hidden, device=dev, dtype=dt) * 0.3).requires_grad_(True)
+        table = (torch.randn(6, hidden, device=dev, dtype=dt) * 0.3).requires_grad_(True)
+
+        def mine(x3, temb, table):
+            ada = kiln.ada_values(temb, 6)
+            return kiln.adaln(x3, ada[:, :, 1], ada[:, :, 0], None, EPS, "rms", table[1], table[0])
+
+        def peer(x3, temb, table):
+            values = table[None, None] + temb.reshape(1, rows, 6, hidden)
+            shift, scale = values[:, :, 0], values[:, :, 1]
+            return diffusers_rms_norm(x3) * (1 + scale) + shift
+        return cases(mine, peer, (x3, temb, table), dy.view(1, rows, hidden), 5 * size)
+    raise ValueError(op)
+
+
 def chosen_config(cache_dir, op, hidden, since):
     """The winner kiln's tuner stored for this shape (the newest tuning record of the op and
     hidden size written since `since`), as its config key, or "-"."""
@@ -131,7 +190,12 @@ def main():
     parser.add_argument("--hidden", default=None)
     parser.add_argument("--rows", default=None)
     parser.add_argument("--tag", default="", help="appended to the output file names")
+    parser.add_argument("--backward", action="store_true", help="time the backward passes (training)")
     args = parser.parse_args()
+    if args.backward:
+        args.tag = "-backward" + args.tag
+        if args.ops == ",".join(OPS):
+            args.ops = ",".join(BACKWARD_OPS)
 
     kiln = common.fresh_kiln(1024)
     hiddens = [int(v) for v in args.hidden.split(",")] if args.hidden else (QUICK_HIDDEN if args.quick else HIDDEN)
@@ -144,16 +208,22 @@ def main():
     for op in ops:
         for hidden in hiddens:
             for rows in row_counts:
-                fn, peers, eager, moved = make_case(op, rows, hidden, kiln)
-                compiled = torch.compile(eager, dynamic=False)
                 started = time.time() - 1
+                if args.backward:
+                    fn, peers, moved = make_backward_case(op, rows, hidden, kiln)
+                    eager = compiled = None
+                else:
+                    fn, peers, eager, moved = make_case(op, rows, hidden, kiln)
+                    compiled = torch.compile(eager, dynamic=False)
                 with torch.no_grad():
                     fn()  # compile + tune outside the timing
-                    compiled()
+                    if compiled is not None:
+                        compiled()
                     times = {"kiln": common.bench_ms(fn)}
                     for name, peer in peers.items():
                         times[name] = common.bench_ms(peer)
-                    times["compiled"] = common.bench_ms(compiled)
+                    if compiled is not None:
+                        times["compiled"] = common.bench_ms(compiled)
                 best = min(v for k, v in times.items() if k != "kiln")
                 results.append({
                     "op": op, "rows": rows, "hidden": hidden, "bytes": moved,
@@ -161,7 +231,8 @@ def main():
                     "pct_of_copy": {k: 100 * moved / (v * 1e-3) / 1e9 / copy_gbs for k, v in times.items()},
                     "speedup_vs_best_peer": best / times["kiln"],
                     "best_peer": min((v, k) for k, v in times.items() if k != "kiln")[1],
-                    "kiln_config": chosen_config(os.environ["KILN_CACHE_DIR"], op, hidden, started),
+                    "kiln_config": chosen_config(os.environ["KILN_CACHE_DIR"],
+                                                 op + ("_backward" if args.backward else ""), hidden, started),
                     "copy_same_bytes_us": copy_us(moved),
                 })
                 r = results[-1]
@@ -187,12 +258,15 @@ def main():
     document = {"environment": env, "copy_gbs": copy_gbs, "results": results, "summary": summary,
                 "kiln_settings": kiln.settings()}
     stamp = f"{common.stamp(env)}{args.tag}"
+    title = "Norm family backward (one torch.autograd.grad)" if args.backward else "Norm family"
     common.write_json(os.path.join(args.out, f"norms-{stamp}.json"), document)
 
     lines = [
-        f"Norm family, bf16, {env['device']} ({env['sm']}), {env['date']}, torch {env['versions']['torch']}, "
+        f"{title}, bf16, {env['device']} ({env['sm']}), {env['date']}, torch {env['versions']['torch']}, "
         f"triton {env['versions'].get('triton', '-')}; copy {copy_gbs:.0f} GB/s. us (% of copy); peers: "
-        "F = torch.nn.functional op, eager = the module's formula, compiled = torch.compile(eager, dynamic=False)",
+        + ("F = autograd of the torch.nn.functional op (adaln: of the module's formula), compiled = the backward "
+         "torch.compile(dynamic=False) generates for it" if args.backward else
+         "F = torch.nn.functional op, eager = the module's formula, compiled = torch.compile(eager, dynamic=False)"),
         "",
         "| op | rows x hidden | MB | kiln | F | eager | compiled | kiln vs best | copy of same MB | kiln config |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",

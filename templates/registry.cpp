@@ -3,6 +3,7 @@
 #include "cache/error.h"
 #include "templates/elementwise_family.h"
 #include "templates/family.h"
+#include "templates/norm_backward_family.h"
 #include "templates/norm_family.h"
 #include "templates/rms_norm_family.h"
 #include "templates/rms_norm_rope_family.h"
@@ -25,10 +26,21 @@ const ElementwiseFamily kGeglu{Op::geglu};
 const ElementwiseFamily kGelu{Op::gelu};
 const ElementwiseFamily kGatedResidual{Op::gated_residual};
 
+const NormBackwardFamily kRmsNormBackward(Op::rms_norm_backward);
+const NormBackwardFamily kFusedAddRmsNormBackward(Op::fused_add_rms_norm_backward);
+const NormBackwardFamily kLayerNormBackward(Op::layer_norm_backward);
+const NormBackwardFamily kAdaLnBackward(Op::adaln_backward);
+
 // Every op has exactly one family; the list is short, so lookup is a scan.
 constexpr const Family* kFamilies[] = {
+    // clang-format off
     &kRmsNorm, &kFusedAddRmsNorm, &kLayerNorm, &kAdaLn,  &kGatedAdaLn,  &kSwiglu, &kGeglu,
     &kGelu,    &kGatedResidual,   &kRope,      &kRope3d, &kRmsNormRope,
+    &kRmsNormBackward,
+    &kFusedAddRmsNormBackward,
+    &kLayerNormBackward,
+    &kAdaLnBackward,
+    // clang-format on
 };
 
 }  // namespace

@@ -11,12 +11,18 @@ namespace {
 
 constexpr std::array<DType, 3> kDTypes = {DType::f32, DType::f16, DType::bf16};
 constexpr std::array kOps = {
+    // clang-format off
     Op::rms_norm,    Op::fused_add_rms_norm,
     Op::layer_norm,  Op::adaln,
     Op::gated_adaln, Op::rope,
     Op::rope_3d,     Op::rms_norm_rope,
     Op::swiglu,      Op::geglu,
     Op::gelu,        Op::gated_residual,
+    Op::rms_norm_backward,
+    Op::fused_add_rms_norm_backward,
+    Op::layer_norm_backward,
+    Op::adaln_backward,
+    // clang-format on
 };
 
 std::string known_ops() {
@@ -89,6 +95,14 @@ std::string_view op_name(Op op) {
       return "gelu";
     case Op::gated_residual:
       return "gated_residual";
+    case Op::rms_norm_backward:
+      return "rms_norm_backward";
+    case Op::fused_add_rms_norm_backward:
+      return "fused_add_rms_norm_backward";
+    case Op::layer_norm_backward:
+      return "layer_norm_backward";
+    case Op::adaln_backward:
+      return "adaln_backward";
   }
   return "?";
 }

@@ -35,6 +35,10 @@ enum class Op : std::uint8_t {
   geglu,
   gelu,
   gated_residual,
+  rms_norm_backward,
+  fused_add_rms_norm_backward,
+  layer_norm_backward,
+  adaln_backward,
 };
 
 std::string_view op_name(Op op);

@@ -64,7 +64,7 @@ void check_modulation(const std::string& op, const std::string& arg, const at::T
 DType check_fused_add_rms_norm(const std::string& op, const at::Tensor& x,
                                const at::Tensor& residual,
                                const std::optional<at::Tensor>& weight) {
-  const DType dtype = kiln_dtype(op, "x", x);
+  const DType dtype = kiln_dtype_or_cpu_double(op, "x", x);
   check_rows(op, "x", x);
   check_same(op, "residual", residual, "x", x);
   if (weight) {
@@ -75,7 +75,7 @@ DType check_fused_add_rms_norm(const std::string& op, const at::Tensor& x,
 
 DType check_layer_norm(const at::Tensor& x, const std::optional<at::Tensor>& weight,
                        const std::optional<at::Tensor>& bias) {
-  const DType dtype = kiln_dtype("layer_norm", "x", x);
+  const DType dtype = kiln_dtype_or_cpu_double("layer_norm", "x", x);
   check_rows("layer_norm", "x", x);
   if (weight) {
     check_parameter("layer_norm", "weight", *weight, x);
@@ -135,7 +135,7 @@ DType check_adaln(const AdaLnArgs& args) {
   const std::string& op = args.op;
   const at::Tensor& x = *args.x;
   const std::string x_name = args.y != nullptr ? "h" : "x";
-  const DType dtype = kiln_dtype(op, x_name, x);
+  const DType dtype = kiln_dtype_or_cpu_double(op, x_name, x);
   if (x.dim() != 3 || x.size(2) <= 0) {
     fail_value(op, x_name, "shape [B, T, D] with D > 0", shape_text(x));
   }

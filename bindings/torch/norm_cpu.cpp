@@ -1,5 +1,6 @@
 // The CPU implementations of the norm ops are kiln's references: plain ATen math in fp32,
-// rounding where the CUDA kernels round (the residual stream once, the output once).
+// rounding where the CUDA kernels round (the residual stream once, the output once). A
+// float64 input (CPU only) is computed in float64, for torch.autograd.gradcheck.
 #include <ATen/ATen.h>
 
 #include "bindings/torch/norm.h"
@@ -24,21 +25,27 @@ at::Tensor centred(const at::Tensor& s, double eps) {
   return deviation * at::rsqrt(deviation.pow(2).mean(-1, /*keepdim=*/true) + eps);
 }
 
-at::Tensor as_float(const std::optional<at::Tensor>& t) {
-  return t ? t->to(at::kFloat) : at::Tensor();
+// The type the references compute in: float64 for float64 input, else float32.
+at::ScalarType math_type(const at::Tensor& x) {
+  return x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
 }
 
-// norm(s) [* weight] * (1 + scale) + shift, in fp32 (s already fp32).
+at::Tensor as_math(const std::optional<at::Tensor>& t, at::ScalarType math) {
+  return t ? t->to(math) : at::Tensor();
+}
+
+// norm(s) [* weight] * (1 + scale) + shift, in s's type (already the math type).
 at::Tensor modulate(const at::Tensor& s, const AdaLnArgs& args, double eps) {
+  const at::ScalarType math = s.scalar_type();
   at::Tensor n = parse_norm_kind(args.op, args.norm) ? centred(s, eps) : rms(s, eps);
   if (args.weight->has_value()) {
-    n = n * (*args.weight)->to(at::kFloat);
+    n = n * (*args.weight)->to(math);
   }
-  at::Tensor scale = args.scale->to(at::kFloat);
-  at::Tensor shift = args.shift->to(at::kFloat);
+  at::Tensor scale = args.scale->to(math);
+  at::Tensor shift = args.shift->to(math);
   if (has_tables(args)) {
-    scale = scale + as_float(*args.table_scale);
-    shift = shift + as_float(*args.table_shift);
+    scale = scale + as_math(*args.table_scale, math);
+    shift = shift + as_math(*args.table_shift, math);
   }
   return n * (1.0 + scale) + shift;
 }
@@ -51,10 +58,11 @@ std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm_cpu(const at::Tensor& x,
                                                           double eps) {
   check_fused_add_rms_norm("fused_add_rms_norm", x, residual, weight);
   require_cpu("fused_add_rms_norm", x);
-  const at::Tensor sum = (x.to(at::kFloat) + residual.to(at::kFloat)).to(x.scalar_type());
-  at::Tensor out = rms(sum.to(at::kFloat), eps);
+  const at::ScalarType math = math_type(x);
+  const at::Tensor sum = (x.to(math) + residual.to(math)).to(x.scalar_type());
+  at::Tensor out = rms(sum.to(math), eps);
   if (weight) {
-    out = out * weight->to(at::kFloat);
+    out = out * weight->to(math);
   }
   return {out.to(x.scalar_type()).contiguous(), sum.contiguous()};
 }
@@ -72,12 +80,13 @@ at::Tensor layer_norm_cpu(const at::Tensor& x, const std::optional<at::Tensor>& 
                           const std::optional<at::Tensor>& bias, double eps) {
   check_layer_norm(x, weight, bias);
   require_cpu("layer_norm", x);
-  at::Tensor out = centred(x.to(at::kFloat), eps);
+  const at::ScalarType math = math_type(x);
+  at::Tensor out = centred(x.to(math), eps);
   if (weight) {
-    out = out * weight->to(at::kFloat);
+    out = out * weight->to(math);
   }
   if (bias) {
-    out = out + bias->to(at::kFloat);
+    out = out + bias->to(math);
   }
   return out.to(x.scalar_type()).contiguous();
 }
@@ -89,7 +98,7 @@ at::Tensor adaln_cpu(const at::Tensor& x, const at::Tensor& scale, const at::Ten
   const AdaLnArgs args = adaln_args(x, scale, shift, weight, norm, table_scale, table_shift);
   check_adaln(args);
   require_cpu("adaln", x);
-  return modulate(x.to(at::kFloat), args, eps).to(x.scalar_type()).contiguous();
+  return modulate(x.to(math_type(x)), args, eps).to(x.scalar_type()).contiguous();
 }
 
 std::tuple<at::Tensor, at::Tensor> gated_adaln_cpu(
@@ -103,12 +112,13 @@ std::tuple<at::Tensor, at::Tensor> gated_adaln_cpu(
   if (!h.device().is_cpu()) {
     fail_value("gated_adaln", "h", "a CPU or CUDA tensor", h.device().str());
   }
-  at::Tensor g = gate.to(at::kFloat);
+  const at::ScalarType math = math_type(h);
+  at::Tensor g = gate.to(math);
   if (table_gate) {
-    g = g + table_gate->to(at::kFloat);
+    g = g + table_gate->to(math);
   }
-  const at::Tensor sum = (h.to(at::kFloat) + y.to(at::kFloat) * g).to(h.scalar_type());
-  const at::Tensor out = modulate(sum.to(at::kFloat), args, eps).to(h.scalar_type());
+  const at::Tensor sum = (h.to(math) + y.to(math) * g).to(h.scalar_type());
+  const at::Tensor out = modulate(sum.to(math), args, eps).to(h.scalar_type());
   return {sum.contiguous(), out.contiguous()};
 }
 

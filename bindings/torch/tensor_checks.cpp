@@ -67,6 +67,23 @@ DType kiln_dtype(const std::string& op, const std::string& arg, const at::Tensor
   }
 }
 
+DType kiln_dtype_or_cpu_double(const std::string& op, const std::string& arg, const at::Tensor& x) {
+  if (x.scalar_type() == c10::ScalarType::Double && x.device().is_cpu()) {
+    return DType::f32;
+  }
+  switch (x.scalar_type()) {
+    case c10::ScalarType::Float:
+    case c10::ScalarType::Half:
+    case c10::ScalarType::BFloat16:
+      return kiln_dtype(op, arg, x);
+    default:
+      fail_type(op, arg,
+                x.device().is_cpu() ? "dtype float32, float16, bfloat16 or float64"
+                                    : "dtype float32, float16 or bfloat16 (float64 only on CPU)",
+                dtype_text(x.scalar_type()));
+  }
+}
+
 void check_parameter(const std::string& op, const std::string& arg, const at::Tensor& param,
                      const at::Tensor& x) {
   if (param.device() != x.device()) {

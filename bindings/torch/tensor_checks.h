@@ -23,6 +23,11 @@ std::string shape_text(const at::Tensor& tensor);  // "[2, 4096]"
 // x's dtype as kiln's, or a TypeError naming the supported ones.
 DType kiln_dtype(const std::string& op, const std::string& arg, const at::Tensor& x);
 
+// As kiln_dtype, but a CPU float64 tensor passes too (reported as DType::f32, which the CPU
+// references ignore: they compute in float64 for it), so torch.autograd.gradcheck can run on
+// them. Every other device keeps the three kernel dtypes.
+DType kiln_dtype_or_cpu_double(const std::string& op, const std::string& arg, const at::Tensor& x);
+
 // A 1-D parameter (weight, bias) of the activation's hidden size, dtype and device.
 void check_parameter(const std::string& op, const std::string& arg, const at::Tensor& param,
                      const at::Tensor& x);

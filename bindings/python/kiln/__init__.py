@@ -26,6 +26,8 @@ from .rope_ops import rms_norm_rope, rope, rope_, rope_3d
 from .patching import PatchReport, patch, unpatch
 from .warmup import WarmupReport, warmup
 from . import hub  # noqa: F401  (kiln's layers for the `kernels` package's kernelize)
+from . import _fakes_norm_backward  # noqa: F401  (registers the norm backward fakes)
+from . import _autograd_norm  # noqa: F401  (registers the norm ops' autograd formulas)
 
 _library_paths.register(_C)
 

@@ -1,0 +1,70 @@
+// The backward ops of rms_norm, fused_add_rms_norm, layer_norm and adaln: what their
+// autograd formulas (bindings/python/kiln/_autograd_norm.py) call. Each recomputes the row
+// statistics from the forward's input rather than taking them saved.
+//
+// Dtype rule: dy and every tensor given have x's dtype, and so does every gradient returned,
+// rounded once from fp32 math (parameter gradients are summed over rows in fp32 first). On
+// CPU, float64 is accepted too and computed in float64 (for gradcheck).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <optional>
+#include <string>
+#include <tuple>
+
+#include "templates/types.h"
+
+namespace kiln::torch_ops {
+
+// ---- checks shared by the CPU and CUDA implementations (each returns x's dtype)
+
+// `tensor` (named arg) has the shape, dtype and device of `like` (named like_name).
+void check_same_as(const std::string& op, const std::string& arg, const at::Tensor& tensor,
+                   const std::string& like_name, const at::Tensor& like);
+// dy like x (shape, dtype, device); x (named x_name) with a hidden size; weight [D] if given.
+DType check_norm_backward(const std::string& op, const at::Tensor& dy, const at::Tensor& x,
+                          const std::string& x_name, const std::optional<at::Tensor>& weight);
+// x [B, T, D], dy like x, scale [B, 1 or T, D], weight and table_scale [D] if given.
+DType check_adaln_backward(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& scale,
+                           const std::optional<at::Tensor>& weight, const std::string& norm,
+                           const std::optional<at::Tensor>& table_scale);
+
+// ---- implementations: (dx, dweight) / (dx, dweight, dbias) / (dx, dscale, dshift, dweight)
+// with None for a parameter not given; adaln's dshift is None when shift is per token (it is
+// dy itself).
+
+using GradPair = std::tuple<at::Tensor, std::optional<at::Tensor>>;
+using GradTriple = std::tuple<at::Tensor, std::optional<at::Tensor>, std::optional<at::Tensor>>;
+using AdaLnGrads =
+    std::tuple<at::Tensor, at::Tensor, std::optional<at::Tensor>, std::optional<at::Tensor>>;
+
+GradPair rms_norm_backward_cpu(const at::Tensor& dy, const at::Tensor& x,
+                               const std::optional<at::Tensor>& weight, double eps);
+GradPair rms_norm_backward_cuda(const at::Tensor& dy, const at::Tensor& x,
+                                const std::optional<at::Tensor>& weight, double eps);
+
+GradPair fused_add_rms_norm_backward_cpu(const at::Tensor& dy, const at::Tensor& dr,
+                                         const at::Tensor& r,
+                                         const std::optional<at::Tensor>& weight, double eps);
+GradPair fused_add_rms_norm_backward_cuda(const at::Tensor& dy, const at::Tensor& dr,
+                                          const at::Tensor& r,
+                                          const std::optional<at::Tensor>& weight, double eps);
+
+GradTriple layer_norm_backward_cpu(const at::Tensor& dy, const at::Tensor& x,
+                                   const std::optional<at::Tensor>& weight,
+                                   const std::optional<at::Tensor>& bias, double eps);
+GradTriple layer_norm_backward_cuda(const at::Tensor& dy, const at::Tensor& x,
+                                    const std::optional<at::Tensor>& weight,
+                                    const std::optional<at::Tensor>& bias, double eps);
+
+AdaLnGrads adaln_backward_cpu(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& scale,
+                              const std::optional<at::Tensor>& weight, double eps,
+                              c10::string_view norm, const std::optional<at::Tensor>& table_scale,
+                              bool shift_per_token);
+AdaLnGrads adaln_backward_cuda(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& scale,
+                               const std::optional<at::Tensor>& weight, double eps,
+                               c10::string_view norm, const std::optional<at::Tensor>& table_scale,
+                               bool shift_per_token);
+
+}  // namespace kiln::torch_ops

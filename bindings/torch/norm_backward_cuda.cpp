@@ -1,0 +1,248 @@
+// The CUDA implementations of the norm backward ops: validate, describe the problem, fill
+// NormBackwardParams, launch kiln::norm_backward through the runtime on torch's current
+// stream, then add up the kernel's fp32 partial sums (one small torch reduction over at most
+// about NormBackwardFamily::kPartialElements elements) into the parameter gradients.
+#include <ATen/ATen.h>
+
+#include <vector>
+
+#include "bindings/torch/launch_op.h"
+#include "bindings/torch/norm.h"
+#include "bindings/torch/norm_backward.h"
+#include "bindings/torch/tensor_checks.h"
+#include "templates/kiln/norm_backward_params.cuh"
+#include "templates/norm_backward_family.h"
+
+namespace kiln::torch_ops {
+namespace {
+
+void require_cuda(const std::string& op, const std::string& arg, const at::Tensor& x) {
+  if (!x.is_cuda()) {
+    fail_value(op, arg, "a CUDA tensor", x.device().str());
+  }
+}
+
+// What one launch of kiln::norm_backward needs; the tensors stay the caller's.
+struct BackwardCall {
+  std::string op;
+  Op kind = Op::rms_norm_backward;
+  DType dtype = DType::f32;
+  std::uint32_t flags = 0;
+  const at::Tensor* dy = nullptr;
+  const at::Tensor* x = nullptr;
+  const at::Tensor* dr = nullptr;     // fused_add_rms_norm_backward
+  const at::Tensor* scale = nullptr;  // adaln_backward
+  const std::optional<at::Tensor>* weight = nullptr;
+  const std::optional<at::Tensor>* table_scale = nullptr;
+  std::int64_t segments = 1;  // samples, when a sum per sample is asked for
+  std::int64_t tokens = 1;    // rows per sample
+  double eps = 0;
+};
+
+// The kernel's outputs; partial sums are [segments * slots, hidden] fp32, undefined when the
+// problem has none of that kind.
+struct BackwardOutputs {
+  at::Tensor dx;
+  at::Tensor dscale;  // per token
+  at::Tensor weight_partial;
+  at::Tensor dy_partial;
+  at::Tensor scale_partial;
+  std::int64_t segments = 1;
+  std::int64_t slots = 1;
+};
+
+BackwardOutputs run_backward(const BackwardCall& call) {
+  const at::Tensor& x = *call.x;
+  const auto contiguous = x.options().memory_format(at::MemoryFormat::Contiguous);
+  const RowView xv = row_view(call.op, x);
+  const std::int64_t hidden = xv.hidden;
+  const Problem problem{call.kind, call.dtype, hidden, call.flags, 16};
+  const auto& family = dynamic_cast<const NormBackwardFamily&>(kiln::family(call.kind));
+  const unsigned features = family.features(problem);
+
+  BackwardOutputs out;
+  out.dx = at::empty(x.sizes(), contiguous);
+  out.segments = call.segments;
+  const std::int64_t segment_rows = xv.rows / std::max<std::int64_t>(call.segments, 1);
+  out.slots = NormBackwardFamily::slots(hidden, segment_rows, call.segments);
+  const std::int64_t items = out.segments * out.slots;
+  // With no rows the kernel writes nothing, so the sums must start at zero.
+  const auto partial = [&]() {
+    const auto options = x.options().dtype(at::kFloat);
+    return xv.rows == 0 ? at::zeros({items, hidden}, options) : at::empty({items, hidden}, options);
+  };
+  if ((features & NormBackwardFeature::weight) != 0) out.weight_partial = partial();
+  if ((features & NormBackwardFeature::dy_sum) != 0) out.dy_partial = partial();
+  if ((features & NormBackwardFeature::scale_sum) != 0) out.scale_partial = partial();
+  const bool dscale_per_token = (features & NormBackwardFeature::modulate) != 0 &&
+                                (features & NormBackwardFeature::scale_sum) == 0;
+  if (dscale_per_token) out.dscale = at::empty(x.sizes(), contiguous);
+  if (xv.rows == 0) {
+    return out;
+  }
+
+  std::vector<at::Tensor> keep;
+  std::uintptr_t bits = 0;
+  const auto element = static_cast<std::uintptr_t>(dtype_size(call.dtype));
+  const auto address = [&](const void* pointer) {
+    bits |= reinterpret_cast<std::uintptr_t>(pointer);
+    return pointer;
+  };
+  const auto stride = [&](std::int64_t elements) {
+    bits |= static_cast<std::uintptr_t>(elements) * element;
+    return elements;
+  };
+
+  NormBackwardParams p{};
+  const RowView dyv = row_view(call.op, *call.dy);
+  keep.push_back(dyv.tensor);
+  p.dy = address(dyv.tensor.data_ptr());
+  p.dy_row_stride = stride(dyv.row_stride);
+  p.x = address(xv.tensor.data_ptr());
+  p.x_row_stride = stride(xv.row_stride);
+  p.dx = const_cast<void*>(address(out.dx.data_ptr()));
+  stride(hidden);
+  if (call.dr != nullptr) {
+    const RowView drv = row_view(call.op, *call.dr);
+    keep.push_back(drv.tensor);
+    p.dr = address(drv.tensor.data_ptr());
+    p.dr_row_stride = stride(drv.row_stride);
+  }
+  if (call.weight != nullptr && call.weight->has_value()) {
+    keep.push_back((*call.weight)->contiguous());
+    p.weight = address(keep.back().data_ptr());
+  }
+  if (call.scale != nullptr) {
+    const at::Tensor& s = *call.scale;
+    keep.push_back(s.stride(2) == 1 ? s : s.contiguous());
+    p.scale = address(keep.back().data_ptr());
+    p.scale_batch_stride = stride(keep.back().stride(0));
+    p.scale_token_stride = keep.back().size(1) == 1 ? 0 : stride(keep.back().stride(1));
+  }
+  if (call.table_scale != nullptr && call.table_scale->has_value()) {
+    keep.push_back((*call.table_scale)->contiguous());
+    p.table_scale = address(keep.back().data_ptr());
+  }
+  if (out.dscale.defined()) p.dscale = const_cast<void*>(address(out.dscale.data_ptr()));
+  if (out.weight_partial.defined()) p.weight_partial = out.weight_partial.data_ptr<float>();
+  if (out.dy_partial.defined()) p.dy_partial = out.dy_partial.data_ptr<float>();
+  if (out.scale_partial.defined()) p.scale_partial = out.scale_partial.data_ptr<float>();
+  p.rows = xv.rows;
+  p.tokens = std::max<std::int64_t>(call.tokens, 1);
+  p.segments = out.segments;
+  p.segment_rows = segment_rows;
+  p.slots = out.slots;
+  p.eps = static_cast<float>(call.eps);
+
+  Problem aligned = problem;
+  aligned.align = common_alignment({bits});
+  launch_op(x, aligned, xv.rows, &p);
+  return out;
+}
+
+std::optional<at::Tensor> parameter_gradient(const at::Tensor& partial, at::ScalarType dtype) {
+  if (!partial.defined()) return std::nullopt;
+  return partial.sum(0).to(dtype);
+}
+
+std::uint32_t weight_flag(const std::optional<at::Tensor>& weight) {
+  return weight ? kNormWeight : 0u;
+}
+
+}  // namespace
+
+GradPair rms_norm_backward_cuda(const at::Tensor& dy, const at::Tensor& x,
+                                const std::optional<at::Tensor>& weight, double eps) {
+  BackwardCall call;
+  call.op = "rms_norm_backward";
+  call.kind = Op::rms_norm_backward;
+  call.dtype = check_norm_backward(call.op, dy, x, "x", weight);
+  require_cuda(call.op, "x", x);
+  call.flags = weight_flag(weight);
+  call.dy = &dy;
+  call.x = &x;
+  call.weight = &weight;
+  call.eps = eps;
+  const BackwardOutputs out = run_backward(call);
+  return {out.dx, parameter_gradient(out.weight_partial, x.scalar_type())};
+}
+
+GradPair fused_add_rms_norm_backward_cuda(const at::Tensor& dy, const at::Tensor& dr,
+                                          const at::Tensor& r,
+                                          const std::optional<at::Tensor>& weight, double eps) {
+  BackwardCall call;
+  call.op = "fused_add_rms_norm_backward";
+  call.kind = Op::fused_add_rms_norm_backward;
+  call.dtype = check_norm_backward(call.op, dy, r, "r", weight);
+  check_same_as(call.op, "dr", dr, "r", r);
+  require_cuda(call.op, "r", r);
+  call.flags = weight_flag(weight);
+  call.dy = &dy;
+  call.x = &r;
+  call.dr = &dr;
+  call.weight = &weight;
+  call.eps = eps;
+  const BackwardOutputs out = run_backward(call);
+  return {out.dx, parameter_gradient(out.weight_partial, r.scalar_type())};
+}
+
+GradTriple layer_norm_backward_cuda(const at::Tensor& dy, const at::Tensor& x,
+                                    const std::optional<at::Tensor>& weight,
+                                    const std::optional<at::Tensor>& bias, double eps) {
+  BackwardCall call;
+  call.op = "layer_norm_backward";
+  call.kind = Op::layer_norm_backward;
+  call.dtype = check_norm_backward(call.op, dy, x, "x", weight);
+  if (bias) {
+    check_parameter(call.op, "bias", *bias, x);
+  }
+  require_cuda(call.op, "x", x);
+  call.flags = weight_flag(weight) | (bias ? kNormBias : 0u);
+  call.dy = &dy;
+  call.x = &x;
+  call.weight = &weight;
+  call.eps = eps;
+  const BackwardOutputs out = run_backward(call);
+  return {out.dx, parameter_gradient(out.weight_partial, x.scalar_type()),
+          parameter_gradient(out.dy_partial, x.scalar_type())};
+}
+
+AdaLnGrads adaln_backward_cuda(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& scale,
+                               const std::optional<at::Tensor>& weight, double eps,
+                               c10::string_view norm, const std::optional<at::Tensor>& table_scale,
+                               bool shift_per_token) {
+  BackwardCall call;
+  call.op = "adaln_backward";
+  call.kind = Op::adaln_backward;
+  const std::string kind(norm);
+  call.dtype = check_adaln_backward(dy, x, scale, weight, kind, table_scale);
+  require_cuda(call.op, "x", x);
+  const bool scale_per_token = scale.size(1) != 1;
+  call.flags = weight_flag(weight) | (parse_norm_kind(call.op, kind) ? kNormLayer : 0u) |
+               (table_scale ? kNormTable : 0u) | (scale_per_token ? kNormScalePerToken : 0u) |
+               (shift_per_token ? kNormShiftPerToken : 0u);
+  call.dy = &dy;
+  call.x = &x;
+  call.scale = &scale;
+  call.weight = &weight;
+  call.table_scale = &table_scale;
+  call.tokens = x.size(1);
+  // Sums per sample (dscale or dshift of [B, 1, D] operands) need samples as segments.
+  call.segments = scale_per_token && shift_per_token ? 1 : x.size(0);
+  call.eps = eps;
+  BackwardOutputs out = run_backward(call);
+
+  const at::ScalarType dtype = x.scalar_type();
+  const std::int64_t b = x.size(0);
+  const std::int64_t d = x.size(2);
+  // Per-sample sums: the partial rows of sample i are rows [i * slots, (i + 1) * slots).
+  auto per_sample = [&](const at::Tensor& partial) {
+    return partial.view({b, out.slots, d}).sum(1, /*keepdim=*/true).to(dtype);
+  };
+  const at::Tensor dscale = scale_per_token ? out.dscale : per_sample(out.scale_partial);
+  std::optional<at::Tensor> dshift;
+  if (!shift_per_token) dshift = per_sample(out.dy_partial);
+  return {out.dx, dscale, dshift, parameter_gradient(out.weight_partial, dtype)};
+}
+
+}  // namespace kiln::torch_ops

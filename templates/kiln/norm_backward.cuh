@@ -1,0 +1,271 @@
+// The backward kernel of the normalisation ops (rms_norm, fused_add_rms_norm, layer_norm,
+// adaln). For the forward
+//
+//   xhat = (x - mean) * rstd              (LayerNorm: FEATURES has layer; RMS: mean = 0)
+//   n    = xhat [* weight]
+//   y    = n [* (1 + scale)] [+ shift | + bias]
+//
+// and the gradient dy of y, per row and all in fp32:
+//
+//   dn = dy [* (1 + scale)],  g = dn [* weight]
+//   dx = rstd * (g - mean(g) - xhat * mean(g * xhat))   (mean(g) only for LayerNorm)
+//        [+ dr]                                          (fused_add_rms_norm)
+//   dscale = dy * n (per token) | summed over a sample's rows (per sample)
+//   dweight = sum over rows of dn * xhat,  dbias / dshift = sum over rows of dy
+//
+// The row statistics (mean, rstd) are recomputed from x rather than saved by the forward:
+// the forward ops stay as they are, and the backward reads x either way.
+//
+// Work split as in kiln::norm: a row is shared by THREADS_PER_ROW threads, each owning
+// VEC-element vectors strided THREADS_PER_ROW vectors apart, so a thread owns the same
+// columns in every row and keeps its share of the parameter gradients in fp32 registers
+// across the rows it visits. A group of threads reduces one item (see NormBackwardParams) at
+// a time and writes the item's sums to its own partial row: no atomics, and the same sums
+// in the same order whatever the launch config.
+#pragma once
+
+#include "kiln/common.cuh"
+#include "kiln/norm.cuh"
+#include "kiln/norm_backward_params.cuh"
+
+namespace kiln {
+
+// Stores VEC fp32 values (a partial row's share of one step) as the widest vectors the
+// step's 4 * VEC bytes allow.
+template <int VEC>
+__device__ __forceinline__ void store_partial(float* destination, const float* values) {
+  if constexpr (VEC % 4 == 0) {
+#pragma unroll
+    for (int i = 0; i < VEC; i += 4) {
+      Raw<16> r;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) r.words[j] = __float_as_uint(values[i + j]);
+      store_global<16>(destination + i, r);
+    }
+  } else if constexpr (VEC == 2) {
+    Raw<8> r;
+    r.words[0] = __float_as_uint(values[0]);
+    r.words[1] = __float_as_uint(values[1]);
+    store_global<8>(destination, r);
+  } else {
+    Raw<4> r;
+    r.words[0] = __float_as_uint(values[0]);
+    store_global<4>(destination, r);
+  }
+}
+
+template <typename T, int HIDDEN, int VEC_BYTES, int THREADS_PER_ROW, int CTA_THREADS, unsigned F>
+__global__ void __launch_bounds__(CTA_THREADS) norm_backward(const NormBackwardParams p) {
+  constexpr int kVec = VEC_BYTES / static_cast<int>(sizeof(T));
+  constexpr int kStride = kVec * THREADS_PER_ROW;
+  constexpr int kSteps = (HIDDEN + kStride - 1) / kStride;
+  constexpr bool kExact = HIDDEN % kStride == 0;
+  constexpr int kWords = VEC_BYTES < 4 ? 1 : VEC_BYTES / 4;
+  constexpr int kRowsPerCta = CTA_THREADS / THREADS_PER_ROW;
+  constexpr float kInvHidden = 1.0f / HIDDEN;
+  constexpr bool kLayer = (F & NormBackwardFeature::layer) != 0;
+  constexpr bool kWeight = (F & NormBackwardFeature::weight) != 0;
+  constexpr bool kResidual = (F & NormBackwardFeature::residual) != 0;
+  constexpr bool kModulate = (F & NormBackwardFeature::modulate) != 0;
+  constexpr bool kTable = (F & NormBackwardFeature::table) != 0;
+  constexpr bool kDySum = (F & NormBackwardFeature::dy_sum) != 0;
+  constexpr bool kScaleSum = kModulate && (F & NormBackwardFeature::scale_sum) != 0;
+  constexpr bool kScalePerToken = kModulate && !kScaleSum;
+  static_assert(VEC_BYTES % sizeof(T) == 0, "a vector holds whole elements");
+  static_assert(HIDDEN % kVec == 0, "rows must be made of whole vectors");
+  static_assert(CTA_THREADS % THREADS_PER_ROW == 0, "rows must tile the CTA");
+  static_assert(THREADS_PER_ROW <= 32 ? (THREADS_PER_ROW & (THREADS_PER_ROW - 1)) == 0
+                                      : THREADS_PER_ROW % 32 == 0,
+                "a row's threads are a power of two up to a warp, or whole warps");
+
+  const int lane = static_cast<int>(threadIdx.x) % THREADS_PER_ROW;
+  const int group = static_cast<int>(threadIdx.x) / THREADS_PER_ROW;
+  const long long groups = static_cast<long long>(gridDim.x) * kRowsPerCta;
+  const long long items = p.segments * p.slots;
+  // Every thread runs the same iterations (an item's rows are at most this many), because
+  // the row reductions may synchronise the whole CTA.
+  const long long item_rows = (p.segment_rows + p.slots - 1) / p.slots;
+  auto column = [&](int step) { return (step * THREADS_PER_ROW + lane) * kVec; };
+  // Only the last step can run past the row, and only when the split does not divide it.
+  auto in_row = [&](int step) { return kExact || step + 1 < kSteps || column(step) < HIDDEN; };
+  auto weight_at = [&](int step) {
+    return load_global_nc<VEC_BYTES>(static_cast<const T*>(p.weight) + column(step));
+  };
+
+  for (long long first = static_cast<long long>(blockIdx.x) * kRowsPerCta; first < items;
+       first += groups) {
+    const long long item = first + group;
+    const bool item_active = item < items;
+    const long long segment = item_active ? item / p.slots : 0;
+    const long long slot = item_active ? item - segment * p.slots : 0;
+
+    float weight_sum[kWeight ? kSteps * kVec : 1];
+    float dy_sum[kDySum ? kSteps * kVec : 1];
+    float scale_sum[kScaleSum ? kSteps * kVec : 1];
+#pragma unroll
+    for (int i = 0; i < kSteps * kVec; ++i) {
+      if constexpr (kWeight) weight_sum[i] = 0.0f;
+      if constexpr (kDySum) dy_sum[i] = 0.0f;
+      if constexpr (kScaleSum) scale_sum[i] = 0.0f;
+    }
+
+    for (long long k = 0; k < item_rows; ++k) {
+      const long long t = slot + k * p.slots;
+      const bool active = item_active && t < p.segment_rows;
+      const long long row = segment * p.segment_rows + t;
+
+      // The row's streams, all issued before any is used; zeros where there is no row, so
+      // they add nothing to the row sums or the parameter sums.
+      Raw<VEC_BYTES> x[kSteps];
+      Raw<VEC_BYTES> dy[kSteps];
+      Raw<VEC_BYTES> dr[kResidual ? kSteps : 1];
+      Raw<VEC_BYTES> scale[kModulate ? kSteps : 1];
+      const T* scale_row = nullptr;
+      if constexpr (kModulate) {
+        const long long batch = row / p.tokens;
+        scale_row = static_cast<const T*>(p.scale) + batch * p.scale_batch_stride +
+                    (row - batch * p.tokens) * p.scale_token_stride;
+      }
+#pragma unroll
+      for (int step = 0; step < kSteps; ++step) {
+#pragma unroll
+        for (int w = 0; w < kWords; ++w) {
+          x[step].words[w] = 0u;
+          dy[step].words[w] = 0u;
+          if constexpr (kResidual) dr[step].words[w] = 0u;
+          if constexpr (kModulate) scale[step].words[w] = 0u;
+        }
+        if (!active || !in_row(step)) continue;
+        const int col = column(step);
+        x[step] = load_stream<VEC_BYTES>(static_cast<const T*>(p.x) + row * p.x_row_stride + col);
+        dy[step] =
+            load_stream<VEC_BYTES>(static_cast<const T*>(p.dy) + row * p.dy_row_stride + col);
+        if constexpr (kResidual) {
+          dr[step] =
+              load_stream<VEC_BYTES>(static_cast<const T*>(p.dr) + row * p.dr_row_stride + col);
+        }
+        if constexpr (kModulate) scale[step] = load_stream<VEC_BYTES>(scale_row + col);
+      }
+
+      float mean = 0.0f;
+      if constexpr (kLayer) {
+        float sum = 0.0f;
+#pragma unroll
+        for (int step = 0; step < kSteps; ++step) {
+          float partial = 0.0f;
+#pragma unroll
+          for (int i = 0; i < kVec; ++i) partial += get_element<T>(x[step], i);
+          sum += partial;
+        }
+        mean = group_sum<THREADS_PER_ROW, CTA_THREADS>(sum) * kInvHidden;
+      }
+      // Elements past the row are zero, but after centring they would count mean^2.
+      float squares = 0.0f;
+#pragma unroll
+      for (int step = 0; step < kSteps; ++step) {
+        float partial = 0.0f;
+#pragma unroll
+        for (int i = 0; i < kVec; ++i) {
+          const float centred = get_element<T>(x[step], i) - mean;
+          partial += centred * centred;
+        }
+        if (!kLayer || in_row(step)) squares += partial;
+      }
+      squares = group_sum<THREADS_PER_ROW, CTA_THREADS>(squares);
+      const float rstd = rsqrtf(squares * kInvHidden + p.eps);
+
+      // First pass: the row sums dx needs, the parameter sums, and dscale per token.
+      float g_sum = 0.0f;
+      float gx_sum = 0.0f;
+#pragma unroll
+      for (int step = 0; step < kSteps; ++step) {
+        const bool present = active && in_row(step);
+        Raw<VEC_BYTES> weight;
+        Raw<VEC_BYTES> table;
+        if constexpr (kWeight) {
+          if (present) weight = weight_at(step);
+        }
+        if constexpr (kTable) {
+          if (present) {
+            table = load_global_nc<VEC_BYTES>(static_cast<const T*>(p.table_scale) + column(step));
+          }
+        }
+        float dscale[kScalePerToken ? kVec : 1];
+#pragma unroll
+        for (int i = 0; i < kVec; ++i) {
+          const float xhat = (get_element<T>(x[step], i) - mean) * rstd;
+          const float d = get_element<T>(dy[step], i);
+          const float w = kWeight && present ? get_element<T>(weight, i) : 1.0f;
+          float dn = d;
+          if constexpr (kModulate) {
+            float s = get_element<T>(scale[step], i);
+            if constexpr (kTable) s += present ? get_element<T>(table, i) : 0.0f;
+            const float n = xhat * w;
+            if constexpr (kScalePerToken) dscale[i] = d * n;
+            if constexpr (kScaleSum) scale_sum[step * kVec + i] += d * n;
+            dn = d * (1.0f + s);
+          }
+          const float g = dn * w;
+          if constexpr (kWeight) weight_sum[step * kVec + i] += dn * xhat;
+          if constexpr (kDySum) dy_sum[step * kVec + i] += d;
+          g_sum += g;
+          gx_sum += g * xhat;
+        }
+        if constexpr (kScalePerToken) {
+          if (present) {
+            store_floats<T, VEC_BYTES>(static_cast<T*>(p.dscale) + row * HIDDEN + column(step),
+                                       dscale);
+          }
+        }
+      }
+      gx_sum = group_sum<THREADS_PER_ROW, CTA_THREADS>(gx_sum) * kInvHidden;
+      if constexpr (kLayer) g_sum = group_sum<THREADS_PER_ROW, CTA_THREADS>(g_sum) * kInvHidden;
+      if (!active) continue;
+
+      // Second pass: dx, from the row still in registers (the per-column operands come
+      // again from L1).
+      T* const dx_row = static_cast<T*>(p.dx) + row * HIDDEN;
+#pragma unroll
+      for (int step = 0; step < kSteps; ++step) {
+        if (!in_row(step)) continue;
+        Raw<VEC_BYTES> weight;
+        Raw<VEC_BYTES> table;
+        if constexpr (kWeight) weight = weight_at(step);
+        if constexpr (kTable) {
+          table = load_global_nc<VEC_BYTES>(static_cast<const T*>(p.table_scale) + column(step));
+        }
+        float result[kVec];
+#pragma unroll
+        for (int i = 0; i < kVec; ++i) {
+          const float xhat = (get_element<T>(x[step], i) - mean) * rstd;
+          float g = get_element<T>(dy[step], i);
+          if constexpr (kModulate) {
+            float s = get_element<T>(scale[step], i);
+            if constexpr (kTable) s += get_element<T>(table, i);
+            g *= 1.0f + s;
+          }
+          if constexpr (kWeight) g *= get_element<T>(weight, i);
+          float value = rstd * (g - (kLayer ? g_sum : 0.0f) - xhat * gx_sum);
+          if constexpr (kResidual) value += get_element<T>(dr[step], i);
+          result[i] = value;
+        }
+        store_floats<T, VEC_BYTES>(dx_row + column(step), result);
+      }
+    }
+
+    if (!item_active) continue;
+#pragma unroll
+    for (int step = 0; step < kSteps; ++step) {
+      if (!in_row(step)) continue;
+      const long long offset = item * HIDDEN + column(step);
+      if constexpr (kWeight)
+        store_partial<kVec>(p.weight_partial + offset, weight_sum + step * kVec);
+      if constexpr (kDySum) store_partial<kVec>(p.dy_partial + offset, dy_sum + step * kVec);
+      if constexpr (kScaleSum) {
+        store_partial<kVec>(p.scale_partial + offset, scale_sum + step * kVec);
+      }
+    }
+  }
+}
+
+}  // namespace kiln

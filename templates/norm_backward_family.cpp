@@ -1,0 +1,484 @@
+#include "templates/norm_backward_family.h"
+
+#include <algorithm>
+#include <array>
+#include <bit>
+#include <cstdlib>
+#include <cstring>
+#include <optional>
+
+#include "cache/error.h"
+#include "templates/config_rules.h"
+#include "templates/kiln/norm_backward_params.cuh"
+
+namespace kiln {
+
+// The kernel receives these bytes as its by-value parameter; nvcc lays the struct out the
+// same way for the device (8-byte pointers and long longs).
+static_assert(sizeof(NormBackwardParams) == 176 && alignof(NormBackwardParams) == 8);
+
+namespace {
+
+constexpr std::array<int, 4> kVecBytes = {16, 8, 4, 2};  // widest first: the canonical order
+constexpr std::array<int, 9> kThreadsPerRow = {4, 8, 16, 32, 64, 128, 256, 512, 1024};
+constexpr std::array<int, 5> kCtaThreads = {64, 128, 256, 512, 1024};
+
+// Registers beyond the row data and the sums: addresses, indices, the item and row loops,
+// the reductions and one step's fp32 math.
+constexpr int kRegisterOverhead = 48;
+constexpr int kMaxRegistersPerThread = 255;
+
+// A thread holds two streams (x, dy) and fp32 sums where the forward holds one row, so the
+// heuristic aims at half the forward's share of a row.
+constexpr std::int64_t kTargetElementsPerThread = 16;
+constexpr int kTargetRowsPerCta = 4;
+constexpr int kMinHeuristicCta = 128;
+constexpr int kMaxHeuristicCtaForShortRows = 256;
+
+bool has(const Problem& problem, std::uint32_t bit) {
+  return (problem.flags & bit) != 0;
+}
+
+std::string flag_names(std::uint32_t flags) {
+  std::string text;
+  auto add = [&](std::uint32_t bit, const char* name) {
+    if ((flags & bit) != 0) text += (text.empty() ? "" : ", ") + std::string(name);
+  };
+  add(kNormWeight, "weight (1)");
+  add(kNormBias, "bias (2)");
+  add(kNormLayer, "layer (4)");
+  add(kNormTable, "table (16)");
+  add(kNormScalePerToken, "scale per token (32)");
+  add(kNormShiftPerToken, "shift per token (64)");
+  const std::uint32_t known =
+      kNormWeight | kNormBias | kNormLayer | kNormTable | kNormScalePerToken | kNormShiftPerToken;
+  if ((flags & ~known) != 0) {
+    text +=
+        (text.empty() ? "" : ", ") + std::string("unknown bits ") + std::to_string(flags & ~known);
+  }
+  return text.empty() ? "none" : text;
+}
+
+std::int64_t vec_elements(const Problem& problem, const Config& config) {
+  return std::max<std::int64_t>(
+      1, config.vec_bytes / static_cast<std::int64_t>(dtype_size(problem.dtype)));
+}
+
+std::int64_t item_cap(std::int64_t hidden) {
+  const auto fit =
+      static_cast<std::int64_t>(std::bit_floor(static_cast<std::uint64_t>(std::max<std::int64_t>(
+          1, NormBackwardFamily::kPartialElements / std::max<std::int64_t>(hidden, 1)))));
+  return std::clamp(fit, NormBackwardFamily::kMinItems, NormBackwardFamily::kMaxItems);
+}
+
+std::int64_t pow2_ceil(std::int64_t value) {
+  return static_cast<std::int64_t>(
+      std::bit_ceil(static_cast<std::uint64_t>(std::max<std::int64_t>(value, 1))));
+}
+
+}  // namespace
+
+NormBackwardFamily::NormBackwardFamily(Op op) : op_(op) {
+  if (op != Op::rms_norm_backward && op != Op::fused_add_rms_norm_backward &&
+      op != Op::layer_norm_backward && op != Op::adaln_backward) {
+    throw Error("kiln: NormBackwardFamily does not implement op " + std::string(op_name(op)));
+  }
+}
+
+std::uint32_t NormBackwardFamily::allowed_flags() const {
+  switch (op_) {
+    case Op::rms_norm_backward:
+    case Op::fused_add_rms_norm_backward:
+      return kNormWeight;
+    case Op::layer_norm_backward:
+      return kNormWeight | kNormBias;
+    case Op::adaln_backward:
+      return kNormWeight | kNormLayer | kNormTable | kNormScalePerToken | kNormShiftPerToken;
+    default:
+      return 0;
+  }
+}
+
+unsigned NormBackwardFamily::features(const Problem& problem) const {
+  unsigned f = 0;
+  if (has(problem, kNormWeight)) f |= NormBackwardFeature::weight;
+  switch (op_) {
+    case Op::fused_add_rms_norm_backward:
+      f |= NormBackwardFeature::residual;
+      break;
+    case Op::layer_norm_backward:
+      f |= NormBackwardFeature::layer;
+      if (has(problem, kNormBias)) f |= NormBackwardFeature::dy_sum;
+      break;
+    case Op::adaln_backward:
+      f |= NormBackwardFeature::modulate;
+      if (has(problem, kNormLayer)) f |= NormBackwardFeature::layer;
+      if (has(problem, kNormTable)) f |= NormBackwardFeature::table;
+      if (!has(problem, kNormScalePerToken)) f |= NormBackwardFeature::scale_sum;
+      if (!has(problem, kNormShiftPerToken)) f |= NormBackwardFeature::dy_sum;
+      break;
+    default:
+      break;
+  }
+  return f;
+}
+
+bool NormBackwardFamily::has_partials(const Problem& problem) const {
+  return (features(problem) & (NormBackwardFeature::weight | NormBackwardFeature::dy_sum |
+                               NormBackwardFeature::scale_sum)) != 0;
+}
+
+std::int64_t NormBackwardFamily::slots(std::int64_t hidden, std::int64_t segment_rows,
+                                       std::int64_t segments) {
+  const std::int64_t per_segment = std::max<std::int64_t>(
+      1, static_cast<std::int64_t>(std::bit_floor(static_cast<std::uint64_t>(
+             std::max<std::int64_t>(1, item_cap(hidden) / std::max<std::int64_t>(segments, 1))))));
+  return std::min(pow2_ceil(segment_rows), per_segment);
+}
+
+std::int64_t NormBackwardFamily::groups(std::int64_t hidden, std::int64_t rows) {
+  return std::min(pow2_ceil(rows), item_cap(hidden));
+}
+
+namespace {
+
+std::optional<ArgumentError> problem_error(const NormBackwardFamily& family,
+                                           const Problem& problem) {
+  const std::string op(family.name());
+  if (problem.op != family.op()) {
+    return ArgumentError(op, "problem", "op " + op, std::string(op_name(problem.op)));
+  }
+  if (problem.hidden < 1 || problem.hidden > NormBackwardFamily::kMaxHidden) {
+    return ArgumentError(op, "x", "hidden size in [1, 65536]", std::to_string(problem.hidden));
+  }
+  if (problem.align < 1 || problem.align > 16 || (problem.align & (problem.align - 1)) != 0) {
+    return ArgumentError(op, "x", "alignment a power of two in [1, 16] bytes",
+                         std::to_string(problem.align));
+  }
+  if ((problem.flags & ~family.allowed_flags()) != 0) {
+    return ArgumentError(op, "flags", "only " + flag_names(family.allowed_flags()),
+                         flag_names(problem.flags));
+  }
+  if (problem.aux != 0) {
+    return ArgumentError(op, "aux", "0 (unused by the norm ops)", std::to_string(problem.aux));
+  }
+  return std::nullopt;
+}
+
+// The splits of a row the space holds, ascending: powers of two, and whole warps that
+// divide the row's vectors exactly.
+std::vector<int> threads_per_row_options(const Problem& problem, int vec_bytes) {
+  std::vector<int> options(kThreadsPerRow.begin(), kThreadsPerRow.end());
+  const std::int64_t row_bytes =
+      problem.hidden * static_cast<std::int64_t>(dtype_size(problem.dtype));
+  if (row_bytes % vec_bytes == 0) {
+    const std::int64_t vectors = row_bytes / vec_bytes;
+    for (int tpr = 64; tpr <= kThreadsPerRow.back(); tpr += 32) {
+      if (vectors % tpr == 0 && !one_of(kThreadsPerRow, tpr)) options.push_back(tpr);
+    }
+  }
+  std::sort(options.begin(), options.end());
+  return options;
+}
+
+std::vector<int> cta_options(int threads_per_row) {
+  if (one_of(kThreadsPerRow, threads_per_row)) return {kCtaThreads.begin(), kCtaThreads.end()};
+  std::vector<int> options;
+  for (int cta = threads_per_row; cta <= kCtaThreads.back(); cta *= 2) options.push_back(cta);
+  return options;
+}
+
+}  // namespace
+
+void NormBackwardFamily::check(const Problem& problem) const {
+  if (auto error = problem_error(*this, problem)) throw *error;
+}
+
+std::int64_t NormBackwardFamily::elements_per_thread(const Problem& problem, const Config& config) {
+  const std::int64_t vec = vec_elements(problem, config);
+  const std::int64_t per_step = vec * std::max(1, config.threads_per_row);
+  return ceil_div(problem.hidden, per_step) * vec;
+}
+
+// The row streams held as raw vectors between the loads and dx (x, dy, and dr or the scale
+// operand where present), plus one fp32 register per held element and parameter sum.
+std::int64_t NormBackwardFamily::registers_per_thread(const Problem& problem,
+                                                      const Config& config) const {
+  const unsigned f = features(problem);
+  const std::int64_t elements = elements_per_thread(problem, config);
+  const std::int64_t steps = elements / vec_elements(problem, config);
+  const std::int64_t words = std::max(1, config.vec_bytes / 4);
+  int streams = 2;
+  if ((f & NormBackwardFeature::residual) != 0) ++streams;
+  if ((f & NormBackwardFeature::modulate) != 0) ++streams;
+  int sums = 0;
+  for (unsigned bit :
+       {NormBackwardFeature::weight, NormBackwardFeature::dy_sum, NormBackwardFeature::scale_sum}) {
+    if ((f & bit) != 0) ++sums;
+  }
+  return steps * words * streams + elements * sums + kRegisterOverhead;
+}
+
+std::string NormBackwardFamily::invalid_reason(const Problem& problem, const Config& config,
+                                               const DeviceTraits& device) const {
+  if (auto error = problem_error(*this, problem)) return error->message();
+  if (!config.extra.empty()) {
+    return std::string(name()) + " has no tunable named '" + config.extra.begin()->first + "'";
+  }
+
+  const auto element = static_cast<std::int64_t>(dtype_size(problem.dtype));
+  const std::string dtype(dtype_name(problem.dtype));
+  const int vec = config.vec_bytes;
+  if (!one_of(kVecBytes, vec)) {
+    return "vec_bytes " + std::to_string(vec) + " is not " + list_of(kVecBytes);
+  }
+  if (vec < element) {
+    return "vec_bytes " + std::to_string(vec) + " is narrower than one " + dtype + " element (" +
+           std::to_string(element) + " bytes)";
+  }
+  if (vec > effective_align(problem)) {
+    return "vec_bytes " + std::to_string(vec) + " exceeds the data alignment " +
+           std::to_string(effective_align(problem));
+  }
+  const std::int64_t row_bytes = problem.hidden * element;
+  if (row_bytes % vec != 0) {
+    return "a row of " + std::to_string(problem.hidden) + " " + dtype + " elements (" +
+           std::to_string(row_bytes) + " bytes) is not a whole number of " + std::to_string(vec) +
+           "-byte vectors";
+  }
+
+  const int tpr = config.threads_per_row;
+  const std::int64_t vectors = row_bytes / vec;
+  const bool exact_warps =
+      tpr > 32 && tpr <= kThreadsPerRow.back() && tpr % 32 == 0 && vectors % tpr == 0;
+  if (!one_of(kThreadsPerRow, tpr) && !exact_warps) {
+    return "threads_per_row " + std::to_string(tpr) +
+           " is neither a power of two in [4, 1024] nor whole warps dividing the row's " +
+           std::to_string(vectors) + " vectors";
+  }
+  if (tpr != kThreadsPerRow.front() && tpr > vectors) {
+    return "threads_per_row " + std::to_string(tpr) + " leaves threads idle: a row has only " +
+           std::to_string(vectors) + " vectors of " + std::to_string(vec) + " bytes";
+  }
+  const std::int64_t held = elements_per_thread(problem, config);
+  if (held > kMaxElementsPerThread) {
+    return "each thread would hold " + std::to_string(held) + " elements of a row, more than " +
+           std::to_string(kMaxElementsPerThread) + " (the register budget)";
+  }
+
+  const int cta = config.cta_threads;
+  if (one_of(kThreadsPerRow, tpr) && !one_of(kCtaThreads, cta)) {
+    return "cta_threads " + std::to_string(cta) + " is not " + list_of(kCtaThreads);
+  }
+  if (cta < tpr) {
+    return "cta_threads " + std::to_string(cta) + " is fewer than threads_per_row " +
+           std::to_string(tpr);
+  }
+  const int rows_per_cta = cta / tpr;
+  if (cta % tpr != 0 || (rows_per_cta & (rows_per_cta - 1)) != 0) {
+    return "cta_threads " + std::to_string(cta) +
+           " is not a power-of-two multiple of threads_per_row " + std::to_string(tpr);
+  }
+  if (cta > device.max_threads_per_block) {
+    return "cta_threads " + std::to_string(cta) + " exceeds the device's " +
+           std::to_string(device.max_threads_per_block) + " threads per block";
+  }
+  // The widest split stays valid (it may spill), so every hidden size has a config.
+  const int register_cap =
+      std::min(kMaxRegistersPerThread, std::max(1, device.regs_per_block / cta));
+  const std::int64_t registers = registers_per_thread(problem, config);
+  const bool widest = tpr >= std::min(kThreadsPerRow.back(), device.max_threads_per_block);
+  if (registers > register_cap && !widest) {
+    return "holding " + std::to_string(held) + " elements of two rows and their sums needs about " +
+           std::to_string(registers) + " registers per thread, more than the " +
+           std::to_string(register_cap) + " a " + std::to_string(cta) + "-thread CTA allows";
+  }
+  return {};
+}
+
+std::vector<Config> NormBackwardFamily::space(const Problem& problem,
+                                              const DeviceTraits& device) const {
+  check(problem);
+  std::vector<Config> configs;
+  for (int vec : kVecBytes) {
+    for (int tpr : threads_per_row_options(problem, vec)) {
+      for (int cta : cta_options(tpr)) {
+        Config config;
+        config.vec_bytes = vec;
+        config.threads_per_row = tpr;
+        config.cta_threads = cta;
+        if (invalid_reason(problem, config, device).empty()) configs.push_back(std::move(config));
+      }
+    }
+  }
+  return configs;
+}
+
+// As the forward norms' heuristic, aiming at kTargetElementsPerThread: the widest vector,
+// then the split and CTA nearest to the target share of a row and kTargetRowsPerCta rows.
+Config NormBackwardFamily::heuristic(const Problem& problem, const DeviceTraits& device) const {
+  const std::vector<Config> configs = space(problem, device);
+  if (configs.empty()) {
+    throw Error("kiln." + std::string(name()) + ": no valid launch config for " + problem.key() +
+                " on sm_" + std::to_string(device.sm));
+  }
+  const int vec = configs.front().vec_bytes;
+  Config target;
+  target.vec_bytes = vec;
+  target.threads_per_row = kThreadsPerRow.back();
+  for (int tpr : kThreadsPerRow) {
+    target.threads_per_row = tpr;
+    if (elements_per_thread(problem, target) <= kTargetElementsPerThread) break;
+  }
+  target.cta_threads = std::max(
+      {kMinHeuristicCta, target.threads_per_row,
+       std::min(kTargetRowsPerCta * target.threads_per_row, kMaxHeuristicCtaForShortRows)});
+
+  const int target_tpr_log = log2_ceil(target.threads_per_row);
+  const int target_cta_log = log2_ceil(target.cta_threads);
+  auto distance = [&](const Config& c) {
+    const int tpr_log = log2_ceil(c.threads_per_row);
+    return std::array<int, 3>{std::abs(tpr_log - target_tpr_log), -tpr_log,
+                              std::abs(log2_ceil(c.cta_threads) - target_cta_log)};
+  };
+  const Config* best = nullptr;
+  for (const Config& config : configs) {
+    if (config.vec_bytes != vec) continue;
+    if (best == nullptr || distance(config) < distance(*best)) best = &config;
+  }
+  return best != nullptr ? *best : configs.front();
+}
+
+std::string NormBackwardFamily::name_expression(const Problem& problem,
+                                                const Config& config) const {
+  return "kiln::norm_backward<" + std::string(dtype_cuda_type(problem.dtype)) + ", " +
+         std::to_string(problem.hidden) + ", " + std::to_string(config.vec_bytes) + ", " +
+         std::to_string(config.threads_per_row) + ", " + std::to_string(config.cta_threads) + ", " +
+         std::to_string(features(problem)) + "u>";
+}
+
+// One group per item up to groups(); the kernel's item loop covers the rest. The reduction's
+// shared memory is static.
+LaunchGeometry NormBackwardFamily::geometry(const Problem& problem, const Config& config,
+                                            std::int64_t rows) const {
+  LaunchGeometry geometry;
+  geometry.grid[0] = covering_grid(groups(problem.hidden, rows), config.rows_per_cta());
+  geometry.block[0] = static_cast<std::uint32_t>(config.cta_threads);
+  return geometry;
+}
+
+namespace {
+
+std::vector<BufferSpec> backward_buffers(const NormBackwardFamily& family, const Problem& problem,
+                                         std::int64_t rows) {
+  const unsigned f = family.features(problem);
+  const DType t = problem.dtype;
+  const std::int64_t d = problem.hidden;
+  const std::int64_t items = NormBackwardFamily::slots(d, rows, 1);
+  std::vector<BufferSpec> specs;
+  specs.push_back({"dy", t, rows * d, false});
+  specs.push_back({"x", t, rows * d, false});
+  if ((f & NormBackwardFeature::residual) != 0) specs.push_back({"dr", t, rows * d, false});
+  if ((f & NormBackwardFeature::modulate) != 0) {
+    const std::int64_t scale_rows = has(problem, kNormScalePerToken) ? rows : 1;
+    specs.push_back({"scale", t, scale_rows * d, false});
+  }
+  if ((f & NormBackwardFeature::table) != 0) specs.push_back({"table_scale", t, d, false});
+  if ((f & NormBackwardFeature::weight) != 0) specs.push_back({"weight", t, d, false});
+  specs.push_back({"dx", t, rows * d, true});
+  if ((f & NormBackwardFeature::modulate) != 0 && (f & NormBackwardFeature::scale_sum) == 0) {
+    specs.push_back({"dscale", t, rows * d, true});
+  }
+  if ((f & NormBackwardFeature::weight) != 0) {
+    specs.push_back({"weight_partial", DType::f32, items * d, true});
+  }
+  if ((f & NormBackwardFeature::dy_sum) != 0) {
+    specs.push_back({"dy_partial", DType::f32, items * d, true});
+  }
+  if ((f & NormBackwardFeature::scale_sum) != 0) {
+    specs.push_back({"scale_partial", DType::f32, items * d, true});
+  }
+  return specs;
+}
+
+}  // namespace
+
+std::vector<BufferSpec> NormBackwardFamily::buffers(const Problem& problem,
+                                                    std::int64_t rows) const {
+  check(problem);
+  if (rows < 0) {
+    throw ArgumentError(std::string(name()), "rows", "a count >= 0", std::to_string(rows));
+  }
+  return backward_buffers(*this, problem, rows);
+}
+
+std::vector<std::byte> NormBackwardFamily::pack_params(
+    const Problem& problem, std::int64_t rows, std::span<const std::uint64_t> addresses) const {
+  const std::vector<BufferSpec> specs = backward_buffers(*this, problem, rows);
+  if (addresses.size() != specs.size()) {
+    std::string names;
+    for (const BufferSpec& spec : specs) names += (names.empty() ? "" : ", ") + spec.name;
+    throw Error("kiln." + std::string(name()) + ": pack_params: expected " +
+                std::to_string(specs.size()) + " addresses (" + names + "), got " +
+                std::to_string(addresses.size()));
+  }
+  NormBackwardParams params;
+  std::memset(&params, 0, sizeof(params));
+  for (std::size_t i = 0; i < specs.size(); ++i) {
+    void* address = reinterpret_cast<void*>(static_cast<std::uintptr_t>(addresses[i]));
+    const std::string& n = specs[i].name;
+    if (n == "dy") params.dy = address;
+    if (n == "x") params.x = address;
+    if (n == "dr") params.dr = address;
+    if (n == "scale") params.scale = address;
+    if (n == "table_scale") params.table_scale = address;
+    if (n == "weight") params.weight = address;
+    if (n == "dx") params.dx = address;
+    if (n == "dscale") params.dscale = address;
+    if (n == "weight_partial") params.weight_partial = static_cast<float*>(address);
+    if (n == "dy_partial") params.dy_partial = static_cast<float*>(address);
+    if (n == "scale_partial") params.scale_partial = static_cast<float*>(address);
+  }
+  const std::int64_t d = problem.hidden;
+  const bool per_token = has(problem, kNormScalePerToken);
+  params.scale_batch_stride = per_token ? rows * d : d;
+  params.scale_token_stride = per_token ? d : 0;
+  params.rows = rows;
+  params.tokens = std::max<std::int64_t>(rows, 1);
+  params.segments = 1;
+  params.segment_rows = rows;
+  params.slots = slots(d, rows, 1);
+  params.dy_row_stride = d;
+  params.dr_row_stride = d;
+  params.x_row_stride = d;
+  params.eps = NormFamily::kDefaultEps;
+  std::vector<std::byte> bytes(sizeof(params));
+  std::memcpy(bytes.data(), &params, sizeof(params));
+  return bytes;
+}
+
+std::int64_t NormBackwardFamily::bytes_moved(const Problem& problem, std::int64_t rows) const {
+  std::int64_t bytes = 0;
+  for (const BufferSpec& spec : backward_buffers(*this, problem, rows)) {
+    bytes += spec.elements * static_cast<std::int64_t>(dtype_size(spec.dtype));
+  }
+  return bytes;
+}
+
+std::vector<Problem> NormBackwardFamily::common_problems(DType dtype, std::int64_t hidden) const {
+  auto make = [&](std::uint32_t flags) { return Problem{op_, dtype, hidden, flags, 16}; };
+  switch (op_) {
+    case Op::rms_norm_backward:
+      return {make(kNormWeight), make(0)};
+    case Op::fused_add_rms_norm_backward:
+      return {make(kNormWeight)};
+    case Op::layer_norm_backward:
+      return {make(kNormWeight | kNormBias), make(0)};
+    case Op::adaln_backward:  // FLUX (LayerNorm, per sample); LTX-Video (RMS, table, per token)
+      return {make(kNormLayer), make(kNormTable | kNormScalePerToken | kNormShiftPerToken)};
+    default:
+      return {};
+  }
+}
+
+}  // namespace kiln

@@ -1,0 +1,267 @@
+// The norm backward ops' descriptors: accepted flags, kernel features, the item split the
+// partial sums rest on, the search space, the heuristic, buffers and parameter packing. No
+// GPU, no NVRTC.
+#include <doctest/doctest.h>
+
+#include <cstring>
+#include <set>
+
+#include "cache/error.h"
+#include "templates/kiln/norm_backward_params.cuh"
+#include "templates/norm_backward_family.h"
+
+namespace kiln {
+namespace {
+
+constexpr Op kBackwardOps[] = {Op::rms_norm_backward, Op::fused_add_rms_norm_backward,
+                               Op::layer_norm_backward, Op::adaln_backward};
+
+const NormBackwardFamily& backward(Op op) {
+  return dynamic_cast<const NormBackwardFamily&>(family(op));
+}
+
+std::vector<std::string> names_of(const std::vector<BufferSpec>& specs) {
+  std::vector<std::string> names;
+  for (const BufferSpec& spec : specs) names.push_back(spec.name);
+  return names;
+}
+
+}  // namespace
+
+TEST_CASE("each norm backward op is registered once and accepts only its own flags") {
+  const auto all = families();
+  for (Op op : kBackwardOps) {
+    CHECK(family(op).op() == op);
+    CHECK(family(op).header() == "kiln/norm_backward.cuh");
+    CHECK(std::count(all.begin(), all.end(), &family(op)) == 1);
+  }
+  CHECK(family(Op::adaln_backward).name() == "adaln_backward");
+  CHECK(parse_op("layer_norm_backward") == Op::layer_norm_backward);
+  CHECK_THROWS_AS(NormBackwardFamily(Op::rms_norm), Error);
+
+  const Problem bias_on_rms{Op::rms_norm_backward, DType::bf16, 4096, kNormBias, 16};
+  CHECK_THROWS_WITH_AS(family(Op::rms_norm_backward).check(bias_on_rms),
+                       doctest::Contains("flags: expected only weight (1), got bias (2)"),
+                       ArgumentError);
+  const Problem per_token_on_ln{Op::layer_norm_backward, DType::bf16, 64, kNormShiftPerToken, 16};
+  CHECK_THROWS_WITH_AS(family(Op::layer_norm_backward).check(per_token_on_ln),
+                       doctest::Contains("got shift per token (64)"), ArgumentError);
+  const Problem too_wide{Op::adaln_backward, DType::bf16, 65537, 0, 16};
+  CHECK_THROWS_WITH_AS(
+      family(Op::adaln_backward).check(too_wide),
+      doctest::Contains("kiln.adaln_backward: x: expected hidden size in [1, 65536], got 65537"),
+      ArgumentError);
+  const Problem with_aux{Op::rms_norm_backward, DType::bf16, 64, 0, 16, 3};
+  CHECK_THROWS_AS(family(Op::rms_norm_backward).check(with_aux), ArgumentError);
+}
+
+TEST_CASE("flags map to kernel features; the sums follow the parameters and per-sample operands") {
+  const Problem rms{Op::rms_norm_backward, DType::bf16, 64, kNormWeight, 16};
+  CHECK(backward(Op::rms_norm_backward).features(rms) == NormBackwardFeature::weight);
+  CHECK(backward(Op::rms_norm_backward).has_partials(rms));
+  const Problem bare{Op::rms_norm_backward, DType::bf16, 64, 0, 16};
+  CHECK(backward(Op::rms_norm_backward).features(bare) == 0);
+  CHECK_FALSE(backward(Op::rms_norm_backward).has_partials(bare));
+
+  const Problem fused{Op::fused_add_rms_norm_backward, DType::bf16, 64, kNormWeight, 16};
+  CHECK(backward(Op::fused_add_rms_norm_backward).features(fused) ==
+        (NormBackwardFeature::weight | NormBackwardFeature::residual));
+  const Problem ln{Op::layer_norm_backward, DType::bf16, 64, kNormWeight | kNormBias, 16};
+  CHECK(backward(Op::layer_norm_backward).features(ln) ==
+        (NormBackwardFeature::layer | NormBackwardFeature::weight | NormBackwardFeature::dy_sum));
+
+  const NormBackwardFamily& ada = backward(Op::adaln_backward);
+  const Problem per_sample{Op::adaln_backward, DType::bf16, 64, kNormLayer, 16};
+  CHECK(ada.features(per_sample) == (NormBackwardFeature::modulate | NormBackwardFeature::layer |
+                                     NormBackwardFeature::scale_sum | NormBackwardFeature::dy_sum));
+  const Problem per_token{Op::adaln_backward, DType::bf16, 64,
+                          kNormTable | kNormScalePerToken | kNormShiftPerToken, 16};
+  CHECK(ada.features(per_token) == (NormBackwardFeature::modulate | NormBackwardFeature::table));
+  CHECK_FALSE(ada.has_partials(per_token));
+  // Per-token and per-sample operands are different kernels (unlike the forward's).
+  const Config config = ada.heuristic(per_sample, DeviceTraits::for_arch(90));
+  Problem per_token_layer = per_sample;
+  per_token_layer.flags |= kNormScalePerToken | kNormShiftPerToken;
+  CHECK(ada.name_expression(per_sample, config) != ada.name_expression(per_token_layer, config));
+}
+
+TEST_CASE("items: powers of two, never more than the rows, partial sums bounded") {
+  CHECK(NormBackwardFamily::slots(4096, 1, 1) == 1);
+  CHECK(NormBackwardFamily::slots(4096, 3, 1) == 4);
+  CHECK(NormBackwardFamily::slots(4096, 1031, 1) == 1024);
+  CHECK(NormBackwardFamily::slots(4096, 1 << 20, 1) == 1024);  // 2^22 / 4096
+  CHECK(NormBackwardFamily::slots(128, 1 << 20, 1) == 32768);
+  CHECK(NormBackwardFamily::slots(1, 1 << 20, 1) == NormBackwardFamily::kMaxItems);
+  CHECK(NormBackwardFamily::slots(65536, 1 << 20, 1) == NormBackwardFamily::kMinItems);
+  // Per-sample sums: the samples share the bound.
+  CHECK(NormBackwardFamily::slots(4096, 4096, 8) == 128);
+  CHECK(NormBackwardFamily::slots(4096, 4096, 3) == 256);
+  CHECK(NormBackwardFamily::slots(4096, 4096, 5000) == 1);
+  CHECK(NormBackwardFamily::slots(4096, 0, 2) == 1);
+  for (std::int64_t hidden : {1, 7, 128, 4096, 5120, 65536}) {
+    for (std::int64_t rows : {0, 1, 3, 1031, 1 << 20}) {
+      for (std::int64_t segments : {1, 2, 7, 64}) {
+        CAPTURE(hidden);
+        CAPTURE(rows);
+        CAPTURE(segments);
+        const std::int64_t slots = NormBackwardFamily::slots(hidden, rows, segments);
+        CHECK(slots >= 1);
+        CHECK((slots & (slots - 1)) == 0);
+        CHECK(slots <= std::max<std::int64_t>(rows, 1) * 2);
+        CHECK(slots * segments * hidden <=
+              std::max(NormBackwardFamily::kPartialElements,
+                       segments * hidden * NormBackwardFamily::kMinItems));
+      }
+      CHECK(NormBackwardFamily::groups(hidden, rows) == NormBackwardFamily::slots(hidden, rows, 1));
+    }
+  }
+}
+
+TEST_CASE("the space is valid and canonical, and the heuristic is in it") {
+  for (int sm : {75, 80, 90}) {
+    const DeviceTraits traits = DeviceTraits::for_arch(sm);
+    for (Op op : kBackwardOps) {
+      for (std::int64_t hidden : {1, 7, 128, 2048, 4545, 5120, 14848, 65536}) {
+        for (DType dtype : {DType::f32, DType::f16, DType::bf16}) {
+          const Problem problem{op, dtype, hidden, kNormWeight, hidden % 8 == 0 ? 16u : 2u};
+          CAPTURE(problem.key());
+          CAPTURE(sm);
+          const NormBackwardFamily& fam = backward(op);
+          const std::vector<Config> space = fam.space(problem, traits);
+          REQUIRE(!space.empty());
+          std::set<std::string> keys;
+          for (const Config& config : space) {
+            CHECK(fam.invalid_reason(problem, config, traits).empty());
+            CHECK(config.extra.empty());
+            CHECK(NormBackwardFamily::elements_per_thread(problem, config) <=
+                  NormBackwardFamily::kMaxElementsPerThread);
+            keys.insert(config.key());
+          }
+          CHECK(keys.size() == space.size());
+          const Config heuristic = fam.heuristic(problem, traits);
+          CHECK(std::find(space.begin(), space.end(), heuristic) != space.end());
+          CHECK(heuristic.vec_bytes == space.front().vec_bytes);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("the heuristic aims at 16 elements per thread on common rows") {
+  const DeviceTraits traits = DeviceTraits::for_arch(90);
+  const Problem problem{Op::rms_norm_backward, DType::bf16, 4096, kNormWeight, 16};
+  const Config config = family(Op::rms_norm_backward).heuristic(problem, traits);
+  CHECK(config.vec_bytes == 16);
+  CHECK(NormBackwardFamily::elements_per_thread(problem, config) == 16);
+}
+
+TEST_CASE("invalid configs say why") {
+  const DeviceTraits traits = DeviceTraits::for_arch(90);
+  const Family& fam = family(Op::layer_norm_backward);
+  const Problem problem{Op::layer_norm_backward, DType::bf16, 4096, kNormWeight | kNormBias, 16};
+  Config config = fam.heuristic(problem, traits);
+  config.extra["grid"] = 132;
+  CHECK(fam.invalid_reason(problem, config, traits) ==
+        "layer_norm_backward has no tunable named 'grid'");
+  config.extra.clear();
+  const Problem unaligned{Op::layer_norm_backward, DType::bf16, 4096, kNormWeight, 4};
+  CHECK(fam.invalid_reason(unaligned, config, traits) ==
+        "vec_bytes 16 exceeds the data alignment 4");
+  Config narrow;
+  narrow.vec_bytes = 2;
+  narrow.threads_per_row = 4;
+  narrow.cta_threads = 128;
+  CHECK(fam.invalid_reason(problem, narrow, traits).find("more than 64") != std::string::npos);
+  Config idle;
+  idle.vec_bytes = 16;
+  idle.threads_per_row = 1024;
+  idle.cta_threads = 1024;
+  CHECK(fam.invalid_reason(problem, idle, traits).find("leaves threads idle") != std::string::npos);
+  Config uneven;
+  uneven.vec_bytes = 16;
+  uneven.threads_per_row = 256;
+  uneven.cta_threads = 96;
+  CHECK(fam.invalid_reason(problem, uneven, traits) ==
+        "cta_threads 96 is not 64, 128, 256, 512 or 1024");
+  // Three fp32 sums per element on top of the rows: too many registers for 64 elements.
+  const Problem adaln{Op::adaln_backward, DType::f32, 16384, kNormWeight, 16};
+  Config heavy;
+  heavy.vec_bytes = 16;
+  heavy.threads_per_row = 256;
+  heavy.cta_threads = 256;
+  CHECK(family(Op::adaln_backward).invalid_reason(adaln, heavy, traits).find("registers") !=
+        std::string::npos);
+}
+
+TEST_CASE("the grid covers the items of the rows, whatever the config") {
+  const DeviceTraits traits = DeviceTraits::for_arch(90);
+  const Family& fam = family(Op::rms_norm_backward);
+  const Problem problem{Op::rms_norm_backward, DType::bf16, 4096, kNormWeight, 16};
+  for (const Config& config : fam.space(problem, traits)) {
+    const std::int64_t rows_per_cta = config.rows_per_cta();
+    for (std::int64_t rows : {1, 3, 1031, 1 << 20}) {
+      const LaunchGeometry geometry = fam.geometry(problem, config, rows);
+      const std::int64_t groups = NormBackwardFamily::groups(4096, rows);
+      CHECK(geometry.grid[0] == (groups + rows_per_cta - 1) / rows_per_cta);
+      CHECK(geometry.block[0] == static_cast<unsigned>(config.cta_threads));
+    }
+  }
+}
+
+TEST_CASE("buffers, bytes moved and packed parameters follow the op") {
+  const Family& ada = family(Op::adaln_backward);
+  const Problem per_sample{Op::adaln_backward, DType::bf16, 256, kNormWeight | kNormTable, 16};
+  const std::vector<BufferSpec> specs = ada.buffers(per_sample, 10);
+  CHECK(names_of(specs) == std::vector<std::string>{"dy", "x", "scale", "table_scale", "weight",
+                                                    "dx", "weight_partial", "dy_partial",
+                                                    "scale_partial"});
+  // 10 rows: 16 items (rounded up to a power of two), three fp32 partial sums of 16 rows.
+  CHECK(specs.back().dtype == DType::f32);
+  CHECK(specs.back().elements == 16 * 256);
+  CHECK(specs.back().is_output);
+  CHECK(ada.bytes_moved(per_sample, 10) == (3 * 10 * 256 + 3 * 256) * 2 + 3 * 16 * 256 * 4);
+
+  const Problem per_token{Op::adaln_backward, DType::bf16, 256,
+                          kNormScalePerToken | kNormShiftPerToken, 16};
+  CHECK(names_of(ada.buffers(per_token, 10)) ==
+        std::vector<std::string>{"dy", "x", "scale", "dx", "dscale"});
+  CHECK(ada.bytes_moved(per_token, 10) == 5 * 10 * 256 * 2);
+
+  const Family& fused = family(Op::fused_add_rms_norm_backward);
+  const Problem problem{Op::fused_add_rms_norm_backward, DType::f32, 64, kNormWeight, 16};
+  const std::vector<BufferSpec> fused_specs = fused.buffers(problem, 3);
+  CHECK(names_of(fused_specs) ==
+        std::vector<std::string>{"dy", "x", "dr", "weight", "dx", "weight_partial"});
+  std::vector<std::uint64_t> addresses;
+  for (std::size_t i = 0; i < fused_specs.size(); ++i) addresses.push_back(0x1000 * (i + 1));
+  const std::vector<std::byte> bytes = fused.pack_params(problem, 3, addresses);
+  REQUIRE(bytes.size() == sizeof(NormBackwardParams));
+  NormBackwardParams p;
+  std::memcpy(&p, bytes.data(), sizeof(p));
+  CHECK(reinterpret_cast<std::uintptr_t>(p.dy) == 0x1000);
+  CHECK(reinterpret_cast<std::uintptr_t>(p.x) == 0x2000);
+  CHECK(reinterpret_cast<std::uintptr_t>(p.dr) == 0x3000);
+  CHECK(reinterpret_cast<std::uintptr_t>(p.weight) == 0x4000);
+  CHECK(reinterpret_cast<std::uintptr_t>(p.dx) == 0x5000);
+  CHECK(reinterpret_cast<std::uintptr_t>(p.weight_partial) == 0x6000);
+  CHECK(p.dy_partial == nullptr);
+  CHECK(p.scale == nullptr);
+  CHECK(p.rows == 3);
+  CHECK(p.segments == 1);
+  CHECK(p.segment_rows == 3);
+  CHECK(p.slots == 4);
+  CHECK(p.x_row_stride == 64);
+  addresses.pop_back();
+  CHECK_THROWS_WITH_AS(fused.pack_params(problem, 3, addresses),
+                       doctest::Contains("expected 6 addresses (dy, x, dr"), Error);
+}
+
+TEST_CASE("common problems are valid specialisations") {
+  for (Op op : kBackwardOps) {
+    const std::vector<Problem> problems = family(op).common_problems(DType::bf16, 3072);
+    CHECK(!problems.empty());
+    for (const Problem& problem : problems) CHECK_NOTHROW(family(op).check(problem));
+  }
+}
+
+}  // namespace kiln
