@@ -1,6 +1,7 @@
 #include <string>
 
 #include "cache/error.h"
+#include "templates/activation_backward_family.h"
 #include "templates/elementwise_family.h"
 #include "templates/family.h"
 #include "templates/norm_family.h"
@@ -24,11 +25,15 @@ const ElementwiseFamily kSwiglu{Op::swiglu};
 const ElementwiseFamily kGeglu{Op::geglu};
 const ElementwiseFamily kGelu{Op::gelu};
 const ElementwiseFamily kGatedResidual{Op::gated_residual};
+const ActivationBackwardFamily kSwigluBackward{Op::swiglu_backward};
+const ActivationBackwardFamily kGegluBackward{Op::geglu_backward};
+const ActivationBackwardFamily kGeluBackward{Op::gelu_backward};
 
 // Every op has exactly one family; the list is short, so lookup is a scan.
 constexpr const Family* kFamilies[] = {
-    &kRmsNorm, &kFusedAddRmsNorm, &kLayerNorm, &kAdaLn,  &kGatedAdaLn,  &kSwiglu, &kGeglu,
-    &kGelu,    &kGatedResidual,   &kRope,      &kRope3d, &kRmsNormRope,
+    &kRmsNorm, &kFusedAddRmsNorm, &kLayerNorm,      &kAdaLn,         &kGatedAdaLn,
+    &kSwiglu,  &kGeglu,           &kGelu,           &kGatedResidual, &kRope,
+    &kRope3d,  &kRmsNormRope,     &kSwigluBackward, &kGegluBackward, &kGeluBackward,
 };
 
 }  // namespace

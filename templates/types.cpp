@@ -11,12 +11,21 @@ namespace {
 
 constexpr std::array<DType, 3> kDTypes = {DType::f32, DType::f16, DType::bf16};
 constexpr std::array kOps = {
-    Op::rms_norm,    Op::fused_add_rms_norm,
-    Op::layer_norm,  Op::adaln,
-    Op::gated_adaln, Op::rope,
-    Op::rope_3d,     Op::rms_norm_rope,
-    Op::swiglu,      Op::geglu,
-    Op::gelu,        Op::gated_residual,
+    Op::rms_norm,
+    Op::fused_add_rms_norm,
+    Op::layer_norm,
+    Op::adaln,
+    Op::gated_adaln,
+    Op::rope,
+    Op::rope_3d,
+    Op::rms_norm_rope,
+    Op::swiglu,
+    Op::geglu,
+    Op::gelu,
+    Op::gated_residual,
+    Op::swiglu_backward,
+    Op::geglu_backward,
+    Op::gelu_backward,
 };
 
 std::string known_ops() {
@@ -89,6 +98,12 @@ std::string_view op_name(Op op) {
       return "gelu";
     case Op::gated_residual:
       return "gated_residual";
+    case Op::swiglu_backward:
+      return "swiglu_backward";
+    case Op::geglu_backward:
+      return "geglu_backward";
+    case Op::gelu_backward:
+      return "gelu_backward";
   }
   return "?";
 }

@@ -35,6 +35,9 @@ enum class Op : std::uint8_t {
   geglu,
   gelu,
   gated_residual,
+  swiglu_backward,
+  geglu_backward,
+  gelu_backward,
 };
 
 std::string_view op_name(Op op);

@@ -24,6 +24,8 @@ from .activation_ops import gated_residual, gated_residual_, geglu, gelu, swiglu
 from . import _fakes_rope  # noqa: F401  (registers the RoPE fakes)
 from .rope_ops import rms_norm_rope, rope, rope_, rope_3d
 from .patching import PatchReport, patch, unpatch
+from . import _fakes_pointwise_backward  # noqa: F401  (fakes of the backward ops)
+from . import _autograd_pointwise  # noqa: F401  (training: rope, swiglu, geglu, gelu)
 
 _library_paths.register(_C)
 
