@@ -1,6 +1,7 @@
 #include <string>
 
 #include "cache/error.h"
+#include "templates/activation_backward_family.h"
 #include "templates/elementwise_family.h"
 #include "templates/family.h"
 #include "templates/norm_backward_family.h"
@@ -25,6 +26,9 @@ const ElementwiseFamily kSwiglu{Op::swiglu};
 const ElementwiseFamily kGeglu{Op::geglu};
 const ElementwiseFamily kGelu{Op::gelu};
 const ElementwiseFamily kGatedResidual{Op::gated_residual};
+const ActivationBackwardFamily kSwigluBackward{Op::swiglu_backward};
+const ActivationBackwardFamily kGegluBackward{Op::geglu_backward};
+const ActivationBackwardFamily kGeluBackward{Op::gelu_backward};
 
 const NormBackwardFamily kRmsNormBackward(Op::rms_norm_backward);
 const NormBackwardFamily kFusedAddRmsNormBackward(Op::fused_add_rms_norm_backward);
@@ -40,6 +44,9 @@ constexpr const Family* kFamilies[] = {
     &kFusedAddRmsNormBackward,
     &kLayerNormBackward,
     &kAdaLnBackward,
+    &kSwigluBackward,
+    &kGegluBackward,
+    &kGeluBackward,
     // clang-format on
 };
 

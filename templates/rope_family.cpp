@@ -42,11 +42,13 @@ std::optional<ArgumentError> problem_error(Op op, const Problem& problem) {
     return ArgumentError(name, "q", "alignment a power of two in [1, 16] bytes",
                          std::to_string(problem.align));
   }
-  const std::uint32_t allowed = op == Op::rope ? (kRopeInterleaved | kRopeTableF32) : 0u;
+  const std::uint32_t allowed =
+      op == Op::rope ? (kRopeInterleaved | kRopeTableF32 | kRopeInverse) : 0u;
   if ((problem.flags & ~allowed) != 0) {
-    return ArgumentError(name, "flags",
-                         op == Op::rope ? "only interleaved (1) and table-fp32 (2)" : "none",
-                         std::to_string(problem.flags));
+    return ArgumentError(
+        name, "flags",
+        op == Op::rope ? "only interleaved (1), table-fp32 (2) and inverse (4)" : "none",
+        std::to_string(problem.flags));
   }
   if (op == Op::rope_3d && problem.aux != 0) {
     return ArgumentError(name, "rotary_dim", "the whole row (aux 0)", std::to_string(problem.aux));
@@ -218,7 +220,8 @@ std::string RopeFamily::name_expression(const Problem& problem, const Config& co
          std::to_string(rotary_dim(problem)) + ", " + std::to_string(config.vec_bytes) + ", " +
          std::to_string(config.threads_per_row) + ", " + std::to_string(config.cta_threads) + ", " +
          std::to_string(rows_per_thread(config)) + ", " +
-         (interleaved(problem) ? "true" : "false") + ", " + (video ? "true" : "false") + ">";
+         (interleaved(problem) ? "true" : "false") + ", " + (video ? "true" : "false") + ", " +
+         ((problem.flags & kRopeInverse) != 0 ? "true" : "false") + ">";
 }
 
 LaunchGeometry RopeFamily::geometry(const Problem& problem, const Config& config,

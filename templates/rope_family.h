@@ -17,6 +17,10 @@ namespace kiln {
 // Problem::flags bits of rope (rope_3d uses none: it is always interleaved, table-free).
 inline constexpr std::uint32_t kRopeInterleaved = 1u;
 inline constexpr std::uint32_t kRopeTableF32 = 2u;  // cos/sin fp32 (else the data's dtype)
+// The transposed rotation (RoPE's backward: q and k hold the gradients dy, the outputs dx).
+// Same data movement as the forward; only the signs of the sin terms and which half's sin
+// each output takes differ (see templates/kiln/rope.cuh).
+inline constexpr std::uint32_t kRopeInverse = 4u;
 
 class RopeFamily : public Family {
  public:

@@ -22,6 +22,9 @@ constexpr std::array kOps = {
     Op::fused_add_rms_norm_backward,
     Op::layer_norm_backward,
     Op::adaln_backward,
+    Op::swiglu_backward,
+    Op::geglu_backward,
+    Op::gelu_backward,
     // clang-format on
 };
 
@@ -103,6 +106,12 @@ std::string_view op_name(Op op) {
       return "layer_norm_backward";
     case Op::adaln_backward:
       return "adaln_backward";
+    case Op::swiglu_backward:
+      return "swiglu_backward";
+    case Op::geglu_backward:
+      return "geglu_backward";
+    case Op::gelu_backward:
+      return "gelu_backward";
   }
   return "?";
 }

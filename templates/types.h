@@ -39,6 +39,9 @@ enum class Op : std::uint8_t {
   fused_add_rms_norm_backward,
   layer_norm_backward,
   adaln_backward,
+  swiglu_backward,
+  geglu_backward,
+  gelu_backward,
 };
 
 std::string_view op_name(Op op);

@@ -23,8 +23,15 @@ namespace kiln::torch_ops {
 
 // ---- shared checks (activation_checks.cpp) ----
 
+// `other` shares `ref`'s dtype and device.
+void check_same_kind(const char* op, const char* arg, const at::Tensor& other, const char* ref_arg,
+                     const at::Tensor& ref);
+// At least one dimension, the last one not empty.
+void check_rows(const char* op, const char* arg, const at::Tensor& x);
+
 // swiglu/geglu's inputs; returns their dtype. With `up` absent, gate's last dimension must
-// be even (the packed halves).
+// be even (the packed halves). float64 passes on the CPU (see kernel_or_reference_dtype), as
+// it does for gelu.
 DType check_gated(const char* op, const at::Tensor& gate, const std::optional<at::Tensor>& up);
 // "tanh" -> false, "none" -> true (the erf form); a ValueError naming `op` otherwise.
 bool gelu_is_erf(const char* op, c10::string_view approximate);
@@ -42,7 +49,11 @@ GateLayout check_gated_residual(const char* op, const at::Tensor& h, const at::T
 void check_writable(const char* op, const at::Tensor& h, const at::Tensor& y,
                     const at::Tensor& gate);
 
-// ---- CPU: kiln's fp32 reference (activation_cpu.cpp) ----
+// ---- CPU: kiln's fp32 reference, float64 for float64 inputs (activation_cpu.cpp) ----
+// gate and up in the reference's math type (reference_math_type), from two tensors or from
+// the halves of a packed one.
+std::pair<at::Tensor, at::Tensor> gated_halves(const at::Tensor& gate,
+                                               const std::optional<at::Tensor>& up, bool up_first);
 at::Tensor swiglu_cpu(const at::Tensor& gate, const std::optional<at::Tensor>& up, bool up_first);
 at::Tensor geglu_cpu(const at::Tensor& gate, const std::optional<at::Tensor>& up,
                      c10::string_view approximate, bool up_first);

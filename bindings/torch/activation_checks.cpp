@@ -8,9 +8,7 @@
 #include "bindings/torch/tensor_checks.h"
 
 namespace kiln::torch_ops {
-namespace {
 
-// `other` shares `ref`'s dtype and device.
 void check_same_kind(const char* op, const char* arg, const at::Tensor& other, const char* ref_arg,
                      const at::Tensor& ref) {
   if (other.device() != ref.device()) {
@@ -28,10 +26,8 @@ void check_rows(const char* op, const char* arg, const at::Tensor& x) {
   if (x.size(-1) <= 0) fail_value(op, arg, "a last dimension > 0", shape_text(x));
 }
 
-}  // namespace
-
 DType check_gated(const char* op, const at::Tensor& gate, const std::optional<at::Tensor>& up) {
-  const DType dtype = kiln_dtype(op, "gate", gate);
+  const DType dtype = kernel_or_reference_dtype(op, "gate", gate);
   check_rows(op, "gate", gate);
   if (up) {
     check_same_kind(op, "up", *up, "gate", gate);
@@ -55,7 +51,7 @@ bool gelu_is_erf(const char* op, c10::string_view approximate) {
 }
 
 DType check_gelu(const at::Tensor& x, const std::optional<at::Tensor>& bias) {
-  const DType dtype = kiln_dtype("gelu", "x", x);
+  const DType dtype = kernel_or_reference_dtype("gelu", "x", x);
   check_rows("gelu", "x", x);
   if (bias) check_parameter("gelu", "bias", *bias, x);
   return dtype;

@@ -12,18 +12,18 @@ void require_cpu(const char* op, const char* arg, const at::Tensor& x) {
   if (!x.device().is_cpu()) fail_value(op, arg, "a CPU or CUDA tensor", x.device().str());
 }
 
-// gate and up as fp32, from two tensors or from the halves of a packed one.
+}  // namespace
+
 std::pair<at::Tensor, at::Tensor> gated_halves(const at::Tensor& gate,
                                                const std::optional<at::Tensor>& up, bool up_first) {
-  if (up) return {gate.to(at::kFloat), up->to(at::kFloat)};
+  const at::ScalarType math = reference_math_type(gate);
+  if (up) return {gate.to(math), up->to(math)};
   const std::int64_t half = gate.size(-1) / 2;
-  at::Tensor first = gate.narrow(-1, 0, half).to(at::kFloat);
-  at::Tensor second = gate.narrow(-1, half, half).to(at::kFloat);
+  at::Tensor first = gate.narrow(-1, 0, half).to(math);
+  at::Tensor second = gate.narrow(-1, half, half).to(math);
   if (up_first) std::swap(first, second);
   return {first, second};
 }
-
-}  // namespace
 
 at::Tensor swiglu_cpu(const at::Tensor& gate, const std::optional<at::Tensor>& up, bool up_first) {
   check_gated("swiglu", gate, up);
@@ -46,8 +46,8 @@ at::Tensor gelu_cpu(const at::Tensor& x, const std::optional<at::Tensor>& bias,
   check_gelu(x, bias);
   const bool erf = gelu_is_erf("gelu", approximate);
   require_cpu("gelu", "x", x);
-  at::Tensor xf = x.to(at::kFloat);
-  if (bias) xf = xf + bias->to(at::kFloat);
+  at::Tensor xf = x.to(reference_math_type(x));
+  if (bias) xf = xf + bias->to(xf.scalar_type());
   return at::gelu(xf, erf ? "none" : "tanh").to(x.scalar_type()).contiguous();
 }
 

@@ -27,19 +27,25 @@ struct RopeOperands {
   at::Tensor cos3, sin3;  // [B, S, R] views (stride 0 where broadcast); undefined for video
   std::int64_t rotary_dim = 0;
   bool interleaved = false;
+  bool inverse = false;  // the transposed rotation (rope_backward)
   DType dtype = DType::f32;
 };
 
+// q_arg and k_arg: what error messages call q and k (rope_backward's grad_q, grad_k).
+// float64 passes on the CPU (see kernel_or_reference_dtype).
 RopeOperands rope_operands(const std::string& op, const at::Tensor& q, const at::Tensor& k,
                            const at::Tensor& cos, const at::Tensor& sin, bool interleaved,
                            std::int64_t rotary_dim, const std::string& layout,
-                           std::int64_t head_dim);
+                           std::int64_t head_dim, const std::string& q_arg = "q",
+                           const std::string& k_arg = "k");
 // The [B, S, H, D] view of a tensor of q's (or k's) shape in `layout`.
 at::Tensor rope_view(const at::Tensor& x, const std::string& layout, std::int64_t head_dim);
 
-// Reference math in fp32 on [B, S, H, D] views, written into out4 (which may alias x4).
+// Reference math in fp32 (float64 for float64 x) on [B, S, H, D] views, written into out4
+// (which may alias x4). `inverse`: the transposed map, x * cos - J(x * sin), RoPE's backward.
 void rope_reference(const at::Tensor& x4, const at::Tensor& cos3, const at::Tensor& sin3,
-                    std::int64_t rotary_dim, bool interleaved, const at::Tensor& out4);
+                    std::int64_t rotary_dim, bool interleaved, const at::Tensor& out4,
+                    bool inverse = false);
 // diffusers' LTXVideoRotaryPosEmbed table, [1, S, dim] fp32 each (cos, sin), on `device`.
 std::pair<at::Tensor, at::Tensor> video_table(std::int64_t dim,
                                               const std::vector<std::int64_t>& grid,
@@ -76,6 +82,16 @@ TensorPair rope_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
 TensorPair rope_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
                      const at::Tensor& sin, bool interleaved, std::int64_t rotary_dim,
                      std::string_view layout, std::int64_t head_dim);
+// RoPE's backward: grad_q, grad_k -> the gradients of q and k (the transposed rotation, with
+// rope's options; cos and sin get no gradient). New contiguous tensors of the grads' shapes.
+TensorPair rope_backward_cpu(const at::Tensor& grad_q, const at::Tensor& grad_k,
+                             const at::Tensor& cos, const at::Tensor& sin, bool interleaved,
+                             std::int64_t rotary_dim, std::string_view layout,
+                             std::int64_t head_dim);
+TensorPair rope_backward_cuda(const at::Tensor& grad_q, const at::Tensor& grad_k,
+                              const at::Tensor& cos, const at::Tensor& sin, bool interleaved,
+                              std::int64_t rotary_dim, std::string_view layout,
+                              std::int64_t head_dim);
 void rope_inplace_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
                       const at::Tensor& sin, bool interleaved, std::int64_t rotary_dim,
                       std::string_view layout, std::int64_t head_dim);

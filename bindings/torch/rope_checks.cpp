@@ -9,9 +9,9 @@ namespace kiln::torch_ops {
 namespace {
 
 void check_same_device(const std::string& op, const std::string& arg, const at::Tensor& t,
-                       const at::Tensor& q) {
+                       const at::Tensor& q, const std::string& q_arg) {
   if (t.device() != q.device()) {
-    fail_value(op, arg, "device " + q.device().str() + " (as q)", t.device().str());
+    fail_value(op, arg, "device " + q.device().str() + " (as " + q_arg + ")", t.device().str());
   }
 }
 
@@ -45,19 +45,20 @@ at::Tensor rope_view(const at::Tensor& x, const std::string& layout, std::int64_
 RopeOperands rope_operands(const std::string& op, const at::Tensor& q, const at::Tensor& k,
                            const at::Tensor& cos, const at::Tensor& sin, bool interleaved,
                            std::int64_t rotary_dim, const std::string& layout,
-                           std::int64_t head_dim) {
+                           std::int64_t head_dim, const std::string& q_arg,
+                           const std::string& k_arg) {
   RopeOperands r;
-  r.dtype = kiln_dtype(op, "q", q);
+  r.dtype = kernel_or_reference_dtype(op, q_arg, q);
   if (k.scalar_type() != q.scalar_type()) {
-    fail_type(op, "k", "dtype " + dtype_text(q.scalar_type()) + " (as q)",
+    fail_type(op, k_arg, "dtype " + dtype_text(q.scalar_type()) + " (as " + q_arg + ")",
               dtype_text(k.scalar_type()));
   }
-  check_same_device(op, "k", k, q);
-  check_same_device(op, "cos", cos, q);
-  check_same_device(op, "sin", sin, q);
+  check_same_device(op, k_arg, k, q, q_arg);
+  check_same_device(op, "cos", cos, q, q_arg);
+  check_same_device(op, "sin", sin, q, q_arg);
   for (const auto& [arg, table] : {std::pair{"cos", &cos}, std::pair{"sin", &sin}}) {
     if (table->scalar_type() != at::kFloat && table->scalar_type() != q.scalar_type()) {
-      fail_type(op, arg, "dtype float32 or " + dtype_text(q.scalar_type()) + " (as q)",
+      fail_type(op, arg, "dtype float32 or " + dtype_text(q.scalar_type()) + " (as " + q_arg + ")",
                 dtype_text(table->scalar_type()));
     }
   }
@@ -73,11 +74,11 @@ RopeOperands rope_operands(const std::string& op, const at::Tensor& q, const at:
                "\"" + layout + "\"");
   }
   const bool flat = layout == "bshd" && q.dim() == 3;
-  for (const auto& [arg, t] : {std::pair{"q", &q}, std::pair{"k", &k}}) {
+  for (const auto& [arg, t] : {std::pair{q_arg, &q}, std::pair{k_arg, &k}}) {
     if (flat ? t->dim() != 3 : t->dim() != 4) {
       fail_value(op, arg,
                  layout == "bhsd" ? "4 dimensions [B, H, S, D]"
-                 : flat           ? "3 dimensions [B, S, H*D] (as q)"
+                 : flat           ? "3 dimensions [B, S, H*D] (as " + q_arg + ")"
                                   : "4 dimensions [B, S, H, D] or 3 [B, S, H*D]",
                  shape_text(*t));
     }
@@ -88,8 +89,8 @@ RopeOperands rope_operands(const std::string& op, const at::Tensor& q, const at:
     if (head_dim == -1) head_dim = table_width;
     if (head_dim <= 0 || q.size(-1) % head_dim != 0 || k.size(-1) % head_dim != 0) {
       fail_value(op, "head_dim",
-                 "a divisor of q's and k's last dimensions (" + std::to_string(q.size(-1)) + ", " +
-                     std::to_string(k.size(-1)) + ")",
+                 "a divisor of " + q_arg + "'s and " + k_arg + "'s last dimensions (" +
+                     std::to_string(q.size(-1)) + ", " + std::to_string(k.size(-1)) + ")",
                  std::to_string(head_dim));
     }
   }
@@ -97,10 +98,10 @@ RopeOperands rope_operands(const std::string& op, const at::Tensor& q, const at:
   r.k4 = rope_view(k, layout, head_dim);
   const std::int64_t d = r.q4.size(3);
   if (d % 2 != 0)
-    fail_value(op, "q", "an even head dim", std::to_string(d) + " in " + shape_text(q));
+    fail_value(op, q_arg, "an even head dim", std::to_string(d) + " in " + shape_text(q));
   if (r.k4.size(0) != r.q4.size(0) || r.k4.size(1) != r.q4.size(1) || r.k4.size(3) != d) {
-    fail_value(op, "k", "q's batch, sequence length and head dim in layout " + layout,
-               shape_text(k) + " (q is " + shape_text(q) + ")");
+    fail_value(op, k_arg, q_arg + "'s batch, sequence length and head dim in layout " + layout,
+               shape_text(k) + " (" + q_arg + " is " + shape_text(q) + ")");
   }
   r.rotary_dim = rotary_dim == -1 ? table_width : rotary_dim;
   if (r.rotary_dim < 2 || r.rotary_dim % 2 != 0 || r.rotary_dim > d) {

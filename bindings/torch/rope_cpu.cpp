@@ -11,8 +11,8 @@ namespace kiln::torch_ops {
 
 namespace {
 
-void require_cpu(const std::string& op, const at::Tensor& q) {
-  if (!q.device().is_cpu()) fail_value(op, "q", "a CPU or CUDA tensor", q.device().str());
+void require_cpu(const std::string& op, const at::Tensor& q, const std::string& arg = "q") {
+  if (!q.device().is_cpu()) fail_value(op, arg, "a CPU or CUDA tensor", q.device().str());
 }
 
 std::vector<std::int64_t> to_vector(at::IntArrayRef values) {
@@ -27,21 +27,25 @@ std::optional<std::vector<double>> to_vector(std::optional<at::ArrayRef<double>>
 }  // namespace
 
 void rope_reference(const at::Tensor& x4, const at::Tensor& cos3, const at::Tensor& sin3,
-                    std::int64_t rotary_dim, bool interleaved, const at::Tensor& out4) {
-  const at::Tensor x = x4.to(at::kFloat);
-  const at::Tensor c = cos3.to(at::kFloat).unsqueeze(2);  // [B, S, 1, R]
-  const at::Tensor s = sin3.to(at::kFloat).unsqueeze(2);
+                    std::int64_t rotary_dim, bool interleaved, const at::Tensor& out4,
+                    bool inverse) {
+  const at::ScalarType math = reference_math_type(x4);
+  const at::Tensor x = x4.to(math);
+  const at::Tensor c = cos3.to(math).unsqueeze(2);  // [B, S, 1, R]
+  const at::Tensor s = sin3.to(math).unsqueeze(2);
   const at::Tensor rot = x.narrow(-1, 0, rotary_dim);
-  at::Tensor rotated;
-  if (interleaved) {
-    const at::Tensor pairs = rot.unflatten(-1, {rotary_dim / 2, 2});
-    const at::Tensor re = pairs.select(-1, 0), im = pairs.select(-1, 1);
-    rotated = rot * c + at::stack({-im, re}, -1).flatten(-2) * s;
-  } else {
-    const at::Tensor first = rot.narrow(-1, 0, rotary_dim / 2);
-    const at::Tensor second = rot.narrow(-1, rotary_dim / 2, rotary_dim / 2);
-    rotated = rot * c + at::cat({-second, first}, -1) * s;
-  }
+  // J, the 90-degree turn of each rotation pair: out = x * cos + J(x) * sin, and its
+  // transpose (J^T = -J) x * cos - J(x * sin).
+  const auto turn = [&](const at::Tensor& z) {
+    if (interleaved) {
+      const at::Tensor pairs = z.unflatten(-1, {rotary_dim / 2, 2});
+      return at::stack({-pairs.select(-1, 1), pairs.select(-1, 0)}, -1).flatten(-2);
+    }
+    const at::Tensor first = z.narrow(-1, 0, rotary_dim / 2);
+    const at::Tensor second = z.narrow(-1, rotary_dim / 2, rotary_dim / 2);
+    return at::cat({-second, first}, -1);
+  };
+  const at::Tensor rotated = inverse ? rot * c - turn(rot * s) : rot * c + turn(rot) * s;
   const std::int64_t rest = x.size(-1) - rotary_dim;
   out4.narrow(-1, 0, rotary_dim).copy_(rotated);
   if (rest > 0 && !out4.is_same(x4))
@@ -92,6 +96,22 @@ TensorPair rope_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
   rope_reference(r.q4, r.cos3, r.sin3, r.rotary_dim, interleaved, rope_view(q_out, lay, d));
   rope_reference(r.k4, r.cos3, r.sin3, r.rotary_dim, interleaved, rope_view(k_out, lay, d));
   return {q_out, k_out};
+}
+
+TensorPair rope_backward_cpu(const at::Tensor& grad_q, const at::Tensor& grad_k,
+                             const at::Tensor& cos, const at::Tensor& sin, bool interleaved,
+                             std::int64_t rotary_dim, std::string_view layout,
+                             std::int64_t head_dim) {
+  const std::string lay(layout);
+  const RopeOperands r = rope_operands("rope_backward", grad_q, grad_k, cos, sin, interleaved,
+                                       rotary_dim, lay, head_dim, "grad_q", "grad_k");
+  require_cpu("rope_backward", grad_q, "grad_q");
+  at::Tensor dq = at::empty(grad_q.sizes(), grad_q.options());
+  at::Tensor dk = at::empty(grad_k.sizes(), grad_k.options());
+  const std::int64_t d = r.q4.size(3);
+  rope_reference(r.q4, r.cos3, r.sin3, r.rotary_dim, interleaved, rope_view(dq, lay, d), true);
+  rope_reference(r.k4, r.cos3, r.sin3, r.rotary_dim, interleaved, rope_view(dk, lay, d), true);
+  return {dq, dk};
 }
 
 void rope_inplace_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,

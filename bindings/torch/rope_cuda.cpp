@@ -17,8 +17,8 @@ namespace kiln::torch_ops {
 
 namespace {
 
-void require_cuda(const std::string& op, const at::Tensor& q) {
-  if (!q.is_cuda()) fail_value(op, "q", "a CUDA tensor", q.device().str());
+void require_cuda(const std::string& op, const at::Tensor& q, const std::string& arg = "q") {
+  if (!q.is_cuda()) fail_value(op, arg, "a CUDA tensor", q.device().str());
 }
 
 VideoRopeSettings video_settings(const VideoArgs& v) {
@@ -94,7 +94,8 @@ void rope_launch(const std::string& op, const RopeOperands& r, const at::Tensor&
   problem.aux = r.rotary_dim == d ? 0 : r.rotary_dim;
   if (!video) {
     problem.flags = (r.interleaved ? kRopeInterleaved : 0u) |
-                    (r.cos3.scalar_type() == at::kFloat ? kRopeTableF32 : 0u);
+                    (r.cos3.scalar_type() == at::kFloat ? kRopeTableF32 : 0u) |
+                    (r.inverse ? kRopeInverse : 0u);
   }
   problem.align = alignment_of({&q4, &k4, &q_out4, &k_out4, &r.cos3, &r.sin3});
 
@@ -138,6 +139,23 @@ TensorPair rope_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   const std::int64_t d = r.q4.size(3);
   rope_launch("rope", r, rope_view(q_out, lay, d), rope_view(k_out, lay, d), std::nullopt);
   return {q_out, k_out};
+}
+
+TensorPair rope_backward_cuda(const at::Tensor& grad_q, const at::Tensor& grad_k,
+                              const at::Tensor& cos, const at::Tensor& sin, bool interleaved,
+                              std::int64_t rotary_dim, std::string_view layout,
+                              std::int64_t head_dim) {
+  const std::string lay(layout);
+  RopeOperands r = rope_operands("rope_backward", grad_q, grad_k, cos, sin, interleaved, rotary_dim,
+                                 lay, head_dim, "grad_q", "grad_k");
+  require_cuda("rope_backward", grad_q, "grad_q");
+  r.inverse = true;
+  const auto contiguous = grad_q.options().memory_format(at::MemoryFormat::Contiguous);
+  at::Tensor dq = at::empty(grad_q.sizes(), contiguous);
+  at::Tensor dk = at::empty(grad_k.sizes(), contiguous);
+  const std::int64_t d = r.q4.size(3);
+  rope_launch("rope_backward", r, rope_view(dq, lay, d), rope_view(dk, lay, d), std::nullopt);
+  return {dq, dk};
 }
 
 void rope_inplace_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,

@@ -20,6 +20,10 @@ TORCH_LIBRARY_FRAGMENT(kiln, m) {
       "Tensor? cos=None, Tensor? sin=None, int[]? grid=None, "
       "float[]? rope_interpolation_scale=None, int[] base_sizes=[20, 2048, 2048], "
       "int[] patch_sizes=[1, 1], float theta=10000.0) -> (Tensor, Tensor)");
+  m.def(
+      "rope_backward(Tensor grad_q, Tensor grad_k, Tensor cos, Tensor sin, "
+      "bool interleaved=False, int rotary_dim=-1, str layout=\"bhsd\", int head_dim=-1) "
+      "-> (Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(kiln, CPU, m) {
@@ -27,6 +31,7 @@ TORCH_LIBRARY_IMPL(kiln, CPU, m) {
   m.impl("rope_", &kiln::torch_ops::rope_inplace_cpu);
   m.impl("rope_3d", &kiln::torch_ops::rope_3d_cpu);
   m.impl("rms_norm_rope", &kiln::torch_ops::rms_norm_rope_cpu);
+  m.impl("rope_backward", &kiln::torch_ops::rope_backward_cpu);
 }
 
 TORCH_LIBRARY_IMPL(kiln, CUDA, m) {
@@ -34,4 +39,5 @@ TORCH_LIBRARY_IMPL(kiln, CUDA, m) {
   m.impl("rope_", &kiln::torch_ops::rope_inplace_cuda);
   m.impl("rope_3d", &kiln::torch_ops::rope_3d_cuda);
   m.impl("rms_norm_rope", &kiln::torch_ops::rms_norm_rope_cuda);
+  m.impl("rope_backward", &kiln::torch_ops::rope_backward_cuda);
 }

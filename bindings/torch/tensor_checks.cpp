@@ -145,3 +145,28 @@ std::uint32_t common_alignment(std::initializer_list<std::uintptr_t> values) {
 }
 
 }  // namespace kiln::torch_ops
+
+namespace kiln::torch_ops {
+
+DType kernel_or_reference_dtype(const std::string& op, const std::string& arg,
+                                const at::Tensor& x) {
+  const bool f64 = x.scalar_type() == c10::ScalarType::Double;
+  if (f64 && x.device().is_cpu()) return DType::f32;
+  if (f64) {
+    fail_type(op, arg, "dtype float32, float16 or bfloat16 (float64 runs on the CPU only)",
+              "float64 on " + x.device().str());
+  }
+  if (x.device().is_cpu() && x.scalar_type() != c10::ScalarType::Float &&
+      x.scalar_type() != c10::ScalarType::Half && x.scalar_type() != c10::ScalarType::BFloat16) {
+    fail_type(op, arg, "dtype float32, float16, bfloat16 or (on the CPU) float64",
+              dtype_text(x.scalar_type()));
+  }
+  return kiln_dtype(op, arg, x);
+}
+
+at::ScalarType reference_math_type(const at::Tensor& x) {
+  return x.scalar_type() == c10::ScalarType::Double ? c10::ScalarType::Double
+                                                    : c10::ScalarType::Float;
+}
+
+}  // namespace kiln::torch_ops

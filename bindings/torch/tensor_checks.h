@@ -47,3 +47,16 @@ RowView row_view(const std::string& op, const at::Tensor& x);
 std::uint32_t common_alignment(std::initializer_list<std::uintptr_t> addresses_and_strides);
 
 }  // namespace kiln::torch_ops
+
+namespace kiln::torch_ops {
+
+// The dtype check of ops whose CPU implementation doubles as a float64 reference, so that
+// torch.autograd.gradcheck can check their gradients: a float64 CPU tensor passes, anything
+// else is checked as kiln_dtype does (a float64 CUDA tensor is a TypeError: no kernel runs in
+// float64). For a float64 CPU tensor the DType returned is f32, which its CPU implementation
+// ignores (see reference_math_type).
+DType kernel_or_reference_dtype(const std::string& op, const std::string& arg, const at::Tensor& x);
+// The type a CPU reference computes in: float64 for float64 inputs, else float32.
+at::ScalarType reference_math_type(const at::Tensor& x);
+
+}  // namespace kiln::torch_ops

@@ -10,6 +10,19 @@
 // rounded once. cos/sin come from a table row per token (TABLE = float or T) or, for
 // VIDEO, from the token's video coordinates (interleaved only).
 //
+// INVERSE applies the transpose of that map instead, which is RoPE's backward (dx from dy):
+// with the 90-degree turn J (half-split: (a, b) -> (-b, a); interleaved: (re, im) ->
+// (-im, re)) the forward is out = x * cos + J(x) * sin, so its transpose is
+// dx = dy * cos - J(dy * sin) (J^T = -J), i.e.
+//   half-split:  dx[i] = dy[i] * cos[i] + dy[i + h] * sin[i + h],
+//                dx[i + h] = dy[i + h] * cos[i + h] - dy[i] * sin[i]
+//   interleaved: dx[2j] = dy[2j] * cos[2j] + dy[2j + 1] * sin[2j + 1],
+//                dx[2j + 1] = dy[2j + 1] * cos[2j + 1] - dy[2j] * sin[2j]
+// When both halves of a pair share an angle (every model's table) this is the rotation by
+// the negative angle; the transpose is also exact for a table whose halves differ. The
+// unrotated columns' gradient passes through as their values do. No negated sin is formed:
+// the sign is in the code.
+//
 // A row is one head of one token (RopeParams). A row is split among THREADS_PER_ROW
 // threads; each owns whole rotation units (a vector and, half-split, its partner vector
 // R/2 further), so no data crosses threads. A thread handles ROWS_PER_THREAD consecutive
@@ -24,7 +37,8 @@
 namespace kiln {
 
 template <typename T, typename TABLE, int HEAD_DIM, int ROTARY_DIM, int VEC_BYTES,
-          int THREADS_PER_ROW, int CTA_THREADS, int ROWS_PER_THREAD, bool INTERLEAVED, bool VIDEO>
+          int THREADS_PER_ROW, int CTA_THREADS, int ROWS_PER_THREAD, bool INTERLEAVED, bool VIDEO,
+          bool INVERSE>
 __global__ void __launch_bounds__(CTA_THREADS) rope(const RopeParams p) {
   constexpr int kVec = VEC_BYTES / static_cast<int>(sizeof(T));
   constexpr int kParts = INTERLEAVED ? 1 : 2;                // vectors per rotation unit
@@ -170,8 +184,13 @@ __global__ void __launch_bounds__(CTA_THREADS) rope(const RopeParams p) {
           for (int i = 0; i < kVec; i += 2) {
             const float re = get_element<T>(x[j][step][0], i);
             const float im = get_element<T>(x[j][step][0], i + 1);
-            result[i] = re * c[i] - im * s[i];
-            result[i + 1] = im * c[i + 1] + re * s[i + 1];
+            if constexpr (INVERSE) {
+              result[i] = re * c[i] + im * s[i + 1];
+              result[i + 1] = im * c[i + 1] - re * s[i];
+            } else {
+              result[i] = re * c[i] - im * s[i];
+              result[i + 1] = im * c[i + 1] + re * s[i + 1];
+            }
           }
           store_floats<T, VEC_BYTES>(out_row[j] + unit * kVec, result);
         } else {
@@ -181,8 +200,13 @@ __global__ void __launch_bounds__(CTA_THREADS) rope(const RopeParams p) {
           for (int i = 0; i < kVec; ++i) {
             const float a = get_element<T>(x[j][step][0], i);
             const float b = get_element<T>(x[j][step][1], i);
-            first_half[i] = a * c[i] - b * s[i];
-            second_half[i] = b * c[kVec + i] + a * s[kVec + i];
+            if constexpr (INVERSE) {
+              first_half[i] = a * c[i] + b * s[kVec + i];
+              second_half[i] = b * c[kVec + i] - a * s[i];
+            } else {
+              first_half[i] = a * c[i] - b * s[i];
+              second_half[i] = b * c[kVec + i] + a * s[kVec + i];
+            }
           }
           store_floats<T, VEC_BYTES>(out_row[j] + unit * kVec, first_half);
           store_floats<T, VEC_BYTES>(out_row[j] + unit * kVec + ROTARY_DIM / 2, second_half);

@@ -216,8 +216,8 @@ def test_bad_dtypes_and_layouts():
         kiln.rope(q, k.bfloat16(), torch.randn(5, 64), torch.randn(5, 64))
     with pytest.raises(TypeError, match=r"kiln\.rope: cos: expected dtype float32 or bfloat16"):
         kiln.rope(q.bfloat16(), k.bfloat16(), torch.randn(5, 64).half(), torch.randn(5, 64).half())
-    with pytest.raises(TypeError, match=r"kiln\.rope: q: expected dtype"):
-        kiln.rope(q.double(), k.double(), torch.randn(5, 64), torch.randn(5, 64))
+    with pytest.raises(TypeError, match=r"kiln\.rope: q: expected dtype float32, float16, bfloat16 or \(on the CPU\) float64, got int32"):
+        kiln.rope(q.int(), k.int(), torch.randn(5, 64), torch.randn(5, 64))
     with pytest.raises(ValueError, match=r"kiln\.rope: layout: expected"):
         kiln.rope(q, k, torch.randn(5, 64), torch.randn(5, 64), layout="sbhd")
     with pytest.raises(ValueError, match=r"kiln\.rope: k: expected q's batch, sequence length and head dim"):

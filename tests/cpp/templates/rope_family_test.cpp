@@ -91,7 +91,7 @@ TEST_CASE("the rope heuristic gives a 128-wide bf16 head eight threads of 16-byt
   CHECK(h.threads_per_row == 8);
   CHECK(kiln::RopeFamily::rows_per_thread(h) == 2);
   CHECK(kiln::family(Op::rope).name_expression(rope(DType::bf16, 128), h) ==
-        "kiln::rope<kiln::bf16, kiln::bf16, 128, 128, 16, 8, 128, 2, false, false>");
+        "kiln::rope<kiln::bf16, kiln::bf16, 128, 128, 16, 8, 128, 2, false, false, false>");
   const Config narrow = kiln::family(Op::rope).heuristic(rope(DType::bf16, 128, 0, 0, 4), device);
   CHECK(narrow.vec_bytes == 4);
 }
@@ -153,4 +153,25 @@ TEST_CASE("rms_norm_rope vectors always hold whole pairs") {
   const Problem both{Op::rms_norm_rope, DType::bf16, 2048,
                      kiln::kRmsNormRopeVideo | kiln::kRmsNormRopeTableF32, 16};
   CHECK_THROWS_AS(f.check(both), kiln::ArgumentError);
+}
+
+TEST_CASE("rope's inverse (backward) is a flag compiled into the kernel, same space and bytes") {
+  const DeviceTraits device = DeviceTraits::for_arch(80);
+  const kiln::Family& f = kiln::family(Op::rope);
+  for (std::uint32_t flags : {0u, kiln::kRopeInterleaved | kiln::kRopeTableF32}) {
+    const Problem forward = rope(DType::bf16, 128, flags, 64);
+    const Problem inverse = rope(DType::bf16, 128, flags | kiln::kRopeInverse, 64);
+    CHECK_NOTHROW(f.check(inverse));
+    CHECK(f.space(inverse, device) == f.space(forward, device));
+    const Config h = f.heuristic(inverse, device);
+    CHECK(h == f.heuristic(forward, device));
+    CHECK(f.name_expression(inverse, h).ends_with(", true>"));
+    CHECK(f.name_expression(forward, h).ends_with(", false>"));
+    CHECK(f.bytes_moved(inverse, 64) == f.bytes_moved(forward, 64));
+    CHECK(inverse.key() != forward.key());
+  }
+  // rope_3d (table-free video angles) has no inverse.
+  CHECK_THROWS_AS(kiln::family(Op::rope_3d)
+                      .check(Problem{Op::rope_3d, DType::bf16, 2048, kiln::kRopeInverse, 16}),
+                  kiln::ArgumentError);
 }
