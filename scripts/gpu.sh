@@ -51,8 +51,10 @@ step "main job"
 python3 examples/quickstart.py || status=1
 
 step "benchmarks"
-# BENCHES lists the bench/ scripts to run (default: all of them), e.g. "rms_norm swiglu".
+# BENCHES lists the bench/ scripts to run (default: all of them), e.g. "rms_norm swiglu";
+# "none" runs none.
 benches=${BENCHES:-$(ls bench/*.py | xargs -n1 basename | sed 's/\.py$//' | grep -v '^common$')}
+[ "$benches" = none ] && benches=""
 for bench in $benches; do
   python3 "bench/$bench.py" --out "$OUT" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench-$bench.log" \
     | tail -24 || status=1
