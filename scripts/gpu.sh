@@ -43,8 +43,8 @@ fi
 
 step "Python tests (GPU included)"
 # PYTEST_ARGS narrows the run (e.g. "test_swiglu_cuda.py -k bf16"); SKIP_CPP=1 skips ctest.
-(cd tests/python && python3 -m pytest -q -p no:cacheprovider -x ${PYTEST_ARGS:-.} 2>&1 \
-  | tee "$OUT/pytest.log" | tail -25) || status=1
+(cd tests/python && python3 -m pytest -q -p no:cacheprovider --maxfail=20 -rf ${PYTEST_ARGS:-.} 2>&1 \
+  | tee "$OUT/pytest.log" | tail -45) || status=1
 grep -E "passed|failed" "$OUT/pytest.log" | tail -1 | grep -q failed && status=1
 
 step "main job"
