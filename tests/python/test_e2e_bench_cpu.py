@@ -6,6 +6,7 @@ run of each script on the CPU. Timings are not checked here; the GPU run measure
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -86,7 +87,13 @@ def test_ltx_tiny_forward_patched_and_unpatched():
     err = records["eager+kiln"]["error_vs_eager"]
     assert err["finite"] and err["max_rel"] < 2e-2 and err["mean_rel"] < 2e-2
     assert records["eager+kiln"]["speedup_vs"] == "eager" and records["eager+kiln"]["speedup"] > 0
-    assert common.patch_summary(report) == {"replaced": {"rms_norm": 12, "gelu": 2, "layer_norm": 1}, "left": 0}
+    summary = common.patch_summary(report)
+    assert summary["left"] == 0
+    # Every norm, GELU and attention of the 2 blocks, and the blocks' AdaLN seams.
+    assert summary["replaced"]["gelu"] == 2 and summary["replaced"]["layer_norm"] == 1
+    assert summary["replaced"]["rms_norm"] >= 2
+    assert any(kind.startswith("rms_norm_rope") for kind in summary["replaced"])
+    assert any(kind.startswith("adaln") for kind in summary["replaced"])
     assert len(logs) == 2
     # run_model_settings leaves the model unpatched.
     assert all("forward" not in m.__dict__ for m in model.modules())
@@ -211,7 +218,7 @@ def test_llama_example_from_checkpoint(tmp_path):
 @needs_diffusers
 def test_ltx_example_tiny():
     out = _example("ltx_video.py", "--tiny")
-    assert "kiln.patch: 15 replaced, 0 left" in out
+    assert re.search(r"kiln\.patch: \d+ replaced, 0 left", out)
     assert "comparison: output (2, 48, 8)" in out and "max rel err" in out
 
 
@@ -222,5 +229,5 @@ def test_ltx_example_from_checkpoint(tmp_path):
     ltx = _load("ltx_video")
     LTXVideoTransformer3DModel(**{**ltx.TINY, "num_layers": 1}).save_pretrained(tmp_path / "transformer")
     out = _example("ltx_video.py", str(tmp_path), "--frames", "9", "--height", "64", "--width", "96")
-    assert "1 blocks, 2 heads x 16" in out and "kiln.patch: 8 replaced, 0 left" in out
+    assert "1 blocks, 2 heads x 16" in out and re.search(r"kiln\.patch: \d+ replaced, 0 left", out)
     assert "comparison: output (2, 12, 8)" in out

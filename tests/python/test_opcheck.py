@@ -3,6 +3,9 @@ contiguous, permuted and sliced inputs: the schema matches what the implementati
 and returns, the fake agrees with the real implementation (shapes, dtypes, strides), and
 AOT autograd traces it with dynamic shapes. CPU here; the same cases on CUDA are gpu-marked."""
 
+import re
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -94,9 +97,19 @@ def run_opcheck(device, layout, name):
     torch.library.opcheck(op, args, kwargs, test_utils=UTILS)
 
 
+# The backward ops are opchecked beside their gradients' tests, over the same three layouts.
+BACKWARD_TEST_FILES = ("test_norm_backward_cpu.py", "test_autograd_pointwise_cpu.py")
+
+
+def opchecked_in_backward_tests():
+    text = "".join((Path(__file__).parent / name).read_text() for name in BACKWARD_TEST_FILES)
+    return set(re.findall(r"opcheck\(\s*(?:torch\.ops\.kiln|ops)\.(\w+_backward)\.default", text))
+
+
 def test_every_registered_op_is_covered():
     names = {c[1]._schema.name.split("::")[1] + ("." + c[1]._overloadname if c[1]._overloadname != "default" else "")
              for c in cases("cpu", "contiguous")}
+    names |= opchecked_in_backward_tests()
     registered = set()
     for schema in torch._C._jit_get_all_schemas():
         if schema.name.startswith("kiln::"):

@@ -11,8 +11,10 @@
 #include <string>
 #include <vector>
 
+#include "cache/binary_store.h"
 #include "cache/error.h"
 #include "cache/tuning_db.h"
+#include "jit/compiler.h"
 #include "jit/copy_bandwidth.h"
 #include "jit/device_memory.h"
 #include "jit/device_probe.h"
@@ -331,7 +333,7 @@ TEST_CASE("GPU: a result from another kiln version is tuned again, unless it is 
   CHECK(pinned.config == document->at("winner").get<Config>());
 }
 
-TEST_CASE("GPU: a kernel first asked for during graph capture uses the heuristic, untuned") {
+TEST_CASE("GPU: in a graph capture a kernel comes from the store, untuned, never compiled") {
   if (!have_gpu()) return;
   using BeginCapture = CUresult (*)(CUstream, CUstreamCaptureMode);
   using EndCapture = CUresult (*)(CUstream, void**);
@@ -362,24 +364,45 @@ TEST_CASE("GPU: a kernel first asked for during graph capture uses the heuristic
   }
   const std::vector<std::byte> params = fam.pack_params(problem, rows, addresses);
 
-  REQUIRE(begin(stream.get(), CU_STREAM_CAPTURE_MODE_GLOBAL) == CUDA_SUCCESS);
+  // Captures the first call of the problem; returns the kernel, or the error's text.
+  const auto capture = [&](const Kernel*& kernel) {
+    REQUIRE(begin(stream.get(), CU_STREAM_CAPTURE_MODE_GLOBAL) == CUDA_SUCCESS);
+    std::string failure;
+    try {
+      kernel = &runtime.kernel(0, problem, rows, stream.get());
+      runtime.launch(*kernel, rows, params.data(), stream.get());
+    } catch (const Error& error) {
+      failure = error.what();
+    }
+    void* graph = nullptr;
+    const CUresult ended = end(stream.get(), &graph);
+    if (graph) destroy(graph);
+    if (failure.empty()) {
+      CHECK(ended == CUDA_SUCCESS);
+      CHECK(graph != nullptr);
+    }
+    return failure;
+  };
+
+  // Nothing loaded and nothing stored: a clear error naming the fix, and no compile.
   const Kernel* kernel = nullptr;
-  std::string failure;
-  try {
-    kernel = &runtime.kernel(0, problem, rows, stream.get());
-    runtime.launch(*kernel, rows, params.data(), stream.get());
-  } catch (const Error& error) {
-    failure = error.what();
-  }
-  void* graph = nullptr;
-  const CUresult ended = end(stream.get(), &graph);
-  if (graph) destroy(graph);
-  REQUIRE_MESSAGE(failure.empty(), failure);
-  CHECK(ended == CUDA_SUCCESS);
-  CHECK(graph != nullptr);
+  const std::string failure = capture(kernel);
+  CHECK(contains(failure, "kiln.warmup"));
+  CHECK(runtime.stats().compiles == before.compiles);
+
+  // With the heuristic's binary in the store (as `kiln prewarm` leaves it), the capture
+  // loads it: no compile, no tune.
+  const Config heuristic = fam.heuristic(problem, runtime.device(0).traits());
+  BinaryStore store(dir.path(), CacheMode::rw);
+  REQUIRE(jit::compile({&fam, problem, heuristic, runtime.device(0).sm(), BinaryFormat::cubin},
+                       &store));
+  runtime.forget_kernels();
+  const RuntimeStats stored = runtime.stats();
+  REQUIRE_MESSAGE(capture(kernel).empty(), "capture with the binary stored failed");
   CHECK(kernel->heuristic_only);
-  CHECK(kernel->config == fam.heuristic(problem, runtime.device(0).traits()));
+  CHECK(kernel->config == heuristic);
   CHECK(runtime.stats().tunes == before.tunes);
+  CHECK(runtime.stats().compiles == stored.compiles);
   TuningDb db(dir.path(), CacheMode::rw);
   CHECK_FALSE(db.load(runtime.device(0).fingerprint(), problem.key(), 64));
 }
