@@ -9,6 +9,7 @@
 #include <torch/library.h>
 
 #include <optional>
+#include <string>
 
 #include "bindings/torch/activation.h"
 #include "bindings/torch/rms_norm.h"
@@ -16,6 +17,14 @@
 
 namespace kiln::torch_ops {
 namespace {
+
+std::string sizes_text(at::IntArrayRef sizes) {
+  std::string text = "[";
+  for (std::size_t d = 0; d < sizes.size(); ++d) {
+    text += (d ? ", " : "") + std::to_string(sizes[d]);
+  }
+  return text + "]";
+}
 
 // `out` must have the result's shape, dtype and device.
 void check_out(const char* op, const at::Tensor& out, at::IntArrayRef shape,
@@ -29,7 +38,7 @@ void check_out(const char* op, const at::Tensor& out, at::IntArrayRef shape,
                out.device().str());
   }
   if (out.sizes() != shape) {
-    fail_value(op, "out", "shape " + c10::str(shape), shape_text(out));
+    fail_value(op, "out", "shape " + sizes_text(shape), shape_text(out));
   }
 }
 

@@ -74,11 +74,50 @@ at::Tensor last_dim_contiguous(const at::Tensor& t) {
   return t.stride(-1) == 1 ? t : t.contiguous();
 }
 
+// Interleaved rotations (and the 3-D and fused ones, which are interleaved) load each
+// (real, imaginary) pair as one vector, so every operand must be aligned to a pair. A view
+// that is not (a slice starting at an odd element, say) is read from an aligned copy, and a
+// misaligned output is written through an aligned buffer: slower, but any view works.
+std::uint32_t pair_bytes(const at::Tensor& t, bool interleaved) {
+  return static_cast<std::uint32_t>(t.element_size()) * (interleaved ? 2u : 1u);
+}
+
+at::Tensor pair_aligned(const at::Tensor& t, std::uint32_t pair) {
+  if (!t.defined() || alignment_of({&t}) >= pair) return t;
+  return t.clone(at::MemoryFormat::Contiguous);
+}
+
+at::Tensor pair_aligned_output(const at::Tensor& out, std::uint32_t pair) {
+  if (alignment_of({&out}) >= pair) return out;
+  return at::empty(out.sizes(), out.options().memory_format(at::MemoryFormat::Contiguous));
+}
+
+void rope_launch_aligned(const std::string& op, const RopeOperands& r, const at::Tensor& q_out4,
+                         const at::Tensor& k_out4, const std::optional<VideoArgs>& video);
+
 }  // namespace
 
 void rope_launch(const std::string& op, const RopeOperands& r, const at::Tensor& q_out4,
                  const at::Tensor& k_out4, const std::optional<VideoArgs>& video) {
-  const at::Tensor q4 = last_dim_contiguous(r.q4), k4 = last_dim_contiguous(r.k4);
+  const std::uint32_t pair = pair_bytes(r.q4, r.interleaved);
+  RopeOperands aligned = r;
+  aligned.q4 = pair_aligned(last_dim_contiguous(r.q4), pair);
+  aligned.k4 = pair_aligned(last_dim_contiguous(r.k4), pair);
+  aligned.cos3 = pair_aligned(r.cos3, pair);
+  aligned.sin3 = pair_aligned(r.sin3, pair);
+  const at::Tensor q_dst = pair_aligned_output(q_out4, pair);
+  const at::Tensor k_dst = pair_aligned_output(k_out4, pair);
+  rope_launch_aligned(op, aligned, q_dst, k_dst, video);
+  if (!q_dst.is_same(q_out4)) q_out4.copy_(q_dst);
+  if (!k_dst.is_same(k_out4)) k_out4.copy_(k_dst);
+}
+
+namespace {
+
+void rope_launch_aligned(const std::string& op, const RopeOperands& r, const at::Tensor& q_out4,
+                         const at::Tensor& k_out4, const std::optional<VideoArgs>& video) {
+  const at::Tensor& q4 = r.q4;
+  const at::Tensor& k4 = r.k4;
   const std::int64_t batch = q4.size(0), seq = q4.size(1);
   const std::int64_t heads_q = q4.size(2), heads_k = k4.size(2), d = q4.size(3);
   const std::int64_t rows = batch * seq * (heads_q + heads_k);
@@ -126,6 +165,8 @@ void rope_launch(const std::string& op, const RopeOperands& r, const at::Tensor&
   }
   launch_op(q4, problem, rows, &p);
 }
+
+}  // namespace
 
 TensorPair rope_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
                      const at::Tensor& sin, bool interleaved, std::int64_t rotary_dim,
@@ -203,8 +244,11 @@ TensorPair rms_norm_rope_cuda(const at::Tensor& q, const at::Tensor& k, const at
   const std::string op = "rms_norm_rope";
   check_rms_norm_rope(q, k, q_weight, k_weight, cos, sin, grid, scale, base_sizes, patch_sizes);
   require_cuda(op, q);
-  const at::Tensor qc = last_dim_contiguous(q), kc = last_dim_contiguous(k);
-  const at::Tensor qw = q_weight.contiguous(), kw = k_weight.contiguous();
+  const std::uint32_t pair = pair_bytes(q, /*interleaved=*/true);
+  const at::Tensor qc = pair_aligned(last_dim_contiguous(q), pair);
+  const at::Tensor kc = pair_aligned(last_dim_contiguous(k), pair);
+  const at::Tensor qw = pair_aligned(q_weight.contiguous(), pair);
+  const at::Tensor kw = pair_aligned(k_weight.contiguous(), pair);
   at::Tensor q_out = at::empty(q.sizes(), q.options().memory_format(at::MemoryFormat::Contiguous));
   at::Tensor k_out = at::empty(k.sizes(), k.options().memory_format(at::MemoryFormat::Contiguous));
   const std::int64_t batch = q.size(0), seq = q.size(1), width = q.size(2);
@@ -228,8 +272,8 @@ TensorPair rms_norm_rope_cuda(const at::Tensor& q, const at::Tensor& k, const at
     }
   } else {
     const RopeOperands r = rope_operands(op, q, k, *cos, *sin, true, -1, "bshd", width);
-    cos3 = r.cos3;
-    sin3 = r.sin3;
+    cos3 = pair_aligned(r.cos3, pair);
+    sin3 = pair_aligned(r.sin3, pair);
     problem.flags = cos3.scalar_type() == at::kFloat ? kRmsNormRopeTableF32 : 0u;
     p.cos = cos3.data_ptr();
     p.sin = sin3.data_ptr();
