@@ -164,7 +164,8 @@ class Measurement {
         // Twice the L2, written between repetitions, so every run starts with cold caches
         // (as a real model's op does, its input having been evicted by the layers between).
         flush_(static_cast<std::size_t>(std::max<std::int64_t>(device.l2_bytes, 1 << 20)) * 2) {
-    for (int i = 0; i < options.max_repetitions; ++i) {
+    // At least two: the sizing run times the flush and the launch apart.
+    for (int i = 0; i < std::max(options.max_repetitions, 2); ++i) {
       starts_.emplace_back();
       ends_.emplace_back();
     }
@@ -271,15 +272,28 @@ class Measurement {
   std::vector<double> time(CUfunction function, const LaunchGeometry& geometry) {
     Driver& d = driver();
     for (int i = 0; i < options_.warmup_runs; ++i) launch(function, geometry);
-    // One timed run to size the repetitions to the budget.
-    flush_l2();
+    // One timed run, L2 flush included, to size the warm-up and the repetitions.
     check(d.cuEventRecord(starts_[0].get(), stream_.get()), "cuEventRecord", "timing");
+    flush_l2();
+    check(d.cuEventRecord(starts_[1].get(), stream_.get()), "cuEventRecord", "timing");
     launch(function, geometry);
     check(d.cuEventRecord(ends_[0].get(), stream_.get()), "cuEventRecord", "timing");
     stream_.synchronize("timing a candidate");
-    const double estimate_us = std::max(elapsed_us(starts_[0], ends_[0]), 1.0);
+    const double estimate_us = std::max(elapsed_us(starts_[1], ends_[0]), 1.0);
+    const double iteration_us = std::max(elapsed_us(starts_[0], ends_[0]), 1.0);
     const int repetitions = std::clamp(static_cast<int>(options_.budget_ms * 1e3 / estimate_us),
                                        options_.min_repetitions, options_.max_repetitions);
+
+    // The GPU idled while the host waited above (and for the module load and the read-back
+    // before it): keep it busy for warmup_ms before sampling, so that every candidate is timed
+    // at the same clocks whatever came before it. Without this, two identical launches of a
+    // microsecond kernel measured 10% apart, always in the same order.
+    const int warm_runs =
+        std::clamp(static_cast<int>(options_.warmup_ms * 1e3 / iteration_us), 1, kMaxWarmRuns);
+    for (int r = 0; r < warm_runs; ++r) {
+      flush_l2();
+      launch(function, geometry);
+    }
 
     for (int r = 0; r < repetitions; ++r) {
       flush_l2();
@@ -302,6 +316,7 @@ class Measurement {
   // Correctness is checked on at most kVerifyRows rows (the same kernel, fewer CTAs): reading
   // back and comparing 10^8 outputs per candidate would cost seconds. Timing uses all rows.
   static constexpr std::int64_t kVerifyRows = 1031;
+  static constexpr int kMaxWarmRuns = 1000;
   std::int64_t verify_rows_;
   Scratch verify_;
   Scratch scratch_;

@@ -14,6 +14,7 @@ namespace kiln::jit {
 
 struct EvaluatorOptions {
   int warmup_runs = 3;
+  double warmup_ms = 1;  // GPU time spent running a candidate just before its timed runs
   int min_repetitions = 10;
   // A kernel of a few microseconds jitters by a tenth of its time from run to run: its median
   // needs a few hundred samples to separate configs 3% apart (each costs microseconds).
