@@ -43,7 +43,9 @@ std::optional<double> measure_copy_bandwidth_gbs(const DeviceInfo& device) {
       check(d.cuMemcpyDtoDAsync(destination.address(), source.address(), bytes, stream.get()),
             "cuMemcpyDtoDAsync", "measuring copy bandwidth");
     };
-    for (int i = 0; i < kWarmupCopies; ++i) copy();
+    for (int i = 0; i < kWarmupCopies; ++i) {
+      copy();
+    }
     std::vector<Event> starts(kTimedCopies), ends(kTimedCopies);
     for (int i = 0; i < kTimedCopies; ++i) {
       check(d.cuEventRecord(starts[i].get(), stream.get()), "cuEventRecord", "copy bandwidth");
@@ -56,9 +58,13 @@ std::optional<double> measure_copy_bandwidth_gbs(const DeviceInfo& device) {
       float ms = 0;
       check(d.cuEventElapsedTime(&ms, starts[i].get(), ends[i].get()), "cuEventElapsedTime",
             "copy bandwidth");
-      if (ms > 0) gbs.push_back(2.0 * static_cast<double>(bytes) / (ms * 1e-3) / 1e9);
+      if (ms > 0) {
+        gbs.push_back(2.0 * static_cast<double>(bytes) / (ms * 1e-3) / 1e9);
+      }
     }
-    if (gbs.empty()) return std::nullopt;
+    if (gbs.empty()) {
+      return std::nullopt;
+    }
     return median(std::move(gbs));
   } catch (const Error& error) {
     log::warn("kiln: could not measure the copy bandwidth of " + device.name + ": " +

@@ -16,11 +16,21 @@ std::string entry_name(const report::StoredDocument& stored) {
 }
 
 bool selected(const report::StoredDocument& stored, const PinRequest& request) {
-  if (stored.document.is_discarded() || !stored.document.is_object()) return false;
-  if (stored.document.value("source", "") == "prewarm") return false;  // measured results only
-  if (!report::device_matches(stored, request.device)) return false;
-  if (!request.op.empty() && !stored.problem.starts_with(request.op + ".")) return false;
-  if (!request.problem.empty() && stored.problem != request.problem) return false;
+  if (stored.document.is_discarded() || !stored.document.is_object()) {
+    return false;
+  }
+  if (stored.document.value("source", "") == "prewarm") {
+    return false;  // measured results only
+  }
+  if (!report::device_matches(stored, request.device)) {
+    return false;
+  }
+  if (!request.op.empty() && !stored.problem.starts_with(request.op + ".")) {
+    return false;
+  }
+  if (!request.problem.empty() && stored.problem != request.problem) {
+    return false;
+  }
   return !request.bucket || stored.bucket == *request.bucket;
 }
 
@@ -28,10 +38,18 @@ bool selected(const report::StoredDocument& stored, const PinRequest& request) {
 void choose_winner(json& document, const std::string& key, const std::string& name) {
   const TuneResult result = document.get<TuneResult>();
   for (const Trial& trial : result.trials) {
-    if (trial.config.key() != key) continue;
+    if (trial.config.key() != key) {
+      continue;
+    }
     if (trial.status != TrialStatus::ok) {
-      throw Error("kiln tune pin: --config " + key + " did not measure ok in " + name + " (" +
-                  std::string(trial_status_name(trial.status)) + ")");
+      std::string why = "kiln tune pin: --config ";
+      why += key;
+      why += " did not measure ok in ";
+      why += name;
+      why += " (";
+      why += trial_status_name(trial.status);
+      why += ")";
+      throw Error(why);
     }
     if (trial.config != result.winner) {
       document["reason"] = "pinned by hand: " + key + " chosen over the tuner's winner " +
@@ -52,17 +70,25 @@ bool is_pinned(const json& document) {
 
 std::string stale_reason(const json& document, const std::string& kiln_version,
                          const std::string& nvrtc_version) {
-  if (is_pinned(document)) return {};
+  if (is_pinned(document)) {
+    return {};
+  }
   const auto versions = document.find("versions");
-  if (versions == document.end() || !versions->is_object()) return "it records no versions";
+  if (versions == document.end() || !versions->is_object()) {
+    return "it records no versions";
+  }
   const auto differs = [&](const char* name, const std::string& current) -> std::string {
     const std::string stored = versions->value(name, "");
-    if (stored == current) return {};
+    if (stored == current) {
+      return {};
+    }
     return std::string(name) + " " + (stored.empty() ? "unknown" : stored) + ", now " + current;
   };
   std::string why = differs("kiln", kiln_version);
   const std::string nvrtc = differs("nvrtc", nvrtc_version);
-  if (!nvrtc.empty()) why += (why.empty() ? "" : "; ") + nvrtc;
+  if (!nvrtc.empty()) {
+    why += (why.empty() ? "" : "; ") + nvrtc;
+  }
   return why.empty() ? why : "measured with " + why;
 }
 
@@ -73,7 +99,9 @@ PinOutcome set_pinned(const std::filesystem::path& root, const PinRequest& reque
   }
   std::vector<report::StoredDocument> chosen;
   for (report::StoredDocument& stored : read_tuning_documents(root)) {
-    if (selected(stored, request)) chosen.push_back(std::move(stored));
+    if (selected(stored, request)) {
+      chosen.push_back(std::move(stored));
+    }
   }
   if (chosen.empty()) {
     throw Error(std::string(what) + ": no tuning result in " + root.string() +
@@ -91,7 +119,9 @@ PinOutcome set_pinned(const std::filesystem::path& root, const PinRequest& reque
     json& document = stored.document;
     const std::string before = document.dump();
     if (request.pin) {
-      if (!request.config.empty()) choose_winner(document, request.config, name);
+      if (!request.config.empty()) {
+        choose_winner(document, request.config, name);
+      }
       document["pinned"] = true;
     } else {
       document.erase("pinned");

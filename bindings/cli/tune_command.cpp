@@ -22,23 +22,27 @@ struct TuneArgs {
 };
 
 int report_transfer(const jit::TuneTransfer& transfer, const char* verb) {
-  for (const auto& problem : transfer.problems)
+  for (const auto& problem : transfer.problems) {
     std::fprintf(stderr, "skipped %s\n", problem.c_str());
+  }
   std::printf("%s %llu tuning results (%llu invalid and skipped, %llu not stored)\n", verb,
               static_cast<unsigned long long>(transfer.written),
               static_cast<unsigned long long>(transfer.skipped_invalid),
               static_cast<unsigned long long>(transfer.failed));
-  if (transfer.kept_pinned)
+  if (transfer.kept_pinned) {
     std::printf("kept %llu pinned results of this cache\n",
                 static_cast<unsigned long long>(transfer.kept_pinned));
+  }
   return transfer.failed ? 1 : 0;
 }
 
 int report_pins(const jit::PinOutcome& outcome, bool pin) {
-  for (const auto& name : outcome.changed)
+  for (const auto& name : outcome.changed) {
     std::printf("%s %s\n", pin ? "pinned" : "unpinned", name.c_str());
-  for (const auto& name : outcome.unchanged)
+  }
+  for (const auto& name : outcome.unchanged) {
     std::printf("already %s %s\n", pin ? "pinned" : "unpinned", name.c_str());
+  }
   return 0;
 }
 
@@ -74,16 +78,22 @@ Runner add_tune_command(CLI::App& app) {
   CLI::App* unpin = tune->add_subcommand("unpin", "Undo kiln tune pin");
   add_selection(unpin, *args);
   return [=] {
-    if (!*tune) return -1;
+    if (!*tune) {
+      return -1;
+    }
     const auto root =
         args->cache_dir.empty() ? default_cache_dir() : std::filesystem::path(args->cache_dir);
-    if (*exp)
+    if (*exp) {
       return report_transfer(jit::export_tuning(root, args->bundle, args->device), "exported");
-    if (*imp)
+    }
+    if (*imp) {
       return report_transfer(jit::import_tuning(root, args->bundle, args->pin_imports), "imported");
+    }
     if (*pin || *unpin) {
       args->pin.pin = bool(*pin);
-      if (args->bucket >= 0) args->pin.bucket = args->bucket;
+      if (args->bucket >= 0) {
+        args->pin.bucket = args->bucket;
+      }
       return report_pins(jit::set_pinned(root, args->pin), args->pin.pin);
     }
     return -1;
