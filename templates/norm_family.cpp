@@ -1,5 +1,4 @@
 #include "templates/norm_family.h"
-#include "templates/config_rules.h"
 
 #include <algorithm>
 #include <array>
@@ -8,7 +7,9 @@
 #include <optional>
 
 #include "cache/error.h"
+#include "templates/config_rules.h"
 #include "templates/kiln/norm_params.cuh"
+#include "templates/row_split_rules.h"
 
 namespace kiln {
 
@@ -19,9 +20,9 @@ static_assert(sizeof(NormModulation) == 32 && sizeof(NormParams) == 216 &&
 
 namespace {
 
-constexpr std::array<int, 4> kVecBytes = {16, 8, 4, 2};  // widest first: the canonical order
-constexpr std::array<int, 9> kThreadsPerRow = {4, 8, 16, 32, 64, 128, 256, 512, 1024};
-constexpr std::array<int, 5> kCtaThreads = {64, 128, 256, 512, 1024};
+constexpr const auto& kVecBytes = kRowVecBytes;
+constexpr const auto& kThreadsPerRow = kRowThreadsPerRow;
+constexpr const auto& kCtaThreads = kRowCtaThreads;
 
 // Registers beyond the row data: addresses, indices, the reductions, one step's fp32 math
 // and its per-column operands (as calibrated on ptxas -v of sm_75 and sm_90 builds).
@@ -256,69 +257,16 @@ std::string NormFamily::invalid_reason(const Problem& problem, const Config& con
     }
   }
 
-  const auto element = static_cast<std::int64_t>(dtype_size(problem.dtype));
-  const std::string dtype(dtype_name(problem.dtype));
-  const int vec = config.vec_bytes;
-  if (!one_of(kVecBytes, vec)) {
-    return "vec_bytes " + std::to_string(vec) + " is not " + list_of(kVecBytes);
-  }
-  if (vec < element) {
-    return "vec_bytes " + std::to_string(vec) + " is narrower than one " + dtype + " element (" +
-           std::to_string(element) + " bytes)";
-  }
-  if (vec > effective_align(problem)) {
-    return "vec_bytes " + std::to_string(vec) + " exceeds the data alignment " +
-           std::to_string(effective_align(problem));
-  }
-  const std::int64_t row_bytes = problem.hidden * element;
-  if (row_bytes % vec != 0) {
-    return "a row of " + std::to_string(problem.hidden) + " " + dtype + " elements (" +
-           std::to_string(row_bytes) + " bytes) is not a whole number of " + std::to_string(vec) +
-           "-byte vectors";
-  }
-
-  const int tpr = config.threads_per_row;
-  const std::int64_t vectors = row_bytes / vec;
-  // Besides powers of two, whole warps that split the row's vectors exactly: 14848 bf16
-  // elements are 1856 16-byte vectors, two for each of 928 threads, none idle.
-  const bool exact_warps =
-      tpr > 32 && tpr <= kThreadsPerRow.back() && tpr % 32 == 0 && vectors % tpr == 0;
-  if (!one_of(kThreadsPerRow, tpr) && !exact_warps) {
-    return "threads_per_row " + std::to_string(tpr) +
-           " is neither a power of two in [4, 1024] nor whole warps dividing the row's " +
-           std::to_string(vectors) + " vectors";
-  }
-  if (tpr != kThreadsPerRow.front() && tpr > vectors) {
-    return "threads_per_row " + std::to_string(tpr) + " leaves threads idle: a row has only " +
-           std::to_string(vectors) + " vectors of " + std::to_string(vec) + " bytes";
-  }
   const std::int64_t held = elements_per_thread(problem, config);
-  if (held > kMaxElementsPerThread) {
-    return "each thread would hold " + std::to_string(held) + " elements of a row, more than " +
-           std::to_string(kMaxElementsPerThread) + " (the register budget)";
+  if (std::string why = row_split_reason(problem, config, device, held, kMaxElementsPerThread);
+      !why.empty()) {
+    return why;
   }
-
   const int cta = config.cta_threads;
-  if (one_of(kThreadsPerRow, tpr) && !one_of(kCtaThreads, cta)) {
-    return "cta_threads " + std::to_string(cta) + " is not " + list_of(kCtaThreads);
-  }
-  if (cta < tpr) {
-    return "cta_threads " + std::to_string(cta) + " is fewer than threads_per_row " +
-           std::to_string(tpr);
-  }
-  const int rows_per_cta = cta / tpr;
-  if (cta % tpr != 0 || (rows_per_cta & (rows_per_cta - 1)) != 0) {
-    return "cta_threads " + std::to_string(cta) +
-           " is not a power-of-two multiple of threads_per_row " + std::to_string(tpr);
-  }
-  if (cta > device.max_threads_per_block) {
-    return "cta_threads " + std::to_string(cta) + " exceeds the device's " +
-           std::to_string(device.max_threads_per_block) + " threads per block";
-  }
   const int register_cap =
       std::min(kMaxRegistersPerThread, std::max(1, device.regs_per_block / cta));
   const std::int64_t registers = registers_per_thread(problem, config);
-  const bool widest = tpr >= std::min(kThreadsPerRow.back(), device.max_threads_per_block);
+  const bool widest = is_widest_split(config, device);
   if (registers > register_cap && !(widest && grid_of(config) == 0)) {
     return "holding " + std::to_string(held) + " elements and their operands needs about " +
            std::to_string(registers) + " registers per thread, more than the " +

@@ -1,0 +1,74 @@
+#include "templates/row_split_rules.h"
+
+#include <algorithm>
+
+#include "templates/config_rules.h"
+
+namespace kiln {
+
+std::string row_split_reason(const Problem& problem, const Config& config,
+                             const DeviceTraits& device, std::int64_t held, std::int64_t max_held) {
+  const auto element = static_cast<std::int64_t>(dtype_size(problem.dtype));
+  const std::string dtype(dtype_name(problem.dtype));
+  const int vec = config.vec_bytes;
+  if (!one_of(kRowVecBytes, vec)) {
+    return "vec_bytes " + std::to_string(vec) + " is not " + list_of(kRowVecBytes);
+  }
+  if (vec < element) {
+    return "vec_bytes " + std::to_string(vec) + " is narrower than one " + dtype + " element (" +
+           std::to_string(element) + " bytes)";
+  }
+  if (vec > effective_align(problem)) {
+    return "vec_bytes " + std::to_string(vec) + " exceeds the data alignment " +
+           std::to_string(effective_align(problem));
+  }
+  const std::int64_t row_bytes = problem.hidden * element;
+  if (row_bytes % vec != 0) {
+    return "a row of " + std::to_string(problem.hidden) + " " + dtype + " elements (" +
+           std::to_string(row_bytes) + " bytes) is not a whole number of " + std::to_string(vec) +
+           "-byte vectors";
+  }
+
+  const int tpr = config.threads_per_row;
+  const std::int64_t vectors = row_bytes / vec;
+  const bool exact_warps =
+      tpr > 32 && tpr <= kRowThreadsPerRow.back() && tpr % 32 == 0 && vectors % tpr == 0;
+  if (!one_of(kRowThreadsPerRow, tpr) && !exact_warps) {
+    return "threads_per_row " + std::to_string(tpr) +
+           " is neither a power of two in [4, 1024] nor whole warps dividing the row's " +
+           std::to_string(vectors) + " vectors";
+  }
+  if (tpr != kRowThreadsPerRow.front() && tpr > vectors) {
+    return "threads_per_row " + std::to_string(tpr) + " leaves threads idle: a row has only " +
+           std::to_string(vectors) + " vectors of " + std::to_string(vec) + " bytes";
+  }
+  if (held > max_held) {
+    return "each thread would hold " + std::to_string(held) + " elements of a row, more than " +
+           std::to_string(max_held) + " (the register budget)";
+  }
+
+  const int cta = config.cta_threads;
+  if (one_of(kRowThreadsPerRow, tpr) && !one_of(kRowCtaThreads, cta)) {
+    return "cta_threads " + std::to_string(cta) + " is not " + list_of(kRowCtaThreads);
+  }
+  if (cta < tpr) {
+    return "cta_threads " + std::to_string(cta) + " is fewer than threads_per_row " +
+           std::to_string(tpr);
+  }
+  const int rows_per_cta = cta / tpr;
+  if (cta % tpr != 0 || (rows_per_cta & (rows_per_cta - 1)) != 0) {
+    return "cta_threads " + std::to_string(cta) +
+           " is not a power-of-two multiple of threads_per_row " + std::to_string(tpr);
+  }
+  if (cta > device.max_threads_per_block) {
+    return "cta_threads " + std::to_string(cta) + " exceeds the device's " +
+           std::to_string(device.max_threads_per_block) + " threads per block";
+  }
+  return {};
+}
+
+bool is_widest_split(const Config& config, const DeviceTraits& device) {
+  return config.threads_per_row >= std::min(kRowThreadsPerRow.back(), device.max_threads_per_block);
+}
+
+}  // namespace kiln

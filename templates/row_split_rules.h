@@ -1,0 +1,31 @@
+// The row split the norm families share, forward and backward: a row of `hidden` elements is
+// read as vec_bytes vectors by a group of threads_per_row threads, and a CTA holds
+// cta_threads / threads_per_row such groups (rows). Plain C++, no CUDA.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+
+#include "templates/types.h"
+
+namespace kiln {
+
+inline constexpr std::array<int, 4> kRowVecBytes = {16, 8, 4, 2};  // widest first: canonical
+inline constexpr std::array<int, 9> kRowThreadsPerRow = {4, 8, 16, 32, 64, 128, 256, 512, 1024};
+inline constexpr std::array<int, 5> kRowCtaThreads = {64, 128, 256, 512, 1024};
+
+// Why `config`'s (vec_bytes, threads_per_row, cta_threads) cannot split `problem`'s rows on
+// `device`, or empty when it can: the vector width against the dtype, the alignment and the
+// row; threads per row (powers of two, or whole warps dividing the row's vectors, e.g. 928
+// threads for the 1856 16-byte vectors of 14848 bf16 elements), none idle; `held` elements
+// per thread (the family's count) at most `max_held`; the CTA a power-of-two multiple of the
+// row group that the device can launch. Registers stay the family's own rule.
+std::string row_split_reason(const Problem& problem, const Config& config,
+                             const DeviceTraits& device, std::int64_t held, std::int64_t max_held);
+
+// Whether threads_per_row is the widest split the device allows (which stays valid even when
+// it spills, so that every hidden size has a config).
+bool is_widest_split(const Config& config, const DeviceTraits& device);
+
+}  // namespace kiln
