@@ -168,18 +168,28 @@ def test_ops_filter_and_bad_ops():
         kiln.patch("model")
 
 
-def test_autograd_keeps_the_original():
-    """kiln's ops have no backward: with grad enabled and trainable weights the patched
-    forward calls the original, so training still works (and computes the same)."""
-    model = _model("llama")
+@pytest.mark.parametrize("arch", ["llama", "gemma"])
+def test_training_through_the_patched_model(arch):
+    """The norms and gated MLPs use ops with backward formulas: with grad enabled the patched
+    model runs kiln's ops and their backward ops, and the loss and every parameter's
+    gradient match the original's."""
+    model = _model(arch)
     ids = _ids()
-    expected = model(ids).logits
+    expected_loss = model(ids).logits.float().pow(2).mean()
+    expected_loss.backward()
+    expected = {name: p.grad.clone() for name, p in model.named_parameters()}
+    model.zero_grad()
     kiln.patch(model)
-    actual = model(ids).logits
-    assert actual.requires_grad
-    assert torch.equal(actual, expected)
-    actual.sum().backward()
-    assert model.model.norm.weight.grad is not None
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        loss = model(ids).logits.float().pow(2).mean()
+        loss.backward()
+    names = {event.name for event in prof.events()}
+    assert "kiln::rms_norm_backward" in names
+    assert f"kiln::{MLP_OP[arch]}_backward" in names
+    torch.testing.assert_close(loss, expected_loss, rtol=1e-5, atol=1e-6)
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, expected[name], rtol=1e-4, atol=1e-6, msg=name)
+    kiln.unpatch(model)
 
 
 # ---- single modules -------------------------------------------------------------------

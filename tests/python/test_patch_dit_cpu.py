@@ -139,15 +139,26 @@ def test_ltx_grid_with_interpolation_scales(scale, monkeypatch):
     _agree(actual, expected, dtype)
 
 
-def test_ltx_with_grad_keeps_diffusers_path_exactly(monkeypatch):
+def test_ltx_with_grad_keeps_diffusers_path_for_the_fused_ops(monkeypatch):
+    """The fused DiT ops (rms_norm_rope, adaln, gated_adaln, gated_residual) have no backward:
+    a call that records a graph takes diffusers' path for them; the plain norms and the GELU
+    feed-forward, whose ops have backward formulas, stay on kiln. Loss and gradients agree."""
     model = _ltx(torch.float32)
     inputs = _ltx_inputs(torch.float32)
     expected = model(**inputs)[0]
+    expected.pow(2).mean().backward()
+    grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad()
     kiln.patch(model)
     counter = Counter(monkeypatch)
     actual = model(**inputs)[0]
-    assert counter.used() == {}
-    assert torch.equal(actual, expected)
+    assert set(counter.used()) <= {"rms_norm", "layer_norm", "gelu"}
+    assert counter.used(), "the differentiable ops stay on kiln"
+    _agree(actual, expected, torch.float32)
+    actual.pow(2).mean().backward()
+    for name, grad in grads.items():
+        p = dict(model.named_parameters())[name]
+        torch.testing.assert_close(p.grad, grad, rtol=1e-4, atol=1e-6, msg=name)
 
 
 def test_ltx_ops_filter_leaves_the_patterns():

@@ -3,8 +3,10 @@
 Each factory takes the module and its original (inner) forward and returns a function of
 the forward's arguments. The replacement calls a kiln op where that op computes the same
 thing under the module's own dtype rule, and the original forward everywhere else: other
-arguments, dtypes or devices kiln has no kernel for, and autograd (kiln's ops have no
-backward, so a call that would record a graph keeps the original).
+arguments, dtypes or devices kiln has no kernel for. The forwards here use ops with backward
+formulas (rms_norm, layer_norm, swiglu, geglu, gelu), so they also serve calls that record an
+autograd graph (training); the fused DiT forwards (ltx.py, flux.py) use ops that have none and
+keep the original there.
 """
 
 from typing import Callable
@@ -18,15 +20,18 @@ _KILN_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _KILN_DEVICES = ("cpu", "cuda")
 
 
-def kiln_can_take(*tensors: torch.Tensor) -> bool:
+def kiln_can_take(*tensors: torch.Tensor, differentiable: bool = False) -> bool:
     """Whether one kiln call may take these tensors: floating dtypes kiln has kernels for,
-    a device it runs on, one dtype and one device for all, and no graph to record."""
+    a device it runs on, one dtype and one device for all, and (unless the ops the caller
+    uses are ``differentiable``) no graph to record."""
     first = tensors[0]
     for t in tensors:
         if t.dtype not in _KILN_DTYPES or t.device.type not in _KILN_DEVICES:
             return False
         if t.dtype != first.dtype or t.device != first.device:
             return False
+    if differentiable:
+        return True
     return not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
 
 
@@ -53,7 +58,7 @@ def rms_norm_plain(module: torch.nn.Module, original: Callable) -> Callable:
         x = args[0]
         weight = module.weight if isinstance(getattr(module, "weight", None), torch.Tensor) else None
         tensors = (x,) if weight is None else (x, weight)
-        if not kiln_can_take(*tensors):
+        if not kiln_can_take(*tensors, differentiable=True):
             return original(x)
         return ops.rms_norm(x, weight, norm_eps(module, x))
 
@@ -73,13 +78,11 @@ def rms_norm_llama(module: torch.nn.Module, original: Callable) -> Callable:
             return original(*args, **kwargs)
         x = args[0]
         weight = module.weight
-        if weight.device != x.device or not kiln_can_take(x):
+        if weight.device != x.device or not kiln_can_take(x, differentiable=True):
             return original(x)
         eps = norm_eps(module, x)
-        if weight.dtype == x.dtype and kiln_can_take(x, weight):
+        if weight.dtype == x.dtype and kiln_can_take(x, weight, differentiable=True):
             return ops.rms_norm(x, weight, eps)
-        if torch.is_grad_enabled() and weight.requires_grad:
-            return original(x)
         return weight * ops.rms_norm(x, None, eps)
 
     return forward
@@ -103,9 +106,7 @@ def rms_norm_diffusers(module: torch.nn.Module, original: Callable) -> Callable:
         weight = getattr(module, "weight", None)
         if not isinstance(weight, torch.Tensor) or getattr(module, "bias", None) is not None:
             return original(x)
-        if weight.device != x.device or not kiln_can_take(x):
-            return original(x)
-        if torch.is_grad_enabled() and weight.requires_grad:
+        if weight.device != x.device or not kiln_can_take(x, differentiable=True):
             return original(x)
         eps = norm_eps(module, x)
         if weight.dtype in _HALF_DTYPES:
@@ -133,7 +134,7 @@ def layer_norm(module: torch.nn.Module, original: Callable) -> Callable:
         shape = getattr(module, "normalized_shape", None)
         if x.dim() == 0 or (shape is not None and tuple(shape) != (x.shape[-1],)):
             return original(x)
-        if not kiln_can_take(x, *[p for p in (weight, bias) if p is not None]):
+        if not kiln_can_take(x, *[p for p in (weight, bias) if p is not None], differentiable=True):
             return original(x)
         return norm_ops.layer_norm(x, weight, bias, norm_eps(module, x))
 
@@ -153,7 +154,7 @@ def gelu_after_proj(module: torch.nn.Module, original: Callable) -> Callable:
         if approximate not in ("tanh", "none"):
             return original(*args)
         hidden = module.proj(args[0])
-        if not kiln_can_take(hidden):
+        if not kiln_can_take(hidden, differentiable=True):
             return module.gelu(hidden)
         return activation_ops.gelu(hidden, None, approximate)
 
@@ -192,11 +193,14 @@ def rms_norm_offset(module: torch.nn.Module, original: Callable) -> Callable:
             return original(*args, **kwargs)
         x = args[0]
         weight = module.weight
-        if weight.device != x.device or not kiln_can_take(x):
+        if weight.device != x.device or not kiln_can_take(x, differentiable=True):
             return original(x)
         if torch.is_grad_enabled() and weight.requires_grad:
-            return original(x)
-        return ops.rms_norm(x, _offset_weight(module, x.dtype), norm_eps(module, x))
+            # Training: 1 + weight inside the graph, so that the weight gets its gradient.
+            offset = (1.0 + weight.float()).to(x.dtype)
+        else:
+            offset = _offset_weight(module, x.dtype)
+        return ops.rms_norm(x, offset, norm_eps(module, x))
 
     return forward
 
@@ -218,7 +222,7 @@ def gated_mlp(act: str) -> Callable:
             x = args[0]
             gate = module.gate_proj(x)
             up = module.up_proj(x)
-            if gate.shape == up.shape and kiln_can_take(gate, up):
+            if gate.shape == up.shape and kiln_can_take(gate, up, differentiable=True):
                 hidden = fuse(gate, up)
             else:
                 hidden = module.act_fn(gate) * up
