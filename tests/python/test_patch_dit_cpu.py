@@ -384,6 +384,26 @@ def test_flux_patched_agrees_and_unpatch_restores(dtype, monkeypatch):
     assert torch.equal(_flux_out(model, inputs), expected)
 
 
+def test_flux_trains_through_kiln(monkeypatch):
+    """AdaLN and RoPE have backward formulas: with grad enabled FLUX's patched norms and
+    attention stay on kiln, and loss and gradients match diffusers'."""
+    model = _flux(torch.float32)
+    inputs = _flux_inputs(torch.float32)
+    expected = model(**inputs)[0]
+    expected.pow(2).mean().backward()
+    grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad()
+    kiln.patch(model)
+    counter = Counter(monkeypatch)
+    actual = model(**inputs)[0]
+    assert counter.used() == FLUX_FUSED
+    _agree(actual, expected, torch.float32)
+    actual.pow(2).mean().backward()
+    params = dict(model.named_parameters())
+    for name, grad in grads.items():
+        torch.testing.assert_close(params[name].grad, grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
 def test_flux_adaln_with_affine_norm_is_left():
     from diffusers.models.normalization import AdaLayerNormContinuous
 

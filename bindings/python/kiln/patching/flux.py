@@ -54,7 +54,7 @@ def adaln_module(layout: str, norm: str) -> Callable:
             scale, shift = parts["scale"], parts["shift"]
             tensors = (x, emb) if weight is None else (x, emb, weight)
             if emb.dim() == 2 and emb.shape[0] == x.shape[0] and scale.shape[1] == x.shape[2] \
-                    and kiln_can_take(*tensors):
+                    and kiln_can_take(*tensors, differentiable=True):
                 out = norm_ops.adaln(x, scale[:, None], shift[:, None], weight, norm_eps(nm, x), norm)
             else:
                 out = nm(x) * (1 + scale[:, None]) + shift[:, None]
@@ -100,7 +100,8 @@ class FluxAttnProcessor:
                 and query.shape[:2] == key.shape[:2] and query.shape[3] == key.shape[3]
                 and cos.dim() == 2 and cos.shape == sin.shape and cos.shape[0] == query.shape[1]
                 and cos.shape[1] == query.shape[3] and cos.dtype in (torch.float32, query.dtype)
-                and sin.dtype == cos.dtype and cos.device == query.device and kiln_can_take(query, key)):
+                and sin.dtype == cos.dtype and cos.device == query.device
+                and kiln_can_take(query, key, differentiable=True)):
             return rope_ops.rope(query, key, cos, sin, interleaved=True, layout="bshd")
         return (self._apply_rotary_emb(query, image_rotary_emb, sequence_dim=1),
                 self._apply_rotary_emb(key, image_rotary_emb, sequence_dim=1))

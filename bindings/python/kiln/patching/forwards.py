@@ -5,8 +5,8 @@ the forward's arguments. The replacement calls a kiln op where that op computes 
 thing under the module's own dtype rule, and the original forward everywhere else: other
 arguments, dtypes or devices kiln has no kernel for. The forwards here use ops with backward
 formulas (rms_norm, layer_norm, swiglu, geglu, gelu), so they also serve calls that record an
-autograd graph (training); the fused DiT forwards (ltx.py, flux.py) use ops that have none and
-keep the original there.
+autograd graph (training), as FLUX's AdaLN and RoPE forwards do (flux.py); LTX-Video's fused
+forwards (ltx.py) use ops that have none and keep the original there.
 """
 
 from typing import Callable
