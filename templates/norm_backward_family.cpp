@@ -10,7 +10,7 @@
 #include "cache/error.h"
 #include "templates/config_rules.h"
 #include "templates/kiln/norm_backward_params.cuh"
-#include "templates/row_split_rules.h"
+#include "templates/norm_rules.h"
 
 namespace kiln {
 
@@ -145,25 +145,7 @@ namespace {
 
 std::optional<ArgumentError> problem_error(const NormBackwardFamily& family,
                                            const Problem& problem) {
-  const std::string op(family.name());
-  if (problem.op != family.op()) {
-    return ArgumentError(op, "problem", "op " + op, std::string(op_name(problem.op)));
-  }
-  if (problem.hidden < 1 || problem.hidden > NormBackwardFamily::kMaxHidden) {
-    return ArgumentError(op, "x", "hidden size in [1, 65536]", std::to_string(problem.hidden));
-  }
-  if (problem.align < 1 || problem.align > 16 || (problem.align & (problem.align - 1)) != 0) {
-    return ArgumentError(op, "x", "alignment a power of two in [1, 16] bytes",
-                         std::to_string(problem.align));
-  }
-  if ((problem.flags & ~family.allowed_flags()) != 0) {
-    return ArgumentError(op, "flags", "only " + flag_names(family.allowed_flags()),
-                         flag_names(problem.flags));
-  }
-  if (problem.aux != 0) {
-    return ArgumentError(op, "aux", "0 (unused by the norm ops)", std::to_string(problem.aux));
-  }
-  return std::nullopt;
+  return norm_problem_error(family, problem, family.allowed_flags(), flag_names);
 }
 
 // The splits of a row the space holds, ascending: powers of two, and whole warps that

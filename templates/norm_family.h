@@ -12,6 +12,7 @@
 #include <cstdint>
 
 #include "templates/family.h"
+#include "templates/norm_rules.h"
 
 namespace kiln {
 
@@ -26,7 +27,7 @@ inline constexpr std::uint32_t kNormPerToken = 32u;  // adaln ops: operands are 
 
 class NormFamily : public Family {
  public:
-  static constexpr std::int64_t kMaxHidden = 65536;
+  static constexpr std::int64_t kMaxHidden = kNormMaxHidden;
   static constexpr int kMaxElementsPerThread = 64;
   static constexpr float kDefaultEps = 1e-6f;
 

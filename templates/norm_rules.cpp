@@ -1,10 +1,34 @@
-#include "templates/row_split_rules.h"
+#include "templates/norm_rules.h"
 
 #include <algorithm>
 
 #include "templates/config_rules.h"
 
 namespace kiln {
+
+std::optional<ArgumentError> norm_problem_error(const Family& family, const Problem& problem,
+                                                std::uint32_t allowed_flags,
+                                                std::string (*flag_names)(std::uint32_t)) {
+  const std::string op(family.name());
+  if (problem.op != family.op()) {
+    return ArgumentError(op, "problem", "op " + op, std::string(op_name(problem.op)));
+  }
+  if (problem.hidden < 1 || problem.hidden > kNormMaxHidden) {
+    return ArgumentError(op, "x", "hidden size in [1, 65536]", std::to_string(problem.hidden));
+  }
+  if (problem.align < 1 || problem.align > 16 || (problem.align & (problem.align - 1)) != 0) {
+    return ArgumentError(op, "x", "alignment a power of two in [1, 16] bytes",
+                         std::to_string(problem.align));
+  }
+  if ((problem.flags & ~allowed_flags) != 0) {
+    return ArgumentError(op, "flags", "only " + flag_names(allowed_flags),
+                         flag_names(problem.flags));
+  }
+  if (problem.aux != 0) {
+    return ArgumentError(op, "aux", "0 (unused by the norm ops)", std::to_string(problem.aux));
+  }
+  return std::nullopt;
+}
 
 std::string row_split_reason(const Problem& problem, const Config& config,
                              const DeviceTraits& device, std::int64_t held, std::int64_t max_held) {

@@ -1,15 +1,28 @@
-// The row split the norm families share, forward and backward: a row of `hidden` elements is
-// read as vec_bytes vectors by a group of threads_per_row threads, and a CTA holds
-// cta_threads / threads_per_row such groups (rows). Plain C++, no CUDA.
+// What the norm families share, forward and backward: the checks of a Problem, and the row
+// split (a row of `hidden` elements is read as vec_bytes vectors by a group of
+// threads_per_row threads, and a CTA holds cta_threads / threads_per_row such groups).
+// Plain C++, no CUDA.
 #pragma once
 
 #include <array>
 #include <cstdint>
+#include <optional>
 #include <string>
 
+#include "cache/error.h"
+#include "templates/family.h"
 #include "templates/types.h"
 
 namespace kiln {
+
+inline constexpr std::int64_t kNormMaxHidden = 65536;
+
+// Why `problem` is not one `family` can specialise: another op, a hidden size outside
+// [1, kNormMaxHidden], an alignment that is not a power of two in [1, 16] bytes, flags beyond
+// `allowed_flags` (named by `flag_names`), or an aux size; nullopt when it is.
+std::optional<ArgumentError> norm_problem_error(const Family& family, const Problem& problem,
+                                                std::uint32_t allowed_flags,
+                                                std::string (*flag_names)(std::uint32_t));
 
 inline constexpr std::array<int, 4> kRowVecBytes = {16, 8, 4, 2};  // widest first: canonical
 inline constexpr std::array<int, 9> kRowThreadsPerRow = {4, 8, 16, 32, 64, 128, 256, 512, 1024};
