@@ -18,6 +18,7 @@ Writes DIR/tuning-<date>-<device>.{json,md} and DIR/tune-report-<date>-<device>.
 import argparse
 import json
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -77,17 +78,41 @@ def candidate_us(result, config_key):
     return None
 
 
+ROUNDS = 10
+BLOCK_WARMUP, BLOCK_REPS = 5, 10
+FLUSH_BYTES = 256 << 20
+
+
 def time_configs(kiln, caches, op, rows, hidden):
-    """Median us of the op with each cache's stored config, interleaved so that drift in the
-    GPU's clocks falls on all of them alike."""
+    """Median us of the op with each cache's stored config, over ROUNDS rounds in which each
+    config runs one block of calls (its config re-resolved, then BLOCK_WARMUP untimed and
+    BLOCK_REPS timed calls back to back, each after an L2 flush), in an order that reverses
+    every round. Few timed calls per block and many blocks: one long block per config biased
+    it by how many flushes came before it (the time of a microsecond kernel after a flush
+    alternates from call to call), and a sync after every call let the GPU idle and slow its
+    clocks."""
+    calls = {label: make_call(kiln, op, rows, hidden) for label in caches}
+    flush = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device="cuda")
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+              for _ in range(BLOCK_REPS)]
     samples = {label: [] for label in caches}
-    for _ in range(3):
-        for label, cache in caches.items():
-            kiln.configure(cache_dir=cache, tune="off")
-            call = make_call(kiln, op, rows, hidden)
-            call()
-            samples[label].append(common.bench_ms(call, warmup=10, rep=50) * 1e3)
-    return {label: sorted(values)[1] for label, values in samples.items()}
+    labels = list(caches)
+    for round_index in range(ROUNDS):
+        for label in labels if round_index % 2 == 0 else reversed(labels):
+            kiln.configure(cache_dir=caches[label], tune="off")
+            call = calls[label]
+            call()  # resolves this cache's config (a disk read and a module load)
+            for _ in range(BLOCK_WARMUP):
+                flush.zero_()
+                call()
+            for start, end in events:
+                flush.zero_()
+                start.record()
+                call()
+                end.record()
+            torch.cuda.synchronize()
+            samples[label] += [start.elapsed_time(end) * 1e3 for start, end in events]
+    return {label: statistics.median(values) for label, values in samples.items()}
 
 
 def bucket_of(rows):

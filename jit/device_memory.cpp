@@ -41,6 +41,10 @@ Event::~Event() {
   if (event_) driver().cuEventDestroy(event_);
 }
 
+void Event::synchronize(const char* context) const {
+  check(driver().cuEventSynchronize(event_), "cuEventSynchronize", context);
+}
+
 Event::Event(Event&& other) noexcept : event_(std::exchange(other.event_, nullptr)) {}
 
 }  // namespace kiln::jit

@@ -46,6 +46,7 @@ class Event {
   Event& operator=(Event&&) = delete;
   Event(const Event&) = delete;
   CUevent get() const { return event_; }
+  void synchronize(const char* context) const;  // waits for the work recorded before it
 
  private:
   CUevent event_ = nullptr;

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cmath>
 #include <optional>
+#include <random>
 #include <thread>
 #include <unordered_map>
 
@@ -115,6 +116,12 @@ struct Scratch {
     params = family.pack_params(problem, rows, addresses);
   }
 
+  std::size_t bytes() const {
+    std::size_t total = 0;
+    for (const DeviceBuffer& buffer : buffers) total += buffer.bytes();
+    return total;
+  }
+
   void poison_outputs(CUstream stream) {
     for (std::size_t i = 0; i < specs.size(); ++i) {
       if (!specs[i].is_output) continue;
@@ -149,6 +156,28 @@ struct Scratch {
   }
 };
 
+// A candidate that compiled, loaded and gave the reference output: ready to be timed.
+struct Runnable {
+  std::size_t trial;  // its index among the evaluation's trials
+  CUfunction function = nullptr;
+  LaunchGeometry geometry;
+};
+
+// The buffers timed launches run on. A problem that fits in L2 gets several sets, taken in
+// turn, so no launch finds its inputs where the one before left them, whatever the flush
+// between them leaves behind; a larger one needs (and gets) one.
+std::vector<Scratch> timing_scratch(const DeviceInfo& device, const Family& family,
+                                    const Problem& problem, std::int64_t rows) {
+  constexpr int kRotatedSets = 4;
+  std::vector<Scratch> sets;
+  sets.emplace_back(family, problem, rows);
+  const auto l2 = static_cast<std::size_t>(std::max<std::int64_t>(device.l2_bytes, 0));
+  if (sets.front().bytes() < l2) {
+    for (int i = 1; i < kRotatedSets; ++i) sets.emplace_back(family, problem, rows);
+  }
+  return sets;
+}
+
 class Measurement {
  public:
   Measurement(const DeviceInfo& device, const Family& family, const Problem& problem,
@@ -160,16 +189,10 @@ class Measurement {
         options_(options),
         verify_rows_(std::min(rows, kVerifyRows)),
         verify_(family, problem, verify_rows_),
-        scratch_(family, problem, rows),
+        scratch_(timing_scratch(device, family, problem, rows)),
         // Twice the L2, written between repetitions, so every run starts with cold caches
         // (as a real model's op does, its input having been evicted by the layers between).
-        flush_(static_cast<std::size_t>(std::max<std::int64_t>(device.l2_bytes, 1 << 20)) * 2) {
-    // At least two: the sizing run times the flush and the launch apart.
-    for (int i = 0; i < std::max(options.max_repetitions, 2); ++i) {
-      starts_.emplace_back();
-      ends_.emplace_back();
-    }
-  }
+        flush_(static_cast<std::size_t>(std::max<std::int64_t>(device.l2_bytes, 1 << 20)) * 2) {}
 
   // Loads and runs the reference config, keeping its outputs.
   void run_reference(const Config& config, const Expected<CompiledKernel>& compiled) {
@@ -192,13 +215,15 @@ class Measurement {
     }
   }
 
-  Trial measure(const Config& config, const Expected<CompiledKernel>& compiled) {
-    Trial trial;
+  // Loads a candidate and checks its output. A candidate that passes is returned to be timed
+  // (its trial stays `ok` with no time yet); one that fails says why in its trial.
+  std::optional<Runnable> admit(std::size_t index, const Config& config,
+                                const Expected<CompiledKernel>& compiled, Trial& trial) {
     trial.config = config;
     if (!compiled) {
       trial.status = TrialStatus::compile_error;
       trial.message = compiled.error().what();
-      return trial;
+      return std::nullopt;
     }
     trial.compile_ms = compiled->compile_ms;
     trial.status = TrialStatus::launch_error;  // until it has run
@@ -209,28 +234,146 @@ class Measurement {
       if (const std::string why = resource_problem(kernel, geometry, config); !why.empty()) {
         trial.status = TrialStatus::resource_error;
         trial.message = why;
-        return trial;
+        return std::nullopt;
       }
       run_checked(kernel.function, family_.geometry(problem_, config, verify_rows_));
       if (const std::string why = verify_.mismatch(verify_.read_outputs(), reference_);
           !why.empty()) {
         trial.status = TrialStatus::wrong_result;
         trial.message = why;
-        return trial;
+        return std::nullopt;
       }
-      const std::vector<double> samples = time(kernel.function, geometry);
-      const TimingSummary summary = summarize(samples);
       trial.status = TrialStatus::ok;
-      trial.median_us = summary.median_us;
-      trial.spread_us = summary.spread_us;
-      trial.repetitions = static_cast<int>(samples.size());
+      return Runnable{index, kernel.function, geometry};
     } catch (const std::exception& error) {
       trial.message = error.what();
+      return std::nullopt;
     }
-    return trial;
+  }
+
+  // Times every runnable candidate in interleaved rounds: each round runs all of them once, in
+  // a fresh shuffled order, each after an L2 flush. Timing the candidates one after another
+  // instead biased them by position: the time of a microsecond kernel after a flush alternates
+  // from one repetition to the next (on H100 and H200 alike), and with it the level a whole
+  // run of repetitions settles at, so identical launches measured 10% apart depending on
+  // whether an odd or even number of flushes came before them. Shuffled rounds give every
+  // candidate the same mix of those states, and of any clock drift over the tune.
+  void time_all(const std::vector<Runnable>& runnables, std::vector<Trial>& trials) {
+    const std::size_t n = runnables.size();
+    if (n == 0) return;
+    std::vector<bool> failed(n, false);
+    std::vector<std::vector<double>> samples(n);
+    RoundEvents rounds[2] = {RoundEvents(n), RoundEvents(n)};
+
+    // One flushed run of each, to size the warm-up and the number of rounds.
+    Event round_start;
+    record(round_start);
+    run_round(runnables, identity_order(n), rounds[0], failed, trials);
+    stream_.synchronize("sizing the candidates' timing");
+    double sum_us = 0;
+    std::size_t sized = 0;
+    for (std::size_t k = 0; k < n; ++k) {
+      if (failed[k]) continue;
+      sum_us += std::max(elapsed_us(rounds[0].starts[k], rounds[0].ends[k]), 1.0);
+      ++sized;
+    }
+    if (sized == 0) return;
+    const double round_us = std::max(elapsed_us(round_start, rounds[0].ends[last_ok(failed)]), 1.0);
+    const int count = std::clamp(static_cast<int>(options_.budget_ms * 1e3 * sized / sum_us),
+                                 options_.min_repetitions, options_.max_repetitions);
+
+    // The GPU idled while the host loaded and checked the candidates: keep it busy for
+    // warmup_ms before sampling, so the clocks have settled.
+    const int warm_rounds =
+        std::clamp(static_cast<int>(options_.warmup_ms * 1e3 / round_us), 1, kMaxWarmRounds);
+    for (int w = 0; w < warm_rounds; ++w) {
+      for (std::size_t k = 0; k < n; ++k) {
+        if (failed[k]) continue;
+        flush_l2();
+        failed[k] = !launch_timed(runnables[k], nullptr, nullptr, trials[runnables[k].trial]);
+      }
+    }
+
+    // Rounds are recorded into two alternating sets of events: the host reads one round's
+    // times while the GPU runs the next, so the stream never drains between rounds.
+    std::mt19937 shuffler(kShuffleSeed);
+    std::vector<std::size_t> order = identity_order(n);
+    for (int r = 0; r <= count; ++r) {
+      if (r < count) {
+        std::shuffle(order.begin(), order.end(), shuffler);
+        run_round(runnables, order, rounds[r % 2], failed, trials);
+      }
+      if (r > 0) {
+        const RoundEvents& done = rounds[(r - 1) % 2];
+        if (done.last_recorded) done.last_recorded->synchronize("timing the candidates");
+        for (std::size_t k = 0; k < n; ++k) {
+          if (!failed[k]) samples[k].push_back(elapsed_us(done.starts[k], done.ends[k]));
+        }
+      }
+    }
+    for (std::size_t k = 0; k < n; ++k) {
+      if (failed[k]) continue;
+      Trial& trial = trials[runnables[k].trial];
+      const TimingSummary summary = summarize(samples[k]);
+      trial.median_us = summary.median_us;
+      trial.spread_us = summary.spread_us;
+      trial.repetitions = static_cast<int>(samples[k].size());
+    }
   }
 
  private:
+  struct RoundEvents {
+    explicit RoundEvents(std::size_t n) : starts(n), ends(n) {}
+    std::vector<Event> starts, ends;
+    const Event* last_recorded = nullptr;  // the round's last event: the round is done after it
+  };
+
+  static std::vector<std::size_t> identity_order(std::size_t n) {
+    std::vector<std::size_t> order(n);
+    for (std::size_t k = 0; k < n; ++k) order[k] = k;
+    return order;
+  }
+
+  static std::size_t last_ok(const std::vector<bool>& failed) {
+    std::size_t last = 0;
+    for (std::size_t k = 0; k < failed.size(); ++k) {
+      if (!failed[k]) last = k;
+    }
+    return last;
+  }
+
+  void run_round(const std::vector<Runnable>& runnables, const std::vector<std::size_t>& order,
+                 RoundEvents& events, std::vector<bool>& failed, std::vector<Trial>& trials) {
+    for (const std::size_t k : order) {
+      if (failed[k]) continue;
+      flush_l2();
+      failed[k] = !launch_timed(runnables[k], &events.starts[k], &events.ends[k],
+                                trials[runnables[k].trial]);
+      if (!failed[k]) events.last_recorded = &events.ends[k];
+    }
+  }
+
+  // A launch that fails while timing fails only its own candidate (false, and its trial says
+  // why).
+  bool launch_timed(const Runnable& runnable, const Event* start, const Event* end, Trial& trial) {
+    try {
+      if (start) record(*start);
+      const Scratch& scratch = scratch_[launches_++ % scratch_.size()];
+      launch_kernel(device_.ordinal, runnable.function, runnable.geometry, scratch.params.data(),
+                    stream_.get());
+      if (end) record(*end);
+      return true;
+    } catch (const std::exception& error) {
+      trial.status = TrialStatus::launch_error;
+      trial.message = error.what();
+      return false;
+    }
+  }
+
+  void record(const Event& event) {
+    check(driver().cuEventRecord(event.get(), stream_.get()), "cuEventRecord", "timing");
+  }
+
   std::string resource_problem(const LoadedKernel& kernel, const LaunchGeometry& geometry,
                                const Config& config) const {
     const std::uint32_t threads = block_threads(geometry);
@@ -248,10 +391,6 @@ class Measurement {
     return {};
   }
 
-  void launch(CUfunction function, const LaunchGeometry& geometry) {
-    launch_kernel(device_.ordinal, function, geometry, scratch_.params.data(), stream_.get());
-  }
-
   void run_checked(CUfunction function, const LaunchGeometry& geometry) {
     verify_.poison_outputs(stream_.get());
     launch_kernel(device_.ordinal, function, geometry, verify_.params.data(), stream_.get());
@@ -263,48 +402,10 @@ class Measurement {
           "cuMemsetD8Async", "flushing L2");
   }
 
-  double elapsed_us(const Event& start, const Event& end) {
+  static double elapsed_us(const Event& start, const Event& end) {
     float ms = 0;
     check(driver().cuEventElapsedTime(&ms, start.get(), end.get()), "cuEventElapsedTime", "timing");
     return static_cast<double>(ms) * 1e3;
-  }
-
-  std::vector<double> time(CUfunction function, const LaunchGeometry& geometry) {
-    Driver& d = driver();
-    for (int i = 0; i < options_.warmup_runs; ++i) launch(function, geometry);
-    // One timed run, L2 flush included, to size the warm-up and the repetitions.
-    check(d.cuEventRecord(starts_[0].get(), stream_.get()), "cuEventRecord", "timing");
-    flush_l2();
-    check(d.cuEventRecord(starts_[1].get(), stream_.get()), "cuEventRecord", "timing");
-    launch(function, geometry);
-    check(d.cuEventRecord(ends_[0].get(), stream_.get()), "cuEventRecord", "timing");
-    stream_.synchronize("timing a candidate");
-    const double estimate_us = std::max(elapsed_us(starts_[1], ends_[0]), 1.0);
-    const double iteration_us = std::max(elapsed_us(starts_[0], ends_[0]), 1.0);
-    const int repetitions = std::clamp(static_cast<int>(options_.budget_ms * 1e3 / estimate_us),
-                                       options_.min_repetitions, options_.max_repetitions);
-
-    // The GPU idled while the host waited above (and for the module load and the read-back
-    // before it): keep it busy for warmup_ms before sampling, so that every candidate is timed
-    // at the same clocks whatever came before it. Without this, two identical launches of a
-    // microsecond kernel measured 10% apart, always in the same order.
-    const int warm_runs =
-        std::clamp(static_cast<int>(options_.warmup_ms * 1e3 / iteration_us), 1, kMaxWarmRuns);
-    for (int r = 0; r < warm_runs; ++r) {
-      flush_l2();
-      launch(function, geometry);
-    }
-
-    for (int r = 0; r < repetitions; ++r) {
-      flush_l2();
-      check(d.cuEventRecord(starts_[r].get(), stream_.get()), "cuEventRecord", "timing");
-      launch(function, geometry);
-      check(d.cuEventRecord(ends_[r].get(), stream_.get()), "cuEventRecord", "timing");
-    }
-    stream_.synchronize("timing a candidate");
-    std::vector<double> samples;
-    for (int r = 0; r < repetitions; ++r) samples.push_back(elapsed_us(starts_[r], ends_[r]));
-    return samples;
   }
 
   const DeviceInfo& device_;
@@ -316,12 +417,14 @@ class Measurement {
   // Correctness is checked on at most kVerifyRows rows (the same kernel, fewer CTAs): reading
   // back and comparing 10^8 outputs per candidate would cost seconds. Timing uses all rows.
   static constexpr std::int64_t kVerifyRows = 1031;
-  static constexpr int kMaxWarmRuns = 1000;
+  static constexpr int kMaxWarmRounds = 1000;
+  // Fixed, so two tunes of the same candidates time them in the same orders.
+  static constexpr std::uint32_t kShuffleSeed = 0x6B696C6E;
   std::int64_t verify_rows_;
   Scratch verify_;
-  Scratch scratch_;
+  std::vector<Scratch> scratch_;  // timed launches take turns over these
+  std::size_t launches_ = 0;
   DeviceBuffer flush_;
-  std::vector<Event> starts_, ends_;
   std::vector<std::vector<char>> reference_;
 };
 
@@ -352,11 +455,14 @@ std::vector<Trial> GpuEvaluator::evaluate(const Family& family, const Problem& p
   ScopedContext context(device_.ordinal);
   Measurement measurement(device_, family, problem, rows, options_);
   measurement.run_reference(reference, compiled.back());
-  std::vector<Trial> trials;
-  trials.reserve(candidates.size());
+  std::vector<Trial> trials(candidates.size());
+  std::vector<Runnable> runnables;
   for (std::size_t i = 0; i < candidates.size(); ++i) {
-    trials.push_back(measurement.measure(candidates[i], compiled[i]));
+    if (auto runnable = measurement.admit(i, candidates[i], compiled[i], trials[i])) {
+      runnables.push_back(*runnable);
+    }
   }
+  measurement.time_all(runnables, trials);
   return trials;
 }
 

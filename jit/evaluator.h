@@ -1,6 +1,8 @@
 // The Evaluator the tuner measures candidates with, on one GPU: compile every candidate (in
 // parallel, through the binary store), run each on scratch buffers, check its output
-// against the reference config's, and time it with CUDA events, flushing L2 between runs.
+// against the reference config's, and time them all with CUDA events in interleaved rounds
+// (each round runs every candidate once, in a shuffled order, each after an L2 flush; inputs
+// that fit in L2 rotate over several copies).
 #pragma once
 
 #include <atomic>
@@ -14,12 +16,13 @@ namespace kiln::jit {
 
 struct EvaluatorOptions {
   int warmup_runs = 3;
-  double warmup_ms = 1;  // GPU time spent running a candidate just before its timed runs
+  double warmup_ms = 1;  // GPU time spent running the candidates just before the timed rounds
   int min_repetitions = 10;
   // A kernel of a few microseconds jitters by a tenth of its time from run to run: its median
   // needs a few hundred samples to separate configs 3% apart (each costs microseconds).
   int max_repetitions = 200;
-  double budget_ms = 20;  // GPU time spent timing one candidate, beyond the minimum
+  // GPU time spent timing one candidate (its share of the rounds), beyond the minimum
+  double budget_ms = 20;
 };
 
 class GpuEvaluator : public Evaluator {

@@ -1,6 +1,7 @@
 #include "jit/verify.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <sstream>
@@ -73,31 +74,75 @@ double tolerance(DType dtype) {
   return 0;
 }
 
+namespace {
+
+// Every element's value as a float, for one dtype: fp16 through a table of all 65536 bit
+// patterns, so comparing the millions of outputs of a large candidate costs milliseconds.
+template <DType kDType>
+float value_at(const char* data, std::int64_t index) {
+  if constexpr (kDType == DType::f32) {
+    float value;
+    std::memcpy(&value, data + index * 4, 4);
+    return value;
+  } else {
+    std::uint16_t bits;
+    std::memcpy(&bits, data + index * 2, 2);
+    if constexpr (kDType == DType::bf16) {
+      return std::bit_cast<float>(static_cast<std::uint32_t>(bits) << 16);  // inlined: hot
+    } else {
+      static const std::vector<float> table = [] {
+        std::vector<float> values(1 << 16);
+        for (std::uint32_t b = 0; b < values.size(); ++b) {
+          values[b] = f16_bits_to_float(static_cast<std::uint16_t>(b));
+        }
+        return values;
+      }();
+      return table[bits];
+    }
+  }
+}
+
+template <DType kDType>
+std::optional<std::string> compare_as(std::span<const char> got, std::span<const char> expected) {
+  const auto count = static_cast<std::int64_t>(got.size() / dtype_size(kDType));
+  const float tol = static_cast<float>(tolerance(kDType));
+  std::int64_t bad = 0;
+  std::int64_t first_bad = -1;
+  for (std::int64_t i = 0; i < count; ++i) {
+    const float g = value_at<kDType>(got.data(), i);
+    const float e = value_at<kDType>(expected.data(), i);
+    // NaN on either side fails: the comparison below is false for it.
+    if (std::fabs(g - e) <= tol * std::max(1.0f, std::fabs(e))) continue;
+    if (bad++ == 0) first_bad = i;
+  }
+  if (bad == 0) return std::nullopt;
+  const double g = value_at<kDType>(got.data(), first_bad);
+  const double e = value_at<kDType>(expected.data(), first_bad);
+  std::ostringstream first;
+  first.precision(9);
+  first << "element " << first_bad << ": got " << g << ", expected " << e << " (allowed difference "
+        << tolerance(kDType) * std::max(1.0, std::fabs(e)) << ")";
+  return first.str() + "; " + std::to_string(bad) + " of " + std::to_string(count) +
+         " elements differ";
+}
+
+}  // namespace
+
 std::optional<std::string> compare_outputs(DType dtype, std::span<const char> got,
                                            std::span<const char> expected) {
   if (got.size() != expected.size()) {
     throw Error("kiln: compare_outputs: expected buffers of equal size, got " +
                 std::to_string(got.size()) + " and " + std::to_string(expected.size()) + " bytes");
   }
-  const auto count = static_cast<std::int64_t>(got.size() / dtype_size(dtype));
-  const double tol = tolerance(dtype);
-  std::int64_t bad = 0;
-  std::ostringstream first;
-  for (std::int64_t i = 0; i < count; ++i) {
-    const double g = element(dtype, got, i);
-    const double e = element(dtype, expected, i);
-    const double allowed = tol * std::max(1.0, std::fabs(e));
-    const bool ok = !std::isnan(g) && !std::isnan(e) && std::fabs(g - e) <= allowed;
-    if (ok) continue;
-    if (bad++ == 0) {
-      first.precision(9);
-      first << "element " << i << ": got " << g << ", expected " << e << " (allowed difference "
-            << allowed << ")";
-    }
+  switch (dtype) {
+    case DType::f32:
+      return compare_as<DType::f32>(got, expected);
+    case DType::f16:
+      return compare_as<DType::f16>(got, expected);
+    case DType::bf16:
+      return compare_as<DType::bf16>(got, expected);
   }
-  if (bad == 0) return std::nullopt;
-  return first.str() + "; " + std::to_string(bad) + " of " + std::to_string(count) +
-         " elements differ";
+  throw Error("kiln: compare_outputs: unknown dtype");
 }
 
 TimingSummary summarize(std::vector<double> samples_us) {

@@ -184,23 +184,25 @@ std::vector<Config> refine_around(const Config& best, const std::vector<Config>&
   auto extras_distance = [&](const Config& c) {
     return static_cast<double>(extras_differing(c, best));
   };
-  auto shape_at = [&](int vec_bytes) {
-    return [&best, vec_bytes](const Config& c) {
-      return c.vec_bytes == vec_bytes && c.threads_per_row == best.threads_per_row &&
-             c.cta_threads == best.cta_threads;
+  // Every config of one (width, threads per row, CTA threads), fewest extras changed first.
+  auto take_shape = [&](int vec_bytes, int threads_per_row, int cta_threads) {
+    const auto shape = [=](const Config& c) {
+      return c.vec_bytes == vec_bytes && c.threads_per_row == threads_per_row &&
+             c.cta_threads == cta_threads;
     };
+    for (std::size_t index : ordering.untaken(shape, extras_distance)) ordering.take(index);
   };
-  for (std::size_t index : ordering.untaken(shape_at(best.vec_bytes), extras_distance)) {
-    ordering.take(index);
-  }
-  std::set<int, std::greater<>> narrower;
+  take_shape(best.vec_bytes, best.threads_per_row, best.cta_threads);
+
+  int narrower = 0;
   for (const Config& config : pool) {
-    if (config.vec_bytes < best.vec_bytes) narrower.insert(config.vec_bytes);
+    if (config.vec_bytes < best.vec_bytes) narrower = std::max(narrower, config.vec_bytes);
   }
-  for (int width : narrower) {
-    for (std::size_t index : ordering.untaken(shape_at(width), extras_distance)) {
-      ordering.take(index);
-    }
+  if (narrower > 0) {
+    const int ratio = best.vec_bytes / narrower;
+    take_shape(narrower, best.threads_per_row * ratio, best.cta_threads);
+    take_shape(narrower, best.threads_per_row * ratio, best.cta_threads * ratio);
+    take_shape(narrower, best.threads_per_row, best.cta_threads);
   }
   for (const Config& config : order_around(best, pool)) ordering.take(config);
   std::vector<Config> order = ordering.release();

@@ -34,10 +34,13 @@ std::vector<Config> order_around(const Config& centre, const std::vector<Config>
 // `pool` not in `measured`, in this order:
 //  1. `best`'s shape (width, threads per row, CTA threads) with other extras, fewest
 //     changes first;
-//  2. the same shape at each narrower vector width in `pool`, widest first, with its extras
-//     as in 1 (a thread then keeps more, narrower vectors in flight, which often wins at
-//     mid-sized row counts);
+//  2. at the next narrower vector width in `pool`, the same row split: threads per row
+//     scaled up by the width ratio (the same elements per pass, more and narrower loads in
+//     flight, which often wins at mid-sized row counts), in CTAs of `best`'s threads, then of
+//     as many rows as `best`'s; then `best`'s own shape at that width; each with its extras
+//     as in 1;
 //  3. the rest of order_around(best, pool).
+// Narrower widths than that one seldom win for memory-bound kernels, so they are left to 3.
 std::vector<Config> refine_around(const Config& best, const std::vector<Config>& pool,
                                   const std::vector<Config>& measured);
 

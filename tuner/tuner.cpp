@@ -131,15 +131,22 @@ TuneResult tune(const Family& family, const Problem& problem, std::int64_t rows,
                     trials[i].config.key());
       }
     }
-    result.trials.insert(result.trials.end(), trials.begin(), trials.end());
+    return trials;
   };
   const std::vector<Config> first = candidates(family, problem, device, mode, kFastBudget, rows);
-  measure(first);
+  result.trials = measure(first);
   if (mode == TuneMode::fast) {
     if (auto best = select_winner(result.trials, kTieTolerance)) {
-      const std::vector<Config> second = refinement_candidates(
+      // The first round's best is timed again beside its refinements, and that time replaces
+      // its first: candidates are compared within one evaluation, never across two.
+      std::vector<Config> second = refinement_candidates(
           family, problem, device, rows, result.trials[*best].config, first, kRefineBudget);
-      if (!second.empty()) measure(second);
+      if (!second.empty()) {
+        second.insert(second.begin(), result.trials[*best].config);
+        std::vector<Trial> trials = measure(second);
+        result.trials[*best] = trials.front();
+        result.trials.insert(result.trials.end(), trials.begin() + 1, trials.end());
+      }
     }
   }
 

@@ -129,7 +129,7 @@ class FakeEvaluator : public Evaluator {
     for (const Config& config : candidates) {
       Trial trial;
       trial.config = config;
-      trial.repetitions = 20;
+      trial.repetitions = 20 + calls;  // tells one call's trial from another's
       trial.compile_ms = 3.5;
       if (auto failure = failures.find(config.key()); failure != failures.end()) {
         trial.status = failure->second.status;

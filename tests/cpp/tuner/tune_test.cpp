@@ -92,15 +92,23 @@ TEST_CASE("tune fast: two rounds, the second around the first's winner; the fast
       candidates(family, problem, DeviceTraits{}, TuneMode::fast, 8, 3000);
   CHECK(evaluator.rounds[0] == first);
   CHECK(result.trials.front().config == family.heuristic_config);
-  // The second round is centred on the first round's fastest, and measures nothing twice.
+  // The second round times the first round's fastest again, then its refinements, none of
+  // which the first round measured; the fastest keeps one trial, its second.
   const Config first_best = fastest_in(first);
-  CHECK(evaluator.rounds[1] ==
+  REQUIRE(!evaluator.rounds[1].empty());
+  CHECK(evaluator.rounds[1].front() == first_best);
+  const std::vector<Config> refinements(evaluator.rounds[1].begin() + 1, evaluator.rounds[1].end());
+  CHECK(refinements ==
         refinement_candidates(family, problem, DeviceTraits{}, 3000, first_best, first, 6));
-  CHECK(evaluator.rounds[1].size() <= 6);
-  for (const Config& config : evaluator.rounds[1]) {
+  CHECK(refinements.size() <= 6);
+  for (const Config& config : refinements) {
     CHECK(std::find(first.begin(), first.end(), config) == first.end());
   }
-  CHECK(result.trials.size() == first.size() + evaluator.rounds[1].size());
+  CHECK(result.trials.size() == first.size() + refinements.size());
+  const auto is_first_best = [&](const Trial& trial) { return trial.config == first_best; };
+  CHECK(std::count_if(result.trials.begin(), result.trials.end(), is_first_best) == 1);
+  CHECK(std::find_if(result.trials.begin(), result.trials.end(), is_first_best)->repetitions ==
+        20 + 2);
   std::vector<Config> measured;
   for (const Trial& trial : result.trials) measured.push_back(trial.config);
   CHECK(result.winner == fastest_in(measured));
