@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# Builds and runs flush_alternation (needs nvcc and a GPU). Usage: bash bench/diagnostics/run.sh
+set -euo pipefail
+cd "$(dirname "$0")"
+build=$(mktemp -d)
+nvcc -O3 -arch=native -cubin -o "$build/kernels.cubin" kernels.cu
+g++ -O2 -std=c++17 flush_alternation.cpp -I/usr/local/cuda/include \
+  -L/usr/local/cuda/lib64/stubs -lcuda -o "$build/flush_alternation"
+for rows in 1 128; do "$build/flush_alternation" "$build/kernels.cubin" "$rows"; done
