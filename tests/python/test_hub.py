@@ -27,13 +27,15 @@ def test_mapping_structure():
     for name, per_device in mapping.items():
         assert sorted(d.type for d in per_device) == ["cpu", "cuda"]
         for device, modes in per_device.items():
-            assert set(modes) == {Mode.INFERENCE, Mode.INFERENCE | Mode.TORCH_COMPILE}
+            assert set(modes) == {Mode.INFERENCE, Mode.INFERENCE | Mode.TORCH_COMPILE,
+                                  Mode.TRAINING, Mode.TRAINING | Mode.TORCH_COMPILE}
             for repo in modes.values():
                 assert repo.layer_name == name and repo.load() is kiln.hub.LAYERS[name]
             if device.type == "cuda":
                 assert device.properties.min_capability == 75
-    only = kiln.hub.kernel_mapping(layers=["RMSNorm"], torch_compile=False)
+    only = kiln.hub.kernel_mapping(layers=["RMSNorm"], torch_compile=False, training=False)
     assert list(only) == ["RMSNorm"] and list(only["RMSNorm"].values())[0].keys() == {Mode.INFERENCE}
+    assert all(layer.has_backward and layer.can_torch_compile for layer in kiln.hub.LAYERS.values())
     with pytest.raises(ValueError, match=r"kiln\.hub: layer_name: expected one of"):
         kiln.hub.kernel_mapping(layers=["Attention"])
     with pytest.raises(ValueError, match=r"kiln\.hub\.kernel_mapping: devices: expected 'cuda' or 'cpu', got 'mps'"):
@@ -63,13 +65,34 @@ def test_rms_norm_layer_matches_llama(dtype, weight_dtype):
     torch.testing.assert_close(got, expected, rtol=tol, atol=tol)
 
 
-def test_layers_keep_the_original_forward_under_autograd():
+@pytest.mark.parametrize("weight_dtype", [torch.float32, torch.float64])
+def test_rms_norm_layer_trains_through_kiln(weight_dtype):
+    """Under autograd the layer still calls kiln (its op has a backward), and the gradients of
+    the input and of the weight match the original forward's; a weight of another dtype is
+    multiplied outside kiln, as the original does."""
+    torch.manual_seed(3)
+    norm = modeling_llama.LlamaRMSNorm(16, eps=1e-5).to(weight_dtype)
+    with torch.no_grad():
+        norm.weight.copy_(1 + 0.3 * torch.randn(16))
+    layer = _as_layer(norm, "RMSNorm")
+    x = torch.randn(3, 16)
+    grads = []
+    for module in (norm, layer):
+        module.zero_grad()
+        xi = x.clone().requires_grad_()
+        out = module(xi)
+        out.backward(torch.linspace(-1, 1, out.numel()).reshape(out.shape).to(out.dtype))
+        grads.append((out.detach(), xi.grad, module.weight.grad))
+    (e_out, e_dx, e_dw), (g_out, g_dx, g_dw) = grads
+    for got, expected in ((g_out, e_out), (g_dx, e_dx), (g_dw, e_dw)):
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_rms_norm_layer_records_kiln_op_under_autograd():
     norm = modeling_llama.LlamaRMSNorm(16)
     x = torch.randn(2, 16, requires_grad=True)
     out = _as_layer(norm, "RMSNorm")(x)
-    assert out.grad_fn is not None  # the original forward ran (kiln's ops have no backward)
-    out.sum().backward()
-    assert x.grad is not None
+    assert "kiln_rms_norm" in out.grad_fn.name()  # kiln's op, with its registered backward
 
 
 @pytest.mark.parametrize("unsqueeze_dim", [1, 2])
@@ -156,12 +179,19 @@ def _kernelize_and_compare(device, dtype, tol):
         with torch.no_grad():
             expected, got = original(ids).logits, model(ids).logits
         torch.testing.assert_close(got, expected, rtol=tol, atol=tol)
-        # training keeps the original forward: kiln's layers declare has_backward = False
-        trained = copy.deepcopy(original)
+        # training uses kiln too (its layers have backward), with the original's gradients
+        trained = copy.deepcopy(original).train()
         with use_kernel_mapping(kiln.hub.kernel_mapping(devices=(device,))):
             kernelize(trained, mode=Mode.TRAINING, device=device)
-        assert all(m.forward.__func__ is modeling_llama.LlamaRMSNorm.forward
+        assert all(m.forward.__func__ is kiln.hub.RMSNorm.forward
                    for m in trained.modules() if isinstance(m, modeling_llama.LlamaRMSNorm))
+        reference = copy.deepcopy(original).train()
+        for m in (trained, reference):
+            m(ids, labels=ids).loss.backward()
+        for (name, got), (_, expected) in zip(trained.named_parameters(),
+                                              reference.named_parameters()):
+            assert got.grad is not None, name
+            torch.testing.assert_close(got.grad, expected.grad, rtol=tol, atol=tol, msg=name)
 
 
 def test_kernelize_tiny_llama_cpu():

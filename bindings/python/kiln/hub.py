@@ -12,9 +12,10 @@ The classes follow ``kernels``' layer rules: stateless (no ``__init__``, no memb
 ``can_torch_compile`` and ``has_backward``), a ``forward`` with the replaced forward's
 parameters, reading the replaced module's own attributes (``weight``, ``variance_epsilon``).
 Each calls kiln where kiln computes the same thing and the layer's class forward otherwise
-(other dtypes or layouts, and autograd: kiln's ops have no backward, hence
-``has_backward = False`` and ``Mode.TRAINING`` keeps the original forward). They are plain
-classes, importable and testable without ``kernels``.
+(other dtypes or layouts). kiln's ops have backward formulas (registered with
+``torch.library.register_autograd``), so every layer declares ``has_backward = True`` and
+serves ``Mode.TRAINING`` as well as ``Mode.INFERENCE``. They are plain classes, importable and
+testable without ``kernels``.
 """
 
 import sys
@@ -33,17 +34,16 @@ class RMSNorm(torch.nn.Module):
     normalises and the weight multiplies in the promoted dtype, as the original does."""
 
     can_torch_compile = True
-    has_backward = False
+    has_backward = True
 
     def forward(self, hidden_states):
         weight = self.weight
-        if weight.device != hidden_states.device or not kiln_can_take(hidden_states):
+        if (weight.device != hidden_states.device
+                or not kiln_can_take(hidden_states, differentiable=True)):
             return type(self).forward(self, hidden_states)
         eps = norm_eps(self, hidden_states)
-        if weight.dtype == hidden_states.dtype and kiln_can_take(hidden_states, weight):
+        if weight.dtype == hidden_states.dtype:
             return ops.rms_norm(hidden_states, weight, eps)
-        if torch.is_grad_enabled() and weight.requires_grad:
-            return type(self).forward(self, hidden_states)
         return weight * ops.rms_norm(hidden_states, None, eps)
 
 
@@ -53,27 +53,27 @@ class RotaryPosEmb(torch.nn.Module):
     is q of ``[B, H, S, D]``, 2 is ``[B, S, H, D]``; cos/sin ``[B, S, D]`` or ``[S, D]``."""
 
     can_torch_compile = True
-    has_backward = False
+    has_backward = True
 
     def forward(self, q, k, cos, sin, unsqueeze_dim=1):
         layout = {1: "bhsd", 2: "bshd"}.get(unsqueeze_dim)
         if (layout is None or q.dim() != 4 or k.dim() != 4 or cos.dim() not in (2, 3)
                 or cos.shape != sin.shape or cos.shape[-1] != q.shape[-1]
                 or cos.dtype != sin.dtype or cos.dtype not in (torch.float32, q.dtype)
-                or cos.device != q.device or not kiln_can_take(q, k)):
+                or cos.device != q.device or not kiln_can_take(q, k, differentiable=True)):
             return type(self).forward(self, q, k, cos, sin, unsqueeze_dim)
         return rope_ops.rope(q, k, cos, sin, layout=layout)
 
 
 def _gelu_layer(name: str, approximate: str) -> Type[torch.nn.Module]:
     def forward(self, input):
-        if not kiln_can_take(input):
+        if not kiln_can_take(input, differentiable=True):
             return type(self).forward(self, input)
         return activation_ops.gelu(input, None, approximate)
 
     doc = f"transformers' ``{name}`` activation: ``F.gelu(x, approximate=\"{approximate}\")``."
     return type(name, (torch.nn.Module,), {"__doc__": doc, "forward": forward,
-                                            "can_torch_compile": True, "has_backward": False,
+                                            "can_torch_compile": True, "has_backward": True,
                                             "__module__": __name__})
 
 
@@ -84,7 +84,7 @@ NewGELU = _gelu_layer("NewGELU", "tanh")
 
 def _and_mul_layer(name: str, glu: str, approximate: str) -> Type[torch.nn.Module]:
     def forward(self, x):
-        if not kiln_can_take(x) or x.shape[-1] % 2:
+        if not kiln_can_take(x, differentiable=True) or x.shape[-1] % 2:
             return type(self).forward(self, x)
         if glu == "swiglu":
             return activation_ops.swiglu(x)
@@ -93,7 +93,7 @@ def _and_mul_layer(name: str, glu: str, approximate: str) -> Type[torch.nn.Modul
     doc = (f"The ``{name}`` layer of kernels' activation repositories: the packed ``[..., 2I]`` "
            f"gate/up projection to ``[..., I]`` with kiln.{glu}.")
     return type(name, (torch.nn.Module,), {"__doc__": doc, "forward": forward,
-                                            "can_torch_compile": True, "has_backward": False,
+                                            "can_torch_compile": True, "has_backward": True,
                                             "__module__": __name__})
 
 
@@ -141,12 +141,13 @@ class KilnLayerRepository:
 
 
 def kernel_mapping(layers: Iterable[str] = tuple(LAYERS), devices: Iterable[str] = ("cuda",),
-                   torch_compile: bool = True) -> dict:
+                   torch_compile: bool = True, training: bool = True) -> dict:
     """A mapping for ``kernels.use_kernel_mapping`` / ``register_kernel_mapping``: each of
     ``layers`` (hub layer names, default all of :data:`LAYERS`) on each of ``devices``
     ("cuda": GPUs of compute capability 7.5 and newer; "cpu": kiln's fp32 reference, for
-    tests) for ``Mode.INFERENCE`` and, with ``torch_compile``, ``Mode.INFERENCE |
-    Mode.TORCH_COMPILE``. Needs the ``kernels`` package."""
+    tests) for ``Mode.INFERENCE``, with ``training`` for ``Mode.TRAINING`` too, and with
+    ``torch_compile`` for each of those ``| Mode.TORCH_COMPILE``. Needs the ``kernels``
+    package."""
     try:
         from kernels import CUDAProperties, Device, Mode
     except ImportError as error:
@@ -155,9 +156,11 @@ def kernel_mapping(layers: Iterable[str] = tuple(LAYERS), devices: Iterable[str]
     mapping = {}
     for name in layers:
         repo = KilnLayerRepository(name)
-        modes = {Mode.INFERENCE: repo}
-        if torch_compile:
-            modes[Mode.INFERENCE | Mode.TORCH_COMPILE] = repo
+        modes = {}
+        for base in (Mode.INFERENCE, Mode.TRAINING) if training else (Mode.INFERENCE,):
+            modes[base] = repo
+            if torch_compile:
+                modes[base | Mode.TORCH_COMPILE] = repo
         per_device = {}
         for device in devices:
             if device == "cuda":
