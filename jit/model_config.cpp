@@ -97,6 +97,10 @@ bool is_norm(Op op) {
     case Op::adaln:
     case Op::gated_adaln:
     case Op::gated_residual:
+    case Op::rms_norm_backward:
+    case Op::fused_add_rms_norm_backward:
+    case Op::layer_norm_backward:
+    case Op::adaln_backward:
       return true;
     default:
       return false;

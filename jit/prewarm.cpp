@@ -14,6 +14,7 @@
 #include "jit/nvrtc.h"
 #include "jit/specialisation.h"
 #include "templates/family.h"
+#include "templates/rope_family.h"
 
 #ifndef KILN_VERSION
 #define KILN_VERSION "unknown"
@@ -75,28 +76,47 @@ std::vector<PrewarmTarget> expand_targets(const std::vector<Op>& ops,
                                           const std::vector<DType>& dtypes,
                                           const std::map<Op, std::vector<std::int64_t>>& sizes,
                                           const std::vector<int>& archs,
-                                          std::vector<std::string>& notes) {
-  std::vector<PrewarmTarget> targets;
+                                          std::vector<std::string>& notes, bool training) {
+  std::vector<Op> wanted;
+  std::map<Op, std::vector<std::int64_t>> wanted_sizes = sizes;
   for (Op op : ops) {
+    wanted.push_back(op);
+    const auto backward = training ? backward_of(op) : std::nullopt;
+    if (!backward || std::find(ops.begin(), ops.end(), *backward) != ops.end()) continue;
+    wanted.push_back(*backward);
+    if (const auto found = sizes.find(op); found != sizes.end()) {
+      wanted_sizes[*backward] = found->second;
+    }
+  }
+  std::vector<PrewarmTarget> targets;
+  const auto add = [&](const Problem& problem) {
+    for (int sm : archs) {
+      PrewarmTarget target{problem, sm};
+      if (std::find(targets.begin(), targets.end(), target) == targets.end()) {
+        targets.push_back(target);
+      }
+    }
+  };
+  for (Op op : wanted) {
     const Family* fam = registered_family(op);
     if (!fam) {
       notes.push_back("skipping " + std::string(op_name(op)) +
                       ": its op family is not registered in this build of kiln");
       continue;
     }
-    const auto found = sizes.find(op);
-    if (found == sizes.end() || found->second.empty()) {
+    const auto found = wanted_sizes.find(op);
+    if (found == wanted_sizes.end() || found->second.empty()) {
       notes.push_back("skipping " + std::string(op_name(op)) + ": no size given for it");
       continue;
     }
     for (DType dtype : dtypes) {
       for (std::int64_t hidden : found->second) {
         for (const Problem& problem : fam->common_problems(dtype, hidden)) {
-          for (int sm : archs) {
-            PrewarmTarget target{problem, sm};
-            if (std::find(targets.begin(), targets.end(), target) == targets.end()) {
-              targets.push_back(target);
-            }
+          add(problem);
+          if (training && op == Op::rope) {
+            Problem inverse = problem;
+            inverse.flags |= kRopeInverse;
+            add(inverse);
           }
         }
       }

@@ -44,13 +44,14 @@ inline constexpr std::int64_t kPrewarmBucket = 0;
 nlohmann::json manifest_record(const Problem& problem, int sm);
 
 // ops x dtypes x sizes x archs, each through the family's common_problems. `sizes` gives the
-// hidden sizes per op. Ops whose family is not registered are left out, each with a line in
-// `notes`. Duplicates are dropped; order is stable.
+// hidden sizes per op. With `training`, each op's backward comes too (its backward op at the
+// same sizes; RoPE's inverse rotation). Ops whose family is not registered are left out, each
+// with a line in `notes`. Duplicates are dropped; order is stable.
 std::vector<PrewarmTarget> expand_targets(const std::vector<Op>& ops,
                                           const std::vector<DType>& dtypes,
                                           const std::map<Op, std::vector<std::int64_t>>& sizes,
                                           const std::vector<int>& archs,
-                                          std::vector<std::string>& notes);
+                                          std::vector<std::string>& notes, bool training = false);
 
 // The (problem, arch) of every record of a manifest; `archs`, when not empty, replaces each
 // record's arch (one target per arch). Records that do not parse, or whose family is not

@@ -116,6 +116,27 @@ std::string_view op_name(Op op) {
   return "?";
 }
 
+std::optional<Op> backward_of(Op op) {
+  switch (op) {
+    case Op::rms_norm:
+      return Op::rms_norm_backward;
+    case Op::fused_add_rms_norm:
+      return Op::fused_add_rms_norm_backward;
+    case Op::layer_norm:
+      return Op::layer_norm_backward;
+    case Op::adaln:
+      return Op::adaln_backward;
+    case Op::swiglu:
+      return Op::swiglu_backward;
+    case Op::geglu:
+      return Op::geglu_backward;
+    case Op::gelu:
+      return Op::gelu_backward;
+    default:
+      return std::nullopt;
+  }
+}
+
 std::optional<Op> parse_op(std::string_view text) {
   for (Op op : kOps) {
     if (text == op_name(op)) return op;

@@ -46,6 +46,9 @@ enum class Op : std::uint8_t {
 
 std::string_view op_name(Op op);
 std::optional<Op> parse_op(std::string_view text);
+// The op whose kernel computes `op`'s gradients, where it has one of its own (RoPE's backward
+// is RoPE itself, rotating the other way: a flag of its problem, not another op).
+std::optional<Op> backward_of(Op op);
 
 // One specialisation: everything that is a compile-time constant of the kernel or that
 // decides which configs are valid. `align` is the largest power of two (<= 16) dividing

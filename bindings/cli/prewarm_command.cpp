@@ -33,6 +33,7 @@ struct PrewarmArgs {
   std::string config, manifest, cache_dir;
   int jobs = 0;
   bool tune = false;
+  bool training = false;
   std::vector<std::int64_t> rows = {1, 64, 1024, 16384};
 };
 
@@ -120,14 +121,16 @@ int run_prewarm(const PrewarmArgs& args) {
     auto sizes = jit::sizes_for_ops(model, ops);
     std::vector<Op> chosen;
     for (const auto& [op, list] : sizes) chosen.push_back(op);
-    auto more = jit::expand_targets(chosen, dtypes, sizes, parse_archs(args.archs, true), notes);
+    auto more = jit::expand_targets(chosen, dtypes, sizes, parse_archs(args.archs, true), notes,
+                                    args.training);
     targets.insert(targets.end(), more.begin(), more.end());
   }
   if (!args.hiddens.empty()) {
     if (ops.empty()) throw ArgumentError("prewarm", "--op", "ops for --hidden", "none");
     std::map<Op, std::vector<std::int64_t>> sizes;
     for (Op op : ops) sizes[op] = args.hiddens;
-    auto more = jit::expand_targets(ops, dtypes, sizes, parse_archs(args.archs, true), notes);
+    auto more = jit::expand_targets(ops, dtypes, sizes, parse_archs(args.archs, true), notes,
+                                    args.training);
     targets.insert(targets.end(), more.begin(), more.end());
   }
   if (args.manifest.empty() && args.config.empty() && args.hiddens.empty()) {
@@ -205,6 +208,8 @@ Runner add_prewarm_command(CLI::App& app) {
                   "A manifest recorded by a real run with KILN_RECORD=FILE");
   cmd->add_option("-j,--jobs", args->jobs, "Parallel compiles (default: CPU count)");
   cmd->add_flag("--tune", args->tune, "Also tune for the GPU present (its arch's targets)");
+  cmd->add_flag("--training", args->training,
+                "Also the backward kernels of the ops (for --op and --config)");
   cmd->add_option("--rows", args->rows, "With --tune: row counts to tune for")
       ->delimiter(',')
       ->capture_default_str();

@@ -119,7 +119,7 @@ py::dict prewarm(const std::vector<std::string>& op_names,
                  const std::vector<std::string>& dtype_names,
                  const std::vector<std::int64_t>& hiddens,
                  const std::vector<std::string>& arch_names, const py::object& config_path,
-                 const py::object& manifest_path, int jobs) {
+                 const py::object& manifest_path, int jobs, bool training) {
   std::vector<Op> ops;
   for (const auto& name : op_names) {
     const auto op = parse_op(name);
@@ -153,13 +153,13 @@ py::dict prewarm(const std::vector<std::string>& op_names,
     const auto sizes = jit::sizes_for_ops(jit::read_model_config(document), ops);
     std::vector<Op> chosen;
     for (const auto& [op, list] : sizes) chosen.push_back(op);
-    auto more = jit::expand_targets(chosen, dtypes, sizes, archs, notes);
+    auto more = jit::expand_targets(chosen, dtypes, sizes, archs, notes, training);
     targets.insert(targets.end(), more.begin(), more.end());
   }
   if (!hiddens.empty()) {
     std::map<Op, std::vector<std::int64_t>> sizes;
     for (Op op : ops) sizes[op] = hiddens;
-    auto more = jit::expand_targets(ops, dtypes, sizes, archs, notes);
+    auto more = jit::expand_targets(ops, dtypes, sizes, archs, notes, training);
     targets.insert(targets.end(), more.begin(), more.end());
   }
 
@@ -213,7 +213,7 @@ void add_cache_functions(py::module_& m) {
       py::arg("bundle"), py::arg("cache_dir") = py::none());
   m.def("prewarm", &prewarm, py::arg("ops"), py::arg("dtypes"), py::arg("hiddens"),
         py::arg("archs"), py::arg("config") = py::none(), py::arg("manifest") = py::none(),
-        py::arg("jobs") = 1);
+        py::arg("jobs") = 1, py::arg("training") = false);
 }
 
 }  // namespace kiln::python

@@ -63,6 +63,25 @@ def test_hugging_face_configs_map_to_sizes(fresh_cache, tmp_path, config, sizes)
         assert kiln.compile(op, "bf16", hidden, arch="sm_80", format="cubin")["from_cache"]
 
 
+def test_training_adds_the_backward_kernels(fresh_cache, tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(LLAMA))
+    inference = kiln.prewarm(dtypes="bf16", archs="sm_80", config=str(path))
+    training = kiln.prewarm(dtypes="bf16", archs="sm_80", config=str(path), training=True)
+    # Llama's ops and their backward: rms_norm_backward (with and without weight), the fused
+    # residual's (1), swiglu_backward (two tensors, packed: 2), RoPE's inverse rotation (2).
+    assert training["targets"] == inference["targets"] + 7, training
+    assert training["reused"] == inference["targets"] and training["compiled"] == 7
+    assert training["failed"] == 0
+    # An op list: each op's backward at the same sizes, once even when also listed.
+    listed = kiln.prewarm(["layer_norm", "layer_norm_backward", "gelu"], "bf16", 3072, "sm_90",
+                          training=True)
+    alone = kiln.prewarm(["layer_norm", "gelu"], "bf16", 3072, "sm_90")
+    backward = kiln.prewarm(["layer_norm_backward", "gelu_backward"], "bf16", 3072, "sm_90")
+    assert listed["targets"] == alone["targets"] + backward["targets"], listed
+    assert listed["failed"] == 0
+
+
 def test_bad_config_names_the_key(tmp_path, fresh_cache):
     path = tmp_path / "config.json"
     path.write_text(json.dumps({"model_type": "llama", "hidden_size": 4096}))
@@ -109,6 +128,10 @@ def test_cli_prewarm_and_cache_commands(tmp_path):
     assert "compiled 8, reused 0, failed 0" in out.stdout
     assert "reused 8" in run("prewarm", "--op", "rms_norm", "--dtype", "bf16,fp16", "--hidden",
                              "2048", "--arch", "sm_80,sm_90").stdout
+    # --training adds rms_norm_backward's two problems per dtype and arch
+    assert "compiled 16, reused 0" in run("prewarm", "--op", "rms_norm", "--dtype", "bf16,fp16",
+                                          "--hidden", "2048", "--arch", "sm_80,sm_90",
+                                          "--training", env_cache=tmp_path / "t").stdout
     stats = json.loads(run("cache", "stats", "--json").stdout)
     assert stats["compiles"] == 8 and stats["binaries"] == 8
     assert "8 binaries" in run("cache", "ls").stdout

@@ -73,15 +73,17 @@ def _names(value: Union[str, Sequence]) -> list:
 
 def prewarm(ops: Union[str, Sequence[str]] = (), dtypes: Union[str, Sequence[str]] = "bf16",
             hidden: Union[int, Sequence[int]] = (), archs: Union[str, Sequence[str]] = (),
-            config: Optional[str] = None, manifest: Optional[str] = None, jobs: int = 1) -> dict:
+            config: Optional[str] = None, manifest: Optional[str] = None, jobs: int = 1,
+            training: bool = False) -> dict:
     """Compile kernels into the cache ahead of time, with no GPU (the Python spelling of
     ``kiln prewarm``): ops x dtypes x hidden sizes x archs, the ops of a Hugging Face
     ``config`` (a config.json path), and/or the specialisations of a ``manifest`` recorded with
-    KILN_RECORD. Returns the counts (compiled, reused, failed), the time, and notes (ops whose
-    family is not registered are skipped with a note)."""
+    KILN_RECORD. With ``training``, the backward kernels of those ops too (``--training``).
+    Returns the counts (compiled, reused, failed), the time, and notes (ops whose family is
+    not registered are skipped with a note)."""
     hiddens = [hidden] if isinstance(hidden, int) else [int(h) for h in hidden]
     return _C.prewarm(_names(ops), _names(dtypes), hiddens, _names(archs), config, manifest,
-                      int(jobs))
+                      int(jobs), bool(training))
 
 
 def cache_stats(cache_dir: Optional[str] = None) -> dict:
