@@ -14,7 +14,9 @@ DeviceBuffer::DeviceBuffer(std::size_t bytes) : bytes_(bytes) {
 }
 
 DeviceBuffer::~DeviceBuffer() {
-  if (address_) driver().cuMemFree(address_);
+  if (address_) {
+    driver().cuMemFree(address_);
+  }
 }
 
 DeviceBuffer::DeviceBuffer(DeviceBuffer&& other) noexcept
@@ -26,7 +28,9 @@ Stream::Stream() {
 }
 
 Stream::~Stream() {
-  if (stream_) driver().cuStreamDestroy(stream_);
+  if (stream_) {
+    driver().cuStreamDestroy(stream_);
+  }
 }
 
 void Stream::synchronize(const char* context) const {
@@ -38,7 +42,9 @@ Event::Event() {
 }
 
 Event::~Event() {
-  if (event_) driver().cuEventDestroy(event_);
+  if (event_) {
+    driver().cuEventDestroy(event_);
+  }
 }
 
 void Event::synchronize(const char* context) const {

@@ -36,12 +36,18 @@ std::vector<Expected<CompiledKernel>> compile_each(const std::vector<CompileRequ
   const std::size_t workers =
       std::min<std::size_t>(std::max(1u, std::thread::hardware_concurrency()), requests.size());
   std::vector<std::thread> threads;
-  for (std::size_t i = 1; i < workers; ++i) threads.emplace_back(work);
+  for (std::size_t i = 1; i < workers; ++i) {
+    threads.emplace_back(work);
+  }
   work();
-  for (auto& thread : threads) thread.join();
+  for (auto& thread : threads) {
+    thread.join();
+  }
   std::vector<Expected<CompiledKernel>> out;
   out.reserve(slots.size());
-  for (auto& slot : slots) out.push_back(std::move(*slot));
+  for (auto& slot : slots) {
+    out.push_back(std::move(*slot));
+  }
   return out;
 }
 
@@ -58,7 +64,9 @@ std::vector<Expected<CompiledKernel>> compile_all(const std::vector<CompileReque
     const CompileRequest& request = requests[i];
     const std::string name = request.family->name_expression(request.problem, request.config);
     const auto [it, inserted] = seen.emplace(name, unique.size());
-    if (inserted) unique.push_back(request);
+    if (inserted) {
+      unique.push_back(request);
+    }
     slot_of[i] = it->second;
   }
   std::vector<Expected<CompiledKernel>> compiled = compile_each(unique, store);
@@ -118,13 +126,17 @@ struct Scratch {
 
   std::size_t bytes() const {
     std::size_t total = 0;
-    for (const DeviceBuffer& buffer : buffers) total += buffer.bytes();
+    for (const DeviceBuffer& buffer : buffers) {
+      total += buffer.bytes();
+    }
     return total;
   }
 
   void poison_outputs(CUstream stream) {
     for (std::size_t i = 0; i < specs.size(); ++i) {
-      if (!specs[i].is_output) continue;
+      if (!specs[i].is_output) {
+        continue;
+      }
       check(driver().cuMemsetD8Async(buffers[i].address(), 0xFF, buffers[i].bytes(), stream),
             "cuMemsetD8Async", "poisoning output " + specs[i].name);
     }
@@ -133,7 +145,9 @@ struct Scratch {
   std::vector<std::vector<char>> read_outputs() {
     std::vector<std::vector<char>> out;
     for (std::size_t i = 0; i < specs.size(); ++i) {
-      if (!specs[i].is_output) continue;
+      if (!specs[i].is_output) {
+        continue;
+      }
       std::vector<char> bytes(buffers[i].bytes());
       check(driver().cuMemcpyDtoH(bytes.data(), buffers[i].address(), bytes.size()), "cuMemcpyDtoH",
             "reading output " + specs[i].name);
@@ -147,9 +161,12 @@ struct Scratch {
                        const std::vector<std::vector<char>>& expected) const {
     std::size_t k = 0;
     for (const auto& spec : specs) {
-      if (!spec.is_output) continue;
-      if (auto why = compare_outputs(spec.dtype, got[k], expected[k]))
+      if (!spec.is_output) {
+        continue;
+      }
+      if (auto why = compare_outputs(spec.dtype, got[k], expected[k])) {
         return spec.name + ": " + *why;
+      }
       ++k;
     }
     return {};
@@ -173,7 +190,9 @@ std::vector<Scratch> timing_scratch(const DeviceInfo& device, const Family& fami
   sets.emplace_back(family, problem, rows);
   const auto l2 = static_cast<std::size_t>(std::max<std::int64_t>(device.l2_bytes, 0));
   if (sets.front().bytes() < l2) {
-    for (int i = 1; i < kRotatedSets; ++i) sets.emplace_back(family, problem, rows);
+    for (int i = 1; i < kRotatedSets; ++i) {
+      sets.emplace_back(family, problem, rows);
+    }
   }
   return sets;
 }
@@ -209,7 +228,9 @@ class Measurement {
       run_checked(kernel.function, geometry);
       reference_ = verify_.read_outputs();
       const std::string self = verify_.mismatch(reference_, reference_);
-      if (!self.empty()) throw Error("its output has NaN or unwritten elements: " + self);
+      if (!self.empty()) {
+        throw Error("its output has NaN or unwritten elements: " + self);
+      }
     } catch (const Error& error) {
       throw Error(where + " failed: " + error.message(), error.log());
     }
@@ -260,7 +281,9 @@ class Measurement {
   // candidate the same mix of those states, and of any clock drift over the tune.
   void time_all(const std::vector<Runnable>& runnables, std::vector<Trial>& trials) {
     const std::size_t n = runnables.size();
-    if (n == 0) return;
+    if (n == 0) {
+      return;
+    }
     std::vector<bool> failed(n, false);
     std::vector<std::vector<double>> samples(n);
     RoundEvents rounds[2] = {RoundEvents(n), RoundEvents(n)};
@@ -273,14 +296,19 @@ class Measurement {
     double sum_us = 0;
     std::size_t sized = 0;
     for (std::size_t k = 0; k < n; ++k) {
-      if (failed[k]) continue;
+      if (failed[k]) {
+        continue;
+      }
       sum_us += std::max(elapsed_us(rounds[0].starts[k], rounds[0].ends[k]), 1.0);
       ++sized;
     }
-    if (sized == 0) return;
+    if (sized == 0) {
+      return;
+    }
     const double round_us = std::max(elapsed_us(round_start, rounds[0].ends[last_ok(failed)]), 1.0);
-    const int count = std::clamp(static_cast<int>(options_.budget_ms * 1e3 * sized / sum_us),
-                                 options_.min_repetitions, options_.max_repetitions);
+    const int count =
+        std::clamp(static_cast<int>(options_.budget_ms * 1e3 * static_cast<double>(sized) / sum_us),
+                   options_.min_repetitions, options_.max_repetitions);
 
     // The GPU idled while the host loaded and checked the candidates: keep it busy for
     // warmup_ms before sampling, so the clocks have settled.
@@ -288,7 +316,9 @@ class Measurement {
         std::clamp(static_cast<int>(options_.warmup_ms * 1e3 / round_us), 1, kMaxWarmRounds);
     for (int w = 0; w < warm_rounds; ++w) {
       for (std::size_t k = 0; k < n; ++k) {
-        if (failed[k]) continue;
+        if (failed[k]) {
+          continue;
+        }
         flush_l2();
         failed[k] = !launch_timed(runnables[k], nullptr, nullptr, trials[runnables[k].trial]);
       }
@@ -305,14 +335,20 @@ class Measurement {
       }
       if (r > 0) {
         const RoundEvents& done = rounds[(r - 1) % 2];
-        if (done.last_recorded) done.last_recorded->synchronize("timing the candidates");
+        if (done.last_recorded) {
+          done.last_recorded->synchronize("timing the candidates");
+        }
         for (std::size_t k = 0; k < n; ++k) {
-          if (!failed[k]) samples[k].push_back(elapsed_us(done.starts[k], done.ends[k]));
+          if (!failed[k]) {
+            samples[k].push_back(elapsed_us(done.starts[k], done.ends[k]));
+          }
         }
       }
     }
     for (std::size_t k = 0; k < n; ++k) {
-      if (failed[k]) continue;
+      if (failed[k]) {
+        continue;
+      }
       Trial& trial = trials[runnables[k].trial];
       const TimingSummary summary = summarize(samples[k]);
       trial.median_us = summary.median_us;
@@ -330,14 +366,18 @@ class Measurement {
 
   static std::vector<std::size_t> identity_order(std::size_t n) {
     std::vector<std::size_t> order(n);
-    for (std::size_t k = 0; k < n; ++k) order[k] = k;
+    for (std::size_t k = 0; k < n; ++k) {
+      order[k] = k;
+    }
     return order;
   }
 
   static std::size_t last_ok(const std::vector<bool>& failed) {
     std::size_t last = 0;
     for (std::size_t k = 0; k < failed.size(); ++k) {
-      if (!failed[k]) last = k;
+      if (!failed[k]) {
+        last = k;
+      }
     }
     return last;
   }
@@ -345,11 +385,15 @@ class Measurement {
   void run_round(const std::vector<Runnable>& runnables, const std::vector<std::size_t>& order,
                  RoundEvents& events, std::vector<bool>& failed, std::vector<Trial>& trials) {
     for (const std::size_t k : order) {
-      if (failed[k]) continue;
+      if (failed[k]) {
+        continue;
+      }
       flush_l2();
       failed[k] = !launch_timed(runnables[k], &events.starts[k], &events.ends[k],
                                 trials[runnables[k].trial]);
-      if (!failed[k]) events.last_recorded = &events.ends[k];
+      if (!failed[k]) {
+        events.last_recorded = &events.ends[k];
+      }
     }
   }
 
@@ -357,11 +401,15 @@ class Measurement {
   // why).
   bool launch_timed(const Runnable& runnable, const Event* start, const Event* end, Trial& trial) {
     try {
-      if (start) record(*start);
+      if (start) {
+        record(*start);
+      }
       const Scratch& scratch = scratch_[launches_++ % scratch_.size()];
       launch_kernel(device_.ordinal, runnable.function, runnable.geometry, scratch.params.data(),
                     stream_.get());
-      if (end) record(*end);
+      if (end) {
+        record(*end);
+      }
       return true;
     } catch (const std::exception& error) {
       trial.status = TrialStatus::launch_error;
@@ -440,13 +488,16 @@ std::vector<Trial> GpuEvaluator::evaluate(const Family& family, const Problem& p
                                           std::int64_t rows, const Config& reference,
                                           const std::vector<Config>& candidates) {
   std::vector<CompileRequest> requests;
+  requests.reserve(candidates.size() + 1);
   for (const Config& config : candidates) {
     requests.push_back({&family, problem, config, device_.sm(), BinaryFormat::cubin});
   }
   requests.push_back({&family, problem, reference, device_.sm(), BinaryFormat::cubin});
   const std::vector<Expected<CompiledKernel>> compiled = compile_all(requests, store_);
   for (const auto& result : compiled) {
-    if (!result) continue;
+    if (!result) {
+      continue;
+    }
     ++(result->from_cache ? binary_hits_ : compiles_);
   }
 
@@ -457,6 +508,7 @@ std::vector<Trial> GpuEvaluator::evaluate(const Family& family, const Problem& p
   measurement.run_reference(reference, compiled.back());
   std::vector<Trial> trials(candidates.size());
   std::vector<Runnable> runnables;
+  runnables.reserve(candidates.size());
   for (std::size_t i = 0; i < candidates.size(); ++i) {
     if (auto runnable = measurement.admit(i, candidates[i], compiled[i], trials[i])) {
       runnables.push_back(*runnable);

@@ -25,7 +25,9 @@ namespace {
 
 const Family* registered_family(Op op) {
   for (const Family* f : families()) {
-    if (f->op() == op) return f;
+    if (f->op() == op) {
+      return f;
+    }
   }
   return nullptr;
 }
@@ -42,7 +44,9 @@ void store_prewarm_record(TuningDb& db, const PrewarmTarget& target, const Confi
   const std::string problem_key = target.problem.key();
   if (auto existing = db.load(device, problem_key, kPrewarmBucket)) {
     try {
-      if (existing->at("winner").get<Config>() == config) return;
+      if (existing->at("winner").get<Config>() == config) {
+        return;
+      }
     } catch (const std::exception&) {
       // unreadable winner: overwrite it
     }
@@ -82,7 +86,9 @@ std::vector<PrewarmTarget> expand_targets(const std::vector<Op>& ops,
   for (Op op : ops) {
     wanted.push_back(op);
     const auto backward = training ? backward_of(op) : std::nullopt;
-    if (!backward || std::find(ops.begin(), ops.end(), *backward) != ops.end()) continue;
+    if (!backward || std::find(ops.begin(), ops.end(), *backward) != ops.end()) {
+      continue;
+    }
     wanted.push_back(*backward);
     if (const auto found = sizes.find(op); found != sizes.end()) {
       wanted_sizes[*backward] = found->second;
@@ -186,7 +192,9 @@ PrewarmSummary prewarm(const std::vector<PrewarmTarget>& targets, BinaryStore& s
             &fam, target.problem, fam.heuristic(target.problem, DeviceTraits::for_arch(target.sm)),
             target.sm, BinaryFormat::cubin};
         Expected<CompiledKernel> compiled = compile(request, &store);
-        if (!compiled) throw compiled.error();
+        if (!compiled) {
+          throw compiled.error();
+        }
         reused = compiled->from_cache;
         store_prewarm_record(db, target, request.config, compiled.value());
       } catch (const Error& error) {
@@ -202,15 +210,21 @@ PrewarmSummary prewarm(const std::vector<PrewarmTarget>& targets, BinaryStore& s
         ++(reused ? summary.reused : summary.compiled);
       }
       ++done;
-      if (options.progress) options.progress(done, targets.size());
+      if (options.progress) {
+        options.progress(done, targets.size());
+      }
     }
   };
 
   const int jobs = std::max(1, std::min<int>(options.jobs, static_cast<int>(targets.size())));
   std::vector<std::thread> workers;
-  for (int j = 1; j < jobs; ++j) workers.emplace_back(work);
+  for (int j = 1; j < jobs; ++j) {
+    workers.emplace_back(work);
+  }
   work();
-  for (auto& worker : workers) worker.join();
+  for (auto& worker : workers) {
+    worker.join();
+  }
   summary.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return summary;
 }

@@ -112,10 +112,16 @@ std::optional<std::string> compare_as(std::span<const char> got, std::span<const
     const float g = value_at<kDType>(got.data(), i);
     const float e = value_at<kDType>(expected.data(), i);
     // NaN on either side fails: the comparison below is false for it.
-    if (std::fabs(g - e) <= tol * std::max(1.0f, std::fabs(e))) continue;
-    if (bad++ == 0) first_bad = i;
+    if (std::fabs(g - e) <= tol * std::max(1.0f, std::fabs(e))) {
+      continue;
+    }
+    if (bad++ == 0) {
+      first_bad = i;
+    }
   }
-  if (bad == 0) return std::nullopt;
+  if (bad == 0) {
+    return std::nullopt;
+  }
   const double g = value_at<kDType>(got.data(), first_bad);
   const double e = value_at<kDType>(expected.data(), first_bad);
   std::ostringstream first;
@@ -146,7 +152,9 @@ std::optional<std::string> compare_outputs(DType dtype, std::span<const char> go
 }
 
 TimingSummary summarize(std::vector<double> samples_us) {
-  if (samples_us.empty()) return {};
+  if (samples_us.empty()) {
+    return {};
+  }
   std::sort(samples_us.begin(), samples_us.end());
   return {quantile(samples_us, 0.5), quantile(samples_us, 0.75) - quantile(samples_us, 0.25)};
 }

@@ -177,7 +177,9 @@ std::vector<Config> refine_around(const Config& best, const std::vector<Config>&
                                   const std::vector<Config>& measured) {
   Ordering ordering(pool);
   for (const Config& config : measured) {
-    if (auto index = ordering.find(config)) ordering.take(*index);
+    if (auto index = ordering.find(config)) {
+      ordering.take(*index);
+    }
   }
   const std::size_t already = ordering.size();
 
@@ -190,13 +192,17 @@ std::vector<Config> refine_around(const Config& best, const std::vector<Config>&
       return c.vec_bytes == vec_bytes && c.threads_per_row == threads_per_row &&
              c.cta_threads == cta_threads;
     };
-    for (std::size_t index : ordering.untaken(shape, extras_distance)) ordering.take(index);
+    for (std::size_t index : ordering.untaken(shape, extras_distance)) {
+      ordering.take(index);
+    }
   };
   take_shape(best.vec_bytes, best.threads_per_row, best.cta_threads);
 
   int narrower = 0;
   for (const Config& config : pool) {
-    if (config.vec_bytes < best.vec_bytes) narrower = std::max(narrower, config.vec_bytes);
+    if (config.vec_bytes < best.vec_bytes) {
+      narrower = std::max(narrower, config.vec_bytes);
+    }
   }
   if (narrower > 0) {
     const int ratio = best.vec_bytes / narrower;
@@ -204,7 +210,9 @@ std::vector<Config> refine_around(const Config& best, const std::vector<Config>&
     take_shape(narrower, best.threads_per_row * ratio, best.cta_threads * ratio);
     take_shape(narrower, best.threads_per_row, best.cta_threads);
   }
-  for (const Config& config : order_around(best, pool)) ordering.take(config);
+  for (const Config& config : order_around(best, pool)) {
+    ordering.take(config);
+  }
   std::vector<Config> order = ordering.release();
   order.erase(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(already));
   return order;

@@ -39,21 +39,29 @@ std::string microseconds(double us) {
 // A failure message may carry a whole compiler log; the reason keeps its first line.
 std::string first_line(const std::string& message) {
   std::string line = message.substr(0, message.find('\n'));
-  if (line.size() > kMaxMessageChars) line = line.substr(0, kMaxMessageChars) + "...";
+  if (line.size() > kMaxMessageChars) {
+    line = line.substr(0, kMaxMessageChars) + "...";
+  }
   return line;
 }
 
 std::string failure(const Trial& trial) {
   std::string text = trial.config.key() + " " + std::string(trial_status_name(trial.status));
-  if (trial.status == TrialStatus::ok) text += " (median is not a usable time)";
-  if (!trial.message.empty()) text += ": " + first_line(trial.message);
+  if (trial.status == TrialStatus::ok) {
+    text += " (median is not a usable time)";
+  }
+  if (!trial.message.empty()) {
+    text += ": " + first_line(trial.message);
+  }
   return text;
 }
 
 std::string all_failed_reason(const std::vector<Trial>& trials) {
   std::string reason =
       "every candidate failed (" + std::to_string(trials.size()) + "); the heuristic is kept";
-  if (!trials.empty()) reason += "; first failure: " + failure(trials.front());
+  if (!trials.empty()) {
+    reason += "; first failure: " + failure(trials.front());
+  }
   return reason;
 }
 
@@ -63,7 +71,9 @@ std::string winner_reason(const std::vector<Trial>& trials, std::size_t winner,
   std::size_t measured = std::count_if(trials.begin(), trials.end(), is_measured);
   double fastest = won.median_us;
   for (const Trial& trial : trials) {
-    if (is_measured(trial)) fastest = std::min(fastest, trial.median_us);
+    if (is_measured(trial)) {
+      fastest = std::min(fastest, trial.median_us);
+    }
   }
 
   std::string reason = won.config.key() + " fastest of " + std::to_string(trials.size()) + " (" +
@@ -79,8 +89,12 @@ std::string winner_reason(const std::vector<Trial>& trials, std::size_t winner,
 
   auto base = std::find_if(trials.begin(), trials.end(),
                            [&](const Trial& trial) { return trial.config == heuristic; });
-  if (base == trials.end()) return reason;
-  if (won.config == heuristic) return reason + "; the heuristic itself";
+  if (base == trials.end()) {
+    return reason;
+  }
+  if (won.config == heuristic) {
+    return reason + "; the heuristic itself";
+  }
   if (!is_measured(*base)) {
     return reason + "; the heuristic failed (" + std::string(trial_status_name(base->status)) + ")";
   }
