@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <numeric>
 #include <optional>
 #include <random>
 #include <thread>
@@ -305,7 +306,7 @@ class Measurement {
     if (sized == 0) {
       return;
     }
-    const double round_us = std::max(elapsed_us(round_start, rounds[0].ends[last_ok(failed)]), 1.0);
+    const double round_us = std::max(elapsed_us(round_start, *rounds[0].last_recorded), 1.0);
     const int count =
         std::clamp(static_cast<int>(options_.budget_ms * 1e3 * static_cast<double>(sized) / sum_us),
                    options_.min_repetitions, options_.max_repetitions);
@@ -366,20 +367,8 @@ class Measurement {
 
   static std::vector<std::size_t> identity_order(std::size_t n) {
     std::vector<std::size_t> order(n);
-    for (std::size_t k = 0; k < n; ++k) {
-      order[k] = k;
-    }
+    std::iota(order.begin(), order.end(), std::size_t{0});
     return order;
-  }
-
-  static std::size_t last_ok(const std::vector<bool>& failed) {
-    std::size_t last = 0;
-    for (std::size_t k = 0; k < failed.size(); ++k) {
-      if (!failed[k]) {
-        last = k;
-      }
-    }
-    return last;
   }
 
   void run_round(const std::vector<Runnable>& runnables, const std::vector<std::size_t>& order,

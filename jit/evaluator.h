@@ -15,7 +15,6 @@
 namespace kiln::jit {
 
 struct EvaluatorOptions {
-  int warmup_runs = 3;
   double warmup_ms = 1;  // GPU time spent running the candidates just before the timed rounds
   int min_repetitions = 10;
   // A kernel of a few microseconds jitters by a tenth of its time from run to run: its median
