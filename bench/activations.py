@@ -111,7 +111,9 @@ def write_results(args, env, copy_gbs, rows, overhead, kiln):
               (": " + ", ".join(f"{r['form']} {r['tokens']}x{r['width']} ({r['speedup_vs_best_peer']:.2f}x)"
                                 for r in slower) if slower else ""),
               "", "Host overhead per call (1x8192, us): " +
-              ", ".join(f"{k} {v:.1f}" for k, v in overhead.items())]
+              ", ".join(f"{k} {v:.1f}" for k, v in overhead.items()),
+              "", f"The floor of one launch, timed the same way (a 1-element x.add_(1)): "
+              f"{env['one_element_add_us']:.1f} us"]
     table = "\n".join(lines)
     with open(os.path.join(args.out, f"activations-{stamp}.md"), "w") as f:
         f.write(table + "\n")
@@ -134,6 +136,8 @@ def main():
     u = torch.randn(1, 8192, device="cuda", dtype=torch.bfloat16)
     compiled_swiglu = torch.compile(eager_swiglu, dynamic=False)
     swiglu_op = torch.ops.kiln.swiglu.default
+    tiny = torch.zeros(1, device="cuda")
+    env["one_element_add_us"] = common.bench_side_by_side({"add_": lambda: tiny.add_(1)})["add_"] * 1e3
     overhead = {
         "x.add(x)": common.host_overhead_us(lambda: g.add(g)),
         "eager F.silu(g) * u": common.host_overhead_us(lambda: eager_swiglu(g, u)),
@@ -155,11 +159,11 @@ def main():
                     out = kiln_call()
                     err = ((out.double() - expected).abs() /
                            expected.abs().clamp_min(1)).max().item()
-                    times = {
-                        "kiln": common.bench_ms(kiln_call),
-                        "eager": common.bench_ms(lambda: eager(*inputs)),
-                        "compiled": common.bench_ms(lambda: compiled(*inputs)),
-                    }
+                    times = common.bench_side_by_side({
+                        "kiln": kiln_call,
+                        "eager": lambda: eager(*inputs),
+                        "compiled": lambda: compiled(*inputs),
+                    })
                 best_peer = min(times["eager"], times["compiled"])
                 rows.append({
                     "form": form, "tokens": tokens, "width": width, "bytes": moved,

@@ -1,29 +1,104 @@
-"""Shared pieces of kiln's benchmarks: timing (triton's do_bench, L2 flushed between
-repetitions, median), the copy-bandwidth ceiling measured in the same run, and the record
-of where and with what a result was measured."""
+"""Shared pieces of kiln's benchmarks: timing (CUDA events, L2 flushed before every call,
+median; contenders interleaved round by round), the copy-bandwidth ceiling measured in the
+same run, and the record of where and with what a result was measured."""
 
 import datetime
 import json
 import os
 import platform
+import statistics
 import subprocess
 import tempfile
 
 import torch
 
 
-def bench_ms(fn, warmup=25, rep=100):
-    """Median milliseconds of fn() by CUDA events, L2 flushed between repetitions."""
-    from triton.testing import do_bench
+TIMING = ("median of CUDA-event times, a 256 MB memset flushing L2 before every call, the "
+          "contenders of a shape interleaved in shuffled rounds (bench_side_by_side)")
 
-    return do_bench(fn, warmup=warmup, rep=rep, return_mode="median")
+
+def bench_side_by_side(fns, warmup=25, rep=100, max_rounds=400, seed=0, chunk=25):
+    """{name: median milliseconds} of each fn() in `fns`, timed as do_bench times one (CUDA
+    events around the call, a 256 MB memset flushing L2 before it), but in interleaved rounds:
+    each round calls every contender once, in an order shuffled with a fixed seed; about `rep`
+    ms of calls per contender, at most `max_rounds` rounds.
+
+    Why not one do_bench block per contender: after an L2 flush a microsecond kernel's time
+    alternates between two levels from one call to the next (bench/diagnostics reproduces it),
+    and a block of calls settles on a level set by what ran before it. On the H200, blocks
+    timed a 1-row RMSNorm 0.7 us apart for kernels whose durations (ncu) and interleaved
+    medians agree within 0.3 us. Interleaving puts every contender at every position alike.
+
+    The GPU must never wait for the host inside a timed call, or a contender's dispatch time
+    (and a slow peer's, before it) would count. So each chunk of rounds is queued behind a
+    GPU sleep longer than the host takes to queue the chunk."""
+    import random
+    import time
+
+    names = list(fns)
+    flush = torch.empty(int(256e6 // 4), dtype=torch.int, device="cuda")
+    for fn in fns.values():  # first calls compile, tune and allocate outside the timing
+        fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    torch.cuda._sleep(1 << 20)
+    end.record()
+    torch.cuda.synchronize()
+    cycles_per_ms = (1 << 20) / start.elapsed_time(end)
+
+    def one_round(order, events=None):
+        for i, name in enumerate(order):
+            flush.zero_()
+            if events is None:
+                fns[name]()
+            else:
+                begin, finish = events[i]
+                begin.record()
+                fns[name]()
+                finish.record()
+
+    host = time.perf_counter()
+    start.record()
+    for _ in range(3):
+        one_round(names)
+    end.record()
+    torch.cuda.synchronize()
+    host_round_ms = (time.perf_counter() - host) * 1e3 / 3
+    round_ms = max(start.elapsed_time(end) / 3, 1e-3)
+    warm_rounds = max(1, int(warmup / round_ms))
+    rounds = max(10, min(max_rounds, int(rep / (round_ms / len(names)))))
+    order = random.Random(seed)
+    times = {name: [] for name in names}
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+              for _ in range(chunk * len(names))]
+    for _ in range(warm_rounds):
+        one_round(names)
+    done = 0
+    while done < rounds:
+        count = min(chunk, rounds - done)
+        torch.cuda._sleep(int(cycles_per_ms * (1.5 * host_round_ms * count + 0.5)))
+        host = time.perf_counter()
+        pending = []
+        for r in range(count):
+            shuffled = names[:]
+            order.shuffle(shuffled)
+            chunk_events = events[r * len(names):(r + 1) * len(names)]
+            one_round(shuffled, chunk_events)
+            pending += zip(shuffled, chunk_events)
+        host_round_ms = max(host_round_ms, (time.perf_counter() - host) * 1e3 / count)
+        torch.cuda.synchronize()
+        for name, (begin, finish) in pending:
+            times[name].append(begin.elapsed_time(finish))
+        done += count
+    return {name: statistics.median(values) for name, values in times.items()}
 
 
 def copy_bandwidth_gbs(size_bytes=1 << 30):
     """Device-to-device copy of `size_bytes`, counting bytes read + written."""
     src = torch.empty(size_bytes, dtype=torch.uint8, device="cuda").random_()
     dst = torch.empty_like(src)
-    ms = bench_ms(lambda: dst.copy_(src))
+    ms = bench_side_by_side({"copy": lambda: dst.copy_(src)})["copy"]
     del src, dst
     return 2 * size_bytes / (ms * 1e-3) / 1e9
 
@@ -63,6 +138,7 @@ def environment():
         "sm_count": props.multi_processor_count,
         "driver": driver,
         "versions": versions,
+        "timing": TIMING,
     }
 
 

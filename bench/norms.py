@@ -177,7 +177,7 @@ def copy_us(moved):
     system gives a kernel of this size, launch and ramp included."""
     src = torch.empty(max(moved // 2, 1), dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
-    us = common.bench_ms(lambda: dst.copy_(src)) * 1e3
+    us = common.bench_side_by_side({"copy": lambda: dst.copy_(src)})["copy"] * 1e3
     del src, dst
     return us
 
@@ -219,11 +219,10 @@ def main():
                     fn()  # compile + tune outside the timing
                     if compiled is not None:
                         compiled()
-                    times = {"kiln": common.bench_ms(fn)}
-                    for name, peer in peers.items():
-                        times[name] = common.bench_ms(peer)
+                    contenders = {"kiln": fn, **peers}
                     if compiled is not None:
-                        times["compiled"] = common.bench_ms(compiled)
+                        contenders["compiled"] = compiled
+                    times = common.bench_side_by_side(contenders)
                 best = min(v for k, v in times.items() if k != "kiln")
                 results.append({
                     "op": op, "rows": rows, "hidden": hidden, "bytes": moved,

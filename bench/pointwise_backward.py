@@ -127,7 +127,7 @@ def main():
                  "kiln via autograd": grad_timer(kiln_forward, inputs, dy),
                  "eager autograd": grad_timer(eager, inputs, dy),
                  "compiled autograd": grad_timer(compiled, inputs, dy)}
-        times = {k: common.bench_ms(fn) for k, fn in calls.items()}
+        times = common.bench_side_by_side(calls)
         best_peer = min(times["eager autograd"], times["compiled autograd"])
         rows.append({
             "case": name, "bytes": moved,

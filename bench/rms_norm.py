@@ -84,12 +84,12 @@ def main():
         rel_err = ((out.double() - ref).norm() / ref.norm()).item()
 
         with torch.no_grad():
-            times = {
-                "kiln": common.bench_ms(lambda: kiln.rms_norm(x, w, EPS)),
-                "F.rms_norm": common.bench_ms(lambda: F.rms_norm(x, (hidden,), w, EPS)),
-                "HF eager": common.bench_ms(lambda: hf(x)),
-                "HF compiled": common.bench_ms(lambda: hf_compiled(x)),
-            }
+            times = common.bench_side_by_side({
+                "kiln": lambda: kiln.rms_norm(x, w, EPS),
+                "F.rms_norm": lambda: F.rms_norm(x, (hidden,), w, EPS),
+                "HF eager": lambda: hf(x),
+                "HF compiled": lambda: hf_compiled(x),
+            })
         moved = (2 * x.numel() + hidden) * x.element_size()
         best_peer = min(v for k, v in times.items() if k != "kiln")
         rows.append({

@@ -201,9 +201,7 @@ def main():
     with torch.no_grad():
         for case in cases(args.quick):
             case["kiln"]()  # compile + tune outside the timing
-            times = {"kiln": common.bench_ms(case["kiln"])}
-            for name, fn in case["peers"].items():
-                times[name] = common.bench_ms(fn)
+            times = common.bench_side_by_side({"kiln": case["kiln"], **case["peers"]})
             best_peer = min(v for k, v in times.items() if k != "kiln")
             rows.append({
                 "case": case["name"],

@@ -1,5 +1,5 @@
-// The backward ops of swiglu, geglu and gelu (what torch.library.register_autograd calls in
-// bindings/python/kiln/_autograd_pointwise.py). Math in fp32 (float64 on the CPU for float64
+// The backward ops of swiglu, geglu and gelu (what their autograd kernels in
+// autograd_pointwise.cpp call). Math in fp32 (float64 on the CPU for float64
 // inputs), each gradient rounded once to the inputs' dtype; grad_out has the forward
 // output's shape, dtype and device. Each returns a list of new contiguous tensors:
 //   swiglu_backward(grad_out, gate, up=None, up_first)         [dgate, dup], or with up None

@@ -1,6 +1,6 @@
 // The activation backward ops in the torch dispatcher (see activation_backward.h); the fakes
-// are in bindings/python/kiln/_fakes_activation_backward.py, the autograd registrations in
-// bindings/python/kiln/_autograd_pointwise.py.
+// are in bindings/python/kiln/_fakes_pointwise_backward.py, the autograd registrations in
+// autograd_pointwise.cpp.
 #include <torch/library.h>
 
 #include "bindings/torch/activation_backward.h"

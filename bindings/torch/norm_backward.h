@@ -1,5 +1,5 @@
 // The backward ops of rms_norm, fused_add_rms_norm, layer_norm and adaln: what their
-// autograd formulas (bindings/python/kiln/_autograd_norm.py) call. Each recomputes the row
+// autograd formulas (autograd_norm.cpp) call. Each recomputes the row
 // statistics from the forward's input rather than taking them saved.
 //
 // Dtype rule: dy and every tensor given have x's dtype, and so does every gradient returned,

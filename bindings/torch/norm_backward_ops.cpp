@@ -1,5 +1,5 @@
 // Schemas and implementations of the norm backward ops (see norm_backward.h). The autograd
-// formulas that call them are registered from Python (bindings/python/kiln/_autograd_norm.py).
+// formulas that call them are in autograd_norm.cpp.
 #include <torch/library.h>
 
 #include "bindings/torch/norm_backward.h"

@@ -43,7 +43,7 @@ def gradcheck(fn, tensors):
     assert torch.autograd.gradcheck(call, tuple(tensors[i] for i in present))
 
 
-# ---- gradcheck (fp64) through torch.library.register_autograd
+# ---- gradcheck (fp64) through the ops' C++ autograd kernels
 
 
 @pytest.mark.parametrize("hidden", [1, 7, 8])

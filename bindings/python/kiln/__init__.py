@@ -27,9 +27,7 @@ from .patching import PatchReport, patch, unpatch
 from .warmup import WarmupReport, warmup
 from . import hub  # noqa: F401  (kiln's layers for the `kernels` package's kernelize)
 from . import _fakes_norm_backward  # noqa: F401  (registers the norm backward fakes)
-from . import _autograd_norm  # noqa: F401  (registers the norm ops' autograd formulas)
 from . import _fakes_pointwise_backward  # noqa: F401  (fakes of the backward ops)
-from . import _autograd_pointwise  # noqa: F401  (training: rope, swiglu, geglu, gelu)
 
 _library_paths.register(_C)
 

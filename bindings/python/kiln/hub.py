@@ -12,8 +12,8 @@ The classes follow ``kernels``' layer rules: stateless (no ``__init__``, no memb
 ``can_torch_compile`` and ``has_backward``), a ``forward`` with the replaced forward's
 parameters, reading the replaced module's own attributes (``weight``, ``variance_epsilon``).
 Each calls kiln where kiln computes the same thing and the layer's class forward otherwise
-(other dtypes or layouts). kiln's ops have backward formulas (registered with
-``torch.library.register_autograd``), so every layer declares ``has_backward = True`` and
+(other dtypes or layouts). kiln's ops have backward formulas (C++ autograd kernels, in
+bindings/torch/autograd_*.cpp), so every layer declares ``has_backward = True`` and
 serves ``Mode.TRAINING`` as well as ``Mode.INFERENCE``. They are plain classes, importable and
 testable without ``kernels``.
 """

@@ -1,0 +1,227 @@
+// The autograd kernels of rms_norm, fused_add_rms_norm, layer_norm and adaln: without grad
+// they call the op below autograd at once; with it, a torch::autograd::Function whose
+// backward is the op's backward kernel (norm_backward.h).
+//
+// The forwards save their inputs, not their row statistics: the backward kernels recompute
+// mean and rstd from x, which they read anyway.
+#include <torch/library.h>
+
+#include <array>
+#include <cstdint>
+
+#include "bindings/torch/autograd_support.h"
+#include "bindings/torch/norm.h"
+#include "bindings/torch/norm_backward.h"
+#include "bindings/torch/rms_norm.h"
+
+namespace kiln::torch_ops {
+namespace {
+
+const auto& rms_norm_op() {
+  static const auto op = kiln_op<decltype(rms_norm_cpu)>("kiln::rms_norm");
+  return op;
+}
+const auto& rms_norm_backward_op() {
+  static const auto op = kiln_op<decltype(rms_norm_backward_cpu)>("kiln::rms_norm_backward");
+  return op;
+}
+const auto& fused_add_rms_norm_op() {
+  static const auto op = kiln_op<decltype(fused_add_rms_norm_cpu)>("kiln::fused_add_rms_norm");
+  return op;
+}
+const auto& fused_add_rms_norm_backward_op() {
+  static const auto op =
+      kiln_op<decltype(fused_add_rms_norm_backward_cpu)>("kiln::fused_add_rms_norm_backward");
+  return op;
+}
+const auto& layer_norm_op() {
+  static const auto op = kiln_op<decltype(layer_norm_cpu)>("kiln::layer_norm");
+  return op;
+}
+const auto& layer_norm_backward_op() {
+  static const auto op = kiln_op<decltype(layer_norm_backward_cpu)>("kiln::layer_norm_backward");
+  return op;
+}
+const auto& adaln_op() {
+  static const auto op = kiln_op<decltype(adaln_cpu)>("kiln::adaln");
+  return op;
+}
+const auto& adaln_backward_op() {
+  static const auto op = kiln_op<decltype(adaln_backward_cpu)>("kiln::adaln_backward");
+  return op;
+}
+
+// ---- rms_norm(x, weight, eps)
+
+struct RmsNormFunction : torch::autograd::Function<RmsNormFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x,
+                            const std::optional<at::Tensor>& weight, double eps) {
+    ctx->save_for_backward({x, value_or_undefined(weight)});
+    ctx->saved_data["eps"] = eps;
+    const at::AutoDispatchBelowADInplaceOrView below;
+    return rms_norm_op().call(x, weight, eps);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const variable_list saved = ctx->get_saved_variables();
+    auto [dx, dweight] = rms_norm_backward_op().call(grads[0], saved[0], present(saved[1]),
+                                                     ctx->saved_data["eps"].toDouble());
+    return {dx, value_or_undefined(dweight), at::Tensor()};
+  }
+};
+
+at::Tensor rms_norm_autograd(const at::Tensor& x, const std::optional<at::Tensor>& weight,
+                             double eps) {
+  if (!records_grad(x, weight)) {
+    const at::AutoDispatchBelowADInplaceOrView below;
+    return rms_norm_op().call(x, weight, eps);
+  }
+  return RmsNormFunction::apply(x, weight, eps);
+}
+
+// ---- fused_add_rms_norm(x, residual, weight, eps) -> (y, r), r = x + residual
+
+struct FusedAddRmsNormFunction : torch::autograd::Function<FusedAddRmsNormFunction> {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& x,
+                               const at::Tensor& residual, const std::optional<at::Tensor>& weight,
+                               double eps) {
+    // An output nobody used gets no gradient (undefined), not a tensor of zeros.
+    ctx->set_materialize_grads(false);
+    at::Tensor y;
+    at::Tensor r;
+    {
+      const at::AutoDispatchBelowADInplaceOrView below;
+      std::tie(y, r) = fused_add_rms_norm_op().call(x, residual, weight, eps);
+    }
+    ctx->save_for_backward({r, value_or_undefined(weight)});
+    ctx->saved_data["eps"] = eps;
+    return {y, r};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const variable_list saved = ctx->get_saved_variables();
+    const at::Tensor& dy = grads[0];
+    const at::Tensor& dr = grads[1];
+    const std::optional<at::Tensor> weight = present(saved[1]);
+    const double eps = ctx->saved_data["eps"].toDouble();
+    // x and residual both receive d(x + residual): dr, plus what flows back through y.
+    at::Tensor dsum;
+    std::optional<at::Tensor> dweight;
+    if (!dy.defined()) {
+      dsum = dr;
+    } else if (!dr.defined()) {
+      std::tie(dsum, dweight) = rms_norm_backward_op().call(dy, saved[0], weight, eps);
+    } else {
+      std::tie(dsum, dweight) =
+          fused_add_rms_norm_backward_op().call(dy, dr, saved[0], weight, eps);
+    }
+    return {dsum, dsum, value_or_undefined(dweight), at::Tensor()};
+  }
+};
+
+std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm_autograd(
+    const at::Tensor& x, const at::Tensor& residual, const std::optional<at::Tensor>& weight,
+    double eps) {
+  if (!records_grad(x, residual, weight)) {
+    const at::AutoDispatchBelowADInplaceOrView below;
+    return fused_add_rms_norm_op().call(x, residual, weight, eps);
+  }
+  variable_list outputs = FusedAddRmsNormFunction::apply(x, residual, weight, eps);
+  return {outputs[0], outputs[1]};
+}
+
+// ---- layer_norm(x, weight, bias, eps)
+
+struct LayerNormFunction : torch::autograd::Function<LayerNormFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x,
+                            const std::optional<at::Tensor>& weight,
+                            const std::optional<at::Tensor>& bias, double eps) {
+    ctx->save_for_backward({x, value_or_undefined(weight), value_or_undefined(bias)});
+    ctx->saved_data["eps"] = eps;
+    const at::AutoDispatchBelowADInplaceOrView below;
+    return layer_norm_op().call(x, weight, bias, eps);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const variable_list saved = ctx->get_saved_variables();
+    auto [dx, dweight, dbias] =
+        layer_norm_backward_op().call(grads[0], saved[0], present(saved[1]), present(saved[2]),
+                                      ctx->saved_data["eps"].toDouble());
+    return {dx, value_or_undefined(dweight), value_or_undefined(dbias), at::Tensor()};
+  }
+};
+
+at::Tensor layer_norm_autograd(const at::Tensor& x, const std::optional<at::Tensor>& weight,
+                               const std::optional<at::Tensor>& bias, double eps) {
+  if (!records_grad(x, weight, bias)) {
+    const at::AutoDispatchBelowADInplaceOrView below;
+    return layer_norm_op().call(x, weight, bias, eps);
+  }
+  return LayerNormFunction::apply(x, weight, bias, eps);
+}
+
+// ---- adaln(x, scale, shift, weight, eps, norm, table_scale, table_shift)
+
+// A table row is added to every sample's and token's operand: its gradient is the operand's,
+// summed over both (in fp32, rounded once).
+at::Tensor table_gradient(const at::Tensor& operand_gradient) {
+  const std::array<std::int64_t, 2> sample_and_token{0, 1};
+  return operand_gradient.sum(sample_and_token, /*keepdim=*/false, at::kFloat)
+      .to(operand_gradient.scalar_type());
+}
+
+struct AdaLnFunction : torch::autograd::Function<AdaLnFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& scale,
+                            const at::Tensor& shift, const std::optional<at::Tensor>& weight,
+                            double eps, c10::string_view norm,
+                            const std::optional<at::Tensor>& table_scale,
+                            const std::optional<at::Tensor>& table_shift) {
+    ctx->save_for_backward({x, scale, value_or_undefined(weight), value_or_undefined(table_scale)});
+    ctx->saved_data["eps"] = eps;
+    ctx->saved_data["norm"] = std::string(norm);
+    // A per-token shift's gradient is dy itself; a per-sample one is dy summed per sample.
+    ctx->saved_data["shift_per_token"] = shift.dim() > 1 && shift.size(1) != 1;
+    const at::AutoDispatchBelowADInplaceOrView below;
+    return adaln_op().call(x, scale, shift, weight, eps, norm, table_scale, table_shift);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const variable_list saved = ctx->get_saved_variables();
+    const at::Tensor& dy = grads[0];
+    const bool shift_per_token = ctx->saved_data["shift_per_token"].toBool();
+    const std::string norm = ctx->saved_data["norm"].toStringRef();
+    auto [dx, dscale, dshift, dweight] = adaln_backward_op().call(
+        dy, saved[0], saved[1], present(saved[2]), ctx->saved_data["eps"].toDouble(), norm,
+        present(saved[3]), shift_per_token);
+    const at::Tensor shift_gradient = shift_per_token ? dy : value_or_undefined(dshift);
+    at::Tensor dtable_scale;
+    at::Tensor dtable_shift;
+    if (saved[3].defined()) {
+      dtable_scale = table_gradient(dscale);
+      dtable_shift = table_gradient(shift_gradient);
+    }
+    return {dx,           dscale,       shift_gradient, value_or_undefined(dweight),
+            at::Tensor(), at::Tensor(), dtable_scale,   dtable_shift};
+  }
+};
+
+at::Tensor adaln_autograd(const at::Tensor& x, const at::Tensor& scale, const at::Tensor& shift,
+                          const std::optional<at::Tensor>& weight, double eps,
+                          c10::string_view norm, const std::optional<at::Tensor>& table_scale,
+                          const std::optional<at::Tensor>& table_shift) {
+  if (!records_grad(x, scale, shift, weight, table_scale, table_shift)) {
+    const at::AutoDispatchBelowADInplaceOrView below;
+    return adaln_op().call(x, scale, shift, weight, eps, norm, table_scale, table_shift);
+  }
+  return AdaLnFunction::apply(x, scale, shift, weight, eps, norm, table_scale, table_shift);
+}
+
+}  // namespace
+}  // namespace kiln::torch_ops
+
+TORCH_LIBRARY_IMPL(kiln, Autograd, m) {
+  m.impl("rms_norm", &kiln::torch_ops::rms_norm_autograd);
+  m.impl("fused_add_rms_norm", &kiln::torch_ops::fused_add_rms_norm_autograd);
+  m.impl("layer_norm", &kiln::torch_ops::layer_norm_autograd);
+  m.impl("adaln", &kiln::torch_ops::adaln_autograd);
+}

@@ -1,0 +1,197 @@
+// The autograd kernels of rope, swiglu, geglu and gelu: without grad they call the op below
+// autograd at once; with it, a torch::autograd::Function whose backward is the op's backward
+// kernel (rope.h, activation_backward.h).
+//
+// Each forward keeps only what its backward reads (rope: cos and sin, never q or k; the
+// activations: their inputs). RoPE gives no gradient to cos and sin (tables built from
+// positions, not trained); a cos or sin that requires grad is treated as a constant.
+#include <torch/library.h>
+
+#include "bindings/torch/activation.h"
+#include "bindings/torch/activation_backward.h"
+#include "bindings/torch/autograd_support.h"
+#include "bindings/torch/rope.h"
+
+namespace kiln::torch_ops {
+namespace {
+
+const auto& rope_op() {
+  static const auto op = kiln_op<decltype(rope_cpu)>("kiln::rope");
+  return op;
+}
+const auto& rope_backward_op() {
+  static const auto op = kiln_op<decltype(rope_backward_cpu)>("kiln::rope_backward");
+  return op;
+}
+const auto& swiglu_op() {
+  static const auto op = kiln_op<decltype(swiglu_cpu)>("kiln::swiglu");
+  return op;
+}
+const auto& swiglu_backward_op() {
+  static const auto op = kiln_op<decltype(swiglu_backward_cpu)>("kiln::swiglu_backward");
+  return op;
+}
+const auto& geglu_op() {
+  static const auto op = kiln_op<decltype(geglu_cpu)>("kiln::geglu");
+  return op;
+}
+const auto& geglu_backward_op() {
+  static const auto op = kiln_op<decltype(geglu_backward_cpu)>("kiln::geglu_backward");
+  return op;
+}
+const auto& gelu_op() {
+  static const auto op = kiln_op<decltype(gelu_cpu)>("kiln::gelu");
+  return op;
+}
+const auto& gelu_backward_op() {
+  static const auto op = kiln_op<decltype(gelu_backward_cpu)>("kiln::gelu_backward");
+  return op;
+}
+
+// ---- rope(q, k, cos, sin, interleaved, rotary_dim, layout, head_dim) -> (q, k)
+
+struct RopeFunction : torch::autograd::Function<RopeFunction> {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
+                               const at::Tensor& cos, const at::Tensor& sin, bool interleaved,
+                               std::int64_t rotary_dim, std::string_view layout,
+                               std::int64_t head_dim) {
+    ctx->save_for_backward({cos, sin});
+    ctx->saved_data["interleaved"] = interleaved;
+    ctx->saved_data["rotary_dim"] = rotary_dim;
+    ctx->saved_data["layout"] = std::string(layout);
+    ctx->saved_data["head_dim"] = head_dim;
+    const at::AutoDispatchBelowADInplaceOrView below;
+    auto [q_out, k_out] = rope_op().call(q, k, cos, sin, interleaved, rotary_dim, layout, head_dim);
+    return {q_out, k_out};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const variable_list saved = ctx->get_saved_variables();
+    const std::string layout = ctx->saved_data["layout"].toStringRef();
+    auto [dq, dk] = rope_backward_op().call(
+        grads[0], grads[1], saved[0], saved[1], ctx->saved_data["interleaved"].toBool(),
+        ctx->saved_data["rotary_dim"].toInt(), layout, ctx->saved_data["head_dim"].toInt());
+    return {dq,           dk,           at::Tensor(), at::Tensor(),
+            at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+TensorPair rope_autograd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
+                         const at::Tensor& sin, bool interleaved, std::int64_t rotary_dim,
+                         std::string_view layout, std::int64_t head_dim) {
+  if (!records_grad(q, k)) {
+    const at::AutoDispatchBelowADInplaceOrView below;
+    return rope_op().call(q, k, cos, sin, interleaved, rotary_dim, layout, head_dim);
+  }
+  variable_list outputs =
+      RopeFunction::apply(q, k, cos, sin, interleaved, rotary_dim, layout, head_dim);
+  return {outputs[0], outputs[1]};
+}
+
+// ---- swiglu(gate, up, up_first) and geglu(gate, up, approximate, up_first)
+
+// The gated ops' gradients as the forward's inputs: [dgate, dup] for two tensors, or one
+// gradient in the packed gate_up tensor's layout (up absent).
+variable_list gated_gradients(const std::vector<at::Tensor>& grads, std::size_t arguments) {
+  variable_list result(arguments);
+  result[0] = grads[0];
+  if (grads.size() > 1) {
+    result[1] = grads[1];
+  }
+  return result;
+}
+
+struct SwigluFunction : torch::autograd::Function<SwigluFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& gate,
+                            const std::optional<at::Tensor>& up, bool up_first) {
+    ctx->save_for_backward({gate, value_or_undefined(up)});
+    ctx->saved_data["up_first"] = up_first;
+    const at::AutoDispatchBelowADInplaceOrView below;
+    return swiglu_op().call(gate, up, up_first);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const variable_list saved = ctx->get_saved_variables();
+    return gated_gradients(swiglu_backward_op().call(grads[0], saved[0], present(saved[1]),
+                                                     ctx->saved_data["up_first"].toBool()),
+                           3);
+  }
+};
+
+at::Tensor swiglu_autograd(const at::Tensor& gate, const std::optional<at::Tensor>& up,
+                           bool up_first) {
+  if (!records_grad(gate, up)) {
+    const at::AutoDispatchBelowADInplaceOrView below;
+    return swiglu_op().call(gate, up, up_first);
+  }
+  return SwigluFunction::apply(gate, up, up_first);
+}
+
+struct GegluFunction : torch::autograd::Function<GegluFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& gate,
+                            const std::optional<at::Tensor>& up, c10::string_view approximate,
+                            bool up_first) {
+    ctx->save_for_backward({gate, value_or_undefined(up)});
+    ctx->saved_data["approximate"] = std::string(approximate);
+    ctx->saved_data["up_first"] = up_first;
+    const at::AutoDispatchBelowADInplaceOrView below;
+    return geglu_op().call(gate, up, approximate, up_first);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const variable_list saved = ctx->get_saved_variables();
+    const std::string approximate = ctx->saved_data["approximate"].toStringRef();
+    return gated_gradients(
+        geglu_backward_op().call(grads[0], saved[0], present(saved[1]), approximate,
+                                 ctx->saved_data["up_first"].toBool()),
+        4);
+  }
+};
+
+at::Tensor geglu_autograd(const at::Tensor& gate, const std::optional<at::Tensor>& up,
+                          c10::string_view approximate, bool up_first) {
+  if (!records_grad(gate, up)) {
+    const at::AutoDispatchBelowADInplaceOrView below;
+    return geglu_op().call(gate, up, approximate, up_first);
+  }
+  return GegluFunction::apply(gate, up, approximate, up_first);
+}
+
+// ---- gelu(x, bias, approximate)
+
+struct GeluFunction : torch::autograd::Function<GeluFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x,
+                            const std::optional<at::Tensor>& bias, c10::string_view approximate) {
+    ctx->save_for_backward({x, value_or_undefined(bias)});
+    ctx->saved_data["approximate"] = std::string(approximate);
+    const at::AutoDispatchBelowADInplaceOrView below;
+    return gelu_op().call(x, bias, approximate);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const variable_list saved = ctx->get_saved_variables();
+    const std::string approximate = ctx->saved_data["approximate"].toStringRef();
+    const std::vector<at::Tensor> gradients =
+        gelu_backward_op().call(grads[0], saved[0], present(saved[1]), approximate);
+    return {gradients[0], gradients.size() > 1 ? gradients[1] : at::Tensor(), at::Tensor()};
+  }
+};
+
+at::Tensor gelu_autograd(const at::Tensor& x, const std::optional<at::Tensor>& bias,
+                         c10::string_view approximate) {
+  if (!records_grad(x, bias)) {
+    const at::AutoDispatchBelowADInplaceOrView below;
+    return gelu_op().call(x, bias, approximate);
+  }
+  return GeluFunction::apply(x, bias, approximate);
+}
+
+}  // namespace
+}  // namespace kiln::torch_ops
+
+TORCH_LIBRARY_IMPL(kiln, Autograd, m) {
+  m.impl("rope", &kiln::torch_ops::rope_autograd);
+  m.impl("swiglu", &kiln::torch_ops::swiglu_autograd);
+  m.impl("geglu", &kiln::torch_ops::geglu_autograd);
+  m.impl("gelu", &kiln::torch_ops::gelu_autograd);
+}
