@@ -215,10 +215,7 @@ def main():
                 else:
                     fn, peers, eager, moved = make_case(op, rows, hidden, kiln)
                     compiled = torch.compile(eager, dynamic=False)
-                with torch.no_grad():
-                    fn()  # compile + tune outside the timing
-                    if compiled is not None:
-                        compiled()
+                with torch.no_grad():  # bench_side_by_side's first calls compile and tune
                     contenders = {"kiln": fn, **peers}
                     if compiled is not None:
                         contenders["compiled"] = compiled

@@ -200,7 +200,6 @@ def main():
     rows = []
     with torch.no_grad():
         for case in cases(args.quick):
-            case["kiln"]()  # compile + tune outside the timing
             times = common.bench_side_by_side({"kiln": case["kiln"], **case["peers"]})
             best_peer = min(v for k, v in times.items() if k != "kiln")
             rows.append({

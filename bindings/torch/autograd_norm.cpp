@@ -17,40 +17,6 @@
 namespace kiln::torch_ops {
 namespace {
 
-const auto& rms_norm_op() {
-  static const auto op = kiln_op<decltype(rms_norm_cpu)>("kiln::rms_norm");
-  return op;
-}
-const auto& rms_norm_backward_op() {
-  static const auto op = kiln_op<decltype(rms_norm_backward_cpu)>("kiln::rms_norm_backward");
-  return op;
-}
-const auto& fused_add_rms_norm_op() {
-  static const auto op = kiln_op<decltype(fused_add_rms_norm_cpu)>("kiln::fused_add_rms_norm");
-  return op;
-}
-const auto& fused_add_rms_norm_backward_op() {
-  static const auto op =
-      kiln_op<decltype(fused_add_rms_norm_backward_cpu)>("kiln::fused_add_rms_norm_backward");
-  return op;
-}
-const auto& layer_norm_op() {
-  static const auto op = kiln_op<decltype(layer_norm_cpu)>("kiln::layer_norm");
-  return op;
-}
-const auto& layer_norm_backward_op() {
-  static const auto op = kiln_op<decltype(layer_norm_backward_cpu)>("kiln::layer_norm_backward");
-  return op;
-}
-const auto& adaln_op() {
-  static const auto op = kiln_op<decltype(adaln_cpu)>("kiln::adaln");
-  return op;
-}
-const auto& adaln_backward_op() {
-  static const auto op = kiln_op<decltype(adaln_backward_cpu)>("kiln::adaln_backward");
-  return op;
-}
-
 // ---- rms_norm(x, weight, eps)
 
 struct RmsNormFunction : torch::autograd::Function<RmsNormFunction> {
@@ -59,13 +25,14 @@ struct RmsNormFunction : torch::autograd::Function<RmsNormFunction> {
     ctx->save_for_backward({x, value_or_undefined(weight)});
     ctx->saved_data["eps"] = eps;
     const at::AutoDispatchBelowADInplaceOrView below;
-    return rms_norm_op().call(x, weight, eps);
+    return kiln_op<rms_norm_cpu>("kiln::rms_norm").call(x, weight, eps);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const variable_list saved = ctx->get_saved_variables();
-    auto [dx, dweight] = rms_norm_backward_op().call(grads[0], saved[0], present(saved[1]),
-                                                     ctx->saved_data["eps"].toDouble());
+    auto [dx, dweight] =
+        kiln_op<rms_norm_backward_cpu>("kiln::rms_norm_backward")
+            .call(grads[0], saved[0], present(saved[1]), ctx->saved_data["eps"].toDouble());
     return {dx, value_or_undefined(dweight), at::Tensor()};
   }
 };
@@ -74,7 +41,7 @@ at::Tensor rms_norm_autograd(const at::Tensor& x, const std::optional<at::Tensor
                              double eps) {
   if (!records_grad(x, weight)) {
     const at::AutoDispatchBelowADInplaceOrView below;
-    return rms_norm_op().call(x, weight, eps);
+    return kiln_op<rms_norm_cpu>("kiln::rms_norm").call(x, weight, eps);
   }
   return RmsNormFunction::apply(x, weight, eps);
 }
@@ -91,7 +58,8 @@ struct FusedAddRmsNormFunction : torch::autograd::Function<FusedAddRmsNormFuncti
     at::Tensor r;
     {
       const at::AutoDispatchBelowADInplaceOrView below;
-      std::tie(y, r) = fused_add_rms_norm_op().call(x, residual, weight, eps);
+      std::tie(y, r) = kiln_op<fused_add_rms_norm_cpu>("kiln::fused_add_rms_norm")
+                           .call(x, residual, weight, eps);
     }
     ctx->save_for_backward({r, value_or_undefined(weight)});
     ctx->saved_data["eps"] = eps;
@@ -110,10 +78,12 @@ struct FusedAddRmsNormFunction : torch::autograd::Function<FusedAddRmsNormFuncti
     if (!dy.defined()) {
       dsum = dr;
     } else if (!dr.defined()) {
-      std::tie(dsum, dweight) = rms_norm_backward_op().call(dy, saved[0], weight, eps);
+      std::tie(dsum, dweight) =
+          kiln_op<rms_norm_backward_cpu>("kiln::rms_norm_backward").call(dy, saved[0], weight, eps);
     } else {
       std::tie(dsum, dweight) =
-          fused_add_rms_norm_backward_op().call(dy, dr, saved[0], weight, eps);
+          kiln_op<fused_add_rms_norm_backward_cpu>("kiln::fused_add_rms_norm_backward")
+              .call(dy, dr, saved[0], weight, eps);
     }
     return {dsum, dsum, value_or_undefined(dweight), at::Tensor()};
   }
@@ -124,7 +94,8 @@ std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm_autograd(
     double eps) {
   if (!records_grad(x, residual, weight)) {
     const at::AutoDispatchBelowADInplaceOrView below;
-    return fused_add_rms_norm_op().call(x, residual, weight, eps);
+    return kiln_op<fused_add_rms_norm_cpu>("kiln::fused_add_rms_norm")
+        .call(x, residual, weight, eps);
   }
   variable_list outputs = FusedAddRmsNormFunction::apply(x, residual, weight, eps);
   return {outputs[0], outputs[1]};
@@ -139,14 +110,14 @@ struct LayerNormFunction : torch::autograd::Function<LayerNormFunction> {
     ctx->save_for_backward({x, value_or_undefined(weight), value_or_undefined(bias)});
     ctx->saved_data["eps"] = eps;
     const at::AutoDispatchBelowADInplaceOrView below;
-    return layer_norm_op().call(x, weight, bias, eps);
+    return kiln_op<layer_norm_cpu>("kiln::layer_norm").call(x, weight, bias, eps);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const variable_list saved = ctx->get_saved_variables();
-    auto [dx, dweight, dbias] =
-        layer_norm_backward_op().call(grads[0], saved[0], present(saved[1]), present(saved[2]),
-                                      ctx->saved_data["eps"].toDouble());
+    auto [dx, dweight, dbias] = kiln_op<layer_norm_backward_cpu>("kiln::layer_norm_backward")
+                                    .call(grads[0], saved[0], present(saved[1]), present(saved[2]),
+                                          ctx->saved_data["eps"].toDouble());
     return {dx, value_or_undefined(dweight), value_or_undefined(dbias), at::Tensor()};
   }
 };
@@ -155,7 +126,7 @@ at::Tensor layer_norm_autograd(const at::Tensor& x, const std::optional<at::Tens
                                const std::optional<at::Tensor>& bias, double eps) {
   if (!records_grad(x, weight, bias)) {
     const at::AutoDispatchBelowADInplaceOrView below;
-    return layer_norm_op().call(x, weight, bias, eps);
+    return kiln_op<layer_norm_cpu>("kiln::layer_norm").call(x, weight, bias, eps);
   }
   return LayerNormFunction::apply(x, weight, bias, eps);
 }
@@ -182,7 +153,8 @@ struct AdaLnFunction : torch::autograd::Function<AdaLnFunction> {
     // A per-token shift's gradient is dy itself; a per-sample one is dy summed per sample.
     ctx->saved_data["shift_per_token"] = shift.dim() > 1 && shift.size(1) != 1;
     const at::AutoDispatchBelowADInplaceOrView below;
-    return adaln_op().call(x, scale, shift, weight, eps, norm, table_scale, table_shift);
+    return kiln_op<adaln_cpu>("kiln::adaln")
+        .call(x, scale, shift, weight, eps, norm, table_scale, table_shift);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -190,9 +162,10 @@ struct AdaLnFunction : torch::autograd::Function<AdaLnFunction> {
     const at::Tensor& dy = grads[0];
     const bool shift_per_token = ctx->saved_data["shift_per_token"].toBool();
     const std::string norm = ctx->saved_data["norm"].toStringRef();
-    auto [dx, dscale, dshift, dweight] = adaln_backward_op().call(
-        dy, saved[0], saved[1], present(saved[2]), ctx->saved_data["eps"].toDouble(), norm,
-        present(saved[3]), shift_per_token);
+    auto [dx, dscale, dshift, dweight] =
+        kiln_op<adaln_backward_cpu>("kiln::adaln_backward")
+            .call(dy, saved[0], saved[1], present(saved[2]), ctx->saved_data["eps"].toDouble(),
+                  norm, present(saved[3]), shift_per_token);
     const at::Tensor shift_gradient = shift_per_token ? dy : value_or_undefined(dshift);
     at::Tensor dtable_scale;
     at::Tensor dtable_shift;
@@ -211,7 +184,8 @@ at::Tensor adaln_autograd(const at::Tensor& x, const at::Tensor& scale, const at
                           const std::optional<at::Tensor>& table_shift) {
   if (!records_grad(x, scale, shift, weight, table_scale, table_shift)) {
     const at::AutoDispatchBelowADInplaceOrView below;
-    return adaln_op().call(x, scale, shift, weight, eps, norm, table_scale, table_shift);
+    return kiln_op<adaln_cpu>("kiln::adaln")
+        .call(x, scale, shift, weight, eps, norm, table_scale, table_shift);
   }
   return AdaLnFunction::apply(x, scale, shift, weight, eps, norm, table_scale, table_shift);
 }

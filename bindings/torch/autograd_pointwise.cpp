@@ -15,39 +15,6 @@
 namespace kiln::torch_ops {
 namespace {
 
-const auto& rope_op() {
-  static const auto op = kiln_op<decltype(rope_cpu)>("kiln::rope");
-  return op;
-}
-const auto& rope_backward_op() {
-  static const auto op = kiln_op<decltype(rope_backward_cpu)>("kiln::rope_backward");
-  return op;
-}
-const auto& swiglu_op() {
-  static const auto op = kiln_op<decltype(swiglu_cpu)>("kiln::swiglu");
-  return op;
-}
-const auto& swiglu_backward_op() {
-  static const auto op = kiln_op<decltype(swiglu_backward_cpu)>("kiln::swiglu_backward");
-  return op;
-}
-const auto& geglu_op() {
-  static const auto op = kiln_op<decltype(geglu_cpu)>("kiln::geglu");
-  return op;
-}
-const auto& geglu_backward_op() {
-  static const auto op = kiln_op<decltype(geglu_backward_cpu)>("kiln::geglu_backward");
-  return op;
-}
-const auto& gelu_op() {
-  static const auto op = kiln_op<decltype(gelu_cpu)>("kiln::gelu");
-  return op;
-}
-const auto& gelu_backward_op() {
-  static const auto op = kiln_op<decltype(gelu_backward_cpu)>("kiln::gelu_backward");
-  return op;
-}
-
 // ---- rope(q, k, cos, sin, interleaved, rotary_dim, layout, head_dim) -> (q, k)
 
 struct RopeFunction : torch::autograd::Function<RopeFunction> {
@@ -61,16 +28,19 @@ struct RopeFunction : torch::autograd::Function<RopeFunction> {
     ctx->saved_data["layout"] = std::string(layout);
     ctx->saved_data["head_dim"] = head_dim;
     const at::AutoDispatchBelowADInplaceOrView below;
-    auto [q_out, k_out] = rope_op().call(q, k, cos, sin, interleaved, rotary_dim, layout, head_dim);
+    auto [q_out, k_out] = kiln_op<rope_cpu>("kiln::rope")
+                              .call(q, k, cos, sin, interleaved, rotary_dim, layout, head_dim);
     return {q_out, k_out};
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const variable_list saved = ctx->get_saved_variables();
     const std::string layout = ctx->saved_data["layout"].toStringRef();
-    auto [dq, dk] = rope_backward_op().call(
-        grads[0], grads[1], saved[0], saved[1], ctx->saved_data["interleaved"].toBool(),
-        ctx->saved_data["rotary_dim"].toInt(), layout, ctx->saved_data["head_dim"].toInt());
+    auto [dq, dk] =
+        kiln_op<rope_backward_cpu>("kiln::rope_backward")
+            .call(grads[0], grads[1], saved[0], saved[1], ctx->saved_data["interleaved"].toBool(),
+                  ctx->saved_data["rotary_dim"].toInt(), layout,
+                  ctx->saved_data["head_dim"].toInt());
     return {dq,           dk,           at::Tensor(), at::Tensor(),
             at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
@@ -81,7 +51,8 @@ TensorPair rope_autograd(const at::Tensor& q, const at::Tensor& k, const at::Ten
                          std::string_view layout, std::int64_t head_dim) {
   if (!records_grad(q, k)) {
     const at::AutoDispatchBelowADInplaceOrView below;
-    return rope_op().call(q, k, cos, sin, interleaved, rotary_dim, layout, head_dim);
+    return kiln_op<rope_cpu>("kiln::rope")
+        .call(q, k, cos, sin, interleaved, rotary_dim, layout, head_dim);
   }
   variable_list outputs =
       RopeFunction::apply(q, k, cos, sin, interleaved, rotary_dim, layout, head_dim);
@@ -107,14 +78,15 @@ struct SwigluFunction : torch::autograd::Function<SwigluFunction> {
     ctx->save_for_backward({gate, value_or_undefined(up)});
     ctx->saved_data["up_first"] = up_first;
     const at::AutoDispatchBelowADInplaceOrView below;
-    return swiglu_op().call(gate, up, up_first);
+    return kiln_op<swiglu_cpu>("kiln::swiglu").call(gate, up, up_first);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const variable_list saved = ctx->get_saved_variables();
-    return gated_gradients(swiglu_backward_op().call(grads[0], saved[0], present(saved[1]),
-                                                     ctx->saved_data["up_first"].toBool()),
-                           3);
+    return gated_gradients(
+        kiln_op<swiglu_backward_cpu>("kiln::swiglu_backward")
+            .call(grads[0], saved[0], present(saved[1]), ctx->saved_data["up_first"].toBool()),
+        3);
   }
 };
 
@@ -122,7 +94,7 @@ at::Tensor swiglu_autograd(const at::Tensor& gate, const std::optional<at::Tenso
                            bool up_first) {
   if (!records_grad(gate, up)) {
     const at::AutoDispatchBelowADInplaceOrView below;
-    return swiglu_op().call(gate, up, up_first);
+    return kiln_op<swiglu_cpu>("kiln::swiglu").call(gate, up, up_first);
   }
   return SwigluFunction::apply(gate, up, up_first);
 }
@@ -135,16 +107,16 @@ struct GegluFunction : torch::autograd::Function<GegluFunction> {
     ctx->saved_data["approximate"] = std::string(approximate);
     ctx->saved_data["up_first"] = up_first;
     const at::AutoDispatchBelowADInplaceOrView below;
-    return geglu_op().call(gate, up, approximate, up_first);
+    return kiln_op<geglu_cpu>("kiln::geglu").call(gate, up, approximate, up_first);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const variable_list saved = ctx->get_saved_variables();
     const std::string approximate = ctx->saved_data["approximate"].toStringRef();
-    return gated_gradients(
-        geglu_backward_op().call(grads[0], saved[0], present(saved[1]), approximate,
-                                 ctx->saved_data["up_first"].toBool()),
-        4);
+    return gated_gradients(kiln_op<geglu_backward_cpu>("kiln::geglu_backward")
+                               .call(grads[0], saved[0], present(saved[1]), approximate,
+                                     ctx->saved_data["up_first"].toBool()),
+                           4);
   }
 };
 
@@ -152,7 +124,7 @@ at::Tensor geglu_autograd(const at::Tensor& gate, const std::optional<at::Tensor
                           c10::string_view approximate, bool up_first) {
   if (!records_grad(gate, up)) {
     const at::AutoDispatchBelowADInplaceOrView below;
-    return geglu_op().call(gate, up, approximate, up_first);
+    return kiln_op<geglu_cpu>("kiln::geglu").call(gate, up, approximate, up_first);
   }
   return GegluFunction::apply(gate, up, approximate, up_first);
 }
@@ -165,14 +137,15 @@ struct GeluFunction : torch::autograd::Function<GeluFunction> {
     ctx->save_for_backward({x, value_or_undefined(bias)});
     ctx->saved_data["approximate"] = std::string(approximate);
     const at::AutoDispatchBelowADInplaceOrView below;
-    return gelu_op().call(x, bias, approximate);
+    return kiln_op<gelu_cpu>("kiln::gelu").call(x, bias, approximate);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const variable_list saved = ctx->get_saved_variables();
     const std::string approximate = ctx->saved_data["approximate"].toStringRef();
     const std::vector<at::Tensor> gradients =
-        gelu_backward_op().call(grads[0], saved[0], present(saved[1]), approximate);
+        kiln_op<gelu_backward_cpu>("kiln::gelu_backward")
+            .call(grads[0], saved[0], present(saved[1]), approximate);
     return {gradients[0], gradients.size() > 1 ? gradients[1] : at::Tensor(), at::Tensor()};
   }
 };
@@ -181,7 +154,7 @@ at::Tensor gelu_autograd(const at::Tensor& x, const std::optional<at::Tensor>& b
                          c10::string_view approximate) {
   if (!records_grad(x, bias)) {
     const at::AutoDispatchBelowADInplaceOrView below;
-    return gelu_op().call(x, bias, approximate);
+    return kiln_op<gelu_cpu>("kiln::gelu").call(x, bias, approximate);
   }
   return GeluFunction::apply(x, bias, approximate);
 }

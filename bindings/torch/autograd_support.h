@@ -9,6 +9,7 @@
 #include <torch/autograd.h>
 
 #include <optional>
+#include <type_traits>
 
 namespace kiln::torch_ops {
 
@@ -28,13 +29,16 @@ bool records_grad(const Inputs&... inputs) {
   return at::GradMode::is_enabled() && (requires_grad(inputs) || ...);
 }
 
-// The kiln op `name` with the C++ signature of its implementation, called through the
-// dispatcher (below autograd inside a torch::autograd::Function's forward, or inside an
-// AutoDispatchBelowADInplaceOrView guard) so fake tensors, functionalization and the device
-// kernels all see it.
-template <typename Signature>
-c10::TypedOperatorHandle<Signature> kiln_op(const char* name) {
-  return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Signature>();
+// The kiln op `name`, typed with the C++ signature of one of its implementations (`Impl`),
+// looked up once. Called through the dispatcher (below autograd inside a
+// torch::autograd::Function's forward, or inside an AutoDispatchBelowADInplaceOrView guard)
+// so fake tensors, functionalization and the device kernels all see it.
+template <auto& Impl>
+const auto& kiln_op(const char* name) {
+  using Signature = std::remove_reference_t<decltype(Impl)>;
+  static const c10::TypedOperatorHandle<Signature> op =
+      c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Signature>();
+  return op;
 }
 
 // An optional tensor from one saved for backward (saved undefined when it was absent).
