@@ -31,6 +31,10 @@ from . import _fakes_pointwise_backward  # noqa: F401  (fakes of the backward op
 
 _library_paths.register(_C)
 
+from . import _inductor  # noqa: E402
+
+_inductor.install()  # kiln's ops as explicit Inductor fallbacks (see _inductor.py)
+
 __version__ = "0.1.0"
 
 __all__ = [
