@@ -129,9 +129,10 @@ def cases(quick):
     }
 
     ltx = torch.compile(ltx_apply_rotary_emb, dynamic=False)
-    for frames in ([7] if quick else [7, 21]):
-        grid = (frames, 16, 24)
-        s = frames * 16 * 24
+    # Latent grids: 49 and 161 frames at 512x768, and the issue's [2,16128,2048] (161 frames
+    # at 768x1024).
+    for grid in ([(7, 16, 24)] if quick else [(7, 16, 24), (21, 16, 24), (21, 24, 32)]):
+        s = grid[0] * grid[1] * grid[2]
         q = torch.randn(2, s, 2048, device="cuda", dtype=BF16)
         k = torch.randn(2, s, 2048, device="cuda", dtype=BF16)
         cos, sin = ltx_table(2, 2048, *grid)

@@ -295,7 +295,7 @@ Runtime& Runtime::get() {
 
 const Kernel& Runtime::kernel(int device, const Problem& problem, std::int64_t rows,
                               CUstream stream) {
-  const TableKey key{device, problem, row_bucket(rows)};
+  const TableKey key{device, problem, row_bucket(family(problem.op), problem, rows)};
   if (const Kernel* hit = impl_->find(key)) {
     impl_->hot_hits.fetch_add(1, std::memory_order_relaxed);
     return *hit;
@@ -354,7 +354,7 @@ const Kernel& Runtime::kernel(int device, const Problem& problem, std::int64_t r
 }
 
 bool Runtime::tune_and_store(int device, const Problem& problem, std::int64_t rows) {
-  const TableKey key{device, problem, row_bucket(rows)};
+  const TableKey key{device, problem, row_bucket(family(problem.op), problem, rows)};
   std::lock_guard resolving(impl_->resolve_mutex);
   const Family& fam = family(problem.op);
   fam.check(problem);

@@ -53,7 +53,7 @@ std::vector<Config> prune_static(const Family& family, const Problem& problem,
   });
   if (rows <= 0) return kept;
 
-  std::int64_t bucket = row_bucket(rows);
+  std::int64_t bucket = row_bucket(family, problem, rows);
   auto fill = [&](const Config& config) {
     return sm_fill(family, problem, config, device, bucket);
   };

@@ -34,7 +34,7 @@ double sm_fill(const Family& family, const Problem& problem, const Config& confi
 // `pool` in its own order, less:
 //  - configs holding more than kMaxFloatsPerThread floats per thread (unless none holds
 //    fewer, then those holding the fewest stay);
-//  - when rows > 0: configs whose sm_fill for row_bucket(rows) rows is at most
+//  - when rows > 0: configs whose sm_fill for row_bucket(family, problem, rows) rows is at most
 //    kMinRelativeSmFill times the best fill of what is left.
 // `keep` (the heuristic, the reference every candidate is checked against) is never dropped.
 std::vector<Config> prune_static(const Family& family, const Problem& problem,

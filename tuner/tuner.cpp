@@ -116,7 +116,7 @@ TuneResult tune(const Family& family, const Problem& problem, std::int64_t rows,
 
   TuneResult result;
   result.problem = problem;
-  result.bucket_rows = row_bucket(rows);
+  result.bucket_rows = row_bucket(family, problem, rows);
   result.mode = mode;
   result.heuristic = family.heuristic(problem, device);
   if (mode == TuneMode::off) {

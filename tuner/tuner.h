@@ -19,9 +19,18 @@ std::string_view tune_mode_name(TuneMode mode);
 std::optional<TuneMode> parse_tune_mode(std::string_view text);
 
 // Row counts share a tuning result within a bucket: the next power of two, so a new batch
-// size does not retune. Buckets stop growing at 2^16 rows (beyond it the kernel is in its
-// steady state).
-std::int64_t row_bucket(std::int64_t rows);
+// size does not retune. Buckets stop growing at `largest` rows (beyond it the kernel is in
+// its steady state).
+inline constexpr std::int64_t kSmallestLargestBucket = std::int64_t{1} << 16;
+std::int64_t row_bucket(std::int64_t rows, std::int64_t largest = kSmallestLargestBucket);
+
+// The largest bucket for rows of `bytes_per_row` bytes: 2^16 rows, or more where 2^16 rows
+// move less than 256 MB (short rows, such as RoPE's one head per row), up to 2^22.
+std::int64_t largest_row_bucket(std::int64_t bytes_per_row);
+
+// The bucket of `rows` rows of a family's problem: row_bucket with the problem's largest
+// bucket (its bytes per row from Family::bytes_moved).
+std::int64_t row_bucket(const Family& family, const Problem& problem, std::int64_t rows);
 
 struct TuneResult {
   Problem problem;
