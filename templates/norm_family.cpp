@@ -43,6 +43,15 @@ std::int64_t grid_of(const Config& config) {
   return it == config.extra.end() ? 0 : it->second;
 }
 
+// The row is read twice rather than held (kiln::norm's REREAD); absent means 0.
+std::int64_t reread_of(const Config& config) {
+  const auto it = config.extra.find("reread");
+  return it == config.extra.end() ? 0 : it->second;
+}
+// A re-reading thread holds at most this many steps of a row at a time (NormRow::kChunk).
+constexpr std::int64_t kRereadChunkSteps = 4;
+constexpr std::int64_t kRereadMinRowBytes = 4096;
+
 bool has(const Problem& problem, std::uint32_t bit) {
   return (problem.flags & bit) != 0;
 }
@@ -209,7 +218,10 @@ std::int64_t NormFamily::registers_per_thread(const Problem& problem, const Conf
   const std::int64_t elements = elements_per_thread(problem, config);
   const std::int64_t vec_elems = std::max<std::int64_t>(
       1, config.vec_bytes / static_cast<std::int64_t>(dtype_size(problem.dtype)));
-  const std::int64_t steps = elements / vec_elems;
+  std::int64_t steps = elements / vec_elems;
+  if (reread_of(config) != 0) {
+    steps = std::min(steps, kRereadChunkSteps);
+  }
   const std::int64_t words = std::max(1, config.vec_bytes / 4);
   return steps * words * live_vectors_per_step(*this, problem, grid_of(config) > 0) +
          kRegisterOverhead;
@@ -234,8 +246,36 @@ std::string NormFamily::invalid_reason(const Problem& problem, const Config& con
     return error->message();
   }
   for (const auto& [name, value] : config.extra) {
-    if (name != "grid") {
+    if (name != "grid" && name != "reread") {
       return std::string(this->name()) + " has no tunable named '" + name + "'";
+    }
+  }
+  if (const std::int64_t reread = reread_of(config); reread != 0) {
+    if (reread != 1) {
+      return "reread " + std::to_string(reread) + " is neither 0 nor 1";
+    }
+    // Measured on an H200: re-reading pays only where the second pass reads the sum row the
+    // first pass stored (the fused ops hold two input rows, re-read one); re-reading x
+    // itself ran 1.2-1.4x slower than holding it.
+    if ((features(problem) & (NormFeature::residual | NormFeature::gate)) == 0) {
+      return "only the fused ops (a residual or gated sum) re-read their row";
+    }
+    if (grid_of(config) != 0) {
+      return "a re-read row is not prefetched by a persistent grid";
+    }
+    if (problem.hidden * static_cast<std::int64_t>(dtype_size(problem.dtype)) <
+        kRereadMinRowBytes) {
+      return "rows under 4 KB are held: a re-read saves too few registers to pay";
+    }
+    const std::int64_t vec_elems = std::max<std::int64_t>(
+        1, config.vec_bytes / static_cast<std::int64_t>(dtype_size(problem.dtype)));
+    if (elements_per_thread(problem, config) / vec_elems < 2) {
+      return "a thread's share of the row is one vector: re-reading it saves no registers";
+    }
+    // LayerNorm's shifted sums read the row's first element, which an in-place thread may
+    // already have overwritten.
+    if ((features(problem) & NormFeature::layer) != 0 && has(problem, kNormInPlace)) {
+      return "an in-place LayerNorm row is not re-read";
     }
   }
 
@@ -280,11 +320,15 @@ std::vector<Config> NormFamily::space(const Problem& problem, const DeviceTraits
       for (int cta : cta_options(tpr)) {
         // One pass; then persistent grids of the estimated residency and of twice it (the
         // estimate is conservative, and a grid short of what fits leaves SMs half idle).
-        for (int waves : {0, 1, 2}) {
+        // ... and the row read twice instead of held (waves -1).
+        for (int waves : {0, 1, 2, -1}) {
           Config config;
           config.vec_bytes = vec;
           config.threads_per_row = tpr;
           config.cta_threads = cta;
+          if (waves < 0) {
+            config.extra["reread"] = 1;
+          }
           if (waves > 0) {
             config.extra["grid"] = 1;  // sized below, once the registers are known
             config.extra["grid"] = waves * static_cast<std::int64_t>(device.sm_count) *
@@ -333,7 +377,7 @@ Config NormFamily::heuristic(const Problem& problem, const DeviceTraits& device)
                               std::abs(log2_ceil(c.cta_threads) - target_cta_log)};
   };
   for (const Config& config : configs) {
-    if (config.vec_bytes != vec || grid_of(config) != 0) {
+    if (config.vec_bytes != vec || grid_of(config) != 0 || reread_of(config) != 0) {
       continue;
     }
     if (best == nullptr || distance(config) < distance(*best)) {
@@ -350,7 +394,8 @@ std::string NormFamily::name_expression(const Problem& problem, const Config& co
   return "kiln::norm<" + std::string(dtype_cuda_type(problem.dtype)) + ", " +
          std::to_string(problem.hidden) + ", " + std::to_string(config.vec_bytes) + ", " +
          std::to_string(config.threads_per_row) + ", " + std::to_string(config.cta_threads) + ", " +
-         std::to_string(features(problem)) + "u, " + (grid_of(config) > 0 ? "true" : "false") + ">";
+         std::to_string(features(problem)) + "u, " + (grid_of(config) > 0 ? "true" : "false") +
+         ", " + (reread_of(config) != 0 ? "true" : "false") + ">";
 }
 
 // The reduction's shared memory is static (sized by the template), so none is dynamic.

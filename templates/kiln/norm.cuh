@@ -15,7 +15,8 @@
 // reduction and the output, as T (half the registers of floats for 16-bit types). Per-
 // column operands (weight, bias, table rows) are read where they are used, from L1: the row
 // streams bypass it. With PREFETCH, the loads of a thread's next row are issued before the current
-// row is reduced, so memory stays busy through the reduction and the stores.
+// row is reduced, so memory stays busy through the reduction and the stores. With REREAD the
+// row is not held at all but read twice (NormRow::process_reread).
 #pragma once
 
 #include "kiln/common.cuh"
@@ -295,10 +296,178 @@ struct NormRow {
       store_floats<T, VEC_BYTES>(out_row + col, result);
     }
   }
+
+  // REREAD: the row is not held. A first pass streams the inputs in for the row's sums and
+  // stores the sum row; a second reads that back, from L2, to normalise. A thread then
+  // needs registers for a chunk of one row rather than all of two, so more rows are in
+  // flight per SM: at large row counts this keeps DRAM busier than holding both does. (The
+  // family offers it for the fused ops only: re-reading x itself measured slower.)
+  static constexpr int kChunk = kSteps < 4 ? kSteps : 4;
+
+  // One step of the first pass: the step's inputs, their sum rounded to T and stored (the
+  // value normalised). Steps run one after another (a store is a barrier later loads do
+  // not cross), so a thread holds one step's streams at a time: the variant's point is few
+  // registers and many rows in flight, not many loads per thread. (Loading a whole chunk
+  // before its stores measured no faster than holding the row.)
+  __device__ __forceinline__ static Raw<VEC_BYTES> first_pass_vector(const NormParams& p,
+                                                                     long long row, long long batch,
+                                                                     long long token, int col) {
+    const T* const x_row = static_cast<const T*>(p.x) + row * p.x_row_stride;
+    Raw<VEC_BYTES> v = load_input<VEC_BYTES, kInPlace>(x_row + col);
+    Raw<VEC_BYTES> second;
+    Raw<VEC_BYTES> gate;
+    Raw<VEC_BYTES> table_gate;
+    if constexpr ((F & NormFeature::residual) != 0) {
+      second = load_input<VEC_BYTES, kInPlace>(static_cast<const T*>(p.residual) +
+                                               row * p.residual_row_stride + col);
+    } else {
+      second = load_stream<VEC_BYTES>(static_cast<const T*>(p.y) + row * p.y_row_stride + col);
+      gate = load_stream<VEC_BYTES>(modulation_row<T>(p.gate, batch, token) + col);
+      if constexpr (kTable) table_gate = column_operand(p.gate.table, col);
+    }
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) {
+      float value = get_element<T>(v, i);
+      if constexpr ((F & NormFeature::residual) != 0) {
+        value += get_element<T>(second, i);
+      } else {
+        float g = get_element<T>(gate, i);
+        if constexpr (kTable) g += get_element<T>(table_gate, i);
+        value += get_element<T>(second, i) * g;
+      }
+      set_element<T>(v, i, value);
+    }
+    T* const sum_row = static_cast<T*>(p.sum_out) + row * p.sum_row_stride;
+    store_global<VEC_BYTES>(sum_row + col, v);
+    return v;
+  }
+
+  template <int CTA_THREADS>
+  __device__ __forceinline__ static void process_reread(const NormParams& p, long long row,
+                                                        int lane, bool active) {
+    constexpr float kInvHidden = 1.0f / HIDDEN;
+    constexpr bool kLayer = (F & NormFeature::layer) != 0;
+    static_assert(kSum, "only the fused ops re-read: the second pass reads the stored sum row");
+    static_assert(!(kLayer && kInPlace), "the shift is read from a row being overwritten");
+    long long batch = 0;
+    long long token = 0;
+    if constexpr ((F & (NormFeature::gate | NormFeature::modulate)) != 0) {
+      batch = row / p.tokens;
+      token = row - batch * p.tokens;
+    }
+    // LayerNorm sums values less the row's first element (shifted data): one pass gives mean
+    // and variance without the cancellation of sum(v^2) - sum(v)^2 when |mean| >> std.
+    float shift = 0.0f;
+    if constexpr (kLayer) {
+      if (active) {
+        const T* const x_row = static_cast<const T*>(p.x) + row * p.x_row_stride;
+        float first = to_float(x_row[0]);
+        if constexpr ((F & NormFeature::residual) != 0) {
+          first += to_float(static_cast<const T*>(p.residual)[row * p.residual_row_stride]);
+        } else if constexpr ((F & NormFeature::gate) != 0) {
+          float g = to_float(modulation_row<T>(p.gate, batch, token)[0]);
+          if constexpr (kTable) g += to_float(static_cast<const T*>(p.gate.table)[0]);
+          first += to_float(static_cast<const T*>(p.y)[row * p.y_row_stride]) * g;
+        }
+        shift = first;
+      }
+    }
+    float sum = 0.0f;
+    float squares = 0.0f;
+#pragma unroll 1
+    for (int base = 0; base < kSteps; base += kChunk) {
+      Raw<VEC_BYTES> chunk[kChunk];
+#pragma unroll
+      for (int c = 0; c < kChunk; ++c) {
+        const int step = base + c;
+#pragma unroll
+        for (int w = 0; w < (VEC_BYTES < 4 ? 1 : VEC_BYTES / 4); ++w) chunk[c].words[w] = 0u;
+        if (active && step < kSteps && in_row(step, lane)) {
+          chunk[c] = first_pass_vector(p, row, batch, token, column(step, lane));
+        }
+      }
+#pragma unroll
+      for (int c = 0; c < kChunk; ++c) {
+        const int step = base + c;
+        if (!(active && step < kSteps && in_row(step, lane))) continue;
+        float partial = 0.0f;
+        float partial_squares = 0.0f;
+#pragma unroll
+        for (int i = 0; i < kVec; ++i) {
+          const float d = get_element<T>(chunk[c], i) - shift;
+          partial += d;
+          partial_squares += d * d;
+        }
+        sum += partial;
+        squares += partial_squares;
+      }
+    }
+    float mean = 0.0f;
+    float variance;
+    if constexpr (kLayer) {
+      const float shifted_mean = group_sum<THREADS_PER_ROW, CTA_THREADS>(sum) * kInvHidden;
+      const float shifted_squares = group_sum<THREADS_PER_ROW, CTA_THREADS>(squares) * kInvHidden;
+      mean = shift + shifted_mean;
+      variance = fmaxf(shifted_squares - shifted_mean * shifted_mean, 0.0f);
+    } else {
+      variance = group_sum<THREADS_PER_ROW, CTA_THREADS>(squares) * kInvHidden;
+    }
+    const float scale = rsqrtf(variance + p.eps);
+    if (!active) return;
+
+    // The second pass: the row again (the stored sum row, for the fused ops), from L2.
+    const T* const again_row = kSum ? static_cast<const T*>(p.sum_out) + row * p.sum_row_stride
+                                    : static_cast<const T*>(p.x) + row * p.x_row_stride;
+    T* const out_row = static_cast<T*>(p.out) + row * p.out_row_stride;
+#pragma unroll 1
+    for (int base = 0; base < kSteps; base += kChunk) {
+      Raw<VEC_BYTES> chunk[kChunk];
+      Raw<VEC_BYTES> mod_scale[(F & NormFeature::modulate) != 0 ? kChunk : 1];
+      Raw<VEC_BYTES> mod_shift[(F & NormFeature::modulate) != 0 ? kChunk : 1];
+#pragma unroll
+      for (int c = 0; c < kChunk; ++c) {
+        const int step = base + c;
+        if (step >= kSteps || !in_row(step, lane)) continue;
+        const int col = column(step, lane);
+        // The fused ops read back what this thread stored: the coherent path.
+        chunk[c] = kSum || kInPlace ? load_global<VEC_BYTES>(again_row + col)
+                                    : load_stream<VEC_BYTES>(again_row + col);
+        if constexpr ((F & NormFeature::modulate) != 0) {
+          mod_scale[c] = load_stream<VEC_BYTES>(modulation_row<T>(p.scale, batch, token) + col);
+          mod_shift[c] = load_stream<VEC_BYTES>(modulation_row<T>(p.shift, batch, token) + col);
+        }
+      }
+#pragma unroll
+      for (int c = 0; c < kChunk; ++c) {
+        const int step = base + c;
+        if (step >= kSteps || !in_row(step, lane)) continue;
+        const int col = column(step, lane);
+        const Columns columns = load_columns(p, col);
+        float result[kVec];
+#pragma unroll
+        for (int i = 0; i < kVec; ++i) {
+          float n = (get_element<T>(chunk[c], i) - mean) * scale;
+          if constexpr ((F & NormFeature::weight) != 0) n *= get_element<T>(columns.weight, i);
+          if constexpr ((F & NormFeature::bias) != 0) n += get_element<T>(columns.bias, i);
+          if constexpr ((F & NormFeature::modulate) != 0) {
+            float a = get_element<T>(mod_scale[c], i);
+            float b = get_element<T>(mod_shift[c], i);
+            if constexpr (kTable) {
+              a += get_element<T>(columns.table_scale, i);
+              b += get_element<T>(columns.table_shift, i);
+            }
+            n = n * (1.0f + a) + b;
+          }
+          result[i] = n;
+        }
+        store_floats<T, VEC_BYTES>(out_row + col, result);
+      }
+    }
+  }
 };
 
 template <typename T, int HIDDEN, int VEC_BYTES, int THREADS_PER_ROW, int CTA_THREADS,
-          unsigned FEATURES, bool PREFETCH>
+          unsigned FEATURES, bool PREFETCH, bool REREAD>
 __global__ void __launch_bounds__(CTA_THREADS) norm(const NormParams p) {
   using Row = NormRow<T, HIDDEN, VEC_BYTES, THREADS_PER_ROW, FEATURES>;
   constexpr int kRowsPerCta = CTA_THREADS / THREADS_PER_ROW;
@@ -314,6 +483,7 @@ __global__ void __launch_bounds__(CTA_THREADS) norm(const NormParams p) {
   long long row = static_cast<long long>(blockIdx.x) * kRowsPerCta +
                   static_cast<int>(threadIdx.x) / THREADS_PER_ROW;
 
+  static_assert(!(PREFETCH && REREAD), "a re-read row is not prefetched");
   typename Row::RowInputs current;
   if (PREFETCH && row < p.rows) Row::load_row(p, row, lane, current);
   // Every thread runs the same number of iterations, even past the last row, because the
@@ -321,7 +491,9 @@ __global__ void __launch_bounds__(CTA_THREADS) norm(const NormParams p) {
   for (long long first_row = static_cast<long long>(blockIdx.x) * kRowsPerCta; first_row < p.rows;
        first_row += grid_rows, row += grid_rows) {
     const bool active = row < p.rows;
-    if constexpr (PREFETCH) {
+    if constexpr (REREAD) {
+      Row::template process_reread<CTA_THREADS>(p, row, lane, active);
+    } else if constexpr (PREFETCH) {
       typename Row::RowInputs next;
       if (row + grid_rows < p.rows) Row::load_row(p, row + grid_rows, lane, next);
       Row::template process<CTA_THREADS>(p, row, lane, active, current);

@@ -1,5 +1,5 @@
-// NVRTC compiles every norm op's kernel (heuristic and a persistent config) for each arch
-// kiln targets, with no GPU: what CI checks for sm_75, sm_80 and sm_90.
+// NVRTC compiles every norm op's kernel (heuristic, a persistent and a re-reading config) for each
+// arch kiln targets, with no GPU: what CI checks for sm_75, sm_80 and sm_90.
 #include <doctest/doctest.h>
 
 #include <atomic>
@@ -20,13 +20,17 @@ TEST_CASE("the norm ops compile for sm_75, sm_80 and sm_90") {
              {Op::layer_norm, DType::f16, 4545, kNormWeight | kNormBias, 2},
              {Op::adaln, DType::f32, 3072, kNormLayer | kNormTable, 16},
              {Op::gated_adaln, DType::bf16, 2048, kNormWeight | kNormTable | kNormPerToken, 16},
+             {Op::gated_adaln, DType::bf16, 2048, kNormLayer | kNormTable | kNormPerToken, 16},
+             {Op::rms_norm, DType::bf16, 8192, kNormWeight, 16},
          }) {
       const Family& fam = family(problem.op);
       requests.push_back({&fam, problem, fam.heuristic(problem, traits), sm, BinaryFormat::cubin});
-      for (const Config& config : fam.space(problem, traits)) {
-        if (config.extra.count("grid") != 0) {
-          requests.push_back({&fam, problem, config, sm, BinaryFormat::cubin});
-          break;
+      for (const char* extra : {"grid", "reread"}) {
+        for (const Config& config : fam.space(problem, traits)) {
+          if (config.extra.count(extra) != 0) {
+            requests.push_back({&fam, problem, config, sm, BinaryFormat::cubin});
+            break;
+          }
         }
       }
     }

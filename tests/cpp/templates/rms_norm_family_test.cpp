@@ -68,7 +68,8 @@ void check_config_obeys_rules(const Problem& p, const Config& c, const DeviceTra
   CHECK(power_of_two(c.cta_threads / c.threads_per_row));
   CHECK((power_of_two(c.threads_per_row) ? c.cta_threads >= 64 : true));
   CHECK(c.cta_threads <= device.max_threads_per_block);
-  // The only extra is a persistent grid: whole waves of the device's SMs.
+  // The only extra is a persistent grid: whole waves of the device's SMs (RMSNorm never
+  // re-reads its row).
   for (const auto& [name, value] : c.extra) {
     CHECK(name == "grid");
     CHECK(value % device.sm_count == 0);
@@ -293,13 +294,59 @@ TEST_CASE("the heuristic picks 16-byte vectors and a moderate split for LLM hidd
 TEST_CASE("name_expression spells the norm kernel with RMSNorm's features") {
   // Features: 2 is the weight (NormFeature::weight); no residual, gate or modulation.
   CHECK(rms().name_expression(problem(DType::bf16, 4096), config(16, 32, 128)) ==
-        "kiln::norm<kiln::bf16, 4096, 16, 32, 128, 2u, false>");
+        "kiln::norm<kiln::bf16, 4096, 16, 32, 128, 2u, false, false>");
   CHECK(rms().name_expression(problem(DType::f32, 7, false), config(4, 4, 64)) ==
-        "kiln::norm<float, 7, 4, 4, 64, 0u, false>");
+        "kiln::norm<float, 7, 4, 4, 64, 0u, false, false>");
   Config persistent = config(2, 128, 256);
   persistent.extra["grid"] = 264;
   CHECK(rms().name_expression(problem(DType::f16, 4545), persistent) ==
-        "kiln::norm<kiln::f16, 4545, 2, 128, 256, 2u, true>");
+        "kiln::norm<kiln::f16, 4545, 2, 128, 256, 2u, true, false>");
+  Config reread = config(16, 256, 256);
+  reread.extra["reread"] = 1;
+  CHECK(rms().name_expression(problem(DType::bf16, 8192), reread) ==
+        "kiln::norm<kiln::bf16, 8192, 16, 256, 256, 2u, false, true>");
+}
+
+TEST_CASE("re-read configs: fused ops only, rows of several steps, never persistent") {
+  const DeviceTraits h100 = DeviceTraits::for_arch(90);
+  const Problem wide{Op::fused_add_rms_norm, DType::bf16, 8192, kiln::kNormWeight, 16};
+  const auto& fused = dynamic_cast<const kiln::NormFamily&>(kiln::family(Op::fused_add_rms_norm));
+  int rereads = 0;
+  for (const Config& c : fused.space(wide, h100)) {
+    if (c.extra.count("reread") == 0) continue;
+    ++rereads;
+    CHECK(c.extra.count("grid") == 0);
+    CHECK(kiln::NormFamily::elements_per_thread(wide, c) / (c.vec_bytes / 2) >= 2);
+    Config held = c;
+    held.extra.erase("reread");
+    // Holding a chunk of the row at a time needs no more registers than holding all of it.
+    CHECK(fused.registers_per_thread(wide, c) <= fused.registers_per_thread(wide, held));
+  }
+  CHECK(rereads > 0);
+  CHECK(fused.heuristic(wide, h100).extra.count("reread") == 0);
+  Config reread = config(16, 256, 256);
+  reread.extra["reread"] = 1;
+  CHECK(fused.invalid_reason(wide, reread, h100).empty());
+  CHECK(rms().invalid_reason(problem(DType::bf16, 8192), reread, h100).find("fused ops") !=
+        std::string::npos);
+  Config short_row = config(16, 128, 128);
+  short_row.extra["reread"] = 1;
+  const Problem narrow{Op::fused_add_rms_norm, DType::bf16, 1536, kiln::kNormWeight, 16};
+  CHECK(fused.invalid_reason(narrow, short_row, h100).find("4 KB") != std::string::npos);
+  Config one_step = config(16, 1024, 1024);
+  one_step.extra["reread"] = 1;
+  CHECK(fused.invalid_reason(wide, one_step, h100).find("one vector") != std::string::npos);
+  Config both = reread;
+  both.extra["grid"] = 264;
+  CHECK(!fused.invalid_reason(wide, both, h100).empty());
+  Config two = config(16, 256, 256);
+  two.extra["reread"] = 2;
+  CHECK(fused.invalid_reason(wide, two, h100).find("neither 0 nor 1") != std::string::npos);
+  const Problem in_place_layer{Op::gated_adaln, DType::bf16, 8192,
+                               kiln::kNormLayer | kiln::kNormInPlace, 16};
+  CHECK(kiln::family(Op::gated_adaln)
+            .invalid_reason(in_place_layer, reread, h100)
+            .find("in-place LayerNorm") != std::string::npos);
 }
 
 TEST_CASE("geometry covers every row with no idle CTA") {
