@@ -283,6 +283,17 @@ struct Runtime::Impl {
   }
 };
 
+namespace {
+
+// The row bucket of a call. Up to 2^16 rows it needs nothing but the row count, so an op
+// call's lookup stays a table lookup; only larger calls ask the family for its bytes per row.
+std::int64_t bucket_of(const Problem& problem, std::int64_t rows) {
+  return rows <= kSmallestLargestBucket ? row_bucket(rows)
+                                        : row_bucket(family(problem.op), problem, rows);
+}
+
+}  // namespace
+
 Runtime::Runtime() : impl_(std::make_unique<Impl>()) {}
 Runtime::~Runtime() = default;
 
@@ -295,7 +306,7 @@ Runtime& Runtime::get() {
 
 const Kernel& Runtime::kernel(int device, const Problem& problem, std::int64_t rows,
                               CUstream stream) {
-  const TableKey key{device, problem, row_bucket(family(problem.op), problem, rows)};
+  const TableKey key{device, problem, bucket_of(problem, rows)};
   if (const Kernel* hit = impl_->find(key)) {
     impl_->hot_hits.fetch_add(1, std::memory_order_relaxed);
     return *hit;
@@ -354,7 +365,7 @@ const Kernel& Runtime::kernel(int device, const Problem& problem, std::int64_t r
 }
 
 bool Runtime::tune_and_store(int device, const Problem& problem, std::int64_t rows) {
-  const TableKey key{device, problem, row_bucket(family(problem.op), problem, rows)};
+  const TableKey key{device, problem, bucket_of(problem, rows)};
   std::lock_guard resolving(impl_->resolve_mutex);
   const Family& fam = family(problem.op);
   fam.check(problem);

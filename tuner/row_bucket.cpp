@@ -38,8 +38,7 @@ std::int64_t largest_row_bucket(std::int64_t bytes_per_row) {
 }
 
 std::int64_t row_bucket(const Family& family, const Problem& problem, std::int64_t rows) {
-  // Row counts up to the smallest cap never need the family's byte count (the hot path of
-  // every small call).
+  // Row counts up to the smallest cap never need the family's byte count.
   if (rows <= kSmallestLargestBucket) {
     return row_bucket(rows);
   }
