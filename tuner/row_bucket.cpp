@@ -38,10 +38,6 @@ std::int64_t largest_row_bucket(std::int64_t bytes_per_row) {
 }
 
 std::int64_t row_bucket(const Family& family, const Problem& problem, std::int64_t rows) {
-  // Row counts up to the smallest cap never need the family's byte count.
-  if (rows <= kSmallestLargestBucket) {
-    return row_bucket(rows);
-  }
   const std::int64_t sample = kSmallestLargestBucket;
   const std::int64_t bytes_per_row =
       (family.bytes_moved(problem, sample) - family.bytes_moved(problem, 0)) / sample;

@@ -29,7 +29,8 @@ std::int64_t row_bucket(std::int64_t rows, std::int64_t largest = kSmallestLarge
 std::int64_t largest_row_bucket(std::int64_t bytes_per_row);
 
 // The bucket of `rows` rows of a family's problem: row_bucket with the problem's largest
-// bucket (its bytes per row from Family::bytes_moved).
+// bucket (its bytes per row from Family::bytes_moved). The same as row_bucket(rows) up to
+// 2^16 rows, where a hot path can skip the family.
 std::int64_t row_bucket(const Family& family, const Problem& problem, std::int64_t rows);
 
 struct TuneResult {

@@ -301,7 +301,8 @@ struct NormRow {
   // stores the sum row; a second reads that back, from L2, to normalise. A thread then
   // needs registers for a chunk of one row rather than all of two, so more rows are in
   // flight per SM: at large row counts this keeps DRAM busier than holding both does. (The
-  // family offers it for the fused ops only: re-reading x itself measured slower.)
+  // family offers it for the fused ops only: re-reading x itself measured slower.) The
+  // second pass reads up to kChunk steps of the sum row before their outputs are stored.
   static constexpr int kChunk = kSteps < 4 ? kSteps : 4;
 
   // One step of the first pass: the step's inputs, their sum rounded to T and stored (the
@@ -349,6 +350,7 @@ struct NormRow {
     constexpr bool kLayer = (F & NormFeature::layer) != 0;
     static_assert(kSum, "only the fused ops re-read: the second pass reads the stored sum row");
     static_assert(!(kLayer && kInPlace), "the shift is read from a row being overwritten");
+    static_assert(!kLayer || (F & NormFeature::gate) != 0, "a re-read LayerNorm is gated_adaln's");
     long long batch = 0;
     long long token = 0;
     if constexpr ((F & (NormFeature::gate | NormFeature::modulate)) != 0) {
@@ -361,45 +363,24 @@ struct NormRow {
     if constexpr (kLayer) {
       if (active) {
         const T* const x_row = static_cast<const T*>(p.x) + row * p.x_row_stride;
-        float first = to_float(x_row[0]);
-        if constexpr ((F & NormFeature::residual) != 0) {
-          first += to_float(static_cast<const T*>(p.residual)[row * p.residual_row_stride]);
-        } else if constexpr ((F & NormFeature::gate) != 0) {
-          float g = to_float(modulation_row<T>(p.gate, batch, token)[0]);
-          if constexpr (kTable) g += to_float(static_cast<const T*>(p.gate.table)[0]);
-          first += to_float(static_cast<const T*>(p.y)[row * p.y_row_stride]) * g;
-        }
-        shift = first;
+        // (Of the fused ops only gated_adaln has a LayerNorm: the sum is h + y * gate.)
+        float g = to_float(modulation_row<T>(p.gate, batch, token)[0]);
+        if constexpr (kTable) g += to_float(static_cast<const T*>(p.gate.table)[0]);
+        shift = to_float(x_row[0]) + to_float(static_cast<const T*>(p.y)[row * p.y_row_stride]) * g;
       }
     }
     float sum = 0.0f;
     float squares = 0.0f;
-#pragma unroll 1
-    for (int base = 0; base < kSteps; base += kChunk) {
-      Raw<VEC_BYTES> chunk[kChunk];
+    // Unrolled by kChunk only: the steps run one after another anyway (see above).
+#pragma unroll kChunk
+    for (int step = 0; step < kSteps; ++step) {
+      if (!(active && in_row(step, lane))) continue;
+      const Raw<VEC_BYTES> v = first_pass_vector(p, row, batch, token, column(step, lane));
 #pragma unroll
-      for (int c = 0; c < kChunk; ++c) {
-        const int step = base + c;
-#pragma unroll
-        for (int w = 0; w < (VEC_BYTES < 4 ? 1 : VEC_BYTES / 4); ++w) chunk[c].words[w] = 0u;
-        if (active && step < kSteps && in_row(step, lane)) {
-          chunk[c] = first_pass_vector(p, row, batch, token, column(step, lane));
-        }
-      }
-#pragma unroll
-      for (int c = 0; c < kChunk; ++c) {
-        const int step = base + c;
-        if (!(active && step < kSteps && in_row(step, lane))) continue;
-        float partial = 0.0f;
-        float partial_squares = 0.0f;
-#pragma unroll
-        for (int i = 0; i < kVec; ++i) {
-          const float d = get_element<T>(chunk[c], i) - shift;
-          partial += d;
-          partial_squares += d * d;
-        }
-        sum += partial;
-        squares += partial_squares;
+      for (int i = 0; i < kVec; ++i) {
+        const float d = get_element<T>(v, i) - shift;
+        sum += d;
+        squares += d * d;
       }
     }
     float mean = 0.0f;

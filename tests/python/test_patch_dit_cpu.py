@@ -65,6 +65,15 @@ def _agree(actual, expected, dtype):
     assert _max_err(actual, expected) <= bound
 
 
+def _loss_grads(model, inputs):
+    """The unpatched output and the parameter gradients of mean(output^2); grads cleared."""
+    expected = model(**inputs)[0]
+    expected.pow(2).mean().backward()
+    grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad()
+    return expected, grads
+
+
 def _processors(model):
     return {n: m.processor for n, m in model.named_modules() if hasattr(m, "processor")}
 
@@ -145,10 +154,7 @@ def test_ltx_with_grad_keeps_diffusers_path_for_the_fused_ops(monkeypatch):
     feed-forward, whose ops have backward formulas, stay on kiln. Loss and gradients agree."""
     model = _ltx(torch.float32)
     inputs = _ltx_inputs(torch.float32)
-    expected = model(**inputs)[0]
-    expected.pow(2).mean().backward()
-    grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
-    model.zero_grad()
+    expected, grads = _loss_grads(model, inputs)
     kiln.patch(model)
     counter = Counter(monkeypatch)
     actual = model(**inputs)[0]
@@ -389,10 +395,7 @@ def test_flux_trains_through_kiln(monkeypatch):
     attention stay on kiln, and loss and gradients match diffusers'."""
     model = _flux(torch.float32)
     inputs = _flux_inputs(torch.float32)
-    expected = model(**inputs)[0]
-    expected.pow(2).mean().backward()
-    grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
-    model.zero_grad()
+    expected, grads = _loss_grads(model, inputs)
     kiln.patch(model)
     counter = Counter(monkeypatch)
     actual = model(**inputs)[0]
