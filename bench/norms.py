@@ -5,7 +5,9 @@ the same run.
 
 Ops: rms_norm (weight), fused_add_rms_norm (weight), layer_norm (weight and bias),
 adaln (LTX-Video: RMSNorm without weight, per-token scale/shift from table + temb),
-gated_adaln (the LTX-Video block seam: h + y * gate, then the AdaLN of the new h).
+gated_adaln (the LTX-Video block seam: h + y * gate, then the AdaLN of the new h), and
+adaln_sample / gated_adaln_sample: the same with one timestep per sample (batch 2, operands
+[2, 1, D]), as LTX-Video's text-to-video pipeline and FLUX call them (not run by default).
 
 With --backward, the backward passes instead (training): each column is one
 torch.autograd.grad over a graph built once (kiln's registered autograd formula and its
@@ -76,29 +78,33 @@ def make_case(op, rows, hidden, kiln):
         b = torch.randn(hidden, device=dev, dtype=dt)
         eager = lambda: F.layer_norm(x, (hidden,), w, b, EPS)  # noqa: E731
         return (lambda: kiln.layer_norm(x, w, b, EPS), {"F": eager}, eager, 2 * size)
-    # The DiT ops: x as [1, T, D] with per-token operands from a [1, T, 6D] temb.
-    x3 = x.view(1, rows, hidden)
-    temb = torch.randn(1, rows, 6 * hidden, device=dev, dtype=dt) * 0.3
+    # The DiT ops: x as [1, T, D] with per-token operands from a [1, T, 6D] temb, or (the
+    # _sample forms) as [2, T/2, D] with one [2, 1, 6D] temb row per sample.
+    per_sample = op.endswith("_sample")
+    op = op.removesuffix("_sample")
+    batch = 2 if per_sample and rows % 2 == 0 else 1
+    x3 = x.view(batch, rows // batch, hidden)
+    temb = torch.randn(batch, 1 if per_sample else rows, 6 * hidden, device=dev, dtype=dt) * 0.3
     table = torch.randn(6, hidden, device=dev, dtype=dt) * 0.3
     ada = kiln.ada_values(temb, 6)
     if op == "adaln":
         def eager():
-            values = table[None, None] + temb.reshape(1, rows, 6, hidden)
+            values = table[None, None] + temb.reshape(batch, temb.shape[1], 6, hidden)
             shift, scale = values[:, :, 0], values[:, :, 1]
             return diffusers_rms_norm(x3) * (1 + scale) + shift
         return (lambda: kiln.adaln(x3, ada[:, :, 1], ada[:, :, 0], None, EPS, "rms", table[1], table[0]),
-                {"eager": eager}, eager, 4 * size)
+                {"eager": eager}, eager, (2 if per_sample else 4) * size)
     if op == "gated_adaln":
         y = torch.randn_like(x3)
 
         def eager():
-            values = table[None, None] + temb.reshape(1, rows, 6, hidden)
+            values = table[None, None] + temb.reshape(batch, temb.shape[1], 6, hidden)
             shift, scale, gate = values[:, :, 0], values[:, :, 1], values[:, :, 2]
             h = x3 + y * gate
             return h, diffusers_rms_norm(h) * (1 + scale) + shift
         return (lambda: kiln.gated_adaln(x3, y, ada[:, :, 2], ada[:, :, 1], ada[:, :, 0], None, EPS, "rms",
                                          table[2], table[1], table[0]),
-                {"eager": eager}, eager, 7 * size)
+                {"eager": eager}, eager, (4 if per_sample else 7) * size)
     raise ValueError(op)
 
 
@@ -228,7 +234,8 @@ def main():
                     "speedup_vs_best_peer": best / times["kiln"],
                     "best_peer": min((v, k) for k, v in times.items() if k != "kiln")[1],
                     "kiln_config": chosen_config(os.environ["KILN_CACHE_DIR"],
-                                                 op + ("_backward" if args.backward else ""), hidden, started),
+                                                 op.removesuffix("_sample") + ("_backward" if args.backward else ""),
+                                                 hidden, started),
                     "copy_same_bytes_us": copy_us(moved),
                 })
                 r = results[-1]

@@ -127,6 +127,9 @@ unsigned NormFamily::features(const Problem& problem) const {
       if (has(problem, kNormTable)) {
         f |= NormFeature::table;
       }
+      if (!has(problem, kNormPerToken)) {
+        f |= NormFeature::per_sample;
+      }
       break;
     default:
       break;
@@ -140,14 +143,15 @@ std::optional<ArgumentError> problem_error(const NormFamily& family, const Probl
   return norm_problem_error(family, problem, family.allowed_flags(), flag_names);
 }
 
-// Vectors a thread keeps live per step: the row itself (as T), the modulation operands
-// (scale, shift) from their load to the output, and with a persistent grid every stream
-// of the next row. Per-column operands are loaded where they are used (a few registers
-// for one step at a time, counted in the overhead).
+// Vectors a thread keeps live per step: the row itself (as T), per-token modulation
+// operands (scale, shift) from their load to the output, and with a persistent grid every
+// stream of the next row. Per-column operands and per-sample modulation rows are loaded
+// where they are used (a few registers for one step at a time, counted in the overhead).
 int live_vectors_per_step(const NormFamily& family, const Problem& problem, bool prefetch) {
   const unsigned f = family.features(problem);
+  const bool streamed_modulation = (f & NormFeature::per_sample) == 0;
   int live = 1;
-  if ((f & NormFeature::modulate) != 0) {
+  if ((f & NormFeature::modulate) != 0 && streamed_modulation) {
     live += 2;
   }
   if (prefetch) {
@@ -155,10 +159,10 @@ int live_vectors_per_step(const NormFamily& family, const Problem& problem, bool
     if ((f & (NormFeature::residual | NormFeature::gate)) != 0) {
       ++loaded;
     }
-    if ((f & NormFeature::gate) != 0) {
+    if ((f & NormFeature::gate) != 0 && streamed_modulation) {
       ++loaded;
     }
-    if ((f & NormFeature::modulate) != 0) {
+    if ((f & NormFeature::modulate) != 0 && streamed_modulation) {
       loaded += 2;
     }
     live += loaded;

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <array>
 #include <cstring>
+#include <limits>
 #include <optional>
 
 #include "cache/error.h"
@@ -179,7 +180,10 @@ LaunchGeometry RmsNormRopeFamily::geometry(const Problem& problem, const Config&
 std::vector<BufferSpec> RmsNormRopeFamily::buffers(const Problem& problem,
                                                    std::int64_t rows) const {
   check(problem);
-  if (rows < 0) throw ArgumentError("rms_norm_rope", "rows", "a count >= 0", std::to_string(rows));
+  // The kernel finds a token's batch entry and position by 32-bit division.
+  if (rows < 0 || rows > std::numeric_limits<std::int32_t>::max()) {
+    throw ArgumentError("rms_norm_rope", "rows", "a count in [0, 2^31)", std::to_string(rows));
+  }
   const std::int64_t w = problem.hidden;
   std::vector<BufferSpec> specs;
   specs.push_back({"q", problem.dtype, rows * w, false});

@@ -253,7 +253,12 @@ TensorPair rms_norm_rope_cuda(const at::Tensor& q, const at::Tensor& k, const at
   at::Tensor k_out = at::empty(k.sizes(), k.options().memory_format(at::MemoryFormat::Contiguous));
   const std::int64_t batch = q.size(0), seq = q.size(1), width = q.size(2);
   const std::int64_t rows = batch * seq;
-  if (rows == 0) return {q_out, k_out};
+  if (rows == 0) {
+    return {q_out, k_out};
+  }
+  if (rows > std::numeric_limits<std::int32_t>::max()) {
+    fail_value(op, "q", "fewer than 2^31 (batch x sequence) tokens", std::to_string(rows));
+  }
 
   Problem problem;
   problem.op = Op::rms_norm_rope;

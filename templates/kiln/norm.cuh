@@ -33,11 +33,12 @@ struct RawVectors {
 // registers of floats).
 template <int VEC_BYTES, int STEPS, unsigned F>
 struct NormRowInputs {
+  static constexpr bool kStreamed = (F & NormFeature::per_sample) == 0;
   RawVectors<VEC_BYTES, STEPS, true> x;
   RawVectors<VEC_BYTES, STEPS, (F & (NormFeature::residual | NormFeature::gate)) != 0> second;
-  RawVectors<VEC_BYTES, STEPS, (F & NormFeature::gate) != 0> gate;
-  RawVectors<VEC_BYTES, STEPS, (F & NormFeature::modulate) != 0> scale;
-  RawVectors<VEC_BYTES, STEPS, (F & NormFeature::modulate) != 0> shift;
+  RawVectors<VEC_BYTES, STEPS, kStreamed && (F & NormFeature::gate) != 0> gate;
+  RawVectors<VEC_BYTES, STEPS, kStreamed && (F & NormFeature::modulate) != 0> scale;
+  RawVectors<VEC_BYTES, STEPS, kStreamed && (F & NormFeature::modulate) != 0> shift;
 };
 
 // Row streams are read once: they skip L1 (no_allocate), which keeps L1 for the per-column
@@ -104,6 +105,7 @@ struct NormRow {
   static constexpr bool kInPlace = (F & NormFeature::in_place) != 0;
   static constexpr bool kSum = (F & (NormFeature::residual | NormFeature::gate)) != 0;
   static constexpr bool kTable = (F & NormFeature::table) != 0;
+  static constexpr bool kPerSample = (F & NormFeature::per_sample) != 0;
   using RowInputs = NormRowInputs<VEC_BYTES, kSteps, F>;
 
   __device__ __forceinline__ static int column(int step, int lane) {
@@ -130,7 +132,7 @@ struct NormRow {
     }
     long long batch = 0;
     long long token = 0;
-    if constexpr ((F & (NormFeature::gate | NormFeature::modulate)) != 0) {
+    if constexpr (!kPerSample && (F & (NormFeature::gate | NormFeature::modulate)) != 0) {
       batch = row / p.tokens;
       token = row - batch * p.tokens;
     }
@@ -143,22 +145,28 @@ struct NormRow {
         in.second.v[step] = load_input<VEC_BYTES, kInPlace>(second_row + col);
       } else if constexpr ((F & NormFeature::gate) != 0) {
         in.second.v[step] = load_stream<VEC_BYTES>(second_row + col);
-        in.gate.v[step] = load_stream<VEC_BYTES>(modulation_row<T>(p.gate, batch, token) + col);
+        if constexpr (!kPerSample) {
+          in.gate.v[step] = load_stream<VEC_BYTES>(modulation_row<T>(p.gate, batch, token) + col);
+        }
       }
-      if constexpr ((F & NormFeature::modulate) != 0) {
+      if constexpr ((F & NormFeature::modulate) != 0 && !kPerSample) {
         in.scale.v[step] = load_stream<VEC_BYTES>(modulation_row<T>(p.scale, batch, token) + col);
         in.shift.v[step] = load_stream<VEC_BYTES>(modulation_row<T>(p.shift, batch, token) + col);
       }
     }
   }
 
-  // The per-column operands of one step.
+  // The per-column operands of one step, and per-sample modulation rows, which every row of
+  // a sample reads again just as every row reads the per-column ones.
   struct Columns {
-    Raw<VEC_BYTES> weight, bias, table_gate, table_scale, table_shift;
+    Raw<VEC_BYTES> weight, bias, table_gate, table_scale, table_shift, gate, scale, shift;
   };
-  static constexpr int kColumnStreams = ((F & NormFeature::weight) != 0 ? 1 : 0) +
-                                        ((F & NormFeature::bias) != 0 ? 1 : 0) +
-                                        (kTable ? ((F & NormFeature::gate) != 0 ? 3 : 2) : 0);
+  static constexpr int kSampleStreams = kPerSample ? ((F & NormFeature::gate) != 0 ? 3 : 0) +
+                                                         ((F & NormFeature::modulate) != 0 ? 2 : 0)
+                                                   : 0;
+  static constexpr int kColumnStreams =
+      ((F & NormFeature::weight) != 0 ? 1 : 0) + ((F & NormFeature::bias) != 0 ? 1 : 0) +
+      (kTable ? ((F & NormFeature::gate) != 0 ? 3 : 2) : 0) + kSampleStreams;
   // When they fit in a few registers, every step's per-column operands are loaded with the
   // row, so their first (L2 or DRAM) latency overlaps the row's instead of following the
   // reduction step by step: what a single row, or the first row of a CTA, waits on. Wider
@@ -166,7 +174,13 @@ struct NormRow {
   static constexpr bool kEarlyColumns =
       kSteps * (VEC_BYTES < 4 ? 1 : VEC_BYTES / 4) * kColumnStreams <= 32;
 
-  __device__ __forceinline__ static Columns load_columns(const NormParams& p, int col) {
+  // The sample whose modulation rows a row reads (per-sample operands only).
+  __device__ __forceinline__ static long long sample_of(const NormParams& p, long long row) {
+    return kPerSample ? row / p.tokens : 0;
+  }
+
+  __device__ __forceinline__ static Columns load_columns(const NormParams& p, int col,
+                                                         long long sample) {
     Columns c;
     if constexpr ((F & NormFeature::weight) != 0) c.weight = column_operand(p.weight, col);
     if constexpr ((F & NormFeature::bias) != 0) c.bias = column_operand(p.bias, col);
@@ -177,6 +191,13 @@ struct NormRow {
       c.table_scale = column_operand(p.scale.table, col);
       c.table_shift = column_operand(p.shift.table, col);
     }
+    if constexpr (kPerSample && (F & NormFeature::gate) != 0) {
+      c.gate = column_operand(modulation_row<T>(p.gate, sample, 0), col);
+    }
+    if constexpr (kPerSample && (F & NormFeature::modulate) != 0) {
+      c.scale = column_operand(modulation_row<T>(p.scale, sample, 0), col);
+      c.shift = column_operand(modulation_row<T>(p.shift, sample, 0), col);
+    }
     return c;
   }
 
@@ -184,12 +205,13 @@ struct NormRow {
   __device__ __forceinline__ static void process(const NormParams& p, long long row, int lane,
                                                  bool active, const RowInputs& in) {
     constexpr float kInvHidden = 1.0f / HIDDEN;
+    const long long sample = sample_of(p, row);
     Columns early[kEarlyColumns ? kSteps : 1];
     if constexpr (kEarlyColumns && kColumnStreams > 0) {
       if (active) {
 #pragma unroll
         for (int step = 0; step < kSteps; ++step) {
-          if (in_row(step, lane)) early[step] = load_columns(p, column(step, lane));
+          if (in_row(step, lane)) early[step] = load_columns(p, column(step, lane), sample);
         }
       }
     }
@@ -213,9 +235,19 @@ struct NormRow {
         for (int w = 0; w < (VEC_BYTES < 4 ? 1 : VEC_BYTES / 4); ++w) values[step].words[w] = 0u;
         if (present) {
           Raw<VEC_BYTES> table_gate;
-          if constexpr ((F & NormFeature::gate) != 0 && kTable) {
-            table_gate = kEarlyColumns ? early[kEarlyColumns ? step : 0].table_gate
-                                       : column_operand(p.gate.table, column(step, lane));
+          Raw<VEC_BYTES> gate_row;  // the gate's vector (streamed, or a per-sample row's)
+          if constexpr ((F & NormFeature::gate) != 0) {
+            const int col = column(step, lane);
+            if constexpr (kTable) {
+              table_gate = kEarlyColumns ? early[kEarlyColumns ? step : 0].table_gate
+                                         : column_operand(p.gate.table, col);
+            }
+            if constexpr (kPerSample) {
+              gate_row = kEarlyColumns ? early[kEarlyColumns ? step : 0].gate
+                                       : column_operand(modulation_row<T>(p.gate, sample, 0), col);
+            } else {
+              gate_row = in.gate.v[step];
+            }
           }
 #pragma unroll
           for (int i = 0; i < kVec; ++i) {
@@ -223,7 +255,7 @@ struct NormRow {
             if constexpr ((F & NormFeature::residual) != 0) {
               value += get_element<T>(in.second.v[step], i);
             } else {
-              float gate = get_element<T>(in.gate.v[step], i);
+              float gate = get_element<T>(gate_row, i);
               if constexpr (kTable) gate += get_element<T>(table_gate, i);
               value += get_element<T>(in.second.v[step], i) * gate;
             }
@@ -270,7 +302,7 @@ struct NormRow {
       if (!in_row(step, lane)) continue;
       const int col = column(step, lane);
       Columns late;
-      if constexpr (!kEarlyColumns) late = load_columns(p, col);
+      if constexpr (!kEarlyColumns) late = load_columns(p, col, sample);
       const Columns& c = kEarlyColumns ? early[kEarlyColumns ? step : 0] : late;
       const Raw<VEC_BYTES>& weight = c.weight;
       const Raw<VEC_BYTES>& bias = c.bias;
@@ -283,8 +315,8 @@ struct NormRow {
         if constexpr ((F & NormFeature::weight) != 0) n *= get_element<T>(weight, i);
         if constexpr ((F & NormFeature::bias) != 0) n += get_element<T>(bias, i);
         if constexpr ((F & NormFeature::modulate) != 0) {
-          float mod_scale = get_element<T>(in.scale.v[step], i);
-          float mod_shift = get_element<T>(in.shift.v[step], i);
+          float mod_scale = get_element<T>(kPerSample ? c.scale : in.scale.v[step], i);
+          float mod_shift = get_element<T>(kPerSample ? c.shift : in.shift.v[step], i);
           if constexpr (kTable) {
             mod_scale += get_element<T>(table_scale, i);
             mod_shift += get_element<T>(table_shift, i);
@@ -305,6 +337,14 @@ struct NormRow {
   // second pass reads up to kChunk steps of the sum row before their outputs are stored.
   static constexpr int kChunk = kSteps < 4 ? kSteps : 4;
 
+  // A modulation operand's vector: streamed when per token, through L1 when per sample.
+  __device__ __forceinline__ static Raw<VEC_BYTES> modulation_vector(const NormModulation& m,
+                                                                     long long batch,
+                                                                     long long token, int col) {
+    const T* const address = modulation_row<T>(m, batch, token) + col;
+    return kPerSample ? column_operand(address, 0) : load_stream<VEC_BYTES>(address);
+  }
+
   // One step of the first pass: the step's inputs, their sum rounded to T and stored (the
   // value normalised). Steps run one after another (a store is a barrier later loads do
   // not cross), so a thread holds one step's streams at a time: the variant's point is few
@@ -323,7 +363,7 @@ struct NormRow {
                                                row * p.residual_row_stride + col);
     } else {
       second = load_stream<VEC_BYTES>(static_cast<const T*>(p.y) + row * p.y_row_stride + col);
-      gate = load_stream<VEC_BYTES>(modulation_row<T>(p.gate, batch, token) + col);
+      gate = modulation_vector(p.gate, batch, token, col);
       if constexpr (kTable) table_gate = column_operand(p.gate.table, col);
     }
 #pragma unroll
@@ -414,8 +454,8 @@ struct NormRow {
         chunk[c] = kSum || kInPlace ? load_global<VEC_BYTES>(again_row + col)
                                     : load_stream<VEC_BYTES>(again_row + col);
         if constexpr ((F & NormFeature::modulate) != 0) {
-          mod_scale[c] = load_stream<VEC_BYTES>(modulation_row<T>(p.scale, batch, token) + col);
-          mod_shift[c] = load_stream<VEC_BYTES>(modulation_row<T>(p.shift, batch, token) + col);
+          mod_scale[c] = modulation_vector(p.scale, batch, token, col);
+          mod_shift[c] = modulation_vector(p.shift, batch, token, col);
         }
       }
 #pragma unroll
@@ -423,7 +463,7 @@ struct NormRow {
         const int step = base + c;
         if (step >= kSteps || !in_row(step, lane)) continue;
         const int col = column(step, lane);
-        const Columns columns = load_columns(p, col);
+        const Columns columns = load_columns(p, col, batch);
         float result[kVec];
 #pragma unroll
         for (int i = 0; i < kVec; ++i) {

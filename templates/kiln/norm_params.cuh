@@ -17,6 +17,10 @@ struct NormFeature {
   static constexpr unsigned modulate = 32u;   // * (1 + scale) + shift
   static constexpr unsigned table = 64u;      // modulation operands add a table row
   static constexpr unsigned in_place = 128u;  // outputs alias inputs: coherent loads
+  // The modulation operands are one row per sample ([B, 1, D]): every row of a sample reads
+  // the same one, so they are read where used, through L1, like the per-column operands,
+  // instead of streamed and held with the row.
+  static constexpr unsigned per_sample = 256u;
 };
 
 // A modulation operand (scale, shift or gate) of shape [B, T or 1, D]: element (b, t, i) is

@@ -5,8 +5,11 @@
 // token's video coordinates (VIDEO). Math in fp32.
 //
 // A token's q row and k row are split among THREADS_PER_ROW threads, each holding its
-// vectors of both in registers through the reductions, so q and k are read exactly once;
-// interleaved pairs never straddle a vector, so rotation needs no data from other threads.
+// vectors of both in registers through the reductions (as loaded, so 16-bit data takes half
+// the registers of floats, which keeps more tokens in flight per SM), so q and k are read
+// exactly once; interleaved pairs never straddle a vector, so rotation needs no data from
+// other threads. Tokens number below 2^31 (the host checks), so a token's batch entry and
+// position come from 32-bit division, not the far costlier 64-bit one.
 #pragma once
 
 #include "kiln/common.cuh"
@@ -49,27 +52,29 @@ __global__ void __launch_bounds__(CTA_THREADS) rms_norm_rope(const RmsNormRopePa
        first_row += static_cast<long long>(gridDim.x) * kRowsPerCta) {
     const long long row = first_row + row_in_cta;
     const bool active = row < p.rows;
-    const long long entry = active ? row / p.seq_len : 0;
-    const long long position = active ? row - entry * p.seq_len : 0;
+    const unsigned seq_len = static_cast<unsigned>(p.seq_len);
+    const unsigned entry = active ? static_cast<unsigned>(row) / seq_len : 0u;
+    const unsigned position = active ? static_cast<unsigned>(row) - entry * seq_len : 0u;
     const T* q_row =
         static_cast<const T*>(p.q) + entry * p.q_strides[0] + position * p.q_strides[1];
     const T* k_row =
         static_cast<const T*>(p.k) + entry * p.k_strides[0] + position * p.k_strides[1];
 
-    float qv[kSteps][kVec];
-    float kv[kSteps][kVec];
+    constexpr int kWords = VEC_BYTES < 4 ? 1 : VEC_BYTES / 4;
+    Raw<VEC_BYTES> qv[kSteps];
+    Raw<VEC_BYTES> kv[kSteps];
 #pragma unroll
     for (int step = 0; step < kSteps; ++step) {
 #pragma unroll
-      for (int i = 0; i < kVec; ++i) qv[step][i] = kv[step][i] = 0.0f;
+      for (int w = 0; w < kWords; ++w) qv[step].words[w] = kv[step].words[w] = 0u;
     }
     if (active) {
 #pragma unroll
       for (int step = 0; step < kSteps; ++step) {
         const int column = (step * THREADS_PER_ROW + lane) * kVec;
         if (kExact || step + 1 < kSteps || column < WIDTH) {
-          load_floats_nc<T, VEC_BYTES>(q_row + column, qv[step]);
-          load_floats_nc<T, VEC_BYTES>(k_row + column, kv[step]);
+          qv[step] = load_global_nc<VEC_BYTES>(q_row + column);
+          kv[step] = load_global_nc<VEC_BYTES>(k_row + column);
         }
       }
     }
@@ -80,8 +85,10 @@ __global__ void __launch_bounds__(CTA_THREADS) rms_norm_rope(const RmsNormRopePa
       float qp = 0.0f, kp = 0.0f;
 #pragma unroll
       for (int i = 0; i < kVec; ++i) {
-        qp += qv[step][i] * qv[step][i];
-        kp += kv[step][i] * kv[step][i];
+        const float qe = get_element<T>(qv[step], i);
+        const float ke = get_element<T>(kv[step], i);
+        qp += qe * qe;
+        kp += ke * ke;
       }
       q_squares += qp;
       k_squares += kp;
@@ -126,12 +133,14 @@ __global__ void __launch_bounds__(CTA_THREADS) rms_norm_rope(const RmsNormRopePa
 #pragma unroll
       for (int i = 0; i < kVec; i += 2) {
         // The separate norm's output is rounded to T before the rotation reads it.
-        const float q_re = to_float(from_float<T>(qv[step][i] * q_scale * get_element<T>(qw, i)));
-        const float q_im =
-            to_float(from_float<T>(qv[step][i + 1] * q_scale * get_element<T>(qw, i + 1)));
-        const float k_re = to_float(from_float<T>(kv[step][i] * k_scale * get_element<T>(kw, i)));
-        const float k_im =
-            to_float(from_float<T>(kv[step][i + 1] * k_scale * get_element<T>(kw, i + 1)));
+        const float q_re =
+            to_float(from_float<T>(get_element<T>(qv[step], i) * q_scale * get_element<T>(qw, i)));
+        const float q_im = to_float(
+            from_float<T>(get_element<T>(qv[step], i + 1) * q_scale * get_element<T>(qw, i + 1)));
+        const float k_re =
+            to_float(from_float<T>(get_element<T>(kv[step], i) * k_scale * get_element<T>(kw, i)));
+        const float k_im = to_float(
+            from_float<T>(get_element<T>(kv[step], i + 1) * k_scale * get_element<T>(kw, i + 1)));
         q_result[i] = q_re * c[i] - q_im * s[i];
         q_result[i + 1] = q_im * c[i + 1] + q_re * s[i + 1];
         k_result[i] = k_re * c[i] - k_im * s[i];

@@ -149,7 +149,7 @@ __global__ void __launch_bounds__(CTA_THREADS) rope(const RopeParams p) {
           if (!(kRotExact || step + 1 < kRotSteps || unit < kRotUnits)) continue;
           if constexpr (VIDEO) {
             float axes[3];
-            video_axes(p.video, angle_key[j], axes);
+            video_axes(p.video, static_cast<unsigned>(angle_key[j]), axes);
 #pragma unroll
             for (int i = 0; i < kVec / 2; ++i) {
               float c, s;

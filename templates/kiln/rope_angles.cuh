@@ -38,13 +38,16 @@ __device__ __forceinline__ float video_frequency(const RopeVideoGrid& grid, int 
   return exp2f(static_cast<float>(j / 3) * grid.log2_freq_step) * 1.57079632679489662f;
 }
 
-// 2 * coordinate * scale - 1 for each axis of the token at `position`.
-__device__ __forceinline__ void video_axes(const RopeVideoGrid& grid, long long position,
+// 2 * coordinate * scale - 1 for each axis of the token at `position` (below 2^31: the
+// division is 32-bit).
+__device__ __forceinline__ void video_axes(const RopeVideoGrid& grid, unsigned position,
                                            float* axes) {
-  const long long plane = static_cast<long long>(grid.height) * grid.width;
-  const float coordinate[3] = {static_cast<float>(position / plane),
-                               static_cast<float>((position / grid.width) % grid.height),
-                               static_cast<float>(position % grid.width)};
+  const unsigned width = static_cast<unsigned>(grid.width);
+  const unsigned line = position / width;  // frame * height + row
+  const unsigned height = static_cast<unsigned>(grid.height);
+  const unsigned frame = line / height;
+  const float coordinate[3] = {static_cast<float>(frame), static_cast<float>(line - frame * height),
+                               static_cast<float>(position - line * width)};
 #pragma unroll
   for (int a = 0; a < 3; ++a) axes[a] = coordinate[a] * grid.scale[a] * 2.0f - 1.0f;
 }
@@ -53,11 +56,30 @@ __device__ __forceinline__ float pick_axis(const float* axes, int axis) {
   return axis == 0 ? axes[0] : axis == 1 ? axes[1] : axes[2];
 }
 
-// Angles reach ~1e4 radians: sincosf's full range reduction is needed (the fast-math
-// __sincosf loses all accuracy there).
+// The angle is rounded to fp32 as diffusers computes it (one product, not contracted), so
+// it is diffusers' angle, ~1e4 radians at the top. sincosf of it costs a full range
+// reduction with a slow-path branch, which dominated the instructions of the video kernels;
+// the fast-math __sincosf alone loses all accuracy there. Instead the angle is reduced to
+// [-pi, pi] here by 2*pi in three parts (Cody-Waite: 6.28125 has 8 significant bits, so its
+// product with a quotient below 2^16 is exact; the fmas round once each) and the hardware
+// sin/cos evaluate the rest, whose absolute error on [-pi, pi] is ~2^-21.4: far inside the
+// fp32 angle's own uncertainty (~1e-3 rad at 1e4). Padding lanes (frequency 0) stay exact.
 __device__ __forceinline__ void video_cos_sin(float frequency, float axis_value, float& c,
                                               float& s) {
-  sincosf(frequency * axis_value, &s, &c);
+  constexpr float kInvTwoPi = 0.159154943091895336f;
+  constexpr float kTwoPiHi = 6.28125f;
+  constexpr float kTwoPiMid = 1.9353071693331003e-3f;
+  constexpr float kTwoPiLo = 1.0253376273028358e-11f;
+  const float angle = __fmul_rn(frequency, axis_value);
+  const float turns = rintf(angle * kInvTwoPi);
+  float reduced = fmaf(-turns, kTwoPiHi, angle);
+  reduced = fmaf(-turns, kTwoPiMid, reduced);
+  reduced = fmaf(-turns, kTwoPiLo, reduced);
+  __sincosf(reduced, &s, &c);
+  if (frequency == 0.0f) {
+    c = 1.0f;
+    s = 0.0f;
+  }
 }
 
 }  // namespace kiln

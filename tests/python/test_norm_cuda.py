@@ -93,6 +93,17 @@ def test_adaln_grid(dtype, hidden):
         ref_h2, ref_out2 = gated_adaln_fp64(x, y, ada[:, :, 2], ada[:, :, 4], ada[:, :, 3], None, 1e-6, "rms", table[2], table[4], table[3])
         assert_close_to(h2, ref_h2, dtype)
         assert_close_to(out2, ref_out2, dtype)
+        # LTX-Video's text-to-video call: one timestep per sample, temb [B, 1, 6D] + table.
+        temb1 = rand(b, 1, 6 * hidden, dtype=dtype, gen=gen, scale=0.3)
+        ada1 = kiln.ada_values(temb1, 6)
+        poison_allocator(x.shape, dtype)
+        out = kiln.adaln(x, ada1[:, :, 1], ada1[:, :, 0], None, 1e-6, "rms", table[1], table[0])
+        assert_close_to(out, adaln_fp64(x, ada1[:, :, 1], ada1[:, :, 0], None, 1e-6, "rms", table[1], table[0]), dtype)
+        sample_args = (ada1[:, :, 2], ada1[:, :, 4], ada1[:, :, 3], None, 1e-6, "rms", table[2], table[4], table[3])
+        h2, out2 = kiln.gated_adaln(x, y, *sample_args)
+        ref_h2, ref_out2 = gated_adaln_fp64(x, y, *sample_args)
+        assert_close_to(h2, ref_h2, dtype)
+        assert_close_to(out2, ref_out2, dtype)
         # FLUX: LayerNorm without affine, per-sample operands.
         scale, shift, gate = (rand(b, 1, hidden, dtype=dtype, gen=gen, scale=0.5) for _ in range(3))
         poison_allocator(x.shape, dtype)

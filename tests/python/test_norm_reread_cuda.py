@@ -43,9 +43,10 @@ if case == "fused_add":
     assert_close_to(r, ref_s, dtype)
     assert_close_to(x, ref_out, dtype)
 else:
+    # gated_layer: per-token operands; gated_sample: one [B, 1, D] row each (read through L1).
     b, t, hidden = 2, 150, 8192
     h, y = rand(b, t, hidden, offset=20.0), rand(b, t, hidden)
-    gate, scale, shift = (rand(b, t, hidden, scale=0.3) for _ in range(3))
+    gate, scale, shift = (rand(b, 1 if case == "gated_sample" else t, hidden, scale=0.3) for _ in range(3))
     tg, ts, tsh = (rand(hidden, scale=0.3) for _ in range(3))
     ref_h, ref_out = gated_adaln_fp64(h, y, gate, scale, shift, None, 1e-6, "layer", tg, ts, tsh)
     h2, out = kiln.gated_adaln(h, y, gate, scale, shift, None, 1e-6, "layer", tg, ts, tsh)
@@ -74,7 +75,7 @@ def config_key(config):
 
 @pytest.mark.parametrize("case,dtype", [("fused_add", "float32"), ("fused_add", "float16"),
                                         ("fused_add", "bfloat16"), ("gated_layer", "bfloat16"),
-                                        ("gated_layer", "float16")])
+                                        ("gated_layer", "float16"), ("gated_sample", "bfloat16")])
 def test_reread_kernels_are_tuned_checked_and_correct(tmp_path, case, dtype):
     run_child(case, dtype, "tune", tmp_path, "full")
     records = list((tmp_path / "v1" / "tune").glob("*/*.json"))

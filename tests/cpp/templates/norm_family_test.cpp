@@ -53,16 +53,19 @@ TEST_CASE("flags map to kernel features") {
         (NormFeature::layer | NormFeature::weight | NormFeature::bias));
   const Problem ada{Op::adaln, DType::bf16, 64, kNormLayer | kNormPerToken, 16};
   CHECK(norm_family(Op::adaln).features(ada) == (NormFeature::modulate | NormFeature::layer));
-  const Problem gated{Op::gated_adaln, DType::bf16, 64, kNormTable, 16};
+  const Problem gated{Op::gated_adaln, DType::bf16, 64, kNormTable | kNormPerToken, 16};
   CHECK(norm_family(Op::gated_adaln).features(gated) ==
         (NormFeature::gate | NormFeature::modulate | NormFeature::table));
-  // Per-token is a tuning distinction only: the same kernel either way.
+  // Per-sample operands ([B, 1, D]) are read through L1 where used: a kernel of their own.
   Problem per_sample = gated;
-  Problem per_token = gated;
-  per_token.flags |= kNormPerToken;
+  per_sample.flags &= ~kNormPerToken;
+  CHECK(norm_family(Op::gated_adaln).features(per_sample) ==
+        (NormFeature::gate | NormFeature::modulate | NormFeature::table | NormFeature::per_sample));
   const Config config = family(Op::gated_adaln).heuristic(per_sample, DeviceTraits::for_arch(90));
-  CHECK(family(Op::gated_adaln).name_expression(per_sample, config) ==
-        family(Op::gated_adaln).name_expression(per_token, config));
+  CHECK(family(Op::gated_adaln).name_expression(per_sample, config) !=
+        family(Op::gated_adaln).name_expression(gated, config));
+  const Problem plain{Op::rms_norm, DType::bf16, 64, kNormWeight, 16};
+  CHECK((norm_family(Op::rms_norm).features(plain) & NormFeature::per_sample) == 0);
 }
 
 TEST_CASE("the space is valid, canonical, and holds one-pass and persistent configs") {

@@ -155,6 +155,16 @@ TEST_CASE("rms_norm_rope vectors always hold whole pairs") {
   CHECK_THROWS_AS(f.check(both), kiln::ArgumentError);
 }
 
+TEST_CASE("rms_norm_rope takes fewer than 2^31 tokens (the kernel divides in 32 bits)") {
+  const kiln::Family& f = kiln::family(Op::rms_norm_rope);
+  const Problem p{Op::rms_norm_rope, DType::bf16, 2048, kiln::kRmsNormRopeVideo, 16};
+  const std::int64_t largest = (std::int64_t{1} << 31) - 1;
+  CHECK_NOTHROW(f.buffers(p, largest));
+  CHECK_THROWS_WITH_AS(f.buffers(p, largest + 1),
+                       doctest::Contains("expected a count in [0, 2^31), got 2147483648"),
+                       kiln::ArgumentError);
+}
+
 TEST_CASE("rope's inverse (backward) is a flag compiled into the kernel, same space and bytes") {
   const DeviceTraits device = DeviceTraits::for_arch(80);
   const kiln::Family& f = kiln::family(Op::rope);
