@@ -13,8 +13,8 @@
 // Work split as in kiln::rms_norm: a row is shared by THREADS_PER_ROW threads, each owning
 // VEC-element vectors strided THREADS_PER_ROW vectors apart, held in registers between the
 // reduction and the output, as T (half the registers of floats for 16-bit types). Per-
-// column operands (weight, bias, table rows) are read where they are used, from L1: the row
-// streams bypass it. With PREFETCH, the loads of a thread's next row are issued before the current
+// column operands (weight, bias, table rows) and per-sample modulation rows are read where
+// they are used, from L1: the row streams bypass it. With PREFETCH, the loads of a thread's next row are issued before the current
 // row is reduced, so memory stays busy through the reduction and the stores. With REREAD the
 // row is not held at all but read twice (NormRow::process_reread).
 #pragma once
@@ -342,7 +342,7 @@ struct NormRow {
                                                                      long long batch,
                                                                      long long token, int col) {
     const T* const address = modulation_row<T>(m, batch, token) + col;
-    return kPerSample ? column_operand(address, 0) : load_stream<VEC_BYTES>(address);
+    return kPerSample ? load_global_nc<VEC_BYTES>(address) : load_stream<VEC_BYTES>(address);
   }
 
   // One step of the first pass: the step's inputs, their sum rounded to T and stored (the
