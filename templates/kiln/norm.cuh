@@ -14,9 +14,9 @@
 // VEC-element vectors strided THREADS_PER_ROW vectors apart, held in registers between the
 // reduction and the output, as T (half the registers of floats for 16-bit types). Per-
 // column operands (weight, bias, table rows) and per-sample modulation rows are read where
-// they are used, from L1: the row streams bypass it. With PREFETCH, the loads of a thread's next row are issued before the current
-// row is reduced, so memory stays busy through the reduction and the stores. With REREAD the
-// row is not held at all but read twice (NormRow::process_reread).
+// they are used, from L1: the row streams bypass it. With PREFETCH, the loads of a thread's next
+// row are issued before the current row is reduced, so memory stays busy through the reduction and
+// the stores. With REREAD the row is not held at all but read twice (NormRow::process_reread).
 #pragma once
 
 #include "kiln/common.cuh"
@@ -178,6 +178,11 @@ struct NormRow {
   __device__ __forceinline__ static long long sample_of(const NormParams& p, long long row) {
     return kPerSample ? row / p.tokens : 0;
   }
+  // A vector of a sample's modulation row, through L1 like a per-column operand.
+  __device__ __forceinline__ static Raw<VEC_BYTES> sample_operand(const NormModulation& m,
+                                                                  long long sample, int col) {
+    return column_operand(modulation_row<T>(m, sample, 0), col);
+  }
 
   __device__ __forceinline__ static Columns load_columns(const NormParams& p, int col,
                                                          long long sample) {
@@ -192,11 +197,11 @@ struct NormRow {
       c.table_shift = column_operand(p.shift.table, col);
     }
     if constexpr (kPerSample && (F & NormFeature::gate) != 0) {
-      c.gate = column_operand(modulation_row<T>(p.gate, sample, 0), col);
+      c.gate = sample_operand(p.gate, sample, col);
     }
     if constexpr (kPerSample && (F & NormFeature::modulate) != 0) {
-      c.scale = column_operand(modulation_row<T>(p.scale, sample, 0), col);
-      c.shift = column_operand(modulation_row<T>(p.shift, sample, 0), col);
+      c.scale = sample_operand(p.scale, sample, col);
+      c.shift = sample_operand(p.shift, sample, col);
     }
     return c;
   }
@@ -244,7 +249,7 @@ struct NormRow {
             }
             if constexpr (kPerSample) {
               gate_row = kEarlyColumns ? early[kEarlyColumns ? step : 0].gate
-                                       : column_operand(modulation_row<T>(p.gate, sample, 0), col);
+                                       : sample_operand(p.gate, sample, col);
             } else {
               gate_row = in.gate.v[step];
             }
