@@ -149,8 +149,10 @@ def make_backward_case(op, rows, hidden, kiln):
         table = (torch.randn(6, hidden, device=dev, dtype=dt) * 0.3).requires_grad_(True)
 
         def mine(x3, temb, table):
-            ada = kiln.ada_values(temb, 6)
-            return kiln.adaln(x3, ada[:, :, 1], ada[:, :, 0], None, EPS, "rms", table[1], table[0])
+            # unbind, as ada_values' docs ask under autograd (one stack for temb's gradient).
+            shift, scale = kiln.ada_values(temb, 6).unbind(2)[:2]
+            table_shift, table_scale = table.unbind(0)[:2]
+            return kiln.adaln(x3, scale, shift, None, EPS, "rms", table_scale, table_shift)
 
         def peer(x3, temb, table):
             values = table[None, None] + temb.reshape(1, rows, 6, hidden)

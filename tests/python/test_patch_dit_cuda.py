@@ -18,6 +18,26 @@ from test_patch_diffusers_cpu import _ltx, _ltx_inputs, _ltx_out  # noqa: E402
 from test_patch_dit_cpu import FLUX_FUSED, LTX_FUSED, Counter, _flux, _flux_inputs, _flux_out  # noqa: E402
 
 
+def _on_cuda(fused):
+    """What the patched forward calls on a GPU: the tanh GELU after a projection runs in the
+    projection's cuBLASLt epilogue there (kiln.gelu on the CPU)."""
+    expected = dict(fused)
+    expected["gemm gelu epilogue"] = expected.pop("gelu")
+    return expected
+
+
+def _count_epilogues(counter, monkeypatch):
+    real = torch._addmm_activation
+    counter.calls["gemm gelu epilogue"] = 0
+
+    def counted(*args, **kwargs):
+        counter.calls["gemm gelu epilogue"] += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "_addmm_activation", counted)
+    return counter
+
+
 def _as_close_as_the_original(patched, original, truth):
     err_original = (original.double() - truth.double()).abs().max().item()
     err_patched = (patched.double() - truth.double()).abs().max().item()
@@ -33,9 +53,9 @@ def test_ltx_tiny_bf16_cuda(monkeypatch):
     original = _ltx_out(model, inputs)
     report = kiln.patch(model)
     assert report.left == []
-    counter = Counter(monkeypatch)
+    counter = _count_epilogues(Counter(monkeypatch), monkeypatch)
     patched = _ltx_out(model, inputs)
-    assert counter.used() == LTX_FUSED
+    assert counter.used() == _on_cuda(LTX_FUSED)
     _as_close_as_the_original(patched, original, truth)
     kiln.unpatch(model)
     assert torch.equal(_ltx_out(model, inputs), original)
@@ -49,9 +69,9 @@ def test_flux_tiny_bf16_cuda(monkeypatch):
     original = _flux_out(model, inputs)
     report = kiln.patch(model)
     assert report.left == []
-    counter = Counter(monkeypatch)
+    counter = _count_epilogues(Counter(monkeypatch), monkeypatch)
     patched = _flux_out(model, inputs)
-    assert counter.used() == FLUX_FUSED
+    assert counter.used() == _on_cuda(FLUX_FUSED)
     _as_close_as_the_original(patched, original, truth)
     kiln.unpatch(model)
     assert torch.equal(_flux_out(model, inputs), original)
@@ -83,10 +103,15 @@ def test_ltx_default_size_block_bf16_cuda(monkeypatch):
     block = copy.deepcopy(block).to(torch.bfloat16)
     original = run(block, torch.bfloat16, rope)
     assert len(kiln.patch(block).replaced) == 10 and len(kiln.patch(rope).replaced) == 1
-    counter = Counter(monkeypatch)
+    counter = _count_epilogues(Counter(monkeypatch), monkeypatch)
     patched = run(block, torch.bfloat16, rope)
     assert counter.calls["rms_norm_rope grid"] == 1 and counter.calls["gated_adaln"] == 1
+    assert counter.calls["gemm gelu epilogue"] == 1 and counter.calls["gelu"] == 0
     _as_close_as_the_original(patched, original, truth)
+    monkeypatch.undo()
+    torch._dynamo.reset()
+    compiled = run(torch.compile(block, fullgraph=True), torch.bfloat16, rope)
+    _as_close_as_the_original(compiled, original, truth)
     kiln.unpatch(block)
     kiln.unpatch(rope)
     assert torch.equal(run(block, torch.bfloat16, rope), original)

@@ -83,6 +83,10 @@ def gated_adaln(
 
 def ada_values(temb: Tensor, num_params: int) -> Tensor:
     """diffusers' ``temb.reshape(B, T, num_params, D)`` as a view: ``ada_values(temb, 6)[:, :, i]``
-    is the ``i``-th operand, to pass with ``table[i]`` as a table row (no copy, no sum)."""
+    is the ``i``-th operand, to pass with ``table[i]`` as a table row (no copy, no sum).
+
+    Where autograd records (training), take the operands with ``.unbind(2)`` rather than one
+    index each: autograd turns each indexed view's gradient into a zero-filled tensor of
+    temb's whole size and adds them up, where unbind's gradient is one stack."""
     b, t = temb.shape[0], temb.shape[1]
     return temb.reshape(b, t, num_params, -1)

@@ -5,15 +5,17 @@ What is recognised (by what the module computes, see :mod:`.detect`): RMSNorms (
 rounding rule, Gemma's ``1 + weight``, diffusers' weight-dtype rule, ``nn.RMSNorm``, norms
 with no weight), LayerNorms over the last dimension (``nn.LayerNorm`` with or without
 affine parameters), diffusers' ``GELU`` (``gelu(proj(x))``: the activation becomes
-``kiln.gelu``, the projection stays) and gated MLPs
+``kiln.gelu``, the projection stays; on CUDA, without autograd, the tanh form goes into the
+projection's cuBLASLt epilogue instead) and gated MLPs
 ``down_proj(act_fn(gate_proj(x)) * up_proj(x))`` with SiLU or GELU (the activation and
 multiply become ``kiln.swiglu`` / ``kiln.geglu``; the projections stay). For diffusion
 transformers (see :mod:`.detect_dit`): LTX-Video's attention processor (q/k RMSNorm and RoPE
 as one ``kiln.rms_norm_rope``, its rotary embedding tagged with the grid so the angles are
 computed in the kernel), its block's AdaLN and gated-residual seams (``kiln.adaln``,
 ``kiln.gated_residual``, ``kiln.gated_adaln``), FLUX's attention processor (q and k rotated
-by one ``kiln.rope``) and diffusers' AdaLN modules (``kiln.adaln``). kiln's ops have no
-backward: a patched forward that would record an autograd graph calls the original.
+by one ``kiln.rope``) and diffusers' AdaLN modules (``kiln.adaln``). A patched forward whose
+kiln ops have no backward (LTX-Video's fused seams) calls the original where it would record
+an autograd graph.
 """
 
 from typing import Iterable, Optional

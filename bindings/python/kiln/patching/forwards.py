@@ -9,10 +9,11 @@ autograd graph (training), as FLUX's AdaLN and RoPE forwards do (flux.py); LTX-V
 forwards (ltx.py) use ops that have none and keep the original there.
 """
 
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
+import torch.nn.modules.module as _module_hooks
 
 from .. import activation_ops, norm_ops, ops
 
@@ -143,9 +144,10 @@ def layer_norm(module: torch.nn.Module, original: Callable) -> Callable:
 
 def gelu_after_proj(module: torch.nn.Module, original: Callable) -> Callable:
     """diffusers' ``GELU``: ``F.gelu(proj(x), approximate=module.approximate)``. The
-    projection stays the module's own; the activation is ``kiln.gelu``. The projection's
-    bias stays in the projection: moving it into ``kiln.gelu`` would round the matmul
-    to x's dtype before the bias is added, which the original does not."""
+    projection stays the module's own; the activation is ``kiln.gelu``, or, for the tanh
+    form on CUDA, the GEMM's own epilogue (``_gemm_gelu_epilogue``). The projection's bias
+    stays in the projection: moving it into ``kiln.gelu`` would round the matmul to x's
+    dtype before the bias is added, which the original does not."""
 
     def forward(*args, **kwargs):
         if not _single_tensor_call(args, kwargs):
@@ -153,12 +155,43 @@ def gelu_after_proj(module: torch.nn.Module, original: Callable) -> Callable:
         approximate = getattr(module, "approximate", None)
         if approximate not in ("tanh", "none"):
             return original(*args)
+        if approximate == "tanh":
+            fused = _gemm_gelu_epilogue(module.proj, args[0])
+            if fused is not None:
+                return fused
         hidden = module.proj(args[0])
         if not kiln_can_take(hidden, differentiable=True):
             return module.gelu(hidden)
         return activation_ops.gelu(hidden, None, approximate)
 
     return forward
+
+
+def _gemm_gelu_epilogue(proj: torch.nn.Module, x: torch.Tensor) -> Optional[torch.Tensor]:
+    """``gelu(proj(x), approximate="tanh")`` as one cuBLASLt GEMM whose epilogue adds the bias
+    to the fp32 accumulator and applies the GELU before the single rounding, so the
+    projection's output never makes a round trip through memory (in LTX-Video's feed-forward
+    that round trip is 4 of every 5 bytes its activation moves). None where that would not
+    compute what the module does: off CUDA (the CPU kernel of ``_addmm_activation`` applies
+    the erf form), for anything but a plain ``nn.Linear`` with a bias called without hooks
+    (an offload hook moves the weights in the forward it wraps), and where autograd records
+    (the op has no backward)."""
+    if not x.is_cuda or x.dim() < 2 or x.numel() == 0 or type(proj) is not torch.nn.Linear:
+        return None
+    weight, bias = proj.weight, proj.bias
+    if bias is None or weight.dtype != x.dtype or bias.dtype != x.dtype:
+        return None
+    if weight.device != x.device or bias.device != x.device:
+        return None
+    if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad or bias.requires_grad):
+        return None
+    if "forward" in proj.__dict__ or proj._forward_hooks or proj._forward_pre_hooks:
+        return None
+    if _module_hooks._global_forward_hooks or _module_hooks._global_forward_pre_hooks:
+        return None
+    flat = x.reshape(-1, x.shape[-1])
+    out = torch._addmm_activation(bias, flat, weight.t(), use_gelu=True)
+    return out.view(*x.shape[:-1], weight.shape[0])
 
 
 _OFFSET_CACHE = "_kiln_offset_weight"
