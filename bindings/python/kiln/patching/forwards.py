@@ -179,11 +179,7 @@ def _gemm_gelu_epilogue(proj: torch.nn.Module, x: torch.Tensor) -> Optional[torc
     if not x.is_cuda or x.dim() < 2 or x.numel() == 0 or type(proj) is not torch.nn.Linear:
         return None
     weight, bias = proj.weight, proj.bias
-    if bias is None or weight.dtype != x.dtype or bias.dtype != x.dtype:
-        return None
-    if weight.device != x.device or bias.device != x.device:
-        return None
-    if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad or bias.requires_grad):
+    if bias is None or not kiln_can_take(x, weight, bias):
         return None
     if "forward" in proj.__dict__ or proj._forward_hooks or proj._forward_pre_hooks:
         return None
