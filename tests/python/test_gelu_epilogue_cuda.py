@@ -9,33 +9,15 @@ import pytest
 import torch
 
 import kiln
-from kiln import activation_ops
 
 diffusers = pytest.importorskip("diffusers", reason="diffusers is not installed")
 from diffusers.models.activations import GELU  # noqa: E402
 
+from test_patch_dit_cpu import Counter  # noqa: E402
+from test_patch_dit_cuda import _count_epilogues  # noqa: E402
+
 # One rounding of the output, plus the fp32 accumulation over the inner width.
 _REL = {torch.float32: 1e-5, torch.float16: 2**-10, torch.bfloat16: 2**-7}
-
-
-class _Calls:
-    """Counts calls of the GEMM-epilogue op and of kiln.gelu."""
-
-    def __init__(self, monkeypatch):
-        self.epilogue = 0
-        self.kiln_gelu = 0
-        real_epilogue, real_gelu = torch._addmm_activation, activation_ops.gelu
-
-        def epilogue(*args, **kwargs):
-            self.epilogue += 1
-            return real_epilogue(*args, **kwargs)
-
-        def kiln_gelu(*args, **kwargs):
-            self.kiln_gelu += 1
-            return real_gelu(*args, **kwargs)
-
-        monkeypatch.setattr(torch, "_addmm_activation", epilogue)
-        monkeypatch.setattr(activation_ops, "gelu", kiln_gelu)
 
 
 def _module(n_in, n_out, dtype, approximate="tanh", seed=0):
@@ -53,6 +35,11 @@ def _reference(module, x):
     return torch.nn.functional.gelu(x.double() @ w.t() + b, approximate="tanh")
 
 
+def _counts(counter):
+    """(GEMM-epilogue calls, kiln.gelu calls)."""
+    return counter.calls["gemm gelu epilogue"], counter.calls["gelu"]
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("shape, n_out", [((1, 64), 96), ((3, 5, 24), 41), ((2, 257, 2048), 8192)])
@@ -62,9 +49,9 @@ def test_tanh_gelu_runs_in_the_epilogue(dtype, shape, n_out, monkeypatch):
     with torch.no_grad():
         original = module(x)
         kiln.patch(module)
-        calls = _Calls(monkeypatch)
+        counter = _count_epilogues(Counter(monkeypatch), monkeypatch)
         actual = module(x)
-    assert (calls.epilogue, calls.kiln_gelu) == (1, 0)
+    assert _counts(counter) == (1, 0)
     assert actual.dtype == dtype and actual.shape == original.shape
     truth = _reference(module, x)
     scale = truth.abs().max().item()
@@ -78,10 +65,10 @@ def test_tanh_gelu_runs_in_the_epilogue(dtype, shape, n_out, monkeypatch):
 
 def _calls_after_patch(module, x, monkeypatch, grad=False):
     kiln.patch(module)
-    calls = _Calls(monkeypatch)
+    counter = _count_epilogues(Counter(monkeypatch), monkeypatch)
     with torch.set_grad_enabled(grad):
         out = module(x)
-    return calls, out
+    return _counts(counter), out
 
 
 @pytest.mark.gpu
@@ -91,7 +78,7 @@ def test_a_hooked_projection_keeps_its_forward(monkeypatch):
     module.proj.register_forward_pre_hook(lambda m, args: seen.append(args[0].shape))
     x = torch.randn(4, 32, device="cuda", dtype=torch.bfloat16)
     calls, out = _calls_after_patch(module, x, monkeypatch)
-    assert (calls.epilogue, calls.kiln_gelu) == (0, 1) and seen == [x.shape]
+    assert calls == (0, 1) and seen == [x.shape]
     torch.testing.assert_close(out, module.gelu(module.proj(x)), atol=0, rtol=2**-7)
 
 
@@ -104,7 +91,7 @@ def test_an_instance_forward_is_kept(monkeypatch):
     module.proj.forward = lambda t: wrapped.append(1) or inner(t)
     x = torch.randn(4, 32, device="cuda", dtype=torch.bfloat16)
     calls, _ = _calls_after_patch(module, x, monkeypatch)
-    assert (calls.epilogue, calls.kiln_gelu) == (0, 1) and wrapped == [1]
+    assert calls == (0, 1) and wrapped == [1]
 
 
 @pytest.mark.gpu
@@ -112,7 +99,7 @@ def test_autograd_keeps_a_differentiable_path(monkeypatch):
     module = _module(32, 48, torch.float32)
     x = torch.randn(4, 32, device="cuda", requires_grad=True)
     calls, out = _calls_after_patch(module, x, monkeypatch, grad=True)
-    assert (calls.epilogue, calls.kiln_gelu) == (0, 1)
+    assert calls == (0, 1)
     (grad,) = torch.autograd.grad(out.sum(), x)
     x64 = x.detach().double().requires_grad_(True)
     (expected,) = torch.autograd.grad(_reference(module, x64).sum(), x64)
@@ -123,7 +110,7 @@ def test_autograd_keeps_a_differentiable_path(monkeypatch):
 def test_the_erf_form_and_other_projections_use_kiln_gelu(monkeypatch):
     x = torch.randn(4, 32, device="cuda", dtype=torch.bfloat16)
     calls, _ = _calls_after_patch(_module(32, 48, torch.bfloat16, approximate="none"), x, monkeypatch)
-    assert (calls.epilogue, calls.kiln_gelu) == (0, 1)
+    assert calls == (0, 1)
 
     class ScaledLinear(torch.nn.Linear):
         def forward(self, t):
@@ -134,5 +121,5 @@ def test_the_erf_form_and_other_projections_use_kiln_gelu(monkeypatch):
     scaled.load_state_dict(module.proj.state_dict())
     module.proj = scaled
     calls, out = _calls_after_patch(module, x, monkeypatch)
-    assert (calls.epilogue, calls.kiln_gelu) == (0, 1)
+    assert calls == (0, 1)
     torch.testing.assert_close(out, module.gelu(scaled(x)), atol=0, rtol=2**-7)
