@@ -184,7 +184,7 @@ def test_llama_bench_smoke_run(tmp_path):
     for case in doc["cases"]:
         err = case["settings"]["eager+kiln"]["error_vs_eager"]
         assert err["finite"] and err["max_rel"] < 5e-2
-        assert case["patch"]["replaced"] == {"rms_norm": 5, "swiglu": 2}
+        assert case["patch"]["replaced"] == {"rms_norm": 5, "swiglu": 2, "rope": 2}
     assert doc_path.with_suffix(".md").exists()
 
 
@@ -200,10 +200,10 @@ def _example(*args):
 
 def test_llama_example_tiny():
     out = _example("llama.py", "--tiny", "--new-tokens", "6")
-    assert "kiln.patch: 7 replaced, 0 left" in out
+    assert "kiln.patch: 9 replaced, 0 left" in out
     # fp32 on the CPU: the patched model's greedy tokens are the unpatched model's.
     assert "comparison: 6/6 greedy tokens equal" in out
-    assert "kiln.unpatch: 7 modules restored" in out
+    assert "kiln.unpatch: 9 modules restored" in out
 
 
 def test_llama_example_from_checkpoint(tmp_path):
@@ -211,7 +211,7 @@ def test_llama_example_from_checkpoint(tmp_path):
                                       num_attention_heads=4, num_key_value_heads=2, vocab_size=96)
     transformers.LlamaForCausalLM(config).save_pretrained(tmp_path)
     out = _example("llama.py", str(tmp_path), "--new-tokens", "3")
-    assert "1 layers, hidden 64" in out and "kiln.patch: 4 replaced, 0 left" in out
+    assert "1 layers, hidden 64" in out and "kiln.patch: 5 replaced, 0 left" in out
     assert "comparison: 3/3 greedy tokens equal" in out
 
 

@@ -8,13 +8,12 @@ compound through the layers, so the bf16 check is against the truth instead: the
 bf16 model must be about as close to the fp32 model as transformers' own bf16 model is.
 """
 
-import copy
 
 import pytest
 import torch
 
 import kiln
-from kiln import ops as kiln_ops, activation_ops
+from kiln import ops as kiln_ops, activation_ops, rope_ops
 
 transformers = pytest.importorskip("transformers", reason="transformers is not installed")
 
@@ -68,8 +67,9 @@ class _Counter:
     """Counts the calls of the kiln op wrappers the patched forwards use."""
 
     def __init__(self, monkeypatch):
-        self.calls = {"rms_norm": 0, "swiglu": 0, "geglu": 0}
-        for module, name in ((kiln_ops, "rms_norm"), (activation_ops, "swiglu"), (activation_ops, "geglu")):
+        self.calls = {"rms_norm": 0, "swiglu": 0, "geglu": 0, "rope": 0}
+        for module, name in ((kiln_ops, "rms_norm"), (activation_ops, "swiglu"), (activation_ops, "geglu"),
+                             (rope_ops, "rope")):
             monkeypatch.setattr(module, name, self._wrap(name, getattr(module, name)))
 
     def _wrap(self, name, fn):
@@ -81,13 +81,16 @@ class _Counter:
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_report_lists_norms_and_mlps(arch):
+def test_report_lists_norms_mlps_and_ropes(arch):
     model = _model(arch)
     report = kiln.patch(model)
     norms = [r for r in report.replaced if r.op == "rms_norm"]
     mlps = [r for r in report.replaced if r.op == MLP_OP[arch]]
+    ropes = [r for r in report.replaced if r.op == "rope"]
     assert len(norms) == 2 * NORMS_PER_LAYER[arch] + 1
     assert sorted(r.path for r in mlps) == ["model.layers.0.mlp", "model.layers.1.mlp"]
+    assert sorted(r.path for r in ropes) == ["model.layers.0.self_attn", "model.layers.1.self_attn"]
+    assert len(report.replaced) == len(norms) + len(mlps) + len(ropes)
     assert "model.norm" in {r.path for r in norms}
     expected_kind = "Gemma" if arch == "gemma" else "Llama"
     assert all(expected_kind in r.kind for r in norms)
@@ -107,6 +110,7 @@ def test_fp32_patched_agrees_and_uses_kiln(arch, monkeypatch):
     layers = 2
     assert counter.calls["rms_norm"] == layers * NORMS_PER_LAYER[arch] + 1
     assert counter.calls[MLP_OP[arch]] == layers
+    assert counter.calls["rope"] == layers  # q and k of a layer in one call
     assert actual.dtype == expected.dtype
     torch.testing.assert_close(actual, expected, rtol=1e-4, atol=1e-4)
 
@@ -119,7 +123,7 @@ def test_bf16_patched_is_as_close_to_fp32_as_the_original(arch, monkeypatch):
     kiln.patch(model)
     counter = _Counter(monkeypatch)
     patched = _logits(model, _ids())
-    assert counter.calls["rms_norm"] > 0 and counter.calls[MLP_OP[arch]] > 0
+    assert counter.calls["rms_norm"] > 0 and counter.calls[MLP_OP[arch]] > 0 and counter.calls["rope"] > 0
     assert patched.dtype == torch.bfloat16
     err_original = (original.double() - truth).abs().max().item()
     err_patched = (patched.double() - truth).abs().max().item()
@@ -160,8 +164,11 @@ def test_ops_filter_and_bad_ops():
     model = _model("llama")
     report = kiln.patch(model, ops=["rms_norm"])
     assert {r.op for r in report.replaced} == {"rms_norm"}
-    assert sorted(l.path for l in report.left) == ["model.layers.0.mlp", "model.layers.1.mlp"]
-    assert all("swiglu is not in ops" in l.reason for l in report.left)
+    left = {l.path: l.reason for l in report.left}
+    assert sorted(left) == ["model.layers.0.mlp", "model.layers.0.self_attn", "model.layers.1.mlp",
+                            "model.layers.1.self_attn"]
+    assert all(reason.endswith("swiglu is not in ops") for path, reason in left.items() if path.endswith("mlp"))
+    assert all(reason.endswith("rope is not in ops") for path, reason in left.items() if path.endswith("attn"))
     with pytest.raises(ValueError, match=r"kiln.patch: ops: expected names among .*got \['layernorm'\]"):
         kiln.patch(model, ops=["layernorm"])
     with pytest.raises(TypeError, match="kiln.patch: model: expected a torch.nn.Module"):
@@ -186,6 +193,7 @@ def test_training_through_the_patched_model(arch):
     names = {event.name for event in prof.events()}
     assert "kiln::rms_norm_backward" in names
     assert f"kiln::{MLP_OP[arch]}_backward" in names
+    assert "kiln::rope_backward" in names
     torch.testing.assert_close(loss, expected_loss, rtol=1e-5, atol=1e-6)
     for name, p in model.named_parameters():
         torch.testing.assert_close(p.grad, expected[name], rtol=1e-4, atol=1e-6, msg=name)
@@ -332,7 +340,7 @@ def test_patched_inside_an_accelerate_hook(order, monkeypatch):
     assert norm._old_forward is norm.__dict__["_kiln_patch"].patched  # the patch is inside it
     assert counter.calls["rms_norm"] == 5
     torch.testing.assert_close(actual, expected, rtol=1e-4, atol=1e-4)
-    assert kiln.unpatch(model) == 7
+    assert kiln.unpatch(model) == 9
     assert "_kiln_patch" not in norm.__dict__ and norm._old_forward.__func__ is type(norm).forward
     assert torch.equal(_logits(model, ids), expected)
     assert hook.calls == 2
@@ -370,10 +378,10 @@ def test_cpu_offload_hooks(order, monkeypatch):
     else:
         report = kiln.patch(model)
         accelerate.cpu_offload(model, execution_device=torch.device("cpu"))
-    assert len(report.replaced) == 7 and report.left == []
+    assert len(report.replaced) == 9 and report.left == []
     counter = _Counter(monkeypatch)
     actual = _logits(model, ids)
-    assert counter.calls["rms_norm"] == 5 and counter.calls["swiglu"] == 2
+    assert counter.calls["rms_norm"] == 5 and counter.calls["swiglu"] == 2 and counter.calls["rope"] == 2
     torch.testing.assert_close(actual, expected, rtol=1e-4, atol=1e-4)
     kiln.unpatch(model)
     assert torch.equal(_logits(model, ids), expected)

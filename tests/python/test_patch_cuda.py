@@ -8,20 +8,23 @@ import kiln
 
 transformers = pytest.importorskip("transformers", reason="transformers is not installed")
 
-from test_patch_cpu import ARCHS, MLP_OP, _ids, _model  # noqa: E402
+from test_patch_cpu import ARCHS, MLP_OP, _Counter, _ids, _model  # noqa: E402
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("arch", ARCHS)
-def test_bf16_cuda_patched_is_as_close_to_fp32_as_the_original(arch):
+def test_bf16_cuda_patched_is_as_close_to_fp32_as_the_original(arch, monkeypatch):
     ids = _ids().cuda()
     with torch.no_grad():
         truth = _model(arch, torch.float32).cuda()(ids).logits.double()
         model = _model(arch, torch.bfloat16).cuda()
         original = model(ids).logits
         report = kiln.patch(model)
-        assert {r.op for r in report.replaced} == {"rms_norm", MLP_OP[arch]} and report.left == []
+        assert {r.op for r in report.replaced} == {"rms_norm", MLP_OP[arch], "rope"} and report.left == []
+        counter = _Counter(monkeypatch)  # after the patch, whose probes call the ops too
         patched = model(ids).logits
+    # q and k reach kiln.rope as the attention makes them: transposed views of the projections.
+    assert counter.calls["rope"] == 2 and counter.calls[MLP_OP[arch]] == 2
     err_original = (original.double() - truth).abs().max().item()
     err_patched = (patched.double() - truth).abs().max().item()
     assert err_patched <= 1.5 * err_original + 1e-2, (err_patched, err_original)

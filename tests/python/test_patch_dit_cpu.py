@@ -148,6 +148,37 @@ def test_ltx_grid_with_interpolation_scales(scale, monkeypatch):
     _agree(actual, expected, dtype)
 
 
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_ltx_whole_model_compile_keeps_the_grid(dynamic):
+    """torch.compile of the whole patched model traces the rotary embedding too: the grid
+    must reach rms_norm_rope there as in eager (no graph break), so the compiled graph
+    computes the angles in the kernel and never builds diffusers' tables for it."""
+    model = _ltx(torch.float32)
+    inputs = _ltx_inputs(torch.float32)
+    expected = _ltx_out(model, inputs)
+    kiln.patch(model)
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend=backend, fullgraph=True, dynamic=dynamic)
+    with torch.no_grad():
+        actual = compiled(**inputs)[0]
+    torch._dynamo.reset()
+    calls = [n for gm in graphs for n in gm.graph.nodes if n.target is torch.ops.kiln.rms_norm_rope.default]
+    assert len(graphs) == 1 and len(calls) == 2
+    for node in calls:
+        cos, sin, grid = node.args[5:8]
+        # Under dynamic shapes the grid's sizes are graph inputs, not constants.
+        assert cos is None and sin is None and len(grid) == 3
+        assert dynamic or list(grid) == [2, 2, 3]
+    _agree(actual, expected, torch.float32)
+    kiln.unpatch(model)
+
+
 def test_ltx_with_grad_keeps_diffusers_path_for_the_fused_ops(monkeypatch):
     """The fused DiT ops (rms_norm_rope, adaln, gated_adaln, gated_residual) have no backward:
     a call that records a graph takes diffusers' path for them; the plain norms and the GELU

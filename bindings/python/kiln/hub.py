@@ -25,6 +25,7 @@ import torch
 
 from . import activation_ops, ops, rope_ops
 from .patching.forwards import kiln_can_take, norm_eps
+from .patching.rope_attention import rope_layout
 
 
 class RMSNorm(torch.nn.Module):
@@ -50,17 +51,16 @@ class RMSNorm(torch.nn.Module):
 class RotaryPosEmb(torch.nn.Module):
     """transformers' ``apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1)`` (layer name
     ``rotary_pos_emb``): rotate_half RoPE of q and k in one kiln launch. ``unsqueeze_dim`` 1
-    is q of ``[B, H, S, D]``, 2 is ``[B, S, H, D]``; cos/sin ``[B, S, D]`` or ``[S, D]``."""
+    is q of ``[B, H, S, D]``, 2 is ``[B, S, H, D]``; cos/sin ``[B, S, D]`` or ``[S, D]``, of q's
+    dtype (an fp32 table promotes the original's output to fp32: that call stays the
+    original's)."""
 
     can_torch_compile = True
     has_backward = True
 
     def forward(self, q, k, cos, sin, unsqueeze_dim=1):
-        layout = {1: "bhsd", 2: "bshd"}.get(unsqueeze_dim)
-        if (layout is None or q.dim() != 4 or k.dim() != 4 or cos.dim() not in (2, 3)
-                or cos.shape != sin.shape or cos.shape[-1] != q.shape[-1]
-                or cos.dtype != sin.dtype or cos.dtype not in (torch.float32, q.dtype)
-                or cos.device != q.device or not kiln_can_take(q, k, differentiable=True)):
+        layout = rope_layout(q, k, cos, sin, unsqueeze_dim)
+        if layout is None:
             return type(self).forward(self, q, k, cos, sin, unsqueeze_dim)
         return rope_ops.rope(q, k, cos, sin, layout=layout)
 

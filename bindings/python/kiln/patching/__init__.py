@@ -8,7 +8,9 @@ affine parameters), diffusers' ``GELU`` (``gelu(proj(x))``: the activation becom
 ``kiln.gelu``, the projection stays; on CUDA, without autograd, the tanh form goes into the
 projection's cuBLASLt epilogue instead) and gated MLPs
 ``down_proj(act_fn(gate_proj(x)) * up_proj(x))`` with SiLU or GELU (the activation and
-multiply become ``kiln.swiglu`` / ``kiln.geglu``; the projections stay). For diffusion
+multiply become ``kiln.swiglu`` / ``kiln.geglu``; the projections stay), and transformers'
+attentions whose forward calls ``apply_rotary_pos_emb`` (q and k rotated by one
+``kiln.rope``, see :mod:`.rope_attention`). For diffusion
 transformers (see :mod:`.detect_dit`): LTX-Video's attention processor (q/k RMSNorm and RoPE
 as one ``kiln.rms_norm_rope``, its rotary embedding tagged with the grid so the angles are
 computed in the kernel), its block's AdaLN and gated-residual seams (``kiln.adaln``,
@@ -22,7 +24,7 @@ from typing import Iterable, Optional
 
 import torch
 
-from . import detect, detect_dit, replace
+from . import detect, detect_dit, replace, rope_attention
 from .report import Left, PatchReport, Replaced
 
 OPS = ("rms_norm", "layer_norm", "gelu", "swiglu", "geglu", "rms_norm_rope", "rope", "adaln")
@@ -63,6 +65,8 @@ def patch(model: torch.nn.Module, ops: Optional[Iterable[str]] = None) -> PatchR
             classify = detect.classify_mlp
         elif detect.gelu_candidate(module):
             classify = detect.classify_gelu
+        elif rope_attention.candidate(module):
+            classify = rope_attention.classify
         else:
             continue
         cls = type(module).__name__

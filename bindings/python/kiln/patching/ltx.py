@@ -53,8 +53,6 @@ def video_rope(module: torch.nn.Module, original: Callable) -> Callable:
 
     def forward(*args, **kwargs):
         out = original(*args, **kwargs)
-        if torch.compiler.is_compiling():
-            return out
         try:
             bound = signature.bind(*args, **kwargs)
         except TypeError:

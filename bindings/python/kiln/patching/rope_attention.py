@@ -1,0 +1,128 @@
+"""transformers' attention RoPE (Llama, Mistral, Qwen2, Qwen3, Gemma, ...).
+
+Those attentions call a module-level ``apply_rotary_pos_emb(q, k, cos, sin)`` from their
+forward (``q * cos + rotate_half(q) * sin``, and the same for k: six elementwise kernels
+and two concatenations a layer in eager). kiln does not touch that module-level function,
+which every model of the library shares; the patched attention runs its own class forward,
+the same code, with that one global name resolved to :func:`rotate_half_rope` instead.
+Everything else the forward reads (projections, caches, the attention interface) is the
+module's own, so a forward that changes between transformers versions needs nothing here.
+"""
+
+import types
+from typing import Callable, Optional
+
+import torch
+
+from .. import rope_ops
+from .forwards import kiln_can_take
+
+ROPE_GLOBAL = "apply_rotary_pos_emb"
+
+
+def rope_layout(q, k, cos, sin, unsqueeze_dim) -> Optional[str]:
+    """kiln.rope's layout for transformers' ``apply_rotary_pos_emb`` arguments (1: q of
+    ``[B, H, S, D]``, 2: ``[B, S, H, D]``; cos/sin ``[B, S, D]`` or ``[S, D]``), or None where
+    kiln would not compute the same thing with the same output dtype. cos and sin must have
+    q's dtype: the formula promotes a bf16 q times an fp32 table to fp32, and kiln returns
+    q's dtype."""
+    layout = {1: "bhsd", 2: "bshd"}.get(unsqueeze_dim)
+    if layout is None or not all(isinstance(t, torch.Tensor) for t in (q, k, cos, sin)):
+        return None
+    if q.dim() != 4 or k.dim() != 4 or cos.dim() not in (2, 3) or cos.shape != sin.shape:
+        return None
+    if cos.shape[-1] != q.shape[-1] or k.shape[-1] != q.shape[-1] or q.shape[-1] % 2:
+        return None
+    if not kiln_can_take(q, k, cos, sin, differentiable=True):
+        return None
+    return layout
+
+
+def rotate_half_rope(original: Callable) -> Callable:
+    """``apply_rotary_pos_emb`` as one kiln.rope launch for q and k where :func:`rope_layout`
+    allows, the ``original`` function otherwise (other signatures included)."""
+
+    def apply_rotary_pos_emb(q, k, cos, sin, *args, **kwargs):
+        unsqueeze_dim = kwargs.get("unsqueeze_dim", args[0] if args else 1)
+        extra = len(args) + len(kwargs)
+        if extra > 1 or (kwargs and "unsqueeze_dim" not in kwargs):
+            return original(q, k, cos, sin, *args, **kwargs)
+        layout = rope_layout(q, k, cos, sin, unsqueeze_dim)
+        if layout is None:
+            return original(q, k, cos, sin, *args, **kwargs)
+        return rope_ops.rope(q, k, cos, sin, layout=layout)
+
+    apply_rotary_pos_emb.__wrapped__ = original
+    return apply_rotary_pos_emb
+
+
+def uses_rope_global(function: object) -> bool:
+    """Whether ``function`` is plain Python code that calls a global
+    ``apply_rotary_pos_emb`` (and is not a decorator's wrapper, whose own globals are not
+    the ones the wrapped code reads)."""
+    code = getattr(function, "__code__", None)
+    return (isinstance(function, types.FunctionType) and not hasattr(function, "__wrapped__")
+            and ROPE_GLOBAL in code.co_names and callable(function.__globals__.get(ROPE_GLOBAL)))
+
+
+def with_kiln_rope(function: types.FunctionType) -> types.FunctionType:
+    """A copy of ``function`` whose global ``apply_rotary_pos_emb`` is kiln's. The copy
+    reads a snapshot of the function's module globals: names rebound in that module later
+    are not seen (objects mutated in place, like transformers' attention registry, are)."""
+    scope = dict(function.__globals__)
+    scope[ROPE_GLOBAL] = rotate_half_rope(function.__globals__[ROPE_GLOBAL])
+    copy = types.FunctionType(function.__code__, scope, function.__name__, function.__defaults__,
+                              function.__closure__)
+    copy.__kwdefaults__ = function.__kwdefaults__
+    copy.__qualname__, copy.__doc__ = function.__qualname__, function.__doc__
+    return copy
+
+
+def candidate(module: torch.nn.Module) -> bool:
+    """An attention (``q_proj`` and ``k_proj`` children) whose class forward calls a
+    global ``apply_rotary_pos_emb``."""
+    return all(isinstance(getattr(module, n, None), torch.nn.Module) for n in ("q_proj", "k_proj")) \
+        and uses_rope_global(type(module).forward)
+
+
+def _probe(dtype: torch.dtype, generator: torch.Generator):
+    """q [B, H, S, D], k with fewer heads (grouped-query attention), and cos/sin as
+    transformers' rotary embeddings make them: [B, S, D], each angle used for both halves."""
+    q = torch.randn(2, 4, 5, 8, generator=generator)
+    k = torch.randn(2, 2, 5, 8, generator=generator)
+    angles = torch.rand(2, 5, 4, generator=generator) * 20.0
+    emb = torch.cat((angles, angles), dim=-1)
+    return [t.to(dtype) for t in (q, k, emb.cos(), emb.sin())]
+
+
+def classify(module: torch.nn.Module, original: Callable):
+    """A Match when the module's global ``apply_rotary_pos_emb`` computes what kiln.rope
+    computes on a random probe (fp32 and bf16), else a NoMatch with the reason."""
+    from .detect import Match, NoMatch, _agree  # detect imports forwards, as this module does
+
+    if getattr(original, "__func__", None) is not type(module).forward \
+            or getattr(original, "__self__", None) is not module:
+        return NoMatch("rope", "its forward is not its class's own (something else wraps it)")
+    function = type(module).forward.__globals__[ROPE_GLOBAL]
+    replacement = rotate_half_rope(function)
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for dtype in (torch.float32, torch.bfloat16):
+            q, k, cos, sin = _probe(dtype, generator)
+            try:
+                expected = function(q, k, cos, sin)
+            except Exception as e:
+                return NoMatch("rope", f"its apply_rotary_pos_emb fails on a probe ({type(e).__name__}: {e})")
+            actual = replacement(q, k, cos, sin)
+            if not (isinstance(expected, tuple) and len(expected) == 2):
+                return NoMatch("rope", "its apply_rotary_pos_emb does not return (q, k)")
+            for e, a in zip(expected, actual):
+                why = _agree(e, a)
+                if why is not None:
+                    return NoMatch("rope", f"its apply_rotary_pos_emb is not rotate_half RoPE: on a {dtype} "
+                                           f"probe kiln.rope {why}")
+    return Match("rope (rotate_half, in the attention's forward)", "rope", factory)
+
+
+def factory(module: torch.nn.Module, original: Callable) -> Callable:
+    return with_kiln_rope(type(module).forward).__get__(module)

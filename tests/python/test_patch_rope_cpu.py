@@ -1,0 +1,140 @@
+"""kiln.patch of transformers' attention RoPE (the forward's global ``apply_rotary_pos_emb``
+resolved to kiln.rope), on the CPU: what is replaced, what is left and why, and that the
+module-level function every other model shares is untouched."""
+
+import functools
+
+import pytest
+import torch
+
+import kiln
+from kiln import rope_ops
+from kiln.patching import rope_attention
+
+transformers = pytest.importorskip("transformers", reason="transformers is not installed")
+from transformers.models.llama import modeling_llama  # noqa: E402
+
+from test_patch_cpu import _ids, _logits, _model  # noqa: E402
+
+
+def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
+    """Interleaved pairs (GPT-J style): what the attentions below call; not rotate_half."""
+    cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
+
+    def rotate(x):
+        pairs = x.unflatten(-1, (-1, 2))
+        return torch.stack((-pairs[..., 1], pairs[..., 0]), dim=-1).flatten(-2)
+
+    return q * cos + rotate(q) * sin, k * cos + rotate(k) * sin
+
+
+class _InterleavedAttention(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.q_proj, self.k_proj = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)
+
+    def forward(self, x, cos, sin):
+        q = self.q_proj(x).unflatten(-1, (1, 8)).transpose(1, 2)
+        k = self.k_proj(x).unflatten(-1, (1, 8)).transpose(1, 2)
+        return apply_rotary_pos_emb(q, k, cos, sin)
+
+
+def _count_rope(monkeypatch):
+    calls = []
+    original = rope_ops.rope
+    monkeypatch.setattr(rope_ops, "rope", lambda *a, **k: calls.append(k.get("layout")) or original(*a, **k))
+    return calls
+
+
+def test_other_rotary_formula_is_left_with_the_reason():
+    report = kiln.patch(_InterleavedAttention())
+    assert report.replaced == []
+    assert len(report.left) == 1 and report.left[0].path == ""
+    assert "apply_rotary_pos_emb is not rotate_half RoPE" in report.left[0].reason
+
+
+def test_forward_wrapped_by_something_else_is_left():
+    model = _model("llama")
+    attn = model.model.layers[0].self_attn
+    attn.forward = functools.partial(type(attn).forward, attn)
+    report = kiln.patch(model)
+    left = {l.path: l.reason for l in report.left}
+    assert left == {"model.layers.0.self_attn": "its forward is not its class's own (something else wraps it)"}
+    assert [r.path for r in report.replaced if r.op == "rope"] == ["model.layers.1.self_attn"]
+
+
+def test_decorated_forward_is_not_a_candidate():
+    class Decorated(_InterleavedAttention):
+        @functools.wraps(_InterleavedAttention.forward)
+        def forward(self, *args):
+            return super().forward(*args)
+
+    assert not rope_attention.candidate(Decorated())
+    assert rope_attention.candidate(_InterleavedAttention())
+
+
+def test_the_shared_function_stays_transformers_own(monkeypatch):
+    shared = modeling_llama.apply_rotary_pos_emb
+    patched, plain = _model("llama"), _model("llama")
+    ids = _ids()
+    kiln.patch(patched)
+    assert modeling_llama.apply_rotary_pos_emb is shared
+    calls = _count_rope(monkeypatch)
+    _logits(plain, ids)
+    assert calls == []  # the unpatched model of the same class does not reach kiln
+    _logits(patched, ids)
+    assert calls == ["bhsd", "bhsd"]
+    kiln.unpatch(patched)
+
+
+@pytest.mark.parametrize("unsqueeze_dim", [1, 2])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_replacement_matches_the_formula(unsqueeze_dim, dtype, monkeypatch):
+    g = torch.Generator().manual_seed(0)
+    heads_first = unsqueeze_dim == 1
+    q = torch.randn((2, 4, 7, 16) if heads_first else (2, 7, 4, 16), generator=g).to(dtype)
+    k = torch.randn((2, 2, 7, 16) if heads_first else (2, 7, 2, 16), generator=g).to(dtype)
+    angles = torch.rand(2, 7, 8, generator=g) * 30
+    cos, sin = [f(torch.cat((angles, angles), -1)).to(dtype) for f in (torch.cos, torch.sin)]
+    calls = _count_rope(monkeypatch)
+    replacement = rope_attention.rotate_half_rope(modeling_llama.apply_rotary_pos_emb)
+    actual = replacement(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim)
+    expected = modeling_llama.apply_rotary_pos_emb(q.double(), k.double(), cos.double(), sin.double(),
+                                                   unsqueeze_dim)
+    assert calls == ["bhsd" if heads_first else "bshd"]
+    tol = 1e-6 if dtype == torch.float32 else 2**-7
+    for a, e in zip(actual, expected):
+        assert a.dtype == dtype
+        torch.testing.assert_close(a.double(), e, rtol=tol, atol=tol)
+
+
+def test_fp32_table_with_half_q_keeps_the_formula(monkeypatch):
+    """The formula promotes a bf16 q times an fp32 table to fp32; kiln would return bf16."""
+    q, k = torch.randn(1, 2, 3, 8).bfloat16(), torch.randn(1, 1, 3, 8).bfloat16()
+    cos, sin = torch.randn(1, 3, 8), torch.randn(1, 3, 8)
+    calls = _count_rope(monkeypatch)
+    out = rope_attention.rotate_half_rope(modeling_llama.apply_rotary_pos_emb)(q, k, cos, sin)
+    assert calls == [] and out[0].dtype == torch.float32
+    assert rope_attention.rope_layout(q, k, cos, sin, 1) is None
+    assert rope_attention.rope_layout(q, k, cos.bfloat16(), sin.bfloat16(), 1) == "bhsd"
+    assert rope_attention.rope_layout(q, k, cos.bfloat16(), sin.bfloat16(), 3) is None
+
+
+def test_compiled_patched_model_has_kiln_rope_in_one_graph():
+    model = _model("llama")
+    ids = _ids()
+    expected = _logits(model, ids)
+    kiln.patch(model)
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    actual = _logits(torch.compile(model, backend=backend, fullgraph=True), ids)
+    torch._dynamo.reset()
+    ropes = [n for gm in graphs for n in gm.graph.nodes if n.target is torch.ops.kiln.rope.default]
+    assert len(graphs) == 1 and len(ropes) == 2
+    torch.testing.assert_close(actual, expected, rtol=1e-4, atol=1e-4)
+    kiln.unpatch(model)
