@@ -45,3 +45,22 @@ def inputs(batch, device, seed=0):
 def model(device):
     torch.manual_seed(0)
     return Block().to(device).eval()
+
+
+def compile_capturing(module, dynamic=False):
+    """``torch.compile(module, fullgraph=True)`` with a backend that keeps every FX graph
+    Dynamo hands it (and runs it as traced), so a test can see which ops the compiled
+    module calls; returns (compiled module, list the graphs land in). Resets Dynamo first."""
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    return torch.compile(module, backend=backend, fullgraph=True, dynamic=dynamic), graphs
+
+
+def calls_of(graphs, op):
+    """The nodes of ``graphs`` that call ``op``."""
+    return [n for gm in graphs for n in gm.graph.nodes if n.target is op]

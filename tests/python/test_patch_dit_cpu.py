@@ -19,6 +19,7 @@ from diffusers.models.transformers.transformer_flux import FluxAttnProcessor  # 
 from diffusers.models.transformers.transformer_ltx import LTXVideoAttnProcessor  # noqa: E402
 
 from test_patch_diffusers_cpu import _ltx, _ltx_inputs, _ltx_out  # noqa: E402
+from graph_model import calls_of, compile_capturing  # noqa: E402
 
 try:
     import accelerate
@@ -157,18 +158,11 @@ def test_ltx_whole_model_compile_keeps_the_grid(dynamic):
     inputs = _ltx_inputs(torch.float32)
     expected = _ltx_out(model, inputs)
     kiln.patch(model)
-    graphs = []
-
-    def backend(gm, example_inputs):
-        graphs.append(gm)
-        return gm.forward
-
-    torch._dynamo.reset()
-    compiled = torch.compile(model, backend=backend, fullgraph=True, dynamic=dynamic)
+    compiled, graphs = compile_capturing(model, dynamic=dynamic)
     with torch.no_grad():
         actual = compiled(**inputs)[0]
     torch._dynamo.reset()
-    calls = [n for gm in graphs for n in gm.graph.nodes if n.target is torch.ops.kiln.rms_norm_rope.default]
+    calls = calls_of(graphs, torch.ops.kiln.rms_norm_rope.default)
     assert len(graphs) == 1 and len(calls) == 2
     for node in calls:
         cos, sin, grid = node.args[5:8]

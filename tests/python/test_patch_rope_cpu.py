@@ -14,6 +14,7 @@ from kiln.patching import rope_attention
 transformers = pytest.importorskip("transformers", reason="transformers is not installed")
 from transformers.models.llama import modeling_llama  # noqa: E402
 
+from graph_model import calls_of, compile_capturing  # noqa: E402
 from test_patch_cpu import _ids, _logits, _model  # noqa: E402
 
 
@@ -125,16 +126,28 @@ def test_compiled_patched_model_has_kiln_rope_in_one_graph():
     ids = _ids()
     expected = _logits(model, ids)
     kiln.patch(model)
-    graphs = []
-
-    def backend(gm, example_inputs):
-        graphs.append(gm)
-        return gm.forward
-
+    compiled, graphs = compile_capturing(model)
+    actual = _logits(compiled, ids)
     torch._dynamo.reset()
-    actual = _logits(torch.compile(model, backend=backend, fullgraph=True), ids)
-    torch._dynamo.reset()
-    ropes = [n for gm in graphs for n in gm.graph.nodes if n.target is torch.ops.kiln.rope.default]
+    ropes = calls_of(graphs, torch.ops.kiln.rope.default)
     assert len(graphs) == 1 and len(ropes) == 2
     torch.testing.assert_close(actual, expected, rtol=1e-4, atol=1e-4)
     kiln.unpatch(model)
+
+
+def test_a_fifth_argument_of_another_meaning_keeps_the_formula(monkeypatch):
+    """Older transformers took ``position_ids`` after (q, k, cos, sin): such a call is the
+    original's, whatever the value."""
+    def older(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
+        return modeling_llama.apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim)
+
+    q, k = torch.randn(1, 2, 3, 8), torch.randn(1, 1, 3, 8)
+    cos, sin = torch.randn(1, 3, 8), torch.randn(1, 3, 8)
+    calls = _count_rope(monkeypatch)
+    replacement = rope_attention.rotate_half_rope(older)
+    replacement(q, k, cos, sin, 1)
+    replacement(q, k, cos, sin, None, 1)
+    assert calls == []
+    replacement(q, k, cos, sin, unsqueeze_dim=1)
+    replacement(q, k, cos, sin)
+    assert calls == ["bhsd", "bhsd"]

@@ -9,6 +9,7 @@ Everything else the forward reads (projections, caches, the attention interface)
 module's own, so a forward that changes between transformers versions needs nothing here.
 """
 
+import inspect
 import types
 from typing import Callable, Optional
 
@@ -42,11 +43,17 @@ def rotate_half_rope(original: Callable) -> Callable:
     """``apply_rotary_pos_emb`` as one kiln.rope launch for q and k where :func:`rope_layout`
     allows, the ``original`` function otherwise (other signatures included)."""
 
+    # An argument after (q, k, cos, sin) is read only where the original gives it that
+    # meaning (older versions took position_ids fifth).
+    names = _parameters(original)
+    positional_ok = names[4:5] == ["unsqueeze_dim"]
+    keyword_ok = "unsqueeze_dim" in names
+
     def apply_rotary_pos_emb(q, k, cos, sin, *args, **kwargs):
-        unsqueeze_dim = kwargs.get("unsqueeze_dim", args[0] if args else 1)
-        extra = len(args) + len(kwargs)
-        if extra > 1 or (kwargs and "unsqueeze_dim" not in kwargs):
+        if len(args) + len(kwargs) > 1 or (args and not positional_ok) \
+                or (kwargs and not (keyword_ok and "unsqueeze_dim" in kwargs)):
             return original(q, k, cos, sin, *args, **kwargs)
+        unsqueeze_dim = kwargs.get("unsqueeze_dim", args[0] if args else 1)
         layout = rope_layout(q, k, cos, sin, unsqueeze_dim)
         if layout is None:
             return original(q, k, cos, sin, *args, **kwargs)
@@ -54,6 +61,13 @@ def rotate_half_rope(original: Callable) -> Callable:
 
     apply_rotary_pos_emb.__wrapped__ = original
     return apply_rotary_pos_emb
+
+
+def _parameters(function: Callable) -> list:
+    try:
+        return list(inspect.signature(function).parameters)
+    except (TypeError, ValueError):
+        return []
 
 
 def uses_rope_global(function: object) -> bool:
