@@ -151,3 +151,12 @@ def test_a_fifth_argument_of_another_meaning_keeps_the_formula(monkeypatch):
     replacement(q, k, cos, sin, unsqueeze_dim=1)
     replacement(q, k, cos, sin)
     assert calls == ["bhsd", "bhsd"]
+
+
+def test_attentions_of_one_class_share_one_kiln_forward():
+    model = _model("llama")
+    kiln.patch(model)
+    forwards = [layer.self_attn.forward for layer in model.model.layers]
+    assert len({f.__func__ for f in forwards}) == 1
+    assert [f.__self__ for f in forwards] == [layer.self_attn for layer in model.model.layers]
+    kiln.unpatch(model)

@@ -11,11 +11,13 @@ module's own, so a forward that changes between transformers versions needs noth
 
 import inspect
 import types
+import weakref
 from typing import Callable, Optional
 
 import torch
 
 from .. import rope_ops
+from .detect import Match, NoMatch, _agree
 from .forwards import kiln_can_take
 
 ROPE_GLOBAL = "apply_rotary_pos_emb"
@@ -79,16 +81,25 @@ def uses_rope_global(function: object) -> bool:
             and ROPE_GLOBAL in code.co_names and callable(function.__globals__.get(ROPE_GLOBAL)))
 
 
+# One kiln copy per class forward, shared by every patched attention of that class.
+_KILN_COPIES: "weakref.WeakKeyDictionary[types.FunctionType, types.FunctionType]" = weakref.WeakKeyDictionary()
+
+
 def with_kiln_rope(function: types.FunctionType) -> types.FunctionType:
-    """A copy of ``function`` whose global ``apply_rotary_pos_emb`` is kiln's. The copy
-    reads a snapshot of the function's module globals: names rebound in that module later
-    are not seen (objects mutated in place, like transformers' attention registry, are)."""
+    """A copy of ``function`` whose global ``apply_rotary_pos_emb`` is kiln's (made once per
+    function). The copy reads a snapshot of the function's module globals: names rebound in
+    that module later are not seen (objects mutated in place, like transformers' attention
+    registry, are)."""
+    copy = _KILN_COPIES.get(function)
+    if copy is not None:
+        return copy
     scope = dict(function.__globals__)
     scope[ROPE_GLOBAL] = rotate_half_rope(function.__globals__[ROPE_GLOBAL])
     copy = types.FunctionType(function.__code__, scope, function.__name__, function.__defaults__,
                               function.__closure__)
     copy.__kwdefaults__ = function.__kwdefaults__
     copy.__qualname__, copy.__doc__ = function.__qualname__, function.__doc__
+    _KILN_COPIES[function] = copy
     return copy
 
 
@@ -112,8 +123,6 @@ def _probe(dtype: torch.dtype, generator: torch.Generator):
 def classify(module: torch.nn.Module, original: Callable):
     """A Match when the module's global ``apply_rotary_pos_emb`` computes what kiln.rope
     computes on a random probe (fp32 and bf16), else a NoMatch with the reason."""
-    from .detect import Match, NoMatch, _agree  # detect imports forwards, as this module does
-
     if getattr(original, "__func__", None) is not type(module).forward \
             or getattr(original, "__self__", None) is not module:
         return NoMatch("rope", "its forward is not its class's own (something else wraps it)")
@@ -127,7 +136,10 @@ def classify(module: torch.nn.Module, original: Callable):
                 expected = function(q, k, cos, sin)
             except Exception as e:
                 return NoMatch("rope", f"its apply_rotary_pos_emb fails on a probe ({type(e).__name__}: {e})")
-            actual = replacement(q, k, cos, sin)
+            try:
+                actual = replacement(q, k, cos, sin)
+            except Exception as e:
+                return NoMatch("rope", f"kiln.rope fails on a {dtype} probe ({type(e).__name__}: {e})")
             if not (isinstance(expected, tuple) and len(expected) == 2):
                 return NoMatch("rope", "its apply_rotary_pos_emb does not return (q, k)")
             for e, a in zip(expected, actual):
