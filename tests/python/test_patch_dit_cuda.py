@@ -115,3 +115,25 @@ def test_ltx_default_size_block_bf16_cuda(monkeypatch):
     kiln.unpatch(block)
     kiln.unpatch(rope)
     assert torch.equal(run(block, torch.bfloat16, rope), original)
+
+
+@pytest.mark.gpu
+def test_ltx_first_called_inside_a_cuda_graph_capture():
+    """The patched block keeps its constant operands (gated_adaln's zero gate and ones row)
+    between calls; one made during a capture is only recorded there, not filled, so it must
+    not be kept. A model patched afresh and first called inside a capture gives the eager
+    result in an eager call right after the capture and in the replay."""
+    model = _ltx(torch.bfloat16, "cuda")
+    inputs = _ltx_inputs(torch.bfloat16, "cuda")
+    kiln.patch(model)
+    expected = _ltx_out(model, inputs)  # builds kiln's kernels: none may build in a capture
+    kiln.unpatch(model)
+    kiln.patch(model)
+    graph = torch.cuda.CUDAGraph()
+    with torch.no_grad(), torch.cuda.graph(graph):
+        captured = model(**inputs)[0]
+    assert torch.equal(_ltx_out(model, inputs), expected)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured, expected)
+    kiln.unpatch(model)

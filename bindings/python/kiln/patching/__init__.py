@@ -13,7 +13,7 @@ attentions whose forward calls ``apply_rotary_pos_emb`` (q and k rotated by one
 ``kiln.rope``, see :mod:`.rope_attention`). For diffusion
 transformers (see :mod:`.detect_dit`): LTX-Video's attention processor (q/k RMSNorm and RoPE
 as one ``kiln.rms_norm_rope``, its rotary embedding tagged with the grid so the angles are
-computed in the kernel), its block's AdaLN and gated-residual seams (``kiln.adaln``,
+computed in the kernel, and its tables built only if something reads them), its block's AdaLN and gated-residual seams (``kiln.adaln``,
 ``kiln.gated_residual``, ``kiln.gated_adaln``), FLUX's attention processor (q and k rotated
 by one ``kiln.rope``) and diffusers' AdaLN modules (``kiln.adaln``). A patched forward whose
 kiln ops have no backward (LTX-Video's fused seams) calls the original where it would record
@@ -24,7 +24,7 @@ from typing import Iterable, Optional
 
 import torch
 
-from . import detect, detect_dit, replace, rope_attention
+from . import detect, detect_dit, ltx, ltx_chain, replace, rope_attention
 from .report import Left, PatchReport, Replaced
 
 OPS = ("rms_norm", "layer_norm", "gelu", "swiglu", "geglu", "rms_norm_rope", "rope", "adaln")
@@ -79,7 +79,13 @@ def patch(model: torch.nn.Module, ops: Optional[Iterable[str]] = None) -> PatchR
         else:
             replace.install(module, original, result.factory(module, original), result.kind, result.op)
             report.replaced.append(Replaced(path, result.kind, result.op))
+    ltx_chain.link(model, _is_patched_ltx_block)
     return report
+
+
+def _is_patched_ltx_block(module: torch.nn.Module) -> bool:
+    state = replace.state_of(module)
+    return isinstance(state, replace.PatchState) and state.op == ltx.BLOCK_OPS
 
 
 def _patch_dit(path: str, module: torch.nn.Module, chosen: frozenset, report: PatchReport) -> bool:
@@ -112,6 +118,7 @@ def unpatch(model: torch.nn.Module) -> int:
     many. The model computes bit for bit what it did before the patch."""
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"kiln.unpatch: model: expected a torch.nn.Module, got {type(model).__name__}")
+    ltx_chain.unlink(model)
     return sum(replace.uninstall(module, path) for path, module in model.named_modules())
 
 

@@ -167,6 +167,12 @@ def gelu_after_proj(module: torch.nn.Module, original: Callable) -> Callable:
     return forward
 
 
+def torch_hooks(module: torch.nn.Module) -> bool:
+    """Whether torch runs forward hooks around the module's forward (its own or global ones)."""
+    return bool(module._forward_hooks or module._forward_pre_hooks
+                or _module_hooks._global_forward_hooks or _module_hooks._global_forward_pre_hooks)
+
+
 def _gemm_gelu_epilogue(proj: torch.nn.Module, x: torch.Tensor) -> Optional[torch.Tensor]:
     """``gelu(proj(x), approximate="tanh")`` as one cuBLASLt GEMM whose epilogue adds the bias
     to the fp32 accumulator and applies the GELU before the single rounding, so the
@@ -181,9 +187,7 @@ def _gemm_gelu_epilogue(proj: torch.nn.Module, x: torch.Tensor) -> Optional[torc
     weight, bias = proj.weight, proj.bias
     if bias is None or not kiln_can_take(x, weight, bias):
         return None
-    if "forward" in proj.__dict__ or proj._forward_hooks or proj._forward_pre_hooks:
-        return None
-    if _module_hooks._global_forward_hooks or _module_hooks._global_forward_pre_hooks:
+    if "forward" in proj.__dict__ or torch_hooks(proj):
         return None
     flat = x.reshape(-1, x.shape[-1])
     out = torch._addmm_activation(bias, flat, weight.t(), use_gelu=True)

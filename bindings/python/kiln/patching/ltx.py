@@ -1,6 +1,6 @@
-"""LTX-Video's replacements: its rotary embedding (which keeps the grid its angles came
-from), its attention processor (q/k RMSNorm and RoPE as one ``kiln.rms_norm_rope``) and its
-transformer block's AdaLN / gated-residual seams.
+"""LTX-Video's replacements: its attention processor (q/k RMSNorm and RoPE as one
+``kiln.rms_norm_rope``) and its transformer block's AdaLN / gated-residual seams (its
+rotary embedding: ltx_rope.py).
 
 Everything else (projections, attention, masks, the feed-forward) stays diffusers' own
 code, called in diffusers' order; anything kiln has no kernel for (other dtypes or
@@ -8,74 +8,34 @@ devices, mixed dtypes, autograd, weights still on the meta device under sequenti
 offload) takes diffusers' path.
 """
 
-import inspect
 import sys
-from numbers import Real
 from typing import Callable, Optional
 
 import torch
 
 from .. import activation_ops, norm_ops, ops, rope_ops
+from . import ltx_chain
 from .forwards import kiln_can_take, norm_eps
 
-
-class VideoRotaryEmbedding(tuple):
-    """``(cos, sin)`` as diffusers' ``LTXVideoRotaryPosEmbed`` returns them, plus the video
-    grid they were computed from, so a kiln processor can compute the angles in its kernel
-    instead of reading the two fp32 tables. Anything else sees the plain pair; a copy made
-    from the pair alone (accelerate rebuilds tuples as ``type(t)(items)`` when it moves
-    them) has no grid, and its tables are read."""
-
-    def __new__(cls, pair, grid=None, scale=None, base_sizes=None, patch_sizes=None, theta=None):
-        self = super().__new__(cls, pair)
-        self.grid, self.scale, self.base_sizes = grid, scale, base_sizes
-        self.patch_sizes, self.theta = patch_sizes, theta
-        return self
-
-
-def _plain_scale(scale) -> Optional[tuple]:
-    """The interpolation scale as three floats, or None where it is not three numbers."""
-    if scale is None or len(scale) != 3:
-        return None
-    values = []
-    for v in scale:
-        if isinstance(v, torch.Tensor) and v.numel() == 1 and v.device.type == "cpu":
-            v = v.item()
-        if not isinstance(v, Real):
-            return None
-        values.append(float(v))
-    return tuple(values)
-
-
-def video_rope(module: torch.nn.Module, original: Callable) -> Callable:
-    """``LTXVideoRotaryPosEmbed``: the original tables, tagged with their grid."""
-    signature = inspect.signature(original)
-
-    def forward(*args, **kwargs):
-        out = original(*args, **kwargs)
-        try:
-            bound = signature.bind(*args, **kwargs)
-        except TypeError:
-            return out
-        a = bound.arguments
-        frames, height, width = a.get("num_frames"), a.get("height"), a.get("width")
-        if a.get("video_coords") is not None or not all(isinstance(n, int) for n in (frames, height, width)):
-            return out
-        scale = a.get("rope_interpolation_scale")
-        plain = _plain_scale(scale)
-        if scale is not None and plain is None:
-            return out
-        cos, sin = out
-        return VideoRotaryEmbedding(
-            (cos, sin), (frames, height, width), plain,
-            (module.base_num_frames, module.base_height, module.base_width),
-            (module.patch_size_t, module.patch_size), float(module.theta))
-
-    return forward
+BLOCK_OPS = "adaln + gated_residual + gated_adaln"
 
 
 def _diffusers_module(processor: object):
     return sys.modules[type(processor).__module__]
+
+
+def _constant(cache: dict, like: torch.Tensor, make: Callable[[], object]):
+    """``make()``, kept in ``cache`` (one entry: for like's width, dtype and device) so that
+    a constant operand costs no fill kernel per call. Made afresh while compiling (a graph
+    makes its own) and while a CUDA graph captures (a capture records the fill without
+    running it, so a tensor kept from there would hold nothing outside the graph)."""
+    if torch.compiler.is_compiling() or (like.is_cuda and torch.cuda.is_current_stream_capturing()):
+        return make()
+    key = (like.shape[-1], like.dtype, like.device)
+    if key not in cache:
+        cache.clear()
+        cache[key] = make()
+    return cache[key]
 
 
 def _weight(norm: torch.nn.Module, like: torch.Tensor, cache: dict) -> Optional[torch.Tensor]:
@@ -83,11 +43,7 @@ def _weight(norm: torch.nn.Module, like: torch.Tensor, cache: dict) -> Optional[
     if isinstance(weight, torch.Tensor):
         return weight
     # rms_norm_rope takes a weight; a norm without one multiplies by ones.
-    key = (like.shape[-1], like.dtype, like.device)
-    if key not in cache:
-        cache.clear()
-        cache[key] = torch.ones(like.shape[-1], dtype=like.dtype, device=like.device)
-    return cache[key]
+    return _constant(cache, like, lambda: torch.ones(like.shape[-1], dtype=like.dtype, device=like.device))
 
 
 class LTXAttnProcessor:
@@ -205,11 +161,15 @@ def ltx_block(module: torch.nn.Module, original: Callable) -> Callable:
     * ``h + attn1 * gate_msa`` -> ``kiln.gated_residual``;
     * ``h + attn2`` then ``norm2(h) * (1 + scale_mlp) + shift_mlp`` -> one
       ``kiln.gated_adaln`` (gate 0 + 1: the add is exact, as diffusers' is);
-    * ``h + ff * gate_mlp`` -> ``kiln.gated_residual_`` into the fresh h.
+    * ``h + ff * gate_mlp`` -> ``kiln.gated_residual_`` into the fresh h; or, where the next
+      block of the model is patched too, one ``kiln.gated_adaln`` with that block's norm1
+      AdaLN, whose output is handed over to it (ltx_chain.py).
 
     The attentions and the feed-forward are the module's own, called as diffusers calls
     them. kiln rounds each seam once where diffusers rounds after every elementwise op
     (the outputs agree within an ulp or two per seam); the output dtype is the same."""
+    constants = {}
+
     # diffusers' own signature (the probe checked the names), so no argument binding runs
     # per call.
     def forward(hidden_states, encoder_hidden_states, temb, image_rotary_emb=None, encoder_attention_mask=None):
@@ -228,28 +188,59 @@ def ltx_block(module: torch.nn.Module, original: Callable) -> Callable:
         if n != 6 or table.shape[1] != d or temb.shape[0] != b or temb.shape[1] not in (1, t) \
                 or temb.shape[2] != n * d or any(w.shape != (d,) for w in weights):
             return original(*args, **kwargs)
-        ada = norm_ops.ada_values(temb, n)  # shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp
-        norm_h = norm_ops.adaln(h, ada[:, :, 1], ada[:, :, 0], w1, norm_eps(module.norm1, h),
-                                "rms", table[1], table[0])
+        ada = norm_ops.ada_values(temb, n)
+        # One call for six views each (this forward runs on the host while the GPU works: a
+        # view per index would cost more host time than the rest of the seams).
+        shift_msa, scale_msa, _, shift_mlp, scale_mlp, _ = ada.unbind(2)
+        rows = table.unbind(0)
+        norm_h = ltx_chain.take(module, h, temb)
+        if norm_h is None:
+            norm_h = norm_ops.adaln(h, scale_msa, shift_msa, w1, norm_eps(module.norm1, h),
+                                    "rms", rows[1], rows[0])
         attn_out = module.attn1(hidden_states=norm_h, encoder_hidden_states=None,
                                 image_rotary_emb=image_rotary_emb)
-        # The gates as diffusers rounds them (table + temb in the model's dtype): [B, 1 or T, D].
-        h = _residual(h, attn_out, table[2] + ada[:, :, 2])
+        # The gates as diffusers rounds them (table + temb in the model's dtype), both from one
+        # add: [B, 1 or T, D] views of [B, 1 or T, 2, D].
+        gate_msa, gate_mlp = (table[2::3] + ada[:, :, 2::3]).unbind(2)
+        h = _residual(h, attn_out, gate_msa)
         attn_out = module.attn2(h, encoder_hidden_states=encoder_hidden_states, image_rotary_emb=None,
                                 attention_mask=encoder_attention_mask)
+        zero, one = _constant(constants, h, lambda: (h.new_zeros(1, 1, d), h.new_ones(d)))
         if attn_out.shape != h.shape or not kiln_can_take(h, attn_out):
             h = h + attn_out
-            norm_h = norm_ops.adaln(h, ada[:, :, 4], ada[:, :, 3], w2, norm_eps(module.norm2, h), "rms",
-                                    table[4], table[3])
+            norm_h = norm_ops.adaln(h, scale_mlp, shift_mlp, w2, norm_eps(module.norm2, h), "rms",
+                                    rows[4], rows[3])
         else:
-            zero = h.new_zeros(1, 1, d).expand(b, 1, d)
-            one = h.new_ones(d)
-            h, norm_h = norm_ops.gated_adaln(h, attn_out, zero, ada[:, :, 4], ada[:, :, 3], w2,
-                                             norm_eps(module.norm2, h), "rms", one, table[4], table[3])
+            h, norm_h = norm_ops.gated_adaln(h, attn_out, zero.expand(b, 1, d), scale_mlp, shift_mlp, w2,
+                                             norm_eps(module.norm2, h), "rms", one, rows[4], rows[3])
         ff_out = module.ff(norm_h)
-        gate_mlp = table[5] + ada[:, :, 5]
         if ff_out.shape == h.shape and kiln_can_take(h, ff_out, gate_mlp):
+            nxt = ltx_chain.successor(module)
+            if nxt is not None:
+                handed = _hand_over(module, nxt, h, ff_out, gate_mlp, scale_msa, shift_msa, temb, zero[0, 0])
+                if handed is not None:
+                    return handed
             return activation_ops.gated_residual_(h, ff_out, gate_mlp)
         return h + ff_out * gate_mlp
 
     return forward
+
+
+def _hand_over(module, nxt, h, ff_out, gate_mlp, scale, shift, temb, zero_row) -> Optional[torch.Tensor]:
+    """``h + ff_out * gate_mlp`` and the next block's norm1 AdaLN of it in one pass (the
+    AdaLN as that block would compute it from the same temb; the gate, already summed as
+    diffusers rounds it, with a zero table row); the norm is handed over, the new h
+    returned. None where the next block's parameters do not fit."""
+    d = h.shape[-1]
+    table = getattr(nxt, "scale_shift_table", None)
+    norm = getattr(nxt, "norm1", None)
+    weight = getattr(norm, "weight", None)
+    weights = [weight] if isinstance(weight, torch.Tensor) else []
+    if not isinstance(table, torch.Tensor) or table.shape != (6, d) or norm is None \
+            or any(w.shape != (d,) for w in weights) or not kiln_can_take(h, table, *weights):
+        return None
+    h, norm_h = norm_ops.gated_adaln(h, ff_out, gate_mlp, scale, shift,
+                                     weights[0] if weights else None, norm_eps(norm, h), "rms",
+                                     zero_row, table[1], table[0])
+    ltx_chain.hand_over(module, nxt, h, temb, norm_h)
+    return h
