@@ -71,25 +71,23 @@ def test_the_hand_over_is_taken_in_a_forward(monkeypatch):
     assert counter.used() == LTX_FUSED
 
 
-def test_a_hook_on_the_next_block_stops_the_hand_over(monkeypatch):
-    model = _ltx(torch.float32)
-    inputs = _ltx_inputs(torch.float32)
-    expected = _ltx_out(model, inputs)
-    kiln.patch(model)
+def _hook_on_the_next_block(model):
     model.transformer_blocks[1].register_forward_pre_hook(lambda module, args: None)
-    counter = Counter(monkeypatch)
-    _agree(_ltx_out(model, inputs), expected, torch.float32)
-    assert counter.used() == UNCHAINED
 
 
-def test_blocks_patched_one_by_one_are_not_chained(monkeypatch):
-    model = _ltx(torch.float32)
-    inputs = _ltx_inputs(torch.float32)
-    expected = _ltx_out(model, inputs)
-    kiln.patch(model)
+def _patch_block_by_block(model):
     for block in model.transformer_blocks:
         kiln.unpatch(block)
         kiln.patch(block)
+
+
+@pytest.mark.parametrize("then", [_hook_on_the_next_block, _patch_block_by_block])
+def test_no_hand_over_to_a_hooked_or_unchained_block(then, monkeypatch):
+    model = _ltx(torch.float32)
+    inputs = _ltx_inputs(torch.float32)
+    expected = _ltx_out(model, inputs)
+    kiln.patch(model)
+    then(model)
     counter = Counter(monkeypatch)
     _agree(_ltx_out(model, inputs), expected, torch.float32)
     assert counter.used() == UNCHAINED

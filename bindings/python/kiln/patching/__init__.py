@@ -13,8 +13,9 @@ attentions whose forward calls ``apply_rotary_pos_emb`` (q and k rotated by one
 ``kiln.rope``, see :mod:`.rope_attention`). For diffusion
 transformers (see :mod:`.detect_dit`): LTX-Video's attention processor (q/k RMSNorm and RoPE
 as one ``kiln.rms_norm_rope``, its rotary embedding tagged with the grid so the angles are
-computed in the kernel, and its tables built only if something reads them), its block's AdaLN and gated-residual seams (``kiln.adaln``,
-``kiln.gated_residual``, ``kiln.gated_adaln``), FLUX's attention processor (q and k rotated
+computed in the kernel, and its tables built only if something reads them), its block's
+AdaLN and gated-residual seams (``kiln.adaln``, ``kiln.gated_residual``,
+``kiln.gated_adaln``, also across consecutive blocks: see :mod:`.ltx_chain`), FLUX's attention processor (q and k rotated
 by one ``kiln.rope``) and diffusers' AdaLN modules (``kiln.adaln``). A patched forward whose
 kiln ops have no backward (LTX-Video's fused seams) calls the original where it would record
 an autograd graph.

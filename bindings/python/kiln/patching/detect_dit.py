@@ -210,8 +210,8 @@ def classify_video_rope(module: torch.nn.Module, original: Callable) -> Union[Di
         err = max((kc - cos.float()).abs().max().item(), (ks - sin.float()).abs().max().item())
         if not err <= tol:
             return NoMatch("rope", f"its angles differ from kiln's video RoPE by {err:.3g} (scale {scale})")
-    return DitMatch("ltx video rope (tags its tables with their grid, built on first read)", "rms_norm_rope (angles in-kernel)",
-                    "rms_norm_rope", ltx_rope.video_rope)
+    return DitMatch("ltx video rope (tags its tables with their grid, built on first read)",
+                    "rms_norm_rope (angles in-kernel)", "rms_norm_rope", ltx_rope.video_rope)
 
 
 def classify_ltx_attention(module: torch.nn.Module, processor) -> Union[DitMatch, NoMatch]:
@@ -239,7 +239,8 @@ def classify_ltx_attention(module: torch.nn.Module, processor) -> Union[DitMatch
         probe_rope.__dict__.update(base_num_frames=20, base_height=2048, base_width=2048, patch_size_t=1,
                                    patch_size=1, theta=10000.0)
         cos, sin = _pair_probe_table(inner, _PROBE_GRID, scale, probe_rope)
-        grid_rope = ltx_rope.VideoRotaryEmbedding((cos, sin), _PROBE_GRID, scale, (20, 2048, 2048), (1, 1), 10000.0)
+        grid_rope = ltx_rope.VideoRotaryEmbedding((cos, sin), _PROBE_GRID, scale, (20, 2048, 2048), (1, 1),
+                                                  10000.0)
         calls.append(((module, x), dict(image_rotary_emb=grid_rope)))
     patched = ltx.LTXAttnProcessor(processor)
     swaps = [_Swapped(module, children=children), _Swapped(module.to_out, children={"0": _linear(inner, _PROBE_DIM, g)})]

@@ -173,6 +173,13 @@ def torch_hooks(module: torch.nn.Module) -> bool:
                 or _module_hooks._global_forward_hooks or _module_hooks._global_forward_pre_hooks)
 
 
+def any_hooks(module: torch.nn.Module) -> bool:
+    """Whether a hook runs around the module's forward: torch's, accelerate's or diffusers'
+    (which may change its inputs or outputs, move its weights, or split its outputs for
+    context parallelism)."""
+    return torch_hooks(module) or hasattr(module, "_hf_hook") or hasattr(module, "_diffusers_hook")
+
+
 def _gemm_gelu_epilogue(proj: torch.nn.Module, x: torch.Tensor) -> Optional[torch.Tensor]:
     """``gelu(proj(x), approximate="tanh")`` as one cuBLASLt GEMM whose epilogue adds the bias
     to the fp32 accumulator and applies the GELU before the single rounding, so the

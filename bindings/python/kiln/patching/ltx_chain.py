@@ -18,7 +18,7 @@ from typing import Callable, Optional
 import torch
 
 from . import replace
-from .forwards import torch_hooks
+from .forwards import any_hooks
 
 _CHAINS = weakref.WeakKeyDictionary()  # block -> (_Chain, its index)
 
@@ -60,10 +60,6 @@ def unlink(model: torch.nn.Module) -> None:
         _CHAINS.pop(m, None)
 
 
-def _unobserved(module: torch.nn.Module) -> bool:
-    return not (torch_hooks(module) or hasattr(module, "_hf_hook") or hasattr(module, "_diffusers_hook"))
-
-
 def successor(block: torch.nn.Module) -> Optional[torch.nn.Module]:
     """The next block of ``block``'s chain, where a hand-over to it may happen now."""
     if torch.compiler.is_compiling():
@@ -73,7 +69,7 @@ def successor(block: torch.nn.Module) -> Optional[torch.nn.Module]:
         return None
     chain, i = entry
     nxt = chain.blocks[i + 1]() if i + 1 < len(chain.blocks) else None
-    if nxt is None or replace.state_of(nxt) is None or not _unobserved(nxt):
+    if nxt is None or replace.state_of(nxt) is None or any_hooks(nxt):
         chain.held = None
         return None
     return nxt

@@ -15,7 +15,7 @@ from typing import Callable, Optional
 
 import torch
 
-from .forwards import torch_hooks
+from .forwards import any_hooks
 
 
 class VideoRotaryEmbedding(tuple):
@@ -75,13 +75,6 @@ def _plain_scale(scale) -> Optional[tuple]:
     return tuple(values)
 
 
-def _output_observed(module: torch.nn.Module) -> bool:
-    """Whether a hook sees the forward's output (a torch forward hook, accelerate's or
-    diffusers' hooks: diffusers' context parallelism splits the tables there): those get
-    the tuple, as diffusers returns it."""
-    return torch_hooks(module) or hasattr(module, "_hf_hook") or hasattr(module, "_diffusers_hook")
-
-
 def video_rope(module: torch.nn.Module, original: Callable) -> Callable:
     """``LTXVideoRotaryPosEmbed``: the original tables, with their grid; deferred in eager
     calls whose output no hook sees. Under torch.compile the tuple is traced as it is, and
@@ -102,7 +95,9 @@ def video_rope(module: torch.nn.Module, original: Callable) -> Callable:
             return original(*args, **kwargs)
         fields = ((frames, height, width), plain, (module.base_num_frames, module.base_height, module.base_width),
                   (module.patch_size_t, module.patch_size), float(module.theta))
-        if torch.compiler.is_compiling() or _output_observed(module):
+        # A hook sees the tuple, as diffusers returns it (diffusers' context parallelism
+        # splits the tables in one).
+        if torch.compiler.is_compiling() or any_hooks(module):
             return VideoRotaryEmbedding(original(*args, **kwargs), *fields)
         return DeferredVideoRotaryEmbedding(lambda: original(*args, **kwargs), *fields)
 
