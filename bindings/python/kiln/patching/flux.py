@@ -6,14 +6,13 @@ kiln's ``rms_norm_rope`` normalises over a whole row of heads, as LTX-Video does
 normalises each head, so its norm and rotation stay two steps.
 """
 
-import inspect
 import sys
 from typing import Callable, Optional
 
 import torch
 
 from .. import norm_ops, rope_ops
-from .forwards import kiln_can_take, norm_eps
+from .forwards import argument_binder, kiln_can_take, norm_eps
 
 # chunk count, the emb argument's name, the order of the chunks, what is returned after x.
 ADALN_LAYOUTS = {
@@ -32,12 +31,11 @@ def adaln_module(layout: str, norm: str) -> Callable:
     chunks, emb_name, order, returned = ADALN_LAYOUTS[layout]
 
     def factory(module: torch.nn.Module, original: Callable) -> Callable:
-        signature = inspect.signature(original)
+        bind = argument_binder(original)
 
         def forward(*args, **kwargs):
-            try:
-                a = signature.bind(*args, **kwargs).arguments
-            except TypeError:
+            a = bind(args, kwargs)
+            if a is None:
                 return original(*args, **kwargs)
             x, e = a.get("x"), a.get(emb_name)
             if getattr(module, "emb", None) is not None or not isinstance(x, torch.Tensor) \

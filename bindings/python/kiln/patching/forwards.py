@@ -9,6 +9,7 @@ autograd graph (training), as FLUX's AdaLN and RoPE forwards do (flux.py); LTX-V
 forwards (ltx.py) use ops that have none and keep the original there.
 """
 
+import inspect
 from typing import Callable, Optional
 
 import torch
@@ -165,6 +166,21 @@ def gelu_after_proj(module: torch.nn.Module, original: Callable) -> Callable:
         return activation_ops.gelu(hidden, None, approximate)
 
     return forward
+
+
+def argument_binder(original: Callable) -> Callable[[tuple, dict], Optional[dict]]:
+    """For a replacement that reads the original forward's arguments by name: a function of
+    one call's (args, kwargs) giving them, or None where they do not bind (the replacement
+    then calls the original, which raises as it would have)."""
+    signature = inspect.signature(original)
+
+    def bind(args: tuple, kwargs: dict) -> Optional[dict]:
+        try:
+            return signature.bind(*args, **kwargs).arguments
+        except TypeError:
+            return None
+
+    return bind
 
 
 def torch_hooks(module: torch.nn.Module) -> bool:

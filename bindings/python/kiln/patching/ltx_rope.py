@@ -8,14 +8,13 @@ frames that was ~0.5 ms of kernels and 265 MB of memory per forward, and a dozen
 in the part of the forward the GPU waits on.
 """
 
-import inspect
 from collections.abc import Sequence
 from numbers import Real
 from typing import Callable, Optional
 
 import torch
 
-from .forwards import any_hooks
+from .forwards import any_hooks, argument_binder
 
 
 class VideoRotaryEmbedding(tuple):
@@ -79,12 +78,11 @@ def video_rope(module: torch.nn.Module, original: Callable) -> Callable:
     """``LTXVideoRotaryPosEmbed``: the original tables, with their grid; deferred in eager
     calls whose output no hook sees. Under torch.compile the tuple is traced as it is, and
     Inductor drops the tables where nothing reads them."""
-    signature = inspect.signature(original)
+    bind = argument_binder(original)
 
     def forward(*args, **kwargs):
-        try:
-            a = signature.bind(*args, **kwargs).arguments
-        except TypeError:
+        a = bind(args, kwargs)
+        if a is None:
             return original(*args, **kwargs)
         frames, height, width = a.get("num_frames"), a.get("height"), a.get("width")
         if a.get("video_coords") is not None or not all(isinstance(n, int) for n in (frames, height, width)):
