@@ -189,31 +189,48 @@ def model_environment(device):
     return env
 
 
-def model_time_ms(fn, warmup, reps):
-    """Median milliseconds of fn() over `reps` calls after `warmup` calls, each call timed
-    alone: by CUDA events on a GPU (no L2 flush: a model's layers do not fit in L2 and run
-    back to back in use), by the host clock on the CPU."""
+def model_time_ms(fn, warmup, reps, warmup_s=1.0):
+    """model_times(...)["ms"]."""
+    return model_times(fn, warmup, reps, warmup_s)["ms"]
+
+
+def model_times(fn, warmup, reps, warmup_s=1.0):
+    """Median milliseconds of fn() over `reps` calls after `warmup` calls and at least
+    `warmup_s` seconds of calls back to back, each call timed alone: by CUDA events on a GPU
+    (no L2 flush: a model's layers do not fit in L2 and run back to back in use), by the host
+    clock on the CPU. The warm-up is timed as well as counted because a few calls are not
+    enough after a pause (a compile, kiln's tuning): host and GPU take about a second to
+    come back to speed, and a setting timed within it measures that, not itself.
+
+    Returns {"ms", "host_ms"}: host_ms is the median time the host takes to issue one call
+    (to return from it, before the GPU finishes). Where it comes near ms, the call is
+    host-bound: the GPU waits for the host, and a slower host makes it slower."""
     import statistics
     import time
 
-    for _ in range(warmup):
+    start = time.perf_counter()
+    done = 0
+    while done < warmup or time.perf_counter() - start < warmup_s:
         fn()
-    times = []
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        torch.cuda.synchronize()
-        for _ in range(reps):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
+        _sync()
+        done += 1
+    times, host = [], []
+    on_gpu = torch.cuda.is_available() and torch.cuda.is_initialized()
+    _sync()
+    for _ in range(reps):
+        if on_gpu:
+            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            begin.record()
+        issued = time.perf_counter()
+        fn()
+        host.append((time.perf_counter() - issued) * 1e3)
+        if on_gpu:
             end.record()
             end.synchronize()
-            times.append(start.elapsed_time(end))
-    else:
-        for _ in range(reps):
-            start = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times)
+            times.append(begin.elapsed_time(end))
+        else:
+            times.append(host[-1])
+    return {"ms": statistics.median(times), "host_ms": statistics.median(host)}
 
 
 def relative_errors(actual, expected):
@@ -281,13 +298,14 @@ def compile_blocks(blocks):
 
 
 def run_model_settings(model, call, kiln, *, settings=SETTINGS, warmup=2, reps=10, graphs=False, log=print,
-                       compile_fn=compile_model):
+                       compile_fn=compile_model, warmup_s=1.0):
     """The four settings of an end-to-end benchmark on one model and one input: `eager`
     (the model as built), `compile` (compile_fn(model): torch.compile(model, dynamic=False),
     default mode, unless told otherwise),
     `eager+kiln` (after kiln.patch(model)) and `compile+kiln` (torch.compile of the patched
     model). call(fn) runs one forward of fn (the model or its compiled form) and returns the
-    output tensor. With graphs=True each setting is captured in a CUDA graph and its replay
+    output tensor. Each setting is timed after `warmup` calls and `warmup_s` seconds of calls
+    (model_time_ms). With graphs=True each setting is captured in a CUDA graph and its replay
     is timed. Returns ({setting: record}, the kiln.patch report); every output is compared
     with the unpatched eager output. The model is unpatched again on return."""
     import time
@@ -319,10 +337,13 @@ def run_model_settings(model, call, kiln, *, settings=SETTINGS, warmup=2, reps=1
                 out = static_out.clone()
             else:
                 timed = lambda: call(fn)  # noqa: E731
-            ms = model_time_ms(timed, warmup, reps)
+            timing = model_times(timed, warmup, reps, warmup_s)
+            ms = timing["ms"]
         graphed = graph is not None
         del graph, timed
-        record = {"ms": ms, "first_call_s": first_s, "output_shape": list(out.shape), "cuda_graph": graphed}
+        record = {"ms": ms, "host_ms": timing["host_ms"], "first_call_s": first_s, "output_shape": list(out.shape),
+                  "cuda_graph": graphed,
+                  "warmup": {"calls_at_least": warmup, "seconds_at_least": warmup_s}}
         if graph_error:
             record["cuda_graph_error"] = graph_error
         if reference is None:
@@ -331,7 +352,7 @@ def run_model_settings(model, call, kiln, *, settings=SETTINGS, warmup=2, reps=1
             record["error_vs_eager"] = relative_errors(out, reference)
         records[name] = record
         err = record.get("error_vs_eager")
-        log(f"  {name}: {ms:.3f} ms, first call {first_s:.1f} s"
+        log(f"  {name}: {ms:.3f} ms (host {timing['host_ms']:.1f} ms), first call {first_s:.1f} s"
             + (f", max rel err {err['max_rel']:.2e}, mean rel err {err['mean_rel']:.2e}" if err else ""))
 
     def compiled_measure(name):
@@ -364,6 +385,12 @@ def run_model_settings(model, call, kiln, *, settings=SETTINGS, warmup=2, reps=1
             record["speedup_vs"] = base
             record["speedup"] = records[base]["ms"] / record["ms"]
     return records, report
+
+
+def host_cell(record):
+    """A table's host-ms cell: the host's time to issue one call ("-" in records made before
+    it was measured)."""
+    return f"{record['host_ms']:.2f}" if "host_ms" in record else "-"
 
 
 def patch_summary(report):

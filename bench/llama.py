@@ -180,12 +180,14 @@ def markdown(env, config, results):
     lines = [
         f"Llama-3-8B-shaped decoder ({config.num_hidden_layers} layers), bf16, {env['device']} ({env['sm']}), "
         f"{env['date']}, torch {versions['torch']}, transformers {versions.get('transformers', '-')}; random weights. "
-        "ms = median per forward (decode: one token, replayed from a CUDA graph); speedup of eager+kiln over eager "
+        "ms = median per forward (decode: one token, replayed from a CUDA graph), each timed alone after at "
+        "least 1 s of warm-up calls; host ms = median time the host takes to issue one (a graph replay: the "
+        "replay call); speedup of eager+kiln over eager "
         "and of compile+kiln over compile; errors of the logits against the unpatched eager logits "
         "(max|d| / max|ref|, mean|d| / mean|ref|); first call = torch.compile's compile or kiln's JIT and tuning.",
         "",
-        "| case | shape | setting | ms | speedup | max rel err | mean rel err | first call s |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| case | shape | setting | ms | host ms | speedup | max rel err | mean rel err | first call s |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in results:
         shape = (f"{r['batch']}x{r['tokens']}" if r["case"] == "prefill"
@@ -195,8 +197,8 @@ def markdown(env, config, results):
             speedup = f"{s['speedup']:.2f}x vs {s['speedup_vs']}" if "speedup" in s else "-"
             errs = f"{err['max_rel']:.2e} | {err['mean_rel']:.2e}" if err else "- | -"
             label = name if s["cuda_graph"] or not r["cuda_graphs"] else f"{name} (capture failed: no graph)"
-            lines.append(f"| {r['case']} | {shape} | {label} | {s['ms']:.3f} | {speedup} | {errs} | "
-                         f"{s['first_call_s']:.1f} |")
+            lines.append(f"| {r['case']} | {shape} | {label} | {s['ms']:.3f} | {common.host_cell(s)} | {speedup} | "
+                         f"{errs} | {s['first_call_s']:.1f} |")
     lines.append("")
     for r in results:
         if r["patch"]:

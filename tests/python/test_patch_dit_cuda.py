@@ -137,3 +137,29 @@ def test_ltx_first_called_inside_a_cuda_graph_capture():
     torch.cuda.synchronize()
     assert torch.equal(captured, expected)
     kiln.unpatch(model)
+
+
+@pytest.mark.gpu
+def test_ltx_a_mask_kept_between_calls_is_not_read_by_a_capture():
+    """The patched attention keeps the last prepared cross-attention mask for the next block.
+    A 3-D mask bias is passed on as it is (the transformer converts only 2-D masks), so one
+    tensor can reach an eager call and then a capture. The capture must make its own
+    prepared mask: the kept one is freed when a later call replaces it, and the replay would
+    read whatever took its memory."""
+    model = _ltx(torch.bfloat16, "cuda")
+    inputs = _ltx_inputs(torch.bfloat16, "cuda")
+    bias = torch.zeros(2, 1, 5, device="cuda", dtype=torch.bfloat16)
+    bias[1, :, 3:] = -10000.0
+    inputs["encoder_attention_mask"] = bias
+    kiln.patch(model)
+    expected = _ltx_out(model, inputs)  # keeps the prepared mask of `bias`
+    graph = torch.cuda.CUDAGraph()
+    with torch.no_grad(), torch.cuda.graph(graph):
+        captured = model(**inputs)[0]
+    _ltx_out(model, dict(inputs, encoder_attention_mask=torch.zeros_like(bias)))  # replaces it
+    poison = [torch.full((256,), float("nan"), device="cuda", dtype=torch.bfloat16) for _ in range(256)]
+    graph.replay()
+    torch.cuda.synchronize()
+    del poison
+    assert torch.equal(captured, expected)
+    kiln.unpatch(model)

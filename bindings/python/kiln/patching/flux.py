@@ -12,7 +12,7 @@ from typing import Callable, Optional
 import torch
 
 from .. import norm_ops, rope_ops
-from .forwards import argument_binder, kiln_can_take, norm_eps
+from .forwards import argument_binder, kiln_can_take, norm_eps, signature_kept
 
 # chunk count, the emb argument's name, the order of the chunks, what is returned after x.
 ADALN_LAYOUTS = {
@@ -65,6 +65,7 @@ def adaln_module(layout: str, norm: str) -> Callable:
     return factory
 
 
+@signature_kept
 class FluxAttnProcessor:
     """diffusers' ``FluxAttnProcessor.__call__`` with the two ``apply_rotary_emb`` calls as
     one ``kiln.rope`` (interleaved pairs, [B, S, H, D]); everything else is diffusers'."""

@@ -26,15 +26,23 @@ def kiln_can_take(*tensors: torch.Tensor, differentiable: bool = False) -> bool:
     """Whether one kiln call may take these tensors: floating dtypes kiln has kernels for,
     a device it runs on, one dtype and one device for all, and (unless the ops the caller
     uses are ``differentiable``) no graph to record."""
-    first = tensors[0]
+    dtype, device = tensors[0].dtype, tensors[0].device
+    if dtype not in _KILN_DTYPES or device.type not in _KILN_DEVICES:
+        return False
     for t in tensors:
-        if t.dtype not in _KILN_DTYPES or t.device.type not in _KILN_DEVICES:
-            return False
-        if t.dtype != first.dtype or t.device != first.device:
+        if t.dtype != dtype or t.device != device:
             return False
     if differentiable:
         return True
     return not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
+
+
+def signature_kept(cls: type) -> type:
+    """diffusers' attention modules read their processor's ``__call__`` signature on every
+    call (to drop keyword arguments it does not take); set on the function once, inspect
+    returns it without introspecting the code each time."""
+    cls.__call__.__signature__ = inspect.signature(cls.__call__)
+    return cls
 
 
 def norm_eps(module: torch.nn.Module, x: torch.Tensor) -> float:

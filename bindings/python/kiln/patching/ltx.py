@@ -14,8 +14,8 @@ from typing import Callable, Optional
 import torch
 
 from .. import activation_ops, norm_ops, ops, rope_ops
-from . import ltx_chain
-from .forwards import kiln_can_take, norm_eps
+from . import ltx_chain, ltx_mask
+from .forwards import kiln_can_take, norm_eps, signature_kept
 
 BLOCK_OPS = "adaln + gated_residual + gated_adaln"
 
@@ -46,6 +46,7 @@ def _weight(norm: torch.nn.Module, like: torch.Tensor, cache: dict) -> Optional[
     return _constant(cache, like, lambda: torch.ones(like.shape[-1], dtype=like.dtype, device=like.device))
 
 
+@signature_kept
 class LTXAttnProcessor:
     """diffusers' ``LTXVideoAttnProcessor.__call__`` with ``norm_q``, ``norm_k`` and both
     ``apply_rotary_emb`` calls as one ``kiln.rms_norm_rope`` (angles from the grid where
@@ -112,8 +113,7 @@ class LTXAttnProcessor:
         batch_size, sequence_length, _ = (
             hidden_states.shape if encoder_hidden_states is None else encoder_hidden_states.shape)
         if attention_mask is not None:
-            attention_mask = attn.prepare_attention_mask(attention_mask, sequence_length, batch_size)
-            attention_mask = attention_mask.view(batch_size, attn.heads, -1, attention_mask.shape[-1])
+            attention_mask = ltx_mask.prepare(attn, attention_mask, sequence_length, batch_size)
         if encoder_hidden_states is None:
             encoder_hidden_states = hidden_states
 
