@@ -305,7 +305,7 @@ def run_model_settings(model, call, kiln, *, settings=SETTINGS, warmup=2, reps=1
     `eager+kiln` (after kiln.patch(model)) and `compile+kiln` (torch.compile of the patched
     model). call(fn) runs one forward of fn (the model or its compiled form) and returns the
     output tensor. Each setting is timed after `warmup` calls and `warmup_s` seconds of calls
-    (model_time_ms). With graphs=True each setting is captured in a CUDA graph and its replay
+    (model_times). With graphs=True each setting is captured in a CUDA graph and its replay
     is timed. Returns ({setting: record}, the kiln.patch report); every output is compared
     with the unpatched eager output. The model is unpatched again on return."""
     import time

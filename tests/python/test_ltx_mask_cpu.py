@@ -103,10 +103,10 @@ def test_a_mask_that_records_a_graph_is_not_kept():
 def test_a_dropped_mask_releases_the_prepared_one():
     attn, mask = _attn_and_mask()
     ltx_mask.prepare(attn, mask, 5, 2)
-    assert ltx_mask.prepare._entry is not None
+    assert ltx_mask.prepare._kept is not None
     del mask
     gc.collect()
-    assert ltx_mask.prepare._entry is None
+    assert ltx_mask.prepare._kept is None
 
 
 def test_the_processor_signature_is_its_code():

@@ -37,6 +37,14 @@ def kiln_can_take(*tensors: torch.Tensor, differentiable: bool = False) -> bool:
     return not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
 
 
+def recording_a_graph(like: torch.Tensor) -> bool:
+    """Whether this call is being recorded rather than run: traced by torch.compile, or
+    captured into a CUDA graph on like's device. A tensor kept between calls must not be
+    made there (a capture records the kernel that fills it without running it) nor read
+    there (a replay would read it after a later call freed or changed it)."""
+    return torch.compiler.is_compiling() or (like.is_cuda and torch.cuda.is_current_stream_capturing())
+
+
 def signature_kept(cls: type) -> type:
     """diffusers' attention modules read their processor's ``__call__`` signature on every
     call (to drop keyword arguments it does not take); set on the function once, inspect

@@ -15,7 +15,7 @@ import torch
 
 from .. import activation_ops, norm_ops, ops, rope_ops
 from . import ltx_chain, ltx_mask
-from .forwards import kiln_can_take, norm_eps, signature_kept
+from .forwards import kiln_can_take, norm_eps, recording_a_graph, signature_kept
 
 BLOCK_OPS = "adaln + gated_residual + gated_adaln"
 
@@ -26,10 +26,8 @@ def _diffusers_module(processor: object):
 
 def _constant(cache: dict, like: torch.Tensor, make: Callable[[], object]):
     """``make()``, kept in ``cache`` (one entry: for like's width, dtype and device) so that
-    a constant operand costs no fill kernel per call. Made afresh while compiling (a graph
-    makes its own) and while a CUDA graph captures (a capture records the fill without
-    running it, so a tensor kept from there would hold nothing outside the graph)."""
-    if torch.compiler.is_compiling() or (like.is_cuda and torch.cuda.is_current_stream_capturing()):
+    a constant operand costs no fill kernel per call; made afresh where a graph is recorded."""
+    if recording_a_graph(like):
         return make()
     key = (like.shape[-1], like.dtype, like.device)
     if key not in cache:
