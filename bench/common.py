@@ -189,11 +189,6 @@ def model_environment(device):
     return env
 
 
-def model_time_ms(fn, warmup, reps, warmup_s=1.0):
-    """model_times(...)["ms"]."""
-    return model_times(fn, warmup, reps, warmup_s)["ms"]
-
-
 def model_times(fn, warmup, reps, warmup_s=1.0):
     """Median milliseconds of fn() over `reps` calls after `warmup` calls and at least
     `warmup_s` seconds of calls back to back, each call timed alone: by CUDA events on a GPU

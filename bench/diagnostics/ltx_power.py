@@ -31,7 +31,7 @@ def sampled(fn, forwards):
     smi = subprocess.Popen(["nvidia-smi", f"--query-gpu={QUERY}", "--format=csv,noheader,nounits",
                             "-lms", "20"], stdout=subprocess.PIPE, text=True)
     time.sleep(0.3)
-    ms = [common.model_time_ms(fn, 0, 3, warmup_s=0) for _ in range(forwards)]
+    ms = [common.model_times(fn, 0, 3, warmup_s=0)["ms"] for _ in range(forwards)]
     smi.terminate()
     rows = [line.split(", ") for line in smi.communicate()[0].strip().splitlines()]
     rows = rows[len(rows) // 5:]

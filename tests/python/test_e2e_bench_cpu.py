@@ -45,10 +45,10 @@ def test_model_time_warms_up_for_calls_and_for_seconds():
     def sleep(seconds):
         return lambda: (calls.append(1), time.sleep(seconds))
 
-    common.model_time_ms(sleep(0.001), warmup=3, reps=2, warmup_s=0.05)
+    common.model_times(sleep(0.001), warmup=3, reps=2, warmup_s=0.05)
     assert len(calls) >= 2 + 10  # 50 ms of calls of 1 ms or a little more: well over the 3 counted
     calls.clear()
-    ms = common.model_time_ms(sleep(0.02), warmup=3, reps=2, warmup_s=0.0)
+    ms = common.model_times(sleep(0.02), warmup=3, reps=2, warmup_s=0.0)["ms"]
     assert len(calls) == 3 + 2 and ms >= 20  # the counted calls where the seconds are shorter
 
 
