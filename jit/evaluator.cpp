@@ -420,10 +420,12 @@ class Measurement {
              " threads per block (" + std::to_string(kernel.registers) +
              " registers per thread), the config launches " + std::to_string(threads);
     }
-    if (geometry.smem_bytes > device_.smem_per_block_optin) {
-      return "needs " + std::to_string(geometry.smem_bytes) +
-             " bytes of dynamic shared memory, the device allows " +
-             std::to_string(device_.smem_per_block_optin);
+    if (std::int64_t{geometry.smem_bytes} + kernel.static_smem_bytes >
+        device_.smem_per_block_optin) {
+      return "needs " + std::to_string(geometry.smem_bytes) + " bytes of dynamic and " +
+             std::to_string(kernel.static_smem_bytes) +
+             " of static shared memory, the device allows " +
+             std::to_string(device_.smem_per_block_optin) + " in all";
     }
     return {};
   }

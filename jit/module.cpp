@@ -99,7 +99,9 @@ LoadedKernel load_kernel(int ordinal, const CompiledKernel& kernel,
   out.registers = attribute(CU_FUNC_ATTRIBUTE_NUM_REGS, "registers");
   out.static_smem_bytes = attribute(CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, "static smem");
   out.local_bytes = attribute(CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, "local memory");
-  if (dynamic_smem_bytes > kDefaultDynamicSmem) {
+  // The default limit covers static and dynamic shared memory together.
+  if (dynamic_smem_bytes + static_cast<std::uint32_t>(out.static_smem_bytes) >
+      kDefaultDynamicSmem) {
     check(d.cuFuncSetAttribute(out.function, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                                static_cast<int>(dynamic_smem_bytes)),
           "cuFuncSetAttribute",

@@ -52,6 +52,22 @@ std::int64_t reread_of(const Config& config) {
 constexpr std::int64_t kRereadChunkSteps = 4;
 constexpr std::int64_t kRereadMinRowBytes = 4096;
 
+// The row is staged in shared memory rather than held in registers (kiln::norm_staged);
+// absent means 0.
+std::int64_t stage_of(const Config& config) {
+  const auto it = config.extra.find("stage");
+  return it == config.extra.end() ? 0 : it->second;
+}
+// cp.async, which stages a row without holding registers, came with sm_80; it copies 4, 8
+// or 16 bytes.
+constexpr int kStageMinSm = 80;
+constexpr int kStageMinVecBytes = 4;
+// Measured on an H200 at 32768 rows (bf16, full tunes): staging won from 16 KB of row
+// streams (rms_norm 8192, gated_adaln 4096 with its five streams).
+constexpr std::int64_t kStageMinBytesPerRow = std::int64_t{16} * 1024;
+// Shared memory the driver reserves per resident CTA (sm_80 and later).
+constexpr std::int64_t kReservedSmemPerCta = 1024;
+
 bool has(const Problem& problem, std::uint32_t bit) {
   return (problem.flags & bit) != 0;
 }
@@ -218,6 +234,32 @@ void NormFamily::check(const Problem& problem) const {
   }
 }
 
+std::int64_t NormFamily::staged_streams(const Problem& problem) const {
+  const unsigned f = features(problem);
+  const bool streamed = (f & NormFeature::per_sample) == 0;
+  std::int64_t streams = 1;
+  if ((f & (NormFeature::residual | NormFeature::gate)) != 0) {
+    ++streams;
+  }
+  if ((f & NormFeature::gate) != 0 && streamed) {
+    ++streams;
+  }
+  if ((f & NormFeature::modulate) != 0 && streamed) {
+    streams += 2;
+  }
+  return streams;
+}
+
+std::int64_t NormFamily::staged_smem_bytes(const Problem& problem, const Config& config) const {
+  if (stage_of(config) == 0) {
+    return 0;
+  }
+  const std::int64_t vec_elems = std::max<std::int64_t>(
+      1, config.vec_bytes / static_cast<std::int64_t>(dtype_size(problem.dtype)));
+  const std::int64_t steps = elements_per_thread(problem, config) / vec_elems;
+  return staged_streams(problem) * steps * config.cta_threads * config.vec_bytes;
+}
+
 std::int64_t NormFamily::registers_per_thread(const Problem& problem, const Config& config) const {
   const std::int64_t elements = elements_per_thread(problem, config);
   const std::int64_t vec_elems = std::max<std::int64_t>(
@@ -225,6 +267,9 @@ std::int64_t NormFamily::registers_per_thread(const Problem& problem, const Conf
   std::int64_t steps = elements / vec_elems;
   if (reread_of(config) != 0) {
     steps = std::min(steps, kRereadChunkSteps);
+  }
+  if (stage_of(config) != 0) {
+    steps = 1;  // a staged row is read back one step at a time
   }
   const std::int64_t words = std::max(1, config.vec_bytes / 4);
   return steps * words * live_vectors_per_step(*this, problem, grid_of(config) > 0) +
@@ -240,8 +285,11 @@ int NormFamily::resident_ctas(const Problem& problem, const Config& config,
       kRegisterGranule;
   const std::int64_t by_threads = device.max_threads_per_sm / config.cta_threads;
   const std::int64_t by_registers = device.regs_per_sm / (registers * config.cta_threads);
-  return static_cast<int>(
-      std::clamp<std::int64_t>(std::min(by_threads, by_registers), 1, kMaxResidentCtas));
+  std::int64_t resident = std::min(by_threads, by_registers);
+  if (const std::int64_t smem = staged_smem_bytes(problem, config); smem > 0) {
+    resident = std::min(resident, device.smem_per_sm / (smem + kReservedSmemPerCta));
+  }
+  return static_cast<int>(std::clamp<std::int64_t>(resident, 1, kMaxResidentCtas));
 }
 
 std::string NormFamily::invalid_reason(const Problem& problem, const Config& config,
@@ -250,7 +298,7 @@ std::string NormFamily::invalid_reason(const Problem& problem, const Config& con
     return error->message();
   }
   for (const auto& [name, value] : config.extra) {
-    if (name != "grid" && name != "reread") {
+    if (name != "grid" && name != "reread" && name != "stage") {
       return std::string(this->name()) + " has no tunable named '" + name + "'";
     }
   }
@@ -281,6 +329,9 @@ std::string NormFamily::invalid_reason(const Problem& problem, const Config& con
     if ((features(problem) & NormFeature::layer) != 0 && has(problem, kNormInPlace)) {
       return "an in-place LayerNorm row is not re-read";
     }
+  }
+  if (std::string why = stage_reason(problem, config, device); !why.empty()) {
+    return why;
   }
 
   const std::int64_t held = elements_per_thread(problem, config);
@@ -316,22 +367,67 @@ std::string NormFamily::invalid_reason(const Problem& problem, const Config& con
   return {};
 }
 
+std::string NormFamily::stage_reason(const Problem& problem, const Config& config,
+                                     const DeviceTraits& device) const {
+  const std::int64_t stage = stage_of(config);
+  if (stage == 0) {
+    return {};
+  }
+  if (stage != 1) {
+    return "stage " + std::to_string(stage) + " is neither 0 nor 1";
+  }
+  if (device.sm < kStageMinSm) {
+    return "a staged row needs cp.async (sm_80 or later), not sm_" + std::to_string(device.sm);
+  }
+  if (config.vec_bytes < kStageMinVecBytes) {
+    return "a staged row is copied in 4-, 8- or 16-byte vectors (cp.async), not " +
+           std::to_string(config.vec_bytes);
+  }
+  if (grid_of(config) != 0 || reread_of(config) != 0) {
+    return "a staged row is neither prefetched by a persistent grid nor re-read";
+  }
+  const std::int64_t row_bytes =
+      problem.hidden * static_cast<std::int64_t>(dtype_size(problem.dtype));
+  if (staged_streams(problem) * row_bytes < kStageMinBytesPerRow) {
+    return "a row whose streams are under 16 KB is held: it takes few registers, so staging "
+           "frees too few to pay";
+  }
+  const std::int64_t vec_elems = std::max<std::int64_t>(
+      1, config.vec_bytes / static_cast<std::int64_t>(dtype_size(problem.dtype)));
+  if (elements_per_thread(problem, config) / vec_elems < 2) {
+    return "a thread's share of the row is one vector: staging it frees no registers";
+  }
+  // The reduction's static shared memory (a float per warp) counts against the same limit.
+  const std::int64_t smem =
+      staged_smem_bytes(problem, config) + std::int64_t{config.cta_threads} / 32 * 4;
+  if (smem > device.smem_per_block_optin) {
+    return "staging needs " + std::to_string(smem) + " bytes of shared memory per CTA, more than " +
+           "the device's " + std::to_string(device.smem_per_block_optin);
+  }
+  return {};
+}
+
 std::vector<Config> NormFamily::space(const Problem& problem, const DeviceTraits& device) const {
   check(problem);
   std::vector<Config> configs;
   for (int vec : kVecBytes) {
     for (int tpr : threads_per_row_options(problem, vec)) {
       for (int cta : cta_options(tpr)) {
-        // One pass; then persistent grids of the estimated residency and of twice it (the
-        // estimate is conservative, and a grid short of what fits leaves SMs half idle).
-        // ... and the row read twice instead of held (waves -1).
-        for (int waves : {0, 1, 2, -1}) {
+        // One pass, holding the row (waves 0) or staging it in shared memory (-2); then
+        // persistent grids of the estimated residency and of twice it (the estimate is
+        // conservative, and a grid short of what fits leaves SMs half idle); and the row
+        // read twice instead of held (-1). The fast search measures a shape's other extras
+        // in this order.
+        for (int waves : {0, -2, 1, 2, -1}) {
           Config config;
           config.vec_bytes = vec;
           config.threads_per_row = tpr;
           config.cta_threads = cta;
-          if (waves < 0) {
+          if (waves == -1) {
             config.extra["reread"] = 1;
+          }
+          if (waves == -2) {
+            config.extra["stage"] = 1;
           }
           if (waves > 0) {
             config.extra["grid"] = 1;  // sized below, once the registers are known
@@ -381,7 +477,8 @@ Config NormFamily::heuristic(const Problem& problem, const DeviceTraits& device)
                               std::abs(log2_ceil(c.cta_threads) - target_cta_log)};
   };
   for (const Config& config : configs) {
-    if (config.vec_bytes != vec || grid_of(config) != 0 || reread_of(config) != 0) {
+    if (config.vec_bytes != vec || grid_of(config) != 0 || reread_of(config) != 0 ||
+        stage_of(config) != 0) {
       continue;
     }
     if (best == nullptr || distance(config) < distance(*best)) {
@@ -395,6 +492,12 @@ Config NormFamily::heuristic(const Problem& problem, const DeviceTraits& device)
 }
 
 std::string NormFamily::name_expression(const Problem& problem, const Config& config) const {
+  if (stage_of(config) != 0) {
+    return "kiln::norm_staged<" + std::string(dtype_cuda_type(problem.dtype)) + ", " +
+           std::to_string(problem.hidden) + ", " + std::to_string(config.vec_bytes) + ", " +
+           std::to_string(config.threads_per_row) + ", " + std::to_string(config.cta_threads) +
+           ", " + std::to_string(features(problem)) + "u>";
+  }
   return "kiln::norm<" + std::string(dtype_cuda_type(problem.dtype)) + ", " +
          std::to_string(problem.hidden) + ", " + std::to_string(config.vec_bytes) + ", " +
          std::to_string(config.threads_per_row) + ", " + std::to_string(config.cta_threads) + ", " +
@@ -402,11 +505,12 @@ std::string NormFamily::name_expression(const Problem& problem, const Config& co
          ", " + (reread_of(config) != 0 ? "true" : "false") + ">";
 }
 
-// The reduction's shared memory is static (sized by the template), so none is dynamic.
+// The reduction's shared memory is static (sized by the template); a staged row's is
+// dynamic.
 LaunchGeometry NormFamily::geometry(const Problem& problem, const Config& config,
                                     std::int64_t rows) const {
-  (void)problem;
   LaunchGeometry geometry;
+  geometry.smem_bytes = static_cast<std::uint32_t>(staged_smem_bytes(problem, config));
   geometry.grid[0] = covering_grid(rows, config.rows_per_cta());
   if (const std::int64_t cap = grid_of(config); cap > 0 && geometry.grid[0] > cap) {
     geometry.grid[0] = static_cast<std::uint32_t>(cap);

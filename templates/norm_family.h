@@ -8,7 +8,12 @@
 // CTAs (SM count x resident CTAs of the target) whose threads prefetch their next row
 // while reducing the current one; and extra["reread"] = 1 (fused ops, one pass, rows of
 // 4 KB and two or more steps per thread): the sum row is stored, then read back from L2,
-// instead of held in registers with both input rows, so more rows are in flight per SM.
+// instead of held in registers with both input rows, so more rows are in flight per SM;
+// and extra["stage"] = 1 (sm_80+, 16 KB or more of row streams and two or more steps per
+// thread, one pass):
+// the row's streams are copied into shared memory with cp.async and read back from there
+// (kiln::norm_staged), so a thread holds one step in registers and an SM keeps as many
+// rows in flight as its shared memory holds.
 #pragma once
 
 #include <cstdint>
@@ -65,8 +70,17 @@ class NormFamily : public Family {
   static std::int64_t elements_per_thread(const Problem& problem, const Config& config);
   // CTAs of `config` that fit on one SM of `device` at once (at least 1).
   int resident_ctas(const Problem& problem, const Config& config, const DeviceTraits& device) const;
+  // Row streams a staged config (extra stage=1) copies into shared memory: x, the residual
+  // or y, and the per-token gate, scale and shift where the op reads them.
+  std::int64_t staged_streams(const Problem& problem) const;
+  // Dynamic shared memory per CTA of `config`: its staged rows, or 0 when it holds them.
+  std::int64_t staged_smem_bytes(const Problem& problem, const Config& config) const;
 
  private:
+  // Why a staged config (extra stage=1) is invalid, or empty.
+  std::string stage_reason(const Problem& problem, const Config& config,
+                           const DeviceTraits& device) const;
+
   Op op_;
 };
 

@@ -17,8 +17,11 @@
 // they are used, from L1: the row streams bypass it. With PREFETCH, the loads of a thread's next
 // row are issued before the current row is reduced, so memory stays busy through the reduction and
 // the stores. With REREAD the row is not held at all but read twice (NormRow::process_reread).
+// kiln::norm_staged holds it in shared memory instead, copied there with cp.async
+// (NormRow::stage_row and normalise_staged).
 #pragma once
 
+#include "kiln/async_copy.cuh"
 #include "kiln/common.cuh"
 #include "kiln/norm_params.cuh"
 
@@ -490,6 +493,187 @@ struct NormRow {
       }
     }
   }
+
+  // STAGED: the row's streams are copied into shared memory (cp.async), not into registers.
+  // A copy in flight holds no register, so a thread needs registers for one step at a time
+  // and an SM keeps as many rows in flight as its shared memory holds: more than registers
+  // allow for wide rows. Each thread stages its own vectors and reads back only those, so
+  // no barrier is needed. Slots: stream s, step k of thread t at
+  //   ((s * kSteps + k) * CTA_THREADS + t) * VEC_BYTES,
+  // so a warp's accesses to one slot are contiguous. The math is process()'s, step by step.
+  static constexpr int kStagedGate = !kPerSample && (F & NormFeature::gate) != 0 ? 1 : 0;
+  static constexpr int kStagedModulation = !kPerSample && (F & NormFeature::modulate) != 0 ? 2 : 0;
+  static constexpr int kStagedStreams = 1 + (kSum ? 1 : 0) + kStagedGate + kStagedModulation;
+
+  static constexpr int kStagedX = 0;
+  static constexpr int kStagedSecond = 1;
+  static constexpr int kStagedGateSlot = kSum ? 2 : 1;
+  static constexpr int kStagedScale = kStagedGateSlot + kStagedGate;
+  static constexpr int kStagedShift = kStagedScale + 1;
+
+  template <int CTA_THREADS>
+  __device__ __forceinline__ static unsigned staged_slot(unsigned thread_slots, int stream,
+                                                         int step) {
+    return thread_slots + static_cast<unsigned>((stream * kSteps + step) * CTA_THREADS * VEC_BYTES);
+  }
+
+  // Starts copying the row's streams into the thread's slots (a thread with a row only).
+  template <int CTA_THREADS>
+  __device__ __forceinline__ static void stage_row(const NormParams& p, long long row, int lane,
+                                                   unsigned thread_slots) {
+    const auto slot = [&](int stream, int step) {
+      return staged_slot<CTA_THREADS>(thread_slots, stream, step);
+    };
+    long long batch = 0;
+    long long token = 0;
+    if constexpr (!kPerSample && (F & (NormFeature::gate | NormFeature::modulate)) != 0) {
+      batch = row / p.tokens;
+      token = row - batch * p.tokens;
+    }
+    const T* const x_row = static_cast<const T*>(p.x) + row * p.x_row_stride;
+    const T* second_row = nullptr;
+    if constexpr ((F & NormFeature::residual) != 0) {
+      second_row = static_cast<const T*>(p.residual) + row * p.residual_row_stride;
+    } else if constexpr ((F & NormFeature::gate) != 0) {
+      second_row = static_cast<const T*>(p.y) + row * p.y_row_stride;
+    }
+#pragma unroll
+    for (int step = 0; step < kSteps; ++step) {
+      if (!in_row(step, lane)) continue;
+      const int col = column(step, lane);
+      copy_to_shared_async<VEC_BYTES>(slot(kStagedX, step), x_row + col);
+      if constexpr (kSum) {
+        copy_to_shared_async<VEC_BYTES>(slot(kStagedSecond, step), second_row + col);
+      }
+      if constexpr (kStagedGate != 0) {
+        copy_to_shared_async<VEC_BYTES>(slot(kStagedGateSlot, step),
+                                        modulation_row<T>(p.gate, batch, token) + col);
+      }
+      if constexpr (kStagedModulation != 0) {
+        copy_to_shared_async<VEC_BYTES>(slot(kStagedScale, step),
+                                        modulation_row<T>(p.scale, batch, token) + col);
+        copy_to_shared_async<VEC_BYTES>(slot(kStagedShift, step),
+                                        modulation_row<T>(p.shift, batch, token) + col);
+      }
+    }
+  }
+
+  // Normalises the row whose copies into the thread's slots have completed.
+  template <int CTA_THREADS>
+  __device__ __forceinline__ static void normalise_staged(const NormParams& p, long long row,
+                                                          int lane, bool active,
+                                                          unsigned thread_slots) {
+    constexpr float kInvHidden = 1.0f / HIDDEN;
+    constexpr int kX = kStagedX;
+    constexpr int kSecond = kStagedSecond;
+    constexpr int kGate = kStagedGateSlot;
+    constexpr int kScale = kStagedScale;
+    constexpr int kShift = kStagedShift;
+    const auto slot = [&](int stream, int step) {
+      return staged_slot<CTA_THREADS>(thread_slots, stream, step);
+    };
+    const long long sample = sample_of(p, row);
+
+    // The fused ops' sum, rounded to T, stored and written over x's slot: the row to
+    // normalise, as process() holds it.
+    if constexpr (kSum) {
+      if (active) {
+        T* const sum_row = static_cast<T*>(p.sum_out) + row * p.sum_row_stride;
+#pragma unroll
+        for (int step = 0; step < kSteps; ++step) {
+          if (!in_row(step, lane)) continue;
+          const int col = column(step, lane);
+          Raw<VEC_BYTES> v = load_shared<VEC_BYTES>(slot(kX, step));
+          const Raw<VEC_BYTES> second = load_shared<VEC_BYTES>(slot(kSecond, step));
+          Raw<VEC_BYTES> gate_row;
+          Raw<VEC_BYTES> table_gate;
+          if constexpr ((F & NormFeature::gate) != 0) {
+            gate_row = kPerSample ? sample_operand(p.gate, sample, col)
+                                  : load_shared<VEC_BYTES>(slot(kGate, step));
+            if constexpr (kTable) table_gate = column_operand(p.gate.table, col);
+          }
+#pragma unroll
+          for (int i = 0; i < kVec; ++i) {
+            float value = get_element<T>(v, i);
+            if constexpr ((F & NormFeature::residual) != 0) {
+              value += get_element<T>(second, i);
+            } else {
+              float gate = get_element<T>(gate_row, i);
+              if constexpr (kTable) gate += get_element<T>(table_gate, i);
+              value += get_element<T>(second, i) * gate;
+            }
+            set_element<T>(v, i, value);
+          }
+          store_global<VEC_BYTES>(sum_row + col, v);
+          store_shared<VEC_BYTES>(slot(kX, step), v);
+        }
+      }
+    }
+
+    float mean = 0.0f;
+    if constexpr ((F & NormFeature::layer) != 0) {
+      float sum = 0.0f;
+#pragma unroll
+      for (int step = 0; step < kSteps; ++step) {
+        if (!(active && in_row(step, lane))) continue;
+        const Raw<VEC_BYTES> v = load_shared<VEC_BYTES>(slot(kX, step));
+        float partial = 0.0f;
+#pragma unroll
+        for (int i = 0; i < kVec; ++i) partial += get_element<T>(v, i);
+        sum += partial;
+      }
+      mean = group_sum<THREADS_PER_ROW, CTA_THREADS>(sum) * kInvHidden;
+    }
+    float squares = 0.0f;
+#pragma unroll
+    for (int step = 0; step < kSteps; ++step) {
+      if (!(active && in_row(step, lane))) continue;
+      const Raw<VEC_BYTES> v = load_shared<VEC_BYTES>(slot(kX, step));
+      float partial = 0.0f;
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) {
+        const float centred = get_element<T>(v, i) - mean;
+        partial += centred * centred;
+      }
+      squares += partial;
+    }
+    squares = group_sum<THREADS_PER_ROW, CTA_THREADS>(squares);
+    const float scale = rsqrtf(squares * kInvHidden + p.eps);
+    if (!active) return;
+
+    T* const out_row = static_cast<T*>(p.out) + row * p.out_row_stride;
+#pragma unroll
+    for (int step = 0; step < kSteps; ++step) {
+      if (!in_row(step, lane)) continue;
+      const int col = column(step, lane);
+      const Raw<VEC_BYTES> v = load_shared<VEC_BYTES>(slot(kX, step));
+      const Columns c = load_columns(p, col, sample);
+      Raw<VEC_BYTES> mod_scale = c.scale;
+      Raw<VEC_BYTES> mod_shift = c.shift;
+      if constexpr (kStagedModulation != 0) {
+        mod_scale = load_shared<VEC_BYTES>(slot(kScale, step));
+        mod_shift = load_shared<VEC_BYTES>(slot(kShift, step));
+      }
+      float result[kVec];
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) {
+        float n = (get_element<T>(v, i) - mean) * scale;
+        if constexpr ((F & NormFeature::weight) != 0) n *= get_element<T>(c.weight, i);
+        if constexpr ((F & NormFeature::bias) != 0) n += get_element<T>(c.bias, i);
+        if constexpr ((F & NormFeature::modulate) != 0) {
+          float a = get_element<T>(mod_scale, i);
+          float b = get_element<T>(mod_shift, i);
+          if constexpr (kTable) {
+            a += get_element<T>(c.table_scale, i);
+            b += get_element<T>(c.table_shift, i);
+          }
+          n = n * (1.0f + a) + b;
+        }
+        result[i] = n;
+      }
+      store_floats<T, VEC_BYTES>(out_row + col, result);
+    }
+  }
 };
 
 template <typename T, int HIDDEN, int VEC_BYTES, int THREADS_PER_ROW, int CTA_THREADS,
@@ -528,6 +712,39 @@ __global__ void __launch_bounds__(CTA_THREADS) norm(const NormParams p) {
       if (active) Row::load_row(p, row, lane, current);
       Row::template process<CTA_THREADS>(p, row, lane, active, current);
     }
+  }
+}
+
+// The staged form (NormRow::stage_row, then normalise_staged): one row per THREADS_PER_ROW
+// threads, dynamic shared memory of kStagedStreams x kSteps x CTA_THREADS vectors, and a
+// grid that covers the rows (with a grid-stride loop past 2^31 CTAs' worth). A persistent
+// grid copying each thread's next row into a second buffer while it normalises the current
+// one measured no faster on an H200 (bf16, 8192-32768 rows of 8192), so there is none.
+template <typename T, int HIDDEN, int VEC_BYTES, int THREADS_PER_ROW, int CTA_THREADS,
+          unsigned FEATURES>
+__global__ void __launch_bounds__(CTA_THREADS) norm_staged(const NormParams p) {
+  using Row = NormRow<T, HIDDEN, VEC_BYTES, THREADS_PER_ROW, FEATURES>;
+  constexpr int kRowsPerCta = CTA_THREADS / THREADS_PER_ROW;
+  static_assert(VEC_BYTES >= 4 && VEC_BYTES % sizeof(T) == 0, "cp.async copies 4 to 16 bytes");
+  static_assert(HIDDEN % Row::kVec == 0, "rows must be made of whole vectors");
+  static_assert(CTA_THREADS % THREADS_PER_ROW == 0, "rows must tile the CTA");
+  static_assert(THREADS_PER_ROW <= 32 ? (THREADS_PER_ROW & (THREADS_PER_ROW - 1)) == 0
+                                      : THREADS_PER_ROW % 32 == 0,
+                "a row's threads are a power of two up to a warp, or whole warps");
+  extern __shared__ __align__(16) unsigned char staged_rows[];
+  const unsigned thread_slots = shared_address(staged_rows) + threadIdx.x * VEC_BYTES;
+
+  const int lane = static_cast<int>(threadIdx.x) % THREADS_PER_ROW;
+  const long long grid_rows = static_cast<long long>(gridDim.x) * kRowsPerCta;
+  long long row = static_cast<long long>(blockIdx.x) * kRowsPerCta +
+                  static_cast<int>(threadIdx.x) / THREADS_PER_ROW;
+  // Every thread runs the same number of iterations (the reduction may synchronise the CTA).
+  for (long long first_row = static_cast<long long>(blockIdx.x) * kRowsPerCta; first_row < p.rows;
+       first_row += grid_rows, row += grid_rows) {
+    const bool active = row < p.rows;
+    if (active) Row::template stage_row<CTA_THREADS>(p, row, lane, thread_slots);
+    wait_for_shared_copies();
+    Row::template normalise_staged<CTA_THREADS>(p, row, lane, active, thread_slots);
   }
 }
 

@@ -1,5 +1,6 @@
-// NVRTC compiles every norm op's kernel (heuristic, a persistent and a re-reading config) for each
-// arch kiln targets, with no GPU: what CI checks for sm_75, sm_80 and sm_90.
+// NVRTC compiles every norm op's kernel (heuristic, a persistent, a re-reading and a staged
+// config where the space has one) for each arch kiln targets, with no GPU: what CI checks for
+// sm_75, sm_80 and sm_90.
 #include <doctest/doctest.h>
 
 #include <atomic>
@@ -25,7 +26,7 @@ TEST_CASE("the norm ops compile for sm_75, sm_80 and sm_90") {
          }) {
       const Family& fam = family(problem.op);
       requests.push_back({&fam, problem, fam.heuristic(problem, traits), sm, BinaryFormat::cubin});
-      for (const char* extra : {"grid", "reread"}) {
+      for (const char* extra : {"grid", "reread", "stage"}) {
         for (const Config& config : fam.space(problem, traits)) {
           if (config.extra.count(extra) != 0) {
             requests.push_back({&fam, problem, config, sm, BinaryFormat::cubin});

@@ -68,11 +68,12 @@ void check_config_obeys_rules(const Problem& p, const Config& c, const DeviceTra
   CHECK(power_of_two(c.cta_threads / c.threads_per_row));
   CHECK((power_of_two(c.threads_per_row) ? c.cta_threads >= 64 : true));
   CHECK(c.cta_threads <= device.max_threads_per_block);
-  // The only extra is a persistent grid: whole waves of the device's SMs (RMSNorm never
-  // re-reads its row).
+  // The extras are a persistent grid (whole waves of the device's SMs) and a row staged in
+  // shared memory (RMSNorm never re-reads its row).
   for (const auto& [name, value] : c.extra) {
-    CHECK(name == "grid");
-    CHECK(value % device.sm_count == 0);
+    CHECK((name == "grid" || name == "stage"));
+    CHECK((name != "grid" || value % device.sm_count == 0));
+    CHECK((name != "stage" || value == 1));
   }
 }
 
@@ -349,6 +350,83 @@ TEST_CASE("re-read configs: fused ops only, rows of several steps, never persist
             .find("in-place LayerNorm") != std::string::npos);
 }
 
+TEST_CASE("staged configs: sm_80 and later, 16 KB of row streams, several steps, one pass") {
+  const DeviceTraits h100 = DeviceTraits::for_arch(90);
+  const Problem wide = problem(DType::bf16, 8192);
+  const auto& norm = dynamic_cast<const kiln::NormFamily&>(rms());
+  int staged = 0;
+  for (const Config& c : rms().space(wide, h100)) {
+    if (c.extra.count("stage") == 0) {
+      continue;
+    }
+    ++staged;
+    CHECK(c.extra.size() == 1);
+    CHECK(c.vec_bytes >= 4);
+    Config held = c;
+    held.extra.erase("stage");
+    // A staged thread holds one step in registers; its row lives in shared memory.
+    CHECK(norm.registers_per_thread(wide, c) <= norm.registers_per_thread(wide, held));
+    CHECK(norm.resident_ctas(wide, c, h100) >= norm.resident_ctas(wide, held, h100));
+    CHECK(norm.staged_smem_bytes(wide, held) == 0);
+  }
+  CHECK(staged > 0);
+  CHECK(rms().heuristic(wide, h100).extra.count("stage") == 0);
+
+  Config stage = config(16, 256, 256);
+  stage.extra["stage"] = 1;
+  CHECK(rms().invalid_reason(wide, stage, h100).empty());
+  CHECK(rms().name_expression(wide, stage) ==
+        "kiln::norm_staged<kiln::bf16, 8192, 16, 256, 256, 2u>");
+  CHECK(rms().geometry(wide, stage, 1000).smem_bytes == 4 * 256 * 16);
+  CHECK(rms()
+            .invalid_reason(wide, stage, DeviceTraits::for_arch(75))
+            .find("cp.async (sm_80 or later)") != std::string::npos);
+  CHECK(rms().invalid_reason(problem(DType::bf16, 4096), stage, h100).find("16 KB") !=
+        std::string::npos);
+  Config one_step = config(16, 1024, 1024);
+  one_step.extra["stage"] = 1;
+  CHECK(rms().invalid_reason(wide, one_step, h100).find("one vector") != std::string::npos);
+  // Each resident CTA holds its staged rows (and the driver's reserve) in shared memory.
+  CHECK(norm.resident_ctas(wide, stage, h100) <= h100.smem_per_sm / (4 * 256 * 16 + 1024));
+  Config persistent = stage;
+  persistent.extra["grid"] = 264;
+  CHECK(rms().invalid_reason(wide, persistent, h100).find("persistent grid") != std::string::npos);
+  Config reread = stage;
+  reread.extra["reread"] = 1;
+  const Problem fused_wide{Op::fused_add_rms_norm, DType::bf16, 8192, kiln::kNormWeight, 16};
+  CHECK(kiln::family(Op::fused_add_rms_norm)
+            .invalid_reason(fused_wide, reread, h100)
+            .find("nor re-read") != std::string::npos);
+  Config two = stage;
+  two.extra["stage"] = 2;
+  CHECK(rms().invalid_reason(wide, two, h100).find("neither 0 nor 1") != std::string::npos);
+  // A thread's share of a 14848-wide fp32 row in 4-byte vectors at 4 threads a row is too
+  // many steps to hold, and too much to stage.
+  CHECK(!rms()
+             .invalid_reason(
+                 problem(DType::f32, 14848),
+                 [] {
+                   Config c = config(4, 4, 1024);
+                   c.extra["stage"] = 1;
+                   return c;
+                 }(),
+                 h100)
+             .empty());
+
+  // The streams a row stages: gated_adaln per token stages x, y, gate, scale and shift;
+  // per sample, only x and y (the modulation rows are read through L1).
+  const auto& gated = dynamic_cast<const kiln::NormFamily&>(kiln::family(Op::gated_adaln));
+  const Problem per_token{Op::gated_adaln, DType::bf16, 4096,
+                          kiln::kNormTable | kiln::kNormPerToken, 16};
+  const Problem per_sample{Op::gated_adaln, DType::bf16, 4096, kiln::kNormTable, 16};
+  CHECK(gated.staged_streams(per_token) == 5);
+  CHECK(gated.staged_streams(per_sample) == 2);
+  CHECK(gated.geometry(per_token, stage, 7).smem_bytes == 5 * 2 * 256 * 16);
+  CHECK(gated.invalid_reason(per_token, stage, h100).empty());
+  // 2 streams of 8 KB: 16 KB, the smallest staged row.
+  CHECK(gated.invalid_reason(per_sample, stage, h100).empty());
+}
+
 TEST_CASE("geometry covers every row with no idle CTA") {
   const DeviceTraits h100 = DeviceTraits::for_arch(90);
   for (const Problem& p :
@@ -374,7 +452,14 @@ TEST_CASE("geometry covers every row with no idle CTA") {
           CHECK((std::int64_t{g.grid[0]} == cap->second ||
                  std::int64_t{g.grid[0]} * rows_per_cta >= rows));
         }
-        CHECK(g.smem_bytes == 0);
+        const auto stage = c.extra.find("stage");
+        if (stage == c.extra.end()) {
+          CHECK(g.smem_bytes == 0);
+        } else {  // every row stream of every thread's steps: x only, for RMSNorm
+          const std::int64_t vec_elems = c.vec_bytes / static_cast<int>(kiln::dtype_size(p.dtype));
+          CHECK(std::int64_t{g.smem_bytes} == kiln::NormFamily::elements_per_thread(p, c) /
+                                                  vec_elems * c.cta_threads * c.vec_bytes);
+        }
       }
     }
   }
