@@ -3,19 +3,11 @@ read back instead of held). A full tune measures them, each checked by the tuner
 heuristic's output on poisoned buffers; then op calls pinned to the fastest of them are
 compared with fp64 math, on inputs whose mean is far from zero (LayerNorm's shifted sums)."""
 
-import json
-import os
-import pathlib
-import subprocess
-import sys
-
 import pytest
 
-import kiln
+from pinned_tune import pin_fastest_variant, run_child
 
 pytestmark = pytest.mark.gpu
-
-TESTS = pathlib.Path(__file__).resolve().parent
 
 # Run in a child process so each phase starts with no kernel loaded: the first tunes (full),
 # the second runs with the pinned results and checks outputs and the configs it loaded.
@@ -60,35 +52,10 @@ print("ok")
 """
 
 
-def run_child(case, dtype, phase, cache, tune):
-    env = dict(os.environ, KILN_CACHE_DIR=str(cache), KILN_TUNE=tune,
-               PYTHONPATH=os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]))
-    out = subprocess.run([sys.executable, "-c", CHILD, case, dtype, phase], env=env,
-                         capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0 and "ok" in out.stdout, out.stdout[-2000:] + out.stderr[-4000:]
-
-
-def config_key(config):
-    key = f"v{config['vec_bytes']}.t{config['threads_per_row']}.c{config['cta_threads']}"
-    return key + "".join(f".{k}={v}" for k, v in sorted(config.get("extra", {}).items()))
-
-
 @pytest.mark.parametrize("case,dtype", [("fused_add", "float32"), ("fused_add", "float16"),
                                         ("fused_add", "bfloat16"), ("gated_layer", "bfloat16"),
                                         ("gated_layer", "float16"), ("gated_sample", "bfloat16")])
 def test_reread_kernels_are_tuned_checked_and_correct(tmp_path, case, dtype):
-    run_child(case, dtype, "tune", tmp_path, "full")
-    records = list((tmp_path / "v1" / "tune").glob("*/*.json"))
-    assert records, "the full tune stored nothing"
-    for path in records:
-        record = json.loads(path.read_text())
-        rereads = [t for t in record["trials"] if t["config"].get("extra", {}).get("reread") == 1]
-        assert rereads, f"{path.name}: no re-read candidate was measured"
-        failed = [(config_key(t["config"]), t["status"], t["message"]) for t in rereads
-                  if t["status"] != "ok"]
-        assert not failed, f"{path.name}: {failed}"
-        fastest = min(rereads, key=lambda t: t["median_us"])
-        problem, bucket = path.stem.rsplit(".r", 1)
-        kiln.tune_pin(problem=problem, bucket=int(bucket), config=config_key(fastest["config"]),
-                      cache_dir=str(tmp_path))
-    run_child(case, dtype, "check", tmp_path, "fast")
+    run_child(CHILD, [case, dtype, "tune"], tmp_path, "full")
+    pin_fastest_variant(tmp_path, "reread")
+    run_child(CHILD, [case, dtype, "check"], tmp_path, "fast")

@@ -1,0 +1,49 @@
+"""For the GPU tests of config variants that only a full tune measures (the fused norms'
+re-read rows, rows staged in shared memory): run a test's child process with its own cache
+and tune mode, and pin each tuned problem to the fastest measured config of a variant, after
+checking that the tuner measured some and that every one passed its check against the
+heuristic's output."""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import kiln
+
+TESTS = pathlib.Path(__file__).resolve().parent
+
+
+def run_child(code, args, cache, tune):
+    """Runs `code` in a fresh interpreter (no kernel loaded yet) with KILN_CACHE_DIR=cache
+    and KILN_TUNE=tune; it must exit 0 and print "ok"."""
+    env = dict(os.environ, KILN_CACHE_DIR=str(cache), KILN_TUNE=tune,
+               PYTHONPATH=os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]))
+    out = subprocess.run([sys.executable, "-c", code, *args], env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0 and "ok" in out.stdout, out.stdout[-2000:] + out.stderr[-4000:]
+
+
+def config_key(config):
+    """A trial's config as the cache and `kiln.tune_pin` name it (v16.t256.c256.stage=1)."""
+    key = f"v{config['vec_bytes']}.t{config['threads_per_row']}.c{config['cta_threads']}"
+    return key + "".join(f".{k}={v}" for k, v in sorted(config.get("extra", {}).items()))
+
+
+def pin_fastest_variant(cache, extra):
+    """For every tune record under `cache`: the trials whose config has `extra`=1 were
+    measured and all ran ok; pins the problem's bucket to the fastest of them."""
+    records = list((pathlib.Path(cache) / "v1" / "tune").glob("*/*.json"))
+    assert records, "the full tune stored nothing"
+    for path in records:
+        record = json.loads(path.read_text())
+        variants = [t for t in record["trials"] if t["config"].get("extra", {}).get(extra) == 1]
+        assert variants, f"{path.name}: no {extra}=1 candidate was measured"
+        failed = [(config_key(t["config"]), t["status"], t["message"]) for t in variants
+                  if t["status"] != "ok"]
+        assert not failed, f"{path.name}: {failed}"
+        fastest = min(variants, key=lambda t: t["median_us"])
+        problem, bucket = path.stem.rsplit(".r", 1)
+        kiln.tune_pin(problem=problem, bucket=int(bucket), config=config_key(fastest["config"]),
+                      cache_dir=str(cache))
