@@ -171,17 +171,7 @@ int live_vectors_per_step(const NormFamily& family, const Problem& problem, bool
     live += 2;
   }
   if (prefetch) {
-    int loaded = 1;
-    if ((f & (NormFeature::residual | NormFeature::gate)) != 0) {
-      ++loaded;
-    }
-    if ((f & NormFeature::gate) != 0 && streamed_modulation) {
-      ++loaded;
-    }
-    if ((f & NormFeature::modulate) != 0 && streamed_modulation) {
-      loaded += 2;
-    }
-    live += loaded;
+    live += static_cast<int>(family.row_streams(problem));
   }
   return live;
 }
@@ -234,7 +224,7 @@ void NormFamily::check(const Problem& problem) const {
   }
 }
 
-std::int64_t NormFamily::staged_streams(const Problem& problem) const {
+std::int64_t NormFamily::row_streams(const Problem& problem) const {
   const unsigned f = features(problem);
   const bool streamed = (f & NormFeature::per_sample) == 0;
   std::int64_t streams = 1;
@@ -257,7 +247,7 @@ std::int64_t NormFamily::staged_smem_bytes(const Problem& problem, const Config&
   const std::int64_t vec_elems = std::max<std::int64_t>(
       1, config.vec_bytes / static_cast<std::int64_t>(dtype_size(problem.dtype)));
   const std::int64_t steps = elements_per_thread(problem, config) / vec_elems;
-  return staged_streams(problem) * steps * config.cta_threads * config.vec_bytes;
+  return row_streams(problem) * steps * config.cta_threads * config.vec_bytes;
 }
 
 std::int64_t NormFamily::registers_per_thread(const Problem& problem, const Config& config) const {
@@ -388,7 +378,7 @@ std::string NormFamily::stage_reason(const Problem& problem, const Config& confi
   }
   const std::int64_t row_bytes =
       problem.hidden * static_cast<std::int64_t>(dtype_size(problem.dtype));
-  if (staged_streams(problem) * row_bytes < kStageMinBytesPerRow) {
+  if (row_streams(problem) * row_bytes < kStageMinBytesPerRow) {
     return "a row whose streams are under 16 KB is held: it takes few registers, so staging "
            "frees too few to pay";
   }

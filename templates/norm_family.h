@@ -70,9 +70,10 @@ class NormFamily : public Family {
   static std::int64_t elements_per_thread(const Problem& problem, const Config& config);
   // CTAs of `config` that fit on one SM of `device` at once (at least 1).
   int resident_ctas(const Problem& problem, const Config& config, const DeviceTraits& device) const;
-  // Row streams a staged config (extra stage=1) copies into shared memory: x, the residual
-  // or y, and the per-token gate, scale and shift where the op reads them.
-  std::int64_t staged_streams(const Problem& problem) const;
+  // The streams a thread loads for each row: x, the residual or y, and the per-token gate,
+  // scale and shift where the op reads them. What a staged config (extra stage=1) copies
+  // into shared memory, and what a persistent grid prefetches into registers.
+  std::int64_t row_streams(const Problem& problem) const;
   // Dynamic shared memory per CTA of `config`: its staged rows, or 0 when it holds them.
   std::int64_t staged_smem_bytes(const Problem& problem, const Config& config) const;
 

@@ -209,6 +209,54 @@ struct NormRow {
     return c;
   }
 
+  // The fused ops' sum of one vector, rounded to T: x + residual, or x + y * gate (the gate
+  // plus its table row with a table). `gate` and `table_gate` are read only where present.
+  __device__ __forceinline__ static Raw<VEC_BYTES> sum_vector(const Raw<VEC_BYTES>& x,
+                                                              const Raw<VEC_BYTES>& second,
+                                                              const Raw<VEC_BYTES>& gate,
+                                                              const Raw<VEC_BYTES>& table_gate) {
+    Raw<VEC_BYTES> sum = x;
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) {
+      float value = get_element<T>(x, i);
+      if constexpr ((F & NormFeature::residual) != 0) {
+        value += get_element<T>(second, i);
+      } else {
+        float g = get_element<T>(gate, i);
+        if constexpr (kTable) g += get_element<T>(table_gate, i);
+        value += get_element<T>(second, i) * g;
+      }
+      set_element<T>(sum, i, value);
+    }
+    return sum;
+  }
+
+  // One output vector: (v - mean) * rstd, then the weight, the bias and the modulation
+  // (scale and shift, plus their table rows) where present, stored at `col` of `out_row`.
+  __device__ __forceinline__ static void store_output(T* out_row, int col, const Raw<VEC_BYTES>& v,
+                                                      float mean, float rstd, const Columns& c,
+                                                      const Raw<VEC_BYTES>& mod_scale,
+                                                      const Raw<VEC_BYTES>& mod_shift) {
+    float result[kVec];
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) {
+      float n = (get_element<T>(v, i) - mean) * rstd;
+      if constexpr ((F & NormFeature::weight) != 0) n *= get_element<T>(c.weight, i);
+      if constexpr ((F & NormFeature::bias) != 0) n += get_element<T>(c.bias, i);
+      if constexpr ((F & NormFeature::modulate) != 0) {
+        float a = get_element<T>(mod_scale, i);
+        float b = get_element<T>(mod_shift, i);
+        if constexpr (kTable) {
+          a += get_element<T>(c.table_scale, i);
+          b += get_element<T>(c.table_shift, i);
+        }
+        n = n * (1.0f + a) + b;
+      }
+      result[i] = n;
+    }
+    store_floats<T, VEC_BYTES>(out_row + col, result);
+  }
+
   template <int CTA_THREADS>
   __device__ __forceinline__ static void process(const NormParams& p, long long row, int lane,
                                                  bool active, const RowInputs& in) {
@@ -257,18 +305,7 @@ struct NormRow {
               gate_row = in.gate.v[step];
             }
           }
-#pragma unroll
-          for (int i = 0; i < kVec; ++i) {
-            float value = get_element<T>(in.x.v[step], i);
-            if constexpr ((F & NormFeature::residual) != 0) {
-              value += get_element<T>(in.second.v[step], i);
-            } else {
-              float gate = get_element<T>(gate_row, i);
-              if constexpr (kTable) gate += get_element<T>(table_gate, i);
-              value += get_element<T>(in.second.v[step], i) * gate;
-            }
-            set_element<T>(values[step], i, value);
-          }
+          values[step] = sum_vector(in.x.v[step], in.second.v[step], gate_row, table_gate);
           T* const sum_row = static_cast<T*>(p.sum_out) + row * p.sum_row_stride;
           store_global<VEC_BYTES>(sum_row + column(step, lane), values[step]);
         }
@@ -312,28 +349,12 @@ struct NormRow {
       Columns late;
       if constexpr (!kEarlyColumns) late = load_columns(p, col, sample);
       const Columns& c = kEarlyColumns ? early[kEarlyColumns ? step : 0] : late;
-      const Raw<VEC_BYTES>& weight = c.weight;
-      const Raw<VEC_BYTES>& bias = c.bias;
-      const Raw<VEC_BYTES>& table_scale = c.table_scale;
-      const Raw<VEC_BYTES>& table_shift = c.table_shift;
-      float result[kVec];
-#pragma unroll
-      for (int i = 0; i < kVec; ++i) {
-        float n = (get_element<T>(values[step], i) - mean) * scale;
-        if constexpr ((F & NormFeature::weight) != 0) n *= get_element<T>(weight, i);
-        if constexpr ((F & NormFeature::bias) != 0) n += get_element<T>(bias, i);
-        if constexpr ((F & NormFeature::modulate) != 0) {
-          float mod_scale = get_element<T>(kPerSample ? c.scale : in.scale.v[step], i);
-          float mod_shift = get_element<T>(kPerSample ? c.shift : in.shift.v[step], i);
-          if constexpr (kTable) {
-            mod_scale += get_element<T>(table_scale, i);
-            mod_shift += get_element<T>(table_shift, i);
-          }
-          n = n * (1.0f + mod_scale) + mod_shift;
-        }
-        result[i] = n;
-      }
-      store_floats<T, VEC_BYTES>(out_row + col, result);
+      // Per-token modulation was loaded with the row; per-sample rows come with the columns.
+      constexpr bool kStreamedModulation = (F & NormFeature::modulate) != 0 && !kPerSample;
+      const int held = kStreamedModulation ? step : 0;
+      store_output(out_row, col, values[step], mean, scale, c,
+                   kStreamedModulation ? in.scale.v[held] : c.scale,
+                   kStreamedModulation ? in.shift.v[held] : c.shift);
     }
   }
 
@@ -374,18 +395,7 @@ struct NormRow {
       gate = modulation_vector(p.gate, batch, token, col);
       if constexpr (kTable) table_gate = column_operand(p.gate.table, col);
     }
-#pragma unroll
-    for (int i = 0; i < kVec; ++i) {
-      float value = get_element<T>(v, i);
-      if constexpr ((F & NormFeature::residual) != 0) {
-        value += get_element<T>(second, i);
-      } else {
-        float g = get_element<T>(gate, i);
-        if constexpr (kTable) g += get_element<T>(table_gate, i);
-        value += get_element<T>(second, i) * g;
-      }
-      set_element<T>(v, i, value);
-    }
+    v = sum_vector(v, second, gate, table_gate);
     T* const sum_row = static_cast<T*>(p.sum_out) + row * p.sum_row_stride;
     store_global<VEC_BYTES>(sum_row + col, v);
     return v;
@@ -472,24 +482,9 @@ struct NormRow {
         if (step >= kSteps || !in_row(step, lane)) continue;
         const int col = column(step, lane);
         const Columns columns = load_columns(p, col, batch);
-        float result[kVec];
-#pragma unroll
-        for (int i = 0; i < kVec; ++i) {
-          float n = (get_element<T>(chunk[c], i) - mean) * scale;
-          if constexpr ((F & NormFeature::weight) != 0) n *= get_element<T>(columns.weight, i);
-          if constexpr ((F & NormFeature::bias) != 0) n += get_element<T>(columns.bias, i);
-          if constexpr ((F & NormFeature::modulate) != 0) {
-            float a = get_element<T>(mod_scale[c], i);
-            float b = get_element<T>(mod_shift[c], i);
-            if constexpr (kTable) {
-              a += get_element<T>(columns.table_scale, i);
-              b += get_element<T>(columns.table_shift, i);
-            }
-            n = n * (1.0f + a) + b;
-          }
-          result[i] = n;
-        }
-        store_floats<T, VEC_BYTES>(out_row + col, result);
+        store_output(out_row, col, chunk[c], mean, scale, columns,
+                     mod_scale[(F & NormFeature::modulate) != 0 ? c : 0],
+                     mod_shift[(F & NormFeature::modulate) != 0 ? c : 0]);
       }
     }
   }
@@ -592,18 +587,7 @@ struct NormRow {
                                   : load_shared<VEC_BYTES>(slot(kGate, step));
             if constexpr (kTable) table_gate = column_operand(p.gate.table, col);
           }
-#pragma unroll
-          for (int i = 0; i < kVec; ++i) {
-            float value = get_element<T>(v, i);
-            if constexpr ((F & NormFeature::residual) != 0) {
-              value += get_element<T>(second, i);
-            } else {
-              float gate = get_element<T>(gate_row, i);
-              if constexpr (kTable) gate += get_element<T>(table_gate, i);
-              value += get_element<T>(second, i) * gate;
-            }
-            set_element<T>(v, i, value);
-          }
+          v = sum_vector(v, second, gate_row, table_gate);
           store_global<VEC_BYTES>(sum_row + col, v);
           store_shared<VEC_BYTES>(slot(kX, step), v);
         }
@@ -654,24 +638,7 @@ struct NormRow {
         mod_scale = load_shared<VEC_BYTES>(slot(kScale, step));
         mod_shift = load_shared<VEC_BYTES>(slot(kShift, step));
       }
-      float result[kVec];
-#pragma unroll
-      for (int i = 0; i < kVec; ++i) {
-        float n = (get_element<T>(v, i) - mean) * scale;
-        if constexpr ((F & NormFeature::weight) != 0) n *= get_element<T>(c.weight, i);
-        if constexpr ((F & NormFeature::bias) != 0) n += get_element<T>(c.bias, i);
-        if constexpr ((F & NormFeature::modulate) != 0) {
-          float a = get_element<T>(mod_scale, i);
-          float b = get_element<T>(mod_shift, i);
-          if constexpr (kTable) {
-            a += get_element<T>(c.table_scale, i);
-            b += get_element<T>(c.table_shift, i);
-          }
-          n = n * (1.0f + a) + b;
-        }
-        result[i] = n;
-      }
-      store_floats<T, VEC_BYTES>(out_row + col, result);
+      store_output(out_row, col, v, mean, scale, c, mod_scale, mod_shift);
     }
   }
 };

@@ -419,8 +419,8 @@ TEST_CASE("staged configs: sm_80 and later, 16 KB of row streams, several steps,
   const Problem per_token{Op::gated_adaln, DType::bf16, 4096,
                           kiln::kNormTable | kiln::kNormPerToken, 16};
   const Problem per_sample{Op::gated_adaln, DType::bf16, 4096, kiln::kNormTable, 16};
-  CHECK(gated.staged_streams(per_token) == 5);
-  CHECK(gated.staged_streams(per_sample) == 2);
+  CHECK(gated.row_streams(per_token) == 5);
+  CHECK(gated.row_streams(per_sample) == 2);
   CHECK(gated.geometry(per_token, stage, 7).smem_bytes == 5 * 2 * 256 * 16);
   CHECK(gated.invalid_reason(per_token, stage, h100).empty());
   // 2 streams of 8 KB: 16 KB, the smallest staged row.
