@@ -43,12 +43,13 @@ std::optional<ArgumentError> problem_error(Op op, const Problem& problem) {
                          std::to_string(problem.align));
   }
   const std::uint32_t allowed =
-      op == Op::rope ? (kRopeInterleaved | kRopeTableF32 | kRopeInverse) : 0u;
+      op == Op::rope ? (kRopeInterleaved | kRopeTableF32 | kRopeInverse | kRopePositionsInner) : 0u;
   if ((problem.flags & ~allowed) != 0) {
-    return ArgumentError(
-        name, "flags",
-        op == Op::rope ? "only interleaved (1), table-fp32 (2) and inverse (4)" : "none",
-        std::to_string(problem.flags));
+    return ArgumentError(name, "flags",
+                         op == Op::rope ? "only interleaved (1), table-fp32 (2), inverse (4) and "
+                                          "positions-inner (8)"
+                                        : "none",
+                         std::to_string(problem.flags));
   }
   if (op == Op::rope_3d && problem.aux != 0) {
     return ArgumentError(name, "rotary_dim", "the whole row (aux 0)", std::to_string(problem.aux));
@@ -286,8 +287,13 @@ std::vector<std::byte> RopeFamily::pack_params(const Problem& problem, std::int6
   params.batch = 1;
   params.heads_q = hq;
   params.heads_k = hk;
-  const std::int64_t q_strides[3] = {tokens * hq * d, hq * d, d};
-  const std::int64_t k_strides[3] = {tokens * hk * d, hk * d, d};
+  // Strides of batch, position, head.
+  const bool positions_inner = (problem.flags & kRopePositionsInner) != 0;
+  params.positions_inner = positions_inner ? 1 : 0;
+  const std::int64_t q_strides[3] = {tokens * hq * d, positions_inner ? d : hq * d,
+                                     positions_inner ? tokens * d : d};
+  const std::int64_t k_strides[3] = {tokens * hk * d, positions_inner ? d : hk * d,
+                                     positions_inner ? tokens * d : d};
   std::copy(q_strides, q_strides + 3, params.q_strides);
   std::copy(q_strides, q_strides + 3, params.q_out_strides);
   std::copy(k_strides, k_strides + 3, params.k_strides);
@@ -318,9 +324,12 @@ std::int64_t RopeFamily::bytes_moved(const Problem& problem, std::int64_t rows) 
 
 std::vector<Problem> RopeFamily::common_problems(DType dtype, std::int64_t hidden) const {
   if (op_ == Op::rope_3d) return {Problem{Op::rope_3d, dtype, hidden, 0u, 16}};
-  // transformers (half-split, table in the model's dtype), diffusers (interleaved, fp32).
-  return {Problem{Op::rope, dtype, hidden, 0u, 16},
-          Problem{Op::rope, dtype, hidden, kRopeInterleaved | kRopeTableF32, 16}};
+  // transformers (half-split, table in the model's dtype, [B, H, S, D]), diffusers
+  // (interleaved, fp32, [B, S, H, D] or, after the head transpose, [B, H, S, D]).
+  return {
+      Problem{Op::rope, dtype, hidden, kRopePositionsInner, 16},
+      Problem{Op::rope, dtype, hidden, kRopeInterleaved | kRopeTableF32, 16},
+      Problem{Op::rope, dtype, hidden, kRopeInterleaved | kRopeTableF32 | kRopePositionsInner, 16}};
 }
 
 }  // namespace kiln

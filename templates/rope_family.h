@@ -21,6 +21,10 @@ inline constexpr std::uint32_t kRopeTableF32 = 2u;  // cos/sin fp32 (else the da
 // Same data movement as the forward; only the signs of the sin terms and which half's sin
 // each output takes differ (see templates/kiln/rope.cuh).
 inline constexpr std::uint32_t kRopeInverse = 4u;
+// q and k laid out [B, H, S, D] (transformers; a head's positions contiguous), not
+// [B, S, H, D]: the kernel walks rows positions-inner to follow memory (RopeParams), and the
+// tuner's stand-alone run lays its buffers out the same way.
+inline constexpr std::uint32_t kRopePositionsInner = 8u;
 
 class RopeFamily : public Family {
  public:
@@ -43,8 +47,9 @@ class RopeFamily : public Family {
   LaunchGeometry geometry(const Problem& problem, const Config& config,
                           std::int64_t rows) const override;
 
-  // A stand-alone run: q and k [tokens, heads, D] with cos/sin [tokens, rotary_dim] (table),
-  // heads 6 + 2 when rows divide by 8 (1 + 1 for rope_3d when even), else q's one head.
+  // A stand-alone run: q and k [tokens, heads, D] ([heads, tokens, D] positions inner) with
+  // cos/sin [tokens, rotary_dim] (table), heads 6 + 2 when rows divide by 8 (1 + 1 for
+  // rope_3d when even), else q's one head.
   std::vector<BufferSpec> buffers(const Problem& problem, std::int64_t rows) const override;
   std::vector<std::byte> pack_params(const Problem& problem, std::int64_t rows,
                                      std::span<const std::uint64_t> addresses) const override;

@@ -131,10 +131,13 @@ void rope_launch_aligned(const std::string& op, const RopeOperands& r, const at:
   problem.dtype = r.dtype;
   problem.hidden = d;
   problem.aux = r.rotary_dim == d ? 0 : r.rotary_dim;
+  // [B, H, S, D] data (a head's positions nearer than a position's heads) is walked
+  // positions-inner, so neighbouring threads read neighbouring memory.
+  const bool positions_inner = !video && q4.stride(1) < q4.stride(2);
   if (!video) {
     problem.flags = (r.interleaved ? kRopeInterleaved : 0u) |
                     (r.cos3.scalar_type() == at::kFloat ? kRopeTableF32 : 0u) |
-                    (r.inverse ? kRopeInverse : 0u);
+                    (r.inverse ? kRopeInverse : 0u) | (positions_inner ? kRopePositionsInner : 0u);
   }
   problem.align = alignment_of({&q4, &k4, &q_out4, &k_out4, &r.cos3, &r.sin3});
 
@@ -147,6 +150,7 @@ void rope_launch_aligned(const std::string& op, const RopeOperands& r, const at:
   p.batch = static_cast<int>(batch);
   p.heads_q = static_cast<int>(heads_q);
   p.heads_k = static_cast<int>(heads_k);
+  p.positions_inner = positions_inner ? 1 : 0;
   fill_strides(p.q_strides, q4, 3);
   fill_strides(p.k_strides, k4, 3);
   fill_strides(p.q_out_strides, q_out4, 3);

@@ -23,11 +23,12 @@
 // unrotated columns' gradient passes through as their values do. No negated sin is formed:
 // the sign is in the code.
 //
-// A row is one head of one token (RopeParams). A row is split among THREADS_PER_ROW
-// threads; each owns whole rotation units (a vector and, half-split, its partner vector
-// R/2 further), so no data crosses threads. A thread handles ROWS_PER_THREAD consecutive
-// rows: all their loads are issued first, and cos/sin are loaded (or computed) once and
-// kept in registers while consecutive rows share them.
+// A row is one head of one token, in the order RopeParams describes. A row is split among
+// THREADS_PER_ROW threads; each owns whole rotation units (a vector and, half-split, its
+// partner vector R/2 further), so no data crosses threads. A thread handles ROWS_PER_THREAD
+// rows (consecutive heads of a token, or, heads inner, consecutive rows): all their loads
+// are issued first, and cos/sin are loaded (or computed) once and kept in registers while
+// consecutive rows share them.
 #pragma once
 
 #include "kiln/common.cuh"
@@ -59,8 +60,12 @@ __global__ void __launch_bounds__(CTA_THREADS) rope(const RopeParams p) {
 
   const int lane = static_cast<int>(threadIdx.x) % THREADS_PER_ROW;
   const int slot = static_cast<int>(threadIdx.x) / THREADS_PER_ROW;
+  constexpr unsigned kSlots = CTA_THREADS / THREADS_PER_ROW;  // a panel's tokens
   const unsigned heads = static_cast<unsigned>(p.heads_q + p.heads_k);
   const unsigned batch = static_cast<unsigned>(p.batch);
+  const bool positions_inner = p.positions_inner != 0;
+  const unsigned tokens = static_cast<unsigned>(p.rows) / heads;
+  const unsigned seq = tokens / batch;
 
   // Video frequencies depend only on the column: computed once per thread.
   float frequency[VIDEO ? kRotSteps : 1][VIDEO ? kVec / 2 : 1];
@@ -78,7 +83,8 @@ __global__ void __launch_bounds__(CTA_THREADS) rope(const RopeParams p) {
 
   for (long long first = static_cast<long long>(blockIdx.x) * kRowsPerCta; first < p.rows;
        first += static_cast<long long>(gridDim.x) * kRowsPerCta) {
-    const long long row0 = first + static_cast<long long>(slot) * ROWS_PER_THREAD;
+    const long long row0 =
+        first + static_cast<long long>(slot) * (positions_inner ? 1 : ROWS_PER_THREAD);
     if (row0 >= p.rows) continue;
 
     Raw<VEC_BYTES> x[ROWS_PER_THREAD][kRotSteps][kParts];
@@ -89,17 +95,28 @@ __global__ void __launch_bounds__(CTA_THREADS) rope(const RopeParams p) {
     long long sin_offset[ROWS_PER_THREAD];
 #pragma unroll
     for (int j = 0; j < ROWS_PER_THREAD; ++j) {
-      const long long row = row0 + j;
+      const long long row = row0 + static_cast<long long>(j) * (positions_inner ? kSlots : 1);
       out_row[j] = nullptr;
       copy_rest[j] = false;
       angle_key[j] = -1;
       sin_offset[j] = 0;
       if (row >= p.rows) continue;
       const unsigned r = static_cast<unsigned>(row);
-      const unsigned token = r / heads;
-      const unsigned head = r - token * heads;
-      const unsigned position = token / batch;
-      const unsigned entry = token - position * batch;
+      unsigned head, position, entry;
+      if (positions_inner) {
+        const unsigned panel = r / (kSlots * heads);
+        const unsigned in_panel = r - panel * (kSlots * heads);
+        const unsigned panel_tokens = min(kSlots, tokens - panel * kSlots);
+        head = in_panel / panel_tokens;
+        const unsigned token = panel * kSlots + (in_panel - head * panel_tokens);
+        entry = token / seq;
+        position = token - entry * seq;
+      } else {
+        const unsigned token = r / heads;
+        head = r - token * heads;
+        position = token / batch;
+        entry = token - position * batch;
+      }
       const bool is_q = head < static_cast<unsigned>(p.heads_q);
       const long long* in_strides = is_q ? p.q_strides : p.k_strides;
       const long long* out_strides = is_q ? p.q_out_strides : p.k_out_strides;

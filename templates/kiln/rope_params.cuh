@@ -21,11 +21,19 @@ struct RopeVideoGrid {
   float log2_freq_step;  // log2(theta) / (dim / 6 - 1); 0 when dim / 6 == 1
 };
 
-// Rows are (token, head) pairs, token-major: row r is head r % (heads_q + heads_k) of token
-// r / (heads_q + heads_k), the first heads_q of q and the rest of k. Tokens are
-// position-major, token t = position t / batch of batch entry t % batch, so the rows that
-// share cos/sin (all heads of a position; all batch entries too when cos/sin broadcast over
-// the batch, and always for video angles) are neighbours and reuse them from registers.
+// Rows are (token, head) pairs, the first heads_q heads of q and the rest of k, in one of
+// two orders, whichever follows memory:
+//  - heads inner (positions_inner == 0; [B, S, H, D] data, heads contiguous): token-major,
+//    row r is head r % (heads_q + heads_k) of token r / (heads_q + heads_k). Tokens are
+//    position-major, token t = position t / batch of batch entry t % batch, so the rows that
+//    share cos/sin (all heads of a position; all batch entries too when cos/sin broadcast
+//    over the batch, and always for video angles) are neighbours.
+//  - positions inner (positions_inner != 0; [B, H, S, D] data, a head's positions
+//    contiguous): rows come in panels of P consecutive tokens (P = a CTA's row slots) x all
+//    heads, head-major within the panel, so neighbouring slots read neighbouring positions of
+//    one head. Tokens are batch-major here, token t = position t % seq of entry t / seq. A
+//    thread's rows are P apart: the same token in consecutive heads, sharing cos/sin.
+// Either way a thread loads cos/sin once for its rows that share them.
 struct RopeParams {
   void* q_out;
   void* k_out;
@@ -37,7 +45,7 @@ struct RopeParams {
   int batch;
   int heads_q;
   int heads_k;
-  int pad0;
+  int positions_inner;     // the row order above
   long long q_strides[3];  // batch, position, head
   long long k_strides[3];
   long long q_out_strides[3];

@@ -17,13 +17,13 @@ def assert_video_close(out, ref, dtype, cos, x):
     """Video angles reach pi/2 * theta * |2 g - 1| (1.6e4 rad and more), where fp32 holds an
     angle only to ~1e-3 rad: diffusers' own fp32 table is that far from fp64. An angle error
     moves an output by up to the pair's norm times it, so the tolerance is the dtype's plus
-    the largest pair norm of x times eight fp32 half-ulps of the largest angle (the roundings
-    of linspace, pow, the two products and the sin/cos)."""
+    the largest pair norm of x times the largest angle error of an fp32 evaluation (see
+    video_reference)."""
     assert out.shape == ref.shape and not torch.isnan(out).any()
-    largest_angle = _largest_video_angle(cos)
-    assert largest_angle > 0, "the table must come from video_reference"
+    angle_error = _video_angle_error(cos)
+    assert angle_error > 0, "the table must come from video_reference"
     largest_pair = x.double().unflatten(-1, (-1, 2)).norm(dim=-1).max().item()
-    tol = TOLERANCE[dtype] + largest_pair * 8 * largest_angle * 2.0 ** -24
+    tol = TOLERANCE[dtype] + largest_pair * angle_error
     err = ((out.double() - ref).abs() / ref.abs().clamp_min(1.0)).max().item()
     assert err <= tol, f"max relative error {err:.3e} > {tol:.3e}"
 
@@ -31,7 +31,7 @@ def assert_video_close(out, ref, dtype, cos, x):
 _ANGLES = {}
 
 
-def _largest_video_angle(cos):
+def _video_angle_error(cos):
     return _ANGLES.get(id(cos), 0.0)
 
 
@@ -46,7 +46,13 @@ def video_reference(batch, dim, frames, height, width, scale, **kw):
         patch = [kw.get("patch_size_t", 1), kw.get("patch_size", 1), kw.get("patch_size", 1)]
         largest_coordinate = max((n - 1) * s * p / b for n, s, p, b in
                                  zip((frames, height, width), scale, patch, base))
-    _ANGLES[id(cos)] = theta * math.pi / 2 * max(1.0, abs(2 * largest_coordinate - 1))
+    # An fp32 angle freq * (2 g - 1), freq = theta ** (i / (n - 1)) * pi / 2, is off by eight
+    # half-ulps of itself (the roundings of the exponent, pow, the two products and the
+    # sin/cos) plus what the exponent's rounding (a half-ulp of log2(theta), twice: its step
+    # and its product) becomes through pow: ln(2) * log2(theta) of it.
+    largest_angle = theta * math.pi / 2 * max(1.0, abs(2 * largest_coordinate - 1))
+    half_ulps = 8 + 2 * math.log(2) * math.log2(theta)
+    _ANGLES[id(cos)] = largest_angle * half_ulps * 2.0 ** -24
     return cos, sin
 
 

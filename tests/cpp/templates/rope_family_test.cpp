@@ -49,7 +49,8 @@ TEST_CASE("rope refuses problems it cannot specialise") {
                        kiln::ArgumentError);
   CHECK_THROWS_AS(f.check(rope(DType::bf16, 128, 0, 130)), kiln::ArgumentError);
   CHECK_THROWS_AS(f.check(rope(DType::bf16, 128, 0, 33)), kiln::ArgumentError);
-  CHECK_THROWS_AS(f.check(rope(DType::bf16, 128, 8)), kiln::ArgumentError);
+  CHECK_NOTHROW(f.check(rope(DType::bf16, 128, kiln::kRopePositionsInner)));
+  CHECK_THROWS_AS(f.check(rope(DType::bf16, 128, 16)), kiln::ArgumentError);
   Problem video{Op::rope_3d, DType::bf16, 2048, kiln::kRopeInterleaved, 16};
   CHECK_THROWS_AS(kiln::family(Op::rope_3d).check(video), kiln::ArgumentError);
 }
@@ -122,6 +123,32 @@ TEST_CASE("rope packs its stand-alone run and counts its bytes") {
   // ...and their k_out, never written, is not an output the evaluator checks for NaN.
   CHECK_FALSE(f.buffers(p, 1031)[5].is_output);
   CHECK(f.buffers(p, 64)[5].is_output);
+}
+
+TEST_CASE("rope's positions-inner stand-alone run lays q and k out [heads, tokens, D]") {
+  const kiln::Family& f = kiln::family(Op::rope);
+  const Problem p = rope(DType::bf16, 128, kiln::kRopePositionsInner);
+  const std::uint64_t addresses[] = {0x1000, 0x2000, 0x3000, 0x4000, 0x5000, 0x6000};
+  const auto bytes = f.pack_params(p, 64, addresses);  // 8 tokens x (6 + 2) heads
+  kiln::RopeParams params;
+  REQUIRE(bytes.size() == sizeof(params));
+  std::memcpy(&params, bytes.data(), sizeof(params));
+  CHECK(params.positions_inner == 1);
+  CHECK(params.q_strides[1] == 128);      // position
+  CHECK(params.q_strides[2] == 8 * 128);  // head
+  CHECK(params.k_strides[2] == 8 * 128);
+  CHECK(params.q_out_strides[2] == 8 * 128);
+  // Same buffers, bytes and kernels as the heads-inner layout: only the walk differs.
+  const Problem heads_inner = rope(DType::bf16, 128);
+  CHECK(f.bytes_moved(p, 64) == f.bytes_moved(heads_inner, 64));
+  CHECK(f.buffers(p, 64).size() == f.buffers(heads_inner, 64).size());
+  const DeviceTraits device = DeviceTraits::for_arch(90);
+  const Config h = f.heuristic(p, device);
+  CHECK(f.name_expression(p, h) == f.name_expression(heads_inner, h));
+  CHECK(p.key() != heads_inner.key());
+  std::memcpy(&params, f.pack_params(heads_inner, 64, addresses).data(), sizeof(params));
+  CHECK(params.positions_inner == 0);
+  CHECK(params.q_strides[1] == 6 * 128);
 }
 
 TEST_CASE("video grids follow LTXVideoRotaryPosEmbed") {

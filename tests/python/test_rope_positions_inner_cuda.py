@@ -1,0 +1,87 @@
+"""RoPE on [B, H, S, D] data (transformers' layout, a head's positions contiguous), which the
+kernel walks positions-inner: panels of consecutive positions of one head, a thread's rows
+the same token in consecutive heads. A full tune checks every candidate against the
+heuristic's output on its stand-alone run, laid out the same way; then every measured
+candidate is pinned in turn and op calls on shapes whose last panel is partial (odd
+sequence lengths, batch > 1, q and k with different head counts) are compared with fp64."""
+
+import pytest
+
+from pinned_tune import run_child
+
+pytestmark = pytest.mark.gpu
+
+CHILD = r"""
+import json
+import pathlib
+import sys
+import torch
+import kiln
+from pinned_tune import config_key
+from reference import assert_close_to
+from rope_reference import diffusers_apply_rotary_emb, hf_apply_rotary_pos_emb, llama_cos_sin
+
+cache = pathlib.Path(sys.argv[1])
+gen = torch.Generator(device="cuda").manual_seed(5)
+
+def half_split():
+    # 2 x 33 tokens x (5 + 3) heads: the last panel of each config is partial.
+    q = torch.randn(2, 5, 33, 64, device="cuda", generator=gen).bfloat16()
+    k = torch.randn(2, 3, 33, 64, device="cuda", generator=gen).bfloat16()
+    cos, sin = llama_cos_sin(2, 33, 64, positions=torch.randint(0, 4096, (2, 33)))
+    cos, sin = cos.cuda().bfloat16(), sin.cuda().bfloat16()
+    q_ref, k_ref = hf_apply_rotary_pos_emb(q, k, cos, sin)
+    def check():
+        torch.cuda.synchronize()
+        junk = torch.full((4 << 20,), float("nan"), device="cuda")
+        del junk
+        q_out, k_out = kiln.rope(q, k, cos, sin)
+        assert_close_to(q_out, q_ref, torch.bfloat16)
+        assert_close_to(k_out, k_ref, torch.bfloat16)
+    return check
+
+def interleaved():
+    # fp16 data, an fp32 table shared by the 3 batch entries, 4 + 4 heads of 128, 21 positions.
+    q = torch.randn(3, 4, 21, 128, device="cuda", generator=gen).half()
+    k = torch.randn(3, 4, 21, 128, device="cuda", generator=gen).half()
+    cos = torch.randn(21, 128, device="cuda", generator=gen)
+    sin = torch.randn(21, 128, device="cuda", generator=gen)
+    q_ref, k_ref = diffusers_apply_rotary_emb(q, cos, sin), diffusers_apply_rotary_emb(k, cos, sin)
+    def check():
+        torch.cuda.synchronize()
+        junk = torch.full((4 << 20,), float("nan"), device="cuda")
+        del junk
+        q_out, k_out = kiln.rope(q, k, cos, sin, interleaved=True)
+        assert_close_to(q_out, q_ref, torch.float16)
+        assert_close_to(k_out, k_ref, torch.float16)
+    return check
+
+# By the problem's flags: 8 = positions inner (+ 1 interleaved + 2 fp32 table).
+checks = {"f8": half_split(), "f11": interleaved()}
+for check in checks.values():
+    check()  # tunes its problem in full, every candidate checked by the tuner
+records = sorted((cache / "v1" / "tune").glob("*/*.json"))
+assert len(records) == 2, records
+pinned = 0
+for path in records:
+    record = json.loads(path.read_text())
+    problem, bucket = path.stem.rsplit(".r", 1)
+    check = checks[problem.split(".")[3]]
+    failed = [(config_key(t["config"]), t["message"]) for t in record["trials"]
+              if t["status"] != "ok"]
+    assert not failed, failed
+    configs = {config_key(t["config"]) for t in record["trials"]}
+    assert len(configs) >= 20, len(configs)
+    for config in sorted(configs):
+        kiln.tune_pin(problem=problem, bucket=int(bucket), config=config, cache_dir=str(cache))
+        kiln._C.forget_kernels()
+        check()
+        loaded = [k["config"] for k in kiln._C.loaded_kernels()]
+        assert loaded == [config], (config, loaded)
+        pinned += 1
+print("ok", pinned)
+"""
+
+
+def test_every_positions_inner_config_is_correct(tmp_path):
+    run_child(CHILD, [str(tmp_path)], tmp_path, "full")
