@@ -96,11 +96,18 @@ def bench_side_by_side(fns, warmup=25, rep=100, max_rounds=400, seed=0, chunk=25
 
 def copy_bandwidth_gbs(size_bytes=1 << 30):
     """Device-to-device copy of `size_bytes`, counting bytes read + written."""
-    src = torch.empty(size_bytes, dtype=torch.uint8, device="cuda").random_()
-    dst = torch.empty_like(src)
-    ms = bench_side_by_side({"copy": lambda: dst.copy_(src)})["copy"]
-    del src, dst
+    ms = bench_side_by_side({"copy": same_bytes_copy(2 * size_bytes)})["copy"]
     return 2 * size_bytes / (ms * 1e-3) / 1e9
+
+
+def same_bytes_copy(moved):
+    """A device-to-device copy of `moved` bytes (half read, half written), to time beside a
+    kernel: what the memory system gives a kernel of this size, launch and ramp included.
+    Below a few hundred MB that is less than the 1 GiB copy's bandwidth, so it says how much
+    of a kernel's distance to the copy ceiling no kernel of that size can close."""
+    src = torch.empty(max(moved // 2, 1), dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    return lambda: dst.copy_(src)
 
 
 def host_overhead_us(fn, calls=2000):
