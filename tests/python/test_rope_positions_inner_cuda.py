@@ -24,6 +24,11 @@ from rope_reference import diffusers_apply_rotary_emb, hf_apply_rotary_pos_emb, 
 cache = pathlib.Path(sys.argv[1])
 gen = torch.Generator(device="cuda").manual_seed(5)
 
+def poison():
+    torch.cuda.synchronize()
+    junk = torch.full((4 << 20,), float("nan"), device="cuda")
+    del junk
+
 def half_split():
     # 2 x 33 tokens x (5 + 3) heads: the last panel of each config is partial.
     q = torch.randn(2, 5, 33, 64, device="cuda", generator=gen).bfloat16()
@@ -32,9 +37,7 @@ def half_split():
     cos, sin = cos.cuda().bfloat16(), sin.cuda().bfloat16()
     q_ref, k_ref = hf_apply_rotary_pos_emb(q, k, cos, sin)
     def check():
-        torch.cuda.synchronize()
-        junk = torch.full((4 << 20,), float("nan"), device="cuda")
-        del junk
+        poison()
         q_out, k_out = kiln.rope(q, k, cos, sin)
         assert_close_to(q_out, q_ref, torch.bfloat16)
         assert_close_to(k_out, k_ref, torch.bfloat16)
@@ -48,9 +51,7 @@ def interleaved():
     sin = torch.randn(21, 128, device="cuda", generator=gen)
     q_ref, k_ref = diffusers_apply_rotary_emb(q, cos, sin), diffusers_apply_rotary_emb(k, cos, sin)
     def check():
-        torch.cuda.synchronize()
-        junk = torch.full((4 << 20,), float("nan"), device="cuda")
-        del junk
+        poison()
         q_out, k_out = kiln.rope(q, k, cos, sin, interleaved=True)
         assert_close_to(q_out, q_ref, torch.float16)
         assert_close_to(k_out, k_ref, torch.float16)
