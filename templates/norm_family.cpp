@@ -48,8 +48,6 @@ std::int64_t reread_of(const Config& config) {
   const auto it = config.extra.find("reread");
   return it == config.extra.end() ? 0 : it->second;
 }
-// A re-reading thread holds at most this many steps of a row at a time (NormRow::kChunk).
-constexpr std::int64_t kRereadChunkSteps = 4;
 constexpr std::int64_t kRereadMinRowBytes = 4096;
 
 // The row is staged in shared memory rather than held in registers (kiln::norm_staged);
@@ -255,11 +253,8 @@ std::int64_t NormFamily::registers_per_thread(const Problem& problem, const Conf
   const std::int64_t vec_elems = std::max<std::int64_t>(
       1, config.vec_bytes / static_cast<std::int64_t>(dtype_size(problem.dtype)));
   std::int64_t steps = elements / vec_elems;
-  if (reread_of(config) != 0) {
-    steps = std::min(steps, kRereadChunkSteps);
-  }
-  if (stage_of(config) != 0) {
-    steps = 1;  // a staged row is read back one step at a time
+  if (reread_of(config) != 0 || stage_of(config) != 0) {
+    steps = 1;  // a re-read or staged row is read one step at a time
   }
   const std::int64_t words = std::max(1, config.vec_bytes / 4);
   return steps * words * live_vectors_per_step(*this, problem, grid_of(config) > 0) +
@@ -296,11 +291,17 @@ std::string NormFamily::invalid_reason(const Problem& problem, const Config& con
     if (reread != 1) {
       return "reread " + std::to_string(reread) + " is neither 0 nor 1";
     }
-    // Measured on an H200: re-reading pays only where the second pass reads the sum row the
-    // first pass stored (the fused ops hold two input rows, re-read one); re-reading x
-    // itself ran 1.2-1.4x slower than holding it.
-    if ((features(problem) & (NormFeature::residual | NormFeature::gate)) == 0) {
-      return "only the fused ops (a residual or gated sum) re-read their row";
+    // Measured on an H200: re-reading pays where holding the row means holding a second
+    // stream with it: the fused ops' two input rows, per-token scale and shift rows (adaln
+    // 32768 x 8192: 510 us re-read, 515 staged, 524 held). A plain row re-read is slower
+    // than one held or staged (rms_norm 32768 x 8192: 272 vs 260 us).
+    const unsigned f = features(problem);
+    const bool two_streams =
+        (f & (NormFeature::residual | NormFeature::gate)) != 0 ||
+        ((f & NormFeature::modulate) != 0 && (f & NormFeature::per_sample) == 0);
+    if (!two_streams) {
+      return "only the fused ops (a residual or gated sum) and per-token modulation re-read "
+             "their row";
     }
     if (grid_of(config) != 0) {
       return "a re-read row is not prefetched by a persistent grid";

@@ -24,6 +24,7 @@
 #include "kiln/async_copy.cuh"
 #include "kiln/common.cuh"
 #include "kiln/norm_params.cuh"
+#include "kiln/stream_access.cuh"
 
 namespace kiln {
 
@@ -44,46 +45,7 @@ struct NormRowInputs {
   RawVectors<VEC_BYTES, STEPS, kStreamed && (F & NormFeature::modulate) != 0> shift;
 };
 
-// Row streams are read once: they skip L1 (no_allocate), which keeps L1 for the per-column
-// operands (weight, bias, table rows) that every row of a CTA reads again. Inputs the
-// kernel also writes (in place) use the coherent path.
-template <int BYTES>
-__device__ __forceinline__ Raw<BYTES> load_stream(const void* address);
-
-template <>
-__device__ __forceinline__ Raw<16> load_stream<16>(const void* address) {
-  Raw<16> r;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(r.words[0]), "=r"(r.words[1]), "=r"(r.words[2]), "=r"(r.words[3])
-               : "l"(address));
-  return r;
-}
-
-template <>
-__device__ __forceinline__ Raw<8> load_stream<8>(const void* address) {
-  Raw<8> r;
-  asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];"
-               : "=r"(r.words[0]), "=r"(r.words[1])
-               : "l"(address));
-  return r;
-}
-
-template <>
-__device__ __forceinline__ Raw<4> load_stream<4>(const void* address) {
-  Raw<4> r;
-  asm volatile("ld.global.nc.L1::no_allocate.u32 %0, [%1];" : "=r"(r.words[0]) : "l"(address));
-  return r;
-}
-
-template <>
-__device__ __forceinline__ Raw<2> load_stream<2>(const void* address) {
-  unsigned short half;
-  asm volatile("ld.global.nc.L1::no_allocate.u16 %0, [%1];" : "=h"(half) : "l"(address));
-  Raw<2> r;
-  r.words[0] = half;
-  return r;
-}
-
+// Inputs the kernel also writes (in place) are read through the coherent path.
 template <int VEC_BYTES, bool COHERENT>
 __device__ __forceinline__ Raw<VEC_BYTES> load_input(const void* address) {
   if constexpr (COHERENT) {
@@ -358,47 +320,91 @@ struct NormRow {
     }
   }
 
-  // REREAD: the row is not held. A first pass streams the inputs in for the row's sums and
-  // stores the sum row; a second reads that back, from L2, to normalise. A thread then
-  // needs registers for a chunk of one row rather than all of two, so more rows are in
-  // flight per SM: at large row counts this keeps DRAM busier than holding both does. (The
-  // family offers it for the fused ops only: re-reading x itself measured slower.) The
-  // second pass reads up to kChunk steps of the sum row before their outputs are stored.
-  static constexpr int kChunk = kSteps < 4 ? kSteps : 4;
+  // REREAD: the row is not held. A first pass streams the inputs in for the row's sums (the
+  // fused ops store their sum row); a second reads the row again, from L2, to normalise.
+  // A thread needs registers for one step rather than for the whole row and the operands
+  // held with it, so more rows are in flight per SM. The family offers it where a held row
+  // comes with a second stream: the fused ops (two input rows) and per-token modulation
+  // (scale and shift rows). The first read of a row asks L2 to keep it (evict_last) and the
+  // second to drop it first, as do the streams read once, so the re-read hits L2.
+  // Both passes take one step at a time. Measured on an H200 (bf16, 32768 rows): issuing a
+  // pass's loads together, four steps at once, was slower (adaln 8192 wide 510 -> 525 us,
+  // gated_adaln 4544 wide 515 -> 538 us), and so were the accesses without the L2
+  // priorities (gated_adaln 4544: 522 us).
 
   // A modulation operand's vector: streamed when per token, through L1 when per sample.
   __device__ __forceinline__ static Raw<VEC_BYTES> modulation_vector(const NormModulation& m,
                                                                      long long batch,
                                                                      long long token, int col) {
     const T* const address = modulation_row<T>(m, batch, token) + col;
-    return kPerSample ? load_global_nc<VEC_BYTES>(address) : load_stream<VEC_BYTES>(address);
+    if constexpr (kPerSample) {
+      return load_global_nc<VEC_BYTES>(address);
+    } else {
+      return load_stream<VEC_BYTES, L2Priority::evict_first>(address);
+    }
   }
 
-  // One step of the first pass: the step's inputs, their sum rounded to T and stored (the
-  // value normalised). Steps run one after another (a store is a barrier later loads do
-  // not cross), so a thread holds one step's streams at a time: the variant's point is few
-  // registers and many rows in flight, not many loads per thread. (Loading a whole chunk
-  // before its stores measured no faster than holding the row.)
+  // A vector of the row to normalise on its first read (kept in L2 for the second): x, or
+  // for the fused ops the sum of the step's inputs, rounded to T and stored.
   __device__ __forceinline__ static Raw<VEC_BYTES> first_pass_vector(const NormParams& p,
                                                                      long long row, long long batch,
                                                                      long long token, int col) {
     const T* const x_row = static_cast<const T*>(p.x) + row * p.x_row_stride;
-    Raw<VEC_BYTES> v = load_input<VEC_BYTES, kInPlace>(x_row + col);
-    Raw<VEC_BYTES> second;
-    Raw<VEC_BYTES> gate;
-    Raw<VEC_BYTES> table_gate;
-    if constexpr ((F & NormFeature::residual) != 0) {
-      second = load_input<VEC_BYTES, kInPlace>(static_cast<const T*>(p.residual) +
-                                               row * p.residual_row_stride + col);
+    if constexpr (!kSum) {
+      if constexpr (kInPlace) {
+        return load_written<VEC_BYTES, L2Priority::evict_last>(x_row + col);
+      } else {
+        return load_stream<VEC_BYTES, L2Priority::evict_last>(x_row + col);
+      }
     } else {
-      second = load_stream<VEC_BYTES>(static_cast<const T*>(p.y) + row * p.y_row_stride + col);
-      gate = modulation_vector(p.gate, batch, token, col);
-      if constexpr (kTable) table_gate = column_operand(p.gate.table, col);
+      const Raw<VEC_BYTES> x = load_input<VEC_BYTES, kInPlace>(x_row + col);
+      Raw<VEC_BYTES> second;
+      Raw<VEC_BYTES> gate;
+      Raw<VEC_BYTES> table_gate;
+      if constexpr ((F & NormFeature::residual) != 0) {
+        second = load_input<VEC_BYTES, kInPlace>(static_cast<const T*>(p.residual) +
+                                                 row * p.residual_row_stride + col);
+      } else {
+        second = load_stream<VEC_BYTES>(static_cast<const T*>(p.y) + row * p.y_row_stride + col);
+        gate = modulation_vector(p.gate, batch, token, col);
+        if constexpr (kTable) table_gate = column_operand(p.gate.table, col);
+      }
+      const Raw<VEC_BYTES> sum = sum_vector(x, second, gate, table_gate);
+      T* const sum_row = static_cast<T*>(p.sum_out) + row * p.sum_row_stride;
+      store_global<VEC_BYTES, L2Priority::evict_last>(sum_row + col, sum);
+      return sum;
     }
-    v = sum_vector(v, second, gate, table_gate);
-    T* const sum_row = static_cast<T*>(p.sum_out) + row * p.sum_row_stride;
-    store_global<VEC_BYTES>(sum_row + col, v);
-    return v;
+  }
+
+  // The same vector on its second read: the stored sum row (which this kernel wrote, so
+  // through the coherent path), or x.
+  __device__ __forceinline__ static Raw<VEC_BYTES> second_pass_vector(const NormParams& p,
+                                                                      long long row, int col) {
+    if constexpr (kSum || kInPlace) {
+      const T* const again_row = kSum ? static_cast<const T*>(p.sum_out) + row * p.sum_row_stride
+                                      : static_cast<const T*>(p.x) + row * p.x_row_stride;
+      return load_written<VEC_BYTES, L2Priority::evict_first>(again_row + col);
+    } else {
+      const T* const x_row = static_cast<const T*>(p.x) + row * p.x_row_stride;
+      return load_stream<VEC_BYTES, L2Priority::evict_first>(x_row + col);
+    }
+  }
+
+  // LayerNorm's shifted sums subtract the row's first value (x[0], or the fused sum's), so
+  // that one pass gives mean and variance without the cancellation of sum(v^2) - sum(v)^2
+  // when |mean| >> std.
+  __device__ __forceinline__ static float first_value(const NormParams& p, long long row,
+                                                      long long batch, long long token) {
+    const float x = to_float(static_cast<const T*>(p.x)[row * p.x_row_stride]);
+    if constexpr ((F & NormFeature::residual) != 0) {
+      return x + to_float(static_cast<const T*>(p.residual)[row * p.residual_row_stride]);
+    } else if constexpr ((F & NormFeature::gate) != 0) {
+      float g = to_float(modulation_row<T>(p.gate, batch, token)[0]);
+      if constexpr (kTable) g += to_float(static_cast<const T*>(p.gate.table)[0]);
+      return x + to_float(static_cast<const T*>(p.y)[row * p.y_row_stride]) * g;
+    } else {
+      return x;
+    }
   }
 
   template <int CTA_THREADS>
@@ -406,31 +412,20 @@ struct NormRow {
                                                         int lane, bool active) {
     constexpr float kInvHidden = 1.0f / HIDDEN;
     constexpr bool kLayer = (F & NormFeature::layer) != 0;
-    static_assert(kSum, "only the fused ops re-read: the second pass reads the stored sum row");
     static_assert(!(kLayer && kInPlace), "the shift is read from a row being overwritten");
-    static_assert(!kLayer || (F & NormFeature::gate) != 0, "a re-read LayerNorm is gated_adaln's");
     long long batch = 0;
     long long token = 0;
     if constexpr ((F & (NormFeature::gate | NormFeature::modulate)) != 0) {
       batch = row / p.tokens;
       token = row - batch * p.tokens;
     }
-    // LayerNorm sums values less the row's first element (shifted data): one pass gives mean
-    // and variance without the cancellation of sum(v^2) - sum(v)^2 when |mean| >> std.
     float shift = 0.0f;
     if constexpr (kLayer) {
-      if (active) {
-        const T* const x_row = static_cast<const T*>(p.x) + row * p.x_row_stride;
-        // (Of the fused ops only gated_adaln has a LayerNorm: the sum is h + y * gate.)
-        float g = to_float(modulation_row<T>(p.gate, batch, token)[0]);
-        if constexpr (kTable) g += to_float(static_cast<const T*>(p.gate.table)[0]);
-        shift = to_float(x_row[0]) + to_float(static_cast<const T*>(p.y)[row * p.y_row_stride]) * g;
-      }
+      if (active) shift = first_value(p, row, batch, token);
     }
     float sum = 0.0f;
     float squares = 0.0f;
-    // Unrolled by kChunk only: the steps run one after another anyway (see above).
-#pragma unroll kChunk
+#pragma unroll 1
     for (int step = 0; step < kSteps; ++step) {
       if (!(active && in_row(step, lane))) continue;
       const Raw<VEC_BYTES> v = first_pass_vector(p, row, batch, token, column(step, lane));
@@ -454,38 +449,19 @@ struct NormRow {
     const float scale = rsqrtf(variance + p.eps);
     if (!active) return;
 
-    // The second pass: the row again (the stored sum row, for the fused ops), from L2.
-    const T* const again_row = kSum ? static_cast<const T*>(p.sum_out) + row * p.sum_row_stride
-                                    : static_cast<const T*>(p.x) + row * p.x_row_stride;
     T* const out_row = static_cast<T*>(p.out) + row * p.out_row_stride;
 #pragma unroll 1
-    for (int base = 0; base < kSteps; base += kChunk) {
-      Raw<VEC_BYTES> chunk[kChunk];
-      Raw<VEC_BYTES> mod_scale[(F & NormFeature::modulate) != 0 ? kChunk : 1];
-      Raw<VEC_BYTES> mod_shift[(F & NormFeature::modulate) != 0 ? kChunk : 1];
-#pragma unroll
-      for (int c = 0; c < kChunk; ++c) {
-        const int step = base + c;
-        if (step >= kSteps || !in_row(step, lane)) continue;
-        const int col = column(step, lane);
-        // The fused ops read back what this thread stored: the coherent path.
-        chunk[c] = kSum || kInPlace ? load_global<VEC_BYTES>(again_row + col)
-                                    : load_stream<VEC_BYTES>(again_row + col);
-        if constexpr ((F & NormFeature::modulate) != 0) {
-          mod_scale[c] = modulation_vector(p.scale, batch, token, col);
-          mod_shift[c] = modulation_vector(p.shift, batch, token, col);
-        }
+    for (int step = 0; step < kSteps; ++step) {
+      if (!in_row(step, lane)) continue;
+      const int col = column(step, lane);
+      const Raw<VEC_BYTES> v = second_pass_vector(p, row, col);
+      Raw<VEC_BYTES> mod_scale;
+      Raw<VEC_BYTES> mod_shift;
+      if constexpr ((F & NormFeature::modulate) != 0) {
+        mod_scale = modulation_vector(p.scale, batch, token, col);
+        mod_shift = modulation_vector(p.shift, batch, token, col);
       }
-#pragma unroll
-      for (int c = 0; c < kChunk; ++c) {
-        const int step = base + c;
-        if (step >= kSteps || !in_row(step, lane)) continue;
-        const int col = column(step, lane);
-        const Columns columns = load_columns(p, col, batch);
-        store_output(out_row, col, chunk[c], mean, scale, columns,
-                     mod_scale[(F & NormFeature::modulate) != 0 ? c : 0],
-                     mod_shift[(F & NormFeature::modulate) != 0 ? c : 0]);
-      }
+      store_output(out_row, col, v, mean, scale, load_columns(p, col, batch), mod_scale, mod_shift);
     }
   }
 

@@ -1,4 +1,4 @@
-"""For the GPU tests of config variants that only a full tune measures (the fused norms'
+"""For the GPU tests of config variants that only a full tune measures (the norms'
 re-read rows, rows staged in shared memory): run a test's child process with its own cache
 and tune mode, and pin each tuned problem to the fastest measured config of a variant, after
 checking that the tuner measured some and that every one passed its check against the

@@ -308,7 +308,9 @@ TEST_CASE("name_expression spells the norm kernel with RMSNorm's features") {
         "kiln::norm<kiln::bf16, 8192, 16, 256, 256, 2u, false, true>");
 }
 
-TEST_CASE("re-read configs: fused ops only, rows of several steps, never persistent") {
+TEST_CASE(
+    "re-read configs: fused ops and per-token modulation, rows of several steps, never "
+    "persistent") {
   const DeviceTraits h100 = DeviceTraits::for_arch(90);
   const Problem wide{Op::fused_add_rms_norm, DType::bf16, 8192, kiln::kNormWeight, 16};
   const auto& fused = dynamic_cast<const kiln::NormFamily&>(kiln::family(Op::fused_add_rms_norm));
@@ -330,6 +332,20 @@ TEST_CASE("re-read configs: fused ops only, rows of several steps, never persist
   CHECK(fused.invalid_reason(wide, reread, h100).empty());
   CHECK(rms().invalid_reason(problem(DType::bf16, 8192), reread, h100).find("fused ops") !=
         std::string::npos);
+  // adaln re-reads x where it would hold per-token scale and shift rows with it, not where
+  // they are one row per sample (read through L1 where used).
+  const kiln::Family& adaln = kiln::family(Op::adaln);
+  const Problem per_token{Op::adaln, DType::bf16, 8192, kiln::kNormTable | kiln::kNormPerToken, 16};
+  const Problem per_sample{Op::adaln, DType::bf16, 8192, kiln::kNormTable, 16};
+  CHECK(adaln.invalid_reason(per_token, reread, h100).empty());
+  CHECK(adaln.invalid_reason(per_sample, reread, h100).find("per-token modulation") !=
+        std::string::npos);
+  const auto has_reread = [](const std::vector<Config>& space) {
+    return std::any_of(space.begin(), space.end(),
+                       [](const Config& c) { return c.extra.count("reread") != 0; });
+  };
+  CHECK(has_reread(adaln.space(per_token, h100)));
+  CHECK(!has_reread(adaln.space(per_sample, h100)));
   Config short_row = config(16, 128, 128);
   short_row.extra["reread"] = 1;
   const Problem narrow{Op::fused_add_rms_norm, DType::bf16, 1536, kiln::kNormWeight, 16};

@@ -1,0 +1,145 @@
+// Global accesses of row streams, data each kernel reads or writes once: they skip L1
+// (no_allocate), which keeps L1 for the per-column operands every row reads again. On sm_80
+// and later an access can also carry an L2 eviction priority: a row a kernel reads twice
+// (the norms' re-read form) is kept in L2 between its passes by reading it evict_last the
+// first time and evict_first the second, while streams read once leave L2 first. Earlier
+// archs take the same accesses without the priority.
+#pragma once
+
+#include "kiln/common.cuh"
+
+namespace kiln {
+
+template <int BYTES>
+__device__ __forceinline__ Raw<BYTES> load_stream(const void* address);
+
+template <>
+__device__ __forceinline__ Raw<16> load_stream<16>(const void* address) {
+  Raw<16> r;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r.words[0]), "=r"(r.words[1]), "=r"(r.words[2]), "=r"(r.words[3])
+               : "l"(address));
+  return r;
+}
+
+template <>
+__device__ __forceinline__ Raw<8> load_stream<8>(const void* address) {
+  Raw<8> r;
+  asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];"
+               : "=r"(r.words[0]), "=r"(r.words[1])
+               : "l"(address));
+  return r;
+}
+
+template <>
+__device__ __forceinline__ Raw<4> load_stream<4>(const void* address) {
+  Raw<4> r;
+  asm volatile("ld.global.nc.L1::no_allocate.u32 %0, [%1];" : "=r"(r.words[0]) : "l"(address));
+  return r;
+}
+
+template <>
+__device__ __forceinline__ Raw<2> load_stream<2>(const void* address) {
+  unsigned short half;
+  asm volatile("ld.global.nc.L1::no_allocate.u16 %0, [%1];" : "=h"(half) : "l"(address));
+  Raw<2> r;
+  r.words[0] = half;
+  return r;
+}
+
+enum class L2Priority { evict_first, evict_last };
+
+#if __CUDA_ARCH__ >= 800
+// A cache policy that applies `P` to every line an access touches.
+template <L2Priority P>
+__device__ __forceinline__ unsigned long long l2_policy() {
+  unsigned long long policy;
+  if constexpr (P == L2Priority::evict_last) {
+    asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
+  } else {
+    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+  }
+  return policy;
+}
+
+// The access strings: "ld.global" + QUALIFIERS + ".L2::cache_hint" + the vector shape.
+#define KILN_HINTED_LOAD(QUALIFIERS)                                                         \
+  if constexpr (BYTES == 16) {                                                               \
+    asm volatile("ld.global" QUALIFIERS ".L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;" \
+                 : "=r"(r.words[0]), "=r"(r.words[1]), "=r"(r.words[2]), "=r"(r.words[3])    \
+                 : "l"(address), "l"(policy));                                               \
+  } else if constexpr (BYTES == 8) {                                                         \
+    asm volatile("ld.global" QUALIFIERS ".L2::cache_hint.v2.u32 {%0, %1}, [%2], %3;"         \
+                 : "=r"(r.words[0]), "=r"(r.words[1])                                        \
+                 : "l"(address), "l"(policy));                                               \
+  } else if constexpr (BYTES == 4) {                                                         \
+    asm volatile("ld.global" QUALIFIERS ".L2::cache_hint.u32 %0, [%1], %2;"                  \
+                 : "=r"(r.words[0])                                                          \
+                 : "l"(address), "l"(policy));                                               \
+  } else {                                                                                   \
+    unsigned short half;                                                                     \
+    asm volatile("ld.global" QUALIFIERS ".L2::cache_hint.u16 %0, [%1], %2;"                  \
+                 : "=h"(half)                                                                \
+                 : "l"(address), "l"(policy));                                               \
+    r.words[0] = half;                                                                       \
+  }
+#endif
+
+// A read-only stream (never written by the kernel) read with L2 priority P.
+template <int BYTES, L2Priority P>
+__device__ __forceinline__ Raw<BYTES> load_stream(const void* address) {
+#if __CUDA_ARCH__ >= 800
+  const unsigned long long policy = l2_policy<P>();
+  Raw<BYTES> r;
+  KILN_HINTED_LOAD(".nc.L1::no_allocate")
+  return r;
+#else
+  return load_stream<BYTES>(address);
+#endif
+}
+
+// Data this kernel wrote (the coherent path) read back with L2 priority P.
+template <int BYTES, L2Priority P>
+__device__ __forceinline__ Raw<BYTES> load_written(const void* address) {
+#if __CUDA_ARCH__ >= 800
+  const unsigned long long policy = l2_policy<P>();
+  Raw<BYTES> r;
+  KILN_HINTED_LOAD("")
+  return r;
+#else
+  return load_global<BYTES>(address);
+#endif
+}
+
+#if __CUDA_ARCH__ >= 800
+#undef KILN_HINTED_LOAD
+#endif
+
+// A store whose lines L2 keeps with priority P.
+template <int BYTES, L2Priority P>
+__device__ __forceinline__ void store_global(void* address, const Raw<BYTES>& r) {
+#if __CUDA_ARCH__ >= 800
+  const unsigned long long policy = l2_policy<P>();
+  if constexpr (BYTES == 16) {
+    asm volatile("st.global.L2::cache_hint.v4.u32 [%0], {%1, %2, %3, %4}, %5;" ::"l"(address),
+                 "r"(r.words[0]), "r"(r.words[1]), "r"(r.words[2]), "r"(r.words[3]), "l"(policy)
+                 : "memory");
+  } else if constexpr (BYTES == 8) {
+    asm volatile("st.global.L2::cache_hint.v2.u32 [%0], {%1, %2}, %3;" ::"l"(address),
+                 "r"(r.words[0]), "r"(r.words[1]), "l"(policy)
+                 : "memory");
+  } else if constexpr (BYTES == 4) {
+    asm volatile("st.global.L2::cache_hint.u32 [%0], %1, %2;" ::"l"(address), "r"(r.words[0]),
+                 "l"(policy)
+                 : "memory");
+  } else {
+    const unsigned short half = static_cast<unsigned short>(r.words[0]);
+    asm volatile("st.global.L2::cache_hint.u16 [%0], %1, %2;" ::"l"(address), "h"(half), "l"(policy)
+                 : "memory");
+  }
+#else
+  store_global<BYTES>(address, r);
+#endif
+}
+
+}  // namespace kiln
