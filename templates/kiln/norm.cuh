@@ -351,11 +351,7 @@ struct NormRow {
                                                                      long long token, int col) {
     const T* const x_row = static_cast<const T*>(p.x) + row * p.x_row_stride;
     if constexpr (!kSum) {
-      if constexpr (kInPlace) {
-        return load_written<VEC_BYTES, L2Priority::evict_last>(x_row + col);
-      } else {
-        return load_stream<VEC_BYTES, L2Priority::evict_last>(x_row + col);
-      }
+      return load_stream<VEC_BYTES, L2Priority::evict_last, kInPlace>(x_row + col);
     } else {
       const Raw<VEC_BYTES> x = load_input<VEC_BYTES, kInPlace>(x_row + col);
       Raw<VEC_BYTES> second;
@@ -380,14 +376,9 @@ struct NormRow {
   // through the coherent path), or x.
   __device__ __forceinline__ static Raw<VEC_BYTES> second_pass_vector(const NormParams& p,
                                                                       long long row, int col) {
-    if constexpr (kSum || kInPlace) {
-      const T* const again_row = kSum ? static_cast<const T*>(p.sum_out) + row * p.sum_row_stride
-                                      : static_cast<const T*>(p.x) + row * p.x_row_stride;
-      return load_written<VEC_BYTES, L2Priority::evict_first>(again_row + col);
-    } else {
-      const T* const x_row = static_cast<const T*>(p.x) + row * p.x_row_stride;
-      return load_stream<VEC_BYTES, L2Priority::evict_first>(x_row + col);
-    }
+    const T* const again_row = kSum ? static_cast<const T*>(p.sum_out) + row * p.sum_row_stride
+                                    : static_cast<const T*>(p.x) + row * p.x_row_stride;
+    return load_stream < VEC_BYTES, L2Priority::evict_first, kSum || kInPlace > (again_row + col);
   }
 
   // LayerNorm's shifted sums subtract the row's first value (x[0], or the fused sum's), so

@@ -85,29 +85,25 @@ __device__ __forceinline__ unsigned long long l2_policy() {
   }
 #endif
 
-// A read-only stream (never written by the kernel) read with L2 priority P.
-template <int BYTES, L2Priority P>
+// A stream read with L2 priority P: through the read-only path, or with COHERENT through
+// the coherent one, for data the kernel itself writes (an in-place input, a row it stored).
+template <int BYTES, L2Priority P, bool COHERENT = false>
 __device__ __forceinline__ Raw<BYTES> load_stream(const void* address) {
 #if __CUDA_ARCH__ >= 800
   const unsigned long long policy = l2_policy<P>();
   Raw<BYTES> r;
-  KILN_HINTED_LOAD(".nc.L1::no_allocate")
+  if constexpr (COHERENT) {
+    KILN_HINTED_LOAD("")
+  } else {
+    KILN_HINTED_LOAD(".nc.L1::no_allocate")
+  }
   return r;
 #else
-  return load_stream<BYTES>(address);
-#endif
-}
-
-// Data this kernel wrote (the coherent path) read back with L2 priority P.
-template <int BYTES, L2Priority P>
-__device__ __forceinline__ Raw<BYTES> load_written(const void* address) {
-#if __CUDA_ARCH__ >= 800
-  const unsigned long long policy = l2_policy<P>();
-  Raw<BYTES> r;
-  KILN_HINTED_LOAD("")
-  return r;
-#else
-  return load_global<BYTES>(address);
+  if constexpr (COHERENT) {
+    return load_global<BYTES>(address);
+  } else {
+    return load_stream<BYTES>(address);
+  }
 #endif
 }
 
