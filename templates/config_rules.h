@@ -1,6 +1,7 @@
 // Arithmetic and rules every family descriptor shares when it enumerates and checks its
 // configs: membership in a tunable's list of values, ceilings, the alignment a problem
-// guarantees, and the one-pass grid that covers a number of rows. Plain C++, no CUDA.
+// guarantees, the one-pass grid that covers a number of rows, and the persistent grids
+// (extra["grid"]) of the families whose kernels prefetch their next rows. Plain C++, no CUDA.
 #pragma once
 
 #include <algorithm>
@@ -52,6 +53,47 @@ inline std::uint32_t covering_grid(std::int64_t rows, std::int64_t rows_per_cta)
   return static_cast<std::uint32_t>(std::clamp<std::int64_t>(
       ceil_div(std::max<std::int64_t>(rows, 0), std::max<std::int64_t>(rows_per_cta, 1)), 1,
       kMaxGrid));
+}
+
+// extra["grid"]: 0 (or absent) covers the rows in one pass; N > 0 launches N CTAs whose
+// threads prefetch their next rows.
+inline std::int64_t persistent_grid_of(const Config& config) {
+  const auto it = config.extra.find("grid");
+  return it == config.extra.end() ? 0 : it->second;
+}
+
+// CTAs of `cta_threads` threads that an SM holds at once, by its threads and an estimate of
+// each thread's registers (allocated per warp in units of 256, 8 per thread, up to 255),
+// clamped to [1, 16]: a persistent grid never needs more to fill an SM.
+inline std::int64_t resident_ctas(std::int64_t registers_per_thread, int cta_threads,
+                                  const DeviceTraits& device) {
+  constexpr std::int64_t kGranule = 8;
+  constexpr std::int64_t kMaxRegisters = 255;
+  constexpr std::int64_t kMaxResident = 16;
+  const std::int64_t registers =
+      ceil_div(std::min(registers_per_thread, kMaxRegisters), kGranule) * kGranule;
+  const std::int64_t by_threads = device.max_threads_per_sm / cta_threads;
+  const std::int64_t by_registers = device.regs_per_sm / (registers * cta_threads);
+  return std::clamp<std::int64_t>(std::min(by_threads, by_registers), 1, kMaxResident);
+}
+
+// Why `grid` is not a persistent grid of a config of which an SM holds `resident` CTAs (the
+// SM count times that, or twice it: the estimate is conservative, and a grid short of what
+// fits idles SMs); empty when it is, or when it is 0.
+inline std::string persistent_grid_reason(std::int64_t grid, std::int64_t resident,
+                                          const DeviceTraits& device) {
+  if (grid < 0) return "grid " + std::to_string(grid) + " is negative";
+  const std::int64_t persistent = std::int64_t{device.sm_count} * resident;
+  if (grid == 0 || grid == persistent || grid == 2 * persistent) return {};
+  return "grid " + std::to_string(grid) + " is not a persistent grid of this config (" +
+         std::to_string(persistent) + " = " + std::to_string(device.sm_count) + " SMs x " +
+         std::to_string(resident) + " resident CTAs, or twice that)";
+}
+
+// A persistent grid caps the covering grid; the kernel's grid-stride loop covers the rest.
+inline std::uint32_t capped_grid(std::uint32_t covering, const Config& config) {
+  const std::int64_t cap = persistent_grid_of(config);
+  return cap > 0 && covering > cap ? static_cast<std::uint32_t>(cap) : covering;
 }
 
 }  // namespace kiln

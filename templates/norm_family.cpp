@@ -28,20 +28,11 @@ constexpr const auto& kCtaThreads = kRowCtaThreads;
 // and its per-column operands (as calibrated on ptxas -v of sm_75 and sm_90 builds).
 constexpr int kRegisterOverhead = 40;
 constexpr int kMaxRegistersPerThread = 255;
-// Registers are allocated per warp in units of 256 (8 per thread).
-constexpr int kRegisterGranule = 8;
-// A persistent grid never needs more CTAs per SM than this to fill it.
-constexpr int kMaxResidentCtas = 16;
 
 constexpr std::int64_t kTargetElementsPerThread = 32;
 constexpr int kTargetRowsPerCta = 4;
 constexpr int kMinHeuristicCta = 128;
 constexpr int kMaxHeuristicCtaForShortRows = 256;
-
-std::int64_t grid_of(const Config& config) {
-  const auto it = config.extra.find("grid");
-  return it == config.extra.end() ? 0 : it->second;
-}
 
 // The row is read twice rather than held (kiln::norm's REREAD); absent means 0.
 std::int64_t reread_of(const Config& config) {
@@ -257,24 +248,19 @@ std::int64_t NormFamily::registers_per_thread(const Problem& problem, const Conf
     steps = 1;  // a re-read or staged row is read one step at a time
   }
   const std::int64_t words = std::max(1, config.vec_bytes / 4);
-  return steps * words * live_vectors_per_step(*this, problem, grid_of(config) > 0) +
+  return steps * words * live_vectors_per_step(*this, problem, persistent_grid_of(config) > 0) +
          kRegisterOverhead;
 }
 
 int NormFamily::resident_ctas(const Problem& problem, const Config& config,
                               const DeviceTraits& device) const {
-  const std::int64_t registers =
-      ceil_div(
-          std::min<std::int64_t>(registers_per_thread(problem, config), kMaxRegistersPerThread),
-          kRegisterGranule) *
-      kRegisterGranule;
-  const std::int64_t by_threads = device.max_threads_per_sm / config.cta_threads;
-  const std::int64_t by_registers = device.regs_per_sm / (registers * config.cta_threads);
-  std::int64_t resident = std::min(by_threads, by_registers);
+  std::int64_t resident =
+      kiln::resident_ctas(registers_per_thread(problem, config), config.cta_threads, device);
   if (const std::int64_t smem = staged_smem_bytes(problem, config); smem > 0) {
-    resident = std::min(resident, device.smem_per_sm / (smem + kReservedSmemPerCta));
+    resident = std::max<std::int64_t>(
+        1, std::min(resident, device.smem_per_sm / (smem + kReservedSmemPerCta)));
   }
-  return static_cast<int>(std::clamp<std::int64_t>(resident, 1, kMaxResidentCtas));
+  return static_cast<int>(resident);
 }
 
 std::string NormFamily::invalid_reason(const Problem& problem, const Config& config,
@@ -303,7 +289,7 @@ std::string NormFamily::invalid_reason(const Problem& problem, const Config& con
       return "only the fused ops (a residual or gated sum) and per-token modulation re-read "
              "their row";
     }
-    if (grid_of(config) != 0) {
+    if (persistent_grid_of(config) != 0) {
       return "a re-read row is not prefetched by a persistent grid";
     }
     if (problem.hidden * static_cast<std::int64_t>(dtype_size(problem.dtype)) <
@@ -335,25 +321,16 @@ std::string NormFamily::invalid_reason(const Problem& problem, const Config& con
       std::min(kMaxRegistersPerThread, std::max(1, device.regs_per_block / cta));
   const std::int64_t registers = registers_per_thread(problem, config);
   const bool widest = is_widest_split(config, device);
-  if (registers > register_cap && !(widest && grid_of(config) == 0)) {
+  if (registers > register_cap && !(widest && persistent_grid_of(config) == 0)) {
     return "holding " + std::to_string(held) + " elements and their operands needs about " +
            std::to_string(registers) + " registers per thread, more than the " +
            std::to_string(register_cap) + " a " + std::to_string(cta) + "-thread CTA allows";
   }
 
-  const std::int64_t grid = grid_of(config);
-  if (grid < 0) {
-    return "grid " + std::to_string(grid) + " is negative";
-  }
-  if (grid > 0) {
-    const std::int64_t persistent =
-        static_cast<std::int64_t>(device.sm_count) * resident_ctas(problem, config, device);
-    if (grid != persistent && grid != 2 * persistent) {
-      return "grid " + std::to_string(grid) + " is not a persistent grid of this config (" +
-             std::to_string(persistent) + " = " + std::to_string(device.sm_count) + " SMs x " +
-             std::to_string(resident_ctas(problem, config, device)) +
-             " resident CTAs, or twice that)";
-    }
+  if (auto reason = persistent_grid_reason(persistent_grid_of(config),
+                                           resident_ctas(problem, config, device), device);
+      !reason.empty()) {
+    return reason;
   }
   return {};
 }
@@ -374,7 +351,7 @@ std::string NormFamily::stage_reason(const Problem& problem, const Config& confi
     return "a staged row is copied in 4-, 8- or 16-byte vectors (cp.async), not " +
            std::to_string(config.vec_bytes);
   }
-  if (grid_of(config) != 0 || reread_of(config) != 0) {
+  if (persistent_grid_of(config) != 0 || reread_of(config) != 0) {
     return "a staged row is neither prefetched by a persistent grid nor re-read";
   }
   const std::int64_t row_bytes =
@@ -468,7 +445,7 @@ Config NormFamily::heuristic(const Problem& problem, const DeviceTraits& device)
                               std::abs(log2_ceil(c.cta_threads) - target_cta_log)};
   };
   for (const Config& config : configs) {
-    if (config.vec_bytes != vec || grid_of(config) != 0 || reread_of(config) != 0 ||
+    if (config.vec_bytes != vec || persistent_grid_of(config) != 0 || reread_of(config) != 0 ||
         stage_of(config) != 0) {
       continue;
     }
@@ -492,8 +469,9 @@ std::string NormFamily::name_expression(const Problem& problem, const Config& co
   return "kiln::norm<" + std::string(dtype_cuda_type(problem.dtype)) + ", " +
          std::to_string(problem.hidden) + ", " + std::to_string(config.vec_bytes) + ", " +
          std::to_string(config.threads_per_row) + ", " + std::to_string(config.cta_threads) + ", " +
-         std::to_string(features(problem)) + "u, " + (grid_of(config) > 0 ? "true" : "false") +
-         ", " + (reread_of(config) != 0 ? "true" : "false") + ">";
+         std::to_string(features(problem)) + "u, " +
+         (persistent_grid_of(config) > 0 ? "true" : "false") + ", " +
+         (reread_of(config) != 0 ? "true" : "false") + ">";
 }
 
 // The reduction's shared memory is static (sized by the template); a staged row's is
@@ -502,10 +480,7 @@ LaunchGeometry NormFamily::geometry(const Problem& problem, const Config& config
                                     std::int64_t rows) const {
   LaunchGeometry geometry;
   geometry.smem_bytes = static_cast<std::uint32_t>(staged_smem_bytes(problem, config));
-  geometry.grid[0] = covering_grid(rows, config.rows_per_cta());
-  if (const std::int64_t cap = grid_of(config); cap > 0 && geometry.grid[0] > cap) {
-    geometry.grid[0] = static_cast<std::uint32_t>(cap);
-  }
+  geometry.grid[0] = capped_grid(covering_grid(rows, config.rows_per_cta()), config);
   geometry.block[0] = static_cast<std::uint32_t>(config.cta_threads);
   return geometry;
 }

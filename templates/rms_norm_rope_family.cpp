@@ -23,7 +23,6 @@ constexpr std::array<int, 5> kCtaThreads = {64, 128, 256, 512, 1024};
 constexpr int kRegisterOverhead = 40;
 constexpr int kMaxRegistersPerThread = 255;
 constexpr std::int64_t kTargetElementsPerThread = 32;  // q and k together
-
 std::optional<ArgumentError> problem_error(const Problem& problem) {
   if (problem.op != Op::rms_norm_rope) {
     return ArgumentError("rms_norm_rope", "problem", "op rms_norm_rope",
@@ -59,6 +58,21 @@ std::int64_t elements_per_thread(const Problem& problem, const Config& config) {
   return 2 * ceil_div(problem.hidden, vec * config.threads_per_row) * vec;
 }
 
+// An estimate of a thread's registers: the held elements counted as floats (as the
+// validity rule has always counted them), the overhead, and, prefetching, the next token's
+// vectors as loaded.
+std::int64_t registers_per_thread(const Problem& problem, const Config& config) {
+  const std::int64_t held = elements_per_thread(problem, config);
+  const std::int64_t prefetched = persistent_grid_of(config) > 0
+                                      ? ceil_div(held * std::int64_t(dtype_size(problem.dtype)), 4)
+                                      : 0;
+  return held + kRegisterOverhead + prefetched;
+}
+
+std::int64_t resident(const Problem& problem, const Config& config, const DeviceTraits& device) {
+  return resident_ctas(registers_per_thread(problem, config), config.cta_threads, device);
+}
+
 }  // namespace
 
 void RmsNormRopeFamily::check(const Problem& problem) const {
@@ -68,8 +82,10 @@ void RmsNormRopeFamily::check(const Problem& problem) const {
 std::string RmsNormRopeFamily::invalid_reason(const Problem& problem, const Config& config,
                                               const DeviceTraits& device) const {
   if (auto error = problem_error(problem)) return error->message();
-  if (!config.extra.empty()) {
-    return "rms_norm_rope has no tunable named '" + config.extra.begin()->first + "'";
+  for (const auto& [name, value] : config.extra) {
+    if (name != "grid") {
+      return "rms_norm_rope has no tunable named '" + name + "'";
+    }
   }
   const auto element = static_cast<std::int64_t>(dtype_size(problem.dtype));
   const int vec = config.vec_bytes;
@@ -104,10 +120,16 @@ std::string RmsNormRopeFamily::invalid_reason(const Problem& problem, const Conf
   if (cta > device.max_threads_per_block) return "cta_threads exceeds the device's limit";
   const int register_cap =
       std::min(kMaxRegistersPerThread, std::max(1, device.regs_per_block / cta));
-  if (held + kRegisterOverhead > register_cap) {
-    return "holding " + std::to_string(held) + " elements needs more than the " +
-           std::to_string(register_cap) + " registers a " + std::to_string(cta) +
-           "-thread CTA allows";
+  if (registers_per_thread(problem, config) > register_cap) {
+    return "holding " + std::to_string(held) + " elements" +
+           (persistent_grid_of(config) > 0 ? " and the next token's" : "") +
+           " needs more than the " + std::to_string(register_cap) + " registers a " +
+           std::to_string(cta) + "-thread CTA allows";
+  }
+  if (auto reason = persistent_grid_reason(persistent_grid_of(config),
+                                           resident(problem, config, device), device);
+      !reason.empty()) {
+    return reason;
   }
   return {};
 }
@@ -119,11 +141,22 @@ std::vector<Config> RmsNormRopeFamily::space(const Problem& problem,
   for (int vec : kVecBytes) {
     for (int tpr : kThreadsPerRow) {
       for (int cta : kCtaThreads) {
-        Config config;
-        config.vec_bytes = vec;
-        config.threads_per_row = tpr;
-        config.cta_threads = cta;
-        if (invalid_reason(problem, config, device).empty()) configs.push_back(std::move(config));
+        // One pass over the rows, then persistent grids of the estimated residency and of
+        // twice it (the estimate is conservative; a grid short of what fits idles SMs).
+        for (int waves : {0, 1, 2}) {
+          Config config;
+          config.vec_bytes = vec;
+          config.threads_per_row = tpr;
+          config.cta_threads = cta;
+          if (waves > 0) {
+            config.extra["grid"] = 1;  // sized once the registers are known
+            config.extra["grid"] =
+                waves * std::int64_t{device.sm_count} * resident(problem, config, device);
+          }
+          if (invalid_reason(problem, config, device).empty()) {
+            configs.push_back(std::move(config));
+          }
+        }
       }
     }
   }
@@ -131,7 +164,11 @@ std::vector<Config> RmsNormRopeFamily::space(const Problem& problem,
 }
 
 // The widest vector, then the narrowest split holding at most kTargetElementsPerThread of
-// q and k together (the row-kernel rule RMSNorm uses), in CTAs of 128..512 threads.
+// q and k together (the row-kernel rule RMSNorm uses), one token per CTA of 128..512
+// threads (an H200's full tune of [2, 8064, 2048] with coordinates, persistent grids: 74.2
+// us at one token per CTA, 76.7 at two, 80.1 at four; one token per CTA was fastest in one
+// pass and with a table too). One pass: the fast search measures this shape's persistent
+// grids next.
 Config RmsNormRopeFamily::heuristic(const Problem& problem, const DeviceTraits& device) const {
   const std::vector<Config> configs = space(problem, device);
   if (configs.empty()) {
@@ -145,7 +182,7 @@ Config RmsNormRopeFamily::heuristic(const Problem& problem, const DeviceTraits& 
     target.threads_per_row = tpr;
     if (elements_per_thread(problem, target) <= kTargetElementsPerThread) break;
   }
-  target.cta_threads = std::clamp(4 * target.threads_per_row, 128, 512);
+  target.cta_threads = std::clamp(target.threads_per_row, 128, 512);
   const Config* best = nullptr;
   auto distance = [&](const Config& c) {
     return std::array<std::int64_t, 3>{c.vec_bytes == vec ? 0 : 1,
@@ -165,14 +202,14 @@ std::string RmsNormRopeFamily::name_expression(const Problem& problem, const Con
   return "kiln::rms_norm_rope<" + type + ", " + table + ", " + std::to_string(problem.hidden) +
          ", " + std::to_string(config.vec_bytes) + ", " + std::to_string(config.threads_per_row) +
          ", " + std::to_string(config.cta_threads) + ", " + (video(problem) ? "true" : "false") +
-         ">";
+         ", " + (persistent_grid_of(config) > 0 ? "true" : "false") + ">";
 }
 
 LaunchGeometry RmsNormRopeFamily::geometry(const Problem& problem, const Config& config,
                                            std::int64_t rows) const {
   (void)problem;
   LaunchGeometry geometry;
-  geometry.grid[0] = covering_grid(rows, config.rows_per_cta());
+  geometry.grid[0] = capped_grid(covering_grid(rows, config.rows_per_cta()), config);
   geometry.block[0] = static_cast<std::uint32_t>(config.cta_threads);
   return geometry;
 }

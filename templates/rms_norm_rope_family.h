@@ -3,6 +3,9 @@
 // the width of q and k rows (heads x head dim: the norm spans all heads, the rotation the
 // whole row). A row is one token (its q row and its k row). Angles from a cos/sin table or,
 // with kRmsNormRopeVideo, from the token's video coordinates.
+// Tunables: vec_bytes, threads_per_row, cta_threads and extra["grid"]: N > 0 launches a
+// persistent grid of N CTAs (SM count x resident CTAs, or twice that) whose threads load
+// their next token's q and k while they normalise and rotate the current one.
 #pragma once
 
 #include <cstdint>

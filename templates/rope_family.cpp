@@ -24,6 +24,8 @@ constexpr std::array<int, 3> kRowsPerThreadValues = {1, 2, 4};
 // kernel would spill: the row kernels' budget, less room for addresses and indices.
 constexpr std::int64_t kMaxHeldWords = 96;
 constexpr std::int64_t kMaxRows = (std::int64_t{1} << 31) - 1;
+// Registers beyond the held words: addresses, indices, the rows' bookkeeping.
+constexpr std::int64_t kRegisterOverhead = 40;
 
 bool interleaved(const Problem& problem) {
   return problem.op == Op::rope_3d || (problem.flags & kRopeInterleaved) != 0;
@@ -83,6 +85,36 @@ Shape shape_of(const Problem& problem, const Config& config) {
   return s;
 }
 
+// 32-bit words a thread holds: its rows' raw vectors and fp32 cos/sin of one pass.
+std::int64_t held_words(const Problem& problem, const Config& config) {
+  const Shape s = shape_of(problem, config);
+  const std::int64_t tpr = std::max(1, config.threads_per_row);
+  const std::int64_t rot_steps = ceil_div(s.rot_units, tpr);
+  const std::int64_t pass_steps = ceil_div(s.pass_units, tpr);
+  const std::int64_t words_per_vector = std::max(1, config.vec_bytes / 4);
+  return RopeFamily::rows_per_thread(config) * (rot_steps * s.parts + pass_steps) *
+             words_per_vector +
+         2 * rot_steps * s.parts * s.vec;
+}
+
+// An estimate of a thread's registers: the held words, the overhead and, prefetching, the
+// next rows' raw vectors.
+std::int64_t registers_per_thread(const Problem& problem, const Config& config) {
+  const Shape s = shape_of(problem, config);
+  const std::int64_t tpr = std::max(1, config.threads_per_row);
+  const std::int64_t prefetched =
+      persistent_grid_of(config) > 0
+          ? RopeFamily::rows_per_thread(config) *
+                (ceil_div(s.rot_units, tpr) * s.parts + ceil_div(s.pass_units, tpr)) *
+                std::max(1, config.vec_bytes / 4)
+          : 0;
+  return held_words(problem, config) + kRegisterOverhead + prefetched;
+}
+
+std::int64_t resident(const Problem& problem, const Config& config, const DeviceTraits& device) {
+  return resident_ctas(registers_per_thread(problem, config), config.cta_threads, device);
+}
+
 }  // namespace
 
 RopeFamily::RopeFamily(Op op) : op_(op) {}
@@ -109,8 +141,9 @@ std::string RopeFamily::invalid_reason(const Problem& problem, const Config& con
                                        const DeviceTraits& device) const {
   if (auto error = problem_error(op_, problem)) return error->message();
   for (const auto& [name, value] : config.extra) {
-    if (name != kRowsPerThread)
+    if (name != kRowsPerThread && name != "grid") {
       return std::string(op_name(op_)) + " has no tunable named '" + name + "'";
+    }
   }
   const int rpt = rows_per_thread(config);
   if (!one_of(kRowsPerThreadValues, rpt)) {
@@ -152,14 +185,19 @@ std::string RopeFamily::invalid_reason(const Problem& problem, const Config& con
   if (!one_of(kCtaThreads, cta)) return "cta_threads " + std::to_string(cta) + " is not 64..512";
   if (cta < tpr) return "cta_threads is fewer than threads_per_row";
   if (cta > device.max_threads_per_block) return "cta_threads exceeds the device's limit";
-  const std::int64_t rot_steps = ceil_div(s.rot_units, tpr);
-  const std::int64_t pass_steps = ceil_div(s.pass_units, tpr);
-  const std::int64_t words_per_vector = std::max(1, vec / 4);
-  const std::int64_t held =
-      rpt * (rot_steps * s.parts + pass_steps) * words_per_vector + 2 * rot_steps * s.parts * s.vec;
+  const std::int64_t held = held_words(problem, config);
   if (held > kMaxHeldWords) {
     return "each thread would hold about " + std::to_string(held) +
            " words (rows and cos/sin), more than " + std::to_string(kMaxHeldWords);
+  }
+  if (persistent_grid_of(config) != 0 && op_ != Op::rope_3d) {
+    return "a persistent grid is offered to rope_3d only, whose per-thread angle frequencies it "
+           "computes once for many rows";
+  }
+  if (auto reason = persistent_grid_reason(persistent_grid_of(config),
+                                           resident(problem, config, device), device);
+      !reason.empty()) {
+    return reason;
   }
   return {};
 }
@@ -171,12 +209,26 @@ std::vector<Config> RopeFamily::space(const Problem& problem, const DeviceTraits
     for (int tpr : kThreadsPerRow) {
       for (int cta : kCtaThreads) {
         for (int rpt : kRowsPerThreadValues) {
-          Config config;
-          config.vec_bytes = vec;
-          config.threads_per_row = tpr;
-          config.cta_threads = cta;
-          config.extra[kRowsPerThread] = rpt;
-          if (invalid_reason(problem, config, device).empty()) configs.push_back(std::move(config));
+          // One pass over the rows; rope_3d also persistent grids of the estimated residency
+          // and of twice it.
+          for (int waves : {0, 1, 2}) {
+            if (waves > 0 && op_ != Op::rope_3d) {
+              break;
+            }
+            Config config;
+            config.vec_bytes = vec;
+            config.threads_per_row = tpr;
+            config.cta_threads = cta;
+            config.extra[kRowsPerThread] = rpt;
+            if (waves > 0) {
+              config.extra["grid"] = 1;  // sized once the registers are known
+              config.extra["grid"] =
+                  waves * std::int64_t{device.sm_count} * resident(problem, config, device);
+            }
+            if (invalid_reason(problem, config, device).empty()) {
+              configs.push_back(std::move(config));
+            }
+          }
         }
       }
     }
@@ -222,7 +274,8 @@ std::string RopeFamily::name_expression(const Problem& problem, const Config& co
          std::to_string(config.threads_per_row) + ", " + std::to_string(config.cta_threads) + ", " +
          std::to_string(rows_per_thread(config)) + ", " +
          (interleaved(problem) ? "true" : "false") + ", " + (video ? "true" : "false") + ", " +
-         ((problem.flags & kRopeInverse) != 0 ? "true" : "false") + ">";
+         ((problem.flags & kRopeInverse) != 0 ? "true" : "false") + ", " +
+         (persistent_grid_of(config) > 0 ? "true" : "false") + ">";
 }
 
 LaunchGeometry RopeFamily::geometry(const Problem& problem, const Config& config,
@@ -232,7 +285,7 @@ LaunchGeometry RopeFamily::geometry(const Problem& problem, const Config& config
       std::max(1, config.cta_threads / std::max(1, config.threads_per_row)) *
       rows_per_thread(config);
   LaunchGeometry geometry;
-  geometry.grid[0] = covering_grid(rows, rows_per_cta);
+  geometry.grid[0] = capped_grid(covering_grid(rows, rows_per_cta), config);
   geometry.block[0] = static_cast<std::uint32_t>(config.cta_threads);
   return geometry;
 }

@@ -6,6 +6,10 @@
 // Problem::hidden is the head dim D (the width one row rotates). A row is one head of one
 // token (q's heads then k's, per token, in one launch), so a tuning bucket counts heads x
 // tokens: the work, whatever the split between batch, sequence and heads.
+// Tunables: vec_bytes, threads_per_row, cta_threads, extra["rows_per_thread"] (1, 2, 4) and,
+// for rope_3d only, extra["grid"]: N > 0 launches a persistent grid of N CTAs (SM count x
+// resident CTAs, or twice that) whose threads load their next rows while they rotate the
+// current ones and compute their angle frequencies once for all of them.
 #pragma once
 
 #include <cstdint>

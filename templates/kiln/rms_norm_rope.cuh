@@ -10,6 +10,11 @@
 // exactly once; interleaved pairs never straddle a vector, so rotation needs no data from
 // other threads. Tokens number below 2^31 (the host checks), so a token's batch entry and
 // position come from 32-bit division, not the far costlier 64-bit one.
+//
+// PREFETCH (a persistent grid, a few CTAs per SM): each thread loads its next token's q and
+// k while it normalises and rotates the current one, so an SM's loads stay in flight through
+// the reductions and the angle math, and the per-thread video frequencies are computed once
+// per CTA for many tokens instead of for one.
 #pragma once
 
 #include "kiln/common.cuh"
@@ -19,7 +24,7 @@
 namespace kiln {
 
 template <typename T, typename TABLE, int WIDTH, int VEC_BYTES, int THREADS_PER_ROW,
-          int CTA_THREADS, bool VIDEO>
+          int CTA_THREADS, bool VIDEO, bool PREFETCH>
 __global__ void __launch_bounds__(CTA_THREADS) rms_norm_rope(const RmsNormRopeParams p) {
   constexpr int kVec = VEC_BYTES / static_cast<int>(sizeof(T));
   constexpr int kStride = kVec * THREADS_PER_ROW;
@@ -34,73 +39,45 @@ __global__ void __launch_bounds__(CTA_THREADS) rms_norm_rope(const RmsNormRopePa
   const int lane = static_cast<int>(threadIdx.x) % THREADS_PER_ROW;
   const int row_in_cta = static_cast<int>(threadIdx.x) / THREADS_PER_ROW;
 
-  float frequency[VIDEO ? kSteps : 1][VIDEO ? kVec / 2 : 1];
-  int axis_of[VIDEO ? kSteps : 1][VIDEO ? kVec / 2 : 1];
-  if constexpr (VIDEO) {
-#pragma unroll
-    for (int step = 0; step < kSteps; ++step) {
-#pragma unroll
-      for (int i = 0; i < kVec / 2; ++i) {
-        const int pair = (step * THREADS_PER_ROW + lane) * (kVec / 2) + i;
-        frequency[step][i] = video_frequency(p.video, pair, axis_of[step][i]);
-      }
-    }
-  }
+  VideoPairs<VIDEO ? kSteps : 1, VIDEO ? kVec / 2 : 1, THREADS_PER_ROW> video_pairs;
+  if constexpr (VIDEO) video_pairs.init(p.video, lane);
 
-  // Every thread runs the same iterations (the reductions may synchronise the CTA).
-  for (long long first_row = static_cast<long long>(blockIdx.x) * kRowsPerCta; first_row < p.rows;
-       first_row += static_cast<long long>(gridDim.x) * kRowsPerCta) {
-    const long long row = first_row + row_in_cta;
-    const bool active = row < p.rows;
-    const unsigned seq_len = static_cast<unsigned>(p.seq_len);
-    const unsigned entry = active ? static_cast<unsigned>(row) / seq_len : 0u;
-    const unsigned position = active ? static_cast<unsigned>(row) - entry * seq_len : 0u;
-    const T* q_row =
-        static_cast<const T*>(p.q) + entry * p.q_strides[0] + position * p.q_strides[1];
-    const T* k_row =
-        static_cast<const T*>(p.k) + entry * p.k_strides[0] + position * p.k_strides[1];
-
-    constexpr int kWords = VEC_BYTES < 4 ? 1 : VEC_BYTES / 4;
-    Raw<VEC_BYTES> qv[kSteps];
-    Raw<VEC_BYTES> kv[kSteps];
+  constexpr int kWords = VEC_BYTES < 4 ? 1 : VEC_BYTES / 4;
+  const unsigned seq_len = static_cast<unsigned>(p.seq_len);
+  // A token's q and k vectors, zero past the row's end and for a row past the last.
+  const auto load_token = [&](long long row, Raw<VEC_BYTES>(&qv)[kSteps],
+                              Raw<VEC_BYTES>(&kv)[kSteps]) {
 #pragma unroll
     for (int step = 0; step < kSteps; ++step) {
 #pragma unroll
       for (int w = 0; w < kWords; ++w) qv[step].words[w] = kv[step].words[w] = 0u;
     }
-    if (active) {
-#pragma unroll
-      for (int step = 0; step < kSteps; ++step) {
-        const int column = (step * THREADS_PER_ROW + lane) * kVec;
-        if (kExact || step + 1 < kSteps || column < WIDTH) {
-          qv[step] = load_global_nc<VEC_BYTES>(q_row + column);
-          kv[step] = load_global_nc<VEC_BYTES>(k_row + column);
-        }
-      }
-    }
-    float q_squares = 0.0f;
-    float k_squares = 0.0f;
+    if (row >= p.rows) return;
+    const unsigned entry = static_cast<unsigned>(row) / seq_len;
+    const unsigned position = static_cast<unsigned>(row) - entry * seq_len;
+    const T* q_row =
+        static_cast<const T*>(p.q) + entry * p.q_strides[0] + position * p.q_strides[1];
+    const T* k_row =
+        static_cast<const T*>(p.k) + entry * p.k_strides[0] + position * p.k_strides[1];
 #pragma unroll
     for (int step = 0; step < kSteps; ++step) {
-      float qp = 0.0f, kp = 0.0f;
-#pragma unroll
-      for (int i = 0; i < kVec; ++i) {
-        const float qe = get_element<T>(qv[step], i);
-        const float ke = get_element<T>(kv[step], i);
-        qp += qe * qe;
-        kp += ke * ke;
+      const int column = (step * THREADS_PER_ROW + lane) * kVec;
+      if (kExact || step + 1 < kSteps || column < WIDTH) {
+        qv[step] = load_global_nc<VEC_BYTES>(q_row + column);
+        kv[step] = load_global_nc<VEC_BYTES>(k_row + column);
       }
-      q_squares += qp;
-      k_squares += kp;
     }
-    q_squares = group_sum<THREADS_PER_ROW, CTA_THREADS>(q_squares);
-    k_squares = group_sum<THREADS_PER_ROW, CTA_THREADS>(k_squares);
-    const float q_scale = rsqrtf(q_squares * kInvWidth + p.eps);
-    const float k_scale = rsqrtf(k_squares * kInvWidth + p.eps);
-    if (!active) continue;
+  };
+
+  // The normalised, rotated token `row` (its q and k vectors and their norms' scales) stored.
+  const auto rotate_token = [&](long long row, float q_scale, float k_scale,
+                                const Raw<VEC_BYTES>(&qv)[kSteps],
+                                const Raw<VEC_BYTES>(&kv)[kSteps]) {
+    const unsigned entry = static_cast<unsigned>(row) / seq_len;
+    const unsigned position = static_cast<unsigned>(row) - entry * seq_len;
 
     float axes[3];
-    if constexpr (VIDEO) video_axes(p.video, position, axes);
+    if constexpr (VIDEO) video_pairs.rotate_axes(p.video, position, axes);
     const TABLE* cos_row =
         static_cast<const TABLE*>(p.cos) + entry * p.cos_strides[0] + position * p.cos_strides[1];
     const TABLE* sin_row =
@@ -117,7 +94,7 @@ __global__ void __launch_bounds__(CTA_THREADS) rms_norm_rope(const RmsNormRopePa
       if constexpr (VIDEO) {
 #pragma unroll
         for (int i = 0; i < kVec / 2; ++i) {
-          video_cos_sin(frequency[step][i], pick_axis(axes, axis_of[step][i]), c[2 * i], s[2 * i]);
+          video_pairs.cos_sin(step, i, axes, c[2 * i], s[2 * i]);
           c[2 * i + 1] = c[2 * i];
           s[2 * i + 1] = s[2 * i];
         }
@@ -148,6 +125,52 @@ __global__ void __launch_bounds__(CTA_THREADS) rms_norm_rope(const RmsNormRopePa
       }
       store_floats<T, VEC_BYTES>(q_out + column, q_result);
       store_floats<T, VEC_BYTES>(k_out + column, k_result);
+    }
+  };
+
+  const long long grid_rows = static_cast<long long>(gridDim.x) * kRowsPerCta;
+  long long row = static_cast<long long>(blockIdx.x) * kRowsPerCta + row_in_cta;
+  Raw<VEC_BYTES> qv[kSteps];
+  Raw<VEC_BYTES> kv[kSteps];
+  if constexpr (PREFETCH) load_token(row, qv, kv);
+  int parity = 0;  // group_sum_pair's buffer
+  // Every thread runs the same iterations (the reductions may synchronise the CTA).
+  for (long long first_row = static_cast<long long>(blockIdx.x) * kRowsPerCta; first_row < p.rows;
+       first_row += grid_rows, row += grid_rows) {
+    const bool active = row < p.rows;
+    Raw<VEC_BYTES> q_next[PREFETCH ? kSteps : 1];
+    Raw<VEC_BYTES> k_next[PREFETCH ? kSteps : 1];
+    if constexpr (PREFETCH) {
+      load_token(row + grid_rows, q_next, k_next);
+    } else {
+      load_token(row, qv, kv);
+    }
+    float q_squares = 0.0f;
+    float k_squares = 0.0f;
+#pragma unroll
+    for (int step = 0; step < kSteps; ++step) {
+      float qp = 0.0f, kp = 0.0f;
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) {
+        const float qe = get_element<T>(qv[step], i);
+        const float ke = get_element<T>(kv[step], i);
+        qp += qe * qe;
+        kp += ke * ke;
+      }
+      q_squares += qp;
+      k_squares += kp;
+    }
+    group_sum_pair<THREADS_PER_ROW, CTA_THREADS>(q_squares, k_squares, parity);
+    parity ^= 1;
+    const float q_scale = rsqrtf(q_squares * kInvWidth + p.eps);
+    const float k_scale = rsqrtf(k_squares * kInvWidth + p.eps);
+    if (active) rotate_token(row, q_scale, k_scale, qv, kv);
+    if constexpr (PREFETCH) {
+#pragma unroll
+      for (int step = 0; step < kSteps; ++step) {
+        qv[step] = q_next[step];
+        kv[step] = k_next[step];
+      }
     }
   }
 }

@@ -39,7 +39,7 @@ namespace kiln {
 
 template <typename T, typename TABLE, int HEAD_DIM, int ROTARY_DIM, int VEC_BYTES,
           int THREADS_PER_ROW, int CTA_THREADS, int ROWS_PER_THREAD, bool INTERLEAVED, bool VIDEO,
-          bool INVERSE>
+          bool INVERSE, bool PREFETCH>
 __global__ void __launch_bounds__(CTA_THREADS) rope(const RopeParams p) {
   constexpr int kVec = VEC_BYTES / static_cast<int>(sizeof(T));
   constexpr int kParts = INTERLEAVED ? 1 : 2;                // vectors per rotation unit
@@ -67,39 +67,30 @@ __global__ void __launch_bounds__(CTA_THREADS) rope(const RopeParams p) {
   const unsigned tokens = static_cast<unsigned>(p.rows) / heads;
   const unsigned seq = tokens / batch;
 
-  // Video frequencies depend only on the column: computed once per thread.
-  float frequency[VIDEO ? kRotSteps : 1][VIDEO ? kVec / 2 : 1];
-  int axis_of[VIDEO ? kRotSteps : 1][VIDEO ? kVec / 2 : 1];
-  if constexpr (VIDEO) {
-#pragma unroll
-    for (int step = 0; step < kRotSteps; ++step) {
-#pragma unroll
-      for (int i = 0; i < kVec / 2; ++i) {
-        const int pair = (step * THREADS_PER_ROW + lane) * (kVec / 2) + i;
-        frequency[step][i] = video_frequency(p.video, pair, axis_of[step][i]);
-      }
-    }
-  }
+  VideoPairs<VIDEO ? kRotSteps : 1, VIDEO ? kVec / 2 : 1, THREADS_PER_ROW> video_pairs;
+  if constexpr (VIDEO) video_pairs.init(p.video, lane);
 
-  for (long long first = static_cast<long long>(blockIdx.x) * kRowsPerCta; first < p.rows;
-       first += static_cast<long long>(gridDim.x) * kRowsPerCta) {
-    const long long row0 =
-        first + static_cast<long long>(slot) * (positions_inner ? 1 : ROWS_PER_THREAD);
-    if (row0 >= p.rows) continue;
-
+  // A thread's rows of one pass: their vectors as loaded, and where and how they are stored.
+  struct Rows {
     Raw<VEC_BYTES> x[ROWS_PER_THREAD][kRotSteps][kParts];
     Raw<VEC_BYTES> rest[ROWS_PER_THREAD][kPassSteps > 0 ? kPassSteps : 1];
-    T* out_row[ROWS_PER_THREAD];
+    T* out_row[ROWS_PER_THREAD];           // null past the last row
     bool copy_rest[ROWS_PER_THREAD];       // out of place: the unrotated columns are copied
     long long angle_key[ROWS_PER_THREAD];  // rows with equal keys share cos/sin
     long long sin_offset[ROWS_PER_THREAD];
+  };
+
+  // Issues the loads of the rows of the pass whose CTA starts at row `first`.
+  const auto load_rows = [&](long long first, Rows& rows) {
+    const long long row0 =
+        first + static_cast<long long>(slot) * (positions_inner ? 1 : ROWS_PER_THREAD);
 #pragma unroll
     for (int j = 0; j < ROWS_PER_THREAD; ++j) {
       const long long row = row0 + static_cast<long long>(j) * (positions_inner ? kSlots : 1);
-      out_row[j] = nullptr;
-      copy_rest[j] = false;
-      angle_key[j] = -1;
-      sin_offset[j] = 0;
+      rows.out_row[j] = nullptr;
+      rows.copy_rest[j] = false;
+      rows.angle_key[j] = -1;
+      rows.sin_offset[j] = 0;
       if (row >= p.rows) continue;
       const unsigned r = static_cast<unsigned>(row);
       unsigned head, position, entry;
@@ -123,14 +114,14 @@ __global__ void __launch_bounds__(CTA_THREADS) rope(const RopeParams p) {
       const unsigned h = is_q ? head : head - p.heads_q;
       const T* in_row = static_cast<const T*>(is_q ? p.q : p.k) + entry * in_strides[0] +
                         position * in_strides[1] + h * in_strides[2];
-      out_row[j] = static_cast<T*>(is_q ? p.q_out : p.k_out) + entry * out_strides[0] +
-                   position * out_strides[1] + h * out_strides[2];
-      copy_rest[j] = kPassUnits > 0 && static_cast<const void*>(out_row[j]) != in_row;
+      rows.out_row[j] = static_cast<T*>(is_q ? p.q_out : p.k_out) + entry * out_strides[0] +
+                        position * out_strides[1] + h * out_strides[2];
+      rows.copy_rest[j] = kPassUnits > 0 && static_cast<const void*>(rows.out_row[j]) != in_row;
       if constexpr (VIDEO) {
-        angle_key[j] = position;
+        rows.angle_key[j] = position;
       } else {
-        angle_key[j] = entry * p.cos_strides[0] + position * p.cos_strides[1];
-        sin_offset[j] = entry * p.sin_strides[0] + position * p.sin_strides[1];
+        rows.angle_key[j] = entry * p.cos_strides[0] + position * p.cos_strides[1];
+        rows.sin_offset[j] = entry * p.sin_strides[0] + position * p.sin_strides[1];
       }
 #pragma unroll
       for (int step = 0; step < kRotSteps; ++step) {
@@ -141,66 +132,66 @@ __global__ void __launch_bounds__(CTA_THREADS) rope(const RopeParams p) {
             const int column = unit * kVec + part * (ROTARY_DIM / 2);
             // In place, each element is read once, by the thread that later overwrites it,
             // so the read-only path stays valid.
-            x[j][step][part] = load_global_nc<VEC_BYTES>(in_row + column);
+            rows.x[j][step][part] = load_global_nc<VEC_BYTES>(in_row + column);
           }
         }
       }
 #pragma unroll
       for (int step = 0; step < kPassSteps; ++step) {
         const int unit = step * THREADS_PER_ROW + lane;
-        if (copy_rest[j] && unit < kPassUnits) {
-          rest[j][step] = load_global_nc<VEC_BYTES>(in_row + ROTARY_DIM + unit * kVec);
+        if (rows.copy_rest[j] && unit < kPassUnits) {
+          rows.rest[j][step] = load_global_nc<VEC_BYTES>(in_row + ROTARY_DIM + unit * kVec);
         }
       }
     }
+  };
 
-    float cos_v[kRotSteps][kUnitWidth];
-    float sin_v[kRotSteps][kUnitWidth];
+  // Rotates and stores the loaded rows, a step at a time, so a thread holds one step's
+  // cos/sin, shared by its consecutive rows with equal angle keys.
+  const auto rotate_rows = [&](const Rows& rows) {
+    float axes[ROWS_PER_THREAD][3];
+    if constexpr (VIDEO) {
 #pragma unroll
-    for (int j = 0; j < ROWS_PER_THREAD; ++j) {
-      if (out_row[j] == nullptr) continue;
-      if (j == 0 || angle_key[j] != angle_key[j - 1]) {
+      for (int j = 0; j < ROWS_PER_THREAD; ++j) {
+        if (rows.out_row[j] != nullptr && (j == 0 || rows.angle_key[j] != rows.angle_key[j - 1])) {
+          video_pairs.rotate_axes(p.video, static_cast<unsigned>(rows.angle_key[j]), axes[j]);
+        }
+      }
+    }
 #pragma unroll
-        for (int step = 0; step < kRotSteps; ++step) {
-          const int unit = step * THREADS_PER_ROW + lane;
-          if (!(kRotExact || step + 1 < kRotSteps || unit < kRotUnits)) continue;
+    for (int step = 0; step < kRotSteps; ++step) {
+      const int unit = step * THREADS_PER_ROW + lane;
+      if (!(kRotExact || step + 1 < kRotSteps || unit < kRotUnits)) continue;
+      float c[kUnitWidth];
+      float s[kUnitWidth];
+#pragma unroll
+      for (int j = 0; j < ROWS_PER_THREAD; ++j) {
+        if (rows.out_row[j] == nullptr) continue;
+        if (j == 0 || rows.angle_key[j] != rows.angle_key[j - 1]) {
           if constexpr (VIDEO) {
-            float axes[3];
-            video_axes(p.video, static_cast<unsigned>(angle_key[j]), axes);
 #pragma unroll
             for (int i = 0; i < kVec / 2; ++i) {
-              float c, s;
-              video_cos_sin(frequency[step][i], pick_axis(axes, axis_of[step][i]), c, s);
-              cos_v[step][2 * i] = c;
-              cos_v[step][2 * i + 1] = c;
-              sin_v[step][2 * i] = s;
-              sin_v[step][2 * i + 1] = s;
+              video_pairs.cos_sin(step, i, axes[j], c[2 * i], s[2 * i]);
+              c[2 * i + 1] = c[2 * i];
+              s[2 * i + 1] = s[2 * i];
             }
           } else {
-            const TABLE* cos_row = static_cast<const TABLE*>(p.cos) + angle_key[j];
-            const TABLE* sin_row = static_cast<const TABLE*>(p.sin) + sin_offset[j];
+            const TABLE* cos_row = static_cast<const TABLE*>(p.cos) + rows.angle_key[j];
+            const TABLE* sin_row = static_cast<const TABLE*>(p.sin) + rows.sin_offset[j];
 #pragma unroll
             for (int part = 0; part < kParts; ++part) {
               const int column = unit * kVec + part * (ROTARY_DIM / 2);
-              load_table<TABLE, kVec, VEC_BYTES>(cos_row + column, cos_v[step] + part * kVec);
-              load_table<TABLE, kVec, VEC_BYTES>(sin_row + column, sin_v[step] + part * kVec);
+              load_table<TABLE, kVec, VEC_BYTES>(cos_row + column, c + part * kVec);
+              load_table<TABLE, kVec, VEC_BYTES>(sin_row + column, s + part * kVec);
             }
           }
         }
-      }
-
-#pragma unroll
-      for (int step = 0; step < kRotSteps; ++step) {
-        const int unit = step * THREADS_PER_ROW + lane;
-        if (!(kRotExact || step + 1 < kRotSteps || unit < kRotUnits)) continue;
-        const float* c = cos_v[step];
-        const float* s = sin_v[step];
         if constexpr (INTERLEAVED) {
           float result[kVec];
 #pragma unroll
           for (int i = 0; i < kVec; i += 2) {
-            const float re = get_element<T>(x[j][step][0], i);
-            const float im = get_element<T>(x[j][step][0], i + 1);
+            const float re = get_element<T>(rows.x[j][step][0], i);
+            const float im = get_element<T>(rows.x[j][step][0], i + 1);
             if constexpr (INVERSE) {
               result[i] = re * c[i] + im * s[i + 1];
               result[i + 1] = im * c[i + 1] - re * s[i];
@@ -209,14 +200,14 @@ __global__ void __launch_bounds__(CTA_THREADS) rope(const RopeParams p) {
               result[i + 1] = im * c[i + 1] + re * s[i + 1];
             }
           }
-          store_floats<T, VEC_BYTES>(out_row[j] + unit * kVec, result);
+          store_floats<T, VEC_BYTES>(rows.out_row[j] + unit * kVec, result);
         } else {
           float first_half[kVec];
           float second_half[kVec];
 #pragma unroll
           for (int i = 0; i < kVec; ++i) {
-            const float a = get_element<T>(x[j][step][0], i);
-            const float b = get_element<T>(x[j][step][1], i);
+            const float a = get_element<T>(rows.x[j][step][0], i);
+            const float b = get_element<T>(rows.x[j][step][1], i);
             if constexpr (INVERSE) {
               first_half[i] = a * c[i] + b * s[kVec + i];
               second_half[i] = b * c[kVec + i] - a * s[i];
@@ -225,17 +216,36 @@ __global__ void __launch_bounds__(CTA_THREADS) rope(const RopeParams p) {
               second_half[i] = b * c[kVec + i] + a * s[kVec + i];
             }
           }
-          store_floats<T, VEC_BYTES>(out_row[j] + unit * kVec, first_half);
-          store_floats<T, VEC_BYTES>(out_row[j] + unit * kVec + ROTARY_DIM / 2, second_half);
+          store_floats<T, VEC_BYTES>(rows.out_row[j] + unit * kVec, first_half);
+          store_floats<T, VEC_BYTES>(rows.out_row[j] + unit * kVec + ROTARY_DIM / 2, second_half);
         }
       }
+    }
+#pragma unroll
+    for (int j = 0; j < ROWS_PER_THREAD; ++j) {
 #pragma unroll
       for (int step = 0; step < kPassSteps; ++step) {
         const int unit = step * THREADS_PER_ROW + lane;
-        if (copy_rest[j] && unit < kPassUnits) {
-          store_global<VEC_BYTES>(out_row[j] + ROTARY_DIM + unit * kVec, rest[j][step]);
+        if (rows.copy_rest[j] && unit < kPassUnits) {
+          store_global<VEC_BYTES>(rows.out_row[j] + ROTARY_DIM + unit * kVec, rows.rest[j][step]);
         }
       }
+    }
+  };
+
+  const long long grid_rows = static_cast<long long>(gridDim.x) * kRowsPerCta;
+  Rows current;
+  if constexpr (PREFETCH) load_rows(static_cast<long long>(blockIdx.x) * kRowsPerCta, current);
+  for (long long first = static_cast<long long>(blockIdx.x) * kRowsPerCta; first < p.rows;
+       first += grid_rows) {
+    if constexpr (PREFETCH) {
+      Rows next;
+      load_rows(first + grid_rows, next);
+      rotate_rows(current);
+      current = next;
+    } else {
+      load_rows(first, current);
+      rotate_rows(current);
     }
   }
 }

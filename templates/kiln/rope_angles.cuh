@@ -25,15 +25,11 @@ __device__ __forceinline__ void load_table(const C* source, float* values) {
 }
 
 // The frequency of interleaved pair `pair` of a row of LTX-Video angles (0 for the
-// padding pairs at the front, whose angle is then 0: cos 1, sin 0 exactly), and the axis
-// (0 frame, 1 row, 2 column) whose coordinate scales it.
-__device__ __forceinline__ float video_frequency(const RopeVideoGrid& grid, int pair, int& axis) {
+// padding pairs at the front, whose angle is then 0: cos 1, sin 0 exactly). Pair j past the
+// padding is scaled by axis j % 3's coordinate (0 frame, 1 row, 2 column).
+__device__ __forceinline__ float video_frequency(const RopeVideoGrid& grid, int pair) {
   const int j = pair - grid.pad_pairs;
-  if (j < 0) {
-    axis = 0;
-    return 0.0f;
-  }
-  axis = j % 3;
+  if (j < 0) return 0.0f;
   // theta ** (i / (n - 1)) as torch computes it in fp32 (linspace then pow), times pi / 2.
   return exp2f(static_cast<float>(j / 3) * grid.log2_freq_step) * 1.57079632679489662f;
 }
@@ -52,10 +48,6 @@ __device__ __forceinline__ void video_axes(const RopeVideoGrid& grid, unsigned p
   for (int a = 0; a < 3; ++a) axes[a] = coordinate[a] * grid.scale[a] * 2.0f - 1.0f;
 }
 
-__device__ __forceinline__ float pick_axis(const float* axes, int axis) {
-  return axis == 0 ? axes[0] : axis == 1 ? axes[1] : axes[2];
-}
-
 // The angle is rounded to fp32 as diffusers computes it (one product, not contracted), so
 // it is diffusers' angle, ~1e4 radians at the top. sincosf of it costs a full range
 // reduction with a slow-path branch, which dominated the instructions of the video kernels;
@@ -63,7 +55,7 @@ __device__ __forceinline__ float pick_axis(const float* axes, int axis) {
 // [-pi, pi] here by 2*pi in three parts (Cody-Waite: 6.28125 has 8 significant bits, so its
 // product with a quotient below 2^16 is exact; the fmas round once each) and the hardware
 // sin/cos evaluate the rest, whose absolute error on [-pi, pi] is ~2^-21.4: far inside the
-// fp32 angle's own uncertainty (~1e-3 rad at 1e4). Padding lanes (frequency 0) stay exact.
+// fp32 angle's own uncertainty (~1e-3 rad at 1e4).
 __device__ __forceinline__ void video_cos_sin(float frequency, float axis_value, float& c,
                                               float& s) {
   constexpr float kInvTwoPi = 0.159154943091895336f;
@@ -76,10 +68,54 @@ __device__ __forceinline__ void video_cos_sin(float frequency, float axis_value,
   reduced = fmaf(-turns, kTwoPiMid, reduced);
   reduced = fmaf(-turns, kTwoPiLo, reduced);
   __sincosf(reduced, &s, &c);
-  if (frequency == 0.0f) {
-    c = 1.0f;
-    s = 0.0f;
-  }
 }
+
+// One thread's pairs of a row of LTX-Video angles: pair (step, i) is pair
+// (step * THREADS_PER_ROW + lane) * PAIRS_PER_VECTOR + i of the row. Its frequency depends
+// only on the column, so it is computed once per thread. Its axis, j % 3 for the j-th pair
+// past the padding, is (first_axis + step * THREADS_PER_ROW * PAIRS_PER_VECTOR + i) % 3:
+// once a token's axis values are rotated by first_axis (rotate_axes), each pair's is at an
+// index known at compile time, which saves a thread the two selects per pair that picking
+// it at run time costs. Only pairs 0 and 1 of a row can be padding (dim % 6 elements), so
+// only (0, 0) and (0, 1) test for it, and set cos 1 and sin 0 exactly.
+template <int STEPS, int PAIRS_PER_VECTOR, int THREADS_PER_ROW>
+struct VideoPairs {
+  static constexpr int kStepShift = THREADS_PER_ROW * PAIRS_PER_VECTOR % 3;
+  float frequency[STEPS][PAIRS_PER_VECTOR];
+  int first_axis;
+
+  __device__ __forceinline__ void init(const RopeVideoGrid& grid, int lane) {
+    first_axis = ((lane * PAIRS_PER_VECTOR - grid.pad_pairs) % 3 + 3) % 3;
+#pragma unroll
+    for (int step = 0; step < STEPS; ++step) {
+#pragma unroll
+      for (int i = 0; i < PAIRS_PER_VECTOR; ++i) {
+        frequency[step][i] =
+            video_frequency(grid, (step * THREADS_PER_ROW + lane) * PAIRS_PER_VECTOR + i);
+      }
+    }
+  }
+
+  // The axis values of the token at `position` (video_axes), rotated so that rotated[m] is
+  // axis (first_axis + m) % 3's.
+  __device__ __forceinline__ void rotate_axes(const RopeVideoGrid& grid, unsigned position,
+                                              float* rotated) const {
+    float axes[3];
+    video_axes(grid, position, axes);
+    rotated[0] = first_axis == 0 ? axes[0] : first_axis == 1 ? axes[1] : axes[2];
+    rotated[1] = first_axis == 0 ? axes[1] : first_axis == 1 ? axes[2] : axes[0];
+    rotated[2] = first_axis == 0 ? axes[2] : first_axis == 1 ? axes[0] : axes[1];
+  }
+
+  // cos and sin of pair (step, i) (both known at compile time once unrolled).
+  __device__ __forceinline__ void cos_sin(int step, int i, const float* rotated, float& c,
+                                          float& s) const {
+    video_cos_sin(frequency[step][i], rotated[(step * kStepShift + i) % 3], c, s);
+    if (step == 0 && i < 2 && frequency[step][i] == 0.0f) {
+      c = 1.0f;
+      s = 0.0f;
+    }
+  }
+};
 
 }  // namespace kiln

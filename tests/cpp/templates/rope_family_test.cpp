@@ -92,7 +92,7 @@ TEST_CASE("the rope heuristic gives a 128-wide bf16 head eight threads of 16-byt
   CHECK(h.threads_per_row == 8);
   CHECK(kiln::RopeFamily::rows_per_thread(h) == 2);
   CHECK(kiln::family(Op::rope).name_expression(rope(DType::bf16, 128), h) ==
-        "kiln::rope<kiln::bf16, kiln::bf16, 128, 128, 16, 8, 128, 2, false, false, false>");
+        "kiln::rope<kiln::bf16, kiln::bf16, 128, 128, 16, 8, 128, 2, false, false, false, false>");
   const Config narrow = kiln::family(Op::rope).heuristic(rope(DType::bf16, 128, 0, 0, 4), device);
   CHECK(narrow.vec_bytes == 4);
 }
@@ -202,8 +202,8 @@ TEST_CASE("rope's inverse (backward) is a flag compiled into the kernel, same sp
     CHECK(f.space(inverse, device) == f.space(forward, device));
     const Config h = f.heuristic(inverse, device);
     CHECK(h == f.heuristic(forward, device));
-    CHECK(f.name_expression(inverse, h).ends_with(", true>"));
-    CHECK(f.name_expression(forward, h).ends_with(", false>"));
+    CHECK(f.name_expression(inverse, h).ends_with(", true, false>"));
+    CHECK(f.name_expression(forward, h).ends_with(", false, false>"));
     CHECK(f.bytes_moved(inverse, 64) == f.bytes_moved(forward, 64));
     CHECK(inverse.key() != forward.key());
   }
@@ -211,4 +211,51 @@ TEST_CASE("rope's inverse (backward) is a flag compiled into the kernel, same sp
   CHECK_THROWS_AS(kiln::family(Op::rope_3d)
                       .check(Problem{Op::rope_3d, DType::bf16, 2048, kiln::kRopeInverse, 16}),
                   kiln::ArgumentError);
+}
+
+TEST_CASE("persistent grids: rope_3d and rms_norm_rope offer them, rope does not") {
+  const DeviceTraits device = DeviceTraits::for_arch(90);
+  const Problem video{Op::rope_3d, DType::bf16, 2048, 0, 16};
+  const Problem fused{Op::rms_norm_rope, DType::bf16, 2048, kiln::kRmsNormRopeVideo, 16};
+  for (const Problem& p : {video, fused}) {
+    const kiln::Family& f = kiln::family(p.op);
+    int persistent = 0;
+    for (const Config& c : f.space(p, device)) {
+      const auto it = c.extra.find("grid");
+      if (it == c.extra.end()) continue;
+      ++persistent;
+      // A whole number of SMs, capping the covering grid of a large call but not a small one.
+      CHECK(it->second % device.sm_count == 0);
+      CHECK(f.geometry(p, c, std::int64_t{1} << 24).grid[0] == it->second);
+      CHECK(f.geometry(p, c, 1).grid[0] == 1);
+      CHECK(f.name_expression(p, c).ends_with(", true>"));
+      Config off = c;
+      off.extra["grid"] = it->second + 1;
+      CHECK(f.invalid_reason(p, off, device).find("is not a persistent grid") != std::string::npos);
+    }
+    CHECK(persistent > 0);
+    // The heuristic covers the rows in one pass.
+    const Config h = f.heuristic(p, device);
+    CHECK(h.extra.find("grid") == h.extra.end());
+    CHECK(f.name_expression(p, h).ends_with(", false>"));
+  }
+  const kiln::Family& table_rope = kiln::family(Op::rope);
+  Config c = table_rope.heuristic(rope(DType::bf16, 128), device);
+  c.extra["grid"] = 132;
+  CHECK(table_rope.invalid_reason(rope(DType::bf16, 128), c, device) ==
+        "a persistent grid is offered to rope_3d only, whose per-thread angle frequencies it "
+        "computes once for many rows");
+  for (const Config& each : table_rope.space(rope(DType::bf16, 128), device)) {
+    CHECK(each.extra.find("grid") == each.extra.end());
+  }
+}
+
+TEST_CASE("the rms_norm_rope heuristic gives each token its own CTA") {
+  const DeviceTraits device = DeviceTraits::for_arch(90);
+  const kiln::Family& f = kiln::family(Op::rms_norm_rope);
+  const Config h = f.heuristic(
+      Problem{Op::rms_norm_rope, DType::bf16, 2048, kiln::kRmsNormRopeVideo, 16}, device);
+  CHECK(h.vec_bytes == 16);
+  CHECK(h.threads_per_row == 128);
+  CHECK(h.cta_threads == 128);
 }
