@@ -90,6 +90,16 @@ inline std::string persistent_grid_reason(std::int64_t grid, std::int64_t reside
          std::to_string(resident) + " resident CTAs, or twice that)";
 }
 
+// Gives `config` a persistent grid of `waves` times the SM count times resident_of(config),
+// the CTAs an SM holds of it, asked once the config is marked persistent (prefetching
+// takes registers, so residency depends on it).
+template <typename ResidentOf>
+void size_persistent_grid(Config& config, int waves, const DeviceTraits& device,
+                          ResidentOf resident_of) {
+  config.extra["grid"] = 1;
+  config.extra["grid"] = waves * std::int64_t{device.sm_count} * resident_of(config);
+}
+
 // A persistent grid caps the covering grid; the kernel's grid-stride loop covers the rest.
 inline std::uint32_t capped_grid(std::uint32_t covering, const Config& config) {
   const std::int64_t cap = persistent_grid_of(config);

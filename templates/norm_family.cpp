@@ -398,9 +398,9 @@ std::vector<Config> NormFamily::space(const Problem& problem, const DeviceTraits
             config.extra["stage"] = 1;
           }
           if (waves > 0) {
-            config.extra["grid"] = 1;  // sized below, once the registers are known
-            config.extra["grid"] = waves * static_cast<std::int64_t>(device.sm_count) *
-                                   resident_ctas(problem, config, device);
+            size_persistent_grid(config, waves, device, [&](const Config& c) {
+              return resident_ctas(problem, c, device);
+            });
           }
           if (invalid_reason(problem, config, device).empty()) {
             configs.push_back(std::move(config));

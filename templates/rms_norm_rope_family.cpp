@@ -149,9 +149,8 @@ std::vector<Config> RmsNormRopeFamily::space(const Problem& problem,
           config.threads_per_row = tpr;
           config.cta_threads = cta;
           if (waves > 0) {
-            config.extra["grid"] = 1;  // sized once the registers are known
-            config.extra["grid"] =
-                waves * std::int64_t{device.sm_count} * resident(problem, config, device);
+            size_persistent_grid(config, waves, device,
+                                 [&](const Config& c) { return resident(problem, c, device); });
           }
           if (invalid_reason(problem, config, device).empty()) {
             configs.push_back(std::move(config));

@@ -85,30 +85,28 @@ Shape shape_of(const Problem& problem, const Config& config) {
   return s;
 }
 
-// 32-bit words a thread holds: its rows' raw vectors and fp32 cos/sin of one pass.
-std::int64_t held_words(const Problem& problem, const Config& config) {
+// 32-bit words of a thread's rows' raw vectors in one pass.
+std::int64_t row_words(const Problem& problem, const Config& config) {
   const Shape s = shape_of(problem, config);
   const std::int64_t tpr = std::max(1, config.threads_per_row);
-  const std::int64_t rot_steps = ceil_div(s.rot_units, tpr);
-  const std::int64_t pass_steps = ceil_div(s.pass_units, tpr);
-  const std::int64_t words_per_vector = std::max(1, config.vec_bytes / 4);
-  return RopeFamily::rows_per_thread(config) * (rot_steps * s.parts + pass_steps) *
-             words_per_vector +
-         2 * rot_steps * s.parts * s.vec;
+  return RopeFamily::rows_per_thread(config) *
+         (ceil_div(s.rot_units, tpr) * s.parts + ceil_div(s.pass_units, tpr)) *
+         std::max(1, config.vec_bytes / 4);
+}
+
+// 32-bit words a thread holds: its rows' raw vectors and fp32 cos/sin of one pass (counted
+// for every step, as the validity rule has always counted them).
+std::int64_t held_words(const Problem& problem, const Config& config) {
+  const Shape s = shape_of(problem, config);
+  const std::int64_t rot_steps = ceil_div(s.rot_units, std::max(1, config.threads_per_row));
+  return row_words(problem, config) + 2 * rot_steps * s.parts * s.vec;
 }
 
 // An estimate of a thread's registers: the held words, the overhead and, prefetching, the
 // next rows' raw vectors.
 std::int64_t registers_per_thread(const Problem& problem, const Config& config) {
-  const Shape s = shape_of(problem, config);
-  const std::int64_t tpr = std::max(1, config.threads_per_row);
-  const std::int64_t prefetched =
-      persistent_grid_of(config) > 0
-          ? RopeFamily::rows_per_thread(config) *
-                (ceil_div(s.rot_units, tpr) * s.parts + ceil_div(s.pass_units, tpr)) *
-                std::max(1, config.vec_bytes / 4)
-          : 0;
-  return held_words(problem, config) + kRegisterOverhead + prefetched;
+  return held_words(problem, config) + kRegisterOverhead +
+         (persistent_grid_of(config) > 0 ? row_words(problem, config) : 0);
 }
 
 std::int64_t resident(const Problem& problem, const Config& config, const DeviceTraits& device) {
@@ -221,9 +219,8 @@ std::vector<Config> RopeFamily::space(const Problem& problem, const DeviceTraits
             config.cta_threads = cta;
             config.extra[kRowsPerThread] = rpt;
             if (waves > 0) {
-              config.extra["grid"] = 1;  // sized once the registers are known
-              config.extra["grid"] =
-                  waves * std::int64_t{device.sm_count} * resident(problem, config, device);
+              size_persistent_grid(config, waves, device,
+                                   [&](const Config& c) { return resident(problem, c, device); });
             }
             if (invalid_reason(problem, config, device).empty()) {
               configs.push_back(std::move(config));
