@@ -110,18 +110,27 @@ def same_bytes_copy(moved):
     return lambda: dst.copy_(src)
 
 
-def host_overhead_us(fn, calls=2000):
-    """Host wall time per call of a tiny op, synchronising only at the end."""
+def host_side_by_side(fns, calls=200, rounds=15):
+    """{name: host wall time per call, us}: each function called `calls` times back to back
+    (synchronising only at the end of the block), the functions interleaved in `rounds`
+    rounds, the median block taken, so a noisy stretch of the host weighs on every
+    contender alike instead of on one."""
+    import statistics
     import time
 
-    for _ in range(50):
-        fn()
+    for fn in fns.values():
+        for _ in range(20):
+            fn()
     torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - start) / calls * 1e6
+    blocks = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            torch.cuda.synchronize()
+            blocks[name].append((time.perf_counter() - start) / calls * 1e6)
+    return {name: statistics.median(times) for name, times in blocks.items()}
 
 
 def environment():

@@ -107,13 +107,12 @@ def main():
 
     small = torch.randn(1, 4096, device="cuda", dtype=torch.bfloat16)
     small_w = torch.randn(4096, device="cuda", dtype=torch.bfloat16)
-    overhead = {
-        "x.add(x)": common.host_overhead_us(lambda: small.add(small)),
-        "F.rms_norm": common.host_overhead_us(lambda: F.rms_norm(small, (4096,), small_w, EPS)),
-        "kiln.rms_norm": common.host_overhead_us(lambda: kiln.rms_norm(small, small_w, EPS)),
-        "torch.ops.kiln.rms_norm": common.host_overhead_us(
-            lambda: torch.ops.kiln.rms_norm(small, small_w, EPS)),
-    }
+    overhead = common.host_side_by_side({
+        "x.add(x)": lambda: small.add(small),
+        "F.rms_norm": lambda: F.rms_norm(small, (4096,), small_w, EPS),
+        "kiln.rms_norm": lambda: kiln.rms_norm(small, small_w, EPS),
+        "torch.ops.kiln.rms_norm": lambda: torch.ops.kiln.rms_norm(small, small_w, EPS),
+    })
     result = {"environment": env, "copy_gbs": copy_gbs, "rms_norm_bf16": rows,
               "host_overhead_us": overhead, "kiln_settings": kiln.settings(),
               "kiln_device": kiln.device_info(0)}

@@ -11,8 +11,9 @@
 
 namespace kiln {
 
-// The kernel receives these bytes as its by-value parameter: 4 pointers and 6 long longs.
-static_assert(sizeof(ElementwiseParams) == 80 && alignof(ElementwiseParams) == 8);
+// The kernel receives these bytes as its by-value parameter: 4 pointers, 5 long longs and
+// a divisor.
+static_assert(sizeof(ElementwiseParams) == 88 && alignof(ElementwiseParams) == 8);
 
 namespace {
 
@@ -123,8 +124,12 @@ int ElementwiseFamily::widest_vector(const Problem& problem) {
   const std::int64_t align = std::max<std::int64_t>(problem.align, element);
   const bool flat = (problem.flags & kElementwiseFlat) != 0;
   for (int vec : kVecBytes) {
-    if (vec < element || vec > align) continue;
-    if (!flat && (problem.hidden * element) % vec != 0) continue;
+    if (vec < element || vec > align) {
+      continue;
+    }
+    if (!flat && (problem.hidden * element) % vec != 0) {
+      continue;
+    }
     return vec;
   }
   return static_cast<int>(element);
@@ -134,7 +139,9 @@ std::int64_t ElementwiseFamily::vectors(const Problem& problem, int vec_bytes, s
   const std::int64_t per_vector =
       std::max<std::int64_t>(1, vec_bytes / static_cast<std::int64_t>(dtype_size(problem.dtype)));
   rows = std::max<std::int64_t>(rows, 0);
-  if ((problem.flags & kElementwiseFlat) != 0) return rows * problem.hidden / per_vector;
+  if ((problem.flags & kElementwiseFlat) != 0) {
+    return rows * problem.hidden / per_vector;
+  }
   return rows * (problem.hidden / per_vector);
 }
 
@@ -210,7 +217,9 @@ std::vector<Config> ElementwiseFamily::space(const Problem& problem,
         config.cta_threads = cta;
         config.extra["unroll"] = unroll;
         config.extra["max_ctas"] = max_ctas;
-        if (invalid_reason(problem, config, device).empty()) configs.push_back(std::move(config));
+        if (invalid_reason(problem, config, device).empty()) {
+          configs.push_back(std::move(config));
+        }
       }
     }
   }
@@ -274,8 +283,9 @@ LaunchGeometry ElementwiseFamily::geometry(const Problem& problem, const Config&
 std::vector<BufferSpec> ElementwiseFamily::buffers(const Problem& problem,
                                                    std::int64_t rows) const {
   check(problem);
-  if (rows < 0)
+  if (rows < 0) {
     throw ArgumentError(std::string(name()), "rows", "a count >= 0", std::to_string(rows));
+  }
   const std::int64_t n = rows * problem.hidden;
   const DType t = problem.dtype;
   switch (op_) {
@@ -314,15 +324,20 @@ std::vector<std::byte> ElementwiseFamily::pack_params(
   ElementwiseParams params;
   std::memset(&params, 0, sizeof(params));  // deterministic padding and unused fields
   params.a = pointer(0);
-  if (expected > 2) params.b = pointer(1);
-  if (expected > 3) params.c = pointer(2);
+  if (expected > 2) {
+    params.b = pointer(1);
+  }
+  if (expected > 3) {
+    params.c = pointer(2);
+  }
   params.out = const_cast<void*>(pointer(addresses.size() - 1));
   params.rows = rows;
   params.a_row_stride = problem.hidden;
   params.b_row_stride = op_ == Op::gelu ? 0 : problem.hidden;  // gelu's b is the bias
   params.c_row_stride = problem.hidden;
   params.out_row_stride = problem.hidden;
-  params.rows_per_sample = (problem.flags & kGatePerSample) != 0 ? kStandaloneRowsPerSample : 1;
+  params.rows_per_sample =
+      make_divisor((problem.flags & kGatePerSample) != 0 ? kStandaloneRowsPerSample : 1);
 
   std::vector<std::byte> bytes(sizeof(params));
   std::memcpy(bytes.data(), &params, sizeof(params));
@@ -331,7 +346,9 @@ std::vector<std::byte> ElementwiseFamily::pack_params(
 
 std::int64_t ElementwiseFamily::bytes_moved(const Problem& problem, std::int64_t rows) const {
   std::int64_t elements = 0;
-  for (const BufferSpec& spec : buffers(problem, rows)) elements += spec.elements;
+  for (const BufferSpec& spec : buffers(problem, rows)) {
+    elements += spec.elements;
+  }
   return elements * static_cast<std::int64_t>(dtype_size(problem.dtype));
 }
 

@@ -30,7 +30,9 @@ Operand operand(const char* op, const at::Tensor& x) {
 }
 
 void require_cuda(const char* op, const char* arg, const at::Tensor& x) {
-  if (!x.is_cuda()) fail_value(op, arg, "a CUDA tensor", x.device().str());
+  if (!x.is_cuda()) {
+    fail_value(op, arg, "a CUDA tensor", x.device().str());
+  }
 }
 
 // Fills the problem's alignment and layout flag from the operands, then resolves and
@@ -53,7 +55,9 @@ void run(const at::Tensor& like, Problem problem, std::int64_t rows, Elementwise
     bits |= static_cast<std::uintptr_t>(problem.hidden * element);
   }
   problem.align = common_alignment({bits});
-  if (flat) problem.flags |= kElementwiseFlat;
+  if (flat) {
+    problem.flags |= kElementwiseFlat;
+  }
 
   params.rows = rows;
   launch_op(like, problem, rows, &params);
@@ -82,7 +86,9 @@ at::Tensor gated_cuda(Op op, const at::Tensor& gate, const std::optional<at::Ten
   at::Tensor out =
       into ? *into : at::empty(sizes, gate.options().memory_format(at::MemoryFormat::Contiguous));
   const std::int64_t rows = out.numel() / width;
-  if (rows == 0) return out;
+  if (rows == 0) {
+    return out;
+  }
 
   ElementwiseParams params{};
   params.out = out.data_ptr();
@@ -91,7 +97,9 @@ at::Tensor gated_cuda(Op op, const at::Tensor& gate, const std::optional<at::Ten
   params.a_row_stride = g.row_stride;
   params.b_row_stride = u.row_stride;
   params.out_row_stride = width;
-  run(gate, Problem{op, dtype, width, flags, 16}, rows, params, {&g, &u}, up.has_value());
+  // A packed tensor's halves are each one contiguous run when it has a single row (decode).
+  run(gate, Problem{op, dtype, width, flags, 16}, rows, params, {&g, &u},
+      up.has_value() || rows == 1);
   return out;
 }
 
@@ -104,12 +112,12 @@ void gated_residual_into(const char* name, const GateLayout& layout, const at::T
   const Operand y_operand = operand(name, y);
   Operand gate_operand = operand(name, gate);
   ElementwiseParams params{};
-  params.rows_per_sample = 1;
+  params.rows_per_sample = make_divisor(1);
   if (layout.broadcast == GateBroadcast::shared) {
     gate_operand.row_stride = 0;
   } else if (layout.broadcast == GateBroadcast::per_sample) {
     flags |= kGatePerSample;
-    params.rows_per_sample = rows / h.size(0);
+    params.rows_per_sample = make_divisor(static_cast<unsigned long long>(rows / h.size(0)));
   }
   params.out = out;
   params.a = h_operand.data;
@@ -148,7 +156,9 @@ at::Tensor gelu_cuda(const at::Tensor& x, const std::optional<at::Tensor>& bias,
   at::Tensor out = at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
   const std::int64_t width = x.size(-1);
   const std::int64_t rows = x.numel() / width;
-  if (rows == 0) return out;
+  if (rows == 0) {
+    return out;
+  }
 
   const Operand input = operand("gelu", x);
   Operand bias_operand;
@@ -176,7 +186,9 @@ at::Tensor gated_residual_cuda(const at::Tensor& h, const at::Tensor& y, const a
   const GateLayout layout = check_gated_residual("gated_residual", h, y, gate);
   require_cuda("gated_residual", "h", h);
   at::Tensor out = at::empty(h.sizes(), h.options().memory_format(at::MemoryFormat::Contiguous));
-  if (out.numel() == 0) return out;
+  if (out.numel() == 0) {
+    return out;
+  }
   const Operand h_operand = operand("gated_residual", h);
   gated_residual_into("gated_residual", layout, h, y, gate, out.data_ptr(), h.size(-1), 0u,
                       h_operand);
@@ -187,7 +199,9 @@ void gated_residual_inplace_cuda(const at::Tensor& h, const at::Tensor& y, const
   const GateLayout layout = check_gated_residual("gated_residual_", h, y, gate);
   require_cuda("gated_residual_", "h", h);
   check_writable("gated_residual_", h, y, gate);
-  if (h.numel() == 0) return;
+  if (h.numel() == 0) {
+    return;
+  }
   const Operand h_operand = operand("gated_residual_", h);
   if (!h_operand.storage.is_same(h)) {
     // h's rows do not collapse into one stride: compute beside it and copy back.

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "bindings/torch/cache_module.h"
+#include "bindings/torch/direct_calls.h"
 #include "bindings/torch/report_module.h"
 #include "cache/cache_stats.h"
 #include "cache/error.h"
@@ -222,4 +223,5 @@ PYBIND11_MODULE(_C, m) {
   m.def("add_library_search_dir", &kiln::jit::add_library_search_dir);
   add_cache_functions(m);
   add_report_functions(m);
+  add_direct_calls(m);
 }

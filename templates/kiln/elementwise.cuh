@@ -179,7 +179,10 @@ __global__ void __launch_bounds__(CTA_THREADS) elementwise(const ElementwisePara
         } else {
           const long long row = static_cast<long long>(v / kVecsPerRow);
           const long long column = static_cast<long long>(v - row * kVecsPerRow) * kVec;
-          const long long c_row = OP::kPerSample ? row / p.rows_per_sample : row;
+          const long long c_row =
+              OP::kPerSample ? static_cast<long long>(quotient(static_cast<unsigned long long>(row),
+                                                               p.rows_per_sample))
+                             : row;
           a_offset = row * p.a_row_stride + column;
           b_offset = row * p.b_row_stride + column;
           c_offset = c_row * p.c_row_stride + column;

@@ -1,12 +1,14 @@
 // The single by-value parameter of kiln::elementwise (the activation family: swiglu, geglu,
 // gelu, gated_residual). Included by the kernel template and by host code that fills it, so
-// it holds plain data only and includes nothing.
+// it holds plain data only and includes nothing but the plain divisor.
 //
 // Every operand is a rows x width matrix with its own row stride (in elements). A stride of 0
 // broadcasts one row to every row (gelu's bias, a gate shared by all tokens). Which operands
 // an op reads: swiglu/geglu a = gate, b = up; gelu a = x, b = bias; gated_residual a = h,
 // b = y, c = gate.
 #pragma once
+
+#include "kiln/divisor.cuh"
 
 namespace kiln {
 
@@ -21,8 +23,8 @@ struct ElementwiseParams {
   long long c_row_stride;
   long long out_row_stride;
   // Rows that share one row of c when c is broadcast per sample (gated_residual's
-  // [B, 1, D] gate over [B, T, D] rows: T); unused otherwise.
-  long long rows_per_sample;
+  // [B, 1, D] gate over [B, T, D] rows: T), as make_divisor gives it; unused otherwise.
+  Divisor rows_per_sample;
 };
 
 }  // namespace kiln

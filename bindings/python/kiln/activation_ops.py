@@ -1,4 +1,5 @@
-"""Python spellings of kiln's activation ops (each one call of ``torch.ops.kiln.*``).
+"""Python spellings of kiln's activation ops (each one call of the op: through
+``kiln._C.direct`` in eager code, ``torch.ops.kiln.*`` under torch.compile).
 
 Math in fp32, rounded once; the output has the inputs' dtype, which every input must share,
 and is a new contiguous tensor (except ``gated_residual_``, which writes into ``h``). Inputs
@@ -11,6 +12,9 @@ that kiln's default is ``"tanh"`` (the form LTX-Video, FLUX and GPT-style MLPs u
 from typing import Optional
 
 import torch
+
+from ._direct import compiling as _compiling
+from ._direct import direct as _direct
 
 # Resolved overloads: calling them skips the packet's overload lookup on every call.
 _swiglu = torch.ops.kiln.swiglu.default
@@ -29,30 +33,44 @@ def swiglu(gate: torch.Tensor, up: Optional[torch.Tensor] = None, up_first: bool
     ``up_first``); the output is ``[..., I]``. ``out``: a preallocated result written in place
     and returned (``torch.ops.kiln.swiglu.out``, vLLM's ``silu_and_mul(out, x)``)."""
     if out is not None:
-        torch.ops.kiln.swiglu.out(gate, up, up_first, out=out)
+        if _compiling():
+            torch.ops.kiln.swiglu.out(gate, up, up_first, out=out)
+        else:
+            _direct.swiglu_out(gate, up, up_first, out)
         return out
-    return _swiglu(gate, up, up_first)
+    if _compiling():
+        return _swiglu(gate, up, up_first)
+    return _direct.swiglu(gate, up, up_first)
 
 
 def geglu(gate: torch.Tensor, up: Optional[torch.Tensor] = None, approximate: str = "tanh",
           up_first: bool = False) -> torch.Tensor:
     """``F.gelu(gate, approximate=approximate) * up``; ``up=None`` as in :func:`swiglu`."""
-    return _geglu(gate, up, approximate, up_first)
+    if _compiling():
+        return _geglu(gate, up, approximate, up_first)
+    return _direct.geglu(gate, up, approximate, up_first)
 
 
 def gelu(x: torch.Tensor, bias: Optional[torch.Tensor] = None, approximate: str = "tanh") -> torch.Tensor:
     """``F.gelu(x + bias, approximate=approximate)``; ``bias`` has shape ``[x.shape[-1]]``."""
-    return _gelu(x, bias, approximate)
+    if _compiling():
+        return _gelu(x, bias, approximate)
+    return _direct.gelu(x, bias, approximate)
 
 
 def gated_residual(h: torch.Tensor, y: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
     """``h + y * gate`` (the DiT gated residual). ``y`` has h's shape; ``gate`` has h's shape
     (a gate per token), or ``[B, 1, ..., 1, D]`` (per sample) or ``[1, ..., 1, D]`` / ``[D]``
     (one gate for all)."""
-    return _gated_residual(h, y, gate)
+    if _compiling():
+        return _gated_residual(h, y, gate)
+    return _direct.gated_residual(h, y, gate)
 
 
 def gated_residual_(h: torch.Tensor, y: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
     """:func:`gated_residual` written into ``h``; returns ``h``."""
-    _gated_residual_(h, y, gate)
+    if _compiling():
+        _gated_residual_(h, y, gate)
+    else:
+        _direct.gated_residual_(h, y, gate)
     return h

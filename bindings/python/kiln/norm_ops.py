@@ -1,4 +1,5 @@
-"""Python spellings of the norm ops (each one call of ``torch.ops.kiln.*``).
+"""Python spellings of the norm ops (each one call of the op: through
+``kiln._C.direct`` in eager code, ``torch.ops.kiln.*`` under torch.compile).
 
 Dtype rule, for every op here: all tensors have x's dtype (a TypeError names the one that
 does not), and every output has that dtype too: math in fp32, each output rounded once. The
@@ -10,6 +11,9 @@ composition of the modules computes it).
 from typing import Optional, Tuple
 
 import torch
+
+from ._direct import compiling as _compiling
+from ._direct import direct as _direct
 
 _fused_add_rms_norm = torch.ops.kiln.fused_add_rms_norm.default
 _fused_add_rms_norm_ = torch.ops.kiln.fused_add_rms_norm_.default
@@ -24,20 +28,27 @@ def fused_add_rms_norm(
     x: Tensor, residual: Tensor, weight: Optional[Tensor] = None, eps: float = 1e-6
 ) -> Tuple[Tensor, Tensor]:
     """``r = x + residual``; returns ``(rms_norm(r, weight, eps), r)`` (new tensors)."""
-    return _fused_add_rms_norm(x, residual, weight, eps)
+    if _compiling():
+        return _fused_add_rms_norm(x, residual, weight, eps)
+    return _direct.fused_add_rms_norm(x, residual, weight, eps)
 
 
 def fused_add_rms_norm_(x: Tensor, residual: Tensor, weight: Optional[Tensor] = None, eps: float = 1e-6) -> None:
     """In place, as vLLM's serving loop expects: ``residual <- x + residual`` and
     ``x <- rms_norm(residual, weight, eps)``."""
-    _fused_add_rms_norm_(x, residual, weight, eps)
+    if _compiling():
+        _fused_add_rms_norm_(x, residual, weight, eps)
+    else:
+        _direct.fused_add_rms_norm_(x, residual, weight, eps)
 
 
 def layer_norm(x: Tensor, weight: Optional[Tensor] = None, bias: Optional[Tensor] = None, eps: float = 1e-5) -> Tensor:
     """``(x - mean) * rsqrt(var + eps) * weight + bias`` over the last dimension (biased
     variance, as ``F.layer_norm``); weight and bias are optional (FLUX, Wan and the
     LTX-Video output norm use neither)."""
-    return _layer_norm(x, weight, bias, eps)
+    if _compiling():
+        return _layer_norm(x, weight, bias, eps)
+    return _direct.layer_norm(x, weight, bias, eps)
 
 
 def adaln(
@@ -59,7 +70,9 @@ def adaln(
     ``table_scale`` / ``table_shift`` (``[D]``) are added to them first: diffusers'
     ``scale_shift_table[i] + temb[..., i, :]`` without materialising the sum.
     """
-    return _adaln(x, scale, shift, weight, eps, norm, table_scale, table_shift)
+    if _compiling():
+        return _adaln(x, scale, shift, weight, eps, norm, table_scale, table_shift)
+    return _direct.adaln(x, scale, shift, weight, eps, norm, table_scale, table_shift)
 
 
 def gated_adaln(
@@ -78,7 +91,9 @@ def gated_adaln(
     """The DiT block seam in one pass: ``h2 = h + y * gate``, then
     ``out = norm(h2) * (1 + scale) + shift``; returns ``(h2, out)``. Shapes and table rows as
     in :func:`adaln` (``table_gate`` too)."""
-    return _gated_adaln(h, y, gate, scale, shift, weight, eps, norm, table_gate, table_scale, table_shift)
+    if _compiling():
+        return _gated_adaln(h, y, gate, scale, shift, weight, eps, norm, table_gate, table_scale, table_shift)
+    return _direct.gated_adaln(h, y, gate, scale, shift, weight, eps, norm, table_gate, table_scale, table_shift)
 
 
 def ada_values(temb: Tensor, num_params: int) -> Tensor:

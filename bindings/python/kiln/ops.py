@@ -1,8 +1,12 @@
-"""Python spellings of kiln's ops (each one call of ``torch.ops.kiln.*``)."""
+"""Python spellings of kiln's ops (each one call of the op: through
+``kiln._C.direct`` in eager code, ``torch.ops.kiln.*`` under torch.compile)."""
 
 from typing import Optional
 
 import torch
+
+from ._direct import compiling as _compiling
+from ._direct import direct as _direct
 
 # The resolved overload: calling it skips the packet's overload lookup on every call.
 _rms_norm = torch.ops.kiln.rms_norm.default
@@ -20,6 +24,11 @@ def rms_norm(x: torch.Tensor, weight: Optional[torch.Tensor] = None, eps: float 
     and returned (``torch.ops.kiln.rms_norm.out``).
     """
     if out is not None:
-        _rms_norm_out(x, weight, eps, out=out)
+        if _compiling():
+            _rms_norm_out(x, weight, eps, out=out)
+        else:
+            _direct.rms_norm_out(x, weight, eps, out)
         return out
-    return _rms_norm(x, weight, eps)
+    if _compiling():
+        return _rms_norm(x, weight, eps)
+    return _direct.rms_norm(x, weight, eps)

@@ -19,6 +19,9 @@ from typing import Optional, Sequence, Tuple
 
 import torch
 
+from ._direct import compiling as _compiling
+from ._direct import direct as _direct
+
 _rope = torch.ops.kiln.rope.default
 _rope_inplace = torch.ops.kiln.rope_.default
 _rope_3d = torch.ops.kiln.rope_3d.default
@@ -31,14 +34,19 @@ def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
          interleaved: bool = False, rotary_dim: int = -1, layout: str = "bhsd",
          head_dim: int = -1) -> Tuple[torch.Tensor, torch.Tensor]:
     """Rotates q and k in one launch; returns new (q, k) in q's dtype and shapes."""
-    return _rope(q, k, cos, sin, interleaved, rotary_dim, layout, head_dim)
+    if _compiling():
+        return _rope(q, k, cos, sin, interleaved, rotary_dim, layout, head_dim)
+    return _direct.rope(q, k, cos, sin, interleaved, rotary_dim, layout, head_dim)
 
 
 def rope_(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
           interleaved: bool = False, rotary_dim: int = -1, layout: str = "bhsd",
           head_dim: int = -1) -> None:
     """In-place ``rope``: q and k are overwritten (their unrotated columns untouched)."""
-    _rope_inplace(q, k, cos, sin, interleaved, rotary_dim, layout, head_dim)
+    if _compiling():
+        _rope_inplace(q, k, cos, sin, interleaved, rotary_dim, layout, head_dim)
+    else:
+        _direct.rope_(q, k, cos, sin, interleaved, rotary_dim, layout, head_dim)
 
 
 def _video_args(rope_interpolation_scale, base_num_frames, base_height, base_width,

@@ -247,7 +247,10 @@ TEST_CASE("buffers, bytes_moved and pack_params describe a stand-alone run") {
   CHECK(reinterpret_cast<std::uintptr_t>(params.c) == 0x3000);
   CHECK(reinterpret_cast<std::uintptr_t>(params.out) == 0x4000);
   CHECK(params.rows == 600);
-  CHECK(params.rows_per_sample == kiln::ElementwiseFamily::kStandaloneRowsPerSample);
+  // Rows 255, 256 and 599 belong to samples 0, 1 and 2.
+  CHECK(kiln::quotient(255, params.rows_per_sample) == 0);
+  CHECK(kiln::quotient(256, params.rows_per_sample) == 1);
+  CHECK(kiln::quotient(599, params.rows_per_sample) == 2);
   CHECK(params.c_row_stride == 64);
 
   const std::uint64_t two[] = {0x1000, 0x2000, 0x3000};
