@@ -97,9 +97,9 @@ at::Tensor gated_cuda(Op op, const at::Tensor& gate, const std::optional<at::Ten
   params.a_row_stride = g.row_stride;
   params.b_row_stride = u.row_stride;
   params.out_row_stride = width;
-  // A packed tensor's halves are each one contiguous run when it has a single row (decode).
-  run(gate, Problem{op, dtype, width, flags, 16}, rows, params, {&g, &u},
-      up.has_value() || rows == 1);
+  // run() decides from the strides: a packed tensor's rows are 2 * width apart, so its halves
+  // run flat only when it has a single row (decode).
+  run(gate, Problem{op, dtype, width, flags, 16}, rows, params, {&g, &u}, true);
   return out;
 }
 
