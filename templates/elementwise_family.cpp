@@ -18,7 +18,13 @@ static_assert(sizeof(ElementwiseParams) == 88 && alignof(ElementwiseParams) == 8
 namespace {
 
 constexpr std::array<int, 4> kVecBytes = {16, 8, 4, 2};  // widest first
-constexpr std::array<int, 4> kCtaThreads = {128, 256, 512, 1024};
+constexpr std::array<int, 6> kCtaThreads = {32, 64, 128, 256, 512, 1024};
+// Below this, a CTA is for calls too small to give every SM a CTA of 128 threads (one or a few
+// decode tokens: 1024 16-byte vectors make 8 such CTAs on 132 SMs). Spread over 16-32 SMs,
+// more load units issue the same few loads at once, and Inductor spreads such calls the same
+// way. Such a CTA takes one vector per thread and a grid covering the data once, the shape
+// of a call that fits in one wave.
+constexpr int kSmallCta = 128;
 constexpr std::array<int, 4> kUnrolls = {1, 2, 4, 8};
 
 // Registers a thread needs beyond the vectors it holds (addresses, indices, loop state, the
@@ -58,13 +64,13 @@ int operands(const Problem& problem) {
 std::string flag_names(Op op) {
   switch (op) {
     case Op::swiglu:
-      return "flat (1)";
+      return "flat (1), 64-bit index (32)";
     case Op::geglu:
-      return "flat (1), erf (2)";
+      return "flat (1), erf (2), 64-bit index (32)";
     case Op::gelu:
-      return "flat (1), erf (2), bias (4)";
+      return "flat (1), erf (2), bias (4), 64-bit index (32)";
     case Op::gated_residual:
-      return "flat (1), per-sample gate (8), in place (16)";
+      return "flat (1), per-sample gate (8), in place (16), 64-bit index (32)";
     default:
       return "none";
   }
@@ -81,16 +87,22 @@ ElementwiseFamily::ElementwiseFamily(Op op) : op_(op) {
 std::uint32_t ElementwiseFamily::allowed_flags() const {
   switch (op_) {
     case Op::swiglu:
-      return kElementwiseFlat;
+      return kElementwiseFlat | kElementwiseIndex64;
     case Op::geglu:
-      return kElementwiseFlat | kGeluErf;
+      return kElementwiseFlat | kGeluErf | kElementwiseIndex64;
     case Op::gelu:
-      return kElementwiseFlat | kGeluErf | kGeluHasBias;
+      return kElementwiseFlat | kGeluErf | kGeluHasBias | kElementwiseIndex64;
     case Op::gated_residual:
-      return kElementwiseFlat | kGatePerSample | kGatedResidualInPlace;
+      return kElementwiseFlat | kGatePerSample | kGatedResidualInPlace | kElementwiseIndex64;
     default:
       return 0;
   }
+}
+
+bool ElementwiseFamily::needs_index64(std::int64_t elements) {
+  // A step of the largest resident grid: 4096 SMs of 2048 threads, 8 vectors each.
+  constexpr std::int64_t kLargestStep = std::int64_t{1} << 26;
+  return 2 * std::max<std::int64_t>(elements, 0) + kLargestStep > std::int64_t{0xffffffff};
 }
 
 void ElementwiseFamily::check(const Problem& problem) const {
@@ -173,7 +185,7 @@ std::string ElementwiseFamily::invalid_reason(const Problem& problem, const Conf
   }
   const int cta = config.cta_threads;
   if (!one_of(kCtaThreads, cta)) {
-    return "cta_threads " + std::to_string(cta) + " is not 128, 256, 512 or 1024";
+    return "cta_threads " + std::to_string(cta) + " is not 32, 64, 128, 256, 512 or 1024";
   }
   if (cta > device.max_threads_per_block) {
     return "cta_threads " + std::to_string(cta) + " exceeds the device's " +
@@ -184,6 +196,10 @@ std::string ElementwiseFamily::invalid_reason(const Problem& problem, const Conf
     return "unroll " + std::to_string(unroll) + " is not 1, 2, 4 or 8";
   }
   const std::int64_t max_ctas = extra(config, "max_ctas", -1);
+  if (cta < kSmallCta && (unroll != 1 || max_ctas != 0)) {
+    return "cta_threads " + std::to_string(cta) +
+           " (a CTA for calls smaller than the GPU) takes unroll 1 and max_ctas 0";
+  }
   if (max_ctas != 0 && max_ctas != wave_ctas(device, cta)) {
     return "max_ctas " + std::to_string(max_ctas) + " is neither 0 (cover the data once) nor " +
            std::to_string(wave_ctas(device, cta)) + " (one resident wave of " +
@@ -263,7 +279,7 @@ std::string ElementwiseFamily::name_expression(const Problem& problem, const Con
          std::to_string(problem.hidden) + ", " + std::to_string(config.vec_bytes) + ", " +
          std::to_string(config.cta_threads) + ", " +
          std::to_string(extra(config, "unroll", kHeuristicUnroll)) + ", " + flag(kElementwiseFlat) +
-         ", " + op + ">";
+         ", " + flag(kElementwiseIndex64) + ", " + op + ">";
 }
 
 LaunchGeometry ElementwiseFamily::geometry(const Problem& problem, const Config& config,
@@ -277,6 +293,15 @@ LaunchGeometry ElementwiseFamily::geometry(const Problem& problem, const Config&
     geometry.grid[0] = static_cast<std::uint32_t>(max_ctas);
   }
   geometry.block[0] = static_cast<std::uint32_t>(config.cta_threads);
+  // needs_index64 bounds every config's reach; this holds it to the launch itself, so a 32-bit
+  // kernel can never wrap its indices silently.
+  const std::int64_t reach =
+      vectors(problem, config.vec_bytes, rows) + std::int64_t{geometry.grid[0]} * per_cta;
+  if ((problem.flags & kElementwiseIndex64) == 0 && reach > std::int64_t{0xffffffff}) {
+    throw Error("kiln." + std::string(name()) + ": " + std::to_string(rows) + " rows of " +
+                problem.key() + " need the 64-bit index (flag 32): the launch's indices reach " +
+                std::to_string(reach));
+  }
   return geometry;
 }
 

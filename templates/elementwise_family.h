@@ -33,6 +33,10 @@ inline constexpr std::uint32_t kGeluHasBias = 4u;
 inline constexpr std::uint32_t kGatePerSample = 8u;
 // gated_residual: the output is h itself (h is read with coherent loads).
 inline constexpr std::uint32_t kGatedResidualInPlace = 16u;
+// Any op: the call is large enough that the kernel's vector indices may pass 2^32, so it
+// indexes in 64 bits (32 otherwise). Set by the host from the call's size
+// (ElementwiseFamily::needs_index64), never by the tuner.
+inline constexpr std::uint32_t kElementwiseIndex64 = 32u;
 
 class ElementwiseFamily : public Family {
  public:
@@ -69,6 +73,10 @@ class ElementwiseFamily : public Family {
   static std::int64_t wave_ctas(const DeviceTraits& device, int cta_threads);
   // The widest vector the problem's data allows.
   static int widest_vector(const Problem& problem);
+  // Whether a call writing `elements` output elements needs kElementwiseIndex64, whatever
+  // config runs it: its loop may form indices up to twice the vector count plus one step of
+  // the largest resident grid.
+  static bool needs_index64(std::int64_t elements);
 
  private:
   Op op_;

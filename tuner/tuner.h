@@ -67,7 +67,7 @@ std::vector<Config> refinement_candidates(const Family& family, const Problem& p
 // The tie rule: the fastest ok trial wins, except that any ok trial within `tolerance`
 // (relative) of the fastest median that comes earlier in `trials` order wins instead.
 // Returns the index of the winner, or nullopt when no trial is ok.
-std::optional<std::size_t> select_winner(const std::vector<Trial>& trials, double tolerance = 0.02);
+std::optional<std::size_t> select_winner(const std::vector<Trial>& trials, double tolerance = 0.01);
 
 // The whole tune. In mode off, no evaluator call is made and the heuristic wins. In mode
 // fast, a first round measures the candidates() around the heuristic and a second round the

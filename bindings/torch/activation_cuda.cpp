@@ -58,6 +58,9 @@ void run(const at::Tensor& like, Problem problem, std::int64_t rows, Elementwise
   if (flat) {
     problem.flags |= kElementwiseFlat;
   }
+  if (ElementwiseFamily::needs_index64(rows * problem.hidden)) {
+    problem.flags |= kElementwiseIndex64;
+  }
 
   params.rows = rows;
   launch_op(like, problem, rows, &params);

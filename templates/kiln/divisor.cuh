@@ -12,7 +12,7 @@
 
 namespace kiln {
 
-// Exact for every 64-bit numerator and every divisor >= 1.
+// Exact for every 64-bit numerator and every divisor >= 1 (and so for 32-bit ones too).
 struct Divisor {
   unsigned long long magic;  // floor(2^64 (2^l - d) / d) + 1, l = ceil(log2 d)
   unsigned int pre_shift;    // min(l, 1)
@@ -37,6 +37,20 @@ KILN_DIVISOR_FUNCTION unsigned long long multiply_high(unsigned long long a, uns
 KILN_DIVISOR_FUNCTION unsigned long long quotient(unsigned long long n, const Divisor& d) {
   const unsigned long long high = multiply_high(n, d.magic);
   return (high + ((n - high) >> d.pre_shift)) >> d.post_shift;
+}
+
+// The same quotient for a numerator below 2^32, without the 64-bit multiply-high (which the
+// GPU builds from four 32-bit multiplies): n's high word is zero, so two widening multiplies
+// by the magic's halves give the same product's high word.
+KILN_DIVISOR_FUNCTION unsigned int quotient(unsigned int n, const Divisor& d) {
+  const unsigned long long low =
+      static_cast<unsigned long long>(n) * static_cast<unsigned int>(d.magic);
+  const unsigned long long middle =
+      static_cast<unsigned long long>(n) * static_cast<unsigned int>(d.magic >> 32);
+  const auto high = static_cast<unsigned int>((middle + (low >> 32)) >> 32);
+  // post_shift reaches 63 for divisors above 2^63: shifted as 64 bits, it stays defined.
+  const unsigned long long sum = high + ((n - high) >> d.pre_shift);
+  return static_cast<unsigned int>(sum >> d.post_shift);
 }
 
 #undef KILN_DIVISOR_FUNCTION

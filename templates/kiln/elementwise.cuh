@@ -30,8 +30,17 @@ namespace kiln {
 // tolerance after one rounding); x * sigmoid(z) is written x / (1 + exp(-z)), which is exact
 // in both limits (exp overflowing to inf gives -0 or 0, as the true value rounds to).
 
+// e^x as ex2.approx.ftz: a result below 2^-126 flushes to 0, which the 1 + e^x it feeds
+// absorbs anyway (2^-126 is far below half an ulp of 1), while __expf's non-flushing form
+// spends a compare and two scalings on it per element.
+__device__ __forceinline__ float exp_flushed(float x) {
+  float result;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(result) : "f"(x * 1.4426950408889634f));
+  return result;
+}
+
 __device__ __forceinline__ float times_sigmoid(float x, float z) {
-  return __fdividef(x, 1.0f + __expf(-z));
+  return __fdividef(x, 1.0f + exp_flushed(-z));
 }
 
 // F.silu: x * sigmoid(x).
@@ -141,29 +150,23 @@ __device__ __forceinline__ Raw<VEC_BYTES> apply_vector(const Raw<VEC_BYTES>& a,
   return result;
 }
 
-template <typename T, int WIDTH, int VEC_BYTES, int CTA_THREADS, int UNROLL, bool FLAT, typename OP>
-__global__ void __launch_bounds__(CTA_THREADS) elementwise(const ElementwiseParams p) {
+// The grid-stride loop over vectors [0, total), in INDEX arithmetic (see the kernel's INDEX64).
+// Element offsets are always 64-bit.
+template <typename INDEX, typename T, int WIDTH, int VEC_BYTES, int CTA_THREADS, int UNROLL,
+          bool FLAT, typename OP>
+__device__ __forceinline__ void elementwise_vectors(const ElementwiseParams& p, INDEX total) {
   constexpr int kVec = VEC_BYTES / static_cast<int>(sizeof(T));
-  constexpr unsigned long long kVecsPerRow = WIDTH / kVec;
-  static_assert(kVec >= 1 && VEC_BYTES % sizeof(T) == 0, "a vector holds whole elements");
-  static_assert(FLAT || WIDTH % kVec == 0, "rows must be made of whole vectors");
-  static_assert(!(FLAT && OP::kNeedsRows), "an op with broadcast operands cannot run flat");
-  static_assert(UNROLL >= 1, "at least one vector per thread");
+  constexpr INDEX kVecsPerRow = WIDTH / kVec;
   constexpr bool kCoherent = OP::kInPlace;
 
   const T* const a = static_cast<const T*>(p.a);
   const T* const b = static_cast<const T*>(p.b);
   const T* const c = static_cast<const T*>(p.c);
   T* const out = static_cast<T*>(p.out);
+  const INDEX stride = static_cast<INDEX>(gridDim.x) * CTA_THREADS;
 
-  const unsigned long long elements = static_cast<unsigned long long>(p.rows) * WIDTH;
-  const unsigned long long total =
-      FLAT ? elements / kVec : static_cast<unsigned long long>(p.rows) * kVecsPerRow;
-  const unsigned long long stride = static_cast<unsigned long long>(gridDim.x) * CTA_THREADS;
-
-  for (unsigned long long first =
-           static_cast<unsigned long long>(blockIdx.x) * CTA_THREADS + threadIdx.x;
-       first < total; first += stride * UNROLL) {
+  for (INDEX first = static_cast<INDEX>(blockIdx.x) * CTA_THREADS + threadIdx.x; first < total;
+       first += stride * UNROLL) {
     Raw<VEC_BYTES> ra[UNROLL];
     Raw<VEC_BYTES> rb[OP::kOperands > 1 ? UNROLL : 1];
     Raw<VEC_BYTES> rc[OP::kOperands > 2 ? UNROLL : 1];
@@ -171,18 +174,17 @@ __global__ void __launch_bounds__(CTA_THREADS) elementwise(const ElementwisePara
     // Every load of the group is issued before any is used, so they are in flight together.
 #pragma unroll
     for (int k = 0; k < UNROLL; ++k) {
-      const unsigned long long v = first + k * stride;
+      const INDEX v = first + k * stride;
       if (k == 0 || v < total) {
         long long a_offset, b_offset, c_offset;
         if constexpr (FLAT) {
           a_offset = b_offset = c_offset = out_offset[k] = static_cast<long long>(v) * kVec;
         } else {
-          const long long row = static_cast<long long>(v / kVecsPerRow);
-          const long long column = static_cast<long long>(v - row * kVecsPerRow) * kVec;
-          const long long c_row =
-              OP::kPerSample ? static_cast<long long>(quotient(static_cast<unsigned long long>(row),
-                                                               p.rows_per_sample))
-                             : row;
+          const INDEX row_index = v / kVecsPerRow;
+          const long long column = static_cast<long long>(v - row_index * kVecsPerRow) * kVec;
+          const auto row = static_cast<long long>(row_index);
+          const auto c_row =
+              OP::kPerSample ? static_cast<long long>(quotient(row_index, p.rows_per_sample)) : row;
           a_offset = row * p.a_row_stride + column;
           b_offset = row * p.b_row_stride + column;
           c_offset = c_row * p.c_row_stride + column;
@@ -202,11 +204,43 @@ __global__ void __launch_bounds__(CTA_THREADS) elementwise(const ElementwisePara
       }
     }
   }
+}
+
+// INDEX64: the loop's vector indices may pass 2^32 (the host sets it from the call's size and
+// checks the launch against it). Otherwise they are 32-bit: the row/column split is then one
+// 32-bit multiply-high instead of the four multiplies a 64-bit one takes, and at 1-128 tokens
+// that chain sits before each thread's first load. One path per kernel, not a run-time
+// choice: a second loop doubles the code, and a launch whose L2 was flushed fetches it cold.
+template <typename T, int WIDTH, int VEC_BYTES, int CTA_THREADS, int UNROLL, bool FLAT,
+          bool INDEX64, typename OP>
+__global__ void __launch_bounds__(CTA_THREADS) elementwise(const ElementwiseParams p) {
+  constexpr int kVec = VEC_BYTES / static_cast<int>(sizeof(T));
+  constexpr unsigned long long kVecsPerRow = WIDTH / kVec;
+  static_assert(kVec >= 1 && VEC_BYTES % sizeof(T) == 0, "a vector holds whole elements");
+  static_assert(FLAT || WIDTH % kVec == 0, "rows must be made of whole vectors");
+  static_assert(!(FLAT && OP::kNeedsRows), "an op with broadcast operands cannot run flat");
+  static_assert(UNROLL >= 1, "at least one vector per thread");
+  constexpr bool kCoherent = OP::kInPlace;
+
+  const unsigned long long elements = static_cast<unsigned long long>(p.rows) * WIDTH;
+  const unsigned long long total =
+      FLAT ? elements / kVec : static_cast<unsigned long long>(p.rows) * kVecsPerRow;
+  if constexpr (INDEX64) {
+    elementwise_vectors<unsigned long long, T, WIDTH, VEC_BYTES, CTA_THREADS, UNROLL, FLAT, OP>(
+        p, total);
+  } else {
+    elementwise_vectors<unsigned int, T, WIDTH, VEC_BYTES, CTA_THREADS, UNROLL, FLAT, OP>(
+        p, static_cast<unsigned int>(total));
+  }
 
   // The flat array's last partial vector, element by element.
   if constexpr (FLAT && WIDTH % kVec != 0) {
     const unsigned long long index = total * kVec + threadIdx.x;
     if (blockIdx.x == 0 && index < elements) {
+      const T* const a = static_cast<const T*>(p.a);
+      const T* const b = static_cast<const T*>(p.b);
+      const T* const c = static_cast<const T*>(p.c);
+      T* const out = static_cast<T*>(p.out);
       constexpr int kBytes = static_cast<int>(sizeof(T));
       const Raw<kBytes> ea = load_operand<kCoherent, kBytes>(a + index);
       Raw<kBytes> eb = ea, ec = ea;

@@ -262,7 +262,7 @@ def test_nvrtc_compiles(arch, dtype, op):
 def test_compile_with_explicit_config():
     config = {"vec_bytes": 16, "threads_per_row": 1, "cta_threads": 512, "unroll": 4, "max_ctas": 0}
     result = kiln.compile("swiglu", "bf16", 8192, arch="sm_80", flags=1, config=config)
-    assert "8192, 16, 512, 4, true, kiln::SiluMul" in result["name_expression"]
+    assert "8192, 16, 512, 4, true, false, kiln::SiluMul" in result["name_expression"]
     with pytest.raises(ValueError, match="unroll 3"):
         kiln.compile("swiglu", "bf16", 8192, arch="sm_80", config=dict(config, unroll=3))
     with pytest.raises(ValueError, match="kiln.gelu: flags"):

@@ -221,3 +221,42 @@ def test_tuned_kernels_are_correct(tmp_path):
         assert list(tmp_path.rglob("*.json")), "tuning results were not stored"
     finally:
         kiln.configure(cache_dir=before["cache_dir"], tune=before["tune_mode"])
+
+
+@pytest.mark.parametrize("side", ["below", "above"])
+@pytest.mark.parametrize("form", ["gelu erf bias", "gated_residual sample"])
+def test_indices_near_and_past_32_bits(form, side):
+    """A call's kernel indexes its vectors in 32 bits up to just below 2^31 elements and in 64
+    bits beyond (ElementwiseFamily::needs_index64). An odd width gives rows of 2-byte vectors,
+    one element each, so the indices reach their highest: one call on each side of the line."""
+    width = 4545
+    elements = 2 ** 31 - 2 ** 26 if side == "below" else 2 ** 31 + 2 ** 22
+    operands = 2 if form.startswith("gelu") else 3
+    needed = (operands + 1) * elements * 2 + elements * 4  # bf16 tensors, fresh()'s fp32 one
+    if torch.cuda.mem_get_info()[0] < needed * 1.25:
+        pytest.skip(f"needs {needed * 1.25 / 2 ** 30:.0f} GiB of free GPU memory")
+    gen = torch.Generator(device="cuda").manual_seed(31)
+    if form.startswith("gelu"):
+        rows = elements // width
+        x = fresh((rows, width), torch.bfloat16, "cuda", generator=gen)
+        bias = fresh((width,), torch.bfloat16, "cuda", scale=0.5, generator=gen)
+        poison_allocator((rows, width), torch.bfloat16)
+        out = kiln.gelu(x, bias, approximate="none")
+        reference = lambda r: bias_gelu_fp64(x[r], bias, "none")
+        flat_out, sample_edge = out, []
+    else:
+        tokens = elements // (2 * width)
+        rows = 2 * tokens
+        h = fresh((2, tokens, width), torch.bfloat16, "cuda", generator=gen)
+        y = fresh((2, tokens, width), torch.bfloat16, "cuda", generator=gen)
+        gate = fresh((2, 1, width), torch.bfloat16, "cuda", scale=0.5, generator=gen)
+        poison_allocator(h.shape, torch.bfloat16)
+        out = kiln.gated_residual(h, y, gate)
+        flat = lambda t: t.reshape(rows, width)
+        reference = lambda r: gated_residual_fp64(flat(h)[r], flat(y)[r], gate[r // tokens, 0])
+        flat_out, sample_edge = flat(out), [tokens - 1, tokens]  # the gate changes there
+    assert not torch.isnan(out).any(), "an element was not written"
+    # Above the line, also the rows around element 2^31 (a signed 32-bit index's wrap).
+    wrap = [2 ** 31 // width + d for d in (-1, 0, 1)] if side == "above" else []
+    for r in [0, 1, *sample_edge, rows // 2, *wrap, rows - 2, rows - 1]:
+        assert_close_to(flat_out[r], reference(r), torch.bfloat16)

@@ -33,16 +33,24 @@ std::vector<unsigned long long> edge_numerators(unsigned long long d) {
   return result;
 }
 
+// The 32-bit quotient, for the numerator's low word (every 64-bit edge has one).
+void check_narrow(unsigned long long n, unsigned long long d, const kiln::Divisor& divisor) {
+  const auto narrow = static_cast<unsigned int>(n);
+  REQUIRE(kiln::quotient(narrow, divisor) == narrow / d);
+}
+
 void check_divisor(unsigned long long d, std::mt19937_64& random) {
   const kiln::Divisor divisor = kiln::make_divisor(d);
   for (unsigned long long n : edge_numerators(d)) {
     INFO("d = " << d << ", n = " << n);
     REQUIRE(kiln::quotient(n, divisor) == n / d);
+    check_narrow(n, d, divisor);
   }
   for (int i = 0; i < 200; ++i) {
     const unsigned long long n = random() >> (i % 64);  // all magnitudes
     INFO("d = " << d << ", n = " << n);
     REQUIRE(kiln::quotient(n, divisor) == n / d);
+    check_narrow(n, d, divisor);
   }
 }
 
@@ -76,6 +84,7 @@ TEST_CASE("the magic divisor gives the exact quotient") {
 
 TEST_CASE("a divisor below one is taken as one") {
   const kiln::Divisor divisor = kiln::make_divisor(0);
-  CHECK(kiln::quotient(12345, divisor) == 12345);
+  CHECK(kiln::quotient(12345ull, divisor) == 12345);
+  CHECK(kiln::quotient(12345u, divisor) == 12345);
   CHECK(kiln::quotient(kMax, divisor) == kMax);
 }

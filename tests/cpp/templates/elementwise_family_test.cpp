@@ -33,10 +33,14 @@ Problem problem(Op op, DType dtype, std::int64_t hidden, std::uint32_t flags = 0
 std::vector<std::uint32_t> flag_sets(Op op) {
   const auto& f = static_cast<const kiln::ElementwiseFamily&>(kiln::family(op));
   std::vector<std::uint32_t> sets;
-  for (std::uint32_t flags = 0; flags < 32; ++flags) {
-    if ((flags & ~f.allowed_flags()) != 0) continue;
+  for (std::uint32_t flags = 0; flags < 64; ++flags) {
+    if ((flags & ~f.allowed_flags()) != 0) {
+      continue;
+    }
     const bool flat = (flags & kiln::kElementwiseFlat) != 0;
-    if (flat && (flags & (kiln::kGeluHasBias | kiln::kGatePerSample)) != 0) continue;
+    if (flat && (flags & (kiln::kGeluHasBias | kiln::kGatePerSample)) != 0) {
+      continue;
+    }
     sets.push_back(flags);
   }
   return sets;
@@ -145,6 +149,14 @@ TEST_CASE("invalid_reason explains each broken rule") {
   CHECK(f.invalid_reason(p, config(16, 256, 2, wave), h100) == "");
   CHECK(f.invalid_reason(p, config(8, 256, 2, 0), h100).find("widest") != std::string::npos);
   CHECK(f.invalid_reason(p, config(16, 96, 2, 0), h100).find("cta_threads 96") == 0);
+  // CTAs of 32 and 64 threads spread calls smaller than one wave: one vector per thread, a
+  // grid covering the data.
+  CHECK(f.invalid_reason(p, config(16, 32, 1, 0), h100) == "");
+  CHECK(f.invalid_reason(p, config(16, 64, 1, 0), h100) == "");
+  CHECK(f.invalid_reason(p, config(16, 64, 2, 0), h100).find("unroll 1 and max_ctas 0") !=
+        std::string::npos);
+  CHECK(f.invalid_reason(p, config(16, 32, 1, kiln::ElementwiseFamily::wave_ctas(h100, 32)), h100)
+            .find("unroll 1 and max_ctas 0") != std::string::npos);
   CHECK(f.invalid_reason(p, config(16, 256, 3, 0), h100).find("unroll 3") == 0);
   CHECK(f.invalid_reason(p, config(16, 256, 2, 7), h100).find("max_ctas 7") == 0);
   // 3 operands x 8 steps x 4 words is too much for the 64 registers of a 1024-thread CTA.
@@ -165,18 +177,23 @@ TEST_CASE("name_expression spells the kernel and its op") {
   const Config c = config(16, 256, 2, 0);
   CHECK(kiln::family(Op::swiglu)
             .name_expression(problem(Op::swiglu, DType::bf16, 14336, kiln::kElementwiseFlat), c) ==
-        "kiln::elementwise<kiln::bf16, 14336, 16, 256, 2, true, kiln::SiluMul>");
+        "kiln::elementwise<kiln::bf16, 14336, 16, 256, 2, true, false, kiln::SiluMul>");
   CHECK(kiln::family(Op::geglu).name_expression(
             problem(Op::geglu, DType::f16, 8192, kiln::kGeluErf), c) ==
-        "kiln::elementwise<kiln::f16, 8192, 16, 256, 2, false, kiln::GeluMul<true>>");
+        "kiln::elementwise<kiln::f16, 8192, 16, 256, 2, false, false, kiln::GeluMul<true>>");
   CHECK(kiln::family(Op::gelu).name_expression(
             problem(Op::gelu, DType::f32, 3072, kiln::kGeluHasBias), config(16, 128, 4, 0)) ==
-        "kiln::elementwise<float, 3072, 16, 128, 4, false, kiln::BiasGelu<false, true>>");
+        "kiln::elementwise<float, 3072, 16, 128, 4, false, false, kiln::BiasGelu<false, true>>");
   CHECK(kiln::family(Op::gated_residual)
             .name_expression(problem(Op::gated_residual, DType::bf16, 2048,
                                      kiln::kGatePerSample | kiln::kGatedResidualInPlace),
                              c) ==
-        "kiln::elementwise<kiln::bf16, 2048, 16, 256, 2, false, kiln::GatedResidual<true, true>>");
+        "kiln::elementwise<kiln::bf16, 2048, 16, 256, 2, false, false, kiln::GatedResidual<true, "
+        "true>>");
+  CHECK(
+      kiln::family(Op::swiglu)
+          .name_expression(problem(Op::swiglu, DType::bf16, 8192, kiln::kElementwiseIndex64), c) ==
+      "kiln::elementwise<kiln::bf16, 8192, 16, 256, 2, false, true, kiln::SiluMul>");
 }
 
 TEST_CASE("geometry covers every vector once, or caps the grid at one wave") {
@@ -210,6 +227,35 @@ TEST_CASE("geometry covers every vector once, or caps the grid at one wave") {
   CHECK(kiln::ElementwiseFamily::vectors(
             problem(Op::swiglu, DType::bf16, 4545, kiln::kElementwiseFlat), 16, 3) == 3 * 4545 / 8);
   CHECK(kiln::ElementwiseFamily::vectors(problem(Op::swiglu, DType::bf16, 4096), 16, 3) == 3 * 512);
+}
+
+TEST_CASE("calls past 2^31 elements index in 64 bits, and no 32-bit launch can wrap") {
+  using kiln::ElementwiseFamily;
+  const std::int64_t first_wide = (std::int64_t{1} << 31) - (std::int64_t{1} << 25);
+  CHECK_FALSE(ElementwiseFamily::needs_index64(0));
+  CHECK_FALSE(ElementwiseFamily::needs_index64(first_wide - 1));
+  CHECK(ElementwiseFamily::needs_index64(first_wide));
+  CHECK(ElementwiseFamily::needs_index64(std::int64_t{1} << 40));
+
+  const kiln::Family& f = kiln::family(Op::gelu);
+  const DeviceTraits h100 = DeviceTraits::for_arch(90);
+  // An odd width: rows of 2-byte vectors (one element each, the most vectors a call can
+  // have), or flat 16-byte ones.
+  const std::int64_t width = 4545;
+  const std::int64_t narrow_rows = (first_wide - 1) / width;
+  for (std::uint32_t extra : {0u, kiln::kElementwiseFlat}) {
+    const Problem narrow = problem(Op::gelu, DType::bf16, width, extra);
+    const Problem wide = problem(Op::gelu, DType::bf16, width, extra | kiln::kElementwiseIndex64);
+    for (const Config& c : f.space(narrow, h100)) {
+      CAPTURE(c.key());
+      // Just enough rows for 2^32 vectors.
+      const std::int64_t wide_rows = (std::int64_t{1} << 32) * (c.vec_bytes / 2) / width + 1;
+      CHECK_NOTHROW(f.geometry(narrow, c, narrow_rows));
+      CHECK_THROWS_WITH_AS(f.geometry(narrow, c, wide_rows), doctest::Contains("64-bit index"),
+                           kiln::Error);
+      CHECK_NOTHROW(f.geometry(wide, c, wide_rows));
+    }
+  }
 }
 
 TEST_CASE("buffers, bytes_moved and pack_params describe a stand-alone run") {
@@ -248,9 +294,9 @@ TEST_CASE("buffers, bytes_moved and pack_params describe a stand-alone run") {
   CHECK(reinterpret_cast<std::uintptr_t>(params.out) == 0x4000);
   CHECK(params.rows == 600);
   // Rows 255, 256 and 599 belong to samples 0, 1 and 2.
-  CHECK(kiln::quotient(255, params.rows_per_sample) == 0);
-  CHECK(kiln::quotient(256, params.rows_per_sample) == 1);
-  CHECK(kiln::quotient(599, params.rows_per_sample) == 2);
+  CHECK(kiln::quotient(255ull, params.rows_per_sample) == 0);
+  CHECK(kiln::quotient(256ull, params.rows_per_sample) == 1);
+  CHECK(kiln::quotient(599ull, params.rows_per_sample) == 2);
   CHECK(params.c_row_stride == 64);
 
   const std::uint64_t two[] = {0x1000, 0x2000, 0x3000};
@@ -265,6 +311,8 @@ TEST_CASE("common problems are valid and cover both layouts") {
     const kiln::Family& f = kiln::family(op);
     const auto problems = f.common_problems(DType::bf16, 14336);
     CHECK(problems.size() >= 2);
-    for (const Problem& p : problems) CHECK_NOTHROW(f.check(p));
+    for (const Problem& p : problems) {
+      CHECK_NOTHROW(f.check(p));
+    }
   }
 }

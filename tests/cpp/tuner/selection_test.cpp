@@ -25,12 +25,14 @@ TEST_CASE("select_winner: the fastest wins when the others are clearly slower") 
 }
 
 TEST_CASE("select_winner: within the tolerance the earlier trial wins") {
-  // 1% apart: within the default 2%.
-  CHECK(select_winner({ok_trial(32, 10.1), ok_trial(64, 10.0)}) == 0u);
+  // 0.5% apart: within the default 1%.
+  CHECK(select_winner({ok_trial(32, 10.05), ok_trial(64, 10.0)}) == 0u);
+  // 1.5% apart: outside it.
+  CHECK(select_winner({ok_trial(32, 10.15), ok_trial(64, 10.0)}) == 1u);
   // Equal medians: the first.
   CHECK(select_winner({ok_trial(32, 10.0), ok_trial(64, 10.0)}) == 0u);
   // A slower earlier trial outside the tolerance does not take it from one inside it.
-  CHECK(select_winner({ok_trial(16, 11.0), ok_trial(32, 10.1), ok_trial(64, 10.0)}) == 1u);
+  CHECK(select_winner({ok_trial(16, 11.0), ok_trial(32, 10.05), ok_trial(64, 10.0)}) == 1u);
   // 5% apart: outside the default, inside a 10% tolerance.
   CHECK(select_winner({ok_trial(32, 10.5), ok_trial(64, 10.0)}) == 1u);
   CHECK(select_winner({ok_trial(32, 10.5), ok_trial(64, 10.0)}, 0.10) == 0u);
@@ -45,7 +47,7 @@ TEST_CASE("select_winner: failures never win, whatever median they carry") {
     CHECK(select_winner({failed_trial(16, status, 0.001), ok_trial(32, 10.0)}) == 1u);
     CHECK(select_winner({ok_trial(32, 10.0), failed_trial(16, status, 0.001)}) == 0u);
     // A failure does not lower the bar the earlier-trial rule measures against.
-    CHECK(select_winner({ok_trial(32, 10.0), failed_trial(16, status, 8.0), ok_trial(64, 9.9)}) ==
+    CHECK(select_winner({ok_trial(32, 10.0), failed_trial(16, status, 8.0), ok_trial(64, 9.95)}) ==
           0u);
   }
 }
