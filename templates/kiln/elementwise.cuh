@@ -150,14 +150,19 @@ __device__ __forceinline__ Raw<VEC_BYTES> apply_vector(const Raw<VEC_BYTES>& a,
   return result;
 }
 
-// The grid-stride loop over vectors [0, total), in INDEX arithmetic (see the kernel's INDEX64).
-// Element offsets are always 64-bit.
+// The kernel's work: the grid-stride loop over the vectors, in INDEX arithmetic (see the
+// kernel's INDEX64), then a flat array's partial last vector. Element offsets are always
+// 64-bit.
 template <typename INDEX, typename T, int WIDTH, int VEC_BYTES, int CTA_THREADS, int UNROLL,
           bool FLAT, typename OP>
-__device__ __forceinline__ void elementwise_vectors(const ElementwiseParams& p, INDEX total) {
+__device__ __forceinline__ void elementwise_pass(const ElementwiseParams& p) {
   constexpr int kVec = VEC_BYTES / static_cast<int>(sizeof(T));
   constexpr INDEX kVecsPerRow = WIDTH / kVec;
   constexpr bool kCoherent = OP::kInPlace;
+
+  const unsigned long long elements = static_cast<unsigned long long>(p.rows) * WIDTH;
+  const auto total = static_cast<INDEX>(
+      FLAT ? elements / kVec : static_cast<unsigned long long>(p.rows) * kVecsPerRow);
 
   const T* const a = static_cast<const T*>(p.a);
   const T* const b = static_cast<const T*>(p.b);
@@ -204,7 +209,29 @@ __device__ __forceinline__ void elementwise_vectors(const ElementwiseParams& p, 
       }
     }
   }
+
+  // The flat array's last partial vector, element by element.
+  if constexpr (FLAT && WIDTH % kVec != 0) {
+    const unsigned long long index = static_cast<unsigned long long>(total) * kVec + threadIdx.x;
+    if (blockIdx.x == 0 && index < elements) {
+      constexpr int kBytes = static_cast<int>(sizeof(T));
+      const Raw<kBytes> ea = load_operand<kCoherent, kBytes>(a + index);
+      Raw<kBytes> eb = ea, ec = ea;
+      if constexpr (OP::kOperands > 1) eb = load_operand<kCoherent, kBytes>(b + index);
+      if constexpr (OP::kOperands > 2) ec = load_operand<kCoherent, kBytes>(c + index);
+      store_global<kBytes>(out + index, apply_vector<T, kBytes, OP>(ea, eb, ec));
+    }
+  }
 }
+
+template <bool INDEX64>
+struct IndexType {
+  using type = unsigned int;
+};
+template <>
+struct IndexType<true> {
+  using type = unsigned long long;
+};
 
 // INDEX64: the loop's vector indices may pass 2^32 (the host sets it from the call's size and
 // checks the launch against it). Otherwise they are 32-bit: the row/column split is then one
@@ -215,40 +242,12 @@ template <typename T, int WIDTH, int VEC_BYTES, int CTA_THREADS, int UNROLL, boo
           bool INDEX64, typename OP>
 __global__ void __launch_bounds__(CTA_THREADS) elementwise(const ElementwiseParams p) {
   constexpr int kVec = VEC_BYTES / static_cast<int>(sizeof(T));
-  constexpr unsigned long long kVecsPerRow = WIDTH / kVec;
   static_assert(kVec >= 1 && VEC_BYTES % sizeof(T) == 0, "a vector holds whole elements");
   static_assert(FLAT || WIDTH % kVec == 0, "rows must be made of whole vectors");
   static_assert(!(FLAT && OP::kNeedsRows), "an op with broadcast operands cannot run flat");
   static_assert(UNROLL >= 1, "at least one vector per thread");
-  constexpr bool kCoherent = OP::kInPlace;
-
-  const unsigned long long elements = static_cast<unsigned long long>(p.rows) * WIDTH;
-  const unsigned long long total =
-      FLAT ? elements / kVec : static_cast<unsigned long long>(p.rows) * kVecsPerRow;
-  if constexpr (INDEX64) {
-    elementwise_vectors<unsigned long long, T, WIDTH, VEC_BYTES, CTA_THREADS, UNROLL, FLAT, OP>(
-        p, total);
-  } else {
-    elementwise_vectors<unsigned int, T, WIDTH, VEC_BYTES, CTA_THREADS, UNROLL, FLAT, OP>(
-        p, static_cast<unsigned int>(total));
-  }
-
-  // The flat array's last partial vector, element by element.
-  if constexpr (FLAT && WIDTH % kVec != 0) {
-    const unsigned long long index = total * kVec + threadIdx.x;
-    if (blockIdx.x == 0 && index < elements) {
-      const T* const a = static_cast<const T*>(p.a);
-      const T* const b = static_cast<const T*>(p.b);
-      const T* const c = static_cast<const T*>(p.c);
-      T* const out = static_cast<T*>(p.out);
-      constexpr int kBytes = static_cast<int>(sizeof(T));
-      const Raw<kBytes> ea = load_operand<kCoherent, kBytes>(a + index);
-      Raw<kBytes> eb = ea, ec = ea;
-      if constexpr (OP::kOperands > 1) eb = load_operand<kCoherent, kBytes>(b + index);
-      if constexpr (OP::kOperands > 2) ec = load_operand<kCoherent, kBytes>(c + index);
-      store_global<kBytes>(out + index, apply_vector<T, kBytes, OP>(ea, eb, ec));
-    }
-  }
+  using Index = typename IndexType<INDEX64>::type;
+  elementwise_pass<Index, T, WIDTH, VEC_BYTES, CTA_THREADS, UNROLL, FLAT, OP>(p);
 }
 
 }  // namespace kiln
