@@ -57,6 +57,14 @@ class Family {
   // Bytes that must move for `rows` rows (inputs read once, outputs written once).
   virtual std::int64_t bytes_moved(const Problem& problem, std::int64_t rows) const = 0;
 
+  // Whether a fast search tuning for `rows` rows should measure `config` (a full search
+  // measures every config): the family's rule for variants that only pay at some row
+  // counts, so that they take no place from plausible candidates elsewhere. All by default.
+  virtual bool worth_measuring(const Problem& /*problem*/, const Config& /*config*/,
+                               const DeviceTraits& /*device*/, std::int64_t /*rows*/) const {
+    return true;
+  }
+
   // The specialisations models with this hidden size typically ask for, 16-byte aligned
   // (what `kiln prewarm` compiles by default for the op).
   virtual std::vector<Problem> common_problems(DType dtype, std::int64_t hidden) const {

@@ -57,6 +57,19 @@ constexpr std::int64_t kStageMinBytesPerRow = std::int64_t{16} * 1024;
 // Shared memory the driver reserves per resident CTA (sm_80 and later).
 constexpr std::int64_t kReservedSmemPerCta = 1024;
 
+// The row is split over this many CTAs of a thread-block cluster (kiln::norm_cluster);
+// absent means 1 (one CTA per row).
+std::int64_t cluster_of(const Config& config) {
+  const auto it = config.extra.find("cluster");
+  return it == config.extra.end() ? 1 : it->second;
+}
+constexpr std::array<int, 3> kClusterCtas = {2, 4, 8};  // 8: the portable cluster size
+constexpr int kClusterMinSm = 90;
+// Measured on an H200 (bf16, one row, full tunes, then side by side): a cluster cut
+// rms_norm 8192 wide from 5.09 to 4.93 us, 14848 wide from 5.92 to 5.41, and gated_adaln
+// 14848 wide from 8.86 to 6.14; at 4096 wide (8 KB) it was no faster (4.96 vs 4.86).
+constexpr std::int64_t kClusterMinRowBytes = std::int64_t{16} * 1024;
+
 bool has(const Problem& problem, std::uint32_t bit) {
   return (problem.flags & bit) != 0;
 }
@@ -170,7 +183,8 @@ int live_vectors_per_step(const NormFamily& family, const Problem& problem, bool
 std::int64_t NormFamily::elements_per_thread(const Problem& problem, const Config& config) {
   const std::int64_t vec_elems = std::max<std::int64_t>(
       1, config.vec_bytes / static_cast<std::int64_t>(dtype_size(problem.dtype)));
-  const std::int64_t per_step = vec_elems * std::max(1, config.threads_per_row);
+  const std::int64_t per_step = vec_elems * std::max(1, config.threads_per_row) *
+                                std::max<std::int64_t>(1, cluster_of(config));
   return ceil_div(problem.hidden, per_step) * vec_elems;
 }
 
@@ -269,7 +283,7 @@ std::string NormFamily::invalid_reason(const Problem& problem, const Config& con
     return error->message();
   }
   for (const auto& [name, value] : config.extra) {
-    if (name != "grid" && name != "reread" && name != "stage") {
+    if (name != "grid" && name != "reread" && name != "stage" && name != "cluster") {
       return std::string(this->name()) + " has no tunable named '" + name + "'";
     }
   }
@@ -308,6 +322,9 @@ std::string NormFamily::invalid_reason(const Problem& problem, const Config& con
     }
   }
   if (std::string why = stage_reason(problem, config, device); !why.empty()) {
+    return why;
+  }
+  if (std::string why = cluster_reason(problem, config, device); !why.empty()) {
     return why;
   }
 
@@ -375,6 +392,44 @@ std::string NormFamily::stage_reason(const Problem& problem, const Config& confi
   return {};
 }
 
+std::string NormFamily::cluster_reason(const Problem& problem, const Config& config,
+                                       const DeviceTraits& device) const {
+  const std::int64_t ctas = cluster_of(config);
+  if (ctas == 1 && config.extra.count("cluster") == 0) {
+    return {};
+  }
+  if (!one_of(kClusterCtas, ctas)) {
+    return "cluster " + std::to_string(ctas) + " is not " + list_of(kClusterCtas);
+  }
+  if (device.sm < kClusterMinSm) {
+    return "a cluster of CTAs needs sm_90 or later, not sm_" + std::to_string(device.sm);
+  }
+  if (config.threads_per_row != config.cta_threads) {
+    return "a clustered CTA holds a slice of one row: threads_per_row (" +
+           std::to_string(config.threads_per_row) + ") must equal cta_threads (" +
+           std::to_string(config.cta_threads) + ")";
+  }
+  if (config.cta_threads % 32 != 0) {
+    return "a clustered CTA is whole warps, not " + std::to_string(config.cta_threads) + " threads";
+  }
+  if (persistent_grid_of(config) != 0 || reread_of(config) != 0 || stage_of(config) != 0) {
+    return "a clustered row is neither prefetched by a persistent grid, re-read nor staged";
+  }
+  const std::int64_t row_bytes =
+      problem.hidden * static_cast<std::int64_t>(dtype_size(problem.dtype));
+  if (row_bytes < kClusterMinRowBytes) {
+    return "rows under 16 KB are read by one CTA: a cluster's barriers cost about what its "
+           "extra SMs save";
+  }
+  const std::int64_t vectors = row_bytes / std::max(1, config.vec_bytes);
+  if (std::int64_t{config.threads_per_row} * ctas > vectors) {
+    return "a cluster of " + std::to_string(ctas) + " CTAs of " +
+           std::to_string(config.cta_threads) + " threads leaves threads idle: a row has only " +
+           std::to_string(vectors) + " vectors of " + std::to_string(config.vec_bytes) + " bytes";
+  }
+  return {};
+}
+
 std::vector<Config> NormFamily::space(const Problem& problem, const DeviceTraits& device) const {
   check(problem);
   std::vector<Config> configs;
@@ -402,6 +457,17 @@ std::vector<Config> NormFamily::space(const Problem& problem, const DeviceTraits
               return resident_ctas(problem, c, device);
             });
           }
+          if (invalid_reason(problem, config, device).empty()) {
+            configs.push_back(std::move(config));
+          }
+        }
+        // A row split over a cluster of CTAs, smallest cluster first.
+        for (int ctas : kClusterCtas) {
+          Config config;
+          config.vec_bytes = vec;
+          config.threads_per_row = tpr;
+          config.cta_threads = cta;
+          config.extra["cluster"] = ctas;
           if (invalid_reason(problem, config, device).empty()) {
             configs.push_back(std::move(config));
           }
@@ -445,8 +511,8 @@ Config NormFamily::heuristic(const Problem& problem, const DeviceTraits& device)
                               std::abs(log2_ceil(c.cta_threads) - target_cta_log)};
   };
   for (const Config& config : configs) {
-    if (config.vec_bytes != vec || persistent_grid_of(config) != 0 || reread_of(config) != 0 ||
-        stage_of(config) != 0) {
+    // One pass, holding the row: no extra tunable.
+    if (config.vec_bytes != vec || !config.extra.empty()) {
       continue;
     }
     if (best == nullptr || distance(config) < distance(*best)) {
@@ -460,6 +526,12 @@ Config NormFamily::heuristic(const Problem& problem, const DeviceTraits& device)
 }
 
 std::string NormFamily::name_expression(const Problem& problem, const Config& config) const {
+  if (config.extra.count("cluster") != 0) {
+    return "kiln::norm_cluster<" + std::string(dtype_cuda_type(problem.dtype)) + ", " +
+           std::to_string(problem.hidden) + ", " + std::to_string(config.vec_bytes) + ", " +
+           std::to_string(config.cta_threads) + ", " + std::to_string(cluster_of(config)) + ", " +
+           std::to_string(features(problem)) + "u>";
+  }
   if (stage_of(config) != 0) {
     return "kiln::norm_staged<" + std::string(dtype_cuda_type(problem.dtype)) + ", " +
            std::to_string(problem.hidden) + ", " + std::to_string(config.vec_bytes) + ", " +
@@ -481,6 +553,17 @@ LaunchGeometry NormFamily::geometry(const Problem& problem, const Config& config
   LaunchGeometry geometry;
   geometry.smem_bytes = static_cast<std::uint32_t>(staged_smem_bytes(problem, config));
   geometry.grid[0] = capped_grid(covering_grid(rows, config.rows_per_cta()), config);
+  if (const std::int64_t ctas = cluster_of(config); ctas > 1) {
+    // One row per cluster, no grid-stride loop: every row gets its cluster.
+    const std::int64_t grid = std::max<std::int64_t>(rows, 1) * ctas;
+    if (grid > 0x7fffffff) {
+      throw ArgumentError(std::string(name()), "rows",
+                          "at most " + std::to_string(0x7fffffff / ctas) +
+                              " rows for a cluster of " + std::to_string(ctas) + " CTAs",
+                          std::to_string(rows));
+    }
+    geometry.grid[0] = static_cast<std::uint32_t>(grid);
+  }
   geometry.block[0] = static_cast<std::uint32_t>(config.cta_threads);
   return geometry;
 }
@@ -622,6 +705,15 @@ std::int64_t NormFamily::bytes_moved(const Problem& problem, std::int64_t rows) 
     elements += spec.elements;
   }
   return elements * static_cast<std::int64_t>(dtype_size(problem.dtype));
+}
+
+// Measured on an H200 (bf16, fast tunes, side by side): clusters won at 1 row (rms_norm,
+// adaln, gated_adaln 8192 and 14848 wide: 0.2-2.9 us faster) and for adaln and gated_adaln
+// at 128 rows of 8192 (7.5 -> 7.2 and 9.9 -> 9.0 us). With a row for every SM, a cluster
+// adds no SM to a row, only barriers, and its candidates would take the place of others.
+bool NormFamily::worth_measuring(const Problem& /*problem*/, const Config& config,
+                                 const DeviceTraits& device, std::int64_t rows) const {
+  return config.extra.count("cluster") == 0 || rows <= device.sm_count;
 }
 
 std::vector<Problem> NormFamily::common_problems(DType dtype, std::int64_t hidden) const {

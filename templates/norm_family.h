@@ -15,6 +15,10 @@
 // the row's streams are copied into shared memory with cp.async and read back from there
 // (kiln::norm_staged), so a thread holds one step in registers and an SM keeps as many
 // rows in flight as its shared memory holds.
+// And extra["cluster"] = 2, 4 or 8 (sm_90, rows of 16 KB or more, one row per CTA, one
+// pass): each row is split over the CTAs of a thread-block cluster (kiln::norm_cluster),
+// whose partial sums meet in distributed shared memory, so a few wide rows are read by that
+// many more SMs.
 #pragma once
 
 #include <cstdint>
@@ -58,6 +62,9 @@ class NormFamily : public Family {
   std::vector<std::byte> pack_params(const Problem& problem, std::int64_t rows,
                                      std::span<const std::uint64_t> addresses) const override;
   std::int64_t bytes_moved(const Problem& problem, std::int64_t rows) const override;
+  // A clustered row only while the rows leave SMs without one (rows <= SM count).
+  bool worth_measuring(const Problem& problem, const Config& config, const DeviceTraits& device,
+                       std::int64_t rows) const override;
   std::vector<Problem> common_problems(DType dtype, std::int64_t hidden) const override;
 
   // The Problem::flags bits this op accepts.
@@ -82,6 +89,9 @@ class NormFamily : public Family {
   // Why a staged config (extra stage=1) is invalid, or empty.
   std::string stage_reason(const Problem& problem, const Config& config,
                            const DeviceTraits& device) const;
+  // Why a clustered config (extra cluster=N) is invalid, or empty.
+  std::string cluster_reason(const Problem& problem, const Config& config,
+                             const DeviceTraits& device) const;
 
   Op op_;
 };

@@ -16,7 +16,9 @@ template <typename Predicate>
 std::vector<Config> filter(const std::vector<Config>& pool, const Config& keep, Predicate wanted) {
   std::vector<Config> kept;
   for (const Config& config : pool) {
-    if (config == keep || wanted(config)) kept.push_back(config);
+    if (config == keep || wanted(config)) {
+      kept.push_back(config);
+    }
   }
   return kept;
 }
@@ -51,14 +53,21 @@ std::vector<Config> prune_static(const Family& family, const Problem& problem,
   std::vector<Config> kept = filter(pool, keep, [&](const Config& config) {
     return floats_per_thread(problem, config) <= float_limit;
   });
-  if (rows <= 0) return kept;
+  if (rows <= 0) {
+    return kept;
+  }
 
   std::int64_t bucket = row_bucket(family, problem, rows);
+  kept = filter(kept, keep, [&](const Config& config) {
+    return family.worth_measuring(problem, config, device, bucket);
+  });
   auto fill = [&](const Config& config) {
     return sm_fill(family, problem, config, device, bucket);
   };
   double best_fill = 0;
-  for (const Config& config : kept) best_fill = std::max(best_fill, fill(config));
+  for (const Config& config : kept) {
+    best_fill = std::max(best_fill, fill(config));
+  }
   // Exactly half the best fill (64 of 128 CTAs) compares equal bit for bit: both sides are
   // correctly rounded quotients of the same ratio, and halving is exact.
   return filter(kept, keep, [&](const Config& config) {

@@ -34,8 +34,10 @@ double sm_fill(const Family& family, const Problem& problem, const Config& confi
 // `pool` in its own order, less:
 //  - configs holding more than kMaxFloatsPerThread floats per thread (unless none holds
 //    fewer, then those holding the fewest stay);
-//  - when rows > 0: configs whose sm_fill for row_bucket(family, problem, rows) rows is at most
-//    kMinRelativeSmFill times the best fill of what is left.
+//  - when rows > 0: configs the family says are not worth measuring for
+//    row_bucket(family, problem, rows) rows (Family::worth_measuring), then those whose
+//    sm_fill for that many rows is at most kMinRelativeSmFill times the best fill of what
+//    is left.
 // `keep` (the heuristic, the reference every candidate is checked against) is never dropped.
 std::vector<Config> prune_static(const Family& family, const Problem& problem,
                                  const DeviceTraits& device, std::int64_t rows,

@@ -18,10 +18,12 @@
 // row are issued before the current row is reduced, so memory stays busy through the reduction and
 // the stores. With REREAD the row is not held at all but read twice (NormRow::process_reread).
 // kiln::norm_staged holds it in shared memory instead, copied there with cp.async
-// (NormRow::stage_row and normalise_staged).
+// (NormRow::stage_row and normalise_staged). kiln::norm_cluster splits each row over the
+// CTAs of a thread-block cluster (sm_90).
 #pragma once
 
 #include "kiln/async_copy.cuh"
+#include "kiln/cluster.cuh"
 #include "kiln/common.cuh"
 #include "kiln/norm_params.cuh"
 #include "kiln/stream_access.cuh"
@@ -61,10 +63,13 @@ __device__ __forceinline__ const T* modulation_row(const NormModulation& m, long
   return static_cast<const T*>(m.data) + batch * m.batch_stride + token * m.token_stride;
 }
 
-template <typename T, int HIDDEN, int VEC_BYTES, int THREADS_PER_ROW, unsigned F>
+// A row is shared by THREADS_PER_ROW threads of each of ROW_CTAS CTAs (more than one only
+// in kiln::norm_cluster): `lane` counts over all of them.
+template <typename T, int HIDDEN, int VEC_BYTES, int THREADS_PER_ROW, unsigned F, int ROW_CTAS = 1>
 struct NormRow {
   static constexpr int kVec = VEC_BYTES / static_cast<int>(sizeof(T));
-  static constexpr int kStride = kVec * THREADS_PER_ROW;
+  static constexpr int kRowThreads = THREADS_PER_ROW * ROW_CTAS;
+  static constexpr int kStride = kVec * kRowThreads;
   static constexpr int kSteps = (HIDDEN + kStride - 1) / kStride;
   static constexpr bool kExact = HIDDEN % kStride == 0;
   static constexpr bool kInPlace = (F & NormFeature::in_place) != 0;
@@ -74,7 +79,19 @@ struct NormRow {
   using RowInputs = NormRowInputs<VEC_BYTES, kSteps, F>;
 
   __device__ __forceinline__ static int column(int step, int lane) {
-    return (step * THREADS_PER_ROW + lane) * kVec;
+    return (step * kRowThreads + lane) * kVec;
+  }
+
+  // The sum over the row's threads. Calls alternate `parity` (a cluster's buffers; see
+  // cluster_sum), and every thread of the CTA (of the cluster) makes them.
+  template <int CTA_THREADS>
+  __device__ __forceinline__ static float row_sum(float value, int parity) {
+    if constexpr (ROW_CTAS == 1) {
+      return group_sum<THREADS_PER_ROW, CTA_THREADS>(value);
+    } else {
+      static_assert(THREADS_PER_ROW == CTA_THREADS, "a clustered CTA holds a slice of one row");
+      return cluster_sum<CTA_THREADS, ROW_CTAS>(value, parity);
+    }
   }
   // Only the last step can run past the row, and only when the split does not divide it.
   __device__ __forceinline__ static bool in_row(int step, int lane) {
@@ -274,6 +291,9 @@ struct NormRow {
       }
     }
 
+    // A clustered row's sums go into the other CTAs' shared memory, which may be touched
+    // only once they have started (they arrived at kernel entry; see kiln::norm_cluster).
+    if constexpr (ROW_CTAS > 1) wait_for_cluster();
     float mean = 0.0f;
     if constexpr ((F & NormFeature::layer) != 0) {
       float sum = 0.0f;
@@ -284,7 +304,7 @@ struct NormRow {
         for (int i = 0; i < kVec; ++i) partial += get_element<T>(values[step], i);
         sum += partial;
       }
-      mean = group_sum<THREADS_PER_ROW, CTA_THREADS>(sum) * kInvHidden;
+      mean = row_sum<CTA_THREADS>(sum, 0) * kInvHidden;
     }
     // One partial sum per vector keeps the dependent chains short. Elements past the row
     // are zero, but after centring they would count mean^2, so they are skipped.
@@ -299,7 +319,7 @@ struct NormRow {
       }
       if ((F & NormFeature::layer) == 0 || in_row(step, lane)) squares += partial;
     }
-    squares = group_sum<THREADS_PER_ROW, CTA_THREADS>(squares);
+    squares = row_sum<CTA_THREADS>(squares, 1);
     const float scale = rsqrtf(squares * kInvHidden + p.eps);
     if (!active) return;
 
@@ -404,6 +424,7 @@ struct NormRow {
     constexpr float kInvHidden = 1.0f / HIDDEN;
     constexpr bool kLayer = (F & NormFeature::layer) != 0;
     static_assert(!(kLayer && kInPlace), "the shift is read from a row being overwritten");
+    static_assert(ROW_CTAS == 1, "a re-read row is not split over a cluster");
     long long batch = 0;
     long long token = 0;
     if constexpr ((F & (NormFeature::gate | NormFeature::modulate)) != 0) {
@@ -526,6 +547,7 @@ struct NormRow {
                                                           int lane, bool active,
                                                           unsigned thread_slots) {
     constexpr float kInvHidden = 1.0f / HIDDEN;
+    static_assert(ROW_CTAS == 1, "a staged row is not split over a cluster");
     constexpr int kX = kStagedX;
     constexpr int kSecond = kStagedSecond;
     constexpr int kGate = kStagedGateSlot;
@@ -681,5 +703,30 @@ __global__ void __launch_bounds__(CTA_THREADS) norm_staged(const NormParams p) {
     Row::template normalise_staged<CTA_THREADS>(p, row, lane, active, thread_slots);
   }
 }
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+// CLUSTER: each row is split over the ROW_CTAS CTAs of a thread-block cluster (sm_90), each
+// holding its slice as kiln::norm does, so that a few wide rows are read by ROW_CTAS times
+// as many SMs: one SM alone has too few loads in flight to stream a wide row at DRAM speed.
+// The row's sums meet in distributed shared memory (cluster_sum). One row per cluster: a
+// grid of rows x ROW_CTAS CTAs. Declared only where NVRTC accepts __cluster_dims__.
+template <typename T, int HIDDEN, int VEC_BYTES, int CTA_THREADS, int ROW_CTAS, unsigned FEATURES>
+__global__ void __cluster_dims__(ROW_CTAS, 1, 1) __launch_bounds__(CTA_THREADS)
+    norm_cluster(const NormParams p) {
+  using Row = NormRow<T, HIDDEN, VEC_BYTES, CTA_THREADS, FEATURES, ROW_CTAS>;
+  static_assert(VEC_BYTES % sizeof(T) == 0, "a vector holds whole elements");
+  static_assert(HIDDEN % Row::kVec == 0, "rows must be made of whole vectors");
+  static_assert(CTA_THREADS % 32 == 0, "a clustered CTA is whole warps");
+  // The same for every CTA of a cluster, so a cluster past the rows leaves as a whole.
+  const long long row = static_cast<long long>(blockIdx.x / ROW_CTAS);
+  if (row >= p.rows) return;
+  // Paired with the wait in NormRow::process, before the first sum reaches another CTA.
+  arrive_at_cluster();
+  const int lane = static_cast<int>(cluster_rank()) * CTA_THREADS + static_cast<int>(threadIdx.x);
+  typename Row::RowInputs in;
+  Row::load_row(p, row, lane, in);
+  Row::template process<CTA_THREADS>(p, row, lane, true, in);
+}
+#endif  // clusters: sm_90 and later
 
 }  // namespace kiln

@@ -1,6 +1,6 @@
-// NVRTC compiles every norm op's kernel (heuristic, a persistent, a re-reading and a staged
-// config where the space has one) for each arch kiln targets, with no GPU: what CI checks for
-// sm_75, sm_80 and sm_90.
+// NVRTC compiles every norm op's kernel (heuristic, a persistent, a re-reading, a staged and
+// a clustered config where the space has one) for each arch kiln targets, with no GPU: what CI
+// checks for sm_75, sm_80 and sm_90.
 #include <doctest/doctest.h>
 
 #include <atomic>
@@ -23,10 +23,11 @@ TEST_CASE("the norm ops compile for sm_75, sm_80 and sm_90") {
              {Op::gated_adaln, DType::bf16, 2048, kNormWeight | kNormTable | kNormPerToken, 16},
              {Op::gated_adaln, DType::bf16, 2048, kNormLayer | kNormTable | kNormPerToken, 16},
              {Op::rms_norm, DType::bf16, 8192, kNormWeight, 16},
+             {Op::gated_adaln, DType::bf16, 14848, kNormLayer | kNormTable | kNormPerToken, 16},
          }) {
       const Family& fam = family(problem.op);
       requests.push_back({&fam, problem, fam.heuristic(problem, traits), sm, BinaryFormat::cubin});
-      for (const char* extra : {"grid", "reread", "stage"}) {
+      for (const char* extra : {"grid", "reread", "stage", "cluster"}) {
         for (const Config& config : fam.space(problem, traits)) {
           if (config.extra.count(extra) != 0) {
             requests.push_back({&fam, problem, config, sm, BinaryFormat::cubin});

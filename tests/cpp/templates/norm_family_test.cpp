@@ -125,13 +125,17 @@ TEST_CASE("invalid configs say why") {
 TEST_CASE("a persistent grid caps the launch; one pass covers every row") {
   const DeviceTraits traits = DeviceTraits::for_arch(90);
   const Family& fam = family(Op::fused_add_rms_norm);
-  const Problem problem{Op::fused_add_rms_norm, DType::bf16, 4096, kNormWeight, 16};
+  const Problem problem{Op::fused_add_rms_norm, DType::bf16, 8192, kNormWeight, 16};
   for (const Config& config : fam.space(problem, traits)) {
+    CAPTURE(config.key());
     const std::int64_t rows_per_cta = config.rows_per_cta();
+    // A clustered row takes a cluster of CTAs.
+    const auto cluster = config.extra.find("cluster");
+    const std::int64_t ctas_per_row = cluster == config.extra.end() ? 1 : cluster->second;
     const LaunchGeometry small = fam.geometry(problem, config, 3);
-    CHECK(small.grid[0] == (3 + rows_per_cta - 1) / rows_per_cta);
+    CHECK(small.grid[0] == (3 + rows_per_cta - 1) / rows_per_cta * ctas_per_row);
     const LaunchGeometry large = fam.geometry(problem, config, 1 << 20);
-    const std::int64_t all = ((1 << 20) + rows_per_cta - 1) / rows_per_cta;
+    const std::int64_t all = ((1 << 20) + rows_per_cta - 1) / rows_per_cta * ctas_per_row;
     CHECK(large.grid[0] == (grid(config) > 0 ? std::min(all, grid(config)) : all));
     CHECK(large.block[0] == static_cast<unsigned>(config.cta_threads));
   }

@@ -61,19 +61,24 @@ void check_config_obeys_rules(const Problem& p, const Config& c, const DeviceTra
   CHECK(c.threads_per_row >= 4);
   CHECK(c.threads_per_row <= 1024);
   CHECK((c.threads_per_row == 4 || c.threads_per_row * vec_elems <= p.hidden));
-  const std::int64_t steps = (p.hidden + std::int64_t{vec_elems} * c.threads_per_row - 1) /
-                             (vec_elems * c.threads_per_row);
+  // A clustered row is shared by the threads of all the cluster's CTAs.
+  const auto cluster = c.extra.find("cluster");
+  const std::int64_t row_threads =
+      std::int64_t{c.threads_per_row} * (cluster == c.extra.end() ? 1 : cluster->second);
+  const std::int64_t steps = (p.hidden + vec_elems * row_threads - 1) / (vec_elems * row_threads);
   CHECK(steps * vec_elems <= 64);
+  CHECK(row_threads <= vectors + (c.threads_per_row == 4 ? 3 : 0));
   CHECK(c.cta_threads % c.threads_per_row == 0);
   CHECK(power_of_two(c.cta_threads / c.threads_per_row));
   CHECK((power_of_two(c.threads_per_row) ? c.cta_threads >= 64 : true));
   CHECK(c.cta_threads <= device.max_threads_per_block);
-  // The extras are a persistent grid (whole waves of the device's SMs) and a row staged in
-  // shared memory (RMSNorm never re-reads its row).
+  // The extras are a persistent grid (whole waves of the device's SMs), a row staged in
+  // shared memory (RMSNorm never re-reads its row) and a row split over a cluster of CTAs.
   for (const auto& [name, value] : c.extra) {
-    CHECK((name == "grid" || name == "stage"));
+    CHECK((name == "grid" || name == "stage" || name == "cluster"));
     CHECK((name != "grid" || value % device.sm_count == 0));
     CHECK((name != "stage" || value == 1));
+    CHECK((name != "cluster" || value == 2 || value == 4 || value == 8));
   }
 }
 
@@ -443,16 +448,86 @@ TEST_CASE("staged configs: sm_80 and later, 16 KB of row streams, several steps,
   CHECK(gated.invalid_reason(per_sample, stage, h100).empty());
 }
 
+TEST_CASE("clustered configs: sm_90, rows of 16 KB or more, one row per CTA, one pass") {
+  const DeviceTraits h100 = DeviceTraits::for_arch(90);
+  const Problem wide = problem(DType::bf16, 8192);
+  int clustered = 0;
+  for (const Config& c : rms().space(wide, h100)) {
+    const auto cluster = c.extra.find("cluster");
+    if (cluster == c.extra.end()) {
+      continue;
+    }
+    ++clustered;
+    CHECK(c.extra.size() == 1);
+    CHECK(c.threads_per_row == c.cta_threads);
+    // A thread holds its share of the row over the whole cluster's threads.
+    Config alone = c;
+    alone.extra.erase("cluster");
+    CHECK(kiln::NormFamily::elements_per_thread(wide, c) * cluster->second ==
+          kiln::NormFamily::elements_per_thread(wide, alone));
+  }
+  CHECK(clustered > 0);
+  CHECK(rms().heuristic(wide, h100).extra.count("cluster") == 0);
+  for (int sm : {75, 80}) {
+    for (const Config& c : rms().space(wide, DeviceTraits::for_arch(sm))) {
+      CHECK(c.extra.count("cluster") == 0);
+    }
+  }
+
+  Config four = config(16, 256, 256);
+  four.extra["cluster"] = 4;
+  CHECK(rms().invalid_reason(wide, four, h100).empty());
+  CHECK(rms().name_expression(wide, four) ==
+        "kiln::norm_cluster<kiln::bf16, 8192, 16, 256, 4, 2u>");
+  CHECK(rms().geometry(wide, four, 5).grid[0] == 20);
+  CHECK(rms().geometry(wide, four, 0).grid[0] == 4);
+  CHECK_THROWS_WITH_AS(rms().geometry(wide, four, std::int64_t{1} << 30),
+                       doctest::Contains("rows: expected at most 536870911 rows for a cluster of 4 "
+                                         "CTAs, got 1073741824"),
+                       kiln::ArgumentError);
+  CHECK(rms().invalid_reason(wide, four, DeviceTraits::for_arch(80)) ==
+        "a cluster of CTAs needs sm_90 or later, not sm_80");
+  CHECK(rms().invalid_reason(problem(DType::bf16, 8184), four, h100).find("under 16 KB") !=
+        std::string::npos);
+  Config three = four;
+  three.extra["cluster"] = 3;
+  CHECK(rms().invalid_reason(wide, three, h100) == "cluster 3 is not 2, 4 or 8");
+  Config shared = config(16, 128, 256);
+  shared.extra["cluster"] = 2;
+  CHECK(rms().invalid_reason(wide, shared, h100).find("must equal cta_threads (256)") !=
+        std::string::npos);
+  Config idle = config(16, 512, 512);
+  idle.extra["cluster"] = 4;
+  CHECK(rms().invalid_reason(wide, idle, h100) ==
+        "a cluster of 4 CTAs of 512 threads leaves threads idle: a row has only 1024 vectors "
+        "of 16 bytes");
+  Config persistent = four;
+  persistent.extra["grid"] = 264;
+  CHECK(rms().invalid_reason(wide, persistent, h100).find("neither prefetched") !=
+        std::string::npos);
+  // The fast search measures clusters only while the rows leave SMs without one.
+  CHECK(rms().worth_measuring(wide, four, h100, 1));
+  CHECK(rms().worth_measuring(wide, four, h100, h100.sm_count));
+  CHECK(!rms().worth_measuring(wide, four, h100, h100.sm_count + 1));
+  CHECK(rms().worth_measuring(wide, config(16, 256, 256), h100, 32768));
+}
+
 TEST_CASE("geometry covers every row with no idle CTA") {
   const DeviceTraits h100 = DeviceTraits::for_arch(90);
-  for (const Problem& p :
-       {problem(DType::bf16, 4096), problem(DType::f32, 768, false), problem(DType::bf16, 4545)}) {
+  for (const Problem& p : {problem(DType::bf16, 4096), problem(DType::f32, 768, false),
+                           problem(DType::bf16, 4545), problem(DType::bf16, 14848)}) {
     for (const Config& c : rms().space(p, h100)) {
       for (std::int64_t rows : {1, 7, 4096, 100000}) {
         CAPTURE(c.key());
         CAPTURE(rows);
         const kiln::LaunchGeometry g = rms().geometry(p, c, rows);
         const std::int64_t rows_per_cta = c.cta_threads / c.threads_per_row;
+        if (const auto cluster = c.extra.find("cluster"); cluster != c.extra.end()) {
+          // One row per cluster of CTAs, every row its own.
+          CHECK(std::int64_t{g.grid[0]} == rows * cluster->second);
+          CHECK(g.smem_bytes == 0);
+          continue;
+        }
         CHECK(g.block[0] == static_cast<std::uint32_t>(c.cta_threads));
         CHECK(g.block[1] == 1);
         CHECK(g.block[2] == 1);

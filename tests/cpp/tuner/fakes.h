@@ -27,6 +27,8 @@ class FakeFamily : public Family {
   // An optional family-specific tunable ("persistent" 0/1), innermost in the space's order.
   bool with_extra = false;
   Config heuristic_config{16, 32, 128, {}};
+  // Family::worth_measuring: every config unless set.
+  std::function<bool(const Config&, std::int64_t rows)> worth;
 
   Op op() const override { return Op::rms_norm; }
   std::string_view header() const override { return "kiln/fake.cuh"; }
@@ -89,6 +91,10 @@ class FakeFamily : public Family {
   }
   std::int64_t bytes_moved(const Problem& problem, std::int64_t rows) const override {
     return 2 * rows * problem.hidden * static_cast<std::int64_t>(dtype_size(problem.dtype));
+  }
+  bool worth_measuring(const Problem&, const Config& config, const DeviceTraits&,
+                       std::int64_t rows) const override {
+    return !worth || worth(config, rows);
   }
 };
 

@@ -2,6 +2,7 @@
 
 #include "fakes.h"
 #include "tuner/pruning.h"
+#include "tuner/tuner.h"
 
 namespace kiln {
 
@@ -51,6 +52,32 @@ TEST_CASE("prune_static keeps the pool's order and the kept config") {
   kept = prune_static(family, problem, device, 100, pool, Config{16, 32, 128, {}});
   CHECK(kept == std::vector<Config>{{16, 128, 128, {}}, {16, 32, 128, {}}, {16, 64, 64, {}}});
   CHECK(prune_static(family, problem, device, 100, {}, Config{}).empty());
+}
+
+TEST_CASE("prune_static drops what the family calls not worth measuring at the row bucket") {
+  FakeFamily family;
+  std::vector<std::int64_t> asked;
+  // Splits of 64 or fewer threads a row pay only at one row, in this family.
+  family.worth = [&](const Config& config, std::int64_t rows) {
+    asked.push_back(rows);
+    return config.threads_per_row > 64 || rows <= 1;
+  };
+  DeviceTraits device;
+  const Problem problem = fake_problem(4096);
+  const std::vector<Config> pool = {{16, 128, 128, {}}, {16, 64, 64, {}}, {16, 32, 128, {}}};
+  const Config keep{16, 32, 128, {}};
+  // The kept config stays, whatever the family says.
+  CHECK(prune_static(family, problem, device, 100, pool, keep) ==
+        std::vector<Config>{{16, 128, 128, {}}, {16, 32, 128, {}}});
+  REQUIRE(!asked.empty());
+  for (std::int64_t rows : asked) {
+    CHECK(rows == row_bucket(family, problem, 100));
+  }
+  CHECK(prune_static(family, problem, device, 1, pool, keep) == pool);
+  // Without a row count the family is not asked.
+  asked.clear();
+  CHECK(prune_static(family, problem, device, 0, pool, keep).size() == 3);
+  CHECK(asked.empty());
 }
 
 }  // namespace kiln
