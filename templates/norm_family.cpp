@@ -65,9 +65,11 @@ std::int64_t cluster_of(const Config& config) {
 }
 constexpr std::array<int, 3> kClusterCtas = {2, 4, 8};  // 8: the portable cluster size
 constexpr int kClusterMinSm = 90;
-// Measured on an H200 (bf16, one row, full tunes, then side by side): a cluster cut
-// rms_norm 8192 wide from 5.09 to 4.93 us, 14848 wide from 5.92 to 5.41, and gated_adaln
-// 14848 wide from 8.86 to 6.14; at 4096 wide (8 KB) it was no faster (4.96 vs 4.86).
+// What one SM must stream for a row (x, and the residual, y, gate, scale and shift rows
+// where read) before a cluster pays. Measured on an H200 (bf16, one row, full tunes, then
+// side by side): a cluster cut rms_norm 8192 wide from 5.09 to 4.93 us, 14848 wide from
+// 5.92 to 5.41, and gated_adaln 14848 wide from 8.86 to 6.14; rms_norm 4096 wide (8 KB) was
+// no faster (4.96 vs 4.86).
 constexpr std::int64_t kClusterMinRowBytes = std::int64_t{16} * 1024;
 
 bool has(const Problem& problem, std::uint32_t bit) {
@@ -417,9 +419,9 @@ std::string NormFamily::cluster_reason(const Problem& problem, const Config& con
   }
   const std::int64_t row_bytes =
       problem.hidden * static_cast<std::int64_t>(dtype_size(problem.dtype));
-  if (row_bytes < kClusterMinRowBytes) {
-    return "rows under 16 KB are read by one CTA: a cluster's barriers cost about what its "
-           "extra SMs save";
+  if (row_streams(problem) * row_bytes < kClusterMinRowBytes) {
+    return "a row whose streams are under 16 KB is read by one CTA: a cluster's barriers cost "
+           "about what its extra SMs save";
   }
   const std::int64_t vectors = row_bytes / std::max(1, config.vec_bytes);
   if (std::int64_t{config.threads_per_row} * ctas > vectors) {

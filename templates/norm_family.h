@@ -15,7 +15,7 @@
 // the row's streams are copied into shared memory with cp.async and read back from there
 // (kiln::norm_staged), so a thread holds one step in registers and an SM keeps as many
 // rows in flight as its shared memory holds.
-// And extra["cluster"] = 2, 4 or 8 (sm_90, rows of 16 KB or more, one row per CTA, one
+// And extra["cluster"] = 2, 4 or 8 (sm_90, 16 KB or more of row streams, one row per CTA, one
 // pass): each row is split over the CTAs of a thread-block cluster (kiln::norm_cluster),
 // whose partial sums meet in distributed shared memory, so a few wide rows are read by that
 // many more SMs.

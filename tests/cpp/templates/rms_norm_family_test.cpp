@@ -448,7 +448,7 @@ TEST_CASE("staged configs: sm_80 and later, 16 KB of row streams, several steps,
   CHECK(gated.invalid_reason(per_sample, stage, h100).empty());
 }
 
-TEST_CASE("clustered configs: sm_90, rows of 16 KB or more, one row per CTA, one pass") {
+TEST_CASE("clustered configs: sm_90, 16 KB or more of row streams, one row per CTA, one pass") {
   const DeviceTraits h100 = DeviceTraits::for_arch(90);
   const Problem wide = problem(DType::bf16, 8192);
   int clustered = 0;
@@ -505,6 +505,16 @@ TEST_CASE("clustered configs: sm_90, rows of 16 KB or more, one row per CTA, one
   persistent.extra["grid"] = 264;
   CHECK(rms().invalid_reason(wide, persistent, h100).find("neither prefetched") !=
         std::string::npos);
+  // The bytes a row streams count, not its width: per-token gated_adaln 2048 wide streams
+  // five 4 KB rows (x, y, gate, scale, shift); per sample, two (x and y).
+  const kiln::Family& gated = kiln::family(Op::gated_adaln);
+  const Problem per_token{Op::gated_adaln, DType::bf16, 2048,
+                          kiln::kNormTable | kiln::kNormPerToken, 16};
+  const Problem per_sample{Op::gated_adaln, DType::bf16, 2048, kiln::kNormTable, 16};
+  Config two = config(16, 128, 128);
+  two.extra["cluster"] = 2;
+  CHECK(gated.invalid_reason(per_token, two, h100).empty());
+  CHECK(gated.invalid_reason(per_sample, two, h100).find("under 16 KB") != std::string::npos);
   // The fast search measures clusters only while the rows leave SMs without one.
   CHECK(rms().worth_measuring(wide, four, h100, 1));
   CHECK(rms().worth_measuring(wide, four, h100, h100.sm_count));
