@@ -245,6 +245,11 @@ std::int64_t NormFamily::row_streams(const Problem& problem) const {
   return streams;
 }
 
+std::int64_t NormFamily::row_stream_bytes(const Problem& problem) const {
+  return row_streams(problem) * problem.hidden *
+         static_cast<std::int64_t>(dtype_size(problem.dtype));
+}
+
 std::int64_t NormFamily::staged_smem_bytes(const Problem& problem, const Config& config) const {
   if (stage_of(config) == 0) {
     return 0;
@@ -373,9 +378,7 @@ std::string NormFamily::stage_reason(const Problem& problem, const Config& confi
   if (persistent_grid_of(config) != 0 || reread_of(config) != 0) {
     return "a staged row is neither prefetched by a persistent grid nor re-read";
   }
-  const std::int64_t row_bytes =
-      problem.hidden * static_cast<std::int64_t>(dtype_size(problem.dtype));
-  if (row_streams(problem) * row_bytes < kStageMinBytesPerRow) {
+  if (row_stream_bytes(problem) < kStageMinBytesPerRow) {
     return "a row whose streams are under 16 KB is held: it takes few registers, so staging "
            "frees too few to pay";
   }
@@ -417,13 +420,13 @@ std::string NormFamily::cluster_reason(const Problem& problem, const Config& con
   if (persistent_grid_of(config) != 0 || reread_of(config) != 0 || stage_of(config) != 0) {
     return "a clustered row is neither prefetched by a persistent grid, re-read nor staged";
   }
-  const std::int64_t row_bytes =
-      problem.hidden * static_cast<std::int64_t>(dtype_size(problem.dtype));
-  if (row_streams(problem) * row_bytes < kClusterMinRowBytes) {
+  if (row_stream_bytes(problem) < kClusterMinRowBytes) {
     return "a row whose streams are under 16 KB is read by one CTA: a cluster's barriers cost "
            "about what its extra SMs save";
   }
-  const std::int64_t vectors = row_bytes / std::max(1, config.vec_bytes);
+  const std::int64_t vectors = problem.hidden *
+                               static_cast<std::int64_t>(dtype_size(problem.dtype)) /
+                               std::max(1, config.vec_bytes);
   if (std::int64_t{config.threads_per_row} * ctas > vectors) {
     return "a cluster of " + std::to_string(ctas) + " CTAs of " +
            std::to_string(config.cta_threads) + " threads leaves threads idle: a row has only " +

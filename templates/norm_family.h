@@ -82,6 +82,9 @@ class NormFamily : public Family {
   // scale and shift where the op reads them. What a staged config (extra stage=1) copies
   // into shared memory, and what a persistent grid prefetches into registers.
   std::int64_t row_streams(const Problem& problem) const;
+  // Bytes of those streams for one row: what staging holds, and what one SM (or a cluster)
+  // pulls for the row.
+  std::int64_t row_stream_bytes(const Problem& problem) const;
   // Dynamic shared memory per CTA of `config`: its staged rows, or 0 when it holds them.
   std::int64_t staged_smem_bytes(const Problem& problem, const Config& config) const;
 
