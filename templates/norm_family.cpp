@@ -15,7 +15,7 @@ namespace kiln {
 
 // The kernel receives these bytes as its by-value parameter; nvcc lays the struct out the
 // same way for the device (8-byte pointers and long longs).
-static_assert(sizeof(NormModulation) == 32 && sizeof(NormParams) == 216 &&
+static_assert(sizeof(NormModulation) == 32 && sizeof(NormParams) == 232 &&
               alignof(NormParams) == 8);
 
 namespace {
@@ -692,7 +692,7 @@ std::vector<std::byte> NormFamily::pack_params(const Problem& problem, std::int6
     m->token_stride = per_token ? d : 0;
   }
   params.rows = rows;
-  params.tokens = std::max<std::int64_t>(rows, 1);
+  set_tokens(params, std::max<std::int64_t>(rows, 1));
   params.x_row_stride = d;
   params.residual_row_stride = d;
   params.y_row_stride = d;

@@ -13,7 +13,7 @@
 
 namespace kiln {
 
-static_assert(sizeof(RmsNormRopeParams) == 216 && alignof(RmsNormRopeParams) == 8);
+static_assert(sizeof(RmsNormRopeParams) == 264 && alignof(RmsNormRopeParams) == 8);
 
 namespace {
 
@@ -260,7 +260,7 @@ std::vector<std::byte> RmsNormRopeFamily::pack_params(
   params.q_out = pointer(expected - 2);
   params.k_out = pointer(expected - 1);
   params.rows = rows;
-  params.seq_len = std::max<std::int64_t>(rows, 1);
+  set_seq_len(params, std::max<std::int64_t>(rows, 1));
   for (long long* strides : {params.q_strides, params.k_strides, params.q_out_strides,
                              params.k_out_strides, params.cos_strides, params.sin_strides}) {
     strides[0] = rows * w;

@@ -12,7 +12,7 @@
 
 namespace kiln {
 
-static_assert(sizeof(RopeParams) == 232 && alignof(RopeParams) == 8);
+static_assert(sizeof(RopeParams) == 320 && alignof(RopeParams) == 8);
 
 namespace {
 
@@ -333,13 +333,10 @@ std::vector<std::byte> RopeFamily::pack_params(const Problem& problem, std::int6
   }
   params.q_out = pointer(expected - 2);
   params.k_out = pointer(expected - 1);
-  params.rows = tokens * (hq + hk);
-  params.batch = 1;
-  params.heads_q = hq;
-  params.heads_k = hk;
-  // Strides of batch, position, head.
   const bool positions_inner = (problem.flags & kRopePositionsInner) != 0;
-  params.positions_inner = positions_inner ? 1 : 0;
+  set_row_order(params, tokens * (hq + hk), 1, static_cast<int>(hq), static_cast<int>(hk),
+                positions_inner);
+  // Strides of batch, position, head.
   const std::int64_t q_strides[3] = {tokens * hq * d, positions_inner ? d : hq * d,
                                      positions_inner ? tokens * d : d};
   const std::int64_t k_strides[3] = {tokens * hk * d, positions_inner ? d : hk * d,

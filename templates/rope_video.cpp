@@ -29,6 +29,8 @@ RopeVideoGrid make_video_grid(const char* op, std::int64_t dim, const VideoRopeS
   grid.frames = s.frames;
   grid.height = s.height;
   grid.width = s.width;
+  grid.width_divisor = make_divisor(static_cast<unsigned long long>(s.width));
+  grid.height_divisor = make_divisor(static_cast<unsigned long long>(s.height));
   grid.pad_pairs = static_cast<int>((dim % 6) / 2);
   const double patches[3] = {static_cast<double>(s.patch_size_t), static_cast<double>(s.patch_size),
                              static_cast<double>(s.patch_size)};

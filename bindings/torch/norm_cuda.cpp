@@ -94,7 +94,7 @@ std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm_cuda(const at::Tensor& x,
   p.residual = rv.tensor.data_ptr();
   p.weight = data_or_null(w);
   p.rows = xv.rows;
-  p.tokens = 1;
+  set_tokens(p, 1);
   p.x_row_stride = xv.row_stride;
   p.residual_row_stride = rv.row_stride;
   p.out_row_stride = xv.hidden;
@@ -142,7 +142,7 @@ void fused_add_rms_norm_inplace_cuda(at::Tensor& x, at::Tensor& residual,
   p.residual = residual.data_ptr();
   p.weight = data_or_null(w);
   p.rows = xv.rows;
-  p.tokens = 1;
+  set_tokens(p, 1);
   p.x_row_stride = xv.row_stride;
   p.residual_row_stride = rv.row_stride;
   p.out_row_stride = xv.row_stride;
@@ -182,7 +182,7 @@ at::Tensor layer_norm_cuda(const at::Tensor& x, const std::optional<at::Tensor>&
   p.weight = data_or_null(w);
   p.bias = data_or_null(b);
   p.rows = xv.rows;
-  p.tokens = 1;
+  set_tokens(p, 1);
   p.x_row_stride = xv.row_stride;
   p.out_row_stride = xv.hidden;
   p.eps = static_cast<float>(eps);
@@ -225,7 +225,7 @@ at::Tensor run_adaln(const AdaLnArgs& args, double eps, at::Tensor* sum) {
   p.out = out.data_ptr();
   p.x = xv.tensor.data_ptr();
   p.rows = xv.rows;
-  p.tokens = x.size(1);
+  set_tokens(p, x.size(1));
   p.x_row_stride = xv.row_stride;
   p.out_row_stride = xv.hidden;
   p.eps = static_cast<float>(eps);

@@ -146,11 +146,8 @@ void rope_launch_aligned(const std::string& op, const RopeOperands& r, const at:
   p.k = k4.data_ptr();
   p.q_out = q_out4.data_ptr();
   p.k_out = k_out4.data_ptr();
-  p.rows = rows;
-  p.batch = static_cast<int>(batch);
-  p.heads_q = static_cast<int>(heads_q);
-  p.heads_k = static_cast<int>(heads_k);
-  p.positions_inner = positions_inner ? 1 : 0;
+  set_row_order(p, rows, static_cast<int>(batch), static_cast<int>(heads_q),
+                static_cast<int>(heads_k), positions_inner);
   fill_strides(p.q_strides, q4, 3);
   fill_strides(p.k_strides, k4, 3);
   fill_strides(p.q_out_strides, q_out4, 3);
@@ -298,7 +295,7 @@ TensorPair rms_norm_rope_cuda(const at::Tensor& q, const at::Tensor& k, const at
   p.q_out = q_out.data_ptr();
   p.k_out = k_out.data_ptr();
   p.rows = rows;
-  p.seq_len = seq;
+  set_seq_len(p, seq);
   fill_strides(p.q_strides, qc, 2);
   fill_strides(p.k_strides, kc, 2);
   fill_strides(p.q_out_strides, q_out, 2);

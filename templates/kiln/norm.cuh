@@ -93,6 +93,10 @@ struct NormRow {
       return cluster_sum<CTA_THREADS, ROW_CTAS>(value, parity);
     }
   }
+  // The sample a row belongs to: row / tokens, as a multiply-high (see kiln/divisor.cuh).
+  __device__ __forceinline__ static long long sample_index(const NormParams& p, long long row) {
+    return static_cast<long long>(quotient(static_cast<unsigned long long>(row), p.tokens_divisor));
+  }
   // Only the last step can run past the row, and only when the split does not divide it.
   __device__ __forceinline__ static bool in_row(int step, int lane) {
     return kExact || step + 1 < kSteps || column(step, lane) < HIDDEN;
@@ -115,7 +119,7 @@ struct NormRow {
     long long batch = 0;
     long long token = 0;
     if constexpr (!kPerSample && (F & (NormFeature::gate | NormFeature::modulate)) != 0) {
-      batch = row / p.tokens;
+      batch = sample_index(p, row);
       token = row - batch * p.tokens;
     }
 #pragma unroll
@@ -158,7 +162,7 @@ struct NormRow {
 
   // The sample whose modulation rows a row reads (per-sample operands only).
   __device__ __forceinline__ static long long sample_of(const NormParams& p, long long row) {
-    return kPerSample ? row / p.tokens : 0;
+    return kPerSample ? sample_index(p, row) : 0;
   }
   // A vector of a sample's modulation row, through L1 like a per-column operand.
   __device__ __forceinline__ static Raw<VEC_BYTES> sample_operand(const NormModulation& m,
@@ -428,7 +432,7 @@ struct NormRow {
     long long batch = 0;
     long long token = 0;
     if constexpr ((F & (NormFeature::gate | NormFeature::modulate)) != 0) {
-      batch = row / p.tokens;
+      batch = sample_index(p, row);
       token = row - batch * p.tokens;
     }
     float shift = 0.0f;
@@ -510,7 +514,7 @@ struct NormRow {
     long long batch = 0;
     long long token = 0;
     if constexpr (!kPerSample && (F & (NormFeature::gate | NormFeature::modulate)) != 0) {
-      batch = row / p.tokens;
+      batch = sample_index(p, row);
       token = row - batch * p.tokens;
     }
     const T* const x_row = static_cast<const T*>(p.x) + row * p.x_row_stride;

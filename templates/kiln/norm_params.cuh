@@ -1,8 +1,10 @@
 // The single by-value parameter of kiln::norm, the kernel behind fused_add_rms_norm,
 // layer_norm, adaln and gated_adaln. Included by the kernel template and by host code that
-// fills it, so it holds plain data only and includes nothing. Pointers a specialisation does
-// not use are null; strides are in elements.
+// fills it, so it holds plain data only and includes nothing but the plain divisor. Pointers
+// a specialisation does not use are null; strides are in elements.
 #pragma once
+
+#include "kiln/divisor.cuh"
 
 namespace kiln {
 
@@ -35,24 +37,38 @@ struct NormModulation {
 };
 
 struct NormParams {
-  void* out;             // the normalised (and modulated) rows
+  // What every specialisation reads first, together at the front: a single row is waited on
+  // from its first instruction, and each constant-cache line of the parameters it touches
+  // is a miss (~0.1 us) before its first load can issue.
+  void* out;      // the normalised (and modulated) rows
+  const void* x;  // the rows to normalise (h for gated_adaln)
+  const void* weight;
+  long long rows;
+  long long x_row_stride;
+  long long out_row_stride;
+  float eps;
   void* sum_out;         // fused ops: the new residual stream (x + residual, or h + y * gate)
-  const void* x;         // the rows to normalise (h for gated_adaln)
   const void* residual;  // fused_add_rms_norm: added to x
   const void* y;         // gated_adaln: added to h after the gate multiply
-  const void* weight;
   const void* bias;
+  long long residual_row_stride;
+  long long y_row_stride;
+  long long sum_row_stride;
+  long long tokens;  // rows per sample (T), to find a row's modulation operands
+  // tokens as a multiply-high magic: a row's sample without a 64-bit division on the way to
+  // the row's first load.
+  Divisor tokens_divisor;
   NormModulation scale;
   NormModulation shift;
   NormModulation gate;
-  long long rows;
-  long long tokens;  // rows per sample (T), to find a row's modulation operands
-  long long x_row_stride;
-  long long residual_row_stride;
-  long long y_row_stride;
-  long long out_row_stride;
-  long long sum_row_stride;
-  float eps;
 };
+
+#ifndef __CUDACC_RTC__
+// Sets the rows per sample and their magic together.
+inline void set_tokens(NormParams& params, long long tokens) {
+  params.tokens = tokens;
+  params.tokens_divisor = make_divisor(static_cast<unsigned long long>(tokens));
+}
+#endif
 
 }  // namespace kiln

@@ -53,7 +53,7 @@ __global__ void __launch_bounds__(CTA_THREADS) rms_norm_rope(const RmsNormRopePa
       for (int w = 0; w < kWords; ++w) qv[step].words[w] = kv[step].words[w] = 0u;
     }
     if (row >= p.rows) return;
-    const unsigned entry = static_cast<unsigned>(row) / seq_len;
+    const unsigned entry = quotient(static_cast<unsigned>(row), p.seq_len_divisor);
     const unsigned position = static_cast<unsigned>(row) - entry * seq_len;
     const T* q_row =
         static_cast<const T*>(p.q) + entry * p.q_strides[0] + position * p.q_strides[1];
@@ -73,7 +73,7 @@ __global__ void __launch_bounds__(CTA_THREADS) rms_norm_rope(const RmsNormRopePa
   const auto rotate_token = [&](long long row, float q_scale, float k_scale,
                                 const Raw<VEC_BYTES>(&qv)[kSteps],
                                 const Raw<VEC_BYTES>(&kv)[kSteps]) {
-    const unsigned entry = static_cast<unsigned>(row) / seq_len;
+    const unsigned entry = quotient(static_cast<unsigned>(row), p.seq_len_divisor);
     const unsigned position = static_cast<unsigned>(row) - entry * seq_len;
 
     float axes[3];

@@ -37,6 +37,12 @@
 
 namespace kiln {
 
+// A division on a path few rows take, kept out of line so that the compiler cannot evaluate it
+// for every row alongside the common path (as it does with both arms of a select).
+__device__ __noinline__ unsigned divide_rarely(unsigned dividend, unsigned divisor) {
+  return dividend / divisor;
+}
+
 template <typename T, typename TABLE, int HEAD_DIM, int ROTARY_DIM, int VEC_BYTES,
           int THREADS_PER_ROW, int CTA_THREADS, int ROWS_PER_THREAD, bool INTERLEAVED, bool VIDEO,
           bool INVERSE, bool PREFETCH>
@@ -64,8 +70,8 @@ __global__ void __launch_bounds__(CTA_THREADS) rope(const RopeParams p) {
   const unsigned heads = static_cast<unsigned>(p.heads_q + p.heads_k);
   const unsigned batch = static_cast<unsigned>(p.batch);
   const bool positions_inner = p.positions_inner != 0;
-  const unsigned tokens = static_cast<unsigned>(p.rows) / heads;
-  const unsigned seq = tokens / batch;
+  const unsigned tokens = static_cast<unsigned>(p.tokens);
+  const unsigned seq = static_cast<unsigned>(p.seq);
 
   VideoPairs<VIDEO ? kRotSteps : 1, VIDEO ? kVec / 2 : 1, THREADS_PER_ROW> video_pairs;
   if constexpr (VIDEO) video_pairs.init(p.video, lane);
@@ -94,18 +100,20 @@ __global__ void __launch_bounds__(CTA_THREADS) rope(const RopeParams p) {
       if (row >= p.rows) continue;
       const unsigned r = static_cast<unsigned>(row);
       unsigned head, position, entry;
+      // Divisions by launch constants are multiply-highs (p's magics); by kSlots, compile-time.
       if (positions_inner) {
-        const unsigned panel = r / (kSlots * heads);
+        const unsigned panel = quotient(r / kSlots, p.heads_divisor);  // r / (kSlots * heads)
         const unsigned in_panel = r - panel * (kSlots * heads);
         const unsigned panel_tokens = min(kSlots, tokens - panel * kSlots);
-        head = in_panel / panel_tokens;
+        // Only the last panel can be short of kSlots tokens.
+        head = panel_tokens == kSlots ? in_panel / kSlots : divide_rarely(in_panel, panel_tokens);
         const unsigned token = panel * kSlots + (in_panel - head * panel_tokens);
-        entry = token / seq;
+        entry = quotient(token, p.seq_divisor);
         position = token - entry * seq;
       } else {
-        const unsigned token = r / heads;
+        const unsigned token = quotient(r, p.heads_divisor);
         head = r - token * heads;
-        position = token / batch;
+        position = quotient(token, p.batch_divisor);
         entry = token - position * batch;
       }
       const bool is_q = head < static_cast<unsigned>(p.heads_q);

@@ -35,13 +35,13 @@ __device__ __forceinline__ float video_frequency(const RopeVideoGrid& grid, int 
 }
 
 // 2 * coordinate * scale - 1 for each axis of the token at `position` (below 2^31: the
-// division is 32-bit).
+// quotients are 32-bit).
 __device__ __forceinline__ void video_axes(const RopeVideoGrid& grid, unsigned position,
                                            float* axes) {
   const unsigned width = static_cast<unsigned>(grid.width);
-  const unsigned line = position / width;  // frame * height + row
+  const unsigned line = quotient(position, grid.width_divisor);  // frame * height + row
   const unsigned height = static_cast<unsigned>(grid.height);
-  const unsigned frame = line / height;
+  const unsigned frame = quotient(line, grid.height_divisor);
   const float coordinate[3] = {static_cast<float>(frame), static_cast<float>(line - frame * height),
                                static_cast<float>(position - line * width)};
 #pragma unroll

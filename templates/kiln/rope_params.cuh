@@ -1,7 +1,10 @@
 // The by-value parameters of kiln::rope and kiln::rms_norm_rope. Included by the kernel
 // templates and by host code that fills them, so they hold plain data only and include
-// nothing. Strides are in elements; a stride of 0 broadcasts (cos/sin over the batch).
+// nothing but the plain divisor. Strides are in elements; a stride of 0 broadcasts (cos/sin
+// over the batch).
 #pragma once
+
+#include "kiln/divisor.cuh"
 
 namespace kiln {
 
@@ -19,6 +22,10 @@ struct RopeVideoGrid {
   int pad_pairs;
   float scale[3];        // per axis: interpolation scale * patch size / base size (or 1)
   float log2_freq_step;  // log2(theta) / (dim / 6 - 1); 0 when dim / 6 == 1
+  // width and height as multiply-high magics: a token's coordinates without run-time
+  // divisions on the way to its angles.
+  Divisor width_divisor;
+  Divisor height_divisor;
 };
 
 // Rows are (token, head) pairs, the first heads_q heads of q and the rest of k, in one of
@@ -45,7 +52,15 @@ struct RopeParams {
   int batch;
   int heads_q;
   int heads_k;
-  int positions_inner;     // the row order above
+  int positions_inner;  // the row order above
+  int tokens;           // rows / (heads_q + heads_k)
+  int seq;              // tokens / batch
+  // heads_q + heads_k, batch and seq as multiply-high magics: a row's token and head, and a
+  // token's entry and position, are found without a run-time division (some 20 dependent
+  // instructions each) before the row's loads can issue. Set by set_row_order.
+  Divisor heads_divisor;
+  Divisor batch_divisor;
+  Divisor seq_divisor;
   long long q_strides[3];  // batch, position, head
   long long k_strides[3];
   long long q_out_strides[3];
@@ -54,6 +69,24 @@ struct RopeParams {
   long long sin_strides[2];
   RopeVideoGrid video;
 };
+
+#ifndef __CUDACC_RTC__
+// Sets the rows, their order and the counts and magics the kernel derives rows' places from.
+inline void set_row_order(RopeParams& params, long long rows, int batch, int heads_q, int heads_k,
+                          bool positions_inner) {
+  const long long heads = static_cast<long long>(heads_q) + heads_k;
+  params.rows = rows;
+  params.batch = batch;
+  params.heads_q = heads_q;
+  params.heads_k = heads_k;
+  params.positions_inner = positions_inner ? 1 : 0;
+  params.tokens = static_cast<int>(heads > 0 ? rows / heads : 0);
+  params.seq = batch > 0 ? params.tokens / batch : 0;
+  params.heads_divisor = make_divisor(static_cast<unsigned long long>(heads));
+  params.batch_divisor = make_divisor(static_cast<unsigned long long>(batch));
+  params.seq_divisor = make_divisor(static_cast<unsigned long long>(params.seq));
+}
+#endif
 
 // One row is one token: q's and k's rows of `width` elements, each RMS-normalised over the
 // whole width with its own weight, then rotated in interleaved pairs over the whole width.
@@ -70,7 +103,8 @@ struct RmsNormRopeParams {
   const void* sin;
   long long rows;
   long long seq_len;
-  long long q_strides[2];  // batch, position
+  Divisor seq_len_divisor;  // seq_len as a multiply-high magic (set_seq_len sets both)
+  long long q_strides[2];   // batch, position
   long long k_strides[2];
   long long q_out_strides[2];
   long long k_out_strides[2];
@@ -80,5 +114,12 @@ struct RmsNormRopeParams {
   int pad0;
   RopeVideoGrid video;
 };
+
+#ifndef __CUDACC_RTC__
+inline void set_seq_len(RmsNormRopeParams& params, long long seq_len) {
+  params.seq_len = seq_len;
+  params.seq_len_divisor = make_divisor(static_cast<unsigned long long>(seq_len));
+}
+#endif
 
 }  // namespace kiln

@@ -169,6 +169,15 @@ TEST_CASE("buffers, bytes moved and packed parameters follow the op") {
   CHECK(p.rows == 10);
   CHECK(p.scale.token_stride == 256);
   CHECK(p.residual == nullptr);
+  // One sample of 10 tokens; the kernel finds a row's sample with the magic, not a division.
+  CHECK(p.tokens == 10);
+  for (unsigned long long row : {0ull, 9ull, 10ull, 19ull, 12345ull, 1ull << 40}) {
+    CHECK(quotient(row, p.tokens_divisor) == row / 10);
+  }
+  NormParams other{};
+  set_tokens(other, 2688);
+  CHECK(other.tokens == 2688);
+  CHECK(quotient(2688ull * 3 + 5, other.tokens_divisor) == 3);
   addresses.pop_back();
   CHECK_THROWS_WITH_AS(fam.pack_params(gated, 10, addresses),
                        doctest::Contains("expected 10 addresses (x, y, gate"), Error);

@@ -151,6 +151,49 @@ TEST_CASE("rope's positions-inner stand-alone run lays q and k out [heads, token
   CHECK(params.q_strides[1] == 6 * 128);
 }
 
+namespace {
+
+// What the kernels compute from the params' magics, against plain division.
+void check_quotients(const kiln::Divisor& magic, unsigned divisor) {
+  CAPTURE(divisor);
+  for (unsigned n :
+       {0u, 1u, divisor - 1, divisor, divisor + 1, 7u * divisor + 3, 1000003u, (1u << 31) - 1}) {
+    CHECK(kiln::quotient(n, magic) == n / divisor);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("set_row_order gives the kernel tokens, seq and their magics") {
+  kiln::RopeParams params{};
+  kiln::set_row_order(params, 2LL * 77 * (24 + 8), 2, 24, 8, true);  // odd sequence length
+  CHECK(params.rows == 2 * 77 * 32);
+  CHECK(params.batch == 2);
+  CHECK(params.heads_q == 24);
+  CHECK(params.heads_k == 8);
+  CHECK(params.positions_inner == 1);
+  CHECK(params.tokens == 2 * 77);
+  CHECK(params.seq == 77);
+  check_quotients(params.heads_divisor, 32);
+  check_quotients(params.batch_divisor, 2);
+  check_quotients(params.seq_divisor, 77);
+  // pack_params fills them for the stand-alone run: one sample of 8 tokens x (6 + 2) heads.
+  const kiln::Family& f = kiln::family(Op::rope);
+  const std::uint64_t addresses[] = {0x1000, 0x2000, 0x3000, 0x4000, 0x5000, 0x6000};
+  std::memcpy(&params, f.pack_params(rope(DType::bf16, 128), 64, addresses).data(), sizeof(params));
+  CHECK(params.tokens == 8);
+  CHECK(params.seq == 8);
+  check_quotients(params.heads_divisor, 8);
+  check_quotients(params.seq_divisor, 8);
+}
+
+TEST_CASE("rms_norm_rope's sequence length comes with its magic") {
+  kiln::RmsNormRopeParams params{};
+  kiln::set_seq_len(params, 2688);
+  CHECK(params.seq_len == 2688);
+  check_quotients(params.seq_len_divisor, 2688);
+}
+
 TEST_CASE("video grids follow LTXVideoRotaryPosEmbed") {
   kiln::VideoRopeSettings s;
   const kiln::RopeVideoGrid g = kiln::make_video_grid("rope_3d", 2048, s);
@@ -158,6 +201,8 @@ TEST_CASE("video grids follow LTXVideoRotaryPosEmbed") {
   CHECK(g.scale[0] == doctest::Approx(0.32 / 20));
   CHECK(g.scale[1] == doctest::Approx(32.0 / 2048));
   CHECK(g.log2_freq_step == doctest::Approx(std::log2(10000.0) / 340));
+  check_quotients(g.width_divisor, static_cast<unsigned>(g.width));
+  check_quotients(g.height_divisor, static_cast<unsigned>(g.height));
   s.interpolation_scale.reset();
   CHECK(kiln::make_video_grid("rope_3d", 96, s).scale[2] == 1.0f);
   CHECK_THROWS_AS(kiln::make_video_grid("rope_3d", 4, s), kiln::ArgumentError);
