@@ -14,7 +14,8 @@
 // VEC-element vectors strided THREADS_PER_ROW vectors apart, held in registers between the
 // reduction and the output, as T (half the registers of floats for 16-bit types). Per-
 // column operands (weight, bias, table rows) and per-sample modulation rows are read where
-// they are used, from L1: the row streams bypass it. With PREFETCH, the loads of a thread's next
+// they are used, from L1 (kiln/stream_access.cuh says why the row streams do not skip it).
+// With PREFETCH, the loads of a thread's next
 // row are issued before the current row is reduced, so memory stays busy through the reduction and
 // the stores. With REREAD the row is not held at all but read twice (NormRow::process_reread).
 // kiln::norm_staged holds it in shared memory instead, copied there with cp.async
