@@ -54,7 +54,7 @@ __device__ __forceinline__ Raw<VEC_BYTES> load_input(const void* address) {
   if constexpr (COHERENT) {
     return load_global<VEC_BYTES>(address);
   } else {
-    return load_stream<VEC_BYTES>(address);
+    return load_global_nc<VEC_BYTES>(address);
   }
 }
 
@@ -131,14 +131,17 @@ struct NormRow {
       if constexpr ((F & NormFeature::residual) != 0) {
         in.second.v[step] = load_input<VEC_BYTES, kInPlace>(second_row + col);
       } else if constexpr ((F & NormFeature::gate) != 0) {
-        in.second.v[step] = load_stream<VEC_BYTES>(second_row + col);
+        in.second.v[step] = load_global_nc<VEC_BYTES>(second_row + col);
         if constexpr (!kPerSample) {
-          in.gate.v[step] = load_stream<VEC_BYTES>(modulation_row<T>(p.gate, batch, token) + col);
+          in.gate.v[step] =
+              load_global_nc<VEC_BYTES>(modulation_row<T>(p.gate, batch, token) + col);
         }
       }
       if constexpr ((F & NormFeature::modulate) != 0 && !kPerSample) {
-        in.scale.v[step] = load_stream<VEC_BYTES>(modulation_row<T>(p.scale, batch, token) + col);
-        in.shift.v[step] = load_stream<VEC_BYTES>(modulation_row<T>(p.shift, batch, token) + col);
+        in.scale.v[step] =
+            load_global_nc<VEC_BYTES>(modulation_row<T>(p.scale, batch, token) + col);
+        in.shift.v[step] =
+            load_global_nc<VEC_BYTES>(modulation_row<T>(p.shift, batch, token) + col);
       }
     }
   }
@@ -386,7 +389,7 @@ struct NormRow {
         second = load_input<VEC_BYTES, kInPlace>(static_cast<const T*>(p.residual) +
                                                  row * p.residual_row_stride + col);
       } else {
-        second = load_stream<VEC_BYTES>(static_cast<const T*>(p.y) + row * p.y_row_stride + col);
+        second = load_global_nc<VEC_BYTES>(static_cast<const T*>(p.y) + row * p.y_row_stride + col);
         gate = modulation_vector(p.gate, batch, token, col);
         if constexpr (kTable) table_gate = column_operand(p.gate.table, col);
       }

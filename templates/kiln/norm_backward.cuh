@@ -137,14 +137,15 @@ __global__ void __launch_bounds__(CTA_THREADS) norm_backward(const NormBackwardP
         }
         if (!active || !in_row(step)) continue;
         const int col = column(step);
-        x[step] = load_stream<VEC_BYTES>(static_cast<const T*>(p.x) + row * p.x_row_stride + col);
+        x[step] =
+            load_global_nc<VEC_BYTES>(static_cast<const T*>(p.x) + row * p.x_row_stride + col);
         dy[step] =
-            load_stream<VEC_BYTES>(static_cast<const T*>(p.dy) + row * p.dy_row_stride + col);
+            load_global_nc<VEC_BYTES>(static_cast<const T*>(p.dy) + row * p.dy_row_stride + col);
         if constexpr (kResidual) {
           dr[step] =
-              load_stream<VEC_BYTES>(static_cast<const T*>(p.dr) + row * p.dr_row_stride + col);
+              load_global_nc<VEC_BYTES>(static_cast<const T*>(p.dr) + row * p.dr_row_stride + col);
         }
-        if constexpr (kModulate) scale[step] = load_stream<VEC_BYTES>(scale_row + col);
+        if constexpr (kModulate) scale[step] = load_global_nc<VEC_BYTES>(scale_row + col);
       }
 
       float mean = 0.0f;

@@ -1,5 +1,10 @@
-// Global accesses of row streams, data each kernel reads or writes once. On sm_80 and later
-// an access can also carry an L2 eviction priority: a row a kernel reads twice
+// Global accesses of row streams, data each kernel reads or writes once. A stream read once
+// with no L2 priority is a plain read-only load (load_global_nc). It used to skip L1
+// (L1::no_allocate) to keep L1 for the per-column operands; on an H200 that made the norms'
+// held rows 3-5% slower (adaln 8192 x 8192 bf16: 137.5 vs 131.3 us, torch.compile 130.0;
+// gated_adaln 8192 x 4544: 133.8 vs 127.8), while the coherent form with it was as slow and
+// the forms without it (coherent or not) as fast. On sm_80 and later an access can also
+// carry an L2 eviction priority: a row a kernel reads twice
 // (the norms' re-read form) is kept in L2 between its passes by reading it evict_last the
 // first time and evict_first the second, while streams read once leave L2 first. Earlier
 // archs take the same accesses without the priority.
@@ -8,16 +13,6 @@
 #include "kiln/common.cuh"
 
 namespace kiln {
-
-// A row stream read once, through the read-only path like any input the kernel never
-// writes. It used to skip L1 (L1::no_allocate) to keep L1 for the per-column operands; on
-// an H200 that made the norms' held rows 3-5% slower (adaln 8192 x 8192 bf16: 137.5 vs
-// 131.3 us, torch.compile 130.0; gated_adaln 8192 x 4544: 133.8 vs 127.8), while the
-// coherent form with it was as slow and the forms without it (coherent or not) as fast.
-template <int BYTES>
-__device__ __forceinline__ Raw<BYTES> load_stream(const void* address) {
-  return load_global_nc<BYTES>(address);
-}
 
 enum class L2Priority { evict_first, evict_last };
 
@@ -74,7 +69,7 @@ __device__ __forceinline__ Raw<BYTES> load_stream(const void* address) {
   if constexpr (COHERENT) {
     return load_global<BYTES>(address);
   } else {
-    return load_stream<BYTES>(address);
+    return load_global_nc<BYTES>(address);
   }
 #endif
 }
