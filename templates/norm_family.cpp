@@ -265,10 +265,22 @@ std::int64_t NormFamily::registers_per_thread(const Problem& problem, const Conf
   const std::int64_t vec_elems = std::max<std::int64_t>(
       1, config.vec_bytes / static_cast<std::int64_t>(dtype_size(problem.dtype)));
   std::int64_t steps = elements / vec_elems;
-  if (reread_of(config) != 0 || stage_of(config) != 0) {
-    steps = 1;  // a re-read or staged row is read one step at a time
-  }
   const std::int64_t words = std::max(1, config.vec_bytes / 4);
+  if (stage_of(config) != 0) {
+    steps = 1;  // a staged row is read one step at a time
+  }
+  if (reread_of(config) != 0) {
+    // A re-read row's passes (kiln::NormRow::process_reread): a fused sum is read one step
+    // at a time; otherwise x is read in one go, then once more with the per-token scale and
+    // shift one step at a time, or with nothing else in one go.
+    const unsigned f = features(problem);
+    if ((f & (NormFeature::residual | NormFeature::gate)) != 0) {
+      steps = 1;
+    } else {
+      steps = std::max<std::int64_t>(steps, live_vectors_per_step(*this, problem, false));
+      return steps * words + kRegisterOverhead;
+    }
+  }
   return steps * words * live_vectors_per_step(*this, problem, persistent_grid_of(config) > 0) +
          kRegisterOverhead;
 }
@@ -300,16 +312,9 @@ std::string NormFamily::invalid_reason(const Problem& problem, const Config& con
     }
     // Measured on an H200: re-reading pays where holding the row means holding a second
     // stream with it: the fused ops' two input rows, per-token scale and shift rows (adaln
-    // 32768 x 8192: 510 us re-read, 515 staged, 524 held). A plain row re-read is slower
-    // than one held or staged (rms_norm 32768 x 8192: 272 vs 260 us).
-    const unsigned f = features(problem);
-    const bool two_streams =
-        (f & (NormFeature::residual | NormFeature::gate)) != 0 ||
-        ((f & NormFeature::modulate) != 0 && (f & NormFeature::per_sample) == 0);
-    if (!two_streams) {
-      return "only the fused ops (a residual or gated sum) and per-token modulation re-read "
-             "their row";
-    }
+    // 32768 x 8192: 510 us re-read, 515 staged, 524 held); and for a plain row, read in one
+    // go and kept in L1 for its second pass, with fewer registers than held, so more rows
+    // per SM (rms_norm 32768 x 8192: 252.7 us re-read, 260.4 staged, 264.0 held).
     if (persistent_grid_of(config) != 0) {
       return "a re-read row is not prefetched by a persistent grid";
     }

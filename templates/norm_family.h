@@ -6,10 +6,10 @@
 // Tunables: vec_bytes, threads_per_row, cta_threads (hence rows per CTA) and
 // extra["grid"]: 0 launches one pass over the rows; N > 0 launches a persistent grid of N
 // CTAs (SM count x resident CTAs of the target) whose threads prefetch their next row
-// while reducing the current one; and extra["reread"] = 1 (fused ops and per-token
-// modulation, one pass, rows of 4 KB and two or more steps per thread): the row (the fused
-// ops' stored sum row) is read a second time, from L2, instead of held in registers with
-// the second input row or the scale and shift rows, so more rows are in flight per SM;
+// while reducing the current one; and extra["reread"] = 1 (one pass, rows of 4 KB and two
+// or more steps per thread): the row (the fused ops' stored sum row) is read a second time,
+// from L1 or L2, instead of held in registers (with the second input row or the scale and
+// shift rows, where there are any) through the reduction, so more rows are in flight per SM;
 // and extra["stage"] = 1 (sm_80+, 16 KB or more of row streams and two or more steps per
 // thread, one pass):
 // the row's streams are copied into shared memory with cp.async and read back from there

@@ -348,17 +348,22 @@ struct NormRow {
     }
   }
 
-  // REREAD: the row is not held. A first pass streams the inputs in for the row's sums (the
-  // fused ops store their sum row); a second reads the row again, from L2, to normalise.
-  // A thread needs registers for one step rather than for the whole row and the operands
-  // held with it, so more rows are in flight per SM. The family offers it where a held row
-  // comes with a second stream: the fused ops (two input rows) and per-token modulation
-  // (scale and shift rows). The first read of a row asks L2 to keep it (evict_last) and the
-  // second to drop it first, as do the streams read once, so the re-read hits L2.
-  // Both passes take one step at a time. Measured on an H200 (bf16, 32768 rows): issuing a
-  // pass's loads together, four steps at once, was slower (adaln 8192 wide 510 -> 525 us,
-  // gated_adaln 4544 wide 515 -> 538 us), and so were the accesses without the L2
-  // priorities (gated_adaln 4544: 522 us).
+  // REREAD: the row is not held through the reduction. A first pass streams the inputs in
+  // for the row's sums (the fused ops store their sum row); a second reads the row again,
+  // from L1 or L2, to normalise. The first read of a row asks the caches to keep it
+  // (evict_last) and the second to drop it first, as do the streams read once.
+  // A pass that reads several streams (the fused ops' two input rows, x with per-token scale
+  // and shift rows) reads one step at a time: a thread needs registers for one step rather
+  // than for the whole row and the operands held with it. Measured on an H200 (bf16, 32768
+  // rows): issuing both passes' loads together, four steps at once, was slower (adaln 8192
+  // wide 510 -> 525 us, gated_adaln 4544 wide 515 -> 538 us), and so were the accesses
+  // without the L2 priorities (gated_adaln 4544: 522 us).
+  // A pass that reads only x reads all its steps in one go, as Inductor's looped reductions
+  // do: the first pass of a row that is not a fused sum, and the second of one with no
+  // per-token modulation. One step at a time left a thread one load in flight (rms_norm
+  // 32768 x 8192, tuner's times: 272 us one step at a time, 258 in one go, 252 in one go
+  // with the L1 priorities), and a plain row read in one go needs the held row's registers
+  // less the reduction's.
 
   // A modulation operand's vector: streamed when per token, through L1 when per sample.
   __device__ __forceinline__ static Raw<VEC_BYTES> modulation_vector(const NormModulation& m,
@@ -426,6 +431,10 @@ struct NormRow {
     }
   }
 
+  // Which passes of a re-read row read all their steps at once (see REREAD above).
+  static constexpr bool kFirstPassTogether = !kSum;
+  static constexpr bool kSecondPassTogether =
+      !kSum && ((F & NormFeature::modulate) == 0 || kPerSample);
   template <int CTA_THREADS>
   __device__ __forceinline__ static void process_reread(const NormParams& p, long long row,
                                                         int lane, bool active) {
@@ -445,15 +454,31 @@ struct NormRow {
     }
     float sum = 0.0f;
     float squares = 0.0f;
-#pragma unroll 1
-    for (int step = 0; step < kSteps; ++step) {
-      if (!(active && in_row(step, lane))) continue;
-      const Raw<VEC_BYTES> v = first_pass_vector(p, row, batch, token, column(step, lane));
+    const auto accumulate = [&](const Raw<VEC_BYTES>& v) {
 #pragma unroll
       for (int i = 0; i < kVec; ++i) {
         const float d = get_element<T>(v, i) - shift;
         sum += d;
         squares += d * d;
+      }
+    };
+    if constexpr (kFirstPassTogether) {
+      Raw<VEC_BYTES> v[kSteps];
+#pragma unroll
+      for (int step = 0; step < kSteps; ++step) {
+        if (active && in_row(step, lane)) {
+          v[step] = first_pass_vector(p, row, batch, token, column(step, lane));
+        }
+      }
+#pragma unroll
+      for (int step = 0; step < kSteps; ++step) {
+        if (active && in_row(step, lane)) accumulate(v[step]);
+      }
+    } else {
+#pragma unroll 1
+      for (int step = 0; step < kSteps; ++step) {
+        if (!(active && in_row(step, lane))) continue;
+        accumulate(first_pass_vector(p, row, batch, token, column(step, lane)));
       }
     }
     float mean = 0.0f;
@@ -470,18 +495,39 @@ struct NormRow {
     if (!active) return;
 
     T* const out_row = static_cast<T*>(p.out) + row * p.out_row_stride;
+    if constexpr (kSecondPassTogether) {
+      Raw<VEC_BYTES> v[kSteps];
+      Columns c[kSteps];
+#pragma unroll
+      for (int step = 0; step < kSteps; ++step) {
+        if (!in_row(step, lane)) continue;
+        v[step] = second_pass_vector(p, row, column(step, lane));
+        c[step] = load_columns(p, column(step, lane), batch);
+      }
+#pragma unroll
+      for (int step = 0; step < kSteps; ++step) {
+        if (!in_row(step, lane)) continue;
+        store_output(out_row, column(step, lane), v[step], mean, scale, c[step], c[step].scale,
+                     c[step].shift);
+      }
+      return;
+    }
 #pragma unroll 1
     for (int step = 0; step < kSteps; ++step) {
       if (!in_row(step, lane)) continue;
       const int col = column(step, lane);
       const Raw<VEC_BYTES> v = second_pass_vector(p, row, col);
+      // Per-token modulation rows are streamed; per-sample ones come with the columns.
+      constexpr bool kStreamedModulation = (F & NormFeature::modulate) != 0 && !kPerSample;
       Raw<VEC_BYTES> mod_scale;
       Raw<VEC_BYTES> mod_shift;
-      if constexpr ((F & NormFeature::modulate) != 0) {
+      if constexpr (kStreamedModulation) {
         mod_scale = modulation_vector(p.scale, batch, token, col);
         mod_shift = modulation_vector(p.shift, batch, token, col);
       }
-      store_output(out_row, col, v, mean, scale, load_columns(p, col, batch), mod_scale, mod_shift);
+      const Columns c = load_columns(p, col, batch);
+      store_output(out_row, col, v, mean, scale, c, kStreamedModulation ? mod_scale : c.scale,
+                   kStreamedModulation ? mod_shift : c.shift);
     }
   }
 

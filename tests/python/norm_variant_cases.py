@@ -4,8 +4,10 @@ process (pinned_tune.run_child) so that each phase starts with no kernel loaded.
 
 NORM_CASE_CHILD's arguments: case dtype rows hidden tokens seed marker phase. Cases:
   rms_norm, rms_norm_no_weight, fused_add, layer_norm   [rows, hidden]
-  adaln_rms, adaln_layer                                [2, tokens, hidden], per-token scale
-                                                        and shift with table rows
+  adaln_rms, adaln_layer[_sample]                       [2, tokens, hidden], per-token scale
+                                                        and shift with table rows; _sample:
+                                                        one [2, 1, hidden] row of each per
+                                                        sample
   gated[_layer][_sample]                                [2, tokens, hidden]; _layer: LayerNorm
                                                         without weight of rows whose mean is far
                                                         from zero, else RMSNorm with weight;
@@ -62,10 +64,11 @@ def check_norm_case(case, dtype_name, rows, hidden, tokens, seed):
         offset = 4.0 if dtype == torch.float32 else 20.0
         x, w, b = rand(rows, hidden, offset=offset), rand(hidden, offset=1.0, scale=0.5), rand(hidden)
         assert_close_to(kiln.layer_norm(x, w, b, 1e-5), layer_norm_fp64(x, w, b, 1e-5), dtype)
-    elif case in ("adaln_rms", "adaln_layer"):
-        norm = case.removeprefix("adaln_")
+    elif case in ("adaln_rms", "adaln_layer", "adaln_rms_sample", "adaln_layer_sample"):
+        norm = case.removeprefix("adaln_").removesuffix("_sample")
         x = rand(2, tokens, hidden, offset=20.0 if norm == "layer" else 0.0)
-        scale, shift = rand(2, tokens, hidden, scale=0.3), rand(2, tokens, hidden, scale=0.3)
+        modulated = 1 if case.endswith("_sample") else tokens
+        scale, shift = rand(2, modulated, hidden, scale=0.3), rand(2, modulated, hidden, scale=0.3)
         ts, tsh = rand(hidden, scale=0.3), rand(hidden, scale=0.3)
         ref = adaln_fp64(x, scale, shift, None, 1e-6, norm, ts, tsh)
         assert_close_to(kiln.adaln(x, scale, shift, None, 1e-6, norm, ts, tsh), ref, dtype)

@@ -73,9 +73,10 @@ void check_config_obeys_rules(const Problem& p, const Config& c, const DeviceTra
   CHECK((power_of_two(c.threads_per_row) ? c.cta_threads >= 64 : true));
   CHECK(c.cta_threads <= device.max_threads_per_block);
   // The extras are a persistent grid (whole waves of the device's SMs), a row staged in
-  // shared memory (RMSNorm never re-reads its row) and a row split over a cluster of CTAs.
+  // shared memory, a row read twice (4 KB or more) and a row split over a cluster of CTAs.
   for (const auto& [name, value] : c.extra) {
-    CHECK((name == "grid" || name == "stage" || name == "cluster"));
+    CHECK((name == "grid" || name == "stage" || name == "reread" || name == "cluster"));
+    CHECK((name != "reread" || (value == 1 && p.hidden * element >= 4096)));
     CHECK((name != "grid" || value % device.sm_count == 0));
     CHECK((name != "stage" || value == 1));
     CHECK((name != "cluster" || value == 2 || value == 4 || value == 8));
@@ -313,9 +314,7 @@ TEST_CASE("name_expression spells the norm kernel with RMSNorm's features") {
         "kiln::norm<kiln::bf16, 8192, 16, 256, 256, 2u, false, true>");
 }
 
-TEST_CASE(
-    "re-read configs: fused ops and per-token modulation, rows of several steps, never "
-    "persistent") {
+TEST_CASE("re-read configs: every norm op, rows of 4 KB and several steps, never persistent") {
   const DeviceTraits h100 = DeviceTraits::for_arch(90);
   const Problem wide{Op::fused_add_rms_norm, DType::bf16, 8192, kiln::kNormWeight, 16};
   const auto& fused = dynamic_cast<const kiln::NormFamily&>(kiln::family(Op::fused_add_rms_norm));
@@ -335,22 +334,28 @@ TEST_CASE(
   Config reread = config(16, 256, 256);
   reread.extra["reread"] = 1;
   CHECK(fused.invalid_reason(wide, reread, h100).empty());
-  CHECK(rms().invalid_reason(problem(DType::bf16, 8192), reread, h100).find("fused ops") !=
-        std::string::npos);
-  // adaln re-reads x where it would hold per-token scale and shift rows with it, not where
-  // they are one row per sample (read through L1 where used).
+  // A plain row is re-read too (x in one go on each pass), with the registers of the row
+  // held, at most; so is adaln's x, with per-token or per-sample scale and shift.
+  const Problem plain = problem(DType::bf16, 8192);
+  CHECK(rms().invalid_reason(plain, reread, h100).empty());
+  Config held_plain = reread;
+  held_plain.extra.erase("reread");
+  const auto& rms_family = dynamic_cast<const kiln::NormFamily&>(rms());
+  CHECK(rms_family.registers_per_thread(plain, reread) <=
+        rms_family.registers_per_thread(plain, held_plain));
   const kiln::Family& adaln = kiln::family(Op::adaln);
   const Problem per_token{Op::adaln, DType::bf16, 8192, kiln::kNormTable | kiln::kNormPerToken, 16};
   const Problem per_sample{Op::adaln, DType::bf16, 8192, kiln::kNormTable, 16};
   CHECK(adaln.invalid_reason(per_token, reread, h100).empty());
-  CHECK(adaln.invalid_reason(per_sample, reread, h100).find("per-token modulation") !=
-        std::string::npos);
+  CHECK(adaln.invalid_reason(per_sample, reread, h100).empty());
   const auto has_reread = [](const std::vector<Config>& space) {
     return std::any_of(space.begin(), space.end(),
                        [](const Config& c) { return c.extra.count("reread") != 0; });
   };
   CHECK(has_reread(adaln.space(per_token, h100)));
-  CHECK(!has_reread(adaln.space(per_sample, h100)));
+  CHECK(has_reread(adaln.space(per_sample, h100)));
+  CHECK(has_reread(rms().space(plain, h100)));
+  CHECK(!has_reread(rms().space(problem(DType::bf16, 1536), h100)));
   Config short_row = config(16, 128, 128);
   short_row.extra["reread"] = 1;
   const Problem narrow{Op::fused_add_rms_norm, DType::bf16, 1536, kiln::kNormWeight, 16};
