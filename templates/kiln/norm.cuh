@@ -77,6 +77,9 @@ struct NormRow {
   static constexpr bool kSum = (F & (NormFeature::residual | NormFeature::gate)) != 0;
   static constexpr bool kTable = (F & NormFeature::table) != 0;
   static constexpr bool kPerSample = (F & NormFeature::per_sample) != 0;
+  // Per-token scale and shift rows are streams of the row; per-sample ones come with the
+  // per-column operands (Columns).
+  static constexpr bool kStreamedModulation = (F & NormFeature::modulate) != 0 && !kPerSample;
   using RowInputs = NormRowInputs<VEC_BYTES, kSteps, F>;
 
   __device__ __forceinline__ static int column(int step, int lane) {
@@ -137,7 +140,7 @@ struct NormRow {
               load_global_nc<VEC_BYTES>(modulation_row<T>(p.gate, batch, token) + col);
         }
       }
-      if constexpr ((F & NormFeature::modulate) != 0 && !kPerSample) {
+      if constexpr (kStreamedModulation) {
         in.scale.v[step] =
             load_global_nc<VEC_BYTES>(modulation_row<T>(p.scale, batch, token) + col);
         in.shift.v[step] =
@@ -340,7 +343,6 @@ struct NormRow {
       if constexpr (!kEarlyColumns) late = load_columns(p, col, sample);
       const Columns& c = kEarlyColumns ? early[kEarlyColumns ? step : 0] : late;
       // Per-token modulation was loaded with the row; per-sample rows come with the columns.
-      constexpr bool kStreamedModulation = (F & NormFeature::modulate) != 0 && !kPerSample;
       const int held = kStreamedModulation ? step : 0;
       store_output(out_row, col, values[step], mean, scale, c,
                    kStreamedModulation ? in.scale.v[held] : c.scale,
@@ -433,8 +435,7 @@ struct NormRow {
 
   // Which passes of a re-read row read all their steps at once (see REREAD above).
   static constexpr bool kFirstPassTogether = !kSum;
-  static constexpr bool kSecondPassTogether =
-      !kSum && ((F & NormFeature::modulate) == 0 || kPerSample);
+  static constexpr bool kSecondPassTogether = !kSum && !kStreamedModulation;
   template <int CTA_THREADS>
   __device__ __forceinline__ static void process_reread(const NormParams& p, long long row,
                                                         int lane, bool active) {
@@ -517,8 +518,6 @@ struct NormRow {
       if (!in_row(step, lane)) continue;
       const int col = column(step, lane);
       const Raw<VEC_BYTES> v = second_pass_vector(p, row, col);
-      // Per-token modulation rows are streamed; per-sample ones come with the columns.
-      constexpr bool kStreamedModulation = (F & NormFeature::modulate) != 0 && !kPerSample;
       Raw<VEC_BYTES> mod_scale;
       Raw<VEC_BYTES> mod_shift;
       if constexpr (kStreamedModulation) {
@@ -539,7 +538,7 @@ struct NormRow {
   //   ((s * kSteps + k) * CTA_THREADS + t) * VEC_BYTES,
   // so a warp's accesses to one slot are contiguous. The math is process()'s, step by step.
   static constexpr int kStagedGate = !kPerSample && (F & NormFeature::gate) != 0 ? 1 : 0;
-  static constexpr int kStagedModulation = !kPerSample && (F & NormFeature::modulate) != 0 ? 2 : 0;
+  static constexpr int kStagedModulation = kStreamedModulation ? 2 : 0;
   static constexpr int kStagedStreams = 1 + (kSum ? 1 : 0) + kStagedGate + kStagedModulation;
 
   static constexpr int kStagedX = 0;
