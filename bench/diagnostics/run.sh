@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Builds and runs flush_alternation (needs nvcc and a GPU). Usage: bash bench/diagnostics/run.sh
+# Builds and runs the diagnostics (needs nvcc and a GPU): flush_alternation (why the tuner
+# times in interleaved rounds) and stream_shapes (how a streaming kernel's work shape sets its
+# bandwidth). Usage: bash bench/diagnostics/run.sh
 set -euo pipefail
 cd "$(dirname "$0")"
 build=$(mktemp -d)
@@ -7,3 +9,5 @@ nvcc -O3 -arch=native -cubin -o "$build/kernels.cubin" kernels.cu
 g++ -O2 -std=c++17 flush_alternation.cpp -I/usr/local/cuda/include \
   -L/usr/local/cuda/lib64/stubs -lcuda -o "$build/flush_alternation"
 for rows in 1 128; do "$build/flush_alternation" "$build/kernels.cubin" "$rows"; done
+nvcc -O3 -std=c++17 -arch=native -o "$build/stream_shapes" stream_shapes.cu
+"$build/stream_shapes"

@@ -1,0 +1,104 @@
+"""What the memory system gives a kernel of each size, timed as every kernel bench here times:
+a device-to-device copy (`copy_`, the "copy" the % columns divide by), PyTorch's own
+elementwise kernel moving the same bytes (`torch.neg(x, out=y)`: one read, one write, a
+covering grid of SM threads), and a one-element `add_` (the floor of any launch), side by
+side in interleaved rounds, each call after a 256 MB L2 flush. Sizes are the bytes moved
+(read + written) at the thresholds of the issues' bandwidth targets (20, 128 MB) and at the
+sizes the norm, RoPE and activation benches move.
+
+Usage: python bench/copy_floor.py [--out DIR] [--quick]
+Writes DIR/copy_floor-<date>-<device>.json and .md; prints the table last."""
+
+import argparse
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+import common  # noqa: E402
+
+SIZES_MB = [20, 22, 44, 64, 88, 118, 128, 134, 176, 264, 344, 528, 1074, 2147]
+QUICK_SIZES_MB = [22, 128, 344]
+TARGETS = (0.80, 0.90, 0.95)
+
+
+def contenders(moved):
+    """{name: fn} moving `moved` bytes (half read, half written), plus the launch floor."""
+    half = moved // 2
+    src = torch.randn(half // 2, device="cuda", dtype=torch.bfloat16)
+    dst = torch.empty_like(src)
+    tiny = torch.zeros(1, device="cuda")
+    return {
+        "copy": common.same_bytes_copy(moved),
+        "elementwise": lambda: torch.neg(src, out=dst),
+        "launch": lambda: tiny.add_(1),
+    }
+
+
+def measure(sizes_mb, copy_gbs):
+    rows = []
+    for mb in sizes_mb:
+        moved = int(mb * 1e6) // 4 * 4
+        times = common.bench_side_by_side(contenders(moved))
+        row = {"moved_mb": moved / 1e6}
+        for name, ms in times.items():
+            row[f"{name}_us"] = ms * 1e3
+            if name != "launch":
+                row[f"{name}_pct_of_copy"] = 100 * moved / (ms * 1e-3) / 1e9 / copy_gbs
+        rows.append(row)
+        print(f"{mb:6} MB  copy {row['copy_us']:8.2f} us ({row['copy_pct_of_copy']:5.1f}%)  "
+              f"elementwise {row['elementwise_us']:8.2f} us ({row['elementwise_pct_of_copy']:5.1f}%)  "
+              f"launch {row['launch_us']:5.2f} us", flush=True)
+    return rows
+
+
+def first_size_reaching(rows, fraction):
+    """The smallest size (MB) from which the better of the copy and the elementwise kernel
+    stays at or above `fraction` of the 1 GiB copy, or None."""
+    best = [max(r["copy_pct_of_copy"], r["elementwise_pct_of_copy"]) >= 100 * fraction for r in rows]
+    for i in range(len(rows)):
+        if all(best[i:]):
+            return rows[i]["moved_mb"]
+    return None
+
+
+def markdown(env, copy_gbs, rows):
+    lines = [f"# What a kernel of each size can reach, {env['device']} ({env['sm']}), {env['date']}", "",
+             f"torch {env['versions']['torch']}, driver {env['driver']}; 1 GiB copy {copy_gbs:.0f} GB/s "
+             f"in the same run. {env['timing']}", "",
+             "| MB moved | copy us (% of 1 GiB copy) | torch elementwise us (%) | one-element launch us |",
+             "| --- | --- | --- | --- |"]
+    for r in rows:
+        lines.append(f"| {r['moved_mb']:.0f} | {r['copy_us']:.2f} ({r['copy_pct_of_copy']:.0f}%) | "
+                     f"{r['elementwise_us']:.2f} ({r['elementwise_pct_of_copy']:.0f}%) | {r['launch_us']:.2f} |")
+    lines.append("")
+    for fraction in TARGETS:
+        size = first_size_reaching(rows, fraction)
+        where = f"from {size:.0f} MB" if size is not None else "at no size measured"
+        lines.append(f"- {100 * fraction:.0f}% of the 1 GiB copy: reached {where}.")
+    return "\n".join(lines) + "\n"
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
+    parser.add_argument("--quick", action="store_true", help="three sizes only")
+    parser.add_argument("--tag", default="", help="appended to the result files' names")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        print("copy_floor: no CUDA device; nothing to measure")
+        return
+    env = common.environment()
+    copy_gbs = common.copy_bandwidth_gbs()
+    rows = measure(QUICK_SIZES_MB if args.quick else SIZES_MB, copy_gbs)
+    stem = os.path.join(args.out, f"copy_floor-{common.stamp(env)}{args.tag}")
+    common.write_json(stem + ".json", {"environment": env, "copy_gbs": copy_gbs, "rows": rows})
+    text = markdown(env, copy_gbs, rows)
+    with open(stem + ".md", "w") as f:
+        f.write(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,40 @@
+"""bench/copy_floor.py's reading of its own measurements (no GPU needed): the size from which
+a fraction of the 1 GiB copy holds, and the markdown that states it."""
+
+import importlib.util
+import os
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+
+
+def _copy_floor():
+    spec = importlib.util.spec_from_file_location("bench_copy_floor", os.path.join(ROOT, "bench", "copy_floor.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _row(mb, copy_pct, elementwise_pct):
+    return {"moved_mb": mb, "copy_us": 1.0, "copy_pct_of_copy": copy_pct,
+            "elementwise_us": 1.0, "elementwise_pct_of_copy": elementwise_pct, "launch_us": 4.0}
+
+
+def test_reached_from_the_first_size_after_which_it_always_holds():
+    floor = _copy_floor()
+    rows = [_row(20, 40, 49), _row(88, 73, 81), _row(128, 78, 79), _row(176, 85, 90), _row(264, 89, 92)]
+    # 88 MB reaches 80% but 128 MB falls below it again, so 80% holds only from 176 MB.
+    assert floor.first_size_reaching(rows, 0.80) == 176
+    # The better of the two kernels counts: 90% holds from 176 MB through the elementwise one.
+    assert floor.first_size_reaching(rows, 0.90) == 176
+    assert floor.first_size_reaching(rows, 0.95) is None
+
+
+def test_markdown_states_each_target():
+    floor = _copy_floor()
+    env = {"device": "GPU", "sm": "sm_90", "date": "2026-11-23", "versions": {"torch": "2"},
+           "driver": "1", "timing": "events"}
+    text = floor.markdown(env, 4250.0, [_row(88, 73, 81), _row(264, 89, 96)])
+    assert "| 88 | 1.00 (73%) | 1.00 (81%) | 4.00 |" in text
+    assert "- 80% of the 1 GiB copy: reached from 88 MB." in text
+    assert "- 90% of the 1 GiB copy: reached from 264 MB." in text
+    assert "- 95% of the 1 GiB copy: reached from 264 MB." in text
