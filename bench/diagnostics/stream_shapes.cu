@@ -105,8 +105,8 @@ template <int U, int THREADS, Priority LOAD = Priority::none, Priority STORE = P
 Launch covering_launch() {
   return [](const uint4* in, uint4* out, long long n) {
     const long long piece = static_cast<long long>(THREADS) * U;
-    covering<U, THREADS, LOAD, STORE><<<static_cast<unsigned>((n + piece - 1) / piece), THREADS>>>(
-        in, out, n);
+    covering<U, THREADS, LOAD, STORE>
+        <<<static_cast<unsigned>((n + piece - 1) / piece), THREADS>>>(in, out, n);
   };
 }
 
