@@ -41,6 +41,14 @@ class Family {
   // A good config without measuring: used with KILN_TUNE=off, under graph capture, and as
   // the reference every tuned candidate must agree with.
   virtual Config heuristic(const Problem& problem, const DeviceTraits& device) const = 0;
+  // Where a fast search tuning for `rows` rows (a row bucket; 0 when unknown) starts: the
+  // heuristic by default. A family whose best layout differs by row count (a few rows are
+  // latency-bound, many are bandwidth-bound) starts nearer to it; the result must be in
+  // space().
+  virtual Config search_start(const Problem& problem, const DeviceTraits& device,
+                              std::int64_t /*rows*/) const {
+    return heuristic(problem, device);
+  }
 
   // The kernel's C++ name expression, e.g. "kiln::norm<kiln::bf16, 4096, 16, 32, 128, 2u, false>".
   virtual std::string name_expression(const Problem& problem, const Config& config) const = 0;

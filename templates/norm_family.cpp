@@ -32,7 +32,19 @@ constexpr int kMaxRegistersPerThread = 255;
 constexpr std::int64_t kTargetElementsPerThread = 32;
 constexpr int kTargetRowsPerCta = 4;
 constexpr int kMinHeuristicCta = 128;
-constexpr int kMaxHeuristicCtaForShortRows = 256;
+// The same replay: the full tunes' best configs of 2688-32768 rows mostly hold one row per
+// 128-thread CTA where this was 256 (two rows of 128 threads or four of 64).
+constexpr int kMaxHeuristicCtaForShortRows = 128;
+// A halved split holding up to this many elements a thread is taken where it idles fewer
+// lanes (busy_lane_share) by kBetterBalance: replayed against 77 full tunes of the norm
+// family on an H200 (`kiln tune replay`), rms_norm 32768x4544 went from 9% behind the best
+// config to the best.
+constexpr std::int64_t kMaxBalancedElementsPerThread = 48;
+constexpr double kBetterBalance = 0.1;
+// One row per SM or fewer: measured on an H200 at 1 row (gated_adaln 2432-3072 wide, adaln
+// 4544-5120), the fastest configs hold 8-16 elements a thread (5.6 us at 512 threads a row
+// against 9.4 us at 64).
+constexpr std::int64_t kLatencyElementsPerThread = 16;
 
 // The row is read twice rather than held (kiln::norm's REREAD); absent means 0.
 std::int64_t reread_of(const Config& config) {
@@ -90,6 +102,14 @@ std::string flag_names(std::uint32_t flags) {
   add(kNormTable, "table (16)");
   add(kNormPerToken, "per-token (32)");
   return text.empty() ? "none" : text;
+}
+
+// The share of a row split's lane-steps that hold a vector of the row: 1 when the row's
+// vectors split evenly over its threads, less where the last step leaves lanes idle.
+double busy_lane_share(const Problem& problem, const Config& config) {
+  const std::int64_t elements = NormFamily::elements_per_thread(problem, config);
+  const std::int64_t lanes = std::max(1, config.threads_per_row);
+  return static_cast<double>(problem.hidden) / static_cast<double>(elements * lanes);
 }
 
 }  // namespace
@@ -488,51 +508,86 @@ std::vector<Config> NormFamily::space(const Problem& problem, const DeviceTraits
   return configs;
 }
 
-// As RmsNormFamily's heuristic: the widest vector, then the split and CTA nearest to about
-// kTargetElementsPerThread elements per thread and kTargetRowsPerCta rows per CTA; one pass
-// (no persistent grid), the layout kiln::rms_norm was measured with.
-Config NormFamily::heuristic(const Problem& problem, const DeviceTraits& device) const {
-  const std::vector<Config> configs = space(problem, device);
-  if (configs.empty()) {
-    throw Error("kiln." + std::string(name()) + ": no valid launch config for " + problem.key() +
-                " on sm_" + std::to_string(device.sm));
-  }
-  const int vec = configs.front().vec_bytes;
+namespace {
 
-  Config target;
-  target.vec_bytes = vec;
-  target.threads_per_row = kThreadsPerRow.back();
-  for (int tpr : kThreadsPerRow) {
-    target.threads_per_row = tpr;
-    if (elements_per_thread(problem, target) <= kTargetElementsPerThread) {
-      break;
-    }
-  }
-  target.cta_threads = std::max(
-      {kMinHeuristicCta, target.threads_per_row,
-       std::min(kTargetRowsPerCta * target.threads_per_row, kMaxHeuristicCtaForShortRows)});
-
+// The one-pass config (widest vector, row held, no extra) nearest to `target`'s split and
+// CTA; with `min_cta`, CTAs of fewer threads come last.
+Config nearest_one_pass(const std::vector<Config>& configs, const Config& target, int min_cta) {
   const int target_tpr_log = log2_ceil(target.threads_per_row);
   const int target_cta_log = log2_ceil(target.cta_threads);
-  const Config* best = nullptr;
   auto distance = [&](const Config& c) {
     const int tpr_log = log2_ceil(c.threads_per_row);
-    return std::array<int, 3>{std::abs(tpr_log - target_tpr_log), -tpr_log,
-                              std::abs(log2_ceil(c.cta_threads) - target_cta_log)};
+    return std::array<int, 4>{c.cta_threads < min_cta ? 1 : 0, std::abs(tpr_log - target_tpr_log),
+                              -tpr_log, std::abs(log2_ceil(c.cta_threads) - target_cta_log)};
   };
+  const Config* best = nullptr;
   for (const Config& config : configs) {
-    // One pass, holding the row: no extra tunable.
-    if (config.vec_bytes != vec || !config.extra.empty()) {
+    if (config.vec_bytes != target.vec_bytes || !config.extra.empty()) {
       continue;
     }
     if (best == nullptr || distance(config) < distance(*best)) {
       best = &config;
     }
   }
-  if (best == nullptr) {
-    best = &configs.front();
+  return best == nullptr ? configs.front() : *best;
+}
+
+// The fewest threads per row (powers of two) that hold at most `elements` elements each.
+Config split_for(const Problem& problem, int vec_bytes, std::int64_t elements) {
+  Config target;
+  target.vec_bytes = vec_bytes;
+  target.threads_per_row = kThreadsPerRow.back();
+  for (int tpr : kThreadsPerRow) {
+    target.threads_per_row = tpr;
+    if (NormFamily::elements_per_thread(problem, target) <= elements) {
+      break;
+    }
   }
-  return *best;
+  return target;
+}
+
+}  // namespace
+
+std::vector<Config> NormFamily::valid_space(const Problem& problem,
+                                            const DeviceTraits& device) const {
+  std::vector<Config> configs = space(problem, device);
+  if (configs.empty()) {
+    throw Error("kiln." + std::string(name()) + ": no valid launch config for " + problem.key() +
+                " on sm_" + std::to_string(device.sm));
+  }
+  return configs;
+}
+
+// As RmsNormFamily's heuristic: the widest vector, then the split and CTA nearest to about
+// kTargetElementsPerThread elements per thread and kTargetRowsPerCta rows per CTA; one pass
+// (no persistent grid), the layout kiln::rms_norm was measured with.
+Config NormFamily::heuristic(const Problem& problem, const DeviceTraits& device) const {
+  const std::vector<Config> configs = valid_space(problem, device);
+  Config target = split_for(problem, configs.front().vec_bytes, kTargetElementsPerThread);
+  if (Config half = target; target.threads_per_row > kThreadsPerRow.front()) {
+    half.threads_per_row /= 2;
+    if (elements_per_thread(problem, half) <= kMaxBalancedElementsPerThread &&
+        busy_lane_share(problem, half) >= busy_lane_share(problem, target) + kBetterBalance) {
+      target = half;
+    }
+  }
+  target.cta_threads = std::max(
+      {kMinHeuristicCta, target.threads_per_row,
+       std::min(kTargetRowsPerCta * target.threads_per_row, kMaxHeuristicCtaForShortRows)});
+  return nearest_one_pass(configs, target, kMinHeuristicCta);
+}
+
+// A call of no more rows than SMs is one wave of one row per SM: its time is one row's
+// latency, which more threads per row (fewer steps each) shorten.
+Config NormFamily::search_start(const Problem& problem, const DeviceTraits& device,
+                                std::int64_t rows) const {
+  if (rows > device.sm_count) {
+    return heuristic(problem, device);
+  }
+  const std::vector<Config> configs = valid_space(problem, device);
+  Config target = split_for(problem, configs.front().vec_bytes, kLatencyElementsPerThread);
+  target.cta_threads = target.threads_per_row;
+  return nearest_one_pass(configs, target, 0);
 }
 
 std::string NormFamily::name_expression(const Problem& problem, const Config& config) const {

@@ -53,6 +53,8 @@ class NormFamily : public Family {
   std::string invalid_reason(const Problem& problem, const Config& config,
                              const DeviceTraits& device) const override;
   Config heuristic(const Problem& problem, const DeviceTraits& device) const override;
+  Config search_start(const Problem& problem, const DeviceTraits& device,
+                      std::int64_t rows) const override;
 
   std::string name_expression(const Problem& problem, const Config& config) const override;
   LaunchGeometry geometry(const Problem& problem, const Config& config,
@@ -76,6 +78,12 @@ class NormFamily : public Family {
   std::int64_t registers_per_thread(const Problem& problem, const Config& config) const;
   // Row elements each thread holds under `config`: its vectors, tail included.
   static std::int64_t elements_per_thread(const Problem& problem, const Config& config);
+
+ private:
+  // space(), or an Error naming the problem when it is empty.
+  std::vector<Config> valid_space(const Problem& problem, const DeviceTraits& device) const;
+
+ public:
   // CTAs of `config` that fit on one SM of `device` at once (at least 1).
   int resident_ctas(const Problem& problem, const Config& config, const DeviceTraits& device) const;
   // The streams a thread loads for each row: x, the residual or y, and the per-token gate,

@@ -21,13 +21,28 @@ std::vector<Config> distinct_in_order(const std::vector<Config>& configs) {
   return distinct;
 }
 
+// The family's starting point for the rows' bucket (the heuristic when rows are unknown).
+Config search_start(const Family& family, const Problem& problem, const DeviceTraits& device,
+                    std::int64_t rows, const std::vector<Config>& space) {
+  Config start = rows > 0 ? family.search_start(problem, device, row_bucket(family, problem, rows))
+                          : family.heuristic(problem, device);
+  if (std::find(space.begin(), space.end(), start) == space.end()) {
+    throw Error("kiln." + std::string(family.name()) + " tuner: the search start " + start.key() +
+                " for " + problem.key() + " is not in the family's space (of " +
+                std::to_string(space.size()) + " configs)");
+  }
+  return start;
+}
+
 }  // namespace
 
 std::vector<Config> candidates(const Family& family, const Problem& problem,
                                const DeviceTraits& device, TuneMode mode, std::size_t fast_budget,
                                std::int64_t rows) {
   Config heuristic = family.heuristic(problem, device);
-  if (mode == TuneMode::off) return {heuristic};
+  if (mode == TuneMode::off) {
+    return {heuristic};
+  }
 
   std::vector<Config> space = distinct_in_order(family.space(problem, device));
   // Every tuned candidate is checked against the heuristic's output, and a tune that fails
@@ -37,11 +52,14 @@ std::vector<Config> candidates(const Family& family, const Problem& problem,
                 heuristic.key() + " for " + problem.key() + " is not in the family's space (of " +
                 std::to_string(space.size()) + " configs)");
   }
-  if (mode == TuneMode::full) return space;
+  if (mode == TuneMode::full) {
+    return space;
+  }
 
-  std::vector<Config> pool = prune_static(family, problem, device, rows, space, heuristic);
-  std::vector<Config> ordered = order_around(heuristic, pool);
-  // The heuristic is always measured, so a budget of 0 still means one candidate.
+  const Config start = search_start(family, problem, device, rows, space);
+  std::vector<Config> pool = prune_static(family, problem, device, rows, space, start);
+  std::vector<Config> ordered = order_around(start, pool);
+  // The start is always measured, so a budget of 0 still means one candidate.
   ordered.resize(std::min(ordered.size(), std::max<std::size_t>(fast_budget, 1)));
   return ordered;
 }
@@ -50,9 +68,9 @@ std::vector<Config> refinement_candidates(const Family& family, const Problem& p
                                           const DeviceTraits& device, std::int64_t rows,
                                           const Config& best, const std::vector<Config>& measured,
                                           std::size_t budget) {
-  const Config heuristic = family.heuristic(problem, device);
   const std::vector<Config> space = distinct_in_order(family.space(problem, device));
-  const std::vector<Config> pool = prune_static(family, problem, device, rows, space, heuristic);
+  const Config start = search_start(family, problem, device, rows, space);
+  const std::vector<Config> pool = prune_static(family, problem, device, rows, space, start);
   std::vector<Config> ordered = refine_around(best, pool, measured);
   ordered.resize(std::min(ordered.size(), budget));
   return ordered;

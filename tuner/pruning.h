@@ -38,7 +38,7 @@ double sm_fill(const Family& family, const Problem& problem, const Config& confi
 //    row_bucket(family, problem, rows) rows (Family::worth_measuring), then those whose
 //    sm_fill for that many rows is at most kMinRelativeSmFill times the best fill of what
 //    is left.
-// `keep` (the heuristic, the reference every candidate is checked against) is never dropped.
+// `keep` (the search's starting point) is never dropped.
 std::vector<Config> prune_static(const Family& family, const Problem& problem,
                                  const DeviceTraits& device, std::int64_t rows,
                                  const std::vector<Config>& pool, const Config& keep);

@@ -19,13 +19,6 @@ namespace {
 // fastest candidate was 1.2-1.7% quicker (gated_residual on the H200), and those gaps
 // showed beside torch.compile.
 constexpr double kTieTolerance = 0.01;
-// Compiling and timing more than this many configs per new problem would make a cold first
-// call too slow for eager use; `full` mode exists for offline tuning.
-constexpr std::size_t kFastBudget = 8;
-// The second round around the first round's winner: the neighbours the first round, centred
-// on the heuristic, could not reach (on an H200 the first round alone left the fast winner
-// up to 11% behind the full search's).
-constexpr std::size_t kRefineBudget = 6;
 constexpr std::size_t kMaxMessageChars = 200;
 
 std::string format_number(const char* format, double value) {

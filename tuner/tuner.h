@@ -33,6 +33,16 @@ std::int64_t largest_row_bucket(std::int64_t bytes_per_row);
 // 2^16 rows, where a hot path can skip the family.
 std::int64_t row_bucket(const Family& family, const Problem& problem, std::int64_t rows);
 
+// The fast search's first round, around the family's heuristic: compiling and timing more
+// configs per new problem would make a cold first call too slow for eager use (`full` mode
+// exists for offline tuning).
+inline constexpr std::size_t kFastBudget = 8;
+// Its second round, around the first round's winner: the neighbours the first round could
+// not reach. Replayed against 77 full tunes of the norm family on an H200 (`kiln tune
+// replay`), 6 left the fast choice 0.74% behind the best on average and 8 problems over 2%;
+// 10 left 0.53% and 4.
+inline constexpr std::size_t kRefineBudget = 10;
+
 struct TuneResult {
   Problem problem;
   std::int64_t bucket_rows = 0;
@@ -48,13 +58,15 @@ void to_json(nlohmann::json& j, const TuneResult& result);
 void from_json(const nlohmann::json& j, TuneResult& result);
 
 // The candidates a mode measures: `full` is the whole space; `fast` keeps at most
-// `fast_budget` configs, always including the heuristic, chosen to span vector widths and
-// thread counts around the heuristic. Deterministic.
-// `rows` (fast mode only): the rows being tuned for; its row bucket drives the pruning of
-// configs that leave SMs idle (tuner/pruning.h). 0 means unknown: no such pruning.
+// `fast_budget` configs, first the family's search start for the rows' bucket
+// (Family::search_start: the heuristic unless the family knows better for that many rows),
+// then configs chosen to span vector widths and thread counts around it. Deterministic.
+// `rows` (fast mode only): the rows being tuned for; its row bucket picks the start and
+// drives the pruning of configs that leave SMs idle (tuner/pruning.h). 0 means unknown: the
+// heuristic, and no such pruning.
 std::vector<Config> candidates(const Family& family, const Problem& problem,
                                const DeviceTraits& device, TuneMode mode,
-                               std::size_t fast_budget = 8, std::int64_t rows = 0);
+                               std::size_t fast_budget = kFastBudget, std::int64_t rows = 0);
 
 // The fast search's second round: at most `budget` configs around the first round's winner
 // `best` that `measured` (the first round) does not hold, from the same statically pruned

@@ -1,5 +1,6 @@
-// `kiln tune export|import|pin|unpin`: move measured tuning results between machines as one
-// JSON file, and pin results so that upgrades and imports leave them as they are.
+// `kiln tune export|import|pin|unpin|replay`: move measured tuning results between machines
+// as one JSON file, pin results so that upgrades and imports leave them as they are, and
+// replay the fast search against the full tunes the cache holds.
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -8,6 +9,7 @@
 #include "cache/settings.h"
 #include "jit/tuning_bundle.h"
 #include "jit/tuning_pin.h"
+#include "tuner/replay.h"
 
 namespace kiln::cli {
 namespace {
@@ -19,6 +21,7 @@ struct TuneArgs {
   bool pin_imports = false;
   jit::PinRequest pin;
   std::int64_t bucket = -1;
+  report::Filter replay;
 };
 
 int report_transfer(const jit::TuneTransfer& transfer, const char* verb) {
@@ -77,6 +80,11 @@ Runner add_tune_command(CLI::App& app) {
                   "Make this measured candidate the winner (one result only)");
   CLI::App* unpin = tune->add_subcommand("unpin", "Undo kiln tune pin");
   add_selection(unpin, *args);
+  CLI::App* replay = tune->add_subcommand(
+      "replay", "Run the fast search on each full tune's recorded times: how far from the best");
+  replay->add_option("--device", args->replay.device,
+                     "Only this device: its fingerprint, folder, or part of its name");
+  replay->add_option("--op", args->replay.op, "Only this op");
   return [=] {
     if (!*tune) {
       return -1;
@@ -88,6 +96,12 @@ Runner add_tune_command(CLI::App& app) {
     }
     if (*imp) {
       return report_transfer(jit::import_tuning(root, args->bundle, args->pin_imports), "imported");
+    }
+    if (*replay) {
+      const ReplaySummary summary =
+          replay_documents(jit::read_tuning_documents(root), args->replay);
+      std::fputs(render_replay(summary).c_str(), stdout);
+      return summary.outcomes.empty() ? 1 : 0;
     }
     if (*pin || *unpin) {
       args->pin.pin = bool(*pin);

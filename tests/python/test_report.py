@@ -313,3 +313,34 @@ def test_cli_pin_and_import_keep_pinned(database, tmp_path):
     assert "unpinned" in out.stdout
     bad = run("tune", "pin", "--op", "rmsnorm")
     assert bad.returncode != 0 and "--op" in bad.stderr
+
+
+@pytest.mark.skipif(kiln_cli() is None,
+                    reason="no kiln command of this build (set KILN_CLI or put it on PATH)")
+def test_cli_tune_replay(database):
+    cli = kiln_cli()
+
+    def run(*args):
+        return subprocess.run([cli, "tune", "--cache-dir", str(database), "replay", *args],
+                              capture_output=True, text=True, timeout=120)
+
+    out = run()
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    # The fixture's three full tunes; its prewarm record is not a tune.
+    assert lines[-1].startswith("3 full tunes replayed: the fast search's choice costs")
+    replayed = [line for line in lines if line.startswith(("rms_norm.", "swiglu."))]
+    assert len(replayed) == 3
+    assert sum(RMS_NORM_KEY in line for line in replayed) == 2
+    # The fixture records a handful of configs: the others the search asks for are unknown,
+    # and the best of the recording is its winner.
+    rms = next(line for line in replayed if RMS_NORM_KEY in line)
+    assert "best v16.t64.c256" in rms and "32.00 us" in rms and "unknown" in rms
+    assert any(line.startswith("skipped prewarm-sm_90/") for line in lines)
+
+    only = run("--op", "swiglu", "--device", "H100")
+    assert only.returncode == 0, only.stderr
+    assert only.stdout.splitlines()[-1].startswith("1 full tune replayed")
+    assert run("--op", "layer_norm").returncode == 1  # nothing to replay
+    bad = run("--op", "rmsnorm")
+    assert bad.returncode == 2 and "expected a known op name" in bad.stderr

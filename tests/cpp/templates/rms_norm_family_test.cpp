@@ -289,13 +289,36 @@ TEST_CASE("the heuristic picks 16-byte vectors and a moderate split for LLM hidd
       CHECK(h.vec_bytes == 16);
       const std::int64_t held = kiln::RmsNormFamily::elements_per_thread(p, h);
       CHECK(held >= 16);
-      CHECK(held <= 32);
+      CHECK(held <= 48);
       CHECK(h.threads_per_row >= 32);
     }
+  }
+  // Rows whose vectors split evenly over 128 threads hold 32 elements a thread or fewer.
+  for (std::int64_t hidden : {2048, 3072, 4096, 8192}) {
+    const Problem p = problem(DType::bf16, hidden);
+    CAPTURE(p.key());
+    CHECK(kiln::RmsNormFamily::elements_per_thread(p, rms().heuristic(p, h100)) <= 32);
   }
   // Short rows are packed several to a CTA.
   const Config short_rows = rms().heuristic(problem(DType::bf16, 768), h100);
   CHECK(short_rows.rows_per_cta() >= 4);
+}
+
+TEST_CASE("the heuristic halves a row split that would leave a quarter of its lanes idle") {
+  const DeviceTraits h200 = DeviceTraits::for_arch(90);
+  // 4544 bf16 = 568 vectors: 256 threads take 3 steps with 26% of the lane-steps idle, 128
+  // threads take 5 steps with 11% idle (40 elements a thread).
+  const Config falcon = rms().heuristic(problem(DType::bf16, 4544), h200);
+  CHECK(falcon.threads_per_row == 128);
+  CHECK(falcon.cta_threads == 128);
+  // 2432 = 304 vectors: 128 threads idle 21% of 3 steps, 64 threads 5% of 5.
+  CHECK(rms().heuristic(problem(DType::bf16, 2432), h200).threads_per_row == 64);
+  // 14848 = 1856 vectors: 512 threads idle 9%; 256 would hold 64 elements, too many to keep.
+  CHECK(rms().heuristic(problem(DType::bf16, 14848), h200).threads_per_row == 512);
+  // An even split is kept.
+  const Config even = rms().heuristic(problem(DType::bf16, 4096), h200);
+  CHECK(even.threads_per_row == 128);
+  CHECK(kiln::RmsNormFamily::elements_per_thread(problem(DType::bf16, 4096), even) == 32);
 }
 
 TEST_CASE("name_expression spells the norm kernel with RMSNorm's features") {

@@ -29,7 +29,7 @@ Problem rms_problem(DType dtype, std::int64_t hidden, std::uint32_t align = 16) 
 
 }  // namespace
 
-TEST_CASE("rms_norm: fast candidates are few, unique, heuristic first, within the space") {
+TEST_CASE("rms_norm: fast candidates are few, unique, the search start first, within the space") {
   RmsNormFamily family;
   for (int sm : {75, 80, 90}) {
     DeviceTraits device = DeviceTraits::for_arch(sm);
@@ -41,19 +41,47 @@ TEST_CASE("rms_norm: fast candidates are few, unique, heuristic first, within th
           CAPTURE(problem.key());
           CAPTURE(rows);
           auto space = family.space(problem, device);
-          auto chosen = candidates(family, problem, device, TuneMode::fast, 8, rows);
+          auto chosen = candidates(family, problem, device, TuneMode::fast, kFastBudget, rows);
           REQUIRE(!chosen.empty());
           CHECK(chosen.size() <= 8);
-          CHECK(chosen.front() == family.heuristic(problem, device));
+          CHECK(chosen.front() ==
+                (rows > 0 ? family.search_start(problem, device, row_bucket(family, problem, rows))
+                          : family.heuristic(problem, device)));
           std::set<std::string> keys;
           for (const Config& config : chosen) {
             CHECK(keys.insert(config.key()).second);
             CHECK(std::find(space.begin(), space.end(), config) != space.end());
           }
-          CHECK(chosen == candidates(family, problem, device, TuneMode::fast, 8, rows));
+          CHECK(chosen == candidates(family, problem, device, TuneMode::fast, kFastBudget, rows));
           CHECK(candidates(family, problem, device, TuneMode::full, 8, rows) == space);
         }
       }
+    }
+  }
+}
+
+TEST_CASE(
+    "rms_norm: the search starts at the heuristic from more rows than SMs, and at more "
+    "threads per row below") {
+  RmsNormFamily family;
+  const DeviceTraits h200 = DeviceTraits::for_arch(90);
+  for (std::int64_t hidden : {1536, 2432, 3072, 4096, 4544, 5120, 8192, 14848}) {
+    const Problem problem = rms_problem(DType::bf16, hidden);
+    CAPTURE(problem.key());
+    const Config heuristic = family.heuristic(problem, h200);
+    CHECK(candidates(family, problem, h200, TuneMode::fast, kFastBudget, 2688).front() ==
+          heuristic);
+    CHECK(candidates(family, problem, h200, TuneMode::fast, kFastBudget, 0).front() == heuristic);
+    for (std::int64_t rows : {1, 128}) {
+      CAPTURE(rows);
+      const Config start =
+          candidates(family, problem, h200, TuneMode::fast, kFastBudget, rows).front();
+      // One row per CTA, split finer than the bandwidth layout: at most 16 elements a thread
+      // where the widest rows allow it.
+      CHECK(start.cta_threads == start.threads_per_row);
+      CHECK(start.threads_per_row >= heuristic.threads_per_row);
+      CHECK(RmsNormFamily::elements_per_thread(problem, start) <=
+            std::max<std::int64_t>(16, RmsNormFamily::elements_per_thread(problem, heuristic) / 2));
     }
   }
 }
@@ -63,13 +91,13 @@ TEST_CASE("rms_norm: a large space is cut to the budget and the fast search span
   DeviceTraits device = DeviceTraits::for_arch(90);
   Problem problem = rms_problem(DType::bf16, 4096);
   REQUIRE(family.space(problem, device).size() > 8);
-  auto chosen = candidates(family, problem, device, TuneMode::fast, 8, 4096);
+  auto chosen = candidates(family, problem, device, TuneMode::fast, kFastBudget, 4096);
   CHECK(chosen.size() == 8);
   // The first round measures the heuristic's neighbours and its shape's extras (persistent
   // grids, a re-read row) before narrower vectors; the second, around the first's winner
   // (here the heuristic), takes the next narrower width.
   const auto second =
-      refinement_candidates(family, problem, device, 4096, chosen.front(), chosen, 6);
+      refinement_candidates(family, problem, device, 4096, chosen.front(), chosen, kRefineBudget);
   std::set<int> widths;
   for (const Config& config : chosen) widths.insert(config.vec_bytes);
   for (const Config& config : second) widths.insert(config.vec_bytes);

@@ -89,7 +89,7 @@ TEST_CASE("tune fast: two rounds, the second around the first's winner; the fast
   TuneResult result = tune(family, problem, 3000, DeviceTraits{}, TuneMode::fast, evaluator);
   REQUIRE(evaluator.calls == 2);
   const std::vector<Config> first =
-      candidates(family, problem, DeviceTraits{}, TuneMode::fast, 8, 3000);
+      candidates(family, problem, DeviceTraits{}, TuneMode::fast, kFastBudget, 3000);
   CHECK(evaluator.rounds[0] == first);
   CHECK(result.trials.front().config == family.heuristic_config);
   // The second round times the first round's fastest again, then its refinements, none of
@@ -98,9 +98,9 @@ TEST_CASE("tune fast: two rounds, the second around the first's winner; the fast
   REQUIRE(!evaluator.rounds[1].empty());
   CHECK(evaluator.rounds[1].front() == first_best);
   const std::vector<Config> refinements(evaluator.rounds[1].begin() + 1, evaluator.rounds[1].end());
-  CHECK(refinements ==
-        refinement_candidates(family, problem, DeviceTraits{}, 3000, first_best, first, 6));
-  CHECK(refinements.size() <= 6);
+  CHECK(refinements == refinement_candidates(family, problem, DeviceTraits{}, 3000, first_best,
+                                             first, kRefineBudget));
+  CHECK(refinements.size() <= kRefineBudget);
   for (const Config& config : refinements) {
     CHECK(std::find(first.begin(), first.end(), config) == first.end());
   }
@@ -120,7 +120,8 @@ TEST_CASE("tune fast: no second round when every first-round candidate failed") 
   FakeFamily family;
   FakeEvaluator evaluator;
   Problem problem = fake_problem(1024);
-  for (const Config& config : candidates(family, problem, DeviceTraits{}, TuneMode::fast, 8, 3000))
+  for (const Config& config :
+       candidates(family, problem, DeviceTraits{}, TuneMode::fast, kFastBudget, 3000))
     evaluator.failures[config.key()] = InjectedFailure{TrialStatus::launch_error, 0};
   TuneResult result = tune(family, problem, 3000, DeviceTraits{}, TuneMode::fast, evaluator);
   CHECK(evaluator.calls == 1);
@@ -210,7 +211,8 @@ TEST_CASE("tune: when every candidate fails the heuristic is kept, and the reaso
   FakeFamily family;
   Problem problem = fake_problem(1024);
   FakeEvaluator evaluator;
-  for (const Config& config : candidates(family, problem, DeviceTraits{}, TuneMode::fast, 8, 64)) {
+  for (const Config& config :
+       candidates(family, problem, DeviceTraits{}, TuneMode::fast, kFastBudget, 64)) {
     evaluator.failures[config.key()] = InjectedFailure{TrialStatus::compile_error, 0.5};
   }
   TuneResult result = tune(family, problem, 64, DeviceTraits{}, TuneMode::fast, evaluator);

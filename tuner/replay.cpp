@@ -1,0 +1,169 @@
+#include "tuner/replay.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <string>
+
+#include "cache/error.h"
+#include "tuner/measured.h"
+
+namespace kiln {
+
+ReplayEvaluator::ReplayEvaluator(const std::vector<Trial>& recorded) {
+  for (const Trial& trial : recorded) {
+    by_key_.emplace(trial.config.key(), trial);
+  }
+}
+
+std::vector<Trial> ReplayEvaluator::evaluate(const Family&, const Problem&, std::int64_t,
+                                             const Config&, const std::vector<Config>& candidates) {
+  std::vector<Trial> trials;
+  trials.reserve(candidates.size());
+  for (const Config& config : candidates) {
+    auto found = by_key_.find(config.key());
+    if (found != by_key_.end()) {
+      trials.push_back(found->second);
+      continue;
+    }
+    Trial trial;
+    trial.config = config;
+    trial.status = TrialStatus::launch_error;
+    trial.message = "not in the recorded tune";
+    trials.push_back(trial);
+    ++unknown_;
+  }
+  return trials;
+}
+
+ReplayOutcome replay_fast_tune(const Family& family, const TuneResult& recorded,
+                               const DeviceTraits& device) {
+  const std::string where =
+      "kiln replay of " + recorded.problem.key() + ".r" + std::to_string(recorded.bucket_rows);
+  if (recorded.mode != TuneMode::full) {
+    throw Error(where + ": expected a full tune, got mode " +
+                std::string(tune_mode_name(recorded.mode)));
+  }
+  auto best = std::min_element(recorded.trials.begin(), recorded.trials.end(),
+                               [](const Trial& a, const Trial& b) {
+                                 if (is_measured(a) != is_measured(b)) {
+                                   return is_measured(a);
+                                 }
+                                 return is_measured(a) && a.median_us < b.median_us;
+                               });
+  if (best == recorded.trials.end() || !is_measured(*best)) {
+    throw Error(where + ": expected at least one measured trial, got none of " +
+                std::to_string(recorded.trials.size()));
+  }
+
+  ReplayEvaluator evaluator(recorded.trials);
+  const TuneResult fast =
+      tune(family, recorded.problem, recorded.bucket_rows, device, TuneMode::fast, evaluator);
+  ReplayOutcome outcome;
+  outcome.problem = recorded.problem;
+  outcome.bucket_rows = recorded.bucket_rows;
+  outcome.fast_winner = fast.winner;
+  outcome.best = best->config;
+  outcome.best_us = best->median_us;
+  outcome.measured = fast.trials.size();
+  outcome.unknown = evaluator.unknown();
+  auto won = std::find_if(recorded.trials.begin(), recorded.trials.end(),
+                          [&](const Trial& trial) { return trial.config == fast.winner; });
+  outcome.fast_us = won != recorded.trials.end() && is_measured(*won) ? won->median_us : 0;
+  return outcome;
+}
+
+DeviceTraits recorded_device_traits(const nlohmann::json& device) {
+  DeviceTraits traits = DeviceTraits::for_arch(device.at("sm").get<int>());
+  traits.sm_count = device.at("sm_count").get<int>();
+  traits.l2_bytes = device.at("l2_bytes").get<std::int64_t>();
+  return traits;
+}
+
+double ReplaySummary::geomean_cost() const {
+  if (outcomes.empty()) {
+    return 0;
+  }
+  double logs = 0;
+  for (const ReplayOutcome& outcome : outcomes) {
+    logs += std::log(outcome.cost());
+  }
+  return std::exp(logs / static_cast<double>(outcomes.size()));
+}
+
+double ReplaySummary::worst_cost() const {
+  double worst = 0;
+  for (const ReplayOutcome& outcome : outcomes) {
+    worst = std::max(worst, outcome.cost());
+  }
+  return worst;
+}
+
+std::size_t ReplaySummary::costing_more_than(double cost) const {
+  return static_cast<std::size_t>(
+      std::count_if(outcomes.begin(), outcomes.end(),
+                    [&](const ReplayOutcome& outcome) { return outcome.cost() > cost; }));
+}
+
+ReplaySummary replay_documents(const std::vector<report::StoredDocument>& documents,
+                               const report::Filter& filter) {
+  if (!filter.op.empty() && !parse_op(filter.op)) {
+    throw ArgumentError("tune replay", "op", "a known op name", "'" + filter.op + "'");
+  }
+  ReplaySummary summary;
+  for (const report::StoredDocument& stored : documents) {
+    const std::string name =
+        stored.device + "/" + stored.problem + ".r" + std::to_string(stored.bucket);
+    if (!filter.device.empty() && !report::device_matches(stored, filter.device)) {
+      continue;
+    }
+    if (stored.document.is_discarded()) {
+      summary.skipped.push_back(name + ": not readable JSON");
+      continue;
+    }
+    try {
+      const TuneResult recorded = stored.document.get<TuneResult>();
+      if (!filter.op.empty() && op_name(recorded.problem.op) != filter.op) {
+        continue;
+      }
+      if (recorded.mode != TuneMode::full) {
+        summary.skipped.push_back(name + ": a " + std::string(tune_mode_name(recorded.mode)) +
+                                  " tune (only full tunes hold every config's time)");
+        continue;
+      }
+      summary.outcomes.push_back(
+          replay_fast_tune(family(recorded.problem.op), recorded,
+                           recorded_device_traits(stored.document.at("device"))));
+    } catch (const std::exception& error) {
+      summary.skipped.push_back(name + ": " + error.what());
+    }
+  }
+  return summary;
+}
+
+std::string render_replay(const ReplaySummary& summary) {
+  std::string text;
+  char line[512];
+  for (const ReplayOutcome& o : summary.outcomes) {
+    std::snprintf(
+        line, sizeof line,
+        "%-44s r%-8lld fast %-30s %9.2f us  best %-30s %9.2f us  %.3fx  (%zu measured%s)\n",
+        o.problem.key().c_str(), static_cast<long long>(o.bucket_rows), o.fast_winner.key().c_str(),
+        o.fast_us, o.best.key().c_str(), o.best_us, o.cost(), o.measured,
+        o.unknown > 0 ? (", " + std::to_string(o.unknown) + " unknown").c_str() : "");
+    text += line;
+  }
+  for (const std::string& skipped : summary.skipped) {
+    text += "skipped " + skipped + "\n";
+  }
+  std::snprintf(line, sizeof line,
+                "%zu full tune%s replayed: the fast search's choice costs %.4fx the best on "
+                "geometric mean, %.3fx at worst; %zu over 1.01x, %zu over 1.02x\n",
+                summary.outcomes.size(), summary.outcomes.size() == 1 ? "" : "s",
+                summary.geomean_cost(), summary.worst_cost(), summary.costing_more_than(1.01),
+                summary.costing_more_than(1.02));
+  text += line;
+  return text;
+}
+
+}  // namespace kiln
