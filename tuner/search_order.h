@@ -1,6 +1,6 @@
 // The order the fast search measures configs in: its first N entries are the N configs that
-// best span the space around a starting point (the family's heuristic), so cutting the list
-// at any budget still measures the heuristic's closest rivals before far-away ones.
+// best span the space around a starting point (the family's search start), so cutting the
+// list at any budget still measures the start's closest rivals before far-away ones.
 #pragma once
 
 #include <vector>

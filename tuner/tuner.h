@@ -82,7 +82,7 @@ std::vector<Config> refinement_candidates(const Family& family, const Problem& p
 std::optional<std::size_t> select_winner(const std::vector<Trial>& trials, double tolerance = 0.01);
 
 // The whole tune. In mode off, no evaluator call is made and the heuristic wins. In mode
-// fast, a first round measures the candidates() around the heuristic and a second round the
+// fast, a first round measures the candidates() around the search start and a second round the
 // refinement_candidates() around the first round's winner; the tie rule then runs over both
 // rounds in order, so the first round wins ties.
 TuneResult tune(const Family& family, const Problem& problem, std::int64_t rows,
