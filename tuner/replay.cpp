@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <optional>
 #include <string>
 
 #include "cache/error.h"
@@ -44,14 +45,9 @@ ReplayOutcome replay_fast_tune(const Family& family, const TuneResult& recorded,
     throw Error(where + ": expected a full tune, got mode " +
                 std::string(tune_mode_name(recorded.mode)));
   }
-  auto best = std::min_element(recorded.trials.begin(), recorded.trials.end(),
-                               [](const Trial& a, const Trial& b) {
-                                 if (is_measured(a) != is_measured(b)) {
-                                   return is_measured(a);
-                                 }
-                                 return is_measured(a) && a.median_us < b.median_us;
-                               });
-  if (best == recorded.trials.end() || !is_measured(*best)) {
+  // The whole space's fastest: the tie rule with no tolerance.
+  const std::optional<std::size_t> best = select_winner(recorded.trials, 0.0);
+  if (!best) {
     throw Error(where + ": expected at least one measured trial, got none of " +
                 std::to_string(recorded.trials.size()));
   }
@@ -59,17 +55,22 @@ ReplayOutcome replay_fast_tune(const Family& family, const TuneResult& recorded,
   ReplayEvaluator evaluator(recorded.trials);
   const TuneResult fast =
       tune(family, recorded.problem, recorded.bucket_rows, device, TuneMode::fast, evaluator);
+  auto won = std::find_if(recorded.trials.begin(), recorded.trials.end(),
+                          [&](const Trial& trial) { return trial.config == fast.winner; });
+  if (won == recorded.trials.end() || !is_measured(*won)) {
+    // Only when every candidate failed: the search fell back to a config with no time.
+    throw Error(where + ": the fast search chose " + fast.winner.key() +
+                ", which the recording holds no time for (" + fast.reason + ")");
+  }
   ReplayOutcome outcome;
   outcome.problem = recorded.problem;
   outcome.bucket_rows = recorded.bucket_rows;
   outcome.fast_winner = fast.winner;
-  outcome.best = best->config;
-  outcome.best_us = best->median_us;
+  outcome.fast_us = won->median_us;
+  outcome.best = recorded.trials[*best].config;
+  outcome.best_us = recorded.trials[*best].median_us;
   outcome.measured = fast.trials.size();
   outcome.unknown = evaluator.unknown();
-  auto won = std::find_if(recorded.trials.begin(), recorded.trials.end(),
-                          [&](const Trial& trial) { return trial.config == fast.winner; });
-  outcome.fast_us = won != recorded.trials.end() && is_measured(*won) ? won->median_us : 0;
   return outcome;
 }
 

@@ -46,7 +46,8 @@ struct ReplayOutcome {
 };
 
 // Runs tune(..., TuneMode::fast) on `recorded`'s problem and row bucket, answered from
-// `recorded` (which must be a full tune with at least one measured trial).
+// `recorded` (which must be a full tune with at least one measured trial). Throws where the
+// search's choice has no recorded time (every candidate it asked for was unknown or failed).
 ReplayOutcome replay_fast_tune(const Family& family, const TuneResult& recorded,
                                const DeviceTraits& device);
 

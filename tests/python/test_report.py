@@ -6,13 +6,14 @@ import os
 import shutil
 import subprocess
 from html.parser import HTMLParser
+from pathlib import Path
 
 import pytest
 
 import kiln
 from test_prewarm import kiln_cli
-from tuning_fixture import (H100, H200, RMS_NORM_BYTES, RMS_NORM_KEY, SWIGLU_KEY, make_database,
-                            rms_norm_document, write)
+from tuning_fixture import (H100, H200, RMS_NORM_BYTES, RMS_NORM_KEY, SWIGLU_KEY, config,
+                            document, make_database, rms_norm_document, trial, write)
 
 VOID = {"meta", "br", "img", "input", "link", "hr"}
 
@@ -315,6 +316,27 @@ def test_cli_pin_and_import_keep_pinned(database, tmp_path):
     assert bad.returncode != 0 and "--op" in bad.stderr
 
 
+RECORDED_TUNES = (Path(__file__).resolve().parents[1] / "cpp" / "tuner" / "data"
+                  / "norm_full_tunes_h200.json")
+
+
+def recorded_full_tune(key, bucket):
+    """One of the recorded H200 full tunes (tests/cpp/tuner/data), as the runtime stores it."""
+    fixture = json.loads(RECORDED_TUNES.read_text())
+    for tune in fixture["tunes"]:
+        problem = tune["problem"]
+        name = (f"{problem['op']}.{problem['dtype']}.h{problem['hidden']}.f{problem['flags']}"
+                f".a{problem['align']}")
+        if name == key and tune["bucket_rows"] == bucket:
+            trials = [trial(dict(config(*row[:3]), extra=row[3] if len(row) > 3 else {}), "ok",
+                            us, 0.1, 0.0) for row, us in tune["trials"]]
+            best = min(trials, key=lambda t: t["median_us"])["config"]
+            doc = document(problem, bucket, "NVIDIA H200", H200, None, trials, best, best, 1.0)
+            doc["device"].update(fixture["device"], fingerprint=H200)
+            return doc
+    raise KeyError(key)
+
+
 @pytest.mark.skipif(kiln_cli() is None,
                     reason="no kiln command of this build (set KILN_CLI or put it on PATH)")
 def test_cli_tune_replay(database):
@@ -324,23 +346,37 @@ def test_cli_tune_replay(database):
         return subprocess.run([cli, "tune", "--cache-dir", str(database), "replay", *args],
                               capture_output=True, text=True, timeout=120)
 
+    # The hand-written tunes record a handful of configs, none the fast search asks for
+    # first: it has no time for its choice, and says so.
     out = run()
+    assert out.returncode == 1
+    assert out.stdout.splitlines()[-1].startswith("0 full tunes replayed")
+    assert sum(line.startswith("skipped ") and "which the recording holds no time for" in line
+               for line in out.stdout.splitlines()) == 3
+    assert any(line.startswith("skipped prewarm-sm_90/") for line in out.stdout.splitlines())
+
+    # Two recorded H200 full tunes: every config the search asks for has a time.
+    falcon, small = "rms_norm.bf16.h4544.f1.a16", "rms_norm.bf16.h1536.f1.a16"
+    write(database, H200, falcon, 32768, recorded_full_tune(falcon, 32768))
+    write(database, H200, small, 4096, recorded_full_tune(small, 4096))
+    out = run("--device", "H200")
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
-    # The fixture's three full tunes; its prewarm record is not a tune.
-    assert lines[-1].startswith("3 full tunes replayed: the fast search's choice costs")
-    replayed = [line for line in lines if line.startswith(("rms_norm.", "swiglu."))]
-    assert len(replayed) == 3
-    assert sum(RMS_NORM_KEY in line for line in replayed) == 2
-    # The fixture records a handful of configs: the others the search asks for are unknown,
-    # and the best of the recording is its winner.
-    rms = next(line for line in replayed if RMS_NORM_KEY in line)
-    assert "best v16.t64.c256" in rms and "32.00 us" in rms and "unknown" in rms
-    assert any(line.startswith("skipped prewarm-sm_90/") for line in lines)
+    assert lines[-1].startswith("2 full tunes replayed: the fast search's choice costs")
+    replayed = {line.split()[0]: line for line in lines if line.startswith("rms_norm.")}
+    assert set(replayed) == {falcon, small}
+    # The fast search finds rms_norm 32768x4544's best (it was 9% off before its new start).
+    assert ("fast v16.t128.c128.reread=1" in replayed[falcon]
+            and "best v16.t128.c128.reread=1" in replayed[falcon]
+            and "143.47 us" in replayed[falcon] and "1.000x" in replayed[falcon]
+            and "(18 measured)" in replayed[falcon])
+    assert "unknown" not in replayed[falcon]
+    cost = float(replayed[small].split()[-3].rstrip("x"))
+    assert 1.0 < cost <= 1.06
 
-    only = run("--op", "swiglu", "--device", "H100")
+    only = run("--op", "rms_norm", "--device", "H200")
     assert only.returncode == 0, only.stderr
-    assert only.stdout.splitlines()[-1].startswith("1 full tune replayed")
+    assert only.stdout.splitlines()[-1].startswith("2 full tunes replayed")
     assert run("--op", "layer_norm").returncode == 1  # nothing to replay
     bad = run("--op", "rmsnorm")
     assert bad.returncode == 2 and "expected a known op name" in bad.stderr

@@ -89,6 +89,13 @@ TEST_CASE("replay needs a full tune with a measured trial") {
   for (Trial& trial : failed.trials) trial.status = TrialStatus::compile_error;
   CHECK_THROWS_WITH_AS(replay_fast_tune(family, failed, DeviceTraits{}),
                        doctest::Contains("at least one measured trial"), Error);
+  // Only a config the fast search never reaches has a time: its choice has none.
+  const Config far{4, 8, 512, {}};
+  for (Trial& trial : failed.trials) {
+    if (trial.config == far) trial.status = TrialStatus::ok;
+  }
+  CHECK_THROWS_WITH_AS(replay_fast_tune(family, failed, DeviceTraits{}),
+                       doctest::Contains("which the recording holds no time for"), Error);
 }
 
 TEST_CASE("replay_documents replays full tunes of the selected op and says why it skips") {
