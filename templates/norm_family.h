@@ -79,11 +79,6 @@ class NormFamily : public Family {
   // Row elements each thread holds under `config`: its vectors, tail included.
   static std::int64_t elements_per_thread(const Problem& problem, const Config& config);
 
- private:
-  // space(), or an Error naming the problem when it is empty.
-  std::vector<Config> valid_space(const Problem& problem, const DeviceTraits& device) const;
-
- public:
   // CTAs of `config` that fit on one SM of `device` at once (at least 1).
   int resident_ctas(const Problem& problem, const Config& config, const DeviceTraits& device) const;
   // The streams a thread loads for each row: x, the residual or y, and the per-token gate,
@@ -97,6 +92,8 @@ class NormFamily : public Family {
   std::int64_t staged_smem_bytes(const Problem& problem, const Config& config) const;
 
  private:
+  // space(), or an Error naming the problem when it is empty.
+  std::vector<Config> valid_space(const Problem& problem, const DeviceTraits& device) const;
   // Why a staged config (extra stage=1) is invalid, or empty.
   std::string stage_reason(const Problem& problem, const Config& config,
                            const DeviceTraits& device) const;
