@@ -2,7 +2,10 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
+#include <cstdio>
+#include <future>
 #include <numeric>
 #include <optional>
 #include <random>
@@ -10,6 +13,7 @@
 #include <unordered_map>
 
 #include "cache/error.h"
+#include "cache/log.h"
 #include "jit/compiler.h"
 #include "jit/device_memory.h"
 #include "jit/driver.h"
@@ -86,6 +90,20 @@ std::vector<Expected<CompiledKernel>> compile_all(const std::vector<CompileReque
   return out;
 }
 
+// Wall time of the evaluation's phases, for the debug log: where a cold tune's time goes.
+class PhaseClock {
+ public:
+  double lap_ms() {
+    const auto now = std::chrono::steady_clock::now();
+    const double ms = std::chrono::duration<double, std::milli>(now - last_).count();
+    last_ = now;
+    return ms;
+  }
+
+ private:
+  std::chrono::steady_clock::time_point last_ = std::chrono::steady_clock::now();
+};
+
 std::uint32_t block_threads(const LaunchGeometry& geometry) {
   return geometry.block[0] * geometry.block[1] * geometry.block[2];
 }
@@ -143,18 +161,23 @@ struct Scratch {
     }
   }
 
-  std::vector<std::vector<char>> read_outputs() {
-    std::vector<std::vector<char>> out;
+  // Copies the outputs into `out`, one vector each, reusing its storage: fresh host memory for
+  // every candidate's tens of megabytes cost as much as the copy.
+  void read_outputs(std::vector<std::vector<char>>& out) {
+    std::size_t k = 0;
     for (std::size_t i = 0; i < specs.size(); ++i) {
       if (!specs[i].is_output) {
         continue;
       }
-      std::vector<char> bytes(buffers[i].bytes());
+      if (out.size() <= k) {
+        out.emplace_back();
+      }
+      std::vector<char>& bytes = out[k++];
+      bytes.resize(buffers[i].bytes());
       check(driver().cuMemcpyDtoH(bytes.data(), buffers[i].address(), bytes.size()), "cuMemcpyDtoH",
             "reading output " + specs[i].name);
-      out.push_back(std::move(bytes));
     }
-    return out;
+    out.resize(k);
   }
 
   // Why `got` differs from `expected`, output by output; empty when they agree.
@@ -207,7 +230,7 @@ class Measurement {
         problem_(problem),
         rows_(rows),
         options_(options),
-        verify_rows_(std::min(rows, kVerifyRows)),
+        verify_rows_(rows_to_check(device, family, problem, rows, options.verify_elements)),
         verify_(family, problem, verify_rows_),
         scratch_(timing_scratch(device, family, problem, rows)),
         // Twice the L2, written between repetitions, so every run starts with cold caches
@@ -227,7 +250,7 @@ class Measurement {
       const LoadedKernel kernel =
           load_kernel(device_.ordinal, compiled.value(), geometry.smem_bytes);
       run_checked(kernel.function, geometry);
-      reference_ = verify_.read_outputs();
+      verify_.read_outputs(reference_);
       const std::string self = verify_.mismatch(reference_, reference_);
       if (!self.empty()) {
         throw Error("its output has NaN or unwritten elements: " + self);
@@ -259,8 +282,8 @@ class Measurement {
         return std::nullopt;
       }
       run_checked(kernel.function, family_.geometry(problem_, config, verify_rows_));
-      if (const std::string why = verify_.mismatch(verify_.read_outputs(), reference_);
-          !why.empty()) {
+      verify_.read_outputs(outputs_);
+      if (const std::string why = verify_.mismatch(outputs_, reference_); !why.empty()) {
         trial.status = TrialStatus::wrong_result;
         trial.message = why;
         return std::nullopt;
@@ -453,9 +476,6 @@ class Measurement {
   std::int64_t rows_;
   const EvaluatorOptions& options_;
   Stream stream_;
-  // Correctness is checked on at most kVerifyRows rows (the same kernel, fewer CTAs): reading
-  // back and comparing 10^8 outputs per candidate would cost seconds. Timing uses all rows.
-  static constexpr std::int64_t kVerifyRows = 1031;
   static constexpr int kMaxWarmRounds = 1000;
   // Fixed, so two tunes of the same candidates time them in the same orders.
   static constexpr std::uint32_t kShuffleSeed = 0x6B696C6E;
@@ -465,9 +485,22 @@ class Measurement {
   std::size_t launches_ = 0;
   DeviceBuffer flush_;
   std::vector<std::vector<char>> reference_;
+  std::vector<std::vector<char>> outputs_;  // the candidate's being checked
 };
 
 }  // namespace
+
+std::int64_t rows_to_check(const DeviceInfo& device, const Family& family, const Problem& problem,
+                           std::int64_t rows, std::int64_t verify_elements) {
+  constexpr std::int64_t kMaxRows = 1031;
+  std::int64_t per_row = 0;
+  for (const BufferSpec& spec : family.buffers(problem, 1)) {
+    per_row += spec.is_output ? spec.elements : 0;
+  }
+  const std::int64_t floor = std::min<std::int64_t>(2 * device.sm_count + 1, kMaxRows);
+  const std::int64_t by_elements = verify_elements / std::max<std::int64_t>(per_row, 1);
+  return std::min(rows, std::clamp(by_elements, floor, kMaxRows));
+}
 
 GpuEvaluator::GpuEvaluator(DeviceInfo device, BinaryStore* store, EvaluatorOptions options)
     : device_(std::move(device)), store_(store), options_(options) {
@@ -478,24 +511,33 @@ GpuEvaluator::GpuEvaluator(DeviceInfo device, BinaryStore* store, EvaluatorOptio
 std::vector<Trial> GpuEvaluator::evaluate(const Family& family, const Problem& problem,
                                           std::int64_t rows, const Config& reference,
                                           const std::vector<Config>& candidates) {
+  PhaseClock clock;
   std::vector<CompileRequest> requests;
   requests.reserve(candidates.size() + 1);
   for (const Config& config : candidates) {
     requests.push_back({&family, problem, config, device_.sm(), BinaryFormat::cubin});
   }
   requests.push_back({&family, problem, reference, device_.sm(), BinaryFormat::cubin});
-  const std::vector<Expected<CompiledKernel>> compiled = compile_all(requests, store_);
-  for (const auto& result : compiled) {
-    if (!result) {
-      continue;
-    }
-    ++(result->from_cache ? binary_hits_ : compiles_);
-  }
+  // The scratch buffers are allocated and filled while NVRTC compiles (which needs no
+  // context): for large problems that is up to a fifth of a second a round.
+  std::future<std::vector<Expected<CompiledKernel>>> compiling =
+      std::async(std::launch::async, [&] { return compile_all(requests, store_); });
 
   // Everything on the GPU happens in the device's primary context, on a private stream;
   // the handles below are released (in reverse order) before the context is popped.
   ScopedContext context(device_.ordinal);
   Measurement measurement(device_, family, problem, rows, options_);
+  const double buffers_ms = clock.lap_ms();
+  const std::vector<Expected<CompiledKernel>> compiled = compiling.get();
+  int compiled_now = 0;
+  for (const auto& result : compiled) {
+    if (!result) {
+      continue;
+    }
+    ++(result->from_cache ? binary_hits_ : compiles_);
+    compiled_now += result->from_cache ? 0 : 1;
+  }
+  const double compile_ms = buffers_ms + clock.lap_ms();
   measurement.run_reference(reference, compiled.back());
   std::vector<Trial> trials(candidates.size());
   std::vector<Runnable> runnables;
@@ -505,7 +547,17 @@ std::vector<Trial> GpuEvaluator::evaluate(const Family& family, const Problem& p
       runnables.push_back(*runnable);
     }
   }
+  const double check_ms = clock.lap_ms();
   measurement.time_all(runnables, trials);
+  if (log::level() >= log::Level::debug) {
+    char line[256];
+    std::snprintf(line, sizeof line,
+                  ": %zu candidates; compile %.0f ms (%d compiled; buffers meanwhile %.0f ms), "
+                  "load and check %.0f ms, timing %.0f ms",
+                  candidates.size(), compile_ms, compiled_now, buffers_ms, check_ms,
+                  clock.lap_ms());
+    log::debug("kiln evaluator: " + problem.key() + " x" + std::to_string(rows) + line);
+  }
   return trials;
 }
 

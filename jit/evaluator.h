@@ -22,7 +22,19 @@ struct EvaluatorOptions {
   int max_repetitions = 200;
   // GPU time spent timing one candidate (its share of the rounds), beyond the minimum
   double budget_ms = 20;
+  // About how many output elements a candidate's check reads back and compares (see
+  // rows_to_check). 1031 rows of 14848-wide gated_adaln, 30 million outputs, took 200 ms a
+  // candidate on the H200's host: most of a cold tune.
+  std::int64_t verify_elements = std::int64_t{1} << 21;
 };
+
+// The rows a candidate's output is checked on against the reference's: the same kernel on
+// fewer rows than are timed (fewer CTAs). Reading back and comparing every output of every
+// candidate costs more than compiling and timing them. At most `rows` and 1031 rows, and about
+// `verify_elements` outputs, but at least two rows per SM (odd), so a persistent grid of one
+// CTA per SM still runs its grid-stride loop.
+std::int64_t rows_to_check(const DeviceInfo& device, const Family& family, const Problem& problem,
+                           std::int64_t rows, std::int64_t verify_elements);
 
 class GpuEvaluator : public Evaluator {
  public:

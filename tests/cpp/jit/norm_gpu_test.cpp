@@ -3,6 +3,7 @@
 // math by the Python tests.
 #include <doctest/doctest.h>
 
+#include <limits>
 #include <vector>
 
 #include "cache/binary_store.h"
@@ -49,6 +50,7 @@ TEST_CASE("GPU: sampled configs of every norm op agree with the heuristic") {
   EvaluatorOptions quick;
   quick.min_repetitions = 3;
   quick.budget_ms = 1;
+  quick.verify_elements = std::numeric_limits<std::int64_t>::max();  // check every row
   GpuEvaluator evaluator(info, &store, quick);
   const std::vector<Problem> problems = {
       {Op::fused_add_rms_norm, DType::bf16, 4096, kNormWeight, 16},

@@ -89,6 +89,36 @@ TEST_CASE("compare: 16-bit tolerances and the poison pattern") {
   CHECK_THROWS(compare_outputs(DType::f32, std::vector<char>(8), std::vector<char>(4)));
 }
 
+TEST_CASE("compare: long outputs count every bad element, NaN and infinity on either side") {
+  // Long enough for the vectorized loop's body and its tail both to see bad elements.
+  constexpr std::int64_t kCount = 1003;
+  for (DType dtype : {DType::f32, DType::f16, DType::bf16}) {
+    CAPTURE(static_cast<int>(dtype));
+    const std::vector<char> reference = random_values(dtype, kCount, 7);
+    CHECK_FALSE(compare_outputs(dtype, reference, reference));
+    const auto set = [&](std::vector<char>& bytes, std::int64_t index, float value) {
+      const std::size_t size = dtype_size(dtype);
+      if (dtype == DType::f32) {
+        std::memcpy(bytes.data() + index * size, &value, 4);
+      } else {
+        const std::uint16_t bits =
+            dtype == DType::f16 ? float_to_f16_bits(value) : float_to_bf16_bits(value);
+        std::memcpy(bytes.data() + index * size, &bits, 2);
+      }
+    };
+    std::vector<char> got = reference;
+    std::vector<char> expected = reference;
+    set(got, 17, std::numeric_limits<float>::quiet_NaN());
+    set(expected, 500, std::numeric_limits<float>::quiet_NaN());
+    set(got, 640, std::numeric_limits<float>::infinity());
+    set(got, kCount - 1, element(dtype, reference, kCount - 1) + 0.5f);
+    const auto why = compare_outputs(dtype, got, expected);
+    REQUIRE(why);
+    CHECK(contains(*why, "element 17:"));
+    CHECK(contains(*why, "4 of 1003 elements differ"));
+  }
+}
+
 TEST_CASE("timing summary: median and interquartile range") {
   const TimingSummary odd = summarize({5, 1, 4, 2, 3});
   CHECK(odd.median_us == doctest::Approx(3));
