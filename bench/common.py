@@ -158,6 +158,18 @@ def environment():
     }
 
 
+def first_call_ms(fn):
+    """Host wall time of one call of fn, the device synchronized before and after: what a
+    first call (compile, tune or disk read included) costs the caller."""
+    import time
+
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - start) * 1e3
+
+
 def write_json(path, document):
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     with open(path, "w") as f:

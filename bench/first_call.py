@@ -12,7 +12,6 @@ import os
 import statistics
 import sys
 import tempfile
-import time
 
 import torch
 
@@ -49,14 +48,6 @@ def norm_call(kiln, op, hidden, rows):
     raise ValueError(f"unknown op {op}")
 
 
-def wall_ms(fn):
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - start) * 1e3
-
-
 def tune_record(kiln, cache_dir):
     report = json.loads(kiln.report("json", cache_dir=cache_dir))
     results = [r for device in report["devices"] for r in device["results"]]
@@ -89,9 +80,9 @@ def main():
                 cache_dir = tempfile.mkdtemp(prefix="kiln-first-call-")
                 kiln.configure(cache_dir=cache_dir, tune="fast")
                 call = norm_call(kiln, op, hidden, rows)
-                cold = wall_ms(call)
+                cold = common.first_call_ms(call)
                 kiln._C.forget_kernels()  # the next call resolves from the disk cache
-                warm = wall_ms(call)
+                warm = common.first_call_ms(call)
                 case = {"op": op, "hidden": hidden, "rows": rows, "cold_ms": cold, "warm_ms": warm,
                         **tune_record(kiln, cache_dir)}
                 cases.append(case)

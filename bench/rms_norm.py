@@ -8,7 +8,6 @@ Writes DIR/rms_norm.json and DIR/rms_norm.md; prints the table last."""
 import argparse
 import os
 import sys
-import time
 
 import torch
 import torch.nn.functional as F
@@ -48,14 +47,6 @@ def hf_rms_norm(hidden):
         return LlamaRMSNorm(hidden), "local copy"
 
 
-def first_call_ms(fn):
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - start) * 1e3
-
-
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default="bench/results")
@@ -75,9 +66,9 @@ def main():
             hf.weight.copy_(w)
         hf_compiled = torch.compile(hf, dynamic=False)
 
-        cold_ms = first_call_ms(lambda: kiln.rms_norm(x, w, EPS))
+        cold_ms = common.first_call_ms(lambda: kiln.rms_norm(x, w, EPS))
         kiln._C.forget_kernels()  # next call resolves from the disk cache
-        warm_ms = first_call_ms(lambda: kiln.rms_norm(x, w, EPS))
+        warm_ms = common.first_call_ms(lambda: kiln.rms_norm(x, w, EPS))
 
         ref = (x.double() * torch.rsqrt(x.double().pow(2).mean(-1, keepdim=True) + EPS)) * w.double()
         out = kiln.rms_norm(x, w, EPS)

@@ -529,13 +529,12 @@ std::vector<Trial> GpuEvaluator::evaluate(const Family& family, const Problem& p
   Measurement measurement(device_, family, problem, rows, options_);
   const double buffers_ms = clock.lap_ms();
   const std::vector<Expected<CompiledKernel>> compiled = compiling.get();
-  int compiled_now = 0;
+  const std::uint64_t compiles_before = compiles_;
   for (const auto& result : compiled) {
     if (!result) {
       continue;
     }
     ++(result->from_cache ? binary_hits_ : compiles_);
-    compiled_now += result->from_cache ? 0 : 1;
   }
   const double compile_ms = buffers_ms + clock.lap_ms();
   measurement.run_reference(reference, compiled.back());
@@ -552,10 +551,11 @@ std::vector<Trial> GpuEvaluator::evaluate(const Family& family, const Problem& p
   if (log::level() >= log::Level::debug) {
     char line[256];
     std::snprintf(line, sizeof line,
-                  ": %zu candidates; compile %.0f ms (%d compiled; buffers meanwhile %.0f ms), "
+                  ": %zu candidates; compile %.0f ms (%llu compiled; buffers meanwhile %.0f ms), "
                   "load and check %.0f ms, timing %.0f ms",
-                  candidates.size(), compile_ms, compiled_now, buffers_ms, check_ms,
-                  clock.lap_ms());
+                  candidates.size(), compile_ms,
+                  static_cast<unsigned long long>(compiles_ - compiles_before), buffers_ms,
+                  check_ms, clock.lap_ms());
     log::debug("kiln evaluator: " + problem.key() + " x" + std::to_string(rows) + line);
   }
   return trials;
