@@ -1,6 +1,7 @@
 """What a specialisation's first call costs: cold (an empty cache: compile and fast tune) and
-warm (the tuned binary read from the disk cache by a process that has not loaded it), for the
-norm family over hidden sizes x row counts, against the targets of 1.5 s cold and 20 ms warm.
+warm (the tuned binary read from the disk cache once the process has forgotten the loaded
+kernel), for the norm family over hidden sizes x row counts, against the targets of 1.5 s
+cold and 20 ms warm.
 
 Every case gets a cache of its own, so no case reuses a binary another compiled. The tune's
 own record (``kiln.report``) gives its wall time, the configs it measured and the slowest
@@ -9,6 +10,7 @@ single NVRTC compile. Writes first-call-<date>-<device><tag>.{json,md} under --o
 import argparse
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -85,6 +87,7 @@ def main():
                 warm = common.first_call_ms(call)
                 case = {"op": op, "hidden": hidden, "rows": rows, "cold_ms": cold, "warm_ms": warm,
                         **tune_record(kiln, cache_dir)}
+                shutil.rmtree(cache_dir, ignore_errors=True)
                 cases.append(case)
                 print(f"{op} {rows}x{hidden}: cold {cold:.0f} ms (tune {case['tune_ms']:.0f} ms, "
                       f"{case['configs']} configs, slowest compile "

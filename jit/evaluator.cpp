@@ -162,7 +162,7 @@ struct Scratch {
   }
 
   // Copies the outputs into `out`, one vector each, reusing its storage: fresh host memory for
-  // every candidate's tens of megabytes cost as much as the copy.
+  // every candidate's megabytes cost as much as the copy.
   void read_outputs(std::vector<std::vector<char>>& out) {
     std::size_t k = 0;
     for (std::size_t i = 0; i < specs.size(); ++i) {
