@@ -27,11 +27,13 @@ WARM_TARGET_MS = 20
 OPS = ("rms_norm", "fused_add_rms_norm", "layer_norm", "adaln", "gated_adaln")
 
 
-def norm_call(kiln, op, hidden, rows):
-    """A call of `op` on bf16 inputs of `rows` x `hidden`, modulation broadcast per sample."""
-    bf16 = torch.bfloat16
-    x = torch.randn(1, rows, hidden, device="cuda", dtype=bf16)
-    w = torch.randn(hidden, device="cuda", dtype=bf16)
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def norm_call(kiln, op, hidden, rows, dtype):
+    """A call of `op` on inputs of `rows` x `hidden`, modulation broadcast per sample."""
+    x = torch.randn(1, rows, hidden, device="cuda", dtype=dtype)
+    w = torch.randn(hidden, device="cuda", dtype=dtype)
     if op == "rms_norm":
         return lambda: kiln.rms_norm(x, w, 1e-6)
     if op == "fused_add_rms_norm":
@@ -40,7 +42,7 @@ def norm_call(kiln, op, hidden, rows):
     if op == "layer_norm":
         b = torch.randn_like(w)
         return lambda: kiln.layer_norm(x, w, b, 1e-6)
-    scale = torch.randn(1, 1, hidden, device="cuda", dtype=bf16)
+    scale = torch.randn(1, 1, hidden, device="cuda", dtype=dtype)
     shift = torch.randn_like(scale)
     if op == "adaln":
         return lambda: kiln.adaln(x, scale, shift, w)
@@ -67,6 +69,7 @@ def main():
     parser.add_argument("--ops", default=",".join(OPS))
     parser.add_argument("--hidden", default="2432,4096,4544,14848")
     parser.add_argument("--rows", default="1,128,2688,32768")
+    parser.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
     parser.add_argument("--tag", default="", help="appended to the result file names")
     args = parser.parse_args()
 
@@ -74,6 +77,7 @@ def main():
 
     env = common.environment()
     env["timing"] = TIMING
+    env["dtype"] = args.dtype
     torch.ones(1, device="cuda").sum().item()  # the CUDA context is not kiln's cost
     cases = []
     for op in args.ops.split(","):
@@ -81,7 +85,7 @@ def main():
             for rows in (int(r) for r in args.rows.split(",")):
                 cache_dir = tempfile.mkdtemp(prefix="kiln-first-call-")
                 kiln.configure(cache_dir=cache_dir, tune="fast")
-                call = norm_call(kiln, op, hidden, rows)
+                call = norm_call(kiln, op, hidden, rows, DTYPES[args.dtype])
                 cold = common.first_call_ms(call)
                 kiln._C.forget_kernels()  # the next call resolves from the disk cache
                 warm = common.first_call_ms(call)
@@ -107,7 +111,7 @@ def main():
                       {"environment": env, "targets_ms": {"cold": COLD_TARGET_MS,
                                                           "warm": WARM_TARGET_MS},
                        "summary": summary, "cases": cases})
-    lines = [f"# First calls, {env['device']} ({env['sm']}), {env['date']}", "",
+    lines = [f"# First calls, {args.dtype}, {env['device']} ({env['sm']}), {env['date']}", "",
              "| op | rows | hidden | cold ms | tune ms | configs | slowest compile ms | warm ms |",
              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for c in cases:

@@ -101,6 +101,12 @@ std::string flag_names(std::uint32_t flags) {
   add(kNormInPlace, "in-place (8)");
   add(kNormTable, "table (16)");
   add(kNormPerToken, "per-token (32)");
+  const std::uint32_t known =
+      kNormWeight | kNormBias | kNormLayer | kNormInPlace | kNormTable | kNormPerToken;
+  if ((flags & ~known) != 0) {
+    text +=
+        (text.empty() ? "" : ", ") + std::string("unknown bits ") + std::to_string(flags & ~known);
+  }
   return text.empty() ? "none" : text;
 }
 

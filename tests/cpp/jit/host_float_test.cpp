@@ -7,6 +7,10 @@
 
 #include "jit/host_float.h"
 
+#if defined(__SSE__)
+#include <xmmintrin.h>
+#endif
+
 namespace kiln::jit {
 
 TEST_CASE("f16: exact values, rounding to nearest even, range ends") {
@@ -58,6 +62,34 @@ TEST_CASE("f16: narrowing agrees with the compiler's _Float16 on many floats") {
     const _Float16 reference = static_cast<_Float16>(value);
     REQUIRE(float_to_f16_bits(value) == std::bit_cast<std::uint16_t>(reference));
   }
+}
+
+TEST_CASE("f16: widening agrees with the compiler's _Float16 on every half") {
+  for (std::uint32_t bits = 0; bits <= 0xFFFF; ++bits) {
+    const auto half = static_cast<std::uint16_t>(bits);
+    const float reference = static_cast<float>(std::bit_cast<_Float16>(half));
+    const float value = f16_bits_to_float(half);
+    if (std::isnan(reference)) {
+      REQUIRE(std::isnan(value));  // (a signalling NaN's quiet bit may differ)
+      REQUIRE(std::signbit(value) == std::signbit(reference));
+      continue;
+    }
+    REQUIRE(std::bit_cast<std::uint32_t>(value) == std::bit_cast<std::uint32_t>(reference));
+  }
+}
+#endif
+
+#if defined(__SSE__)
+TEST_CASE("f16: subnormal halves widen right where the thread flushes denormals") {
+  // torch.set_flush_denormal(True) sets these bits (FTZ, DAZ) on the calling thread, which
+  // is the thread that checks a tune's outputs.
+  const unsigned saved = _mm_getcsr();
+  _mm_setcsr(saved | 0x8040u);
+  const float least = f16_bits_to_float(0x0001);
+  const float largest = f16_bits_to_float(0x83FF);
+  _mm_setcsr(saved);
+  CHECK(least == std::ldexp(1.0f, -24));
+  CHECK(largest == -std::ldexp(1023.0f, -24));
 }
 #endif
 
