@@ -1,7 +1,6 @@
 #include "jit/verify.h"
 
 #include <algorithm>
-#include <bit>
 #include <cmath>
 #include <cstring>
 #include <sstream>

@@ -45,7 +45,7 @@ step "Python tests (GPU included)"
 # PYTEST_ARGS narrows the run (e.g. "test_swiglu_cuda.py -k bf16"); SKIP_CPP=1 skips ctest.
 # The suite runs in PYTEST_WORKERS processes (default 8; 0 = serially) where pytest-xdist is
 # installed: serially it takes about 20 minutes on an H200 machine, most of it the full tunes
-# of the norm variant tests, which compile on the CPU; 6 workers ran it in 8. Each worker has
+# of the norm variant tests, which compile on the CPU; 8 workers ran it in 7.5. Each worker has
 # a kiln cache of its own (conftest.py), and no test times anything.
 workers=""
 if python3 -c "import xdist" 2>/dev/null && [ "${PYTEST_WORKERS:-8}" != 0 ]; then

@@ -41,23 +41,12 @@ bool has(const Problem& problem, std::uint32_t bit) {
 }
 
 std::string flag_names(std::uint32_t flags) {
-  std::string text;
-  auto add = [&](std::uint32_t bit, const char* name) {
-    if ((flags & bit) != 0) text += (text.empty() ? "" : ", ") + std::string(name);
-  };
-  add(kNormWeight, "weight (1)");
-  add(kNormBias, "bias (2)");
-  add(kNormLayer, "layer (4)");
-  add(kNormTable, "table (16)");
-  add(kNormScalePerToken, "scale per token (32)");
-  add(kNormShiftPerToken, "shift per token (64)");
-  const std::uint32_t known =
-      kNormWeight | kNormBias | kNormLayer | kNormTable | kNormScalePerToken | kNormShiftPerToken;
-  if ((flags & ~known) != 0) {
-    text +=
-        (text.empty() ? "" : ", ") + std::string("unknown bits ") + std::to_string(flags & ~known);
-  }
-  return text.empty() ? "none" : text;
+  return describe_flags(flags, {{kNormWeight, "weight (1)"},
+                                {kNormBias, "bias (2)"},
+                                {kNormLayer, "layer (4)"},
+                                {kNormTable, "table (16)"},
+                                {kNormScalePerToken, "scale per token (32)"},
+                                {kNormShiftPerToken, "shift per token (64)"}});
 }
 
 std::int64_t vec_elements(const Problem& problem, const Config& config) {
@@ -102,21 +91,33 @@ std::uint32_t NormBackwardFamily::allowed_flags() const {
 
 unsigned NormBackwardFamily::features(const Problem& problem) const {
   unsigned f = 0;
-  if (has(problem, kNormWeight)) f |= NormBackwardFeature::weight;
+  if (has(problem, kNormWeight)) {
+    f |= NormBackwardFeature::weight;
+  }
   switch (op_) {
     case Op::fused_add_rms_norm_backward:
       f |= NormBackwardFeature::residual;
       break;
     case Op::layer_norm_backward:
       f |= NormBackwardFeature::layer;
-      if (has(problem, kNormBias)) f |= NormBackwardFeature::dy_sum;
+      if (has(problem, kNormBias)) {
+        f |= NormBackwardFeature::dy_sum;
+      }
       break;
     case Op::adaln_backward:
       f |= NormBackwardFeature::modulate;
-      if (has(problem, kNormLayer)) f |= NormBackwardFeature::layer;
-      if (has(problem, kNormTable)) f |= NormBackwardFeature::table;
-      if (!has(problem, kNormScalePerToken)) f |= NormBackwardFeature::scale_sum;
-      if (!has(problem, kNormShiftPerToken)) f |= NormBackwardFeature::dy_sum;
+      if (has(problem, kNormLayer)) {
+        f |= NormBackwardFeature::layer;
+      }
+      if (has(problem, kNormTable)) {
+        f |= NormBackwardFeature::table;
+      }
+      if (!has(problem, kNormScalePerToken)) {
+        f |= NormBackwardFeature::scale_sum;
+      }
+      if (!has(problem, kNormShiftPerToken)) {
+        f |= NormBackwardFeature::dy_sum;
+      }
       break;
     default:
       break;
@@ -157,7 +158,9 @@ std::vector<int> threads_per_row_options(const Problem& problem, int vec_bytes) 
   if (row_bytes % vec_bytes == 0) {
     const std::int64_t vectors = row_bytes / vec_bytes;
     for (int tpr = 64; tpr <= kThreadsPerRow.back(); tpr += 32) {
-      if (vectors % tpr == 0 && !one_of(kThreadsPerRow, tpr)) options.push_back(tpr);
+      if (vectors % tpr == 0 && !one_of(kThreadsPerRow, tpr)) {
+        options.push_back(tpr);
+      }
     }
   }
   std::sort(options.begin(), options.end());
@@ -165,16 +168,22 @@ std::vector<int> threads_per_row_options(const Problem& problem, int vec_bytes) 
 }
 
 std::vector<int> cta_options(int threads_per_row) {
-  if (one_of(kThreadsPerRow, threads_per_row)) return {kCtaThreads.begin(), kCtaThreads.end()};
+  if (one_of(kThreadsPerRow, threads_per_row)) {
+    return {kCtaThreads.begin(), kCtaThreads.end()};
+  }
   std::vector<int> options;
-  for (int cta = threads_per_row; cta <= kCtaThreads.back(); cta *= 2) options.push_back(cta);
+  for (int cta = threads_per_row; cta <= kCtaThreads.back(); cta *= 2) {
+    options.push_back(cta);
+  }
   return options;
 }
 
 }  // namespace
 
 void NormBackwardFamily::check(const Problem& problem) const {
-  if (auto error = problem_error(*this, problem)) throw *error;
+  if (auto error = problem_error(*this, problem)) {
+    throw *error;
+  }
 }
 
 std::int64_t NormBackwardFamily::elements_per_thread(const Problem& problem, const Config& config) {
@@ -192,19 +201,27 @@ std::int64_t NormBackwardFamily::registers_per_thread(const Problem& problem,
   const std::int64_t steps = elements / vec_elements(problem, config);
   const std::int64_t words = std::max(1, config.vec_bytes / 4);
   int streams = 2;
-  if ((f & NormBackwardFeature::residual) != 0) ++streams;
-  if ((f & NormBackwardFeature::modulate) != 0) ++streams;
+  if ((f & NormBackwardFeature::residual) != 0) {
+    ++streams;
+  }
+  if ((f & NormBackwardFeature::modulate) != 0) {
+    ++streams;
+  }
   int sums = 0;
   for (unsigned bit :
        {NormBackwardFeature::weight, NormBackwardFeature::dy_sum, NormBackwardFeature::scale_sum}) {
-    if ((f & bit) != 0) ++sums;
+    if ((f & bit) != 0) {
+      ++sums;
+    }
   }
   return steps * words * streams + elements * sums + kRegisterOverhead;
 }
 
 std::string NormBackwardFamily::invalid_reason(const Problem& problem, const Config& config,
                                                const DeviceTraits& device) const {
-  if (auto error = problem_error(*this, problem)) return error->message();
+  if (auto error = problem_error(*this, problem)) {
+    return error->message();
+  }
   if (!config.extra.empty()) {
     return std::string(name()) + " has no tunable named '" + config.extra.begin()->first + "'";
   }
@@ -239,7 +256,9 @@ std::vector<Config> NormBackwardFamily::space(const Problem& problem,
         config.vec_bytes = vec;
         config.threads_per_row = tpr;
         config.cta_threads = cta;
-        if (invalid_reason(problem, config, device).empty()) configs.push_back(std::move(config));
+        if (invalid_reason(problem, config, device).empty()) {
+          configs.push_back(std::move(config));
+        }
       }
     }
   }
@@ -260,7 +279,9 @@ Config NormBackwardFamily::heuristic(const Problem& problem, const DeviceTraits&
   target.threads_per_row = kThreadsPerRow.back();
   for (int tpr : kThreadsPerRow) {
     target.threads_per_row = tpr;
-    if (elements_per_thread(problem, target) <= kTargetElementsPerThread) break;
+    if (elements_per_thread(problem, target) <= kTargetElementsPerThread) {
+      break;
+    }
   }
   target.cta_threads = std::max(
       {kMinHeuristicCta, target.threads_per_row,
@@ -275,8 +296,12 @@ Config NormBackwardFamily::heuristic(const Problem& problem, const DeviceTraits&
   };
   const Config* best = nullptr;
   for (const Config& config : configs) {
-    if (config.vec_bytes != vec) continue;
-    if (best == nullptr || distance(config) < distance(*best)) best = &config;
+    if (config.vec_bytes != vec) {
+      continue;
+    }
+    if (best == nullptr || distance(config) < distance(*best)) {
+      best = &config;
+    }
   }
   return best != nullptr ? *best : configs.front();
 }
@@ -310,13 +335,19 @@ std::vector<BufferSpec> backward_buffers(const NormBackwardFamily& family, const
   std::vector<BufferSpec> specs;
   specs.push_back({"dy", t, rows * d, false});
   specs.push_back({"x", t, rows * d, false});
-  if ((f & NormBackwardFeature::residual) != 0) specs.push_back({"dr", t, rows * d, false});
+  if ((f & NormBackwardFeature::residual) != 0) {
+    specs.push_back({"dr", t, rows * d, false});
+  }
   if ((f & NormBackwardFeature::modulate) != 0) {
     const std::int64_t scale_rows = has(problem, kNormScalePerToken) ? rows : 1;
     specs.push_back({"scale", t, scale_rows * d, false});
   }
-  if ((f & NormBackwardFeature::table) != 0) specs.push_back({"table_scale", t, d, false});
-  if ((f & NormBackwardFeature::weight) != 0) specs.push_back({"weight", t, d, false});
+  if ((f & NormBackwardFeature::table) != 0) {
+    specs.push_back({"table_scale", t, d, false});
+  }
+  if ((f & NormBackwardFeature::weight) != 0) {
+    specs.push_back({"weight", t, d, false});
+  }
   specs.push_back({"dx", t, rows * d, true});
   if ((f & NormBackwardFeature::modulate) != 0 && (f & NormBackwardFeature::scale_sum) == 0) {
     specs.push_back({"dscale", t, rows * d, true});
@@ -349,7 +380,9 @@ std::vector<std::byte> NormBackwardFamily::pack_params(
   const std::vector<BufferSpec> specs = backward_buffers(*this, problem, rows);
   if (addresses.size() != specs.size()) {
     std::string names;
-    for (const BufferSpec& spec : specs) names += (names.empty() ? "" : ", ") + spec.name;
+    for (const BufferSpec& spec : specs) {
+      names += (names.empty() ? "" : ", ") + spec.name;
+    }
     throw Error("kiln." + std::string(name()) + ": pack_params: expected " +
                 std::to_string(specs.size()) + " addresses (" + names + "), got " +
                 std::to_string(addresses.size()));
@@ -359,17 +392,39 @@ std::vector<std::byte> NormBackwardFamily::pack_params(
   for (std::size_t i = 0; i < specs.size(); ++i) {
     void* address = reinterpret_cast<void*>(static_cast<std::uintptr_t>(addresses[i]));
     const std::string& n = specs[i].name;
-    if (n == "dy") params.dy = address;
-    if (n == "x") params.x = address;
-    if (n == "dr") params.dr = address;
-    if (n == "scale") params.scale = address;
-    if (n == "table_scale") params.table_scale = address;
-    if (n == "weight") params.weight = address;
-    if (n == "dx") params.dx = address;
-    if (n == "dscale") params.dscale = address;
-    if (n == "weight_partial") params.weight_partial = static_cast<float*>(address);
-    if (n == "dy_partial") params.dy_partial = static_cast<float*>(address);
-    if (n == "scale_partial") params.scale_partial = static_cast<float*>(address);
+    if (n == "dy") {
+      params.dy = address;
+    }
+    if (n == "x") {
+      params.x = address;
+    }
+    if (n == "dr") {
+      params.dr = address;
+    }
+    if (n == "scale") {
+      params.scale = address;
+    }
+    if (n == "table_scale") {
+      params.table_scale = address;
+    }
+    if (n == "weight") {
+      params.weight = address;
+    }
+    if (n == "dx") {
+      params.dx = address;
+    }
+    if (n == "dscale") {
+      params.dscale = address;
+    }
+    if (n == "weight_partial") {
+      params.weight_partial = static_cast<float*>(address);
+    }
+    if (n == "dy_partial") {
+      params.dy_partial = static_cast<float*>(address);
+    }
+    if (n == "scale_partial") {
+      params.scale_partial = static_cast<float*>(address);
+    }
   }
   const std::int64_t d = problem.hidden;
   const bool per_token = has(problem, kNormScalePerToken);

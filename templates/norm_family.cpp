@@ -89,25 +89,12 @@ bool has(const Problem& problem, std::uint32_t bit) {
 }
 
 std::string flag_names(std::uint32_t flags) {
-  std::string text;
-  auto add = [&](std::uint32_t bit, const char* name) {
-    if ((flags & bit) != 0) {
-      text += (text.empty() ? "" : ", ") + std::string(name);
-    }
-  };
-  add(kNormWeight, "weight (1)");
-  add(kNormBias, "bias (2)");
-  add(kNormLayer, "layer (4)");
-  add(kNormInPlace, "in-place (8)");
-  add(kNormTable, "table (16)");
-  add(kNormPerToken, "per-token (32)");
-  const std::uint32_t known =
-      kNormWeight | kNormBias | kNormLayer | kNormInPlace | kNormTable | kNormPerToken;
-  if ((flags & ~known) != 0) {
-    text +=
-        (text.empty() ? "" : ", ") + std::string("unknown bits ") + std::to_string(flags & ~known);
-  }
-  return text.empty() ? "none" : text;
+  return describe_flags(flags, {{kNormWeight, "weight (1)"},
+                                {kNormBias, "bias (2)"},
+                                {kNormLayer, "layer (4)"},
+                                {kNormInPlace, "in-place (8)"},
+                                {kNormTable, "table (16)"},
+                                {kNormPerToken, "per-token (32)"}});
 }
 
 // The share of a row split's lane-steps that hold a vector of the row: 1 when the row's

@@ -30,6 +30,22 @@ std::optional<ArgumentError> norm_problem_error(const Family& family, const Prob
   return std::nullopt;
 }
 
+std::string describe_flags(std::uint32_t flags, std::initializer_list<FlagName> names) {
+  std::string text;
+  std::uint32_t named = 0;
+  for (const FlagName& flag : names) {
+    named |= flag.bit;
+    if ((flags & flag.bit) != 0) {
+      text += (text.empty() ? "" : ", ") + std::string(flag.name);
+    }
+  }
+  if ((flags & ~named) != 0) {
+    text +=
+        (text.empty() ? "" : ", ") + std::string("unknown bits ") + std::to_string(flags & ~named);
+  }
+  return text.empty() ? "none" : text;
+}
+
 std::string row_split_reason(const Problem& problem, const Config& config,
                              const DeviceTraits& device, std::int64_t held, std::int64_t max_held) {
   const auto element = static_cast<std::int64_t>(dtype_size(problem.dtype));

@@ -6,6 +6,7 @@
 
 #include <array>
 #include <cstdint>
+#include <initializer_list>
 #include <optional>
 #include <string>
 
@@ -23,6 +24,14 @@ inline constexpr std::int64_t kNormMaxHidden = 65536;
 std::optional<ArgumentError> norm_problem_error(const Family& family, const Problem& problem,
                                                 std::uint32_t allowed_flags,
                                                 std::string (*flag_names)(std::uint32_t));
+
+struct FlagName {
+  std::uint32_t bit;
+  const char* name;  // with its value: "weight (1)"
+};
+// `flags` as the names of its bits in `names`, then any bit not among them by value ("unknown
+// bits 64"), so an error never drops the bit that caused it; "none" when no bit is set.
+std::string describe_flags(std::uint32_t flags, std::initializer_list<FlagName> names);
 
 inline constexpr std::array<int, 4> kRowVecBytes = {16, 8, 4, 2};  // widest first: canonical
 inline constexpr std::array<int, 9> kRowThreadsPerRow = {4, 8, 16, 32, 64, 128, 256, 512, 1024};
