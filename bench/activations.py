@@ -10,7 +10,6 @@ Usage: python bench/activations.py [--out DIR] [--quick] [--forms swiglu,gelu,..
 Writes DIR/activations-<date>-<device>.json and .md; prints the table last."""
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -76,18 +75,6 @@ def make_form(name, tokens, width):
         return (lambda: kiln.gated_residual(h, y, gate)), eager_gated_residual, (h, y, gate), \
             3 * n + gate.numel() * 2
     raise ValueError(f"unknown form {name}")
-
-
-def tuned_configs(tune_dir, seen):
-    """The winners of the tunes stored since the last call: {file name: reason}."""
-    found = {}
-    for name in sorted(os.listdir(tune_dir)) if os.path.isdir(tune_dir) else []:
-        if name in seen:
-            continue
-        seen.add(name)
-        with open(os.path.join(tune_dir, name)) as f:
-            found[name] = json.load(f).get("reason", "")
-    return found
 
 
 def write_results(args, env, copy_gbs, rows, overhead, kiln):
@@ -176,8 +163,7 @@ def main():
         "kiln.gelu": lambda: kiln.gelu(g),
         "torch.ops.kiln.swiglu.default": lambda: swiglu_op(g, u, False),
     })
-    tune_dir = os.path.join(kiln.settings()["cache_dir"], "v1", "tune",
-                            kiln.device_info(0)["fingerprint"])
+    tune_dir = common.tune_dir(kiln)
     seen = set()
     rows = []
     for form in args.forms.split(","):
@@ -217,7 +203,7 @@ def main():
                                     for k, v in times.items()},
                     "speedup_vs_best_peer": best_peer / times["kiln"],
                     "max_rel_err_vs_fp64": err,
-                    "kiln_tuned": tuned_configs(tune_dir, seen),
+                    "kiln_tuned": common.tuned_configs(tune_dir, seen),
                 }
                 if len(blocks) > 1:
                     record["speedup_per_block"] = [

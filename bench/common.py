@@ -192,6 +192,23 @@ def fresh_kiln(recompile_limit=1024):
     return kiln
 
 
+def tune_dir(kiln):
+    """Where kiln's cache keeps this device's tune records."""
+    return os.path.join(kiln.settings()["cache_dir"], "v1", "tune", kiln.device_info(0)["fingerprint"])
+
+
+def tuned_configs(directory, seen):
+    """The winners of the tunes stored in `directory` since the last call: {file name: reason}."""
+    found = {}
+    for name in sorted(os.listdir(directory)) if os.path.isdir(directory) else []:
+        if name in seen:
+            continue
+        seen.add(name)
+        with open(os.path.join(directory, name)) as f:
+            found[name] = json.load(f).get("reason", "")
+    return found
+
+
 def stamp(env):
     """The date-device part of result file names: "2026-11-22-NVIDIA_H200"."""
     return f"{env['date']}-{env['device'].replace(' ', '_')}"

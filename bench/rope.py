@@ -202,6 +202,7 @@ def main():
     kiln = common.fresh_kiln(256)
     env = common.environment()
     copy_gbs = common.copy_bandwidth_gbs()
+    tunes, seen = common.tune_dir(kiln), set()
     rows = []
     with torch.no_grad():
         for case in cases(args.quick):
@@ -218,6 +219,7 @@ def main():
                                 for k, v in times.items()},
                 "speedup_vs_best_peer": best_peer / times["kiln"],
                 "rel_err_vs_peer": case["check"](),
+                "kiln_tuned": common.tuned_configs(tunes, seen),
             })
             print(rows[-1]["case"], f"{rows[-1]['us']['kiln']:.1f} us",
                   f"{rows[-1]['speedup_vs_best_peer']:.2f}x", flush=True)

@@ -86,50 +86,101 @@ __global__ void __launch_bounds__(CTA_THREADS) rope(const RopeParams p) {
     long long sin_offset[ROWS_PER_THREAD];
   };
 
+  // Where a row is: its head (q's first, then k's) and its token's batch entry and position.
+  struct Place {
+    unsigned head;
+    unsigned entry;
+    unsigned position;
+    bool full_panel;  // positions inner: the row's panel holds kSlots tokens
+  };
+  const auto place_of = [&](long long row) {
+    const unsigned r = static_cast<unsigned>(row);
+    Place place{};
+    // Divisions by launch constants are multiply-highs (p's magics); by kSlots, compile-time.
+    if (positions_inner) {
+      const unsigned panel = quotient(r / kSlots, p.heads_divisor);  // r / (kSlots * heads)
+      const unsigned in_panel = r - panel * (kSlots * heads);
+      const unsigned panel_tokens = min(kSlots, tokens - panel * kSlots);
+      place.full_panel = panel_tokens == kSlots;
+      // Only the last panel can be short of kSlots tokens.
+      place.head = place.full_panel ? in_panel / kSlots : divide_rarely(in_panel, panel_tokens);
+      const unsigned token = panel * kSlots + (in_panel - place.head * panel_tokens);
+      place.entry = quotient(token, p.seq_divisor);
+      place.position = token - place.entry * seq;
+    } else {
+      const unsigned token = quotient(r, p.heads_divisor);
+      place.head = r - token * heads;
+      place.position = quotient(token, p.batch_divisor);
+      place.entry = token - place.position * batch;
+      place.full_panel = true;
+    }
+    return place;
+  };
+
   // Issues the loads of the rows of the pass whose CTA starts at row `first`.
   const auto load_rows = [&](long long first, Rows& rows) {
     const long long row0 =
         first + static_cast<long long>(slot) * (positions_inner ? 1 : ROWS_PER_THREAD);
+    const long long row_step = positions_inner ? kSlots : 1;
+    // Most threads' rows are one token's consecutive heads (all but the rows that wrap into
+    // the next token or lie in a short last panel): they share cos/sin and need no division,
+    // and where they are all q's or all k's, their places follow from the first row's by the
+    // head stride.
+    Place first_place{};
+    bool one_token = false;
+    bool one_tensor = false;
+    if (ROWS_PER_THREAD > 1 && row0 < p.rows) {
+      first_place = place_of(row0);
+      const unsigned last_head = first_place.head + (ROWS_PER_THREAD - 1);
+      const unsigned heads_q = static_cast<unsigned>(p.heads_q);
+      one_token = first_place.full_panel && last_head < heads;
+      one_tensor = one_token && (last_head < heads_q || first_place.head >= heads_q);
+    }
+    const T* first_in_row = nullptr;
+    long long in_head_stride = 0;
+    long long out_head_stride = 0;
 #pragma unroll
     for (int j = 0; j < ROWS_PER_THREAD; ++j) {
-      const long long row = row0 + static_cast<long long>(j) * (positions_inner ? kSlots : 1);
+      const long long row = row0 + static_cast<long long>(j) * row_step;
       rows.out_row[j] = nullptr;
       rows.copy_rest[j] = false;
       rows.angle_key[j] = -1;
       rows.sin_offset[j] = 0;
-      if (row >= p.rows) continue;
-      const unsigned r = static_cast<unsigned>(row);
-      unsigned head, position, entry;
-      // Divisions by launch constants are multiply-highs (p's magics); by kSlots, compile-time.
-      if (positions_inner) {
-        const unsigned panel = quotient(r / kSlots, p.heads_divisor);  // r / (kSlots * heads)
-        const unsigned in_panel = r - panel * (kSlots * heads);
-        const unsigned panel_tokens = min(kSlots, tokens - panel * kSlots);
-        // Only the last panel can be short of kSlots tokens.
-        head = panel_tokens == kSlots ? in_panel / kSlots : divide_rarely(in_panel, panel_tokens);
-        const unsigned token = panel * kSlots + (in_panel - head * panel_tokens);
-        entry = quotient(token, p.seq_divisor);
-        position = token - entry * seq;
+      const T* in_row;
+      if (one_tensor && j > 0) {
+        in_row = first_in_row + j * in_head_stride;
+        rows.out_row[j] = rows.out_row[0] + j * out_head_stride;
+        rows.copy_rest[j] = rows.copy_rest[0];
+        rows.angle_key[j] = rows.angle_key[0];
+        rows.sin_offset[j] = rows.sin_offset[0];
       } else {
-        const unsigned token = quotient(r, p.heads_divisor);
-        head = r - token * heads;
-        position = quotient(token, p.batch_divisor);
-        entry = token - position * batch;
-      }
-      const bool is_q = head < static_cast<unsigned>(p.heads_q);
-      const long long* in_strides = is_q ? p.q_strides : p.k_strides;
-      const long long* out_strides = is_q ? p.q_out_strides : p.k_out_strides;
-      const unsigned h = is_q ? head : head - p.heads_q;
-      const T* in_row = static_cast<const T*>(is_q ? p.q : p.k) + entry * in_strides[0] +
-                        position * in_strides[1] + h * in_strides[2];
-      rows.out_row[j] = static_cast<T*>(is_q ? p.q_out : p.k_out) + entry * out_strides[0] +
-                        position * out_strides[1] + h * out_strides[2];
-      rows.copy_rest[j] = kPassUnits > 0 && static_cast<const void*>(rows.out_row[j]) != in_row;
-      if constexpr (VIDEO) {
-        rows.angle_key[j] = position;
-      } else {
-        rows.angle_key[j] = entry * p.cos_strides[0] + position * p.cos_strides[1];
-        rows.sin_offset[j] = entry * p.sin_strides[0] + position * p.sin_strides[1];
+        if (!one_token && row >= p.rows) continue;
+        Place place = first_place;
+        if (one_token) {
+          place.head += j;
+        } else if (ROWS_PER_THREAD == 1 || j > 0) {
+          place = place_of(row);
+        }
+        const bool is_q = place.head < static_cast<unsigned>(p.heads_q);
+        const long long* in_strides = is_q ? p.q_strides : p.k_strides;
+        const long long* out_strides = is_q ? p.q_out_strides : p.k_out_strides;
+        const unsigned h = is_q ? place.head : place.head - p.heads_q;
+        in_row = static_cast<const T*>(is_q ? p.q : p.k) + place.entry * in_strides[0] +
+                 place.position * in_strides[1] + h * in_strides[2];
+        rows.out_row[j] = static_cast<T*>(is_q ? p.q_out : p.k_out) + place.entry * out_strides[0] +
+                          place.position * out_strides[1] + h * out_strides[2];
+        rows.copy_rest[j] = kPassUnits > 0 && static_cast<const void*>(rows.out_row[j]) != in_row;
+        if constexpr (VIDEO) {
+          rows.angle_key[j] = place.position;
+        } else {
+          rows.angle_key[j] = place.entry * p.cos_strides[0] + place.position * p.cos_strides[1];
+          rows.sin_offset[j] = place.entry * p.sin_strides[0] + place.position * p.sin_strides[1];
+        }
+        if (j == 0) {
+          first_in_row = in_row;
+          in_head_stride = in_strides[2];
+          out_head_stride = out_strides[2];
+        }
       }
 #pragma unroll
       for (int step = 0; step < kRotSteps; ++step) {

@@ -3,7 +3,13 @@ kernel walks positions-inner: panels of consecutive positions of one head, a thr
 the same token in consecutive heads. A full tune checks every candidate against the
 heuristic's output on its stand-alone run, laid out the same way; then every measured
 candidate is pinned in turn and op calls on shapes whose last panel is partial (odd
-sequence lengths, batch > 1, q and k with different head counts) are compared with fp64."""
+sequence lengths, batch > 1, q and k with different head counts) are compared with fp64.
+
+The same for [B, H, S, D] views of [B, S, H, D] data (what transformers' attention hands
+RoPE after its transpose), walked heads-inner. Either way a thread whose rows are one
+token's consecutive heads of q, or of k, derives their places from its first row's; the
+head counts 5 + 3 give every config with several rows a thread some threads whose rows
+cross from q to k or into the next token, which take the general path."""
 
 import pytest
 
@@ -57,12 +63,27 @@ def interleaved():
         assert_close_to(k_out, k_ref, torch.float16)
     return check
 
-# By the problem's flags: 8 = positions inner (+ 1 interleaved + 2 fp32 table).
-checks = {"f8": half_split(), "f11": interleaved()}
+def heads_inner():
+    # [2, 5, 33, 64] and [2, 3, 33, 64] views of [B, S, H, D] data: heads contiguous.
+    q = torch.randn(2, 33, 5, 64, device="cuda", generator=gen).bfloat16().transpose(1, 2)
+    k = torch.randn(2, 33, 3, 64, device="cuda", generator=gen).bfloat16().transpose(1, 2)
+    cos, sin = llama_cos_sin(2, 33, 64, positions=torch.randint(0, 4096, (2, 33)))
+    cos, sin = cos.cuda().bfloat16(), sin.cuda().bfloat16()
+    q_ref, k_ref = hf_apply_rotary_pos_emb(q, k, cos, sin)
+    def check():
+        poison()
+        q_out, k_out = kiln.rope(q, k, cos, sin)
+        assert_close_to(q_out, q_ref, torch.bfloat16)
+        assert_close_to(k_out, k_ref, torch.bfloat16)
+    return check
+
+# By the problem's flags: 8 = positions inner (+ 1 interleaved + 2 fp32 table); 0 = heads
+# inner, half-split, table in the data's dtype.
+checks = {"f8": half_split(), "f11": interleaved(), "f0": heads_inner()}
 for check in checks.values():
     check()  # tunes its problem in full, every candidate checked by the tuner
 records = sorted((cache / "v1" / "tune").glob("*/*.json"))
-assert len(records) == 2, records
+assert len(records) == 3, records
 pinned = 0
 for path in records:
     record = json.loads(path.read_text())
@@ -84,5 +105,5 @@ print("ok", pinned)
 """
 
 
-def test_every_positions_inner_config_is_correct(tmp_path):
+def test_every_config_of_both_row_walks_is_correct(tmp_path):
     run_child(CHILD, [str(tmp_path)], tmp_path, "full")
