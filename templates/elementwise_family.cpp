@@ -13,7 +13,7 @@ namespace kiln {
 
 // The kernel receives these bytes as its by-value parameter: 4 pointers, 5 long longs and
 // a divisor.
-static_assert(sizeof(ElementwiseParams) == 88 && alignof(ElementwiseParams) == 8);
+static_assert(sizeof(ElementwiseParams) == 96 && alignof(ElementwiseParams) == 8);
 
 namespace {
 

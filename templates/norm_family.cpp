@@ -15,7 +15,7 @@ namespace kiln {
 
 // The kernel receives these bytes as its by-value parameter; nvcc lays the struct out the
 // same way for the device (8-byte pointers and long longs).
-static_assert(sizeof(NormModulation) == 32 && sizeof(NormParams) == 232 &&
+static_assert(sizeof(NormModulation) == 32 && sizeof(NormParams) == 240 &&
               alignof(NormParams) == 8);
 
 namespace {

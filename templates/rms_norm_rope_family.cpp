@@ -13,7 +13,7 @@
 
 namespace kiln {
 
-static_assert(sizeof(RmsNormRopeParams) == 264 && alignof(RmsNormRopeParams) == 8);
+static_assert(sizeof(RmsNormRopeParams) == 288 && alignof(RmsNormRopeParams) == 8);
 
 namespace {
 

@@ -12,7 +12,7 @@
 
 namespace kiln {
 
-static_assert(sizeof(RopeParams) == 320 && alignof(RopeParams) == 8);
+static_assert(sizeof(RopeParams) == 360 && alignof(RopeParams) == 8);
 
 namespace {
 

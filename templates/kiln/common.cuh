@@ -67,6 +67,27 @@ __device__ __forceinline__ bf16 from_float<bf16>(float value) {
   return result;
 }
 
+// Two fp32 values rounded to T and widened back, as storing them and reading them back would.
+template <typename T>
+__device__ __forceinline__ void round_through(float& a, float& b) {
+  a = to_float(from_float<T>(a));
+  b = to_float(from_float<T>(b));
+}
+
+// On sm_80 and later a bf16 pair rounds in one packed conversion (the same rounding).
+template <>
+__device__ __forceinline__ void round_through<bf16>(float& a, float& b) {
+#if __CUDA_ARCH__ >= 800
+  unsigned packed;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(packed) : "f"(b), "f"(a));
+  a = __uint_as_float(packed << 16);
+  b = __uint_as_float(packed & 0xffff0000u);
+#else
+  a = to_float(from_float<bf16>(a));
+  b = to_float(from_float<bf16>(b));
+#endif
+}
+
 // ---------------------------------------------------------------------------------------
 // Raw vectors: BYTES bytes held in 32-bit registers (a 2-byte vector uses the low half of
 // one register). Elements are extracted with shifts at compile-time positions, so a

@@ -12,11 +12,14 @@
 
 namespace kiln {
 
-// Exact for every 64-bit numerator and every divisor >= 1 (and so for 32-bit ones too).
+// Exact for every 64-bit numerator and every divisor >= 1, with a 32-bit magic of its own for
+// 32-bit numerators.
 struct Divisor {
-  unsigned long long magic;  // floor(2^64 (2^l - d) / d) + 1, l = ceil(log2 d)
-  unsigned int pre_shift;    // min(l, 1)
-  unsigned int post_shift;   // max(l - 1, 0)
+  unsigned long long magic;   // floor(2^64 (2^l - d) / d) + 1, l = ceil(log2 d)
+  unsigned int pre_shift;     // min(l, 1)
+  unsigned int post_shift;    // max(l - 1, 0)
+  unsigned int magic32;       // floor(2^32 (2^l - d) / d) + 1 for l <= 32; 0 above
+  unsigned int post_shift32;  // max(min(l, 32) - 1, 0): a quotient of 0 above 2^32
 };
 
 // Device code in the kernels, inline host code for make_divisor's callers and the tests.
@@ -39,18 +42,18 @@ KILN_DIVISOR_FUNCTION unsigned long long quotient(unsigned long long n, const Di
   return (high + ((n - high) >> d.pre_shift)) >> d.post_shift;
 }
 
-// The same quotient for a numerator below 2^32, without the 64-bit multiply-high (which the
-// GPU builds from four 32-bit multiplies): n's high word is zero, so two widening multiplies
-// by the magic's halves give the same product's high word.
+// The same quotient for a numerator below 2^32, the same figure with N = 32: one 32-bit
+// multiply-high and 32-bit adds and shifts (the 64-bit magic's high word costs a thread four
+// multiplies and 64-bit shifts). A divisor above 2^32 has magic32 0 and post_shift32 31, so
+// the sum, at most n / 2, shifts to 0.
 KILN_DIVISOR_FUNCTION unsigned int quotient(unsigned int n, const Divisor& d) {
-  const unsigned long long low =
-      static_cast<unsigned long long>(n) * static_cast<unsigned int>(d.magic);
-  const unsigned long long middle =
-      static_cast<unsigned long long>(n) * static_cast<unsigned int>(d.magic >> 32);
-  const auto high = static_cast<unsigned int>((middle + (low >> 32)) >> 32);
-  // post_shift reaches 63 for divisors above 2^63: shifted as 64 bits, it stays defined.
-  const unsigned long long sum = high + ((n - high) >> d.pre_shift);
-  return static_cast<unsigned int>(sum >> d.post_shift);
+#ifdef __CUDACC_RTC__
+  const unsigned int high = __umulhi(n, d.magic32);
+#else
+  const auto high =
+      static_cast<unsigned int>((static_cast<unsigned long long>(n) * d.magic32) >> 32);
+#endif
+  return (high + ((n - high) >> d.pre_shift)) >> d.post_shift32;
 }
 
 #undef KILN_DIVISOR_FUNCTION
@@ -68,6 +71,11 @@ inline Divisor make_divisor(unsigned long long d) {
       static_cast<unsigned long long>((static_cast<unsigned __int128>(excess) << 64) / d) + 1;
   result.pre_shift = l < 1 ? l : 1;
   result.post_shift = l > 1 ? l - 1 : 0;
+  if (l <= 32) {
+    const unsigned long long excess32 = (1ull << l) - d;
+    result.magic32 = static_cast<unsigned int>((excess32 << 32) / d + 1);
+  }
+  result.post_shift32 = l > 1 ? (l < 32 ? l : 32) - 1 : 0;
   return result;
 }
 #endif

@@ -44,6 +44,12 @@ __global__ void __launch_bounds__(CTA_THREADS) rms_norm_rope(const RmsNormRopePa
 
   constexpr int kWords = VEC_BYTES < 4 ? 1 : VEC_BYTES / 4;
   const unsigned seq_len = static_cast<unsigned>(p.seq_len);
+  // A token's batch entry and position, found when its vectors are loaded and kept for its
+  // rotation (a persistent grid's next token is found once, not twice).
+  struct Place {
+    unsigned entry;
+    unsigned position;
+  };
   // A token's q and k vectors, zero past the row's end and for a row past the last.
   const auto load_token = [&](long long row, Raw<VEC_BYTES>(&qv)[kSteps],
                               Raw<VEC_BYTES>(&kv)[kSteps]) {
@@ -52,9 +58,12 @@ __global__ void __launch_bounds__(CTA_THREADS) rms_norm_rope(const RmsNormRopePa
 #pragma unroll
       for (int w = 0; w < kWords; ++w) qv[step].words[w] = kv[step].words[w] = 0u;
     }
-    if (row >= p.rows) return;
-    const unsigned entry = quotient(static_cast<unsigned>(row), p.seq_len_divisor);
-    const unsigned position = static_cast<unsigned>(row) - entry * seq_len;
+    Place place{0u, 0u};
+    if (row >= p.rows) return place;
+    place.entry = quotient(static_cast<unsigned>(row), p.seq_len_divisor);
+    place.position = static_cast<unsigned>(row) - place.entry * seq_len;
+    const unsigned entry = place.entry;
+    const unsigned position = place.position;
     const T* q_row =
         static_cast<const T*>(p.q) + entry * p.q_strides[0] + position * p.q_strides[1];
     const T* k_row =
@@ -67,14 +76,16 @@ __global__ void __launch_bounds__(CTA_THREADS) rms_norm_rope(const RmsNormRopePa
         kv[step] = load_global_nc<VEC_BYTES>(k_row + column);
       }
     }
+    return place;
   };
 
-  // The normalised, rotated token `row` (its q and k vectors and their norms' scales) stored.
-  const auto rotate_token = [&](long long row, float q_scale, float k_scale,
+  // The normalised, rotated token at `place` (its q and k vectors and their norms' scales)
+  // stored.
+  const auto rotate_token = [&](Place place, float q_scale, float k_scale,
                                 const Raw<VEC_BYTES>(&qv)[kSteps],
                                 const Raw<VEC_BYTES>(&kv)[kSteps]) {
-    const unsigned entry = quotient(static_cast<unsigned>(row), p.seq_len_divisor);
-    const unsigned position = static_cast<unsigned>(row) - entry * seq_len;
+    const unsigned entry = place.entry;
+    const unsigned position = place.position;
 
     float axes[3];
     if constexpr (VIDEO) video_pairs.rotate_axes(p.video, position, axes);
@@ -110,14 +121,12 @@ __global__ void __launch_bounds__(CTA_THREADS) rms_norm_rope(const RmsNormRopePa
 #pragma unroll
       for (int i = 0; i < kVec; i += 2) {
         // The separate norm's output is rounded to T before the rotation reads it.
-        const float q_re =
-            to_float(from_float<T>(get_element<T>(qv[step], i) * q_scale * get_element<T>(qw, i)));
-        const float q_im = to_float(
-            from_float<T>(get_element<T>(qv[step], i + 1) * q_scale * get_element<T>(qw, i + 1)));
-        const float k_re =
-            to_float(from_float<T>(get_element<T>(kv[step], i) * k_scale * get_element<T>(kw, i)));
-        const float k_im = to_float(
-            from_float<T>(get_element<T>(kv[step], i + 1) * k_scale * get_element<T>(kw, i + 1)));
+        float q_re = get_element<T>(qv[step], i) * q_scale * get_element<T>(qw, i);
+        float q_im = get_element<T>(qv[step], i + 1) * q_scale * get_element<T>(qw, i + 1);
+        float k_re = get_element<T>(kv[step], i) * k_scale * get_element<T>(kw, i);
+        float k_im = get_element<T>(kv[step], i + 1) * k_scale * get_element<T>(kw, i + 1);
+        round_through<T>(q_re, q_im);
+        round_through<T>(k_re, k_im);
         q_result[i] = q_re * c[i] - q_im * s[i];
         q_result[i + 1] = q_im * c[i + 1] + q_re * s[i + 1];
         k_result[i] = k_re * c[i] - k_im * s[i];
@@ -132,7 +141,8 @@ __global__ void __launch_bounds__(CTA_THREADS) rms_norm_rope(const RmsNormRopePa
   long long row = static_cast<long long>(blockIdx.x) * kRowsPerCta + row_in_cta;
   Raw<VEC_BYTES> qv[kSteps];
   Raw<VEC_BYTES> kv[kSteps];
-  if constexpr (PREFETCH) load_token(row, qv, kv);
+  Place place{0u, 0u};
+  if constexpr (PREFETCH) place = load_token(row, qv, kv);
   int parity = 0;  // group_sum_pair's buffer
   // Every thread runs the same iterations (the reductions may synchronise the CTA).
   for (long long first_row = static_cast<long long>(blockIdx.x) * kRowsPerCta; first_row < p.rows;
@@ -140,10 +150,11 @@ __global__ void __launch_bounds__(CTA_THREADS) rms_norm_rope(const RmsNormRopePa
     const bool active = row < p.rows;
     Raw<VEC_BYTES> q_next[PREFETCH ? kSteps : 1];
     Raw<VEC_BYTES> k_next[PREFETCH ? kSteps : 1];
+    Place next_place{0u, 0u};
     if constexpr (PREFETCH) {
-      load_token(row + grid_rows, q_next, k_next);
+      next_place = load_token(row + grid_rows, q_next, k_next);
     } else {
-      load_token(row, qv, kv);
+      place = load_token(row, qv, kv);
     }
     float q_squares = 0.0f;
     float k_squares = 0.0f;
@@ -164,8 +175,9 @@ __global__ void __launch_bounds__(CTA_THREADS) rms_norm_rope(const RmsNormRopePa
     parity ^= 1;
     const float q_scale = rsqrtf(q_squares * kInvWidth + p.eps);
     const float k_scale = rsqrtf(k_squares * kInvWidth + p.eps);
-    if (active) rotate_token(row, q_scale, k_scale, qv, kv);
+    if (active) rotate_token(place, q_scale, k_scale, qv, kv);
     if constexpr (PREFETCH) {
+      place = next_place;
 #pragma unroll
       for (int step = 0; step < kSteps; ++step) {
         qv[step] = q_next[step];

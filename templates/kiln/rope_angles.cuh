@@ -24,14 +24,11 @@ __device__ __forceinline__ void load_table(const C* source, float* values) {
   }
 }
 
-// The frequency of interleaved pair `pair` of a row of LTX-Video angles (0 for the
-// padding pairs at the front, whose angle is then 0: cos 1, sin 0 exactly). Pair j past the
-// padding is scaled by axis j % 3's coordinate (0 frame, 1 row, 2 column).
-__device__ __forceinline__ float video_frequency(const RopeVideoGrid& grid, int pair) {
-  const int j = pair - grid.pad_pairs;
-  if (j < 0) return 0.0f;
-  // theta ** (i / (n - 1)) as torch computes it in fp32 (linspace then pow), times pi / 2.
-  return exp2f(static_cast<float>(j / 3) * grid.log2_freq_step) * 1.57079632679489662f;
+// The frequency of LTX-Video's frequency index `index` (pair j past the padding has index
+// j / 3): theta ** (index / (n - 1)) as torch computes it in fp32 (linspace then pow), times
+// pi / 2.
+__device__ __forceinline__ float video_frequency(const RopeVideoGrid& grid, int index) {
+  return exp2f(static_cast<float>(index) * grid.log2_freq_step) * 1.57079632679489662f;
 }
 
 // 2 * coordinate * scale - 1 for each axis of the token at `position` (below 2^31: the
@@ -85,13 +82,22 @@ struct VideoPairs {
   int first_axis;
 
   __device__ __forceinline__ void init(const RopeVideoGrid& grid, int lane) {
+    static_assert(PAIRS_PER_VECTOR <= 4, "a vector's pairs span at most two frequencies");
     first_axis = ((lane * PAIRS_PER_VECTOR - grid.pad_pairs) % 3 + 3) % 3;
 #pragma unroll
     for (int step = 0; step < STEPS; ++step) {
+      // Pair i of the step is pair j0 + i past the padding (the padding pairs, j < 0, have
+      // frequency 0: cos 1, sin 0). Its index, (j0 + i) / 3, is the first pair's or the one
+      // after, so two exp2s serve a vector's pairs, selected without a branch.
+      const int j0 = (step * THREADS_PER_ROW + lane) * PAIRS_PER_VECTOR - grid.pad_pairs;
+      const int base = j0 >= 0 ? j0 / 3 : -1;
+      const int phase = j0 - 3 * base;  // 0, 1 or 2
+      const float low = video_frequency(grid, base);
+      const float high = PAIRS_PER_VECTOR > 1 ? video_frequency(grid, base + 1) : low;
 #pragma unroll
       for (int i = 0; i < PAIRS_PER_VECTOR; ++i) {
-        frequency[step][i] =
-            video_frequency(grid, (step * THREADS_PER_ROW + lane) * PAIRS_PER_VECTOR + i);
+        const float frequency_i = phase + i >= 3 ? high : low;
+        frequency[step][i] = j0 + i < 0 ? 0.0f : frequency_i;
       }
     }
   }
