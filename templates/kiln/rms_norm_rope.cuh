@@ -62,12 +62,10 @@ __global__ void __launch_bounds__(CTA_THREADS) rms_norm_rope(const RmsNormRopePa
     if (row >= p.rows) return place;
     place.entry = quotient(static_cast<unsigned>(row), p.seq_len_divisor);
     place.position = static_cast<unsigned>(row) - place.entry * seq_len;
-    const unsigned entry = place.entry;
-    const unsigned position = place.position;
     const T* q_row =
-        static_cast<const T*>(p.q) + entry * p.q_strides[0] + position * p.q_strides[1];
+        static_cast<const T*>(p.q) + place.entry * p.q_strides[0] + place.position * p.q_strides[1];
     const T* k_row =
-        static_cast<const T*>(p.k) + entry * p.k_strides[0] + position * p.k_strides[1];
+        static_cast<const T*>(p.k) + place.entry * p.k_strides[0] + place.position * p.k_strides[1];
 #pragma unroll
     for (int step = 0; step < kSteps; ++step) {
       const int column = (step * THREADS_PER_ROW + lane) * kVec;
