@@ -2,14 +2,13 @@
 poisoned first: the issue's grid of tokens x widths in bf16, every dtype on a subset, odd
 widths, every input form and gate broadcast, layouts, streams, graphs, compile and tuning."""
 
-import gc
-
 import pytest
 import torch
 
 import kiln
 from activation_reference import (bias_gelu_fp64, fresh, gated_residual_fp64, geglu_fp64,
                                   swiglu_fp64)
+from gpu_memory import gpu_memory_to_itself
 from reference import assert_close_to
 
 pytestmark = pytest.mark.gpu
@@ -226,18 +225,14 @@ def test_tuned_kernels_are_correct(tmp_path):
 
 
 @pytest.fixture
-def release_gpu_memory():
-    """Gives the test's tensors (tens of GiB) back to the driver when it ends: held in this
-    process's caching allocator, they ran the tests of other pytest-xdist workers out of
-    memory."""
-    yield
-    gc.collect()
-    torch.cuda.empty_cache()
+def gpu_memory_alone():
+    with gpu_memory_to_itself():
+        yield
 
 
 @pytest.mark.parametrize("side", ["below", "above"])
 @pytest.mark.parametrize("form", ["gelu erf bias", "gated_residual sample"])
-def test_indices_near_and_past_32_bits(form, side, release_gpu_memory):
+def test_indices_near_and_past_32_bits(form, side, gpu_memory_alone):
     """A call's kernel indexes its vectors in 32 bits up to just below 2^31 elements and in 64
     bits beyond (ElementwiseFamily::needs_index64). An odd width gives rows of 2-byte vectors,
     one element each, so the indices reach their highest: one call on each side of the line."""
