@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds and runs the diagnostics (needs nvcc and a GPU): flush_alternation (why the tuner
-# times in interleaved rounds) and stream_shapes (how a streaming kernel's work shape sets its
-# bandwidth). Usage: bash bench/diagnostics/run.sh
+# times in interleaved rounds), stream_shapes (how a streaming kernel's work shape sets its
+# bandwidth) and launch_params (how a kernel's parameter bytes set a launch-bound call's time).
+# Usage: bash bench/diagnostics/run.sh
 set -euo pipefail
 cd "$(dirname "$0")"
 build=$(mktemp -d)
@@ -11,3 +12,5 @@ g++ -O2 -std=c++17 flush_alternation.cpp -I/usr/local/cuda/include \
 for rows in 1 128; do "$build/flush_alternation" "$build/kernels.cubin" "$rows"; done
 nvcc -O3 -std=c++17 -arch=native -o "$build/stream_shapes" stream_shapes.cu
 "$build/stream_shapes"
+nvcc -O3 -std=c++17 -arch=native -o "$build/launch_params" launch_params.cu
+"$build/launch_params"
