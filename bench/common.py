@@ -17,6 +17,16 @@ TIMING = ("median of CUDA-event times, a 256 MB memset flushing L2 before every 
           "contenders of a shape interleaved in shuffled rounds (bench_side_by_side)")
 
 
+def _sleep_cycles_per_ms():
+    """The GPU clock cycles torch.cuda._sleep spins per millisecond, measured."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    torch.cuda._sleep(1 << 20)
+    end.record()
+    torch.cuda.synchronize()
+    return (1 << 20) / start.elapsed_time(end)
+
+
 def bench_side_by_side(fns, warmup=25, rep=100, max_rounds=400, seed=0, chunk=25):
     """{name: median milliseconds} of each fn() in `fns`, timed as do_bench times one (CUDA
     events around the call, a 256 MB memset flushing L2 before it), but in interleaved rounds:
@@ -41,11 +51,7 @@ def bench_side_by_side(fns, warmup=25, rep=100, max_rounds=400, seed=0, chunk=25
         fn()
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    torch.cuda._sleep(1 << 20)
-    end.record()
-    torch.cuda.synchronize()
-    cycles_per_ms = (1 << 20) / start.elapsed_time(end)
+    cycles_per_ms = _sleep_cycles_per_ms()
 
     def one_round(order, events=None):
         for i, name in enumerate(order):
@@ -92,6 +98,87 @@ def bench_side_by_side(fns, warmup=25, rep=100, max_rounds=400, seed=0, chunk=25
             times[name].append(begin.elapsed_time(finish))
         done += count
     return {name: statistics.median(values) for name, values in times.items()}
+
+
+SUSTAINED_TIMING = ("CUDA events around a block of calls queued back to back behind a GPU "
+                    "sleep, consecutive calls on different copies of the inputs (together at least 3x "
+                    "L2), time per call = block time / calls, median of shuffled rounds "
+                    "(bench_sustained)")
+
+
+def input_sets_for(moved):
+    """How many copies of a call's inputs consecutive sustained calls cycle through, so that a
+    call never finds its inputs left in L2 by an earlier call: together they move at least
+    three times the L2's bytes."""
+    import math
+
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    return max(2, math.ceil(3 * l2 / max(moved, 1)))
+
+
+def bench_sustained(sets, block_ms=1.5, max_calls=256, rounds=9, seed=0):
+    """{name: median milliseconds per call} of each contender called back to back, as a
+    model's forward issues its ops: the host queues a block of calls behind a GPU sleep that
+    outlasts the queueing, so the GPU runs them without waiting, and CUDA events around the
+    block give its time, divided by the calls. `sets` is a list of {name: fn}, one per copy of
+    the inputs (`input_sets_for`); a block cycles through them, so each call reads inputs
+    that are in DRAM, not L2, and writes back what the calls before it left dirty.
+
+    What this measures, beside bench_side_by_side's single calls after an L2 flush: the rate
+    a kernel streams at once its launch overlaps the call before it. A single call pays about
+    4 us of launch and, after the memset flush, the write-back of the flush's dirty lines, so
+    timed that way no kernel under 88 MB, not even a copy, reaches 80% of a 1 GiB copy's
+    bandwidth (bench/copy_floor.py). What this timing leaves is each call's ramp-up and tail
+    (about 3 us on the H200), which no timing removes."""
+    import random
+    import time
+
+    names = list(sets[0])
+    for fns in sets:  # first calls compile, tune and allocate outside the timing
+        for fn in fns.values():
+            fn()
+    torch.cuda.synchronize()
+    cycles_per_ms = _sleep_cycles_per_ms()
+
+    def block(name, calls, sleep_ms):
+        if sleep_ms:
+            torch.cuda._sleep(int(cycles_per_ms * sleep_ms))
+        begin, finish = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        host = time.perf_counter()
+        begin.record()
+        for i in range(calls):
+            sets[i % len(sets)][name]()
+        finish.record()
+        return begin, finish, (time.perf_counter() - host) * 1e3 / calls
+
+    calls, host_ms = {}, {}
+    for name in names:  # one unslept pass: the host's time per call and a first GPU time
+        begin, finish, host_ms[name] = block(name, 2 * len(sets), 0)
+        torch.cuda.synchronize()
+        gpu_ms = begin.elapsed_time(finish) / (2 * len(sets))
+        wanted = max(len(sets), min(max_calls, int(block_ms / max(gpu_ms, 1e-4))))
+        calls[name] = wanted - wanted % len(sets)
+    order = random.Random(seed)
+    times = {name: [] for name in names}
+    for _ in range(rounds):
+        shuffled = names[:]
+        order.shuffle(shuffled)
+        pending = []
+        for name in shuffled:
+            begin, finish, host = block(name, calls[name], 1.5 * host_ms[name] * calls[name] + 0.2)
+            host_ms[name] = max(host_ms[name], host)
+            pending.append((name, begin, finish))
+        torch.cuda.synchronize()
+        for name, begin, finish in pending:
+            times[name].append(begin.elapsed_time(finish) / calls[name])
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
+def sustained_copy_bandwidth_gbs(size_bytes=1 << 30):
+    """The 1 GiB device-to-device copy's bandwidth timed by bench_sustained (read + written)."""
+    sets = [{"copy": same_bytes_copy(2 * size_bytes)} for _ in range(input_sets_for(2 * size_bytes))]
+    ms = bench_sustained(sets)["copy"]
+    return 2 * size_bytes / (ms * 1e-3) / 1e9
 
 
 def copy_bandwidth_gbs(size_bytes=1 << 30):

@@ -36,7 +36,7 @@ def contenders(moved):
     }
 
 
-def measure(sizes_mb, copy_gbs):
+def measure(sizes_mb, copy_gbs, sustained_copy_gbs):
     rows = []
     for mb in sizes_mb:
         moved = int(mb * 1e6) // 4 * 4
@@ -46,37 +46,56 @@ def measure(sizes_mb, copy_gbs):
             row[f"{name}_us"] = ms * 1e3
             if name != "launch":
                 row[f"{name}_pct_of_copy"] = 100 * moved / (ms * 1e-3) / 1e9 / copy_gbs
+        sets = []
+        for _ in range(common.input_sets_for(moved)):
+            fns = contenders(moved)
+            del fns["launch"]
+            sets.append(fns)
+        row["input_sets"] = len(sets)
+        for name, ms in common.bench_sustained(sets).items():
+            row[f"{name}_sustained_us"] = ms * 1e3
+            row[f"{name}_sustained_pct_of_copy"] = 100 * moved / (ms * 1e-3) / 1e9 / sustained_copy_gbs
+        del sets
         rows.append(row)
         print(f"{mb:6} MB  copy {row['copy_us']:8.2f} us ({row['copy_pct_of_copy']:5.1f}%)  "
               f"elementwise {row['elementwise_us']:8.2f} us ({row['elementwise_pct_of_copy']:5.1f}%)  "
-              f"launch {row['launch_us']:5.2f} us", flush=True)
+              f"launch {row['launch_us']:5.2f} us  sustained: copy {row['copy_sustained_pct_of_copy']:5.1f}%  "
+              f"elementwise {row['elementwise_sustained_pct_of_copy']:5.1f}%", flush=True)
     return rows
 
 
-def first_size_reaching(rows, fraction):
+def first_size_reaching(rows, fraction, timing=""):
     """The smallest size (MB) from which the better of the copy and the elementwise kernel
-    stays at or above `fraction` of the 1 GiB copy, or None."""
-    best = [max(r["copy_pct_of_copy"], r["elementwise_pct_of_copy"]) >= 100 * fraction for r in rows]
+    stays at or above `fraction` of the 1 GiB copy (`timing` "_sustained": both timed
+    sustained), or None."""
+    best = [max(r[f"copy{timing}_pct_of_copy"], r[f"elementwise{timing}_pct_of_copy"]) >= 100 * fraction
+            for r in rows]
     for i in range(len(rows)):
         if all(best[i:]):
             return rows[i]["moved_mb"]
     return None
 
 
-def markdown(env, copy_gbs, rows):
+def markdown(env, copy_gbs, sustained_copy_gbs, rows):
     lines = [f"# What a kernel of each size can reach, {env['device']} ({env['sm']}), {env['date']}", "",
              f"torch {env['versions']['torch']}, driver {env['driver']}; 1 GiB copy {copy_gbs:.0f} GB/s "
-             f"in the same run. {env['timing']}", "",
-             "| MB moved | copy us (% of 1 GiB copy) | torch elementwise us (%) | one-element launch us |",
-             "| --- | --- | --- | --- |"]
+             f"({sustained_copy_gbs:.0f} GB/s sustained) in the same run. Single calls: {env['timing']}. Sustained: "
+             f"{common.SUSTAINED_TIMING}.", "",
+             "| MB moved | copy us (% of 1 GiB copy) | torch elementwise us (%) | one-element launch us "
+             "| sustained copy us (%) | sustained elementwise us (%) |",
+             "| --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         lines.append(f"| {r['moved_mb']:.0f} | {r['copy_us']:.2f} ({r['copy_pct_of_copy']:.0f}%) | "
-                     f"{r['elementwise_us']:.2f} ({r['elementwise_pct_of_copy']:.0f}%) | {r['launch_us']:.2f} |")
+                     f"{r['elementwise_us']:.2f} ({r['elementwise_pct_of_copy']:.0f}%) | {r['launch_us']:.2f} "
+                     f"| {r['copy_sustained_us']:.2f} ({r['copy_sustained_pct_of_copy']:.0f}%) "
+                     f"| {r['elementwise_sustained_us']:.2f} ({r['elementwise_sustained_pct_of_copy']:.0f}%) |")
     lines.append("")
     for fraction in TARGETS:
-        size = first_size_reaching(rows, fraction)
-        where = f"from {size:.0f} MB" if size is not None else "at no size measured"
-        lines.append(f"- {100 * fraction:.0f}% of the 1 GiB copy: reached {where}.")
+        found = []
+        for timing, label in (("", "single calls"), ("_sustained", "sustained")):
+            size = first_size_reaching(rows, fraction, timing)
+            found.append(f"{label} from {size:.0f} MB" if size is not None else f"{label} at no size measured")
+        lines.append(f"- {100 * fraction:.0f}% of the 1 GiB copy: reached, {found[0]}; {found[1]}.")
     return "\n".join(lines) + "\n"
 
 
@@ -90,11 +109,14 @@ def main():
         print("copy_floor: no CUDA device; nothing to measure")
         return
     env = common.environment()
+    env["sustained_timing"] = common.SUSTAINED_TIMING
     copy_gbs = common.copy_bandwidth_gbs()
-    rows = measure(QUICK_SIZES_MB if args.quick else SIZES_MB, copy_gbs)
+    sustained_copy_gbs = common.sustained_copy_bandwidth_gbs()
+    rows = measure(QUICK_SIZES_MB if args.quick else SIZES_MB, copy_gbs, sustained_copy_gbs)
     stem = os.path.join(args.out, f"copy_floor-{common.stamp(env)}{args.tag}")
-    common.write_json(stem + ".json", {"environment": env, "copy_gbs": copy_gbs, "rows": rows})
-    text = markdown(env, copy_gbs, rows)
+    common.write_json(stem + ".json", {"environment": env, "copy_gbs": copy_gbs,
+                                       "sustained_copy_gbs": sustained_copy_gbs, "rows": rows})
+    text = markdown(env, copy_gbs, sustained_copy_gbs, rows)
     with open(stem + ".md", "w") as f:
         f.write(text)
     print(text)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds and runs the diagnostics (needs nvcc and a GPU): flush_alternation (why the tuner
 # times in interleaved rounds), stream_shapes (how a streaming kernel's work shape sets its
-# bandwidth) and launch_params (how a kernel's parameter bytes set a launch-bound call's time).
+# bandwidth), launch_params (how a kernel's parameter bytes set a launch-bound call's time) and
+# rope_table (what reading a cos/sin table costs a RoPE kernel).
 # Usage: bash bench/diagnostics/run.sh
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -14,3 +15,5 @@ nvcc -O3 -std=c++17 -arch=native -o "$build/stream_shapes" stream_shapes.cu
 "$build/stream_shapes"
 nvcc -O3 -std=c++17 -arch=native -o "$build/launch_params" launch_params.cu
 "$build/launch_params"
+nvcc -O3 -std=c++17 -arch=native -o "$build/rope_table" rope_table.cu
+"$build/rope_table"
