@@ -108,17 +108,8 @@ __global__ void one_table_line(const uint4* x, uint4* out, const float* cos, con
   out[i] = rotate(load_nc(x + i), fp32_row(cos, sin, 0, 0));
 }
 
-// Memory order, one vector a thread: each head re-reads the whole table from L2 (64 bytes of
-// table a 16-byte vector).
-__global__ void table_fp32(const uint4* x, uint4* out, const float* cos, const float* sin) {
-  const long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= kHeads * kHeadStride) return;
-  const int unit = static_cast<int>(i % kUnits);
-  const int position = static_cast<int>(i / kUnits % kPositions);
-  out[i] = rotate(load_nc(x + i), fp32_row(cos, sin, position, unit));
-}
-
-// As table_fp32 with a bf16 table read as 16-byte vectors, as x is: half the table bytes.
+// One vector a thread in memory order, as heads_a_thread<1>, with a bf16 table read as 16-byte
+// vectors, as x is: half the table bytes.
 __global__ void table_bf16(const uint4* x, uint4* out, const float* cos, const float* sin) {
   const long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= kHeads * kHeadStride) return;
@@ -138,21 +129,21 @@ __global__ void table_bf16(const uint4* x, uint4* out, const float* cos, const f
 }
 
 // R heads of one (position, unit) from `first`, `head_stride` vectors apart, loaded together
-// and rotated by one read of the table.
-template <int R>
-__device__ __forceinline__ void rotate_heads(const uint4* x, uint4* out, const float* cos,
-                                             const float* sin, long long first,
-                                             long long head_stride, int position, int unit) {
+// and rotated by the one Angles that `angles()` gives once their loads are issued.
+template <int R, typename AnglesOf>
+__device__ __forceinline__ void rotate_heads(const uint4* x, uint4* out, long long first,
+                                             long long head_stride, AnglesOf angles) {
   uint4 v[R];
 #pragma unroll
   for (int r = 0; r < R; ++r) v[r] = load_nc(x + first + r * head_stride);
-  const Angles a = fp32_row(cos, sin, position, unit);
+  const Angles a = angles();
 #pragma unroll
   for (int r = 0; r < R; ++r) out[first + r * head_stride] = rotate(v[r], a);
 }
 
 // R consecutive heads a thread, threads in (head group, position, unit) order, heads
-// `head_stride` vectors apart. kiln's rows_per_thread = R, positions inner.
+// `head_stride` vectors apart: kiln's rows_per_thread = R, positions inner. With R = 1, memory
+// order, and each head re-reads the whole table from L2 (64 bytes of table a 16-byte vector).
 template <int R>
 __global__ void heads_a_thread(const uint4* x, uint4* out, const float* cos, const float* sin,
                                long long head_stride) {
@@ -161,7 +152,7 @@ __global__ void heads_a_thread(const uint4* x, uint4* out, const float* cos, con
   const int unit = static_cast<int>(i % kUnits);
   const int position = static_cast<int>(i / kUnits % kPositions);
   const long long first = i / kHeadStride * R * head_stride + position * kUnits + unit;
-  rotate_heads<R>(x, out, cos, sin, first, head_stride, position, unit);
+  rotate_heads<R>(x, out, first, head_stride, [&] { return fp32_row(cos, sin, position, unit); });
 }
 
 // R heads a thread, threads in (position, head group, unit) order: a CTA's rows are heads of
@@ -175,7 +166,7 @@ __global__ void heads_inner(const uint4* x, uint4* out, const float* cos, const 
   const int position = static_cast<int>(i / (kUnits * (kHeads / R)));
   const long long first =
       static_cast<long long>(group) * R * kHeadStride + position * kUnits + unit;
-  rotate_heads<R>(x, out, cos, sin, first, kHeadStride, position, unit);
+  rotate_heads<R>(x, out, first, kHeadStride, [&] { return fp32_row(cos, sin, position, unit); });
 }
 
 // The table rows of `P` positions from `first`, copied into shared memory by the whole CTA in
@@ -206,8 +197,8 @@ __global__ void heads_inner_staged(const uint4* x, uint4* out, const float* cos,
   const int head = static_cast<int>(i / kUnits % kHeads);
   const int position = static_cast<int>(i / (kUnits * kHeads));
   const long long at = head * kHeadStride + position * kUnits + unit;
-  const uint4 v = load_nc(x + at);
-  out[at] = rotate(v, staged_row<1>(cos, sin, position, 0, unit, shared));
+  rotate_heads<1>(x, out, at, kHeadStride,
+                  [&] { return staged_row<1>(cos, sin, position, 0, unit, shared); });
 }
 
 // A CTA of 128 threads is 8 positions, 4 heads a thread, the 8 table rows staged once.
@@ -217,13 +208,9 @@ __global__ void four_heads_staged(const uint4* x, uint4* out, const float* cos, 
   const int unit = static_cast<int>(i % kUnits);
   const int position = static_cast<int>(i / kUnits % kPositions);
   const long long first = i / kHeadStride * 4 * kHeadStride + position * kUnits + unit;
-  uint4 v[4];
-#pragma unroll
-  for (int r = 0; r < 4; ++r) v[r] = load_nc(x + first + r * kHeadStride);
   const int slot = static_cast<int>(threadIdx.x) / kUnits;
-  const Angles a = staged_row<8>(cos, sin, position - slot, slot, unit, shared);
-#pragma unroll
-  for (int r = 0; r < 4; ++r) out[first + r * kHeadStride] = rotate(v[r], a);
+  rotate_heads<4>(x, out, first, kHeadStride,
+                  [&] { return staged_row<8>(cos, sin, position - slot, slot, unit, shared); });
 }
 
 unsigned covering(long long work, int threads) {
@@ -255,7 +242,7 @@ int main() {
   struct Variant {
     std::string name;
     std::function<void()> launch;
-    bool rotates;  // computes RoPE with the table: its output must equal table_fp32's
+    bool rotates;  // computes RoPE with the table: its output must equal the 1-head fp32 kernel's
   };
   const std::vector<Variant> variants = {
       {"memcpy of x", [&] { cudaMemcpyAsync(out, x, bytes, cudaMemcpyDeviceToDevice); }, false},
@@ -266,7 +253,8 @@ int main() {
       {"table, one line for all (L1)",
        [&] { one_table_line<<<covering(vectors, 256), 256>>>(x, out, cos, sin); }, false},
       {"fp32 table, 1 head a thread",
-       [&] { table_fp32<<<covering(vectors, 256), 256>>>(x, out, cos, sin); }, true},
+       [&] { heads_a_thread<1><<<covering(vectors, 256), 256>>>(x, out, cos, sin, kHeadStride); },
+       true},
       {"bf16 table, 1 head a thread",
        [&] { table_bf16<<<covering(vectors, 256), 256>>>(x, out, cos, sin); }, false},
       {"fp32 table, 2 heads a thread",
@@ -331,7 +319,7 @@ int main() {
                 floor_us > 0 ? median / floor_us : 0.0f);
   }
 
-  // Every variant that rotates with the fp32 table must write what table_fp32 writes.
+  // Every variant that rotates with the fp32 table must write what the 1-head kernel writes.
   std::vector<unsigned short> host_x(bytes / 2);
   for (size_t k = 0; k < host_x.size(); ++k) {
     host_x[k] = static_cast<unsigned short>(0x3f00 + (k * 2654435761u >> 20) % 255);
@@ -345,7 +333,7 @@ int main() {
   check(cudaMemcpy(sin_buffer, host_table.data(), table_bytes, cudaMemcpyHostToDevice),
         "cudaMemcpy");
   std::vector<unsigned> expected(bytes / 4), got(bytes / 4);
-  table_fp32<<<covering(vectors, 256), 256>>>(x, out, cos, sin);
+  heads_a_thread<1><<<covering(vectors, 256), 256>>>(x, out, cos, sin, kHeadStride);
   check(cudaMemcpy(expected.data(), out_buffer, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy");
   long differing = 0;
   for (const Variant& variant : variants) {
@@ -355,6 +343,6 @@ int main() {
     check(cudaMemcpy(got.data(), out_buffer, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy");
     for (size_t k = 0; k < got.size(); ++k) differing += got[k] != expected[k];
   }
-  std::printf("words differing from the fp32 table kernel's output: %ld\n", differing);
+  std::printf("words differing from the 1-head fp32 kernel's output: %ld\n", differing);
   return differing == 0 ? 0 : 1;
 }
