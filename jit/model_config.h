@@ -18,6 +18,7 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "templates/rope_family.h"
 #include "templates/types.h"
 
 namespace kiln::jit {
@@ -28,6 +29,8 @@ struct ModelShape {
   std::int64_t intermediate = 0;
   std::int64_t head_dim = 0;
   std::string rope;  // how the model applies RoPE, for the summary
+  // rope_head_flags() of its q and k head counts: which kernel its RoPE calls take.
+  std::uint32_t rope_head_flags = kRopeHeadsEven | kRopeHeadsBy4;
   // The ops the model uses, with the sizes each is called at.
   std::map<Op, std::vector<std::int64_t>> ops;
 };

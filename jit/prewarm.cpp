@@ -80,7 +80,8 @@ std::vector<PrewarmTarget> expand_targets(const std::vector<Op>& ops,
                                           const std::vector<DType>& dtypes,
                                           const std::map<Op, std::vector<std::int64_t>>& sizes,
                                           const std::vector<int>& archs,
-                                          std::vector<std::string>& notes, bool training) {
+                                          std::vector<std::string>& notes, bool training,
+                                          std::uint32_t rope_head_flags) {
   std::vector<Op> wanted;
   std::map<Op, std::vector<std::int64_t>> wanted_sizes = sizes;
   for (Op op : ops) {
@@ -117,7 +118,10 @@ std::vector<PrewarmTarget> expand_targets(const std::vector<Op>& ops,
     }
     for (DType dtype : dtypes) {
       for (std::int64_t hidden : found->second) {
-        for (const Problem& problem : fam->common_problems(dtype, hidden)) {
+        for (Problem problem : fam->common_problems(dtype, hidden)) {
+          if (op == Op::rope) {
+            problem.flags = (problem.flags & ~(kRopeHeadsEven | kRopeHeadsBy4)) | rope_head_flags;
+          }
           add(problem);
           if (training && op == Op::rope) {
             Problem inverse = problem;

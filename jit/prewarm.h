@@ -26,6 +26,7 @@
 
 #include "cache/binary_store.h"
 #include "cache/manifest.h"
+#include "templates/rope_family.h"
 #include "templates/types.h"
 
 namespace kiln::jit {
@@ -45,13 +46,17 @@ nlohmann::json manifest_record(const Problem& problem, int sm);
 
 // ops x dtypes x sizes x archs, each through the family's common_problems. `sizes` gives the
 // hidden sizes per op. With `training`, each op's backward comes too (its backward op at the
-// same sizes; RoPE's inverse rotation). Ops whose family is not registered are left out, each
-// with a line in `notes`. Duplicates are dropped; order is stable.
+// same sizes; RoPE's inverse rotation). RoPE's problems take `rope_head_flags` (what
+// rope_head_flags() gives the model's head counts; common_problems assumes fours). Ops whose
+// family is not registered are left out, each with a line in `notes`. Duplicates are dropped;
+// order is stable.
 std::vector<PrewarmTarget> expand_targets(const std::vector<Op>& ops,
                                           const std::vector<DType>& dtypes,
                                           const std::map<Op, std::vector<std::int64_t>>& sizes,
                                           const std::vector<int>& archs,
-                                          std::vector<std::string>& notes, bool training = false);
+                                          std::vector<std::string>& notes, bool training = false,
+                                          std::uint32_t rope_head_flags = kRopeHeadsEven |
+                                                                          kRopeHeadsBy4);
 
 // The (problem, arch) of every record of a manifest; `archs`, when not empty, replaces each
 // record's arch (one target per arch). Records that do not parse, or whose family is not

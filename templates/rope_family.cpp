@@ -12,7 +12,7 @@
 
 namespace kiln {
 
-static_assert(sizeof(RopeParams) == 360 && alignof(RopeParams) == 8);
+static_assert(sizeof(RopeParams) == 416 && alignof(RopeParams) == 8);
 
 namespace {
 
@@ -44,13 +44,20 @@ std::optional<ArgumentError> problem_error(Op op, const Problem& problem) {
     return ArgumentError(name, "q", "alignment a power of two in [1, 16] bytes",
                          std::to_string(problem.align));
   }
-  const std::uint32_t allowed =
-      op == Op::rope ? (kRopeInterleaved | kRopeTableF32 | kRopeInverse | kRopePositionsInner) : 0u;
+  const std::uint32_t allowed = op == Op::rope
+                                    ? (kRopeInterleaved | kRopeTableF32 | kRopeInverse |
+                                       kRopePositionsInner | kRopeHeadsEven | kRopeHeadsBy4)
+                                    : 0u;
   if ((problem.flags & ~allowed) != 0) {
     return ArgumentError(name, "flags",
-                         op == Op::rope ? "only interleaved (1), table-fp32 (2), inverse (4) and "
-                                          "positions-inner (8)"
+                         op == Op::rope ? "only interleaved (1), table-fp32 (2), inverse (4), "
+                                          "positions-inner (8), heads-even (16) and heads-by-4 "
+                                          "(32, with 16)"
                                         : "none",
+                         std::to_string(problem.flags));
+  }
+  if ((problem.flags & kRopeHeadsBy4) != 0 && (problem.flags & kRopeHeadsEven) == 0) {
+    return ArgumentError(name, "flags", "heads-by-4 (32) together with heads-even (16)",
                          std::to_string(problem.flags));
   }
   if (op == Op::rope_3d && problem.aux != 0) {
@@ -126,8 +133,28 @@ int RopeFamily::rows_per_thread(const Config& config) {
   return it == config.extra.end() ? 1 : static_cast<int>(it->second);
 }
 
+bool RopeFamily::grouped(const Problem& problem, const Config& config) {
+  switch (rows_per_thread(config)) {
+    case 1:
+      return true;
+    case 2:
+      return (problem.flags & kRopeHeadsEven) != 0;
+    case 4:
+      return (problem.flags & kRopeHeadsBy4) != 0;
+    default:
+      return false;
+  }
+}
+
 std::pair<int, int> RopeFamily::standalone_heads(const Problem& problem, std::int64_t rows) {
   if (problem.op == Op::rope_3d) return rows % 2 == 0 ? std::pair{1, 1} : std::pair{1, 0};
+  // Head counts that keep the flags, k's when the rows hold a token of both.
+  const int group = (problem.flags & kRopeHeadsBy4) != 0    ? 4
+                    : (problem.flags & kRopeHeadsEven) != 0 ? 2
+                                                            : 0;
+  if (group > 0) {
+    return rows >= std::int64_t{2} * group ? std::pair{group, group} : std::pair{group, 0};
+  }
   return rows % 8 == 0 ? std::pair{6, 2} : std::pair{1, 0};
 }
 
@@ -272,7 +299,8 @@ std::string RopeFamily::name_expression(const Problem& problem, const Config& co
          std::to_string(rows_per_thread(config)) + ", " +
          (interleaved(problem) ? "true" : "false") + ", " + (video ? "true" : "false") + ", " +
          ((problem.flags & kRopeInverse) != 0 ? "true" : "false") + ", " +
-         (persistent_grid_of(config) > 0 ? "true" : "false") + ">";
+         (persistent_grid_of(config) > 0 ? "true" : "false") + ", " +
+         (grouped(problem, config) ? "true" : "false") + ">";
 }
 
 LaunchGeometry RopeFamily::geometry(const Problem& problem, const Config& config,
@@ -335,7 +363,7 @@ std::vector<std::byte> RopeFamily::pack_params(const Problem& problem, std::int6
   params.k_out = pointer(expected - 1);
   const bool positions_inner = (problem.flags & kRopePositionsInner) != 0;
   set_row_order(params, tokens * (hq + hk), 1, static_cast<int>(hq), static_cast<int>(hk),
-                positions_inner);
+                positions_inner, d * static_cast<std::int64_t>(dtype_size(problem.dtype)));
   // Strides of batch, position, head.
   const std::int64_t q_strides[3] = {tokens * hq * d, positions_inner ? d : hq * d,
                                      positions_inner ? tokens * d : d};
@@ -372,11 +400,13 @@ std::int64_t RopeFamily::bytes_moved(const Problem& problem, std::int64_t rows) 
 std::vector<Problem> RopeFamily::common_problems(DType dtype, std::int64_t hidden) const {
   if (op_ == Op::rope_3d) return {Problem{Op::rope_3d, dtype, hidden, 0u, 16}};
   // transformers (half-split, table in the model's dtype, [B, H, S, D]), diffusers
-  // (interleaved, fp32, [B, S, H, D] or, after the head transpose, [B, H, S, D]).
-  return {
-      Problem{Op::rope, dtype, hidden, kRopePositionsInner, 16},
-      Problem{Op::rope, dtype, hidden, kRopeInterleaved | kRopeTableF32, 16},
-      Problem{Op::rope, dtype, hidden, kRopeInterleaved | kRopeTableF32 | kRopePositionsInner, 16}};
+  // (interleaved, fp32, [B, S, H, D] or, after the head transpose, [B, H, S, D]); head counts
+  // in fours, as most models' are (a prewarm from a model's config sets its own).
+  const std::uint32_t heads = rope_head_flags(4, 4);
+  return {Problem{Op::rope, dtype, hidden, kRopePositionsInner | heads, 16},
+          Problem{Op::rope, dtype, hidden, kRopeInterleaved | kRopeTableF32 | heads, 16},
+          Problem{Op::rope, dtype, hidden,
+                  kRopeInterleaved | kRopeTableF32 | kRopePositionsInner | heads, 16}};
 }
 
 }  // namespace kiln

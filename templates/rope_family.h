@@ -29,6 +29,23 @@ inline constexpr std::uint32_t kRopeInverse = 4u;
 // [B, S, H, D]: the kernel walks rows positions-inner to follow memory (RopeParams), and the
 // tuner's stand-alone run lays its buffers out the same way.
 inline constexpr std::uint32_t kRopePositionsInner = 8u;
+// q's and k's head counts are both even (kRopeHeadsEven), or both multiples of 4 (set with
+// kRopeHeadsEven): a thread's 2 or 4 rows can then be a group of one token's heads in one
+// tensor, which the kernel's grouped form walks with one place per thread (see
+// templates/kiln/rope.cuh). The host sets them from the call's head counts.
+inline constexpr std::uint32_t kRopeHeadsEven = 16u;
+inline constexpr std::uint32_t kRopeHeadsBy4 = 32u;
+
+// The head-count flags of a call with these head counts.
+inline constexpr std::uint32_t rope_head_flags(std::int64_t heads_q, std::int64_t heads_k) {
+  if (heads_q % 4 == 0 && heads_k % 4 == 0) {
+    return kRopeHeadsEven | kRopeHeadsBy4;
+  }
+  if (heads_q % 2 == 0 && heads_k % 2 == 0) {
+    return kRopeHeadsEven;
+  }
+  return 0u;
+}
 
 class RopeFamily : public Family {
  public:
@@ -53,7 +70,8 @@ class RopeFamily : public Family {
 
   // A stand-alone run: q and k [tokens, heads, D] ([heads, tokens, D] positions inner) with
   // cos/sin [tokens, rotary_dim] (table), heads 6 + 2 when rows divide by 8 (1 + 1 for
-  // rope_3d when even), else q's one head.
+  // rope_3d when even), else q's one head; with head-count flags, heads that keep them
+  // (4 + 4, or 2 + 2) over as many whole tokens as the rows hold.
   std::vector<BufferSpec> buffers(const Problem& problem, std::int64_t rows) const override;
   std::vector<std::byte> pack_params(const Problem& problem, std::int64_t rows,
                                      std::span<const std::uint64_t> addresses) const override;
@@ -62,6 +80,9 @@ class RopeFamily : public Family {
 
   static std::int64_t rotary_dim(const Problem& problem);
   static int rows_per_thread(const Config& config);
+  // Whether the config's rows a thread are a group of heads of one tensor for every call of
+  // the problem: one row, or a count that the head-count flags say divides both tensors'.
+  static bool grouped(const Problem& problem, const Config& config);
   // Heads (q, k) per token of a stand-alone run of `rows` rows.
   static std::pair<int, int> standalone_heads(const Problem& problem, std::int64_t rows);
 

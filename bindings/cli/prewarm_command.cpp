@@ -122,7 +122,7 @@ int run_prewarm(const PrewarmArgs& args) {
     std::vector<Op> chosen;
     for (const auto& [op, list] : sizes) chosen.push_back(op);
     auto more = jit::expand_targets(chosen, dtypes, sizes, parse_archs(args.archs, true), notes,
-                                    args.training);
+                                    args.training, model.rope_head_flags);
     targets.insert(targets.end(), more.begin(), more.end());
   }
   if (!args.hiddens.empty()) {

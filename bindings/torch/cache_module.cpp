@@ -150,10 +150,12 @@ py::dict prewarm(const std::vector<std::string>& op_names,
     if (!file) throw Error("kiln.prewarm: cannot open " + path);
     const auto document = nlohmann::json::parse(file, nullptr, /*allow_exceptions=*/false);
     if (document.is_discarded()) throw Error("kiln.prewarm: " + path + " is not JSON");
-    const auto sizes = jit::sizes_for_ops(jit::read_model_config(document), ops);
+    const jit::ModelShape model = jit::read_model_config(document);
+    const auto sizes = jit::sizes_for_ops(model, ops);
     std::vector<Op> chosen;
     for (const auto& [op, list] : sizes) chosen.push_back(op);
-    auto more = jit::expand_targets(chosen, dtypes, sizes, archs, notes, training);
+    auto more =
+        jit::expand_targets(chosen, dtypes, sizes, archs, notes, training, model.rope_head_flags);
     targets.insert(targets.end(), more.begin(), more.end());
   }
   if (!hiddens.empty()) {

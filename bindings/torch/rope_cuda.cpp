@@ -137,7 +137,8 @@ void rope_launch_aligned(const std::string& op, const RopeOperands& r, const at:
   if (!video) {
     problem.flags = (r.interleaved ? kRopeInterleaved : 0u) |
                     (r.cos3.scalar_type() == at::kFloat ? kRopeTableF32 : 0u) |
-                    (r.inverse ? kRopeInverse : 0u) | (positions_inner ? kRopePositionsInner : 0u);
+                    (r.inverse ? kRopeInverse : 0u) | (positions_inner ? kRopePositionsInner : 0u) |
+                    rope_head_flags(heads_q, heads_k);
   }
   problem.align = alignment_of({&q4, &k4, &q_out4, &k_out4, &r.cos3, &r.sin3});
 
@@ -147,7 +148,8 @@ void rope_launch_aligned(const std::string& op, const RopeOperands& r, const at:
   p.q_out = q_out4.data_ptr();
   p.k_out = k_out4.data_ptr();
   set_row_order(p, rows, static_cast<int>(batch), static_cast<int>(heads_q),
-                static_cast<int>(heads_k), positions_inner);
+                static_cast<int>(heads_k), positions_inner,
+                d * static_cast<std::int64_t>(q4.element_size()));
   fill_strides(p.q_strides, q4, 3);
   fill_strides(p.k_strides, k4, 3);
   fill_strides(p.q_out_strides, q_out4, 3);

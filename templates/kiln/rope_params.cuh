@@ -40,7 +40,8 @@ struct RopeVideoGrid {
 //    heads, head-major within the panel, so neighbouring slots read neighbouring positions of
 //    one head. Tokens are batch-major here, token t = position t % seq of entry t / seq. A
 //    thread's rows are P apart: the same token in consecutive heads, sharing cos/sin.
-// Either way a thread loads cos/sin once for its rows that share them.
+// Either way a thread loads cos/sin once for its rows that share them. The grouped form of
+// kiln::rope walks positions-inner rows in panels of its own (panel_tokens; see rope.cuh).
 struct RopeParams {
   void* q_out;
   void* k_out;
@@ -61,6 +62,12 @@ struct RopeParams {
   Divisor heads_divisor;
   Divisor batch_divisor;
   Divisor seq_divisor;
+  // The grouped form's panels, positions inner: panel_tokens tokens each (at most `tokens`),
+  // the last one last_panel_tokens, as magics.
+  Divisor panel_divisor;
+  Divisor last_panel_divisor;
+  int panel_tokens;
+  int last_panel_tokens;
   long long q_strides[3];  // batch, position, head
   long long k_strides[3];
   long long q_out_strides[3];
@@ -71,9 +78,20 @@ struct RopeParams {
 };
 
 #ifndef __CUDACC_RTC__
-// Sets the rows, their order and the counts and magics the kernel derives rows' places from.
+// The grouped form's panel, positions inner: the tokens whose rows of one head make about
+// 1 MB (a power of two, at least 1, at most `tokens`). A panel's group of heads streams that
+// much of each head, and the next group re-reads the panel's cos/sin rows a few MB later,
+// while L2 still holds them.
+inline int rope_panel_tokens(long long row_bytes, long long tokens) {
+  long long panel = 1;
+  while (panel * 2 * row_bytes <= (1LL << 20)) panel *= 2;
+  return static_cast<int>(panel < tokens ? panel : (tokens > 0 ? tokens : 1));
+}
+
+// Sets the rows, their order and the counts and magics the kernel derives rows' places from;
+// row_bytes (head dim x element size) sizes the grouped form's panels.
 inline void set_row_order(RopeParams& params, long long rows, int batch, int heads_q, int heads_k,
-                          bool positions_inner) {
+                          bool positions_inner, long long row_bytes) {
   const long long heads = static_cast<long long>(heads_q) + heads_k;
   params.rows = rows;
   params.batch = batch;
@@ -85,6 +103,12 @@ inline void set_row_order(RopeParams& params, long long rows, int batch, int hea
   params.heads_divisor = make_divisor(static_cast<unsigned long long>(heads));
   params.batch_divisor = make_divisor(static_cast<unsigned long long>(batch));
   params.seq_divisor = make_divisor(static_cast<unsigned long long>(params.seq));
+  params.panel_tokens = rope_panel_tokens(row_bytes, params.tokens);
+  const int last = params.tokens % params.panel_tokens;
+  params.last_panel_tokens = last == 0 ? params.panel_tokens : last;
+  params.panel_divisor = make_divisor(static_cast<unsigned long long>(params.panel_tokens));
+  params.last_panel_divisor =
+      make_divisor(static_cast<unsigned long long>(params.last_panel_tokens));
 }
 #endif
 

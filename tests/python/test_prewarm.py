@@ -63,6 +63,31 @@ def test_hugging_face_configs_map_to_sizes(fresh_cache, tmp_path, config, sizes)
         assert kiln.compile(op, "bf16", hidden, arch="sm_80", format="cubin")["from_cache"]
 
 
+def test_a_models_head_counts_choose_its_rope_kernel(fresh_cache, tmp_path):
+    # RoPE's kernel groups a thread's heads when q's and k's head counts allow it (flags 16:
+    # both even, 32: both in fours), so a call's problem carries them. A prewarm from a
+    # config takes the model's counts; from an op list, counts in fours.
+    def prewarmed(flags):
+        return kiln.compile("rope", "bf16", 128, arch="sm_80", format="cubin",
+                            flags=flags)["from_cache"]
+
+    gemma = {"model_type": "gemma", "hidden_size": 2048, "intermediate_size": 16384,
+             "num_attention_heads": 8, "num_key_value_heads": 1, "head_dim": 256}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(dict(LLAMA, num_key_value_heads=2)))
+    assert kiln.prewarm(dtypes="bf16", archs="sm_80", config=str(path))["failed"] == 0
+    # transformers' layout (positions inner, 8) with both counts even: grouped at the
+    # heuristic's 2 rows a thread, where counts that are not even take the general kernel.
+    assert prewarmed(8 | 16) and not prewarmed(8)
+    path.write_text(json.dumps(gemma))
+    assert kiln.prewarm(dtypes="bf16", archs="sm_80", config=str(path))["failed"] == 0
+    assert kiln.compile("rope", "bf16", 256, arch="sm_80", format="cubin", flags=8)["from_cache"]
+    listed = kiln.prewarm("rope", "bf16", 64, "sm_80")
+    assert listed["failed"] == 0 and listed["compiled"] > 0
+    assert kiln.compile("rope", "bf16", 64, arch="sm_80", format="cubin",
+                        flags=8 | 16 | 32)["from_cache"]
+
+
 def test_training_adds_the_backward_kernels(fresh_cache, tmp_path):
     path = tmp_path / "config.json"
     path.write_text(json.dumps(LLAMA))

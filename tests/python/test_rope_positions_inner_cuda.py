@@ -9,7 +9,12 @@ The same for [B, H, S, D] views of [B, S, H, D] data (what transformers' attenti
 RoPE after its transpose), walked heads-inner. Either way a thread whose rows are one
 token's consecutive heads of q, or of k, derives their places from its first row's; the
 head counts 5 + 3 give every config with several rows a thread some threads whose rows
-cross from q to k or into the next token, which take the general path."""
+cross from q to k or into the next token, which take the general path.
+
+Head counts that divide by 2 or 4 (4 + 4, 8 + 4, 6 + 2) make the configs of as many rows a
+thread grouped: each thread's rows one token's heads of one tensor, placed once. Their
+problems are tuned and pinned the same way, 6 + 2 also through the general form for 4 rows
+a thread."""
 
 import pytest
 
@@ -35,15 +40,15 @@ def poison():
     junk = torch.full((4 << 20,), float("nan"), device="cuda")
     del junk
 
-def half_split(heads_inner):
+def half_split(heads_inner, heads_q=5, heads_k=3):
     # 2 x 33 tokens x (5 + 3) heads: the last panel of each config is partial. Heads inner:
     # [2, 5, 33, 64] and [2, 3, 33, 64] views of [B, S, H, D] data, heads contiguous.
     if heads_inner:
-        q = torch.randn(2, 33, 5, 64, device="cuda", generator=gen).bfloat16().transpose(1, 2)
-        k = torch.randn(2, 33, 3, 64, device="cuda", generator=gen).bfloat16().transpose(1, 2)
+        q = torch.randn(2, 33, heads_q, 64, device="cuda", generator=gen).bfloat16().transpose(1, 2)
+        k = torch.randn(2, 33, heads_k, 64, device="cuda", generator=gen).bfloat16().transpose(1, 2)
     else:
-        q = torch.randn(2, 5, 33, 64, device="cuda", generator=gen).bfloat16()
-        k = torch.randn(2, 3, 33, 64, device="cuda", generator=gen).bfloat16()
+        q = torch.randn(2, heads_q, 33, 64, device="cuda", generator=gen).bfloat16()
+        k = torch.randn(2, heads_k, 33, 64, device="cuda", generator=gen).bfloat16()
     cos, sin = llama_cos_sin(2, 33, 64, positions=torch.randint(0, 4096, (2, 33)))
     cos, sin = cos.cuda().bfloat16(), sin.cuda().bfloat16()
     q_ref, k_ref = hf_apply_rotary_pos_emb(q, k, cos, sin)
@@ -69,12 +74,14 @@ def interleaved():
     return check
 
 # By the problem's flags: 8 = positions inner (+ 1 interleaved + 2 fp32 table); 0 = heads
-# inner, half-split, table in the data's dtype.
-checks = {"f8": half_split(False), "f11": interleaved(), "f0": half_split(True)}
+# inner, half-split, table in the data's dtype; 16 = both head counts even, + 32 = both
+# multiples of 4.
+checks = {"f8": half_split(False), "f59": interleaved(), "f0": half_split(True),
+          "f48": half_split(True, 8, 4), "f24": half_split(False, 6, 2)}
 for check in checks.values():
     check()  # tunes its problem in full, every candidate checked by the tuner
 records = sorted((cache / "v1" / "tune").glob("*/*.json"))
-assert len(records) == 3, records
+assert len(records) == len(checks), records
 pinned = 0
 for path in records:
     record = json.loads(path.read_text())

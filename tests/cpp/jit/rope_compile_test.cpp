@@ -17,13 +17,16 @@ TEST_CASE("every fast-tune candidate of the RoPE families compiles for sm_75, sm
   const Problem problems[] = {
       Problem{Op::rope, DType::bf16, 128, 0u, 16},
       Problem{Op::rope, DType::f16, 128, kRopeInterleaved | kRopeTableF32, 16},
+      // Head counts in fours: every config's rows grouped.
+      Problem{Op::rope, DType::bf16, 128, kRopePositionsInner | rope_head_flags(32, 8), 16},
       Problem{Op::rope_3d, DType::bf16, 2048, 0u, 16},
       Problem{Op::rms_norm_rope, DType::bf16, 2048, kRmsNormRopeVideo, 16},
   };
   std::vector<CompileRequest> requests;
   for (int sm : {75, 80, 90}) {
     for (const Problem& p : problems) {
-      if (sm != 90 && p.op != Op::rope_3d) continue;  // one family each on the older archs
+      // The older archs: the video angles and the grouped rows.
+      if (sm != 90 && p.op != Op::rope_3d && (p.flags & kRopeHeadsBy4) == 0) continue;
       const DeviceTraits traits = DeviceTraits::for_arch(sm);
       for (const Config& c : candidates(family(p.op), p, traits, TuneMode::fast, 8, 32768)) {
         requests.push_back({&family(p.op), p, c, sm, BinaryFormat::cubin});

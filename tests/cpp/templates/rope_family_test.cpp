@@ -50,7 +50,12 @@ TEST_CASE("rope refuses problems it cannot specialise") {
   CHECK_THROWS_AS(f.check(rope(DType::bf16, 128, 0, 130)), kiln::ArgumentError);
   CHECK_THROWS_AS(f.check(rope(DType::bf16, 128, 0, 33)), kiln::ArgumentError);
   CHECK_NOTHROW(f.check(rope(DType::bf16, 128, kiln::kRopePositionsInner)));
-  CHECK_THROWS_AS(f.check(rope(DType::bf16, 128, 16)), kiln::ArgumentError);
+  CHECK_THROWS_AS(f.check(rope(DType::bf16, 128, 64)), kiln::ArgumentError);
+  CHECK_NOTHROW(f.check(rope(DType::bf16, 128, kiln::kRopeHeadsEven | kiln::kRopeHeadsBy4)));
+  CHECK_THROWS_WITH_AS(f.check(rope(DType::bf16, 128, kiln::kRopeHeadsBy4)),
+                       "kiln.rope: flags: expected heads-by-4 (32) together with heads-even "
+                       "(16), got 32",
+                       kiln::ArgumentError);
   Problem video{Op::rope_3d, DType::bf16, 2048, kiln::kRopeInterleaved, 16};
   CHECK_THROWS_AS(kiln::family(Op::rope_3d).check(video), kiln::ArgumentError);
 }
@@ -92,7 +97,8 @@ TEST_CASE("the rope heuristic gives a 128-wide bf16 head eight threads of 16-byt
   CHECK(h.threads_per_row == 8);
   CHECK(kiln::RopeFamily::rows_per_thread(h) == 2);
   CHECK(kiln::family(Op::rope).name_expression(rope(DType::bf16, 128), h) ==
-        "kiln::rope<kiln::bf16, kiln::bf16, 128, 128, 16, 8, 128, 2, false, false, false, false>");
+        "kiln::rope<kiln::bf16, kiln::bf16, 128, 128, 16, 8, 128, 2, false, false, false, false, "
+        "false>");
   const Config narrow = kiln::family(Op::rope).heuristic(rope(DType::bf16, 128, 0, 0, 4), device);
   CHECK(narrow.vec_bytes == 4);
 }
@@ -123,6 +129,57 @@ TEST_CASE("rope packs its stand-alone run and counts its bytes") {
   // ...and their k_out, never written, is not an output the evaluator checks for NaN.
   CHECK_FALSE(f.buffers(p, 1031)[5].is_output);
   CHECK(f.buffers(p, 64)[5].is_output);
+}
+
+TEST_CASE("head-count flags decide which rows a thread groups") {
+  using kiln::kRopeHeadsBy4;
+  using kiln::kRopeHeadsEven;
+  CHECK(kiln::rope_head_flags(32, 8) == (kRopeHeadsEven | kRopeHeadsBy4));
+  CHECK(kiln::rope_head_flags(24, 24) == (kRopeHeadsEven | kRopeHeadsBy4));
+  CHECK(kiln::rope_head_flags(12, 2) == kRopeHeadsEven);
+  CHECK(kiln::rope_head_flags(8, 1) == 0u);
+  CHECK(kiln::rope_head_flags(1, 1) == 0u);
+  const kiln::Family& f = kiln::family(Op::rope);
+  const DeviceTraits device = DeviceTraits::for_arch(90);
+  for (std::uint32_t heads : {0u, kRopeHeadsEven, kRopeHeadsEven | kRopeHeadsBy4}) {
+    const Problem p = rope(DType::bf16, 128, kiln::kRopePositionsInner | heads);
+    // Flags change which kernel a config compiles to, never the space.
+    CHECK(f.space(p, device) == f.space(rope(DType::bf16, 128, kiln::kRopePositionsInner), device));
+    for (const Config& c : f.space(p, device)) {
+      const int rows = kiln::RopeFamily::rows_per_thread(c);
+      const bool grouped =
+          rows == 1 || (rows == 2 && heads != 0) || (rows == 4 && (heads & kRopeHeadsBy4) != 0);
+      CAPTURE(c.key());
+      CHECK(kiln::RopeFamily::grouped(p, c) == grouped);
+      CHECK(f.name_expression(p, c).ends_with(grouped ? ", true>" : ", false>"));
+    }
+  }
+}
+
+TEST_CASE("a flagged problem's stand-alone run keeps its head counts") {
+  const kiln::Family& f = kiln::family(Op::rope);
+  const std::uint64_t addresses[] = {0x1000, 0x2000, 0x3000, 0x4000, 0x5000, 0x6000};
+  kiln::RopeParams params;
+  const Problem by4 = rope(DType::bf16, 128, kiln::rope_head_flags(4, 4));
+  // The evaluator's odd verification rows: as many whole tokens of 4 + 4 heads as they hold.
+  std::memcpy(&params, f.pack_params(by4, 1031, addresses).data(), sizeof(params));
+  CHECK(params.heads_q == 4);
+  CHECK(params.heads_k == 4);
+  CHECK(params.rows == 1024);
+  CHECK(f.buffers(by4, 1031)[0].elements == 128 * 4 * 128);
+  CHECK(f.buffers(by4, 1031)[5].is_output);
+  CHECK(f.bytes_moved(by4, 64) == 2 * 64 * 128 * 2 + 2 * 8 * 128 * 2);
+  // Fewer rows than a token of both: q's heads alone.
+  std::memcpy(&params, f.pack_params(by4, 4, addresses).data(), sizeof(params));
+  CHECK(params.heads_q == 4);
+  CHECK(params.heads_k == 0);
+  CHECK(params.rows == 4);
+  CHECK_FALSE(f.buffers(by4, 4)[5].is_output);
+  const Problem even = rope(DType::bf16, 128, kiln::rope_head_flags(2, 6));
+  std::memcpy(&params, f.pack_params(even, 265, addresses).data(), sizeof(params));
+  CHECK(params.heads_q == 2);
+  CHECK(params.heads_k == 2);
+  CHECK(params.rows == 264);
 }
 
 TEST_CASE("rope's positions-inner stand-alone run lays q and k out [heads, tokens, D]") {
@@ -166,7 +223,8 @@ void check_quotients(const kiln::Divisor& magic, unsigned divisor) {
 
 TEST_CASE("set_row_order gives the kernel tokens, seq and their magics") {
   kiln::RopeParams params{};
-  kiln::set_row_order(params, 2LL * 77 * (24 + 8), 2, 24, 8, true);  // odd sequence length
+  // An odd sequence length; heads of 128 bf16 elements (256 bytes).
+  kiln::set_row_order(params, 2LL * 77 * (24 + 8), 2, 24, 8, true, 256);
   CHECK(params.rows == 2 * 77 * 32);
   CHECK(params.batch == 2);
   CHECK(params.heads_q == 24);
@@ -177,6 +235,16 @@ TEST_CASE("set_row_order gives the kernel tokens, seq and their magics") {
   check_quotients(params.heads_divisor, 32);
   check_quotients(params.batch_divisor, 2);
   check_quotients(params.seq_divisor, 77);
+  // The grouped form's panels: 1 MB of a head's rows, here more than all 154 tokens.
+  CHECK(params.panel_tokens == 154);
+  CHECK(params.last_panel_tokens == 154);
+  CHECK(kiln::rope_panel_tokens(256, 1 << 20) == 4096);
+  CHECK(kiln::rope_panel_tokens(384, 1 << 20) == 2048);
+  kiln::set_row_order(params, 2LL * 4607 * 48, 2, 24, 24, true, 256);
+  CHECK(params.panel_tokens == 4096);
+  CHECK(params.last_panel_tokens == 2 * 4607 - 2 * 4096);
+  check_quotients(params.panel_divisor, 4096);
+  check_quotients(params.last_panel_divisor, 2 * 4607 - 2 * 4096);
   // pack_params fills them for the stand-alone run: one sample of 8 tokens x (6 + 2) heads.
   const kiln::Family& f = kiln::family(Op::rope);
   const std::uint64_t addresses[] = {0x1000, 0x2000, 0x3000, 0x4000, 0x5000, 0x6000};
@@ -247,8 +315,8 @@ TEST_CASE("rope's inverse (backward) is a flag compiled into the kernel, same sp
     CHECK(f.space(inverse, device) == f.space(forward, device));
     const Config h = f.heuristic(inverse, device);
     CHECK(h == f.heuristic(forward, device));
-    CHECK(f.name_expression(inverse, h).ends_with(", true, false>"));
-    CHECK(f.name_expression(forward, h).ends_with(", false, false>"));
+    CHECK(f.name_expression(inverse, h).ends_with(", true, false, false>"));
+    CHECK(f.name_expression(forward, h).ends_with(", false, false, false>"));
     CHECK(f.bytes_moved(inverse, 64) == f.bytes_moved(forward, 64));
     CHECK(inverse.key() != forward.key());
   }
@@ -257,6 +325,18 @@ TEST_CASE("rope's inverse (backward) is a flag compiled into the kernel, same sp
                       .check(Problem{Op::rope_3d, DType::bf16, 2048, kiln::kRopeInverse, 16}),
                   kiln::ArgumentError);
 }
+
+namespace {
+
+// Whether the kernel of the config prefetches: kiln::rope's next-to-last template argument
+// (its last says whether rows are grouped), kiln::rms_norm_rope's last.
+bool prefetches(const kiln::Family& f, const Problem& p, const Config& c) {
+  const std::string name = f.name_expression(p, c);
+  if (p.op == Op::rms_norm_rope) return name.ends_with(", true>");
+  return name.ends_with(", true, true>") || name.ends_with(", true, false>");
+}
+
+}  // namespace
 
 TEST_CASE("persistent grids: rope_3d and rms_norm_rope offer them, rope does not") {
   const DeviceTraits device = DeviceTraits::for_arch(90);
@@ -273,7 +353,7 @@ TEST_CASE("persistent grids: rope_3d and rms_norm_rope offer them, rope does not
       CHECK(it->second % device.sm_count == 0);
       CHECK(f.geometry(p, c, std::int64_t{1} << 24).grid[0] == it->second);
       CHECK(f.geometry(p, c, 1).grid[0] == 1);
-      CHECK(f.name_expression(p, c).ends_with(", true>"));
+      CHECK(prefetches(f, p, c));
       Config off = c;
       off.extra["grid"] = it->second + 1;
       CHECK(f.invalid_reason(p, off, device).find("is not a persistent grid") != std::string::npos);
@@ -282,7 +362,7 @@ TEST_CASE("persistent grids: rope_3d and rms_norm_rope offer them, rope does not
     // The heuristic covers the rows in one pass.
     const Config h = f.heuristic(p, device);
     CHECK(h.extra.find("grid") == h.extra.end());
-    CHECK(f.name_expression(p, h).ends_with(", false>"));
+    CHECK_FALSE(prefetches(f, p, h));
   }
   const kiln::Family& table_rope = kiln::family(Op::rope);
   Config c = table_rope.heuristic(rope(DType::bf16, 128), device);
