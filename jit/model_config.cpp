@@ -39,12 +39,16 @@ ModelShape read_llm(const nlohmann::json& config) {
     }
     model.head_dim = model.hidden / heads;
   }
-  const std::int64_t heads_q = require_size(config, "num_attention_heads");
-  const std::int64_t heads_k =
-      config.contains("num_key_value_heads") && !config.at("num_key_value_heads").is_null()
-          ? require_size(config, "num_key_value_heads")
-          : heads_q;
-  model.rope_head_flags = rope_head_flags(heads_q, heads_k);
+  // The head counts choose RoPE's kernel; a config that gives head_dim without them keeps the
+  // default (counts in fours).
+  if (config.contains("num_attention_heads")) {
+    const std::int64_t heads_q = require_size(config, "num_attention_heads");
+    const std::int64_t heads_k =
+        config.contains("num_key_value_heads") && !config.at("num_key_value_heads").is_null()
+            ? require_size(config, "num_key_value_heads")
+            : heads_q;
+    model.rope_head_flags = rope_head_flags(heads_q, heads_k);
+  }
   model.rope = "rotate-half";
   if (auto theta = config.find("rope_theta"); theta != config.end() && theta->is_number()) {
     model.rope += ", rope_theta " + theta->dump();
