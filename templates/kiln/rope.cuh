@@ -150,6 +150,44 @@ __global__ void __launch_bounds__(CTA_THREADS) rope(const RopeParams p) {
     }
   };
 
+  // Row j of a thread at `place`: its output row, whether it copies its unrotated columns
+  // and its angle keys go into `rows`; its input row comes back with the head strides that
+  // rows following it in the same token and tensor are apart (see follow).
+  struct Located {
+    const T* in_row;
+    T* out_row;
+    long long in_head_stride;
+    long long out_head_stride;
+  };
+  const auto locate = [&](const Place& place, int j, Rows& rows) {
+    const bool is_q = place.head < static_cast<unsigned>(p.heads_q);
+    const long long* in_strides = is_q ? p.q_strides : p.k_strides;
+    const long long* out_strides = is_q ? p.q_out_strides : p.k_out_strides;
+    const unsigned h = is_q ? place.head : place.head - p.heads_q;
+    const T* in_row = static_cast<const T*>(is_q ? p.q : p.k) + place.entry * in_strides[0] +
+                      place.position * in_strides[1] + h * in_strides[2];
+    T* out_row = static_cast<T*>(is_q ? p.q_out : p.k_out) + place.entry * out_strides[0] +
+                 place.position * out_strides[1] + h * out_strides[2];
+    rows.out_row[j] = out_row;
+    rows.copy_rest[j] = kPassUnits > 0 && static_cast<const void*>(out_row) != in_row;
+    if constexpr (VIDEO) {
+      rows.angle_key[j] = place.position;
+    } else {
+      rows.angle_key[j] = place.entry * p.cos_strides[0] + place.position * p.cos_strides[1];
+      rows.sin_offset[j] = place.entry * p.sin_strides[0] + place.position * p.sin_strides[1];
+    }
+    return Located{in_row, out_row, in_strides[2], out_strides[2]};
+  };
+  // Row j of a thread whose row 0 is `first` (located as row 0) and whose rows are that
+  // token's next heads in the same tensor: its input row.
+  const auto follow = [&](int j, const Located& first, Rows& rows) {
+    rows.out_row[j] = first.out_row + j * first.out_head_stride;
+    rows.copy_rest[j] = rows.copy_rest[0];
+    rows.angle_key[j] = rows.angle_key[0];
+    rows.sin_offset[j] = rows.sin_offset[0];
+    return first.in_row + j * first.in_head_stride;
+  };
+
   // Issues the loads of the rows of the pass whose CTA starts at row `first`.
   const auto load_rows = [&](long long first, Rows& rows) {
     const long long row0 =
@@ -169,9 +207,7 @@ __global__ void __launch_bounds__(CTA_THREADS) rope(const RopeParams p) {
       one_token = first_place.full_panel && last_head < heads;
       one_tensor = one_token && (last_head < heads_q || first_place.head >= heads_q);
     }
-    const T* first_in_row = nullptr;
-    long long in_head_stride = 0;
-    long long out_head_stride = 0;
+    Located first_row{};
 #pragma unroll
     for (int j = 0; j < ROWS_PER_THREAD; ++j) {
       const long long row = row0 + static_cast<long long>(j) * row_step;
@@ -181,11 +217,7 @@ __global__ void __launch_bounds__(CTA_THREADS) rope(const RopeParams p) {
       rows.sin_offset[j] = 0;
       const T* in_row;
       if (one_tensor && j > 0) {
-        in_row = first_in_row + j * in_head_stride;
-        rows.out_row[j] = rows.out_row[0] + j * out_head_stride;
-        rows.copy_rest[j] = rows.copy_rest[0];
-        rows.angle_key[j] = rows.angle_key[0];
-        rows.sin_offset[j] = rows.sin_offset[0];
+        in_row = follow(j, first_row, rows);
       } else {
         if (!one_token && row >= p.rows) continue;
         Place place = first_place;
@@ -194,26 +226,9 @@ __global__ void __launch_bounds__(CTA_THREADS) rope(const RopeParams p) {
         } else if (ROWS_PER_THREAD == 1 || j > 0) {
           place = place_of(row);
         }
-        const bool is_q = place.head < static_cast<unsigned>(p.heads_q);
-        const long long* in_strides = is_q ? p.q_strides : p.k_strides;
-        const long long* out_strides = is_q ? p.q_out_strides : p.k_out_strides;
-        const unsigned h = is_q ? place.head : place.head - p.heads_q;
-        in_row = static_cast<const T*>(is_q ? p.q : p.k) + place.entry * in_strides[0] +
-                 place.position * in_strides[1] + h * in_strides[2];
-        rows.out_row[j] = static_cast<T*>(is_q ? p.q_out : p.k_out) + place.entry * out_strides[0] +
-                          place.position * out_strides[1] + h * out_strides[2];
-        rows.copy_rest[j] = kPassUnits > 0 && static_cast<const void*>(rows.out_row[j]) != in_row;
-        if constexpr (VIDEO) {
-          rows.angle_key[j] = place.position;
-        } else {
-          rows.angle_key[j] = place.entry * p.cos_strides[0] + place.position * p.cos_strides[1];
-          rows.sin_offset[j] = place.entry * p.sin_strides[0] + place.position * p.sin_strides[1];
-        }
-        if (j == 0) {
-          first_in_row = in_row;
-          in_head_stride = in_strides[2];
-          out_head_stride = out_strides[2];
-        }
+        const Located at = locate(place, j, rows);
+        in_row = at.in_row;
+        if (j == 0) first_row = at;
       }
       load_row_vectors(j, in_row, rows);
     }
@@ -232,6 +247,9 @@ __global__ void __launch_bounds__(CTA_THREADS) rope(const RopeParams p) {
   const auto load_group = [&](long long first, Rows& rows) {
 #pragma unroll
     for (int j = 0; j < ROWS_PER_THREAD; ++j) {
+      // A group past the last is marked by its first row's output; none copies columns. The
+      // angle keys are set too: left unset for such a group, they cost ptxas 32 more
+      // registers on the prefill's 4-row config (96 -> 128).
       rows.out_row[j] = nullptr;
       rows.copy_rest[j] = false;
       rows.angle_key[j] = -1;
@@ -264,29 +282,10 @@ __global__ void __launch_bounds__(CTA_THREADS) rope(const RopeParams p) {
       position = quotient(token, p.batch_divisor);
       entry = token - position * batch;
     }
-    const bool is_q = head < static_cast<unsigned>(p.heads_q);
-    const long long* in_strides = is_q ? p.q_strides : p.k_strides;
-    const long long* out_strides = is_q ? p.q_out_strides : p.k_out_strides;
-    const unsigned h = is_q ? head : head - p.heads_q;
-    const T* in_row = static_cast<const T*>(is_q ? p.q : p.k) + entry * in_strides[0] +
-                      position * in_strides[1] + h * in_strides[2];
-    T* out_row = static_cast<T*>(is_q ? p.q_out : p.k_out) + entry * out_strides[0] +
-                 position * out_strides[1] + h * out_strides[2];
-    const long long in_head_stride = in_strides[2];
-    const long long out_head_stride = out_strides[2];
-    const bool copy_rest = kPassUnits > 0 && static_cast<const void*>(out_row) != in_row;
-    if constexpr (VIDEO) {
-      rows.angle_key[0] = position;
-    } else {
-      rows.angle_key[0] = entry * p.cos_strides[0] + position * p.cos_strides[1];
-      rows.sin_offset[0] = entry * p.sin_strides[0] + position * p.sin_strides[1];
-    }
+    const Located first_row = locate(Place{head, entry, position, true}, 0, rows);
+    load_row_vectors(0, first_row.in_row, rows);
 #pragma unroll
-    for (int j = 0; j < ROWS_PER_THREAD; ++j) {
-      rows.out_row[j] = out_row + j * out_head_stride;
-      rows.copy_rest[j] = copy_rest;
-      load_row_vectors(j, in_row + j * in_head_stride, rows);
-    }
+    for (int j = 1; j < ROWS_PER_THREAD; ++j) load_row_vectors(j, follow(j, first_row, rows), rows);
   };
 
   // Whether row j's cos/sin differ from the row's before it (a group's rows share them).

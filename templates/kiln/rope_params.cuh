@@ -62,8 +62,8 @@ struct RopeParams {
   Divisor heads_divisor;
   Divisor batch_divisor;
   Divisor seq_divisor;
-  // The grouped form's panels, positions inner: panel_tokens tokens each (at most `tokens`),
-  // the last one last_panel_tokens, as magics.
+  // The grouped form's panels, positions inner (unset otherwise): panel_tokens tokens each
+  // (at most `tokens`), the last one last_panel_tokens, as magics.
   Divisor panel_divisor;
   Divisor last_panel_divisor;
   int panel_tokens;
@@ -103,6 +103,7 @@ inline void set_row_order(RopeParams& params, long long rows, int batch, int hea
   params.heads_divisor = make_divisor(static_cast<unsigned long long>(heads));
   params.batch_divisor = make_divisor(static_cast<unsigned long long>(batch));
   params.seq_divisor = make_divisor(static_cast<unsigned long long>(params.seq));
+  if (!positions_inner) return;  // only the positions-inner walk has panels: no magic per call
   params.panel_tokens = rope_panel_tokens(row_bytes, params.tokens);
   const int last = params.tokens % params.panel_tokens;
   params.last_panel_tokens = last == 0 ? params.panel_tokens : last;
