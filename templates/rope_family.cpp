@@ -44,20 +44,24 @@ std::optional<ArgumentError> problem_error(Op op, const Problem& problem) {
     return ArgumentError(name, "q", "alignment a power of two in [1, 16] bytes",
                          std::to_string(problem.align));
   }
-  const std::uint32_t allowed = op == Op::rope
-                                    ? (kRopeInterleaved | kRopeTableF32 | kRopeInverse |
-                                       kRopePositionsInner | kRopeHeadsEven | kRopeHeadsBy4)
-                                    : 0u;
+  const std::uint32_t allowed =
+      op == Op::rope ? (kRopeInterleaved | kRopeTableF32 | kRopeInverse | kRopePositionsInner |
+                        kRopeHeadsEven | kRopeHeadsBy4 | kRopeOneHeadEach)
+                     : 0u;
   if ((problem.flags & ~allowed) != 0) {
     return ArgumentError(name, "flags",
                          op == Op::rope ? "only interleaved (1), table-fp32 (2), inverse (4), "
-                                          "positions-inner (8), heads-even (16) and heads-by-4 "
-                                          "(32, with 16)"
+                                          "positions-inner (8), heads-even (16), heads-by-4 "
+                                          "(32, with 16) and one-head-each (64)"
                                         : "none",
                          std::to_string(problem.flags));
   }
   if ((problem.flags & kRopeHeadsBy4) != 0 && (problem.flags & kRopeHeadsEven) == 0) {
     return ArgumentError(name, "flags", "heads-by-4 (32) together with heads-even (16)",
+                         std::to_string(problem.flags));
+  }
+  if ((problem.flags & kRopeOneHeadEach) != 0 && (problem.flags & kRopeHeadsEven) != 0) {
+    return ArgumentError(name, "flags", "one-head-each (64) without heads-even (16)",
                          std::to_string(problem.flags));
   }
   if (op == Op::rope_3d && problem.aux != 0) {
@@ -133,21 +137,29 @@ int RopeFamily::rows_per_thread(const Config& config) {
   return it == config.extra.end() ? 1 : static_cast<int>(it->second);
 }
 
-bool RopeFamily::grouped(const Problem& problem, const Config& config) {
+RopeForm RopeFamily::form(const Problem& problem, const Config& config) {
   switch (rows_per_thread(config)) {
     case 1:
-      return true;
+      return kRopeGrouped;
     case 2:
-      return (problem.flags & kRopeHeadsEven) != 0;
+      if ((problem.flags & kRopeHeadsEven) != 0) {
+        return kRopeGrouped;
+      }
+      return problem.op == Op::rope_3d || (problem.flags & kRopeOneHeadEach) != 0 ? kRopeTokenPair
+                                                                                  : kRopeGeneral;
     case 4:
-      return (problem.flags & kRopeHeadsBy4) != 0;
+      return (problem.flags & kRopeHeadsBy4) != 0 ? kRopeGrouped : kRopeGeneral;
     default:
-      return false;
+      return kRopeGeneral;
   }
 }
 
 std::pair<int, int> RopeFamily::standalone_heads(const Problem& problem, std::int64_t rows) {
-  if (problem.op == Op::rope_3d) return rows % 2 == 0 ? std::pair{1, 1} : std::pair{1, 0};
+  // One head each (every rope_3d call): one token's q and k rows over as many whole tokens as
+  // the rows hold.
+  if (problem.op == Op::rope_3d || (problem.flags & kRopeOneHeadEach) != 0) {
+    return rows >= 2 ? std::pair{1, 1} : std::pair{1, 0};
+  }
   // Head counts that keep the flags, k's when the rows hold a token of both.
   const int group = (problem.flags & kRopeHeadsBy4) != 0    ? 4
                     : (problem.flags & kRopeHeadsEven) != 0 ? 2
@@ -300,7 +312,7 @@ std::string RopeFamily::name_expression(const Problem& problem, const Config& co
          (interleaved(problem) ? "true" : "false") + ", " + (video ? "true" : "false") + ", " +
          ((problem.flags & kRopeInverse) != 0 ? "true" : "false") + ", " +
          (persistent_grid_of(config) > 0 ? "true" : "false") + ", " +
-         (grouped(problem, config) ? "true" : "false") + ">";
+         std::to_string(static_cast<int>(form(problem, config))) + ">";
 }
 
 LaunchGeometry RopeFamily::geometry(const Problem& problem, const Config& config,

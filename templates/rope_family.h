@@ -15,10 +15,12 @@
 #include <cstdint>
 
 #include "templates/family.h"
+#include "templates/kiln/rope_params.cuh"
 
 namespace kiln {
 
-// Problem::flags bits of rope (rope_3d uses none: it is always interleaved, table-free).
+// Problem::flags bits of rope (rope_3d uses none: it is always interleaved, table-free, with
+// one head each).
 inline constexpr std::uint32_t kRopeInterleaved = 1u;
 inline constexpr std::uint32_t kRopeTableF32 = 2u;  // cos/sin fp32 (else the data's dtype)
 // The transposed rotation (RoPE's backward: q and k hold the gradients dy, the outputs dx).
@@ -35,9 +37,16 @@ inline constexpr std::uint32_t kRopePositionsInner = 8u;
 // templates/kiln/rope.cuh). The host sets them from the call's head counts.
 inline constexpr std::uint32_t kRopeHeadsEven = 16u;
 inline constexpr std::uint32_t kRopeHeadsBy4 = 32u;
+// q and k have one head each (diffusers' [B, S, H * D] rows before the head split, as
+// LTX-Video rotates them): a thread's 2 rows can be one token's q row and k row. rope_3d's
+// calls always are, without the flag.
+inline constexpr std::uint32_t kRopeOneHeadEach = 64u;
 
 // The head-count flags of a call with these head counts.
 inline constexpr std::uint32_t rope_head_flags(std::int64_t heads_q, std::int64_t heads_k) {
+  if (heads_q == 1 && heads_k == 1) {
+    return kRopeOneHeadEach;
+  }
   if (heads_q % 4 == 0 && heads_k % 4 == 0) {
     return kRopeHeadsEven | kRopeHeadsBy4;
   }
@@ -69,9 +78,9 @@ class RopeFamily : public Family {
                           std::int64_t rows) const override;
 
   // A stand-alone run: q and k [tokens, heads, D] ([heads, tokens, D] positions inner) with
-  // cos/sin [tokens, rotary_dim] (table), heads 6 + 2 when rows divide by 8 (1 + 1 for
-  // rope_3d when even), else q's one head; with head-count flags, heads that keep them
-  // (4 + 4, or 2 + 2) over as many whole tokens as the rows hold.
+  // cos/sin [tokens, rotary_dim] (table), heads 6 + 2 when rows divide by 8, else q's one
+  // head; with head-count flags (and always for rope_3d), heads that keep them (4 + 4, 2 + 2,
+  // or 1 + 1) over as many whole tokens as the rows hold.
   std::vector<BufferSpec> buffers(const Problem& problem, std::int64_t rows) const override;
   std::vector<std::byte> pack_params(const Problem& problem, std::int64_t rows,
                                      std::span<const std::uint64_t> addresses) const override;
@@ -80,9 +89,10 @@ class RopeFamily : public Family {
 
   static std::int64_t rotary_dim(const Problem& problem);
   static int rows_per_thread(const Config& config);
-  // Whether the config's rows a thread are a group of heads of one tensor for every call of
-  // the problem: one row, or a count that the head-count flags say divides both tensors'.
-  static bool grouped(const Problem& problem, const Config& config);
+  // How the config's kernel finds a thread's rows for every call of the problem: a group of
+  // heads of one tensor (one row, or a count that the head-count flags say divides both
+  // tensors'), one token's q and k rows (2 rows, one head each), or one by one.
+  static RopeForm form(const Problem& problem, const Config& config);
   // Heads (q, k) per token of a stand-alone run of `rows` rows.
   static std::pair<int, int> standalone_heads(const Problem& problem, std::int64_t rows);
 

@@ -30,13 +30,17 @@
 // are issued first, and cos/sin are loaded (or computed) once and kept in registers while
 // consecutive rows share them.
 //
-// GROUPED (the host sets it where ROWS_PER_THREAD divides both head counts, and always for
-// one row a thread): a thread's rows are a group of ROWS_PER_THREAD consecutive heads of one
-// token in one of q and k, so they share cos/sin by construction and lie a head stride
-// apart. A thread then finds one place, its group's, and no row needs the checks that rows
-// crossing from q to k or into the next token do. That bookkeeping costs the general form
-// registers and instructions: for the FLUX-like call's 4 rows a thread (sm_90), 72 registers
-// and 872 SASS instructions, against 56 and 352 grouped.
+// FORM (RopeForm) says how a thread finds its rows. kRopeGeneral places them one by one,
+// since they may cross from q to k or into the next token. kRopeGrouped (the host's choice
+// where ROWS_PER_THREAD divides both head counts, and always for one row a thread): a
+// thread's rows are a group of ROWS_PER_THREAD consecutive heads of one token in one of q and
+// k, so they share cos/sin by construction and lie a head stride apart. kRopeTokenPair (two
+// rows a thread where q and k have one head each, as diffusers' [B, S, H * D] rows before the
+// head split and every rope_3d call have): a thread's rows are one token's q row and k row.
+// Either way a thread finds one place, and no row needs the checks that rows crossing from q
+// to k or into the next token do. That bookkeeping costs the general form registers and
+// instructions: for the FLUX-like call's 4 rows a thread (sm_90), 72 registers and 872 SASS
+// instructions, against 56 and 352 grouped.
 #pragma once
 
 #include "kiln/common.cuh"
@@ -53,7 +57,7 @@ __device__ __noinline__ unsigned divide_rarely(unsigned dividend, unsigned divis
 
 template <typename T, typename TABLE, int HEAD_DIM, int ROTARY_DIM, int VEC_BYTES,
           int THREADS_PER_ROW, int CTA_THREADS, int ROWS_PER_THREAD, bool INTERLEAVED, bool VIDEO,
-          bool INVERSE, bool PREFETCH, bool GROUPED>
+          bool INVERSE, bool PREFETCH, int FORM>
 __global__ void __launch_bounds__(CTA_THREADS) rope(const RopeParams p) {
   constexpr int kVec = VEC_BYTES / static_cast<int>(sizeof(T));
   constexpr int kParts = INTERLEAVED ? 1 : 2;                // vectors per rotation unit
@@ -71,6 +75,8 @@ __global__ void __launch_bounds__(CTA_THREADS) rope(const RopeParams p) {
   static_assert((HEAD_DIM - ROTARY_DIM) % kVec == 0, "the rest is whole vectors");
   static_assert(!VIDEO || INTERLEAVED, "video angles rotate interleaved pairs");
   static_assert(CTA_THREADS % THREADS_PER_ROW == 0, "rows must tile the CTA");
+  static_assert(FORM != kRopeTokenPair || ROWS_PER_THREAD == 2, "a token pair is two rows");
+  constexpr bool kOnePlace = FORM != kRopeGeneral;  // a thread's rows share one place
 
   const int lane = static_cast<int>(threadIdx.x) % THREADS_PER_ROW;
   const int slot = static_cast<int>(threadIdx.x) / THREADS_PER_ROW;
@@ -159,11 +165,10 @@ __global__ void __launch_bounds__(CTA_THREADS) rope(const RopeParams p) {
     long long in_head_stride;
     long long out_head_stride;
   };
-  const auto locate = [&](const Place& place, int j, Rows& rows) {
-    const bool is_q = place.head < static_cast<unsigned>(p.heads_q);
+  // Row j, head h of q (is_q) or of k, at `place`'s token (see locate).
+  const auto locate_in = [&](bool is_q, unsigned h, const Place& place, int j, Rows& rows) {
     const long long* in_strides = is_q ? p.q_strides : p.k_strides;
     const long long* out_strides = is_q ? p.q_out_strides : p.k_out_strides;
-    const unsigned h = is_q ? place.head : place.head - p.heads_q;
     const T* in_row = static_cast<const T*>(is_q ? p.q : p.k) + place.entry * in_strides[0] +
                       place.position * in_strides[1] + h * in_strides[2];
     T* out_row = static_cast<T*>(is_q ? p.q_out : p.k_out) + place.entry * out_strides[0] +
@@ -177,6 +182,10 @@ __global__ void __launch_bounds__(CTA_THREADS) rope(const RopeParams p) {
       rows.sin_offset[j] = place.entry * p.sin_strides[0] + place.position * p.sin_strides[1];
     }
     return Located{in_row, out_row, in_strides[2], out_strides[2]};
+  };
+  const auto locate = [&](const Place& place, int j, Rows& rows) {
+    const bool is_q = place.head < static_cast<unsigned>(p.heads_q);
+    return locate_in(is_q, is_q ? place.head : place.head - p.heads_q, place, j, rows);
   };
   // Row j of a thread whose row 0 is `first` (located as row 0) and whose rows are that
   // token's next heads in the same tensor: its input row.
@@ -234,7 +243,41 @@ __global__ void __launch_bounds__(CTA_THREADS) rope(const RopeParams p) {
     }
   };
 
-  // GROUPED: issues the loads of the group of the pass whose CTA starts at row `first`. A
+  // A thread's rows cleared: none stored, none copying columns. The angle keys are set too:
+  // left unset for a thread past the last rows, they cost ptxas 32 more registers on the
+  // grouped prefill's 4-row config (96 -> 128).
+  const auto clear_rows = [&](Rows& rows) {
+#pragma unroll
+    for (int j = 0; j < ROWS_PER_THREAD; ++j) {
+      rows.out_row[j] = nullptr;
+      rows.copy_rest[j] = false;
+      rows.angle_key[j] = -1;
+      rows.sin_offset[j] = 0;
+    }
+  };
+
+  // kRopeTokenPair: issues the loads of the token of the pass whose CTA starts at row `first`,
+  // its q row and its k row. With one head each, a CTA's rows in either order are its slots'
+  // tokens' q and k rows (positions inner, a panel of kSlots tokens of q's head, then of k's),
+  // so the thread of slot s takes token first / 2 + s. A stand-alone run of one row has no k.
+  const auto load_pair = [&](long long first, Rows& rows) {
+    clear_rows(rows);
+    const long long token = first / 2 + slot;
+    if (2 * token >= p.rows) return;
+    const unsigned t = static_cast<unsigned>(token);
+    Place place{0u, 0u, 0u, true};
+    if (positions_inner) {
+      place.entry = quotient(t, p.seq_divisor);
+      place.position = t - place.entry * seq;
+    } else {
+      place.position = quotient(t, p.batch_divisor);
+      place.entry = t - place.position * batch;
+    }
+    load_row_vectors(0, locate_in(true, 0u, place, 0, rows).in_row, rows);
+    if (p.heads_k != 0) load_row_vectors(1, locate_in(false, 0u, place, 1, rows).in_row, rows);
+  };
+
+  // kRopeGrouped: issues the loads of the group of the pass whose CTA starts at row `first`. A
   // thread's group is an item. Heads inner, items are (token, group) pairs, groups inner: item
   // i holds rows i * ROWS_PER_THREAD on, in the row order above. Positions inner, they come
   // in panels of p.panel_tokens tokens x all groups, group-major, tokens inner, so
@@ -245,16 +288,7 @@ __global__ void __launch_bounds__(CTA_THREADS) rope(const RopeParams p) {
   // negation of the same bytes against 1.06x. Panels of one CTA's tokens had every head in
   // flight at once: the 86 MB prefill 1.08x against 1.07x.)
   const auto load_group = [&](long long first, Rows& rows) {
-#pragma unroll
-    for (int j = 0; j < ROWS_PER_THREAD; ++j) {
-      // A group past the last is marked by its first row's output; none copies columns. The
-      // angle keys are set too: left unset for such a group, they cost ptxas 32 more
-      // registers on the prefill's 4-row config (96 -> 128).
-      rows.out_row[j] = nullptr;
-      rows.copy_rest[j] = false;
-      rows.angle_key[j] = -1;
-      rows.sin_offset[j] = 0;
-    }
+    clear_rows(rows);  // a group past the last is marked by its first row's output
     // A CTA's first row is a multiple of kRowsPerCta, so of ROWS_PER_THREAD.
     const long long item = first / ROWS_PER_THREAD + slot;
     if (item >= p.rows / ROWS_PER_THREAD) return;
@@ -288,9 +322,9 @@ __global__ void __launch_bounds__(CTA_THREADS) rope(const RopeParams p) {
     for (int j = 1; j < ROWS_PER_THREAD; ++j) load_row_vectors(j, follow(j, first_row, rows), rows);
   };
 
-  // Whether row j's cos/sin differ from the row's before it (a group's rows share them).
+  // Whether row j's cos/sin differ from the row's before it (rows of one place share them).
   const auto new_angles = [](const Rows& rows, int j) {
-    return j == 0 || (!GROUPED && rows.angle_key[j] != rows.angle_key[j - 1]);
+    return j == 0 || (!kOnePlace && rows.angle_key[j] != rows.angle_key[j - 1]);
   };
 
   // Rotates and stores the loaded rows, a step at a time, so a thread holds one step's
@@ -313,7 +347,7 @@ __global__ void __launch_bounds__(CTA_THREADS) rope(const RopeParams p) {
       float s[kUnitWidth];
 #pragma unroll
       for (int j = 0; j < ROWS_PER_THREAD; ++j) {
-        if (rows.out_row[GROUPED ? 0 : j] == nullptr) continue;
+        if (rows.out_row[FORM == kRopeGrouped ? 0 : j] == nullptr) continue;
         if (new_angles(rows, j)) {
           if constexpr (VIDEO) {
 #pragma unroll
@@ -383,8 +417,10 @@ __global__ void __launch_bounds__(CTA_THREADS) rope(const RopeParams p) {
   const long long grid_rows = static_cast<long long>(gridDim.x) * kRowsPerCta;
   Rows current;
   const auto load = [&](long long first, Rows& rows) {
-    if constexpr (GROUPED) {
+    if constexpr (FORM == kRopeGrouped) {
       load_group(first, rows);
+    } else if constexpr (FORM == kRopeTokenPair) {
+      load_pair(first, rows);
     } else {
       load_rows(first, rows);
     }

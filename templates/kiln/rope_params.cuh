@@ -15,6 +15,13 @@ namespace kiln {
 //   freq(i) * (2 * coordinate[a] * scale[a] - 1),  j = p - pad_pairs, i = j / 3, a = j % 3,
 //   freq(i) = theta ** (i / (dim / 6 - 1)) * pi / 2,
 // and 0 (cos 1, sin 0) for the dim % 6 lanes at the front (pad_pairs = (dim % 6) / 2).
+// How kiln::rope finds a thread's rows (its FORM template argument; see rope.cuh).
+enum RopeForm : int {
+  kRopeGeneral = 0,    // rows placed one by one: they may cross from q to k or tokens
+  kRopeGrouped = 1,    // a group of one token's heads in one tensor, a head stride apart
+  kRopeTokenPair = 2,  // one token's q row and k row (q and k one head each)
+};
+
 struct RopeVideoGrid {
   int frames;
   int height;

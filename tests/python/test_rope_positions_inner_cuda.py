@@ -14,7 +14,11 @@ cross from q to k or into the next token, which take the general path.
 Head counts that divide by 2 or 4 (4 + 4, 8 + 4, 6 + 2) make the configs of as many rows a
 thread grouped: each thread's rows one token's heads of one tensor, placed once. Their
 problems are tuned and pinned the same way, 6 + 2 also through the general form for 4 rows
-a thread."""
+a thread.
+
+q and k of one head each (LTX-Video's [B, S, H * D] rows rotated whole, and a [B, 1, S, D]
+head walked positions-inner) make the configs of 2 rows a thread token pairs: a thread's
+rows one token's q row and k row."""
 
 import pytest
 
@@ -30,7 +34,8 @@ import torch
 import kiln
 from pinned_tune import config_key
 from reference import assert_close_to
-from rope_reference import diffusers_apply_rotary_emb, hf_apply_rotary_pos_emb, llama_cos_sin
+from rope_reference import (diffusers_apply_rotary_emb, hf_apply_rotary_pos_emb, llama_cos_sin,
+                            ltx_apply_rotary_emb)
 
 cache = pathlib.Path(sys.argv[1])
 gen = torch.Generator(device="cuda").manual_seed(5)
@@ -73,11 +78,27 @@ def interleaved():
         assert_close_to(k_out, k_ref, torch.float16)
     return check
 
+def one_head_each():
+    # LTX-Video's layout: q, k [B, S, C] rotated over all C in interleaved pairs, an fp32
+    # table per batch entry, 2 x 37 tokens (the last of each config's CTAs partial).
+    q = torch.randn(2, 37, 384, device="cuda", generator=gen).bfloat16()
+    k = torch.randn(2, 37, 384, device="cuda", generator=gen).bfloat16()
+    cos = torch.randn(2, 37, 384, device="cuda", generator=gen)
+    sin = torch.randn(2, 37, 384, device="cuda", generator=gen)
+    q_ref, k_ref = ltx_apply_rotary_emb(q, cos, sin), ltx_apply_rotary_emb(k, cos, sin)
+    def check():
+        poison()
+        q_out, k_out = kiln.rope(q, k, cos, sin, interleaved=True, layout="bshd")
+        assert_close_to(q_out, q_ref, torch.bfloat16)
+        assert_close_to(k_out, k_ref, torch.bfloat16)
+    return check
+
 # By the problem's flags: 8 = positions inner (+ 1 interleaved + 2 fp32 table); 0 = heads
 # inner, half-split, table in the data's dtype; 16 = both head counts even, + 32 = both
-# multiples of 4.
+# multiples of 4; 64 = one head each.
 checks = {"f8": half_split(False), "f59": interleaved(), "f0": half_split(True),
-          "f48": half_split(True, 8, 4), "f24": half_split(False, 6, 2)}
+          "f48": half_split(True, 8, 4), "f24": half_split(False, 6, 2),
+          "f67": one_head_each(), "f72": half_split(False, 1, 1)}
 for check in checks.values():
     check()  # tunes its problem in full, every candidate checked by the tuner
 records = sorted((cache / "v1" / "tune").glob("*/*.json"))

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <span>
 #include <string>
 
 #include "cache/error.h"
@@ -50,7 +51,13 @@ TEST_CASE("rope refuses problems it cannot specialise") {
   CHECK_THROWS_AS(f.check(rope(DType::bf16, 128, 0, 130)), kiln::ArgumentError);
   CHECK_THROWS_AS(f.check(rope(DType::bf16, 128, 0, 33)), kiln::ArgumentError);
   CHECK_NOTHROW(f.check(rope(DType::bf16, 128, kiln::kRopePositionsInner)));
-  CHECK_THROWS_AS(f.check(rope(DType::bf16, 128, 64)), kiln::ArgumentError);
+  CHECK_THROWS_AS(f.check(rope(DType::bf16, 128, 128)), kiln::ArgumentError);
+  CHECK_NOTHROW(f.check(rope(DType::bf16, 2048, kiln::kRopeOneHeadEach)));
+  CHECK_THROWS_WITH_AS(
+      f.check(rope(DType::bf16, 128, kiln::kRopeOneHeadEach | kiln::kRopeHeadsEven)),
+      "kiln.rope: flags: expected one-head-each (64) without heads-even (16), "
+      "got 80",
+      kiln::ArgumentError);
   CHECK_NOTHROW(f.check(rope(DType::bf16, 128, kiln::kRopeHeadsEven | kiln::kRopeHeadsBy4)));
   CHECK_THROWS_WITH_AS(f.check(rope(DType::bf16, 128, kiln::kRopeHeadsBy4)),
                        "kiln.rope: flags: expected heads-by-4 (32) together with heads-even "
@@ -98,7 +105,7 @@ TEST_CASE("the rope heuristic gives a 128-wide bf16 head eight threads of 16-byt
   CHECK(kiln::RopeFamily::rows_per_thread(h) == 2);
   CHECK(kiln::family(Op::rope).name_expression(rope(DType::bf16, 128), h) ==
         "kiln::rope<kiln::bf16, kiln::bf16, 128, 128, 16, 8, 128, 2, false, false, false, false, "
-        "false>");
+        "0>");
   const Config narrow = kiln::family(Op::rope).heuristic(rope(DType::bf16, 128, 0, 0, 4), device);
   CHECK(narrow.vec_bytes == 4);
 }
@@ -131,28 +138,45 @@ TEST_CASE("rope packs its stand-alone run and counts its bytes") {
   CHECK(f.buffers(p, 64)[5].is_output);
 }
 
-TEST_CASE("head-count flags decide which rows a thread groups") {
+TEST_CASE("head-count flags decide how a thread finds its rows") {
   using kiln::kRopeHeadsBy4;
   using kiln::kRopeHeadsEven;
+  using kiln::kRopeOneHeadEach;
   CHECK(kiln::rope_head_flags(32, 8) == (kRopeHeadsEven | kRopeHeadsBy4));
   CHECK(kiln::rope_head_flags(24, 24) == (kRopeHeadsEven | kRopeHeadsBy4));
   CHECK(kiln::rope_head_flags(12, 2) == kRopeHeadsEven);
   CHECK(kiln::rope_head_flags(8, 1) == 0u);
-  CHECK(kiln::rope_head_flags(1, 1) == 0u);
+  CHECK(kiln::rope_head_flags(1, 2) == 0u);
+  CHECK(kiln::rope_head_flags(1, 1) == kRopeOneHeadEach);
   const kiln::Family& f = kiln::family(Op::rope);
   const DeviceTraits device = DeviceTraits::for_arch(90);
-  for (std::uint32_t heads : {0u, kRopeHeadsEven, kRopeHeadsEven | kRopeHeadsBy4}) {
+  for (std::uint32_t heads :
+       {0u, kRopeHeadsEven, kRopeHeadsEven | kRopeHeadsBy4, kRopeOneHeadEach}) {
     const Problem p = rope(DType::bf16, 128, kiln::kRopePositionsInner | heads);
     // Flags change which kernel a config compiles to, never the space.
     CHECK(f.space(p, device) == f.space(rope(DType::bf16, 128, kiln::kRopePositionsInner), device));
     for (const Config& c : f.space(p, device)) {
       const int rows = kiln::RopeFamily::rows_per_thread(c);
-      const bool grouped =
-          rows == 1 || (rows == 2 && heads != 0) || (rows == 4 && (heads & kRopeHeadsBy4) != 0);
+      const bool even = (heads & kRopeHeadsEven) != 0;
+      const kiln::RopeForm form =
+          rows == 1 || (rows == 2 && even) || (rows == 4 && (heads & kRopeHeadsBy4) != 0)
+              ? kiln::kRopeGrouped
+          : rows == 2 && heads == kRopeOneHeadEach ? kiln::kRopeTokenPair
+                                                   : kiln::kRopeGeneral;
       CAPTURE(c.key());
-      CHECK(kiln::RopeFamily::grouped(p, c) == grouped);
-      CHECK(f.name_expression(p, c).ends_with(grouped ? ", true>" : ", false>"));
+      CHECK(kiln::RopeFamily::form(p, c) == form);
+      CHECK(f.name_expression(p, c).ends_with(", " + std::to_string(int{form}) + ">"));
     }
+  }
+  // rope_3d's calls have one head each, flag or not: two rows a thread are a token's q and k.
+  const kiln::Family& video = kiln::family(Op::rope_3d);
+  const Problem v{Op::rope_3d, DType::bf16, 2048, 0u, 16};
+  for (const Config& c : video.space(v, device)) {
+    const int rows = kiln::RopeFamily::rows_per_thread(c);
+    CAPTURE(c.key());
+    CHECK(kiln::RopeFamily::form(v, c) == (rows == 1   ? kiln::kRopeGrouped
+                                           : rows == 2 ? kiln::kRopeTokenPair
+                                                       : kiln::kRopeGeneral));
   }
 }
 
@@ -180,6 +204,20 @@ TEST_CASE("a flagged problem's stand-alone run keeps its head counts") {
   CHECK(params.heads_q == 2);
   CHECK(params.heads_k == 2);
   CHECK(params.rows == 264);
+  // One head each: whole tokens of q and k, and a lone row is q's.
+  for (const Problem& pair : {rope(DType::bf16, 2048, kiln::rope_head_flags(1, 1)),
+                              Problem{Op::rope_3d, DType::bf16, 2048, 0u, 16}}) {
+    const kiln::Family& family = kiln::family(pair.op);
+    const auto used = std::span(addresses).first(pair.op == Op::rope ? 6 : 4);
+    std::memcpy(&params, family.pack_params(pair, 1031, used).data(), sizeof(params));
+    CHECK(params.heads_q == 1);
+    CHECK(params.heads_k == 1);
+    CHECK(params.rows == 1030);
+    std::memcpy(&params, family.pack_params(pair, 1, used).data(), sizeof(params));
+    CHECK(params.heads_q == 1);
+    CHECK(params.heads_k == 0);
+    CHECK(params.rows == 1);
+  }
 }
 
 TEST_CASE("rope's positions-inner stand-alone run lays q and k out [heads, tokens, D]") {
@@ -315,8 +353,8 @@ TEST_CASE("rope's inverse (backward) is a flag compiled into the kernel, same sp
     CHECK(f.space(inverse, device) == f.space(forward, device));
     const Config h = f.heuristic(inverse, device);
     CHECK(h == f.heuristic(forward, device));
-    CHECK(f.name_expression(inverse, h).ends_with(", true, false, false>"));
-    CHECK(f.name_expression(forward, h).ends_with(", false, false, false>"));
+    CHECK(f.name_expression(inverse, h).ends_with(", true, false, 0>"));
+    CHECK(f.name_expression(forward, h).ends_with(", false, false, 0>"));
     CHECK(f.bytes_moved(inverse, 64) == f.bytes_moved(forward, 64));
     CHECK(inverse.key() != forward.key());
   }
@@ -329,11 +367,12 @@ TEST_CASE("rope's inverse (backward) is a flag compiled into the kernel, same sp
 namespace {
 
 // Whether the kernel of the config prefetches: kiln::rope's next-to-last template argument
-// (its last says whether rows are grouped), kiln::rms_norm_rope's last.
+// (its last is the form), kiln::rms_norm_rope's last.
 bool prefetches(const kiln::Family& f, const Problem& p, const Config& c) {
   const std::string name = f.name_expression(p, c);
   if (p.op == Op::rms_norm_rope) return name.ends_with(", true>");
-  return name.ends_with(", true, true>") || name.ends_with(", true, false>");
+  const std::string without_form = name.substr(0, name.rfind(','));
+  return without_form.ends_with(", true");
 }
 
 }  // namespace
