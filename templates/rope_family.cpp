@@ -124,6 +124,12 @@ std::int64_t resident(const Problem& problem, const Config& config, const Device
   return resident_ctas(registers_per_thread(problem, config), config.cta_threads, device);
 }
 
+// Whether every call of the problem has one head of q and one of k: rope_3d's always do, a
+// table rope's when the host flags it.
+bool one_head_each(const Problem& problem) {
+  return problem.op == Op::rope_3d || (problem.flags & kRopeOneHeadEach) != 0;
+}
+
 }  // namespace
 
 RopeFamily::RopeFamily(Op op) : op_(op) {}
@@ -145,8 +151,7 @@ RopeForm RopeFamily::form(const Problem& problem, const Config& config) {
       if ((problem.flags & kRopeHeadsEven) != 0) {
         return kRopeGrouped;
       }
-      return problem.op == Op::rope_3d || (problem.flags & kRopeOneHeadEach) != 0 ? kRopeTokenPair
-                                                                                  : kRopeGeneral;
+      return one_head_each(problem) ? kRopeTokenPair : kRopeGeneral;
     case 4:
       return (problem.flags & kRopeHeadsBy4) != 0 ? kRopeGrouped : kRopeGeneral;
     default:
@@ -155,9 +160,8 @@ RopeForm RopeFamily::form(const Problem& problem, const Config& config) {
 }
 
 std::pair<int, int> RopeFamily::standalone_heads(const Problem& problem, std::int64_t rows) {
-  // One head each (every rope_3d call): one token's q and k rows over as many whole tokens as
-  // the rows hold.
-  if (problem.op == Op::rope_3d || (problem.flags & kRopeOneHeadEach) != 0) {
+  // One head each: one token's q and k rows over as many whole tokens as the rows hold.
+  if (one_head_each(problem)) {
     return rows >= 2 ? std::pair{1, 1} : std::pair{1, 0};
   }
   // Head counts that keep the flags, k's when the rows hold a token of both.

@@ -197,6 +197,20 @@ __global__ void __launch_bounds__(CTA_THREADS) rope(const RopeParams p) {
     return first.in_row + j * first.in_head_stride;
   };
 
+  // A thread's row j, or all its rows, cleared: none stored, none copying columns. The angle
+  // keys are set too: left unset for a thread past the last rows, they cost ptxas 32 more
+  // registers on the grouped prefill's 4-row config (96 -> 128).
+  const auto clear_row = [](Rows& rows, int j) {
+    rows.out_row[j] = nullptr;
+    rows.copy_rest[j] = false;
+    rows.angle_key[j] = -1;
+    rows.sin_offset[j] = 0;
+  };
+  const auto clear_rows = [&](Rows& rows) {
+#pragma unroll
+    for (int j = 0; j < ROWS_PER_THREAD; ++j) clear_row(rows, j);
+  };
+
   // Issues the loads of the rows of the pass whose CTA starts at row `first`.
   const auto load_rows = [&](long long first, Rows& rows) {
     const long long row0 =
@@ -220,10 +234,7 @@ __global__ void __launch_bounds__(CTA_THREADS) rope(const RopeParams p) {
 #pragma unroll
     for (int j = 0; j < ROWS_PER_THREAD; ++j) {
       const long long row = row0 + static_cast<long long>(j) * row_step;
-      rows.out_row[j] = nullptr;
-      rows.copy_rest[j] = false;
-      rows.angle_key[j] = -1;
-      rows.sin_offset[j] = 0;
+      clear_row(rows, j);  // a row past the last stays cleared
       const T* in_row;
       if (one_tensor && j > 0) {
         in_row = follow(j, first_row, rows);
@@ -240,19 +251,6 @@ __global__ void __launch_bounds__(CTA_THREADS) rope(const RopeParams p) {
         if (j == 0) first_row = at;
       }
       load_row_vectors(j, in_row, rows);
-    }
-  };
-
-  // A thread's rows cleared: none stored, none copying columns. The angle keys are set too:
-  // left unset for a thread past the last rows, they cost ptxas 32 more registers on the
-  // grouped prefill's 4-row config (96 -> 128).
-  const auto clear_rows = [&](Rows& rows) {
-#pragma unroll
-    for (int j = 0; j < ROWS_PER_THREAD; ++j) {
-      rows.out_row[j] = nullptr;
-      rows.copy_rest[j] = false;
-      rows.angle_key[j] = -1;
-      rows.sin_offset[j] = 0;
     }
   };
 

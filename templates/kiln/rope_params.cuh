@@ -8,13 +8,6 @@
 
 namespace kiln {
 
-// LTX-Video's rotary angles, computed from a token's (frame, row, column) instead of read
-// from a table. Token s of a sequence is at frame s / (height * width), row
-// (s / width) % height, column s % width. The angle of rotation pair p of a row of `dim`
-// elements (dim = the rotated width) is, for p >= pad_pairs,
-//   freq(i) * (2 * coordinate[a] * scale[a] - 1),  j = p - pad_pairs, i = j / 3, a = j % 3,
-//   freq(i) = theta ** (i / (dim / 6 - 1)) * pi / 2,
-// and 0 (cos 1, sin 0) for the dim % 6 lanes at the front (pad_pairs = (dim % 6) / 2).
 // How kiln::rope finds a thread's rows (its FORM template argument; see rope.cuh).
 enum RopeForm : int {
   kRopeGeneral = 0,    // rows placed one by one: they may cross from q to k or tokens
@@ -22,6 +15,13 @@ enum RopeForm : int {
   kRopeTokenPair = 2,  // one token's q row and k row (q and k one head each)
 };
 
+// LTX-Video's rotary angles, computed from a token's (frame, row, column) instead of read
+// from a table. Token s of a sequence is at frame s / (height * width), row
+// (s / width) % height, column s % width. The angle of rotation pair p of a row of `dim`
+// elements (dim = the rotated width) is, for p >= pad_pairs,
+//   freq(i) * (2 * coordinate[a] * scale[a] - 1),  j = p - pad_pairs, i = j / 3, a = j % 3,
+//   freq(i) = theta ** (i / (dim / 6 - 1)) * pi / 2,
+// and 0 (cos 1, sin 0) for the dim % 6 lanes at the front (pad_pairs = (dim % 6) / 2).
 struct RopeVideoGrid {
   int frames;
   int height;
