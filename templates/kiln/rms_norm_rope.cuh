@@ -40,7 +40,6 @@ __global__ void __launch_bounds__(CTA_THREADS) rms_norm_rope(const RmsNormRopePa
   const int row_in_cta = static_cast<int>(threadIdx.x) / THREADS_PER_ROW;
 
   VideoPairs<VIDEO ? kSteps : 1, VIDEO ? kVec / 2 : 1, THREADS_PER_ROW> video_pairs;
-  if constexpr (VIDEO) video_pairs.init(p.video, lane);
 
   constexpr int kWords = VEC_BYTES < 4 ? 1 : VEC_BYTES / 4;
   const unsigned seq_len = static_cast<unsigned>(p.seq_len);
@@ -136,24 +135,23 @@ __global__ void __launch_bounds__(CTA_THREADS) rms_norm_rope(const RmsNormRopePa
   };
 
   const long long grid_rows = static_cast<long long>(gridDim.x) * kRowsPerCta;
-  long long row = static_cast<long long>(blockIdx.x) * kRowsPerCta + row_in_cta;
+  long long first_row = static_cast<long long>(blockIdx.x) * kRowsPerCta;
+  if (first_row >= p.rows) return;  // the whole CTA
+  long long row = first_row + row_in_cta;
   Raw<VEC_BYTES> qv[kSteps];
   Raw<VEC_BYTES> kv[kSteps];
-  Place place{0u, 0u};
-  if constexpr (PREFETCH) place = load_token(row, qv, kv);
+  // The first token's loads go out before the video frequencies are computed, so a CTA spends
+  // its setup waiting on memory, not before asking it.
+  Place place = load_token(row, qv, kv);
+  if constexpr (VIDEO) video_pairs.init(p.video, lane);
   int parity = 0;  // group_sum_pair's buffer
   // Every thread runs the same iterations (the reductions may synchronise the CTA).
-  for (long long first_row = static_cast<long long>(blockIdx.x) * kRowsPerCta; first_row < p.rows;
-       first_row += grid_rows, row += grid_rows) {
+  for (;;) {
     const bool active = row < p.rows;
     Raw<VEC_BYTES> q_next[PREFETCH ? kSteps : 1];
     Raw<VEC_BYTES> k_next[PREFETCH ? kSteps : 1];
     Place next_place{0u, 0u};
-    if constexpr (PREFETCH) {
-      next_place = load_token(row + grid_rows, q_next, k_next);
-    } else {
-      place = load_token(row, qv, kv);
-    }
+    if constexpr (PREFETCH) next_place = load_token(row + grid_rows, q_next, k_next);
     float q_squares = 0.0f;
     float k_squares = 0.0f;
 #pragma unroll
@@ -182,6 +180,12 @@ __global__ void __launch_bounds__(CTA_THREADS) rms_norm_rope(const RmsNormRopePa
         kv[step] = k_next[step];
       }
     }
+    // Without a persistent grid the host launches a covering grid, which rows below 2^31
+    // (the host checks) never outgrow: one pass.
+    if constexpr (!PREFETCH) break;
+    first_row += grid_rows;
+    row += grid_rows;
+    if (first_row >= p.rows) break;
   }
 }
 

@@ -88,7 +88,6 @@ __global__ void __launch_bounds__(CTA_THREADS) rope(const RopeParams p) {
   const unsigned seq = static_cast<unsigned>(p.seq);
 
   VideoPairs<VIDEO ? kRotSteps : 1, VIDEO ? kVec / 2 : 1, THREADS_PER_ROW> video_pairs;
-  if constexpr (VIDEO) video_pairs.init(p.video, lane);
 
   // A thread's rows of one pass: their vectors as loaded, and where and how they are stored.
   struct Rows {
@@ -423,18 +422,23 @@ __global__ void __launch_bounds__(CTA_THREADS) rope(const RopeParams p) {
       load_rows(first, rows);
     }
   };
-  if constexpr (PREFETCH) load(static_cast<long long>(blockIdx.x) * kRowsPerCta, current);
-  for (long long first = static_cast<long long>(blockIdx.x) * kRowsPerCta; first < p.rows;
-       first += grid_rows) {
-    if constexpr (PREFETCH) {
+  long long first = static_cast<long long>(blockIdx.x) * kRowsPerCta;
+  if (first >= p.rows) return;
+  // The first pass's loads go out before the video frequencies are computed, so a CTA spends
+  // its setup waiting on memory, not before asking it.
+  load(first, current);
+  if constexpr (VIDEO) video_pairs.init(p.video, lane);
+  if constexpr (PREFETCH) {
+    for (; first < p.rows; first += grid_rows) {
       Rows next;
       load(first + grid_rows, next);
       rotate_rows(current);
       current = next;
-    } else {
-      load(first, current);
-      rotate_rows(current);
     }
+  } else {
+    // One pass: without a persistent grid the host launches a covering grid, which rows
+    // below 2^31 (the host checks) never outgrow.
+    rotate_rows(current);
   }
 }
 
