@@ -26,9 +26,15 @@ __device__ __forceinline__ void load_table(const C* source, float* values) {
 
 // The frequency of LTX-Video's frequency index `index` (pair j past the padding has index
 // j / 3): theta ** (index / (n - 1)) as torch computes it in fp32 (linspace then pow), times
-// pi / 2.
+// pi / 2. The exponent is at least -log2(theta) / (n - 1) (index -1 stands for the padding,
+// whose frequency is then set to 0), so the result is a normal number and ex2.approx.ftz gives
+// the bits exp2f does, without exp2f's scaling for results below 2^-126.
 __device__ __forceinline__ float video_frequency(const RopeVideoGrid& grid, int index) {
-  return exp2f(static_cast<float>(index) * grid.log2_freq_step) * 1.57079632679489662f;
+  float power;
+  asm("ex2.approx.ftz.f32 %0, %1;"
+      : "=f"(power)
+      : "f"(static_cast<float>(index) * grid.log2_freq_step));
+  return power * 1.57079632679489662f;
 }
 
 // 2 * coordinate * scale - 1 for each axis of the token at `position` (below 2^31: the
@@ -73,31 +79,42 @@ __device__ __forceinline__ void video_cos_sin(float frequency, float axis_value,
 // past the padding, is (first_axis + step * THREADS_PER_ROW * PAIRS_PER_VECTOR + i) % 3:
 // once a token's axis values are rotated by first_axis (rotate_axes), each pair's is at an
 // index known at compile time, which saves a thread the two selects per pair that picking
-// it at run time costs. Only pairs 0 and 1 of a row can be padding (dim % 6 elements), so
-// only (0, 0) and (0, 1) test for it, and set cos 1 and sin 0 exactly.
+// it at run time costs. Only the row's pairs 0 and 1 can be padding (dim % 6 elements), so
+// only the (step, i) that are those pairs in lane 0 test for it, and set cos 1 and sin 0
+// exactly.
 template <int STEPS, int PAIRS_PER_VECTOR, int THREADS_PER_ROW>
 struct VideoPairs {
-  static constexpr int kStepShift = THREADS_PER_ROW * PAIRS_PER_VECTOR % 3;
+  static constexpr int kStepPairs = THREADS_PER_ROW * PAIRS_PER_VECTOR;
+  static constexpr int kStepShift = kStepPairs % 3;
   float frequency[STEPS][PAIRS_PER_VECTOR];
   int first_axis;
 
+  // Whether pair (step, i) can be padding: in lane 0 it is the row's pair
+  // step * kStepPairs + i, and padding pairs are the row's first pad_pairs <= 2.
+  __device__ static constexpr bool may_pad(int step, int i) { return step * kStepPairs + i < 2; }
+
   __device__ __forceinline__ void init(const RopeVideoGrid& grid, int lane) {
     static_assert(PAIRS_PER_VECTOR <= 4, "a vector's pairs span at most two frequencies");
-    first_axis = ((lane * PAIRS_PER_VECTOR - grid.pad_pairs) % 3 + 3) % 3;
+    // Pair indices past the padding are at least -2 (pad_pairs <= 2), so j + 3 is a valid
+    // unsigned dividend, and (j + 3) / 3 - 1 is floor(j / 3) without a signed division.
+    const int pair0 = lane * PAIRS_PER_VECTOR - grid.pad_pairs;
+    first_axis = static_cast<int>(static_cast<unsigned>(pair0 + 3) % 3u);
 #pragma unroll
     for (int step = 0; step < STEPS; ++step) {
       // Pair i of the step is pair j0 + i past the padding (the padding pairs, j < 0, have
       // frequency 0: cos 1, sin 0). Its index, (j0 + i) / 3, is the first pair's or the one
-      // after, so two exp2s serve a vector's pairs, selected without a branch.
-      const int j0 = (step * THREADS_PER_ROW + lane) * PAIRS_PER_VECTOR - grid.pad_pairs;
-      const int base = j0 >= 0 ? j0 / 3 : -1;
+      // after, so two exp2s serve a vector's pairs: pair 0 takes the first, a pair i >= 3 the
+      // second, the others the second once phase + i reaches 3.
+      const int j0 = pair0 + step * kStepPairs;
+      const int base = static_cast<int>(static_cast<unsigned>(j0 + 3) / 3u) - 1;
       const int phase = j0 - 3 * base;  // 0, 1 or 2
       const float low = video_frequency(grid, base);
       const float high = PAIRS_PER_VECTOR > 1 ? video_frequency(grid, base + 1) : low;
 #pragma unroll
       for (int i = 0; i < PAIRS_PER_VECTOR; ++i) {
-        const float frequency_i = phase + i >= 3 ? high : low;
-        frequency[step][i] = j0 + i < 0 ? 0.0f : frequency_i;
+        float frequency_i = i == 0 ? low : i >= 3 ? high : (phase + i >= 3 ? high : low);
+        if (may_pad(step, i) && j0 + i < 0) frequency_i = 0.0f;
+        frequency[step][i] = frequency_i;
       }
     }
   }
@@ -117,7 +134,7 @@ struct VideoPairs {
   __device__ __forceinline__ void cos_sin(int step, int i, const float* rotated, float& c,
                                           float& s) const {
     video_cos_sin(frequency[step][i], rotated[(step * kStepShift + i) % 3], c, s);
-    if (step == 0 && i < 2 && frequency[step][i] == 0.0f) {
+    if (may_pad(step, i) && frequency[step][i] == 0.0f) {
       c = 1.0f;
       s = 0.0f;
     }
