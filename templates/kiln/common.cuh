@@ -67,6 +67,15 @@ __device__ __forceinline__ bf16 from_float<bf16>(float value) {
   return result;
 }
 
+// 2^x from the hardware's ex2.approx.ftz (relative error ~2^-22): a result below 2^-126
+// flushes to 0. exp2f adds a compare and two scalings to keep such results; callers whose
+// results are normal, or whose use absorbs a flushed one, have no need of them.
+__device__ __forceinline__ float exp2_flushed(float x) {
+  float result;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(result) : "f"(x));
+  return result;
+}
+
 // Two fp32 values rounded to T and widened back, as storing them and reading them back would.
 template <typename T>
 __device__ __forceinline__ void round_through(float& a, float& b) {

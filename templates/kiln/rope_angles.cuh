@@ -27,14 +27,10 @@ __device__ __forceinline__ void load_table(const C* source, float* values) {
 // The frequency of LTX-Video's frequency index `index` (pair j past the padding has index
 // j / 3): theta ** (index / (n - 1)) as torch computes it in fp32 (linspace then pow), times
 // pi / 2. The exponent is at least -log2(theta) / (n - 1) (index -1 stands for the padding,
-// whose frequency is then set to 0), so the result is a normal number and ex2.approx.ftz gives
-// the bits exp2f does, without exp2f's scaling for results below 2^-126.
+// whose frequency is then set to 0), so the result is a normal number, for which
+// exp2_flushed gives the bits exp2f does.
 __device__ __forceinline__ float video_frequency(const RopeVideoGrid& grid, int index) {
-  float power;
-  asm("ex2.approx.ftz.f32 %0, %1;"
-      : "=f"(power)
-      : "f"(static_cast<float>(index) * grid.log2_freq_step));
-  return power * 1.57079632679489662f;
+  return exp2_flushed(static_cast<float>(index) * grid.log2_freq_step) * 1.57079632679489662f;
 }
 
 // 2 * coordinate * scale - 1 for each axis of the token at `position` (below 2^31: the
