@@ -30,7 +30,7 @@ struct ModelShape {
   std::int64_t head_dim = 0;
   std::string rope;  // how the model applies RoPE, for the summary
   // rope_head_flags() of its q and k head counts: which kernel its RoPE calls take.
-  std::uint32_t rope_head_flags = kRopeHeadsEven | kRopeHeadsBy4;
+  std::uint32_t rope_head_flags = kiln::rope_head_flags(4, 4);
   // The ops the model uses, with the sizes each is called at.
   std::map<Op, std::vector<std::int64_t>> ops;
 };

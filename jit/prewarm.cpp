@@ -120,8 +120,7 @@ std::vector<PrewarmTarget> expand_targets(const std::vector<Op>& ops,
       for (std::int64_t hidden : found->second) {
         for (Problem problem : fam->common_problems(dtype, hidden)) {
           if (op == Op::rope) {
-            problem.flags = (problem.flags & ~(kRopeHeadsEven | kRopeHeadsBy4 | kRopeOneHeadEach)) |
-                            rope_head_flags;
+            problem.flags = (problem.flags & ~kRopeHeadCountFlags) | rope_head_flags;
           }
           add(problem);
           if (training && op == Op::rope) {

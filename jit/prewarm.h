@@ -50,13 +50,11 @@ nlohmann::json manifest_record(const Problem& problem, int sm);
 // rope_head_flags() gives the model's head counts; common_problems assumes fours). Ops whose
 // family is not registered are left out, each with a line in `notes`. Duplicates are dropped;
 // order is stable.
-std::vector<PrewarmTarget> expand_targets(const std::vector<Op>& ops,
-                                          const std::vector<DType>& dtypes,
-                                          const std::map<Op, std::vector<std::int64_t>>& sizes,
-                                          const std::vector<int>& archs,
-                                          std::vector<std::string>& notes, bool training = false,
-                                          std::uint32_t rope_head_flags = kRopeHeadsEven |
-                                                                          kRopeHeadsBy4);
+std::vector<PrewarmTarget> expand_targets(
+    const std::vector<Op>& ops, const std::vector<DType>& dtypes,
+    const std::map<Op, std::vector<std::int64_t>>& sizes, const std::vector<int>& archs,
+    std::vector<std::string>& notes, bool training = false,
+    std::uint32_t rope_head_flags = kiln::rope_head_flags(4, 4));
 
 // The (problem, arch) of every record of a manifest; `archs`, when not empty, replaces each
 // record's arch (one target per arch). Records that do not parse, or whose family is not

@@ -44,10 +44,9 @@ std::optional<ArgumentError> problem_error(Op op, const Problem& problem) {
     return ArgumentError(name, "q", "alignment a power of two in [1, 16] bytes",
                          std::to_string(problem.align));
   }
-  const std::uint32_t allowed =
-      op == Op::rope ? (kRopeInterleaved | kRopeTableF32 | kRopeInverse | kRopePositionsInner |
-                        kRopeHeadsEven | kRopeHeadsBy4 | kRopeOneHeadEach)
-                     : 0u;
+  const std::uint32_t allowed = op == Op::rope ? (kRopeInterleaved | kRopeTableF32 | kRopeInverse |
+                                                  kRopePositionsInner | kRopeHeadCountFlags)
+                                               : 0u;
   if ((problem.flags & ~allowed) != 0) {
     return ArgumentError(name, "flags",
                          op == Op::rope ? "only interleaved (1), table-fp32 (2), inverse (4), "

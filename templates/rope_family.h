@@ -41,6 +41,9 @@ inline constexpr std::uint32_t kRopeHeadsBy4 = 32u;
 // LTX-Video rotates them): a thread's 2 rows can be one token's q row and k row. rope_3d's
 // calls always are, without the flag.
 inline constexpr std::uint32_t kRopeOneHeadEach = 64u;
+// Every flag that rope_head_flags() may set.
+inline constexpr std::uint32_t kRopeHeadCountFlags =
+    kRopeHeadsEven | kRopeHeadsBy4 | kRopeOneHeadEach;
 
 // The head-count flags of a call with these head counts.
 inline constexpr std::uint32_t rope_head_flags(std::int64_t heads_q, std::int64_t heads_k) {
