@@ -11,8 +11,8 @@
 // other threads. Tokens number below 2^31 (the host checks), so a token's batch entry and
 // position come from 32-bit division, not the far costlier 64-bit one.
 //
-// One pass, a token's cos/sin from coordinates are computed before the reductions and parked
-// in shared memory (see kStash), so that the barrier does not hold them back.
+// In one pass with coordinates, a token's cos/sin are computed before the reductions and
+// parked in shared memory (kStash), so that the barrier does not hold them back.
 //
 // PREFETCH (a persistent grid, a few CTAs per SM): each thread loads its next token's q and
 // k while it normalises and rotates the current one, so an SM's loads stay in flight through
