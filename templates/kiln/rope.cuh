@@ -106,6 +106,17 @@ __global__ void __launch_bounds__(CTA_THREADS) rope(const RopeParams p) {
     unsigned position;
     bool full_panel;  // positions inner: the row's panel holds kSlots tokens
   };
+  // The batch entry and position of token `token`: positions inner, tokens run entry by entry
+  // (seq positions each); heads inner, position by position (batch entries each).
+  const auto set_token = [&](unsigned token, Place& place) {
+    if (positions_inner) {
+      place.entry = quotient(token, p.seq_divisor);
+      place.position = token - place.entry * seq;
+    } else {
+      place.position = quotient(token, p.batch_divisor);
+      place.entry = token - place.position * batch;
+    }
+  };
   const auto place_of = [&](long long row) {
     const unsigned r = static_cast<unsigned>(row);
     Place place{};
@@ -117,14 +128,11 @@ __global__ void __launch_bounds__(CTA_THREADS) rope(const RopeParams p) {
       place.full_panel = panel_tokens == kSlots;
       // Only the last panel can be short of kSlots tokens.
       place.head = place.full_panel ? in_panel / kSlots : divide_rarely(in_panel, panel_tokens);
-      const unsigned token = panel * kSlots + (in_panel - place.head * panel_tokens);
-      place.entry = quotient(token, p.seq_divisor);
-      place.position = token - place.entry * seq;
+      set_token(panel * kSlots + (in_panel - place.head * panel_tokens), place);
     } else {
       const unsigned token = quotient(r, p.heads_divisor);
       place.head = r - token * heads;
-      place.position = quotient(token, p.batch_divisor);
-      place.entry = token - place.position * batch;
+      set_token(token, place);
       place.full_panel = true;
     }
     return place;
@@ -261,15 +269,8 @@ __global__ void __launch_bounds__(CTA_THREADS) rope(const RopeParams p) {
     clear_rows(rows);
     const long long token = first / 2 + slot;
     if (2 * token >= p.rows) return;
-    const unsigned t = static_cast<unsigned>(token);
     Place place{0u, 0u, 0u, true};
-    if (positions_inner) {
-      place.entry = quotient(t, p.seq_divisor);
-      place.position = t - place.entry * seq;
-    } else {
-      place.position = quotient(t, p.batch_divisor);
-      place.entry = t - place.position * batch;
-    }
+    set_token(static_cast<unsigned>(token), place);
     load_row_vectors(0, locate_in(true, 0u, place, 0, rows).in_row, rows);
     if (p.heads_k != 0) load_row_vectors(1, locate_in(false, 0u, place, 1, rows).in_row, rows);
   };
@@ -290,9 +291,7 @@ __global__ void __launch_bounds__(CTA_THREADS) rope(const RopeParams p) {
     const long long item = first / ROWS_PER_THREAD + slot;
     if (item >= p.rows / ROWS_PER_THREAD) return;
     const unsigned i = static_cast<unsigned>(item);
-    unsigned head;
-    unsigned entry;
-    unsigned position;
+    Place place{0u, 0u, 0u, true};
     if (positions_inner) {
       // i / (panel_tokens * groups), as (i / panel_tokens) * ROWS_PER_THREAD / heads.
       const unsigned panel =
@@ -302,18 +301,15 @@ __global__ void __launch_bounds__(CTA_THREADS) rope(const RopeParams p) {
       const bool last = panel_first + static_cast<unsigned>(p.panel_tokens) > tokens;
       const unsigned width = static_cast<unsigned>(last ? p.last_panel_tokens : p.panel_tokens);
       const unsigned group = quotient(in_panel, last ? p.last_panel_divisor : p.panel_divisor);
-      head = group * ROWS_PER_THREAD;
-      const unsigned token = panel_first + (in_panel - group * width);
-      entry = quotient(token, p.seq_divisor);
-      position = token - entry * seq;
+      place.head = group * ROWS_PER_THREAD;
+      set_token(panel_first + (in_panel - group * width), place);
     } else {
       const unsigned row = i * ROWS_PER_THREAD;
       const unsigned token = quotient(row, p.heads_divisor);
-      head = row - token * heads;
-      position = quotient(token, p.batch_divisor);
-      entry = token - position * batch;
+      place.head = row - token * heads;
+      set_token(token, place);
     }
-    const Located first_row = locate(Place{head, entry, position, true}, 0, rows);
+    const Located first_row = locate(place, 0, rows);
     load_row_vectors(0, first_row.in_row, rows);
 #pragma unroll
     for (int j = 1; j < ROWS_PER_THREAD; ++j) load_row_vectors(j, follow(j, first_row, rows), rows);
