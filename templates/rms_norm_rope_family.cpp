@@ -73,6 +73,46 @@ std::int64_t resident(const Problem& problem, const Config& config, const Device
   return resident_ctas(registers_per_thread(problem, config), config.cta_threads, device);
 }
 
+std::int64_t min_ctas_of(const Config& config) {
+  const auto it = config.extra.find("min_ctas");
+  return it == config.extra.end() ? 0 : it->second;
+}
+
+// The bytes of cos/sin a CTA of the one-pass video kernel parks across its barrier (the
+// kernel's kStash), 0 where it does not park them: only where the reduction crosses warps
+// and the angles fit in 16 KB.
+std::int64_t parked_angle_bytes(const Problem& problem, const Config& config) {
+  if (!video(problem) || persistent_grid_of(config) > 0 || config.threads_per_row <= 32) return 0;
+  const std::int64_t pairs = elements_per_thread(problem, config) / 4;  // of q's (or k's) half
+  const std::int64_t bytes = pairs * config.cta_threads * 8;
+  return bytes <= 16384 ? bytes : 0;
+}
+
+// The parking kernel, which holds q and k as loaded and its angles in shared memory, takes
+// 62 registers a thread at v16.t128.c128 (bf16, 2048 wide), 8 CTAs of 128 threads an SM.
+// Asked for 48 (a __launch_bounds__ minimum of 10 CTAs) it spills nothing, and one H200 ran
+// [2, 8064, 2048] with coordinates in 1.048x a same-size copy's time instead of 1.070x
+// ([2, 2688, 2048]: 1.110x instead of 1.128x); at 40 it spilled and took 1.37x. Other widths,
+// dtypes and splits spill a few bytes at 48, so the tuner decides.
+constexpr std::int64_t kParkingRegisters = 48;
+
+// The CTAs an SM holds at kParkingRegisters a thread, offered as min_ctas where the parking
+// kernel's threads hold more than 16 elements of q and k (fewer need fewer registers than
+// that already), where the SM's threads and shared memory allow that many, and where the
+// registers come to exactly kParkingRegisters (sm_75's 1024 threads an SM stop short); else 0.
+std::int64_t parking_min_ctas(const Problem& problem, const Config& config,
+                              const DeviceTraits& device) {
+  const std::int64_t parked = parked_angle_bytes(problem, config);
+  if (parked == 0 || elements_per_thread(problem, config) <= 16) return 0;
+  const std::int64_t cta = config.cta_threads;
+  const std::int64_t count = std::min<std::int64_t>(device.regs_per_sm / (kParkingRegisters * cta),
+                                                    device.max_threads_per_sm / cta);
+  constexpr std::int64_t kReductionBytes = 1024;
+  if (count < 1 || count * (parked + kReductionBytes) > device.smem_per_sm) return 0;
+  const std::int64_t registers = device.regs_per_sm / (count * cta) / 8 * 8;
+  return registers == kParkingRegisters ? count : 0;
+}
+
 }  // namespace
 
 void RmsNormRopeFamily::check(const Problem& problem) const {
@@ -83,7 +123,7 @@ std::string RmsNormRopeFamily::invalid_reason(const Problem& problem, const Conf
                                               const DeviceTraits& device) const {
   if (auto error = problem_error(problem)) return error->message();
   for (const auto& [name, value] : config.extra) {
-    if (name != "grid") {
+    if (name != "grid" && name != "min_ctas") {
       return "rms_norm_rope has no tunable named '" + name + "'";
     }
   }
@@ -131,6 +171,18 @@ std::string RmsNormRopeFamily::invalid_reason(const Problem& problem, const Conf
       !reason.empty()) {
     return reason;
   }
+  if (config.extra.contains("min_ctas")) {
+    const std::int64_t offered = parking_min_ctas(problem, config, device);
+    if (offered == 0) {
+      return "min_ctas is offered only to the one-pass kernel with coordinates whose threads "
+             "park more than 8 angles' cos/sin across the barrier";
+    }
+    if (min_ctas_of(config) != offered) {
+      return "min_ctas " + std::to_string(min_ctas_of(config)) + " is not " +
+             std::to_string(offered) + ", the CTAs an SM holds at " +
+             std::to_string(kParkingRegisters) + " registers a thread";
+    }
+  }
   return {};
 }
 
@@ -152,7 +204,11 @@ std::vector<Config> RmsNormRopeFamily::space(const Problem& problem,
             size_persistent_grid(config, waves, device,
                                  [&](const Config& c) { return resident(problem, c, device); });
           }
-          if (invalid_reason(problem, config, device).empty()) {
+          if (!invalid_reason(problem, config, device).empty()) continue;
+          const std::int64_t count = parking_min_ctas(problem, config, device);
+          configs.push_back(config);
+          if (count > 0) {
+            config.extra["min_ctas"] = count;
             configs.push_back(std::move(config));
           }
         }
@@ -166,8 +222,9 @@ std::vector<Config> RmsNormRopeFamily::space(const Problem& problem,
 // q and k together (the row-kernel rule RMSNorm uses), one token per CTA of 128..512
 // threads (an H200's full tune of [2, 8064, 2048] with coordinates, persistent grids: 74.2
 // us at one token per CTA, 76.7 at two, 80.1 at four; one token per CTA was fastest in one
-// pass and with a table too). One pass: the fast search measures this shape's persistent
-// grids next.
+// pass and with a table too). One pass, registers as ptxas chooses: the fast search
+// measures this shape's persistent grids and its min_ctas form next (which spills on some
+// shapes, so only a measurement can choose it).
 Config RmsNormRopeFamily::heuristic(const Problem& problem, const DeviceTraits& device) const {
   const std::vector<Config> configs = space(problem, device);
   if (configs.empty()) {
@@ -184,9 +241,10 @@ Config RmsNormRopeFamily::heuristic(const Problem& problem, const DeviceTraits& 
   target.cta_threads = std::clamp(target.threads_per_row, 128, 512);
   const Config* best = nullptr;
   auto distance = [&](const Config& c) {
-    return std::array<std::int64_t, 3>{c.vec_bytes == vec ? 0 : 1,
-                                       std::abs(c.threads_per_row - target.threads_per_row),
-                                       std::abs(c.cta_threads - target.cta_threads)};
+    return std::array<std::int64_t, 5>{
+        c.vec_bytes == vec ? 0 : 1, std::abs(c.threads_per_row - target.threads_per_row),
+        std::abs(c.cta_threads - target.cta_threads), persistent_grid_of(c) > 0 ? 1 : 0,
+        min_ctas_of(c) > 0 ? 1 : 0};
   };
   for (const Config& config : configs) {
     if (best == nullptr || distance(config) < distance(*best)) best = &config;
@@ -201,7 +259,8 @@ std::string RmsNormRopeFamily::name_expression(const Problem& problem, const Con
   return "kiln::rms_norm_rope<" + type + ", " + table + ", " + std::to_string(problem.hidden) +
          ", " + std::to_string(config.vec_bytes) + ", " + std::to_string(config.threads_per_row) +
          ", " + std::to_string(config.cta_threads) + ", " + (video(problem) ? "true" : "false") +
-         ", " + (persistent_grid_of(config) > 0 ? "true" : "false") + ">";
+         ", " + (persistent_grid_of(config) > 0 ? "true" : "false") + ", " +
+         std::to_string(min_ctas_of(config)) + ">";
 }
 
 LaunchGeometry RmsNormRopeFamily::geometry(const Problem& problem, const Config& config,

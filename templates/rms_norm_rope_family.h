@@ -5,7 +5,9 @@
 // with kRmsNormRopeVideo, from the token's video coordinates.
 // Tunables: vec_bytes, threads_per_row, cta_threads and extra["grid"]: N > 0 launches a
 // persistent grid of N CTAs (SM count x resident CTAs, or twice that) whose threads load
-// their next token's q and k while they normalise and rotate the current one.
+// their next token's q and k while they normalise and rotate the current one;
+// extra["min_ctas"]: N > 0 asks the compiler for registers few enough for N CTAs an SM, where
+// the one-pass kernel with coordinates parks its angles in shared memory.
 #pragma once
 
 #include <cstdint>

@@ -12,7 +12,9 @@
 // position come from 32-bit division, not the far costlier 64-bit one.
 //
 // In one pass with coordinates, a token's cos/sin are computed before the reductions and
-// parked in shared memory (kStash), so that the barrier does not hold them back.
+// parked in shared memory (kStash), so that the barrier does not hold them back. Its tokens in
+// flight per SM are then bounded by registers, which MIN_CTAS can lower (the family's
+// min_ctas).
 //
 // PREFETCH (a persistent grid, a few CTAs per SM): each thread loads its next token's q and
 // k while it normalises and rotates the current one, so an SM's loads stay in flight through
@@ -26,9 +28,11 @@
 
 namespace kiln {
 
+// MIN_CTAS > 0 asks ptxas for registers few enough that an SM holds that many CTAs (the
+// family offers it to the one-pass kernel that parks its angles); 0 leaves ptxas its choice.
 template <typename T, typename TABLE, int WIDTH, int VEC_BYTES, int THREADS_PER_ROW,
-          int CTA_THREADS, bool VIDEO, bool PREFETCH>
-__global__ void __launch_bounds__(CTA_THREADS) rms_norm_rope(const RmsNormRopeParams p) {
+          int CTA_THREADS, bool VIDEO, bool PREFETCH, int MIN_CTAS>
+__global__ void __launch_bounds__(CTA_THREADS, MIN_CTAS) rms_norm_rope(const RmsNormRopeParams p) {
   constexpr int kVec = VEC_BYTES / static_cast<int>(sizeof(T));
   constexpr int kStride = kVec * THREADS_PER_ROW;
   constexpr int kSteps = (WIDTH + kStride - 1) / kStride;
@@ -53,6 +57,7 @@ __global__ void __launch_bounds__(CTA_THREADS) rms_norm_rope(const RmsNormRopePa
   constexpr int kPairs = kSteps * (kVec / 2);
   constexpr bool kStash =
       VIDEO && !PREFETCH && THREADS_PER_ROW > 32 && kPairs * CTA_THREADS * sizeof(float2) <= 16384;
+  static_assert(MIN_CTAS == 0 || kStash, "an occupancy is asked only of the parking kernel");
   __shared__ float2 stash[kStash ? kPairs : 1][kStash ? CTA_THREADS : 1];
   const auto stash_cos_sin = [&](unsigned position) {
     float axes[3];

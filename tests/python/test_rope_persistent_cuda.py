@@ -3,7 +3,8 @@ its next rows while it rotates the current ones): rms_norm_rope with coordinates
 and rope_3d. A full tune measures them, each checked by the tuner against the heuristic's
 output on poisoned buffers; then op calls pinned to the fastest of them are compared with
 fp64 math on more tokens than one pass of the grid covers (so every thread prefetches, and
-the last pass is partial), at widths with one (2048) and two (1000) padding pairs."""
+the last pass is partial), at widths with one (2048) and two (1000) padding pairs. The same
+for rms_norm_rope's one-pass kernel with coordinates held to fewer registers (min_ctas=N)."""
 
 import pytest
 
@@ -21,7 +22,7 @@ from reference import assert_close_to
 from rope_reference import ltx_apply_rotary_emb, rms_norm_across_heads
 from test_rope_cpu import assert_video_close, video_reference
 
-case, dtype_name, dim, phase = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+case, dtype_name, dim, phase, extra = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5]
 dtype = getattr(torch, dtype_name)
 gen = torch.Generator(device="cuda").manual_seed(11)
 frames, height, width, scale = 5, 13, 31, (0.32, 32, 32)
@@ -50,18 +51,21 @@ for out, x in ((q_out, q_in), (k_out, k_in)):
 torch.cuda.synchronize()
 if phase == "check":
     configs = [k["config"] for k in kiln._C.loaded_kernels()]
-    assert configs and all(".grid=" in c for c in configs), configs
+    assert configs and all(f".{extra}=" in c for c in configs), configs
 print("ok")
 """
 
 
-@pytest.mark.parametrize("case,dtype,dim", [("coordinates", "bfloat16", 2048),
-                                            ("coordinates", "float16", 1000),
-                                            ("coordinates", "float32", 2048),
-                                            ("table", "bfloat16", 2048),
-                                            ("rope_3d", "bfloat16", 2048),
-                                            ("rope_3d", "float32", 1000)])
-def test_persistent_grids_are_tuned_checked_and_correct(tmp_path, case, dtype, dim):
-    run_child(CHILD, [case, dtype, str(dim), "tune"], tmp_path, "full")
-    pin_fastest_variant(tmp_path, "grid")
-    run_child(CHILD, [case, dtype, str(dim), "check"], tmp_path, "fast")
+@pytest.mark.parametrize("case,dtype,dim,extra", [("coordinates", "bfloat16", 2048, "grid"),
+                                                  ("coordinates", "float16", 1000, "grid"),
+                                                  ("coordinates", "float32", 2048, "grid"),
+                                                  ("table", "bfloat16", 2048, "grid"),
+                                                  ("rope_3d", "bfloat16", 2048, "grid"),
+                                                  ("rope_3d", "float32", 1000, "grid"),
+                                                  ("coordinates", "bfloat16", 2048, "min_ctas"),
+                                                  ("coordinates", "float16", 1000, "min_ctas"),
+                                                  ("coordinates", "float32", 2048, "min_ctas")])
+def test_tuned_variants_are_checked_and_correct(tmp_path, case, dtype, dim, extra):
+    run_child(CHILD, [case, dtype, str(dim), "tune", extra], tmp_path, "full")
+    pin_fastest_variant(tmp_path, extra)
+    run_child(CHILD, [case, dtype, str(dim), "check", extra], tmp_path, "fast")

@@ -366,13 +366,12 @@ TEST_CASE("rope's inverse (backward) is a flag compiled into the kernel, same sp
 
 namespace {
 
-// Whether the kernel of the config prefetches: kiln::rope's next-to-last template argument
-// (its last is the form), kiln::rms_norm_rope's last.
+// Whether the kernel of the config prefetches: the next-to-last template argument of
+// kiln::rope (its last is the form) and of kiln::rms_norm_rope (its last is min_ctas).
 bool prefetches(const kiln::Family& f, const Problem& p, const Config& c) {
   const std::string name = f.name_expression(p, c);
-  if (p.op == Op::rms_norm_rope) return name.ends_with(", true>");
-  const std::string without_form = name.substr(0, name.rfind(','));
-  return without_form.ends_with(", true");
+  const std::string without_last = name.substr(0, name.rfind(','));
+  return without_last.ends_with(", true");
 }
 
 }  // namespace
@@ -422,4 +421,49 @@ TEST_CASE("the rms_norm_rope heuristic gives each token its own CTA") {
   CHECK(h.vec_bytes == 16);
   CHECK(h.threads_per_row == 128);
   CHECK(h.cta_threads == 128);
+}
+
+TEST_CASE("rms_norm_rope offers min_ctas to the one-pass kernel that parks its angles") {
+  const kiln::Family& f = kiln::family(Op::rms_norm_rope);
+  const Problem video{Op::rms_norm_rope, DType::bf16, 2048, kiln::kRmsNormRopeVideo, 16};
+  const Problem table{Op::rms_norm_rope, DType::bf16, 2048, kiln::kRmsNormRopeTableF32, 16};
+  for (int sm : {80, 90}) {
+    const DeviceTraits device = DeviceTraits::for_arch(sm);
+    // The heuristic leaves registers to ptxas; beside it, 48 registers a thread: 10 CTAs of
+    // 128 threads.
+    Config h = f.heuristic(video, device);
+    CHECK_FALSE(h.extra.contains("min_ctas"));
+    CHECK(f.name_expression(video, h).ends_with(", true, false, 0>"));
+    h.extra["min_ctas"] = 10;
+    CHECK(f.invalid_reason(video, h, device).empty());
+    CHECK(f.name_expression(video, h).ends_with(", true, false, 10>"));
+    int offered = 0;
+    for (const Config& c : f.space(video, device)) {
+      const auto it = c.extra.find("min_ctas");
+      if (it == c.extra.end()) continue;
+      ++offered;
+      CHECK(it->second * c.cta_threads * 48 <= device.regs_per_sm);
+      CHECK(c.extra.find("grid") == c.extra.end());
+      CHECK(c.threads_per_row > 32);
+      // Each comes beside the same config without it.
+      Config plain = c;
+      plain.extra.erase("min_ctas");
+      CHECK(f.invalid_reason(video, plain, device).empty());
+      Config other = c;
+      other.extra["min_ctas"] = it->second + 1;
+      CHECK(f.invalid_reason(video, other, device).find("is not " + std::to_string(it->second)) !=
+            std::string::npos);
+    }
+    CHECK(offered > 0);
+    // Not with a table, whose kernel parks nothing (it spilled at 48 registers).
+    for (const Config& c : f.space(table, device)) CHECK(c.extra.find("min_ctas") == c.extra.end());
+    Config asked = f.heuristic(table, device);
+    CHECK(asked.extra.find("min_ctas") == asked.extra.end());
+    asked.extra["min_ctas"] = 10;
+    CHECK(f.invalid_reason(table, asked, device).find("min_ctas is offered only") !=
+          std::string::npos);
+  }
+  // sm_75 holds 1024 threads an SM, 8 CTAs of 128: at 64 registers, not offered.
+  const DeviceTraits turing = DeviceTraits::for_arch(75);
+  for (const Config& c : f.space(video, turing)) CHECK_FALSE(c.extra.contains("min_ctas"));
 }
