@@ -174,8 +174,10 @@ std::string RmsNormRopeFamily::invalid_reason(const Problem& problem, const Conf
   if (config.extra.contains("min_ctas")) {
     const std::int64_t offered = parking_min_ctas(problem, config, device);
     if (offered == 0) {
-      return "min_ctas is offered only to the one-pass kernel with coordinates whose threads "
-             "park more than 8 angles' cos/sin across the barrier";
+      return "min_ctas is offered only to the one-pass kernel with coordinates that parks its "
+             "angles, where a thread holds more than 16 elements of q and k and an SM can hold "
+             "the CTAs that " +
+             std::to_string(kParkingRegisters) + " registers a thread allow";
     }
     if (min_ctas_of(config) != offered) {
       return "min_ctas " + std::to_string(min_ctas_of(config)) + " is not " +
