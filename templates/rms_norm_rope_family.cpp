@@ -98,17 +98,17 @@ constexpr std::int64_t kParkingRegisters = 48;
 
 // The CTAs an SM holds at kParkingRegisters a thread, offered as min_ctas where the parking
 // kernel's threads hold more than 16 elements of q and k (fewer need fewer registers than
-// that already), where the SM's threads and shared memory allow that many, and where the
+// that already), where the SM's threads and shared memory allow that many (resident_ctas,
+// which counts at most 16: 64-thread CTAs are not offered), and where the
 // registers come to exactly kParkingRegisters (sm_75's 1024 threads an SM stop short); else 0.
 std::int64_t parking_min_ctas(const Problem& problem, const Config& config,
                               const DeviceTraits& device) {
   const std::int64_t parked = parked_angle_bytes(problem, config);
   if (parked == 0 || elements_per_thread(problem, config) <= 16) return 0;
   const std::int64_t cta = config.cta_threads;
-  const std::int64_t count = std::min<std::int64_t>(device.regs_per_sm / (kParkingRegisters * cta),
-                                                    device.max_threads_per_sm / cta);
+  const std::int64_t count = resident_ctas(kParkingRegisters, config.cta_threads, device);
   constexpr std::int64_t kReductionBytes = 1024;
-  if (count < 1 || count * (parked + kReductionBytes) > device.smem_per_sm) return 0;
+  if (count * (parked + kReductionBytes) > device.smem_per_sm) return 0;
   const std::int64_t registers = device.regs_per_sm / (count * cta) / 8 * 8;
   return registers == kParkingRegisters ? count : 0;
 }
