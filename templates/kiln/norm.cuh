@@ -416,20 +416,105 @@ struct NormRow {
     return load_stream < VEC_BYTES, L2Priority::evict_first, kSum || kInPlace > (again_row + col);
   }
 
-  // LayerNorm's shifted sums subtract the row's first value (x[0], or the fused sum's), so
-  // that one pass gives mean and variance without the cancellation of sum(v^2) - sum(v)^2
-  // when |mean| >> std.
-  __device__ __forceinline__ static float first_value(const NormParams& p, long long row,
-                                                      long long batch, long long token) {
-    const float x = to_float(static_cast<const T*>(p.x)[row * p.x_row_stride]);
-    if constexpr ((F & NormFeature::residual) != 0) {
-      return x + to_float(static_cast<const T*>(p.residual)[row * p.residual_row_stride]);
-    } else if constexpr ((F & NormFeature::gate) != 0) {
-      float g = to_float(modulation_row<T>(p.gate, batch, token)[0]);
-      if constexpr (kTable) g += to_float(static_cast<const T*>(p.gate.table)[0]);
-      return x + to_float(static_cast<const T*>(p.y)[row * p.y_row_stride]) * g;
+  // LayerNorm's shifted sums subtract a value near the row's (the shift), so that one pass
+  // gives mean and variance without the cancellation of sum(v^2) - sum(v)^2 when
+  // |mean| >> std: the mean of the row's first vector (the fused sum's), an average so that
+  // one outlying first value does not place the shift far from the rest.
+  __device__ __forceinline__ static float row_shift(const NormParams& p, long long row,
+                                                    long long batch, long long token) {
+    Raw<VEC_BYTES> v = load_global<VEC_BYTES>(static_cast<const T*>(p.x) + row * p.x_row_stride);
+    if constexpr (kSum) {
+      Raw<VEC_BYTES> second;
+      Raw<VEC_BYTES> gate;
+      Raw<VEC_BYTES> table_gate;
+      if constexpr ((F & NormFeature::residual) != 0) {
+        second =
+            load_global<VEC_BYTES>(static_cast<const T*>(p.residual) + row * p.residual_row_stride);
+      } else {
+        second = load_global<VEC_BYTES>(static_cast<const T*>(p.y) + row * p.y_row_stride);
+        gate = load_global<VEC_BYTES>(modulation_row<T>(p.gate, batch, token));
+        if constexpr (kTable) table_gate = load_global<VEC_BYTES>(p.gate.table);
+      }
+      v = sum_vector(v, second, gate, table_gate);
+    }
+    float total = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) total += get_element<T>(v, i);
+    return total * (1.0f / kVec);
+  }
+
+  // Elements of a row held by the threads of its i-th warp (lanes 32 i to 32 i + 31).
+  __device__ __forceinline__ static int warp_elements(int i) {
+    int vectors = 0;
+#pragma unroll
+    for (int step = 0; step < kSteps; ++step) {
+      vectors += min(max(HIDDEN / kVec - step * kRowThreads - 32 * i, 0), 32);
+    }
+    return vectors * kVec;
+  }
+
+  // The shift of a thread's part of a row (see shifted_moments), from registers: the mean of
+  // the first vector of the row's first thread in the warp, `first` being the caller's own
+  // first vector (zero where it holds none).
+  __device__ __forceinline__ static float warp_shift(const Raw<VEC_BYTES>& first) {
+    float total = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) total += get_element<T>(first, i);
+    constexpr int kWidth = THREADS_PER_ROW < 32 ? THREADS_PER_ROW : 32;
+    return __shfl_sync(0xffffffffu, total * (1.0f / kVec), 0, kWidth);
+  }
+
+  // A row's mean and variance from its threads' sums of v - shift and of their squares (in
+  // the row only: past it a zero would count shift^2), in one reduction: `shift` is the same
+  // across a warp's part of the row, and each warp's sums are moved to the first warp's
+  // shift where they meet (sum(v - s) = S + n d and sum((v - s)^2) = Q + 2 d S + n d^2, for
+  // a warp's n elements, its sums S and Q, and d its shift minus s). A row within a warp
+  // needs no barrier; across warps, one, plus one before the buffer is written again.
+  template <int CTA_THREADS>
+  __device__ __forceinline__ static void shifted_moments(float shift, float sum, float squares,
+                                                         float& mean, float& variance) {
+    constexpr float kInvHidden = 1.0f / HIDDEN;
+    if constexpr (THREADS_PER_ROW <= 32) {
+      sum = warp_sum<THREADS_PER_ROW>(sum);
+      squares = warp_sum<THREADS_PER_ROW>(squares);
     } else {
-      return x;
+      constexpr int kWarpsPerRow = THREADS_PER_ROW / 32;
+      __shared__ float4 warp_moments[CTA_THREADS / 32];
+      const int warp = static_cast<int>(threadIdx.x) / 32;
+      sum = warp_sum<32>(sum);
+      squares = warp_sum<32>(squares);
+      if (threadIdx.x % 32 == 0) warp_moments[warp] = make_float4(sum, squares, shift, 0.0f);
+      __syncthreads();
+      // Lane i of every warp moves the row's i-th warp's sums, and a warp sum adds them up.
+      const int first = warp - warp % kWarpsPerRow;
+      shift = warp_moments[first].z;
+      const int i = static_cast<int>(threadIdx.x) % 32;
+      sum = 0.0f;
+      squares = 0.0f;
+      if (i < kWarpsPerRow) {
+        const float4 moments = warp_moments[first + i];
+        const float d = moments.z - shift;
+        const float n = static_cast<float>(warp_elements(i));
+        sum = moments.x + n * d;
+        squares = moments.y + d * (2.0f * moments.x + n * d);
+      }
+      sum = warp_sum<32>(sum);
+      squares = warp_sum<32>(squares);
+      __syncthreads();
+    }
+    const float shifted_mean = sum * kInvHidden;
+    mean = shift + shifted_mean;
+    variance = fmaxf(squares * kInvHidden - shifted_mean * shifted_mean, 0.0f);
+  }
+
+  // The sums shifted_moments takes, of one vector.
+  __device__ __forceinline__ static void accumulate_shifted(const Raw<VEC_BYTES>& v, float shift,
+                                                            float& sum, float& squares) {
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) {
+      const float d = get_element<T>(v, i) - shift;
+      sum += d;
+      squares += d * d;
     }
   }
 
@@ -451,17 +536,12 @@ struct NormRow {
     }
     float shift = 0.0f;
     if constexpr (kLayer) {
-      if (active) shift = first_value(p, row, batch, token);
+      if (active) shift = row_shift(p, row, batch, token);
     }
     float sum = 0.0f;
     float squares = 0.0f;
     const auto accumulate = [&](const Raw<VEC_BYTES>& v) {
-#pragma unroll
-      for (int i = 0; i < kVec; ++i) {
-        const float d = get_element<T>(v, i) - shift;
-        sum += d;
-        squares += d * d;
-      }
+      accumulate_shifted(v, shift, sum, squares);
     };
     if constexpr (kFirstPassTogether) {
       Raw<VEC_BYTES> v[kSteps];
@@ -485,10 +565,7 @@ struct NormRow {
     float mean = 0.0f;
     float variance;
     if constexpr (kLayer) {
-      const float shifted_mean = group_sum<THREADS_PER_ROW, CTA_THREADS>(sum) * kInvHidden;
-      const float shifted_squares = group_sum<THREADS_PER_ROW, CTA_THREADS>(squares) * kInvHidden;
-      mean = shift + shifted_mean;
-      variance = fmaxf(shifted_squares - shifted_mean * shifted_mean, 0.0f);
+      shifted_moments<CTA_THREADS>(shift, sum, squares, mean, variance);
     } else {
       variance = group_sum<THREADS_PER_ROW, CTA_THREADS>(squares) * kInvHidden;
     }
@@ -637,34 +714,45 @@ struct NormRow {
     }
 
     float mean = 0.0f;
+    float scale;
     if constexpr ((F & NormFeature::layer) != 0) {
+      // One pass over the staged row and one reduction (shifted_moments), where the exact
+      // two passes took two: an H200, bf16 with weight and bias, 8192 x 14848 at
+      // v16.t256.c256.stage=1 ran 1.11x a same-size copy's time -> 1.06x (8192 x 8192: the
+      // same). Held rows keep the exact passes: with the shift read from memory, the
+      // persistent grids that prefetch rows ran slower (8192 x 4544: 1.10x -> 1.15x).
+      Raw<VEC_BYTES> first;
+#pragma unroll
+      for (int w = 0; w < (VEC_BYTES < 4 ? 1 : VEC_BYTES / 4); ++w) first.words[w] = 0u;
+      if (active && in_row(0, lane)) first = load_shared<VEC_BYTES>(slot(kX, 0));
+      const float shift = warp_shift(first);
       float sum = 0.0f;
+      float squares = 0.0f;
+#pragma unroll
+      for (int step = 0; step < kSteps; ++step) {
+        if (!(active && in_row(step, lane))) continue;
+        accumulate_shifted(load_shared<VEC_BYTES>(slot(kX, step)), shift, sum, squares);
+      }
+      float variance;
+      shifted_moments<CTA_THREADS>(shift, sum, squares, mean, variance);
+      scale = rsqrtf(variance + p.eps);
+    } else {
+      float squares = 0.0f;
 #pragma unroll
       for (int step = 0; step < kSteps; ++step) {
         if (!(active && in_row(step, lane))) continue;
         const Raw<VEC_BYTES> v = load_shared<VEC_BYTES>(slot(kX, step));
         float partial = 0.0f;
 #pragma unroll
-        for (int i = 0; i < kVec; ++i) partial += get_element<T>(v, i);
-        sum += partial;
+        for (int i = 0; i < kVec; ++i) {
+          const float element = get_element<T>(v, i);
+          partial += element * element;
+        }
+        squares += partial;
       }
-      mean = group_sum<THREADS_PER_ROW, CTA_THREADS>(sum) * kInvHidden;
+      squares = group_sum<THREADS_PER_ROW, CTA_THREADS>(squares);
+      scale = rsqrtf(squares * kInvHidden + p.eps);
     }
-    float squares = 0.0f;
-#pragma unroll
-    for (int step = 0; step < kSteps; ++step) {
-      if (!(active && in_row(step, lane))) continue;
-      const Raw<VEC_BYTES> v = load_shared<VEC_BYTES>(slot(kX, step));
-      float partial = 0.0f;
-#pragma unroll
-      for (int i = 0; i < kVec; ++i) {
-        const float centred = get_element<T>(v, i) - mean;
-        partial += centred * centred;
-      }
-      squares += partial;
-    }
-    squares = group_sum<THREADS_PER_ROW, CTA_THREADS>(squares);
-    const float scale = rsqrtf(squares * kInvHidden + p.eps);
     if (!active) return;
 
     T* const out_row = static_cast<T*>(p.out) + row * p.out_row_stride;
