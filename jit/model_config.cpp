@@ -47,7 +47,8 @@ ModelShape read_llm(const nlohmann::json& config) {
         config.contains("num_key_value_heads") && !config.at("num_key_value_heads").is_null()
             ? require_size(config, "num_key_value_heads")
             : heads_q;
-    model.rope_head_flags = rope_head_flags(heads_q, heads_k);
+    model.heads_q = heads_q;
+    model.heads_k = heads_k;
   }
   model.rope = "rotate-half";
   if (auto theta = config.find("rope_theta"); theta != config.end() && theta->is_number()) {

@@ -18,7 +18,6 @@
 
 #include <nlohmann/json_fwd.hpp>
 
-#include "templates/rope_family.h"
 #include "templates/types.h"
 
 namespace kiln::jit {
@@ -29,8 +28,9 @@ struct ModelShape {
   std::int64_t intermediate = 0;
   std::int64_t head_dim = 0;
   std::string rope;  // how the model applies RoPE, for the summary
-  // rope_head_flags() of its q and k head counts: which kernel its RoPE calls take.
-  std::uint32_t rope_head_flags = kiln::rope_head_flags(4, 4);
+  // Its attention head counts (which kernel its RoPE calls take); fours when not given.
+  std::int64_t heads_q = 4;
+  std::int64_t heads_k = 4;
   // The ops the model uses, with the sizes each is called at.
   std::map<Op, std::vector<std::int64_t>> ops;
 };

@@ -14,7 +14,6 @@
 #include "jit/nvrtc.h"
 #include "jit/specialisation.h"
 #include "templates/family.h"
-#include "templates/rope_family.h"
 
 #ifndef KILN_VERSION
 #define KILN_VERSION "unknown"
@@ -80,13 +79,13 @@ std::vector<PrewarmTarget> expand_targets(const std::vector<Op>& ops,
                                           const std::vector<DType>& dtypes,
                                           const std::map<Op, std::vector<std::int64_t>>& sizes,
                                           const std::vector<int>& archs,
-                                          std::vector<std::string>& notes, bool training,
-                                          std::uint32_t rope_head_flags) {
+                                          std::vector<std::string>& notes,
+                                          const PrewarmModel& model) {
   std::vector<Op> wanted;
   std::map<Op, std::vector<std::int64_t>> wanted_sizes = sizes;
   for (Op op : ops) {
     wanted.push_back(op);
-    const auto backward = training ? backward_of(op) : std::nullopt;
+    const auto backward = model.training ? backward_of(op) : std::nullopt;
     if (!backward || std::find(ops.begin(), ops.end(), *backward) != ops.end()) {
       continue;
     }
@@ -118,17 +117,7 @@ std::vector<PrewarmTarget> expand_targets(const std::vector<Op>& ops,
     }
     for (DType dtype : dtypes) {
       for (std::int64_t hidden : found->second) {
-        for (Problem problem : fam->common_problems(dtype, hidden)) {
-          if (op == Op::rope) {
-            problem.flags = (problem.flags & ~kRopeHeadCountFlags) | rope_head_flags;
-          }
-          add(problem);
-          if (training && op == Op::rope) {
-            Problem inverse = problem;
-            inverse.flags |= kRopeInverse;
-            add(inverse);
-          }
-        }
+        for (const Problem& problem : fam->common_problems(dtype, hidden, model)) add(problem);
       }
     }
   }

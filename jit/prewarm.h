@@ -26,7 +26,7 @@
 
 #include "cache/binary_store.h"
 #include "cache/manifest.h"
-#include "templates/rope_family.h"
+#include "templates/family.h"
 #include "templates/types.h"
 
 namespace kiln::jit {
@@ -44,17 +44,17 @@ inline constexpr std::int64_t kPrewarmBucket = 0;
 // A KILN_RECORD manifest line: the problem's fields (aux always present) and "arch".
 nlohmann::json manifest_record(const Problem& problem, int sm);
 
-// ops x dtypes x sizes x archs, each through the family's common_problems. `sizes` gives the
-// hidden sizes per op. With `training`, each op's backward comes too (its backward op at the
-// same sizes; RoPE's inverse rotation). RoPE's problems take `rope_head_flags` (what
-// rope_head_flags() gives the model's head counts; common_problems assumes fours). Ops whose
-// family is not registered are left out, each with a line in `notes`. Duplicates are dropped;
-// order is stable.
-std::vector<PrewarmTarget> expand_targets(
-    const std::vector<Op>& ops, const std::vector<DType>& dtypes,
-    const std::map<Op, std::vector<std::int64_t>>& sizes, const std::vector<int>& archs,
-    std::vector<std::string>& notes, bool training = false,
-    std::uint32_t rope_head_flags = kiln::rope_head_flags(4, 4));
+// ops x dtypes x sizes x archs, each through the family's common_problems for `model`.
+// `sizes` gives the hidden sizes per op. When the model trains, each op's backward op comes
+// too, at the same sizes (a family whose backward is a form of its own op, RoPE's inverse
+// rotation, adds it itself). Ops whose family is not registered are left out, each with a
+// line in `notes`. Duplicates are dropped; order is stable.
+std::vector<PrewarmTarget> expand_targets(const std::vector<Op>& ops,
+                                          const std::vector<DType>& dtypes,
+                                          const std::map<Op, std::vector<std::int64_t>>& sizes,
+                                          const std::vector<int>& archs,
+                                          std::vector<std::string>& notes,
+                                          const PrewarmModel& model = {});
 
 // The (problem, arch) of every record of a manifest; `archs`, when not empty, replaces each
 // record's arch (one target per arch). Records that do not parse, or whose family is not

@@ -361,8 +361,8 @@ std::int64_t ActivationBackwardFamily::bytes_moved(const Problem& problem,
   return bytes;
 }
 
-std::vector<Problem> ActivationBackwardFamily::common_problems(DType dtype,
-                                                               std::int64_t hidden) const {
+std::vector<Problem> ActivationBackwardFamily::common_problems(
+    DType dtype, std::int64_t hidden, const PrewarmModel& /*model*/) const {
   auto make = [&](std::uint32_t flags) { return Problem{op_, dtype, hidden, flags, 16}; };
   switch (op_) {
     case Op::swiglu_backward:  // two tensors; one packed gate_up tensor

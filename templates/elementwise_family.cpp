@@ -377,7 +377,8 @@ std::int64_t ElementwiseFamily::bytes_moved(const Problem& problem, std::int64_t
   return elements * static_cast<std::int64_t>(dtype_size(problem.dtype));
 }
 
-std::vector<Problem> ElementwiseFamily::common_problems(DType dtype, std::int64_t hidden) const {
+std::vector<Problem> ElementwiseFamily::common_problems(DType dtype, std::int64_t hidden,
+                                                        const PrewarmModel& /*model*/) const {
   auto make = [&](std::uint32_t flags) { return Problem{op_, dtype, hidden, flags, 16}; };
   switch (op_) {
     case Op::swiglu:  // two tensors; one packed gate_up tensor

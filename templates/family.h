@@ -13,6 +13,15 @@
 
 namespace kiln {
 
+// What a prewarm knows of a model beyond the size an op runs at: its attention head counts
+// (for a family whose kernels specialise on them) and whether it trains (for a family whose
+// backward is a form of its own op rather than an op of its own).
+struct PrewarmModel {
+  std::int64_t heads_q = 4;  // fours when unknown, as most models' counts divide by
+  std::int64_t heads_k = 4;
+  bool training = false;
+};
+
 // A scratch buffer the evaluator must provide to run a candidate on its own.
 struct BufferSpec {
   std::string name;
@@ -74,8 +83,9 @@ class Family {
   }
 
   // The specialisations models with this hidden size typically ask for, 16-byte aligned
-  // (what `kiln prewarm` compiles by default for the op).
-  virtual std::vector<Problem> common_problems(DType dtype, std::int64_t hidden) const {
+  // (what `kiln prewarm` compiles for the op), for `model`.
+  virtual std::vector<Problem> common_problems(DType dtype, std::int64_t hidden,
+                                               const PrewarmModel& /*model*/) const {
     Problem problem;
     problem.op = op();
     problem.dtype = dtype;

@@ -452,7 +452,8 @@ std::int64_t NormBackwardFamily::bytes_moved(const Problem& problem, std::int64_
   return bytes;
 }
 
-std::vector<Problem> NormBackwardFamily::common_problems(DType dtype, std::int64_t hidden) const {
+std::vector<Problem> NormBackwardFamily::common_problems(DType dtype, std::int64_t hidden,
+                                                         const PrewarmModel& /*model*/) const {
   auto make = [&](std::uint32_t flags) { return Problem{op_, dtype, hidden, flags, 16}; };
   switch (op_) {
     case Op::rms_norm_backward:

@@ -774,7 +774,8 @@ bool NormFamily::worth_measuring(const Problem& /*problem*/, const Config& confi
   return config.extra.count("cluster") == 0 || rows <= device.sm_count;
 }
 
-std::vector<Problem> NormFamily::common_problems(DType dtype, std::int64_t hidden) const {
+std::vector<Problem> NormFamily::common_problems(DType dtype, std::int64_t hidden,
+                                                 const PrewarmModel& /*model*/) const {
   auto make = [&](std::uint32_t flags) { return Problem{op_, dtype, hidden, flags, 16}; };
   switch (op_) {
     case Op::rms_norm:  // diffusers' q/k norms and DiT blocks have no weight

@@ -67,7 +67,8 @@ class NormFamily : public Family {
   // A clustered row only while the rows leave SMs without one (rows <= SM count).
   bool worth_measuring(const Problem& problem, const Config& config, const DeviceTraits& device,
                        std::int64_t rows) const override;
-  std::vector<Problem> common_problems(DType dtype, std::int64_t hidden) const override;
+  std::vector<Problem> common_problems(DType dtype, std::int64_t hidden,
+                                       const PrewarmModel& model) const override;
 
   // The Problem::flags bits this op accepts.
   std::uint32_t allowed_flags() const;

@@ -349,7 +349,8 @@ std::int64_t RmsNormRopeFamily::bytes_moved(const Problem& problem, std::int64_t
   return bytes;
 }
 
-std::vector<Problem> RmsNormRopeFamily::common_problems(DType dtype, std::int64_t hidden) const {
+std::vector<Problem> RmsNormRopeFamily::common_problems(DType dtype, std::int64_t hidden,
+                                                        const PrewarmModel& /*model*/) const {
   return {Problem{Op::rms_norm_rope, dtype, hidden, kRmsNormRopeTableF32, 16},
           Problem{Op::rms_norm_rope, dtype, hidden, kRmsNormRopeVideo, 16}};
 }

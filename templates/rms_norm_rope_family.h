@@ -42,7 +42,8 @@ class RmsNormRopeFamily : public Family {
   std::vector<std::byte> pack_params(const Problem& problem, std::int64_t rows,
                                      std::span<const std::uint64_t> addresses) const override;
   std::int64_t bytes_moved(const Problem& problem, std::int64_t rows) const override;
-  std::vector<Problem> common_problems(DType dtype, std::int64_t hidden) const override;
+  std::vector<Problem> common_problems(DType dtype, std::int64_t hidden,
+                                       const PrewarmModel& model) const override;
 };
 
 }  // namespace kiln

@@ -412,16 +412,22 @@ std::int64_t RopeFamily::bytes_moved(const Problem& problem, std::int64_t rows) 
   return bytes;
 }
 
-std::vector<Problem> RopeFamily::common_problems(DType dtype, std::int64_t hidden) const {
+std::vector<Problem> RopeFamily::common_problems(DType dtype, std::int64_t hidden,
+                                                 const PrewarmModel& model) const {
   if (op_ == Op::rope_3d) return {Problem{Op::rope_3d, dtype, hidden, 0u, 16}};
   // transformers (half-split, table in the model's dtype, [B, H, S, D]), diffusers
-  // (interleaved, fp32, [B, S, H, D] or, after the head transpose, [B, H, S, D]); head counts
-  // in fours, as most models' are (a prewarm from a model's config sets its own).
-  const std::uint32_t heads = rope_head_flags(4, 4);
-  return {Problem{Op::rope, dtype, hidden, kRopePositionsInner | heads, 16},
-          Problem{Op::rope, dtype, hidden, kRopeInterleaved | kRopeTableF32 | heads, 16},
-          Problem{Op::rope, dtype, hidden,
-                  kRopeInterleaved | kRopeTableF32 | kRopePositionsInner | heads, 16}};
+  // (interleaved, fp32, [B, S, H, D] or, after the head transpose, [B, H, S, D]), with the
+  // model's head counts; training also runs each backward, the inverse rotation.
+  const std::uint32_t heads = rope_head_flags(model.heads_q, model.heads_k);
+  std::vector<Problem> problems;
+  for (std::uint32_t layout : {kRopePositionsInner, kRopeInterleaved | kRopeTableF32,
+                               kRopeInterleaved | kRopeTableF32 | kRopePositionsInner}) {
+    problems.push_back(Problem{Op::rope, dtype, hidden, layout | heads, 16});
+    if (model.training) {
+      problems.push_back(Problem{Op::rope, dtype, hidden, layout | heads | kRopeInverse, 16});
+    }
+  }
+  return problems;
 }
 
 }  // namespace kiln

@@ -88,7 +88,8 @@ class RopeFamily : public Family {
   std::vector<std::byte> pack_params(const Problem& problem, std::int64_t rows,
                                      std::span<const std::uint64_t> addresses) const override;
   std::int64_t bytes_moved(const Problem& problem, std::int64_t rows) const override;
-  std::vector<Problem> common_problems(DType dtype, std::int64_t hidden) const override;
+  std::vector<Problem> common_problems(DType dtype, std::int64_t hidden,
+                                       const PrewarmModel& model) const override;
 
   static std::int64_t rotary_dim(const Problem& problem);
   static int rows_per_thread(const Config& config);

@@ -122,7 +122,7 @@ int run_prewarm(const PrewarmArgs& args) {
     std::vector<Op> chosen;
     for (const auto& [op, list] : sizes) chosen.push_back(op);
     auto more = jit::expand_targets(chosen, dtypes, sizes, parse_archs(args.archs, true), notes,
-                                    args.training, model.rope_head_flags);
+                                    PrewarmModel{model.heads_q, model.heads_k, args.training});
     targets.insert(targets.end(), more.begin(), more.end());
   }
   if (!args.hiddens.empty()) {
@@ -130,7 +130,7 @@ int run_prewarm(const PrewarmArgs& args) {
     std::map<Op, std::vector<std::int64_t>> sizes;
     for (Op op : ops) sizes[op] = args.hiddens;
     auto more = jit::expand_targets(ops, dtypes, sizes, parse_archs(args.archs, true), notes,
-                                    args.training);
+                                    PrewarmModel{.training = args.training});
     targets.insert(targets.end(), more.begin(), more.end());
   }
   if (args.manifest.empty() && args.config.empty() && args.hiddens.empty()) {

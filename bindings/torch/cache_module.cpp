@@ -154,14 +154,15 @@ py::dict prewarm(const std::vector<std::string>& op_names,
     const auto sizes = jit::sizes_for_ops(model, ops);
     std::vector<Op> chosen;
     for (const auto& [op, list] : sizes) chosen.push_back(op);
-    auto more =
-        jit::expand_targets(chosen, dtypes, sizes, archs, notes, training, model.rope_head_flags);
+    auto more = jit::expand_targets(chosen, dtypes, sizes, archs, notes,
+                                    PrewarmModel{model.heads_q, model.heads_k, training});
     targets.insert(targets.end(), more.begin(), more.end());
   }
   if (!hiddens.empty()) {
     std::map<Op, std::vector<std::int64_t>> sizes;
     for (Op op : ops) sizes[op] = hiddens;
-    auto more = jit::expand_targets(ops, dtypes, sizes, archs, notes, training);
+    auto more =
+        jit::expand_targets(ops, dtypes, sizes, archs, notes, PrewarmModel{.training = training});
     targets.insert(targets.end(), more.begin(), more.end());
   }
 

@@ -309,7 +309,7 @@ TEST_CASE("buffers, bytes_moved and pack_params describe a stand-alone run") {
 TEST_CASE("common problems are valid and cover both layouts") {
   for (Op op : kOps) {
     const kiln::Family& f = kiln::family(op);
-    const auto problems = f.common_problems(DType::bf16, 14336);
+    const auto problems = f.common_problems(DType::bf16, 14336, kiln::PrewarmModel{});
     CHECK(problems.size() >= 2);
     for (const Problem& p : problems) {
       CHECK_NOTHROW(f.check(p));

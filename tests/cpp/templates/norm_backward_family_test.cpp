@@ -258,7 +258,8 @@ TEST_CASE("buffers, bytes moved and packed parameters follow the op") {
 
 TEST_CASE("common problems are valid specialisations") {
   for (Op op : kBackwardOps) {
-    const std::vector<Problem> problems = family(op).common_problems(DType::bf16, 3072);
+    const std::vector<Problem> problems =
+        family(op).common_problems(DType::bf16, 3072, kiln::PrewarmModel{});
     CHECK(!problems.empty());
     for (const Problem& problem : problems) CHECK_NOTHROW(family(op).check(problem));
   }

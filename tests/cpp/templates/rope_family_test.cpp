@@ -180,6 +180,44 @@ TEST_CASE("head-count flags decide how a thread finds its rows") {
   }
 }
 
+TEST_CASE("rope's common problems take the model's head counts, and training their inverse") {
+  const kiln::Family& f = kiln::family(Op::rope);
+  const auto flags_of = [&](const kiln::PrewarmModel& model) {
+    std::vector<std::uint32_t> flags;
+    for (const Problem& p : f.common_problems(DType::bf16, 128, model)) {
+      CHECK(p.op == Op::rope);
+      CHECK(p.hidden == 128);
+      flags.push_back(p.flags);
+    }
+    return flags;
+  };
+  using kiln::kRopeInterleaved;
+  using kiln::kRopeInverse;
+  using kiln::kRopePositionsInner;
+  using kiln::kRopeTableF32;
+  const std::uint32_t by4 = kiln::rope_head_flags(4, 4);
+  // Unknown counts are fours: the three layouts, forward only.
+  CHECK(flags_of({}) == std::vector<std::uint32_t>{
+                            kRopePositionsInner | by4, kRopeInterleaved | kRopeTableF32 | by4,
+                            kRopeInterleaved | kRopeTableF32 | kRopePositionsInner | by4});
+  // Llama-3-8B's 32 and 8 heads, training: each layout then its inverse rotation.
+  const std::uint32_t gqa = kiln::rope_head_flags(32, 8);
+  const std::uint32_t inner = kRopePositionsInner | gqa;
+  const std::uint32_t interleaved = kRopeInterleaved | kRopeTableF32 | gqa;
+  CHECK(flags_of({32, 8, true}) ==
+        std::vector<std::uint32_t>{inner, inner | kRopeInverse, interleaved,
+                                   interleaved | kRopeInverse, interleaved | kRopePositionsInner,
+                                   interleaved | kRopePositionsInner | kRopeInverse});
+  // Gemma's 8 and 1 heads: counts that are not both even carry no head flag.
+  for (std::uint32_t flags : flags_of({8, 1, false})) {
+    CHECK((flags & kiln::kRopeHeadCountFlags) == 0u);
+  }
+  // rope_3d takes no flags: one problem whatever the model.
+  const auto video = kiln::family(Op::rope_3d).common_problems(DType::bf16, 64, {24, 24, true});
+  REQUIRE(video.size() == 1);
+  CHECK(video[0].flags == 0u);
+}
+
 TEST_CASE("a flagged problem's stand-alone run keeps its head counts") {
   const kiln::Family& f = kiln::family(Op::rope);
   const std::uint64_t addresses[] = {0x1000, 0x2000, 0x3000, 0x4000, 0x5000, 0x6000};
