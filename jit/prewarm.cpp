@@ -117,7 +117,9 @@ std::vector<PrewarmTarget> expand_targets(const std::vector<Op>& ops,
     }
     for (DType dtype : dtypes) {
       for (std::int64_t hidden : found->second) {
-        for (const Problem& problem : fam->common_problems(dtype, hidden, model)) add(problem);
+        for (const Problem& problem : fam->common_problems(dtype, hidden, model)) {
+          add(problem);
+        }
       }
     }
   }

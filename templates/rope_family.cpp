@@ -414,7 +414,9 @@ std::int64_t RopeFamily::bytes_moved(const Problem& problem, std::int64_t rows) 
 
 std::vector<Problem> RopeFamily::common_problems(DType dtype, std::int64_t hidden,
                                                  const PrewarmModel& model) const {
-  if (op_ == Op::rope_3d) return {Problem{Op::rope_3d, dtype, hidden, 0u, 16}};
+  if (op_ == Op::rope_3d) {
+    return {Problem{Op::rope_3d, dtype, hidden, 0u, 16}};
+  }
   // transformers (half-split, table in the model's dtype, [B, H, S, D]), diffusers
   // (interleaved, fp32, [B, S, H, D] or, after the head transpose, [B, H, S, D]), with the
   // model's head counts; training also runs each backward, the inverse rotation.
