@@ -405,9 +405,11 @@ std::string NormFamily::stage_reason(const Problem& problem, const Config& confi
   if (elements_per_thread(problem, config) / vec_elems < 2) {
     return "a thread's share of the row is one vector: staging it frees no registers";
   }
-  // The reduction's static shared memory (a float per warp) counts against the same limit.
+  // The reduction's static shared memory counts against the same limit: a float per warp,
+  // or LayerNorm's sums and shift (kiln::NormRow::shifted_moments, a float4).
+  const std::int64_t per_warp = (features(problem) & NormFeature::layer) != 0 ? 16 : 4;
   const std::int64_t smem =
-      staged_smem_bytes(problem, config) + std::int64_t{config.cta_threads} / 32 * 4;
+      staged_smem_bytes(problem, config) + std::int64_t{config.cta_threads} / 32 * per_warp;
   if (smem > device.smem_per_block_optin) {
     return "staging needs " + std::to_string(smem) + " bytes of shared memory per CTA, more than " +
            "the device's " + std::to_string(device.smem_per_block_optin);
