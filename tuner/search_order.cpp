@@ -204,9 +204,18 @@ std::vector<Config> refine_around(const Config& best, const std::vector<Config>&
       narrower = std::max(narrower, config.vec_bytes);
     }
   }
+  const int ratio = narrower > 0 ? best.vec_bytes / narrower : 1;
   if (narrower > 0) {
-    const int ratio = best.vec_bytes / narrower;
     take_shape(narrower, best.threads_per_row * ratio, best.cta_threads);
+  }
+  // The first round compared the start's neighbours at the start's extras only; a neighbour
+  // can win with another extra (LayerNorm 14848 wide: half the split, staged).
+  for (const Config& step : steps_from(best)) {
+    if (step.cta_threads == best.cta_threads) {
+      take_shape(step.vec_bytes, step.threads_per_row, step.cta_threads);
+    }
+  }
+  if (narrower > 0) {
     take_shape(narrower, best.threads_per_row * ratio, best.cta_threads * ratio);
     take_shape(narrower, best.threads_per_row, best.cta_threads);
   }

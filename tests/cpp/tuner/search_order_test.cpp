@@ -114,8 +114,8 @@ TEST_CASE("order_around: the same pool gives the same order") {
 }
 
 TEST_CASE(
-    "refine_around: the winner's extras, then its row split at the next narrower width, "
-    "then the rest") {
+    "refine_around: the winner's extras, its row split at the next narrower width, its split "
+    "neighbours with every extra, then the rest") {
   std::vector<Config> pool;
   for (const Config& config : grid_pool()) {
     pool.push_back(with_extra(config, 0));
@@ -130,15 +130,19 @@ TEST_CASE(
     CHECK(std::find(order.begin(), order.end(), config) == order.end());
   }
   CHECK(order[0] == with_extra(Config{16, 32, 128, {}}, 1));
-  // Half the width with twice the threads per row: the same elements per pass, in CTAs of the
-  // same threads and then of twice as many (the same rows per CTA).
+  // Half the width with twice the threads per row: the same elements per pass.
   CHECK(order[1] == with_extra(Config{8, 64, 128, {}}, 0));
   CHECK(order[2] == with_extra(Config{8, 64, 128, {}}, 1));
-  CHECK(order[3] == with_extra(Config{8, 64, 256, {}}, 0));
-  CHECK(order[4] == with_extra(Config{8, 64, 256, {}}, 1));
-  CHECK(order[5] == with_extra(Config{8, 32, 128, {}}, 1));  // its extra-0 twin was measured
+  // The split doubled (its extra-0 form was measured in the first round), then halved.
+  CHECK(order[3] == with_extra(Config{16, 64, 128, {}}, 1));
+  CHECK(order[4] == with_extra(Config{16, 16, 128, {}}, 0));
+  CHECK(order[5] == with_extra(Config{16, 16, 128, {}}, 1));
+  // The narrower split in CTAs of as many rows as the winner's, then the winner's own shape.
+  CHECK(order[6] == with_extra(Config{8, 64, 256, {}}, 0));
+  CHECK(order[7] == with_extra(Config{8, 64, 256, {}}, 1));
+  CHECK(order[8] == with_extra(Config{8, 32, 128, {}}, 1));  // its extra-0 twin was measured
   // The narrowest width comes only with the rest, not as a step of its own.
-  CHECK(order[6].vec_bytes != 4);
+  CHECK(order[9].vec_bytes != 4);
   CHECK(sorted_keys(order) == sorted_keys([&] {
           std::vector<Config> rest;
           for (const Config& c : pool)
