@@ -306,32 +306,53 @@ struct NormRow {
     // only once they have started (they arrived at kernel entry; see kiln::norm_cluster).
     if constexpr (ROW_CTAS > 1) wait_for_cluster();
     float mean = 0.0f;
-    if constexpr ((F & NormFeature::layer) != 0) {
+    float scale;
+    if constexpr ((F & NormFeature::layer) != 0 && ROW_CTAS == 1) {
+      // One reduction, as normalise_staged: the shift comes from registers (values[0] is
+      // zero where the thread holds no vector there), so no load waits on the row's own.
+      // An H200, bf16 with weight and bias, the best of a full tune's top three beside a
+      // same-size copy: 8192 x 4544 1.11x its time -> 1.09x, 8192 x 5120 1.065x -> 1.052x,
+      // 32768 x 2048 1.058x -> 1.046x.
+      const float shift = warp_shift(values[0]);
       float sum = 0.0f;
+      float squares = 0.0f;
+#pragma unroll
+      for (int step = 0; step < kSteps; ++step) {
+        if (active && in_row(step, lane)) accumulate_shifted(values[step], shift, sum, squares);
+      }
+      float variance;
+      shifted_moments<CTA_THREADS>(shift, sum, squares, mean, variance);
+      scale = rsqrtf(variance + p.eps);
+    } else {
+      // The exact two passes: a row split over a cluster's CTAs (row_sum meets across them)
+      // and RMSNorm, whose single sum needs no shift.
+      if constexpr ((F & NormFeature::layer) != 0) {
+        float sum = 0.0f;
+#pragma unroll
+        for (int step = 0; step < kSteps; ++step) {
+          float partial = 0.0f;
+#pragma unroll
+          for (int i = 0; i < kVec; ++i) partial += get_element<T>(values[step], i);
+          sum += partial;
+        }
+        mean = row_sum<CTA_THREADS>(sum, 0) * kInvHidden;
+      }
+      // One partial sum per vector keeps the dependent chains short. Elements past the row
+      // are zero, but after centring they would count mean^2, so they are skipped.
+      float squares = 0.0f;
 #pragma unroll
       for (int step = 0; step < kSteps; ++step) {
         float partial = 0.0f;
 #pragma unroll
-        for (int i = 0; i < kVec; ++i) partial += get_element<T>(values[step], i);
-        sum += partial;
+        for (int i = 0; i < kVec; ++i) {
+          const float centred = get_element<T>(values[step], i) - mean;
+          partial += centred * centred;
+        }
+        if ((F & NormFeature::layer) == 0 || in_row(step, lane)) squares += partial;
       }
-      mean = row_sum<CTA_THREADS>(sum, 0) * kInvHidden;
+      squares = row_sum<CTA_THREADS>(squares, 1);
+      scale = rsqrtf(squares * kInvHidden + p.eps);
     }
-    // One partial sum per vector keeps the dependent chains short. Elements past the row
-    // are zero, but after centring they would count mean^2, so they are skipped.
-    float squares = 0.0f;
-#pragma unroll
-    for (int step = 0; step < kSteps; ++step) {
-      float partial = 0.0f;
-#pragma unroll
-      for (int i = 0; i < kVec; ++i) {
-        const float centred = get_element<T>(values[step], i) - mean;
-        partial += centred * centred;
-      }
-      if ((F & NormFeature::layer) == 0 || in_row(step, lane)) squares += partial;
-    }
-    squares = row_sum<CTA_THREADS>(squares, 1);
-    const float scale = rsqrtf(squares * kInvHidden + p.eps);
     if (!active) return;
 
     T* const out_row = static_cast<T*>(p.out) + row * p.out_row_stride;
@@ -719,8 +740,9 @@ struct NormRow {
       // One pass over the staged row and one reduction (shifted_moments), where the exact
       // two passes took two: an H200, bf16 with weight and bias, 8192 x 14848 at
       // v16.t256.c256.stage=1 ran 1.11x a same-size copy's time -> 1.06x (8192 x 8192: the
-      // same). Held rows keep the exact passes: with the shift read from memory, the
-      // persistent grids that prefetch rows ran slower (8192 x 4544: 1.10x -> 1.15x).
+      // same). Held rows (process) do the same from their registers; a shift read from
+      // memory had made the persistent grids that prefetch rows slower (8192 x 4544: 1.10x
+      // -> 1.15x).
       Raw<VEC_BYTES> first;
 #pragma unroll
       for (int w = 0; w < (VEC_BYTES < 4 ? 1 : VEC_BYTES / 4); ++w) first.words[w] = 0u;
