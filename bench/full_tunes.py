@@ -100,7 +100,10 @@ def main():
     com.add_argument("-o", "--output", required=True)
     com.add_argument("--date", help="when the bundles were recorded, for the fixture's note")
     args = parser.parse_args()
-    record(args) if args.command == "record" else compact(args)
+    if args.command == "record":
+        record(args)
+    else:
+        compact(args)
 
 
 if __name__ == "__main__":
