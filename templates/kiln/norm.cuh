@@ -313,16 +313,8 @@ struct NormRow {
       // An H200, bf16 with weight and bias, the best of a full tune's top three beside a
       // same-size copy: 8192 x 4544 1.11x its time -> 1.09x, 8192 x 5120 1.065x -> 1.052x,
       // 32768 x 2048 1.058x -> 1.046x.
-      const float shift = warp_shift(values[0]);
-      float sum = 0.0f;
-      float squares = 0.0f;
-#pragma unroll
-      for (int step = 0; step < kSteps; ++step) {
-        if (active && in_row(step, lane)) accumulate_shifted(values[step], shift, sum, squares);
-      }
-      float variance;
-      shifted_moments<CTA_THREADS>(shift, sum, squares, mean, variance);
-      scale = rsqrtf(variance + p.eps);
+      scale = layer_scale<CTA_THREADS>(
+          values[0], [&](int step) { return values[step]; }, active, lane, p.eps, mean);
     } else {
       // The exact two passes: a row split over a cluster's CTAs (row_sum meets across them)
       // and RMSNorm, whose single sum needs no shift.
@@ -539,6 +531,26 @@ struct NormRow {
     }
   }
 
+  // LayerNorm's 1 / std (returned) and mean of a row whose vectors the thread holds, in one
+  // pass and one reduction (shifted_moments): `vector_at(step)` reads a step's vector where
+  // the caller keeps it (registers or shared memory), `first` is step 0's (zero where the
+  // thread holds none), whose warp's mean is the shift.
+  template <int CTA_THREADS, typename VectorAt>
+  __device__ __forceinline__ static float layer_scale(const Raw<VEC_BYTES>& first,
+                                                      VectorAt vector_at, bool active, int lane,
+                                                      float eps, float& mean) {
+    const float shift = warp_shift(first);
+    float sum = 0.0f;
+    float squares = 0.0f;
+#pragma unroll
+    for (int step = 0; step < kSteps; ++step) {
+      if (active && in_row(step, lane)) accumulate_shifted(vector_at(step), shift, sum, squares);
+    }
+    float variance;
+    shifted_moments<CTA_THREADS>(shift, sum, squares, mean, variance);
+    return rsqrtf(variance + eps);
+  }
+
   // Which passes of a re-read row read all their steps at once (see REREAD above).
   static constexpr bool kFirstPassTogether = !kSum;
   static constexpr bool kSecondPassTogether = !kSum && !kStreamedModulation;
@@ -747,17 +759,9 @@ struct NormRow {
 #pragma unroll
       for (int w = 0; w < (VEC_BYTES < 4 ? 1 : VEC_BYTES / 4); ++w) first.words[w] = 0u;
       if (active && in_row(0, lane)) first = load_shared<VEC_BYTES>(slot(kX, 0));
-      const float shift = warp_shift(first);
-      float sum = 0.0f;
-      float squares = 0.0f;
-#pragma unroll
-      for (int step = 0; step < kSteps; ++step) {
-        if (!(active && in_row(step, lane))) continue;
-        accumulate_shifted(load_shared<VEC_BYTES>(slot(kX, step)), shift, sum, squares);
-      }
-      float variance;
-      shifted_moments<CTA_THREADS>(shift, sum, squares, mean, variance);
-      scale = rsqrtf(variance + p.eps);
+      scale = layer_scale<CTA_THREADS>(
+          first, [&](int step) { return load_shared<VEC_BYTES>(slot(kX, step)); }, active, lane,
+          p.eps, mean);
     } else {
       float squares = 0.0f;
 #pragma unroll
