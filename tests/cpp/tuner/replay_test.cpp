@@ -135,13 +135,13 @@ TEST_CASE("replay_documents replays full tunes of the selected op and says why i
   CHECK(text.find(problem.key()) != std::string::npos);
 }
 
-// Recorded on an H200 (bench/full_tunes.py): 143 full tunes of rms_norm,
+// Recorded on an H200 (bench/full_tunes.py): 150 full tunes of rms_norm,
 // fused_add_rms_norm, layer_norm, adaln and gated_adaln, bf16, 1536-14848 wide, 2688-32768
-// rows. The fast search measures 18 of each problem's 95-208 configs; these bounds hold its
+// rows. The fast search measures 18 of each problem's 95-283 configs; these bounds hold its
 // choice close to the best the whole space offers. Before its second round took the
-// winner's split neighbours with every extra, the same replay gave a geometric mean of
-// 1.0083, a worst case of 1.108 (layer_norm 32768x14848, whose best is half the split,
-// staged) and 16 problems over 1.02.
+// winner's split neighbours with every extra, the same replay of the first 143 gave a
+// geometric mean of 1.0083, a worst case of 1.108 (layer_norm 32768x14848, whose best is half
+// the split, staged) and 16 problems over 1.02.
 TEST_CASE("on recorded H200 full tunes of the norm family the fast search stays near the best") {
   std::ifstream file(std::string(KILN_TUNER_TEST_DATA) + "/norm_full_tunes_h200.json");
   REQUIRE(file.good());
@@ -171,10 +171,10 @@ TEST_CASE("on recorded H200 full tunes of the norm family the fast search stays 
       widest_layer_norm.outcomes.push_back(outcome);
     }
   }
-  CHECK(summary.outcomes.size() == 143);
+  CHECK(summary.outcomes.size() == 150);
   CHECK(summary.geomean_cost() <= 1.007);
   CHECK(summary.worst_cost() <= 1.061);
-  CHECK(summary.costing_more_than(1.02) <= 12);
+  CHECK(summary.costing_more_than(1.02) <= 14);
   REQUIRE(widest_layer_norm.outcomes.size() == 3);
   CHECK(widest_layer_norm.worst_cost() <= 1.01);
 }
