@@ -83,6 +83,15 @@ constexpr int kClusterMinSm = 90;
 // 5.92 to 5.41, and gated_adaln 14848 wide from 8.86 to 6.14; rms_norm 4096 wide (8 KB) was
 // no faster (4.96 vs 4.86).
 constexpr std::int64_t kClusterMinRowBytes = std::int64_t{16} * 1024;
+// From this many bytes of streams a row, a pair of CTAs sharing each row is worth measuring
+// at any row count. H200 full tunes (2026-11-24): per-token gated_adaln 8192 wide (five 16 KB
+// rows) ran fastest as v16.t256.c256.cluster=2 at 4096, 8192 and 32768 rows, 1.9%, 1.3% and
+// 0.6% ahead of the best config of one CTA a row, and the fast search, which measured no
+// cluster there, chose one 1.3-3.7% behind; side by side with torch.compile the bench went
+// from 0.99x to 1.03x at 2688 rows (83.8 -> 79.8 us). Rows of 45-60 KB (gated_adaln 4544
+// and 5120 wide, fused_add_rms_norm 14848 wide) ran fastest with one CTA a row, and so did
+// adaln and gated_adaln 14848 wide (89 and 148 KB), where the pair is measured and loses.
+constexpr std::int64_t kClusterPairRowBytes = std::int64_t{64} * 1024;
 
 bool has(const Problem& problem, std::uint32_t bit) {
   return (problem.flags & bit) != 0;
@@ -770,10 +779,12 @@ std::int64_t NormFamily::bytes_moved(const Problem& problem, std::int64_t rows) 
 // Measured on an H200 (bf16, fast tunes, side by side): clusters won at 1 row (rms_norm,
 // adaln, gated_adaln 8192 and 14848 wide: 0.2-2.9 us faster) and for adaln and gated_adaln
 // at 128 rows of 8192 (7.5 -> 7.2 and 9.9 -> 9.0 us). With a row for every SM, a cluster
-// adds no SM to a row, only barriers, and its candidates would take the place of others.
-bool NormFamily::worth_measuring(const Problem& /*problem*/, const Config& config,
+// adds no SM to a row, only barriers, and its candidates would take the place of others;
+// except a pair of CTAs for a row whose streams are large (kClusterPairRowBytes).
+bool NormFamily::worth_measuring(const Problem& problem, const Config& config,
                                  const DeviceTraits& device, std::int64_t rows) const {
-  return config.extra.count("cluster") == 0 || rows <= device.sm_count;
+  return config.extra.count("cluster") == 0 || rows <= device.sm_count ||
+         (cluster_of(config) == 2 && row_stream_bytes(problem) >= kClusterPairRowBytes);
 }
 
 std::vector<Problem> NormFamily::common_problems(DType dtype, std::int64_t hidden,

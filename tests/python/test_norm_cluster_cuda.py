@@ -4,8 +4,9 @@ A full tune measures them, each checked by the tuner against the heuristic's out
 poisoned buffers; then op calls pinned to the fastest of them are compared with fp64 math,
 for every op of the family, fp32/fp16/bf16, with and without weight, one row and many, an
 odd hidden size (a partial last step, in one CTA of the cluster only), a narrow row whose five
-streams make it eligible (per-token gated_adaln 2048 wide), and inputs whose mean is far from
-zero (LayerNorm)."""
+streams make it eligible (per-token gated_adaln 2048 wide), more rows than SMs (per-token
+gated_adaln 8192 wide, whose rows the fast search also offers to pairs of CTAs), and inputs
+whose mean is far from zero (LayerNorm)."""
 
 import pytest
 import torch
@@ -26,6 +27,7 @@ pytestmark = [
     ("rms_norm_no_weight", "bfloat16", 1, 14848), ("fused_add", "bfloat16", 9, 8192),
     ("layer_norm", "bfloat16", 6, 8192), ("layer_norm", "float32", 1, 6000),
     ("adaln_layer", "bfloat16", 4, 8192), ("gated", "bfloat16", 7, 8192),
+    ("gated", "bfloat16", 301, 8192),
     ("gated", "float16", 3, 2048),
     ("gated_sample", "bfloat16", 2, 14848)])
 def test_clustered_kernels_are_tuned_checked_and_correct(tmp_path, case, dtype, rows, hidden):

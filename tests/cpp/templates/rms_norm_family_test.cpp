@@ -548,6 +548,21 @@ TEST_CASE("clustered configs: sm_90, 16 KB or more of row streams, one row per C
   CHECK(rms().worth_measuring(wide, four, h100, h100.sm_count));
   CHECK(!rms().worth_measuring(wide, four, h100, h100.sm_count + 1));
   CHECK(rms().worth_measuring(wide, config(16, 256, 256), h100, 32768));
+  // ... or, for a pair of CTAs, while a row streams at least 64 KB: per-token gated_adaln
+  // 8192 wide streams five 16 KB rows, 4544 wide five of 9 KB.
+  const Problem wide_gated{Op::gated_adaln, DType::bf16, 8192,
+                           kiln::kNormTable | kiln::kNormPerToken, 16};
+  const Problem narrower_gated{Op::gated_adaln, DType::bf16, 4544,
+                               kiln::kNormTable | kiln::kNormPerToken, 16};
+  Config pair = config(16, 256, 256);
+  pair.extra["cluster"] = 2;
+  Config quad = config(16, 256, 256);
+  quad.extra["cluster"] = 4;
+  CHECK(gated.invalid_reason(wide_gated, pair, h100).empty());
+  CHECK(gated.worth_measuring(wide_gated, pair, h100, 32768));
+  CHECK(!gated.worth_measuring(wide_gated, quad, h100, 32768));
+  CHECK(!gated.worth_measuring(narrower_gated, pair, h100, 32768));
+  CHECK(gated.worth_measuring(narrower_gated, pair, h100, 1));
 }
 
 TEST_CASE("geometry covers every row with no idle CTA") {

@@ -141,7 +141,9 @@ TEST_CASE("replay_documents replays full tunes of the selected op and says why i
 // choice close to the best the whole space offers. Before its second round took the
 // winner's split neighbours with every extra, the same replay of the first 143 gave a
 // geometric mean of 1.0083, a worst case of 1.108 (layer_norm 32768x14848, whose best is half
-// the split, staged) and 16 problems over 1.02.
+// the split, staged) and 16 problems over 1.02. Before a pair of CTAs was measured for rows
+// of 64 KB of streams at any row count, gated_adaln 8192 wide (best: such a pair) cost
+// 1.013-1.037 and the 150 gave 1.0070 and 14 over 1.02.
 TEST_CASE("on recorded H200 full tunes of the norm family the fast search stays near the best") {
   std::ifstream file(std::string(KILN_TUNER_TEST_DATA) + "/norm_full_tunes_h200.json");
   REQUIRE(file.good());
@@ -149,6 +151,7 @@ TEST_CASE("on recorded H200 full tunes of the norm family the fast search stays 
   const DeviceTraits h200 = recorded_device_traits(fixture.at("device"));
   ReplaySummary summary;
   ReplaySummary widest_layer_norm;
+  ReplaySummary wide_gated_adaln;
   for (const nlohmann::json& entry : fixture.at("tunes")) {
     TuneResult recorded;
     recorded.problem = entry.at("problem").get<Problem>();
@@ -170,13 +173,18 @@ TEST_CASE("on recorded H200 full tunes of the norm family the fast search stays 
     if (recorded.problem.op == Op::layer_norm && recorded.problem.hidden == 14848) {
       widest_layer_norm.outcomes.push_back(outcome);
     }
+    if (recorded.problem.op == Op::gated_adaln && recorded.problem.hidden == 8192) {
+      wide_gated_adaln.outcomes.push_back(outcome);
+    }
   }
   CHECK(summary.outcomes.size() == 150);
-  CHECK(summary.geomean_cost() <= 1.007);
+  CHECK(summary.geomean_cost() <= 1.0065);
   CHECK(summary.worst_cost() <= 1.061);
-  CHECK(summary.costing_more_than(1.02) <= 14);
+  CHECK(summary.costing_more_than(1.02) <= 12);
   REQUIRE(widest_layer_norm.outcomes.size() == 3);
   CHECK(widest_layer_norm.worst_cost() <= 1.01);
+  REQUIRE(wide_gated_adaln.outcomes.size() == 3);
+  CHECK(wide_gated_adaln.worst_cost() <= 1.005);
 }
 
 }  // namespace kiln
