@@ -204,23 +204,6 @@ struct Runnable {
   LaunchGeometry geometry;
 };
 
-// The buffers timed launches run on. A problem that fits in L2 gets several sets, taken in
-// turn, so no launch finds its inputs where the one before left them, whatever the flush
-// between them leaves behind; a larger one needs (and gets) one.
-std::vector<Scratch> timing_scratch(const DeviceInfo& device, const Family& family,
-                                    const Problem& problem, std::int64_t rows) {
-  constexpr int kRotatedSets = 4;
-  std::vector<Scratch> sets;
-  sets.emplace_back(family, problem, rows);
-  const auto l2 = static_cast<std::size_t>(std::max<std::int64_t>(device.l2_bytes, 0));
-  if (sets.front().bytes() < l2) {
-    for (int i = 1; i < kRotatedSets; ++i) {
-      sets.emplace_back(family, problem, rows);
-    }
-  }
-  return sets;
-}
-
 class Measurement {
  public:
   Measurement(const DeviceInfo& device, const Family& family, const Problem& problem,
@@ -232,7 +215,7 @@ class Measurement {
         options_(options),
         verify_rows_(rows_to_check(device, family, problem, rows, options.verify_elements)),
         verify_(family, problem, verify_rows_),
-        scratch_(timing_scratch(device, family, problem, rows)),
+        scratch_(family, problem, rows),
         // Twice the L2, written between repetitions, so every run starts with cold caches
         // (as a real model's op does, its input having been evicted by the layers between).
         flush_(static_cast<std::size_t>(std::max<std::int64_t>(device.l2_bytes, 1 << 20)) * 2) {}
@@ -416,8 +399,7 @@ class Measurement {
       if (start) {
         record(*start);
       }
-      const Scratch& scratch = scratch_[launches_++ % scratch_.size()];
-      launch_kernel(device_.ordinal, runnable.function, runnable.geometry, scratch.params.data(),
+      launch_kernel(device_.ordinal, runnable.function, runnable.geometry, scratch_.params.data(),
                     stream_.get());
       if (end) {
         record(*end);
@@ -481,8 +463,13 @@ class Measurement {
   static constexpr std::uint32_t kShuffleSeed = 0x6B696C6E;
   std::int64_t verify_rows_;
   Scratch verify_;
-  std::vector<Scratch> scratch_;  // timed launches take turns over these
-  std::size_t launches_ = 0;
+  // Every timed launch runs on these same buffers, as a model's op runs on tensors the layers
+  // before it just touched and as the benches time every contender. Taking turns over four
+  // sets instead (for problems that fit in L2) added 1-1.5 us to each launch of a 42 MB
+  // problem, and more to some configs than others: an H200's full tune of rms_norm 2688 x 4096
+  // timed its configs 16.2-16.5 us where, pinned side by side, they ran 14.5-16.3 us, and it
+  // ranked them otherwise.
+  Scratch scratch_;
   DeviceBuffer flush_;
   std::vector<std::vector<char>> reference_;
   std::vector<std::vector<char>> outputs_;  // the candidate's being checked

@@ -1,5 +1,6 @@
 #include "jit/runtime.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <map>
@@ -154,10 +155,12 @@ struct Runtime::Impl {
   }
 
   // The config to use: a stored tuning result for the device, else a prewarm record for its
-  // arch (when `use_prewarm`), else a tune, else the heuristic.
-  Config choose_config(const TableKey& key, const Family& family, const DeviceInfo& info,
-                       const Settings& settings, BinaryStore* store, bool capturing,
-                       bool& heuristic_only, bool& from_prewarm, bool use_prewarm = true) {
+  // arch (when `use_prewarm`), else a tune on `rows` rows (the call's that missed), else the
+  // heuristic.
+  Config choose_config(const TableKey& key, std::int64_t rows, const Family& family,
+                       const DeviceInfo& info, const Settings& settings, BinaryStore* store,
+                       bool capturing, bool& heuristic_only, bool& from_prewarm,
+                       bool use_prewarm = true) {
     const DeviceTraits traits = info.traits();
     const std::string fingerprint = info.fingerprint();
     const std::string problem_key = key.problem.key();
@@ -213,8 +216,12 @@ struct Runtime::Impl {
     if (capturing) return fallback(heuristic);
     try {
       GpuEvaluator evaluator(info, store);
-      const TuneResult result =
-          tune(family, key.problem, key.bucket, traits, settings.tune_mode, evaluator);
+      // Timed on the call's own rows, as Triton's autotuner times the call that misses its key:
+      // how many waves the rows make of each config's CTAs decides which is fastest, and a
+      // model calls a bucket at a few row counts (a DiT's tokens, a serving engine's captured
+      // batches). Calls past the largest bucket are timed on the bucket's rows, its steady state.
+      const TuneResult result = tune(family, key.problem, std::min(rows, key.bucket), traits,
+                                     settings.tune_mode, evaluator);
       compiles += evaluator.compiles();
       binary_hits += evaluator.binary_hits();
       ++tunes;
@@ -337,7 +344,7 @@ const Kernel& Runtime::kernel(int device, const Problem& problem, std::int64_t r
   kernel->bucket = key.bucket;
   kernel->in_capture = capturing;
   impl_->record(settings, problem, info.sm());
-  kernel->config = impl_->choose_config(key, fam, info, settings, store.get(), capturing,
+  kernel->config = impl_->choose_config(key, rows, fam, info, settings, store.get(), capturing,
                                         kernel->heuristic_only, kernel->from_prewarm);
 
   std::optional<CompiledKernel> compiled;
@@ -375,8 +382,9 @@ bool Runtime::tune_and_store(int device, const Problem& problem, std::int64_t ro
   const std::shared_ptr<BinaryStore> store = impl_->current_store();
   const std::uint64_t tunes_before = impl_->tunes.load();
   bool heuristic_only = false, from_prewarm = false;
-  impl_->choose_config(key, fam, info, settings, store.get(), stream_is_capturing(device, nullptr),
-                       heuristic_only, from_prewarm, /*use_prewarm=*/false);
+  impl_->choose_config(key, rows, fam, info, settings, store.get(),
+                       stream_is_capturing(device, nullptr), heuristic_only, from_prewarm,
+                       /*use_prewarm=*/false);
   return impl_->tunes.load() > tunes_before;
 }
 

@@ -61,9 +61,9 @@ class Runtime {
   // capturing a CUDA graph, nothing is compiled or tuned: the kernel comes from the binary
   // store or the call throws (KILN_CAPTURE, jit/capture_policy.h).
   const Kernel& kernel(int device, const Problem& problem, std::int64_t rows, CUstream stream);
-  // For `kiln prewarm --tune`: tunes (device, problem, row bucket of `rows`) and stores the
-  // result, unless the tuning database already has one for the device. Returns true when it
-  // tuned. Prewarm records are not consulted.
+  // For `kiln prewarm --tune`: tunes (device, problem, row bucket of `rows`) on `rows` rows
+  // (up to the bucket's) and stores the result, unless the tuning database already has one
+  // for the device. Returns true when it tuned. Prewarm records are not consulted.
   bool tune_and_store(int device, const Problem& problem, std::int64_t rows);
   // Launches with the family's geometry for `rows` rows; `params` points at the kernel's
   // parameter struct.

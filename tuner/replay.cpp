@@ -53,8 +53,8 @@ ReplayOutcome replay_fast_tune(const Family& family, const TuneResult& recorded,
   }
 
   ReplayEvaluator evaluator(recorded.trials);
-  const TuneResult fast =
-      tune(family, recorded.problem, recorded.bucket_rows, device, TuneMode::fast, evaluator);
+  const std::int64_t rows = recorded.rows > 0 ? recorded.rows : recorded.bucket_rows;
+  const TuneResult fast = tune(family, recorded.problem, rows, device, TuneMode::fast, evaluator);
   auto won = std::find_if(recorded.trials.begin(), recorded.trials.end(),
                           [&](const Trial& trial) { return trial.config == fast.winner; });
   if (won == recorded.trials.end() || !is_measured(*won)) {

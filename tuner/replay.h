@@ -45,7 +45,7 @@ struct ReplayOutcome {
   double cost() const { return best_us > 0 ? fast_us / best_us : 0; }
 };
 
-// Runs tune(..., TuneMode::fast) on `recorded`'s problem and row bucket, answered from
+// Runs tune(..., TuneMode::fast) on `recorded`'s problem and rows, answered from
 // `recorded` (which must be a full tune with at least one measured trial). Throws where the
 // search's choice has no recorded time (every candidate it asked for was unknown or failed).
 ReplayOutcome replay_fast_tune(const Family& family, const TuneResult& recorded,

@@ -17,7 +17,8 @@
 //      "total_tune_ms": num,
 //      "results": [{
 //        "problem_key": str, "problem": {...Problem JSON}, "op": str, "bucket_rows": int,
-//        "mode": "off"|"fast"|"full", "bytes_moved": int,
+//        "rows": int                         (the rows the candidates were timed on),
+//        "mode": "off"|"fast"|"full", "bytes_moved": int (over those rows),
 //        "copy_bandwidth_gbs": num|null      (recorded with this result),
 //        "heuristic": str, "winner": str (config keys), "reason": str, "tune_ms": num|null,
 //        "winner_median_us": num|null, "heuristic_median_us": num|null,
@@ -31,7 +32,7 @@
 //          "is_winner": bool, "is_heuristic": bool}]}]}],
 //    "skipped": [{"device": str, "problem": str, "bucket": int, "reason": str}]}
 //
-// achieved_gbs = bytes_moved(problem, bucket_rows) / median (GB/s, 1e9 bytes);
+// achieved_gbs = bytes_moved(problem, rows) / median (GB/s, 1e9 bytes);
 // percent_of_copy = 100 * achieved_gbs / copy_bandwidth_gbs;
 // speedup_over_heuristic = heuristic median / winner median (both ok trials).
 #pragma once

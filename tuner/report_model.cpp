@@ -68,8 +68,8 @@ double gbs(std::int64_t bytes, double median_us) {
 }
 
 json result_json(const TuneResult& result, const json& copy_gbs) {
-  const std::int64_t bytes =
-      family(result.problem.op).bytes_moved(result.problem, result.bucket_rows);
+  const std::int64_t timed_rows = result.rows > 0 ? result.rows : result.bucket_rows;
+  const std::int64_t bytes = family(result.problem.op).bytes_moved(result.problem, timed_rows);
   json candidates = json::array();
   for (const Trial& trial : result.trials) {
     const bool ok = trial.status == TrialStatus::ok;
@@ -98,6 +98,7 @@ json result_json(const TuneResult& result, const json& copy_gbs) {
           {"problem", result.problem},
           {"op", op_name(result.problem.op)},
           {"bucket_rows", result.bucket_rows},
+          {"rows", timed_rows},
           {"mode", tune_mode_name(result.mode)},
           {"bytes_moved", bytes},
           {"copy_bandwidth_gbs", copy_gbs},

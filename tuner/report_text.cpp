@@ -20,7 +20,10 @@ std::string text_or_unknown(const nlohmann::json& value) {
 }
 
 std::string bucket_label(const nlohmann::json& result) {
-  return "rows <= " + std::to_string(result.at("bucket_rows").get<std::int64_t>());
+  const auto bucket = result.at("bucket_rows").get<std::int64_t>();
+  const auto rows = result.value("rows", bucket);
+  return "rows <= " + std::to_string(bucket) +
+         (rows == bucket ? "" : " (timed on " + std::to_string(rows) + ")");
 }
 
 }  // namespace kiln::report::detail

@@ -114,6 +114,7 @@ void to_json(json& j, const TuneResult& result) {
            {"reason", result.reason},
            {"tune_ms", time_to_json(result.tune_ms)},
            {"trials", std::move(trials)}};
+  j["rows"] = result.rows;
 }
 
 void from_json(const json& j, TuneResult& result) {
@@ -121,6 +122,9 @@ void from_json(const json& j, TuneResult& result) {
   TuneResult read_result;
   read_result.problem = read<Problem>(j, "problem", path);
   read_result.bucket_rows = read<std::int64_t>(j, "bucket_rows", path);
+  // Results stored before the tuner timed a call's own rows were timed on the bucket's.
+  read_result.rows =
+      j.contains("rows") ? read<std::int64_t>(j, "rows", path) : read_result.bucket_rows;
   read_result.mode = read_mode(j, path);
   read_result.heuristic = read<Config>(j, "heuristic", path);
   read_result.winner = read<Config>(j, "winner", path);

@@ -125,6 +125,7 @@ TuneResult tune(const Family& family, const Problem& problem, std::int64_t rows,
                         std::to_string(rows));
   }
 
+  result.rows = rows;
   const std::string where = "kiln." + std::string(family.name()) + " tuner: " + problem.key();
   const auto measure = [&](const std::vector<Config>& configs) {
     std::vector<Trial> trials =
@@ -167,7 +168,8 @@ TuneResult tune(const Family& family, const Problem& problem, std::int64_t rows,
     result.reason = all_failed_reason(result.trials);
   }
   result.tune_ms = elapsed_ms();
-  log::info(where + " rows<=" + std::to_string(result.bucket_rows) + ": " + result.reason);
+  log::info(where + " rows<=" + std::to_string(result.bucket_rows) + " (timed on " +
+            std::to_string(rows) + "): " + result.reason);
   return result;
 }
 

@@ -46,6 +46,9 @@ inline constexpr std::size_t kRefineBudget = 10;
 struct TuneResult {
   Problem problem;
   std::int64_t bucket_rows = 0;
+  // The rows the candidates were timed on: the call's that missed, up to the bucket's
+  // (see tune()). 0 in mode off.
+  std::int64_t rows = 0;
   TuneMode mode = TuneMode::off;
   Config heuristic;
   Config winner;
@@ -81,7 +84,8 @@ std::vector<Config> refinement_candidates(const Family& family, const Problem& p
 // Returns the index of the winner, or nullopt when no trial is ok.
 std::optional<std::size_t> select_winner(const std::vector<Trial>& trials, double tolerance = 0.01);
 
-// The whole tune. In mode off, no evaluator call is made and the heuristic wins. In mode
+// The whole tune, timing the candidates on `rows` rows; the result serves `rows`' bucket. In
+// mode off, no evaluator call is made and the heuristic wins. In mode
 // fast, a first round measures the candidates() around the search start and a second round the
 // refinement_candidates() around the first round's winner; the tie rule then runs over both
 // rounds in order, so the first round wins ties.

@@ -127,3 +127,30 @@ def test_tuned_kernels_are_correct(tmp_path):
         assert kiln.stats()["compiles"] == compiles, "warm resolve compiled again"
     finally:
         kiln.configure(cache_dir=before["cache_dir"], tune=before["tune_mode"])
+
+
+def test_tune_times_the_calls_rows(tmp_path):
+    """A bucket is tuned on the rows of the call that missed it (how many waves they make of
+    each config's CTAs decides the winner); the result, report and stored document say so,
+    and a later call of the bucket at other rows uses it without tuning again."""
+    import json
+
+    before = kiln.settings()
+    kiln.configure(cache_dir=str(tmp_path), tune="fast")
+    try:
+        x = torch.randn(2688, 3072, device="cuda", dtype=torch.bfloat16)
+        w = torch.randn(3072, device="cuda", dtype=torch.bfloat16)
+        poison_allocator(x.shape, torch.bfloat16)
+        assert_close_to(kiln.rms_norm(x, w), rms_norm_fp64(x, w, 1e-6), torch.bfloat16)
+        results = [r for d in json.loads(kiln.report("json"))["devices"] for r in d["results"]]
+        (result,) = [r for r in results if r["op"] == "rms_norm"]
+        assert (result["bucket_rows"], result["rows"]) == (4096, 2688)
+        assert result["bytes_moved"] == 2 * 2688 * 3072 * 2 + 3072 * 2
+        (stored,) = tmp_path.rglob(f"{result['problem_key']}.r4096.json")
+        assert json.loads(stored.read_text())["rows"] == 2688
+        tunes = kiln.stats()["tunes"]
+        x = torch.randn(4000, 3072, device="cuda", dtype=torch.bfloat16)
+        assert_close_to(kiln.rms_norm(x, w), rms_norm_fp64(x, w, 1e-6), torch.bfloat16)
+        assert kiln.stats()["tunes"] == tunes, "a call of the same bucket tuned again"
+    finally:
+        kiln.configure(cache_dir=before["cache_dir"], tune=before["tune_mode"])

@@ -67,6 +67,7 @@ TEST_CASE("report model: schema keys and types") {
       }
       check_type(r, "problem", t::object);
       check_type(r, "bucket_rows", t::number_integer);
+      check_type(r, "rows", t::number_integer);
       check_type(r, "bytes_moved", t::number_integer);
       for (const char* key : {"tune_ms", "winner_median_us", "heuristic_median_us", "winner_gbs",
                               "speedup_over_heuristic", "copy_bandwidth_gbs"}) {
@@ -124,8 +125,13 @@ TEST_CASE("report model: bandwidth, % of copy and speedup are computed from the 
   const json& swiglu = h100.at("results")[1];
   CHECK(swiglu.at("op") == "swiglu");
   CHECK(swiglu.at("speedup_over_heuristic").get<double>() == doctest::Approx(1.0));
-  // gate and up read, out written: three [1024, 4096] bf16 tensors.
-  CHECK(swiglu.at("bytes_moved") == 3LL * 1024 * 4096 * 2);
+  // Timed on 1000 rows of its 1024-row bucket: gate and up read, out written, three
+  // [1000, 4096] bf16 tensors.
+  CHECK(swiglu.at("bucket_rows") == 1024);
+  CHECK(swiglu.at("rows") == 1000);
+  CHECK(swiglu.at("bytes_moved") == 3LL * 1000 * 4096 * 2);
+  // A result with rows 0 (mode off times nothing) counts its bucket's.
+  CHECK(rms.at("rows") == 4096);
 }
 
 TEST_CASE("report model: no copy bandwidth recorded means no percentage, and mode off has none") {
@@ -189,6 +195,8 @@ TEST_CASE("report markdown: one table row per candidate, escaped cells") {
             "| NVIDIA_H200.sm90.132sm.141GiB | NVIDIA H200 | 132 | 13.0 | 12.8 | not recorded |") !=
         std::string::npos);
   CHECK(md.find("## Skipped documents") != std::string::npos);
+  CHECK(count(md, "rows <= 1024 (timed on 1000)") == 1);
+  CHECK(count(md, "rows <= 4096\n") == 2);
 }
 
 // Every element opened is closed in order (the renderer writes no implicit closes), so a

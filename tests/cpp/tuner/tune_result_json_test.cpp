@@ -36,6 +36,7 @@ void check_same(const Trial& a, const Trial& b) {
 void check_same(const TuneResult& a, const TuneResult& b) {
   CHECK(a.problem == b.problem);
   CHECK(a.bucket_rows == b.bucket_rows);
+  CHECK(a.rows == b.rows);
   CHECK(a.mode == b.mode);
   CHECK(a.heuristic == b.heuristic);
   CHECK(a.winner == b.winner);
@@ -84,13 +85,14 @@ TEST_CASE("tune result JSON: what to_json writes, from_json reads back unchanged
 
 TEST_CASE("tune result JSON: the documented keys") {
   json j = sample_result();
-  for (const char* key :
-       {"problem", "bucket_rows", "mode", "heuristic", "winner", "reason", "tune_ms", "trials"}) {
+  for (const char* key : {"problem", "bucket_rows", "rows", "mode", "heuristic", "winner", "reason",
+                          "tune_ms", "trials"}) {
     CAPTURE(key);
     CHECK(j.contains(key));
   }
   CHECK(j.at("mode") == "fast");
   CHECK(j.at("bucket_rows") == 1024);
+  CHECK(j.at("rows") == 777);
   REQUIRE(j.at("trials").is_array());
   for (const char* key :
        {"config", "status", "median_us", "spread_us", "compile_ms", "repetitions", "message"}) {
@@ -111,10 +113,19 @@ TEST_CASE("tune result JSON: a time that is not a number survives the round trip
   CHECK(std::isnan(back.trials[1].spread_us));
 }
 
+TEST_CASE("tune result JSON: a result without the rows it was timed on was timed on its bucket's") {
+  json stored = sample_result();
+  stored.erase("rows");
+  const auto back = stored.get<TuneResult>();
+  CHECK(back.bucket_rows == 1024);
+  CHECK(back.rows == 1024);
+}
+
 TEST_CASE("tune result JSON: every missing key is an error naming it") {
   const json good = sample_result();
   for (const auto& item : good.items()) {
     const std::string& key = item.key();
+    if (key == "rows") continue;  // optional (the test above)
     CAPTURE(key);
     json bad = good;
     bad.erase(key);

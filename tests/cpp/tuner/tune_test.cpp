@@ -75,6 +75,7 @@ TEST_CASE("tune full: every config measured once, the fastest wins") {
   CHECK(evaluator.last_reference == family.heuristic_config);
   CHECK(result.trials.size() == space.size());
   CHECK(result.bucket_rows == 4096);
+  CHECK(result.rows == 3000);
   CHECK(result.mode == TuneMode::full);
   CHECK(result.winner == fastest_in(space));
   CHECK(result.winner == Config{16, 64, 256, {}});
