@@ -4,10 +4,11 @@
       On a GPU: a full tune (every config timed) of each op x hidden x rows case of
       bench/norms.py, on a fresh cache; after each case the tuning database is exported to
       DIR/full_tunes.json (a `kiln tune` bundle), so a run cut short keeps what it finished.
+      Each tune times the case's own rows (its row bucket is the next power of two).
   python bench/full_tunes.py compact BUNDLE... -o FIXTURE.json
       No GPU: the full tunes of the bundles, each config as [vec_bytes, threads_per_row,
-      cta_threads, extras?] with its median us (the format of
-      tests/cpp/tuner/data/norm_full_tunes_h200.json). A problem and row bucket found in two
+      cta_threads, extras?] with its median us, and the rows it was timed on (the format of
+      tests/cpp/tuner/data/norm_full_tunes_h200.json). A problem and row count found in two
       bundles is taken from the first.
 """
 
@@ -60,7 +61,8 @@ def compact(args):
             if doc.get("mode") != "full":
                 continue
             problem, bucket = doc["problem"], doc["bucket_rows"]
-            key = (json.dumps(problem, sort_keys=True), bucket)
+            rows = doc.get("rows", bucket)  # tuned before results named their rows: the bucket's
+            key = (json.dumps(problem, sort_keys=True), rows)
             if key in seen:
                 continue
             seen.add(key)
@@ -71,13 +73,15 @@ def compact(args):
                          f"got {doc['device']['name']} in {path}")
             trials = [[compact_config(t["config"]), round(t["median_us"], 3)]
                       for t in doc["trials"] if t["status"] == "ok"]
-            tunes.append({"problem": problem, "bucket_rows": bucket, "trials": trials})
+            tunes.append({"problem": problem, "bucket_rows": bucket, "rows": rows,
+                          "trials": trials})
     if not tunes:
         sys.exit("full_tunes.py compact: expected full tunes in the bundles, found none")
     ops = sorted({t["problem"]["op"] for t in tunes})
-    about = (f"Full tunes of {', '.join(ops)} ({len(tunes)} problems and row buckets), "
+    about = (f"Full tunes of {', '.join(ops)} ({len(tunes)} problems and row counts), "
              f"{device['name']}{', ' + args.date if args.date else ''}: every config "
-             "as [vec_bytes, threads_per_row, cta_threads, extras?] with its median us")
+             "as [vec_bytes, threads_per_row, cta_threads, extras?] with its median us, "
+             "timed on `rows` rows")
     with open(args.output, "w") as out:
         out.write('{"about": ' + json.dumps(about) + ',\n "device": ' + json.dumps(device) +
                   ',\n "tunes": [\n')

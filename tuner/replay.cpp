@@ -65,6 +65,7 @@ ReplayOutcome replay_fast_tune(const Family& family, const TuneResult& recorded,
   ReplayOutcome outcome;
   outcome.problem = recorded.problem;
   outcome.bucket_rows = recorded.bucket_rows;
+  outcome.rows = rows;
   outcome.fast_winner = fast.winner;
   outcome.fast_us = won->median_us;
   outcome.best = recorded.trials[*best].config;
@@ -146,12 +147,14 @@ std::string render_replay(const ReplaySummary& summary) {
   std::string text;
   char line[512];
   for (const ReplayOutcome& o : summary.outcomes) {
-    std::snprintf(
-        line, sizeof line,
-        "%-44s r%-8lld fast %-30s %9.2f us  best %-30s %9.2f us  %.3fx  (%zu measured%s)\n",
-        o.problem.key().c_str(), static_cast<long long>(o.bucket_rows), o.fast_winner.key().c_str(),
-        o.fast_us, o.best.key().c_str(), o.best_us, o.cost(), o.measured,
-        o.unknown > 0 ? (", " + std::to_string(o.unknown) + " unknown").c_str() : "");
+    // The bucket, and the rows timed where they are not the bucket's.
+    const std::string rows = "r" + std::to_string(o.bucket_rows) +
+                             (o.rows == o.bucket_rows ? "" : "@" + std::to_string(o.rows));
+    std::snprintf(line, sizeof line,
+                  "%-44s %-12s fast %-30s %9.2f us  best %-30s %9.2f us  %.3fx  (%zu measured%s)\n",
+                  o.problem.key().c_str(), rows.c_str(), o.fast_winner.key().c_str(), o.fast_us,
+                  o.best.key().c_str(), o.best_us, o.cost(), o.measured,
+                  o.unknown > 0 ? (", " + std::to_string(o.unknown) + " unknown").c_str() : "");
     text += line;
   }
   for (const std::string& skipped : summary.skipped) {

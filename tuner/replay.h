@@ -35,6 +35,7 @@ class ReplayEvaluator : public Evaluator {
 struct ReplayOutcome {
   Problem problem;
   std::int64_t bucket_rows = 0;
+  std::int64_t rows = 0;  // timed on
   Config fast_winner;
   double fast_us = 0;  // the recorded time of the fast search's winner
   Config best;         // the recording's fastest measured config

@@ -321,13 +321,14 @@ RECORDED_TUNES = (Path(__file__).resolve().parents[1] / "cpp" / "tuner" / "data"
 
 
 def recorded_full_tune(key, bucket):
-    """One of the recorded H200 full tunes (tests/cpp/tuner/data), as the runtime stores it."""
+    """One of the recorded H200 full tunes (tests/cpp/tuner/data) timed on its bucket's rows, as
+    the runtime stores it."""
     fixture = json.loads(RECORDED_TUNES.read_text())
     for tune in fixture["tunes"]:
         problem = tune["problem"]
         name = (f"{problem['op']}.{problem['dtype']}.h{problem['hidden']}.f{problem['flags']}"
                 f".a{problem['align']}")
-        if name == key and tune["bucket_rows"] == bucket:
+        if name == key and tune["bucket_rows"] == bucket and tune["rows"] == bucket:
             trials = [trial(dict(config(*row[:3]), extra=row[3] if len(row) > 3 else {}), "ok",
                             us, 0.1, 0.0) for row, us in tune["trials"]]
             best = min(trials, key=lambda t: t["median_us"])["config"]

@@ -135,27 +135,34 @@ TEST_CASE("replay_documents replays full tunes of the selected op and says why i
   CHECK(text.find(problem.key()) != std::string::npos);
 }
 
-// Recorded on an H200 (bench/full_tunes.py): 150 full tunes of rms_norm,
-// fused_add_rms_norm, layer_norm, adaln and gated_adaln, bf16, 1536-14848 wide, 2688-32768
-// rows. The fast search measures 18 of each problem's 95-283 configs; these bounds hold its
-// choice close to the best the whole space offers. Before its second round took the
-// winner's split neighbours with every extra, the same replay of the first 143 gave a
-// geometric mean of 1.0083, a worst case of 1.108 (layer_norm 32768x14848, whose best is half
-// the split, staged) and 16 problems over 1.02. Before a pair of CTAs was measured for rows
-// of 64 KB of streams at any row count, gated_adaln 8192 wide (best: such a pair) cost
-// 1.013-1.037 and the 150 gave 1.0070 and 14 over 1.02.
+// Recorded on an H200 (bench/full_tunes.py): 200 full tunes of rms_norm, fused_add_rms_norm,
+// layer_norm, adaln and gated_adaln, bf16, 1536-14848 wide: 150 timed on their row buckets'
+// 4096, 8192 and 32768 rows, and 50 on 2688 rows (a call's own rows, which the runtime tunes
+// on; an LTX-Video latent's tokens at 49 frames). The fast search measures 18 of each
+// problem's 95-283 configs; these bounds hold its choice close to the best the whole space
+// offers. It does less well at 2688 rows, where half the best configs are persistent grids
+// (every layer_norm, 9 of 10 rms_norm), often with a split that divides the row exactly
+// (rms_norm 1536 wide: 96 threads a row in a grid of 1584 CTAs; its choice of 32 threads and
+// no grid costs 1.084). Before its second round took the winner's split neighbours with every
+// extra, the replay of the first 143 gave a geometric mean of 1.0083, a worst case of 1.108
+// (layer_norm 32768x14848, whose best is half the split, staged) and 16 problems over 1.02.
+// Before a pair of CTAs was measured for rows of 64 KB of streams at any row count,
+// gated_adaln 8192 wide (best: such a pair) cost 1.013-1.037 and the 150 gave 1.0070 and 14
+// over 1.02.
 TEST_CASE("on recorded H200 full tunes of the norm family the fast search stays near the best") {
   std::ifstream file(std::string(KILN_TUNER_TEST_DATA) + "/norm_full_tunes_h200.json");
   REQUIRE(file.good());
   const nlohmann::json fixture = nlohmann::json::parse(file);
   const DeviceTraits h200 = recorded_device_traits(fixture.at("device"));
-  ReplaySummary summary;
+  ReplaySummary summary;    // timed on their buckets' rows
+  ReplaySummary call_rows;  // timed on 2688 rows
   ReplaySummary widest_layer_norm;
   ReplaySummary wide_gated_adaln;
   for (const nlohmann::json& entry : fixture.at("tunes")) {
     TuneResult recorded;
     recorded.problem = entry.at("problem").get<Problem>();
     recorded.bucket_rows = entry.at("bucket_rows").get<std::int64_t>();
+    recorded.rows = entry.at("rows").get<std::int64_t>();
     recorded.mode = TuneMode::full;
     for (const nlohmann::json& row : entry.at("trials")) {
       Trial trial;
@@ -165,10 +172,14 @@ TEST_CASE("on recorded H200 full tunes of the norm family the fast search stays 
     }
     const ReplayOutcome outcome = replay_fast_tune(family(recorded.problem.op), recorded, h200);
     CAPTURE(recorded.problem.key());
-    CAPTURE(recorded.bucket_rows);
+    CAPTURE(recorded.rows);
     // A config the recording lacks means the space changed since: record the tunes again.
     CHECK(outcome.unknown == 0);
     CHECK(outcome.measured <= kFastBudget + kRefineBudget);
+    if (recorded.rows != recorded.bucket_rows) {
+      call_rows.outcomes.push_back(outcome);
+      continue;
+    }
     summary.outcomes.push_back(outcome);
     if (recorded.problem.op == Op::layer_norm && recorded.problem.hidden == 14848) {
       widest_layer_norm.outcomes.push_back(outcome);
@@ -185,6 +196,12 @@ TEST_CASE("on recorded H200 full tunes of the norm family the fast search stays 
   CHECK(widest_layer_norm.worst_cost() <= 1.01);
   REQUIRE(wide_gated_adaln.outcomes.size() == 3);
   CHECK(wide_gated_adaln.worst_cost() <= 1.005);
+  REQUIRE(call_rows.outcomes.size() == 50);
+  CHECK(call_rows.geomean_cost() <= 1.0102);
+  CHECK(call_rows.worst_cost() <= 1.085);
+  CHECK(call_rows.costing_more_than(1.02) <= 9);
+  CHECK(render_replay(call_rows).find(" r4096@2688 ") != std::string::npos);
+  CHECK(render_replay(summary).find("@") == std::string::npos);
 }
 
 }  // namespace kiln
