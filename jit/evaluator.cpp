@@ -465,10 +465,10 @@ class Measurement {
   Scratch verify_;
   // Every timed launch runs on these same buffers, as a model's op runs on tensors the layers
   // before it just touched and as the benches time every contender. Taking turns over four
-  // sets instead (for problems that fit in L2) added 1-1.5 us to each launch of a 42 MB
-  // problem, and more to some configs than others: an H200's full tune of rms_norm 2688 x 4096
-  // timed its configs 16.2-16.5 us where, pinned side by side, they ran 14.5-16.3 us, and it
-  // ranked them otherwise.
+  // sets instead (for problems that fit in L2) added up to 1.8 us to a launch of a 44 MB
+  // problem, more to some configs than others: an H200's full tune of rms_norm 2688 x 4096
+  // timed its 8 best configs 16.2-16.4 us where, pinned side by side, they ran 14.5-16.3 us,
+  // and it ranked them otherwise.
   Scratch scratch_;
   DeviceBuffer flush_;
   std::vector<std::vector<char>> reference_;

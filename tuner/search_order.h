@@ -44,7 +44,7 @@ std::vector<Config> order_around(const Config& centre, const std::vector<Config>
 //     `best`'s own shape;
 //  6. the rest of order_around(best, pool).
 // Each shape of 2-5 comes with all its extras, as in 1.
-// Narrower widths than that one seldom win for memory-bound kernels, so they are left to 5.
+// Narrower widths than that one seldom win for memory-bound kernels, so they are left to 6.
 std::vector<Config> refine_around(const Config& best, const std::vector<Config>& pool,
                                   const std::vector<Config>& measured);
 
