@@ -10,8 +10,8 @@ namespace kiln {
 namespace {
 
 // The second round's uneven splits (see refine_around). Replayed on 200 recorded H200 full
-// tunes, 2 left the fast choice 0.62% behind the best on average at the buckets' rows and
-// 0.72% at 2688 rows (none: 0.65% and 1.01%); 1 gave 0.64% and 0.90%.
+// tunes, 2 left the fast choice 0.59% behind the best on average at the buckets' rows and
+// 0.59% at 2688 rows (none: 0.66% and 0.96%; 1: 0.60% and 0.80%; 3 as 2).
 constexpr std::size_t kUnevenSplits = 2;
 
 double doublings(int a, int b) {
@@ -203,6 +203,23 @@ std::vector<Config> refine_around(const Config& best, const std::vector<Config>&
   };
   take_shape(best.vec_bytes, best.threads_per_row, best.cta_threads);
 
+  int narrower = 0;
+  for (const Config& config : pool) {
+    if (config.vec_bytes < best.vec_bytes) {
+      narrower = std::max(narrower, config.vec_bytes);
+    }
+  }
+  const int ratio = narrower > 0 ? best.vec_bytes / narrower : 1;
+  // `best`'s own shape in narrower vectors, without extras and with `best`'s: two configs,
+  // where its other extras and the uneven splits below would otherwise fill the round before
+  // it (adaln 3584 wide, whose best is 8-byte vectors: 1.029-1.045 of the best without them).
+  if (narrower > 0) {
+    Config plain{narrower, best.threads_per_row, best.cta_threads, {}};
+    ordering.take(plain);
+    plain.extra = best.extra;
+    ordering.take(plain);
+  }
+
   // Splits that are not powers of two (whole warps that divide the row exactly, where the
   // family offers them), above half and below four times `best`'s, in CTAs of as many rows.
   // At 2688 rows they win with a persistent grid, a combination the first round, centred on
@@ -232,13 +249,6 @@ std::vector<Config> refine_around(const Config& best, const std::vector<Config>&
     take_shape(best.vec_bytes, split, split * rows_per_cta);
   }
 
-  int narrower = 0;
-  for (const Config& config : pool) {
-    if (config.vec_bytes < best.vec_bytes) {
-      narrower = std::max(narrower, config.vec_bytes);
-    }
-  }
-  const int ratio = narrower > 0 ? best.vec_bytes / narrower : 1;
   if (narrower > 0) {
     take_shape(narrower, best.threads_per_row * ratio, best.cta_threads);
   }

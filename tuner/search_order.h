@@ -34,17 +34,19 @@ std::vector<Config> order_around(const Config& centre, const std::vector<Config>
 // `pool` not in `measured`, in this order:
 //  1. `best`'s shape (width, threads per row, CTA threads) with other extras, fewest
 //     changes first;
-//  2. at `best`'s width, the two nearest splits that are not powers of two (threads per row
+//  2. `best`'s shape at the next narrower vector width in `pool`, without extras, then with
+//     `best`'s (two configs);
+//  3. at `best`'s width, the two nearest splits that are not powers of two (threads per row
 //     above half and below four times `best`'s), in CTAs of as many rows as `best`'s;
-//  3. at the next narrower vector width in `pool`, the same row split: threads per row
-//     scaled up by the width ratio (the same elements per pass, more and narrower loads in
-//     flight, which often wins at mid-sized row counts), in CTAs of `best`'s threads;
-//  4. at `best`'s width and CTA threads, threads per row doubled, then halved;
-//  5. at the narrower width again, the split of 3 in CTAs of as many rows as `best`'s, then
+//  4. at the narrower width, the same row split: threads per row scaled up by the width
+//     ratio (the same elements per pass, more and narrower loads in flight, which often wins
+//     at mid-sized row counts), in CTAs of `best`'s threads;
+//  5. at `best`'s width and CTA threads, threads per row doubled, then halved;
+//  6. at the narrower width again, the split of 4 in CTAs of as many rows as `best`'s, then
 //     `best`'s own shape;
-//  6. the rest of order_around(best, pool).
-// Each shape of 2-5 comes with all its extras, as in 1.
-// Narrower widths than that one seldom win for memory-bound kernels, so they are left to 6.
+//  7. the rest of order_around(best, pool).
+// Each shape of 3-6 comes with all its extras, as in 1.
+// Narrower widths than that one seldom win for memory-bound kernels, so they are left to 7.
 std::vector<Config> refine_around(const Config& best, const std::vector<Config>& pool,
                                   const std::vector<Config>& measured);
 

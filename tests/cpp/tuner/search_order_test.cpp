@@ -153,8 +153,8 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "refine_around: after the winner's extras, the two nearest splits that are not powers of "
-    "two, in CTAs of as many rows, with every extra") {
+    "refine_around: after the winner's extras, its shape in narrower vectors (plain, then with "
+    "its extras), then the two nearest splits that are not powers of two, with every extra") {
   std::vector<Config> pool;
   for (const Config& config : grid_pool()) {
     pool.push_back(with_extra(config, 0));
@@ -168,23 +168,26 @@ TEST_CASE(
   pool.push_back(with_extra(Config{16, 48, 48, {}}, 0));    // one row a CTA, not four
   pool.push_back(with_extra(Config{8, 48, 192, {}}, 0));    // another width
   pool.push_back(with_extra(Config{16, 160, 640, {}}, 0));  // five times the split
+  pool.push_back(Config{8, 32, 128, {}});                   // no extras at all
   const Config best = with_extra(Config{16, 32, 128, {}}, 0);
   const auto order = refine_around(best, pool, {best});
   REQUIRE(order.size() == pool.size() - 1);
   CHECK(order[0] == with_extra(Config{16, 32, 128, {}}, 1));
-  CHECK(order[1] == with_extra(Config{16, 24, 96, {}}, 0));
-  CHECK(order[2] == with_extra(Config{16, 24, 96, {}}, 1));
-  CHECK(order[3] == with_extra(Config{16, 48, 192, {}}, 0));
-  CHECK(order[4] == with_extra(Config{16, 48, 192, {}}, 1));
+  CHECK(order[1] == (Config{8, 32, 128, {}}));
+  CHECK(order[2] == with_extra(Config{8, 32, 128, {}}, 0));
+  CHECK(order[3] == with_extra(Config{16, 24, 96, {}}, 0));
+  CHECK(order[4] == with_extra(Config{16, 24, 96, {}}, 1));
+  CHECK(order[5] == with_extra(Config{16, 48, 192, {}}, 0));
+  CHECK(order[6] == with_extra(Config{16, 48, 192, {}}, 1));
   // Then the narrower width's same split, as before.
-  CHECK(order[5] == with_extra(Config{8, 64, 128, {}}, 0));
+  CHECK(order[7] == with_extra(Config{8, 64, 128, {}}, 0));
   const auto position = [&](const Config& config) {
     return std::find(order.begin(), order.end(), config) - order.begin();
   };
-  CHECK(position(with_extra(Config{16, 96, 384, {}}, 0)) > 5);
-  CHECK(position(with_extra(Config{16, 48, 48, {}}, 0)) > 5);
-  CHECK(position(with_extra(Config{8, 48, 192, {}}, 0)) > 5);
-  CHECK(position(with_extra(Config{16, 160, 640, {}}, 0)) > 5);
+  CHECK(position(with_extra(Config{16, 96, 384, {}}, 0)) > 7);
+  CHECK(position(with_extra(Config{16, 48, 48, {}}, 0)) > 7);
+  CHECK(position(with_extra(Config{8, 48, 192, {}}, 0)) > 7);
+  CHECK(position(with_extra(Config{16, 160, 640, {}}, 0)) > 7);
 }
 
 }  // namespace kiln
