@@ -40,6 +40,16 @@ Config with_extra(Config config, std::int64_t persistent) {
   return config;
 }
 
+// grid_pool() with a persistent extra of 0 and of 1 on every config.
+std::vector<Config> persistent_pool() {
+  std::vector<Config> pool;
+  for (const Config& config : grid_pool()) {
+    pool.push_back(with_extra(config, 0));
+    pool.push_back(with_extra(config, 1));
+  }
+  return pool;
+}
+
 }  // namespace
 
 TEST_CASE("order_around: a permutation of the pool") {
@@ -82,11 +92,7 @@ TEST_CASE("order_around: another width is represented by its config nearest the 
 }
 
 TEST_CASE("order_around: extras of the centre's shape come before the other widths") {
-  std::vector<Config> pool;
-  for (const Config& config : grid_pool()) {
-    pool.push_back(with_extra(config, 0));
-    pool.push_back(with_extra(config, 1));
-  }
+  std::vector<Config> pool = persistent_pool();
   Config centre = with_extra(Config{8, 32, 128, {}}, 0);
   auto order = order_around(centre, pool);
   REQUIRE(order.size() == pool.size());
@@ -116,11 +122,7 @@ TEST_CASE("order_around: the same pool gives the same order") {
 TEST_CASE(
     "refine_around: the winner's extras, its row split at the next narrower width, its split "
     "neighbours with every extra, then the rest") {
-  std::vector<Config> pool;
-  for (const Config& config : grid_pool()) {
-    pool.push_back(with_extra(config, 0));
-    pool.push_back(with_extra(config, 1));
-  }
+  std::vector<Config> pool = persistent_pool();
   const Config best = with_extra(Config{16, 32, 128, {}}, 0);
   const std::vector<Config> measured = {best, with_extra(Config{16, 64, 128, {}}, 0),
                                         with_extra(Config{8, 32, 128, {}}, 0)};
@@ -155,11 +157,7 @@ TEST_CASE(
 TEST_CASE(
     "refine_around: after the winner's extras, its shape in narrower vectors (plain, then with "
     "its extras), then the two nearest splits that are not powers of two, with every extra") {
-  std::vector<Config> pool;
-  for (const Config& config : grid_pool()) {
-    pool.push_back(with_extra(config, 0));
-    pool.push_back(with_extra(config, 1));
-  }
+  std::vector<Config> pool = persistent_pool();
   for (int persistent : {0, 1}) {
     pool.push_back(with_extra(Config{16, 96, 384, {}}, persistent));  // third nearest
     pool.push_back(with_extra(Config{16, 48, 192, {}}, persistent));
