@@ -53,7 +53,7 @@ ReplayOutcome replay_fast_tune(const Family& family, const TuneResult& recorded,
   }
 
   ReplayEvaluator evaluator(recorded.trials);
-  const std::int64_t rows = recorded.rows > 0 ? recorded.rows : recorded.bucket_rows;
+  const std::int64_t rows = recorded.timed_rows();
   const TuneResult fast = tune(family, recorded.problem, rows, device, TuneMode::fast, evaluator);
   auto won = std::find_if(recorded.trials.begin(), recorded.trials.end(),
                           [&](const Trial& trial) { return trial.config == fast.winner; });

@@ -68,7 +68,7 @@ double gbs(std::int64_t bytes, double median_us) {
 }
 
 json result_json(const TuneResult& result, const json& copy_gbs) {
-  const std::int64_t timed_rows = result.rows > 0 ? result.rows : result.bucket_rows;
+  const std::int64_t timed_rows = result.timed_rows();
   const std::int64_t bytes = family(result.problem.op).bytes_moved(result.problem, timed_rows);
   json candidates = json::array();
   for (const Trial& trial : result.trials) {

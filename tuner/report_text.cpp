@@ -21,7 +21,7 @@ std::string text_or_unknown(const nlohmann::json& value) {
 
 std::string bucket_label(const nlohmann::json& result) {
   const auto bucket = result.at("bucket_rows").get<std::int64_t>();
-  const auto rows = result.value("rows", bucket);
+  const auto rows = result.at("rows").get<std::int64_t>();
   return "rows <= " + std::to_string(bucket) +
          (rows == bucket ? "" : " (timed on " + std::to_string(rows) + ")");
 }

@@ -55,6 +55,9 @@ struct TuneResult {
   std::vector<Trial> trials;  // empty in mode off
   double tune_ms = 0;         // wall time of the whole tune
   std::string reason;         // why the winner won, in a sentence
+
+  // `rows`, or the bucket's where a result names none (mode off).
+  std::int64_t timed_rows() const { return rows > 0 ? rows : bucket_rows; }
 };
 
 void to_json(nlohmann::json& j, const TuneResult& result);
