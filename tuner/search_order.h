@@ -42,7 +42,7 @@ std::vector<Config> order_around(const Config& centre, const std::vector<Config>
 //     ratio (the same elements per pass, more and narrower loads in flight, which often wins
 //     at mid-sized row counts), in CTAs of `best`'s threads;
 //  5. at `best`'s width and CTA threads, threads per row doubled, then halved;
-//  6. at the narrower width again, the split of 4 in CTAs of as many rows as `best`'s, then
+//  6. at the narrower width again, step 4's split in CTAs of as many rows as `best`'s, then
 //     `best`'s own shape;
 //  7. the rest of order_around(best, pool).
 // Each shape of 3-6 comes with all its extras, as in 1.
