@@ -9,9 +9,10 @@
 namespace kiln {
 namespace {
 
-// The second round's uneven splits (see refine_around). Replayed on 200 recorded H200 full
-// tunes, 2 left the fast choice 0.59% behind the best on average at the buckets' rows and
-// 0.59% at 2688 rows (none: 0.66% and 0.96%; 1: 0.60% and 0.80%; 3 as 2).
+// The second round's uneven splits (see refine_around). Replayed on the 200 recorded H200
+// full tunes of tests/cpp/tuner/data, 2 leave the fast choice 0.57% behind the best on average
+// at the buckets' rows and 0.59% at 2688 rows (none: 0.67% and 0.96%; 1: 0.59% and 0.80%; 3
+// as 2).
 constexpr std::size_t kUnevenSplits = 2;
 
 double doublings(int a, int b) {
