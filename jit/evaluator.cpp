@@ -17,6 +17,7 @@
 #include "jit/compiler.h"
 #include "jit/device_memory.h"
 #include "jit/driver.h"
+#include "jit/l2_flush.h"
 #include "jit/launch.h"
 #include "jit/module.h"
 #include "jit/verify.h"
@@ -216,9 +217,11 @@ class Measurement {
         verify_rows_(rows_to_check(device, family, problem, rows, options.verify_elements)),
         verify_(family, problem, verify_rows_),
         scratch_(family, problem, rows),
-        // Twice the L2, written between repetitions, so every run starts with cold caches
-        // (as a real model's op does, its input having been evicted by the layers between).
-        flush_(static_cast<std::size_t>(std::max<std::int64_t>(device.l2_bytes, 1 << 20)) * 2) {}
+        // Twice the L2, read and written between repetitions, so every run starts with cold
+        // caches (as a real model's op does, its input having been evicted by the layers
+        // between). See l2_flush.h for why it is read first.
+        flush_(device,
+               static_cast<std::size_t>(std::max<std::int64_t>(device.l2_bytes, 1 << 20)) * 2) {}
 
   // Loads and runs the reference config, keeping its outputs.
   void run_reference(const Config& config, const Expected<CompiledKernel>& compiled) {
@@ -441,10 +444,7 @@ class Measurement {
     stream_.synchronize("running a candidate once");
   }
 
-  void flush_l2() {
-    check(driver().cuMemsetD8Async(flush_.address(), 0, flush_.bytes(), stream_.get()),
-          "cuMemsetD8Async", "flushing L2");
-  }
+  void flush_l2() { flush_.run(stream_.get()); }
 
   static double elapsed_us(const Event& start, const Event& end) {
     float ms = 0;
@@ -470,7 +470,7 @@ class Measurement {
   // timed its 8 best configs 16.2-16.4 us where, pinned side by side, they ran 14.5-16.3 us,
   // and it ranked them otherwise.
   Scratch scratch_;
-  DeviceBuffer flush_;
+  L2Flush flush_;
   std::vector<std::vector<char>> reference_;
   std::vector<std::vector<char>> outputs_;  // the candidate's being checked
 };

@@ -1,8 +1,8 @@
 // The Evaluator the tuner measures candidates with, on one GPU: compile every candidate (in
 // parallel, through the binary store), run each on scratch buffers, check its output
 // against the reference config's, and time them all with CUDA events in interleaved rounds
-// (each round runs every candidate once, in a shuffled order, each after an L2 flush; inputs
-// that fit in L2 rotate over several copies).
+// (each round runs every candidate once, in a shuffled order, each after an L2 flush; every
+// candidate runs on the same buffers).
 #pragma once
 
 #include <atomic>

@@ -1,0 +1,40 @@
+#include <doctest/doctest.h>
+
+#include <string>
+
+#include "jit/compiler.h"
+#include "jit/l2_flush.h"
+#include "jit/nvrtc.h"
+#include "jit_test_support.h"
+
+namespace kiln::jit {
+
+using test::contains;
+
+namespace {
+
+std::string ptx_for(int sm) {
+  NvrtcProgram program(l2_scrub_source(), "l2_scrub_test.cu", {});
+  Expected<NvrtcOutput> out = program.compile(compile_options(sm, BinaryFormat::cubin), true);
+  REQUIRE_MESSAGE(out.ok(), (out.ok() ? "" : out.error().what()));
+  CHECK(out->cubin.size() > 4);
+  return {out->ptx.begin(), out->ptx.end()};
+}
+
+}  // namespace
+
+TEST_CASE("the L2 flush's read evicts last on sm_80 and sm_90, and compiles plainly for sm_75") {
+  for (int sm : {80, 90}) {
+    CAPTURE(sm);
+    const std::string ptx = ptx_for(sm);
+    CHECK(contains(ptx, ".entry kiln_l2_scrub"));
+    CHECK(contains(ptx, "createpolicy.fractional.L2::evict_last.b64"));
+    CHECK(contains(ptx, "ld.global.L2::cache_hint.v4.u32"));
+  }
+  const std::string older = ptx_for(75);
+  CHECK(contains(older, ".entry kiln_l2_scrub"));
+  CHECK_FALSE(contains(older, "createpolicy"));
+  CHECK(contains(older, "ld.global.v4.u32"));
+}
+
+}  // namespace kiln::jit
