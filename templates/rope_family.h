@@ -82,8 +82,9 @@ class RopeFamily : public Family {
 
   // A stand-alone run: q and k [tokens, heads, D] ([heads, tokens, D] positions inner) with
   // cos/sin [tokens, rotary_dim] (table), heads 6 + 2 when rows divide by 8, else q's one
-  // head; with head-count flags (and always for rope_3d), heads that keep them (4 + 4, 2 + 2,
-  // or 1 + 1) over as many whole tokens as the rows hold.
+  // head; with head-count flags (and always for rope_3d), heads that keep them (24 + 8 or
+  // 12 + 2 where the rows hold a token of them, else 4 + 4 or 2 + 2; one head each: 1 + 1)
+  // over as many whole tokens as the rows hold.
   std::vector<BufferSpec> buffers(const Problem& problem, std::int64_t rows) const override;
   std::vector<std::byte> pack_params(const Problem& problem, std::int64_t rows,
                                      std::span<const std::uint64_t> addresses) const override;

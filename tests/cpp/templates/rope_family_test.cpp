@@ -223,14 +223,21 @@ TEST_CASE("a flagged problem's stand-alone run keeps its head counts") {
   const std::uint64_t addresses[] = {0x1000, 0x2000, 0x3000, 0x4000, 0x5000, 0x6000};
   kiln::RopeParams params;
   const Problem by4 = rope(DType::bf16, 128, kiln::rope_head_flags(4, 4));
-  // The evaluator's odd verification rows: as many whole tokens of 4 + 4 heads as they hold.
+  // The evaluator's odd verification rows: as many whole tokens of a model's 24 + 8 heads as
+  // they hold, so a table row serves as many rows as in a model's call.
   std::memcpy(&params, f.pack_params(by4, 1031, addresses).data(), sizeof(params));
+  CHECK(params.heads_q == 24);
+  CHECK(params.heads_k == 8);
+  CHECK(params.rows == 1024);
+  CHECK(f.buffers(by4, 1031)[0].elements == 32 * 24 * 128);
+  CHECK(f.buffers(by4, 1031)[2].elements == 32 * 128);  // cos: one row a token
+  CHECK(f.buffers(by4, 1031)[5].is_output);
+  CHECK(f.bytes_moved(by4, 64) == 2 * 64 * 128 * 2 + 2 * 2 * 128 * 2);
+  // Fewer rows than a token of those: the fewest heads that keep the flags.
+  std::memcpy(&params, f.pack_params(by4, 20, addresses).data(), sizeof(params));
   CHECK(params.heads_q == 4);
   CHECK(params.heads_k == 4);
-  CHECK(params.rows == 1024);
-  CHECK(f.buffers(by4, 1031)[0].elements == 128 * 4 * 128);
-  CHECK(f.buffers(by4, 1031)[5].is_output);
-  CHECK(f.bytes_moved(by4, 64) == 2 * 64 * 128 * 2 + 2 * 8 * 128 * 2);
+  CHECK(params.rows == 16);
   // Fewer rows than a token of both: q's heads alone.
   std::memcpy(&params, f.pack_params(by4, 4, addresses).data(), sizeof(params));
   CHECK(params.heads_q == 4);
@@ -239,9 +246,13 @@ TEST_CASE("a flagged problem's stand-alone run keeps its head counts") {
   CHECK_FALSE(f.buffers(by4, 4)[5].is_output);
   const Problem even = rope(DType::bf16, 128, kiln::rope_head_flags(2, 6));
   std::memcpy(&params, f.pack_params(even, 265, addresses).data(), sizeof(params));
+  CHECK(params.heads_q == 12);
+  CHECK(params.heads_k == 2);
+  CHECK(params.rows == 252);
+  std::memcpy(&params, f.pack_params(even, 13, addresses).data(), sizeof(params));
   CHECK(params.heads_q == 2);
   CHECK(params.heads_k == 2);
-  CHECK(params.rows == 264);
+  CHECK(params.rows == 12);
   // One head each: whole tokens of q and k, and a lone row is q's.
   for (const Problem& pair : {rope(DType::bf16, 2048, kiln::rope_head_flags(1, 1)),
                               Problem{Op::rope_3d, DType::bf16, 2048, 0u, 16}}) {
