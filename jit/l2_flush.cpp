@@ -41,6 +41,7 @@ extern "C" __global__ void kiln_l2_scrub(KilnL2ScrubParams p) {
                  : "=r"(a), "=r"(b), "=r"(c), "=r"(d)
                  : "l"(address));
 #endif
+    asm volatile("" ::"r"(a), "r"(b), "r"(c), "r"(d));  // the values are not wanted
   }
 }
 )";

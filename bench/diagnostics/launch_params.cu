@@ -1,13 +1,15 @@
 // How the size of a kernel's by-value parameters sets a launch-bound call's time: the same
 // kernel (one 16-byte vector read and written per thread, reading only the two pointers at the
 // front of its parameters) declared with parameter blocks of 16 bytes to 1 KB, for 1 CTA and
-// for 128. Each call is timed as triton's do_bench times one (a 256 MB memset before it, CUDA
-// events around it), the sizes interleaved in shuffled rounds, 3000 calls each, two ways: the
-// host waiting for each call before it queues the next, and, as bench/common.py times kiln
-// beside its peers, 25 calls queued at once behind a GPU sleep longer than the host takes to
+// for 128. Each call is timed as triton's do_bench times one (a 256 MB L2 flush before it,
+// l2_flush.cuh; CUDA events around it), the sizes interleaved in shuffled rounds, 3000 calls each,
+// two ways: the host waiting for each call before it queues the next, and, as bench/common.py times
+// kiln beside its peers, 25 calls queued at once behind a GPU sleep longer than the host takes to
 // queue them.
 // Build and run on a GPU machine: bash bench/diagnostics/run.sh
 #include <cuda_runtime.h>
+
+#include "l2_flush.cuh"
 
 #include <algorithm>
 #include <cstdio>
@@ -106,7 +108,7 @@ int main() {
           const size_t n = std::min(order.size(), chunk);
           if (queued) spin<<<1, 1>>>(2'000'000);  // about 1 ms at 2 GHz
           for (size_t i = 0; i < n; ++i) {
-            check(cudaMemsetAsync(flush, 0, flush_bytes), "cudaMemsetAsync");
+            check(flush_l2(flush, flush_bytes), "flush_l2");
             check(cudaEventRecord(starts[i]), "cudaEventRecord");
             variants[order[i]].launch(ctas);
             check(cudaEventRecord(stops[i]), "cudaEventRecord");

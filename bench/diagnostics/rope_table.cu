@@ -3,13 +3,16 @@
 // tensor; interleaved pairs; an fp32 table [4608, 128] of cos and one of sin) written a dozen
 // ways, beside a device-to-device copy and a negation of the same x (one read and one write, as
 // PyTorch's elementwise kernel), each call timed as triton's do_bench times one (a 256 MB
-// memset before it, CUDA events around it), the variants interleaved, median of 280 calls.
+// flush before it, l2_flush.cuh; CUDA events around it), the variants interleaved, median of 280
+// calls.
 //
 // kiln's table-reading RoPE took 1.08-1.13x the time of a negation of the same bytes, whatever
 // config its tuner chose; this separates the table's share of that from the kernel's.
 // Build and run on a GPU machine: bash bench/diagnostics/run.sh
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
+
+#include "l2_flush.cuh"
 
 #include <algorithm>
 #include <cstdio>
@@ -295,7 +298,7 @@ int main() {
   for (int call = 0; call < 300; ++call) {
     for (size_t k = 0; k < variants.size(); ++k) {
       const size_t v = (k + static_cast<size_t>(call)) % variants.size();  // rotate the order
-      check(cudaMemsetAsync(flush, 0, flush_bytes), "cudaMemsetAsync");
+      check(flush_l2(flush, flush_bytes), "flush_l2");
       check(cudaEventRecord(start), "cudaEventRecord");
       variants[v].launch();
       check(cudaEventRecord(stop), "cudaEventRecord");

@@ -2,9 +2,11 @@
 // vectors read once and written once) done by a covering grid of short-lived CTAs, by CTAs
 // that each take a larger piece, by persistent grids (a grid-stride or a blocked walk), and
 // with L2 eviction priorities, beside cudaMemcpyAsync. Timed as triton's do_bench times one
-// call (a 256 MB memset before it, CUDA events around it), median of 200 calls, at sizes from
-// 22 MB to 1 GiB moved. Build and run on a GPU machine: bash bench/diagnostics/run.sh
+// call (a 256 MB L2 flush before it, l2_flush.cuh; CUDA events around it), median of 200 calls, at
+// sizes from 22 MB to 1 GiB moved. Build and run on a GPU machine: bash bench/diagnostics/run.sh
 #include <cuda_runtime.h>
+
+#include "l2_flush.cuh"
 
 #include <algorithm>
 #include <cstdio>
@@ -160,7 +162,7 @@ int main() {
       const long long vectors = static_cast<long long>(side / 16);
       std::vector<float> times;
       for (int call = 0; call < 220; ++call) {
-        check(cudaMemsetAsync(flush, 0, flush_bytes), "cudaMemsetAsync");
+        check(flush_l2(flush, flush_bytes), "flush_l2");
         check(cudaEventRecord(start), "cudaEventRecord");
         if (variant.launch) {
           variant.launch(static_cast<const uint4*>(src), static_cast<uint4*>(dst), vectors);
