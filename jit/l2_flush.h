@@ -17,9 +17,9 @@
 
 namespace kiln::jit {
 
-// The reading kernel's source: `kiln_l2_scrub`, taking one L2ScrubParams-shaped struct
-// {const void* data; unsigned long long vectors;} and reading `vectors` 16-byte vectors with
-// L2 evict_last priority (a plain read before sm_80, which has no L2 priorities).
+// The reading kernel's source: `kiln_l2_scrub`, taking one struct {data pointer, count of
+// 16-byte vectors} by value and reading that many vectors with L2 evict_last priority (a plain
+// read before sm_80, which has no L2 priorities).
 std::string_view l2_scrub_source();
 
 class L2Flush {
@@ -30,8 +30,6 @@ class L2Flush {
 
   // Queues the read and the memset on `stream`.
   void run(CUstream stream);
-
-  std::size_t bytes() const { return buffer_.bytes(); }
 
  private:
   struct Params {
