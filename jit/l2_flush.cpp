@@ -1,7 +1,7 @@
 #include "jit/l2_flush.h"
 
 #include <algorithm>
-#include <array>
+#include <map>
 #include <mutex>
 #include <string>
 
@@ -47,7 +47,6 @@ extern "C" __global__ void kiln_l2_scrub(KilnL2ScrubParams p) {
 )";
 
 constexpr const char* kKernelName = "kiln_l2_scrub";
-constexpr int kMaxDevices = 64;
 constexpr std::uint32_t kThreads = 256;
 constexpr std::uint32_t kBlocksPerSm = 8;
 
@@ -74,12 +73,10 @@ CompiledKernel compile_scrub(int sm) {
 }
 
 // Loaded once per device and kept, as every kiln kernel is (modules are never unloaded).
+// load_kernel checks the ordinal.
 CUfunction scrub_function(const DeviceInfo& device) {
   static std::mutex mutex;
-  static std::array<CUfunction, kMaxDevices> loaded{};
-  if (device.ordinal < 0 || device.ordinal >= kMaxDevices) {
-    throw Error("kiln: device ordinal " + std::to_string(device.ordinal) + " out of range");
-  }
+  static std::map<int, CUfunction> loaded;
   std::lock_guard lock(mutex);
   CUfunction& function = loaded[device.ordinal];
   if (!function) {
