@@ -4,7 +4,9 @@
 // re-read rows) and some read plainly. Every candidate reads the same inputs, so after any
 // re-read config had run, the others started with part of their input in L2. So an evict_last
 // read of the buffer (which displaces earlier evict_last lines) comes before the memset (which
-// leaves the L2 dirty, as a layer's writes leave it, and as the benches' flush leaves it).
+// leaves the L2 dirty, as a layer's writes leave it). The benches' flush writes another buffer
+// than it reads; a second buffer here left the tuner's times as they were (H200, 2026-11-24),
+// though torch.compile's kernels ran 8-10% slower after this flush than after the benches'.
 #pragma once
 
 #include <cstddef>
