@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <future>
+#include <initializer_list>
 #include <numeric>
 #include <optional>
 #include <random>
@@ -219,9 +220,11 @@ class Measurement {
         scratch_(family, problem, rows),
         // Twice the L2, read and written between repetitions, so every run starts with cold
         // caches (as a real model's op does, its input having been evicted by the layers
-        // between). See l2_flush.h for why it is read first.
+        // between). See l2_flush.h for why the candidates' buffers are lowered and the
+        // flush's read first.
         flush_(device,
-               static_cast<std::size_t>(std::max<std::int64_t>(device.l2_bytes, 1 << 20)) * 2) {}
+               static_cast<std::size_t>(std::max<std::int64_t>(device.l2_bytes, 1 << 20)) * 2,
+               regions_of({&verify_, &scratch_})) {}
 
   // Loads and runs the reference config, keeping its outputs.
   void run_reference(const Config& config, const Expected<CompiledKernel>& compiled) {
@@ -373,6 +376,16 @@ class Measurement {
     std::vector<Event> starts, ends;
     const Event* last_recorded = nullptr;  // the round's last event: the round is done after it
   };
+
+  static std::vector<L2Region> regions_of(std::initializer_list<const Scratch*> scratches) {
+    std::vector<L2Region> regions;
+    for (const Scratch* scratch : scratches) {
+      for (const DeviceBuffer& buffer : scratch->buffers) {
+        regions.push_back({buffer.address(), buffer.bytes()});
+      }
+    }
+    return regions;
+  }
 
   static std::vector<std::size_t> identity_order(std::size_t n) {
     std::vector<std::size_t> order(n);

@@ -4,6 +4,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <utility>
 
 #include "cache/error.h"
 #include "jit/compiler.h"
@@ -44,28 +45,52 @@ extern "C" __global__ void kiln_l2_scrub(KilnL2ScrubParams p) {
     asm volatile("" ::"r"(a), "r"(b), "r"(c), "r"(d));  // the values are not wanted
   }
 }
+
+struct KilnL2LowerParams {
+  const char* address[8];
+  unsigned long long lines[8];
+  unsigned count;
+};
+
+extern "C" __global__ void kiln_l2_lower(KilnL2LowerParams p) {
+#if __CUDA_ARCH__ >= 800
+  const unsigned long long stride = static_cast<unsigned long long>(gridDim.x) * blockDim.x;
+  for (unsigned r = 0; r < p.count; ++r) {
+    for (unsigned long long i = static_cast<unsigned long long>(blockIdx.x) * blockDim.x + threadIdx.x;
+         i < p.lines[r]; i += stride) {
+      asm volatile("applypriority.global.L2::evict_normal [%0], 128;" ::"l"(p.address[r] + i * 128)
+                   : "memory");
+    }
+  }
+#endif
+}
 )";
 
-constexpr const char* kKernelName = "kiln_l2_scrub";
 constexpr std::uint32_t kThreads = 256;
 constexpr std::uint32_t kBlocksPerSm = 8;
+constexpr std::size_t kLineBytes = 128;
 
-CompiledKernel compile_scrub(int sm) {
+static_assert(kL2LowerRegions == 8, "kiln_l2_lower's parameter struct holds 8 regions");
+
+struct FlushFunctions {
+  CUfunction read = nullptr;
+  CUfunction lower = nullptr;
+};
+
+CompiledKernel compile_flush(int sm) {
   const Nvrtc& api = nvrtc();
   const CompileTarget target =
       choose_target(sm, BinaryFormat::cubin, api.archs, api.version_string());
-  NvrtcProgram program(kSource, "kiln_l2_scrub.cu", {});
+  NvrtcProgram program(kSource, "kiln_l2_flush.cu", {});
   Expected<NvrtcOutput> output = program.compile(compile_options(target.arch, target.format),
                                                  target.format == BinaryFormat::cubin);
   if (!output) {
-    throw Error("kiln: compiling the L2 flush kernel for sm_" + std::to_string(sm) +
+    throw Error("kiln: compiling the L2 flush kernels for sm_" + std::to_string(sm) +
                     " failed: " + output.error().message(),
                 output.error().log());
   }
   CompiledKernel kernel;
-  kernel.key = "l2-scrub";
-  kernel.name_expression = kKernelName;
-  kernel.lowered_name = kKernelName;
+  kernel.key = "l2-flush";
   kernel.format = target.format;
   kernel.binary =
       target.format == BinaryFormat::cubin ? std::move(output->cubin) : std::move(output->ptx);
@@ -74,15 +99,30 @@ CompiledKernel compile_scrub(int sm) {
 
 // Loaded once per device and kept, as every kiln kernel is (modules are never unloaded).
 // load_kernel checks the ordinal.
-CUfunction scrub_function(const DeviceInfo& device) {
+FlushFunctions flush_functions(const DeviceInfo& device) {
   static std::mutex mutex;
-  static std::map<int, CUfunction> loaded;
+  static std::map<int, FlushFunctions> loaded;
   std::lock_guard lock(mutex);
-  CUfunction& function = loaded[device.ordinal];
-  if (!function) {
-    function = load_kernel(device.ordinal, compile_scrub(device.sm()), 0).function;
+  FlushFunctions& functions = loaded[device.ordinal];
+  if (!functions.read) {
+    CompiledKernel kernel = compile_flush(device.sm());
+    for (auto [name, function] : {std::pair{"kiln_l2_scrub", &functions.read},
+                                  std::pair{"kiln_l2_lower", &functions.lower}}) {
+      kernel.name_expression = name;
+      kernel.lowered_name = name;
+      *function = load_kernel(device.ordinal, kernel, 0).function;
+    }
   }
-  return function;
+  return functions;
+}
+
+LaunchGeometry grid_stride_geometry(const DeviceInfo& device, unsigned long long items) {
+  LaunchGeometry geometry;
+  geometry.block[0] = kThreads;
+  const auto wanted = static_cast<unsigned long long>(std::max(device.sm_count, 1)) * kBlocksPerSm;
+  const unsigned long long needed = std::max((items + kThreads - 1) / kThreads, 1ULL);
+  geometry.grid[0] = static_cast<std::uint32_t>(std::min(wanted, needed));
+  return geometry;
 }
 
 }  // namespace
@@ -91,19 +131,42 @@ std::string_view l2_scrub_source() {
   return kSource;
 }
 
-L2Flush::L2Flush(const DeviceInfo& device, std::size_t bytes)
+L2Flush::L2Flush(const DeviceInfo& device, std::size_t bytes, const std::vector<L2Region>& lowered)
     : ordinal_(device.ordinal),
-      read_(scrub_function(device)),
       buffer_((std::max<std::size_t>(bytes, 16) + 15) / 16 * 16),
-      params_{buffer_.address(), buffer_.bytes() / 16} {
-  geometry_.block[0] = kThreads;
-  const auto wanted = static_cast<unsigned long long>(std::max(device.sm_count, 1)) * kBlocksPerSm;
-  const unsigned long long needed = (params_.vectors + kThreads - 1) / kThreads;
-  geometry_.grid[0] = static_cast<std::uint32_t>(std::min(wanted, needed));
+      read_params_{buffer_.address(), buffer_.bytes() / 16} {
+  const FlushFunctions functions = flush_functions(device);
+  read_ = functions.read;
+  lower_ = functions.lower;
+  read_geometry_ = grid_stride_geometry(device, read_params_.vectors);
+  if (device.sm() < 80) {
+    return;  // no L2 priorities to lower
+  }
+  unsigned long long most_lines = 0;
+  for (const L2Region& region : lowered) {
+    if (region.bytes == 0) {
+      continue;
+    }
+    if (lower_params_.empty() || lower_params_.back().count == kL2LowerRegions) {
+      lower_params_.push_back(LowerParams{});
+    }
+    LowerParams& params = lower_params_.back();
+    // From the line holding the first byte to the one holding the last.
+    const CUdeviceptr first = region.address / kLineBytes * kLineBytes;
+    params.address[params.count] = first;
+    params.lines[params.count] =
+        (region.address + region.bytes - first + kLineBytes - 1) / kLineBytes;
+    most_lines = std::max(most_lines, params.lines[params.count]);
+    ++params.count;
+  }
+  lower_geometry_ = grid_stride_geometry(device, most_lines);
 }
 
 void L2Flush::run(CUstream stream) {
-  launch_kernel(ordinal_, read_, geometry_, &params_, stream);
+  for (LowerParams& params : lower_params_) {
+    launch_kernel(ordinal_, lower_, lower_geometry_, &params, stream);
+  }
+  launch_kernel(ordinal_, read_, read_geometry_, &read_params_, stream);
   check(driver().cuMemsetD8Async(buffer_.address(), 0, buffer_.bytes(), stream), "cuMemsetD8Async",
         "flushing L2");
 }

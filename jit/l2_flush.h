@@ -1,16 +1,22 @@
 // Emptying the L2 between the timed runs of tuning candidates, so each starts cold as an op in a
-// model does (its inputs evicted by the layers between). A memset of twice the L2 does not
-// empty it: it leaves the lines a kernel read with L2::evict_last (the first pass of kiln's
-// re-read rows) and some read plainly. Every candidate reads the same inputs, so after any
-// re-read config had run, the others started with part of their input in L2. So an evict_last
-// read of the buffer (which displaces earlier evict_last lines) comes before the memset (which
-// leaves the L2 dirty, as a layer's writes leave it). The benches' flush writes another buffer
-// than it reads; a second buffer here left the tuner's times as they were (H200, 2026-11-24),
-// though torch.compile's kernels ran 8-10% slower after this flush than after the benches'.
+// model does (its inputs evicted by the layers between). Every candidate runs on the same
+// buffers, and lines a candidate read with L2::evict_last (the first pass of kiln's re-read
+// rows) outlive any flush that only moves other data through L2: a memset of twice the L2
+// leaves them, and so does an evict_last read of 2 to 10 times the L2 before the memset. On
+// an H200 (2026-11-24), timed in rounds beside re-read candidates, held rows ran 1-2 us faster
+// than alone or as op calls, and re-read ones up to 1.2 us slower, so the tuner chose held rows
+// that ran slower as calls. So the flush first lowers the candidates' own lines to
+// evict_normal (`applypriority`), then reads its buffer with evict_last (displacing any other
+// evict_last lines), then memsets it (leaving L2 dirty, as a layer's writes leave it). With
+// the lowering the tuner's times of held and re-read rows came within 0.2 us of their calls'.
+// The benches' flush writes another buffer than it reads; a second buffer here left the
+// tuner's times as they were, though torch.compile's kernels ran 8-10% slower after this
+// flush than after the benches'.
 #pragma once
 
 #include <cstddef>
 #include <string_view>
+#include <vector>
 
 #include "jit/cuda_api.h"
 #include "jit/device.h"
@@ -19,30 +25,49 @@
 
 namespace kiln::jit {
 
-// The reading kernel's source: `kiln_l2_scrub`, taking one struct {data pointer, count of
-// 16-byte vectors} by value and reading that many vectors with L2 evict_last priority (a plain
-// read before sm_80, which has no L2 priorities).
+// The flush kernels' source: `kiln_l2_scrub`, taking one struct {data pointer, count of
+// 16-byte vectors} by value and reading that many vectors with L2 evict_last priority, and
+// `kiln_l2_lower`, taking up to kL2LowerRegions {address, count of 128-byte lines} and
+// setting those lines' L2 priority to evict_normal. Before sm_80, which has no L2
+// priorities, the read is plain and the lowering does nothing.
 std::string_view l2_scrub_source();
+
+// Memory whose lines in L2 the flush lowers to evict_normal before it runs.
+struct L2Region {
+  CUdeviceptr address = 0;
+  std::size_t bytes = 0;
+};
+
+inline constexpr std::size_t kL2LowerRegions = 8;
 
 class L2Flush {
  public:
-  // Compiles and loads the reading kernel on first use for the device (once per process) and
-  // allocates `bytes` (rounded up to 16). Throws kiln::Error, with NVRTC's log, on failure.
-  L2Flush(const DeviceInfo& device, std::size_t bytes);
+  // Compiles and loads the flush kernels on first use for the device (once per process) and
+  // allocates `bytes` (rounded up to 16). `lowered`: the memory the timed kernels touch.
+  // Throws kiln::Error, with NVRTC's log, on failure.
+  L2Flush(const DeviceInfo& device, std::size_t bytes, const std::vector<L2Region>& lowered = {});
 
-  // Queues the read and the memset on `stream`.
+  // Queues the lowering, the read and the memset on `stream`.
   void run(CUstream stream);
 
  private:
-  struct Params {
+  struct ReadParams {
     CUdeviceptr data;
     unsigned long long vectors;
   };
+  struct LowerParams {
+    CUdeviceptr address[kL2LowerRegions];
+    unsigned long long lines[kL2LowerRegions];
+    unsigned count;
+  };
   int ordinal_;
   CUfunction read_;
+  CUfunction lower_;
   DeviceBuffer buffer_;
-  LaunchGeometry geometry_;
-  Params params_;
+  LaunchGeometry read_geometry_;
+  ReadParams read_params_;
+  LaunchGeometry lower_geometry_;
+  std::vector<LowerParams> lower_params_;  // empty before sm_80
 };
 
 }  // namespace kiln::jit

@@ -37,4 +37,17 @@ TEST_CASE("the L2 flush's read evicts last on sm_80 and sm_90, and compiles plai
   CHECK(contains(older, "ld.global.v4.u32"));
 }
 
+TEST_CASE(
+    "the L2 flush lowers lines to evict_normal on sm_80 and sm_90, and does nothing on sm_75") {
+  for (int sm : {80, 90}) {
+    CAPTURE(sm);
+    const std::string ptx = ptx_for(sm);
+    CHECK(contains(ptx, ".entry kiln_l2_lower"));
+    CHECK(contains(ptx, "applypriority.global.L2::evict_normal"));
+  }
+  const std::string older = ptx_for(75);
+  CHECK(contains(older, ".entry kiln_l2_lower"));
+  CHECK_FALSE(contains(older, "applypriority"));
+}
+
 }  // namespace kiln::jit
