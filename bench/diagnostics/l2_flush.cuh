@@ -3,9 +3,11 @@
 // with evict_last and some read plainly, so a call could start partly warm from the call
 // before it that read the same buffers (BENCHMARKS.md, "The flush did not clear"); the read
 // displaces those, and the memset then leaves L2 dirty as do_bench leaves it. kiln's tuner
-// (jit/l2_flush.cpp) flushes the same way; the benches (bench/common.py) write another buffer
-// than they read, after which torch.compile's kernels run 8-10% faster (BENCHMARKS.md, the
-// tuner's ranking probes), kiln's alike.
+// (jit/l2_flush.cpp) flushes the same way, after lowering its candidates' own lines to
+// evict_normal: lines that kiln's re-read kernels read with evict_last survived this flush
+// there, and the diagnostics' kernels read with evict_first or plainly. The benches
+// (bench/common.py) write another buffer than they read, after which torch.compile's kernels run
+// 8-10% faster (BENCHMARKS.md, the tuner's ranking probes), kiln's alike.
 #pragma once
 
 #include <cuda_runtime.h>
