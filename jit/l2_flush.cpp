@@ -127,7 +127,7 @@ LaunchGeometry grid_stride_geometry(const DeviceInfo& device, unsigned long long
 
 }  // namespace
 
-std::string_view l2_scrub_source() {
+std::string_view l2_flush_source() {
   return kSource;
 }
 

@@ -1,13 +1,13 @@
 // Emptying the L2 between the timed runs of tuning candidates, so each starts cold as an op in a
 // model does (its inputs evicted by the layers between). Every candidate runs on the same
 // buffers, and lines a candidate read with L2::evict_last (the first pass of kiln's re-read
-// rows) outlive any flush that only moves other data through L2: a memset of twice the L2
-// leaves them, and so does an evict_last read of 2 to 10 times the L2 before the memset. On
-// an H200 (2026-11-24), timed in rounds beside re-read candidates, held rows ran 1-2 us faster
-// than alone or as op calls, and re-read ones up to 1.2 us slower, so the tuner chose held rows
-// that ran slower as calls. So the flush first lowers the candidates' own lines to
-// evict_normal (`applypriority`), then reads its buffer with evict_last (displacing any other
-// evict_last lines), then memsets it (leaving L2 dirty, as a layer's writes leave it). With
+// rows) outlived every flush tried that only moves other data through L2: a memset of twice
+// the L2, and an evict_last read of 2 to 10 times the L2 before the memset. On an H200
+// (2026-11-24), timed in rounds beside re-read candidates, held rows ran 0.4-1.4 us faster
+// than alone (1.5-2.3 us faster than as op calls), and re-read ones up to 1.2 us slower, so the
+// tuner chose held rows that ran slower as calls. So the flush first lowers the candidates' own
+// lines to evict_normal (`applypriority`), then reads its buffer with evict_last (displacing any
+// other evict_last lines), then memsets it (leaving L2 dirty, as a layer's writes leave it). With
 // the lowering the tuner's times of held and re-read rows came within 0.2 us of their calls'.
 // The benches' flush writes another buffer than it reads; a second buffer here left the
 // tuner's times as they were, though torch.compile's kernels ran 8-10% slower after this
@@ -30,7 +30,7 @@ namespace kiln::jit {
 // `kiln_l2_lower`, taking up to kL2LowerRegions {address, count of 128-byte lines} and
 // setting those lines' L2 priority to evict_normal. Before sm_80, which has no L2
 // priorities, the read is plain and the lowering does nothing.
-std::string_view l2_scrub_source();
+std::string_view l2_flush_source();
 
 // Memory whose lines in L2 the flush lowers to evict_normal before it runs.
 struct L2Region {

@@ -14,7 +14,7 @@ using test::contains;
 namespace {
 
 std::string ptx_for(int sm) {
-  NvrtcProgram program(l2_scrub_source(), "l2_scrub_test.cu", {});
+  NvrtcProgram program(l2_flush_source(), "l2_flush_test.cu", {});
   Expected<NvrtcOutput> out = program.compile(compile_options(sm, BinaryFormat::cubin), true);
   REQUIRE_MESSAGE(out.ok(), (out.ok() ? "" : out.error().what()));
   CHECK(out->cubin.size() > 4);
