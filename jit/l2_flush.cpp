@@ -70,8 +70,6 @@ constexpr std::uint32_t kThreads = 256;
 constexpr std::uint32_t kBlocksPerSm = 8;
 constexpr std::size_t kLineBytes = 128;
 
-static_assert(kL2LowerRegions == 8, "kiln_l2_lower's parameter struct holds 8 regions");
-
 struct FlushFunctions {
   CUfunction read = nullptr;
   CUfunction lower = nullptr;
@@ -147,7 +145,7 @@ L2Flush::L2Flush(const DeviceInfo& device, std::size_t bytes, const std::vector<
     if (region.bytes == 0) {
       continue;
     }
-    if (lower_params_.empty() || lower_params_.back().count == kL2LowerRegions) {
+    if (lower_params_.empty() || lower_params_.back().count == kLowerRegions) {
       lower_params_.push_back(LowerParams{});
     }
     LowerParams& params = lower_params_.back();

@@ -6,12 +6,12 @@
 // (2026-11-24), timed in rounds beside re-read candidates, held rows ran 0.4-1.4 us faster
 // than alone (1.5-2.3 us faster than as op calls), and re-read ones up to 1.2 us slower, so the
 // tuner chose held rows that ran slower as calls. So the flush first lowers the candidates' own
-// lines to evict_normal (`applypriority`), then reads its buffer with evict_last (displacing any
-// other evict_last lines), then memsets it (leaving L2 dirty, as a layer's writes leave it). With
-// the lowering the tuner's times of held and re-read rows came within 0.2 us of their calls'.
-// The benches' flush writes another buffer than it reads; a second buffer here left the
-// tuner's times as they were, though torch.compile's kernels ran 8-10% slower after this
-// flush than after the benches'.
+// lines to evict_normal (`applypriority`), then reads its buffer with evict_last (which did
+// displace a single earlier evict_last read of an input), then memsets it (leaving L2 dirty, as a
+// layer's writes leave it). With the lowering the tuner's times of held and re-read rows came
+// within 0.2 us of their calls'. The benches' flush writes another buffer than it reads; a second
+// buffer here left the tuner's times as they were, though torch.compile's kernels ran 8-10% slower
+// after this flush than after the benches'.
 #pragma once
 
 #include <cstddef>
@@ -27,7 +27,7 @@ namespace kiln::jit {
 
 // The flush kernels' source: `kiln_l2_scrub`, taking one struct {data pointer, count of
 // 16-byte vectors} by value and reading that many vectors with L2 evict_last priority, and
-// `kiln_l2_lower`, taking up to kL2LowerRegions {address, count of 128-byte lines} and
+// `kiln_l2_lower`, taking up to 8 {address, count of 128-byte lines} and
 // setting those lines' L2 priority to evict_normal. Before sm_80, which has no L2
 // priorities, the read is plain and the lowering does nothing.
 std::string_view l2_flush_source();
@@ -38,12 +38,11 @@ struct L2Region {
   std::size_t bytes = 0;
 };
 
-inline constexpr std::size_t kL2LowerRegions = 8;
-
 class L2Flush {
  public:
   // Compiles and loads the flush kernels on first use for the device (once per process) and
-  // allocates `bytes` (rounded up to 16). `lowered`: the memory the timed kernels touch.
+  // allocates `bytes` (rounded up to 16). `lowered`: the memory the measured kernels read and
+  // write (the evaluator's timing and checking buffers), in any number of regions.
   // Throws kiln::Error, with NVRTC's log, on failure.
   L2Flush(const DeviceInfo& device, std::size_t bytes, const std::vector<L2Region>& lowered = {});
 
@@ -55,9 +54,10 @@ class L2Flush {
     CUdeviceptr data;
     unsigned long long vectors;
   };
+  static constexpr std::size_t kLowerRegions = 8;  // as kiln_l2_lower's parameter struct
   struct LowerParams {
-    CUdeviceptr address[kL2LowerRegions];
-    unsigned long long lines[kL2LowerRegions];
+    CUdeviceptr address[kLowerRegions];
+    unsigned long long lines[kLowerRegions];
     unsigned count;
   };
   int ordinal_;
