@@ -82,6 +82,12 @@ class Family {
     return true;
   }
 
+  // Extras that, set to 1 alone, keep a row somewhere other than a thread's registers (read
+  // twice, or staged in shared memory). Such a form frees registers, so its best split is
+  // seldom the held row's, and the fast search's second round tries each at the winner's
+  // diagonal neighbours. None by default.
+  virtual std::span<const std::string_view> row_forms() const { return {}; }
+
   // The specialisations models with this hidden size typically ask for, 16-byte aligned
   // (what `kiln prewarm` compiles for the op), for `model`.
   virtual std::vector<Problem> common_problems(DType dtype, std::int64_t hidden,

@@ -776,6 +776,11 @@ std::int64_t NormFamily::bytes_moved(const Problem& problem, std::int64_t rows) 
   return elements * static_cast<std::int64_t>(dtype_size(problem.dtype));
 }
 
+std::span<const std::string_view> NormFamily::row_forms() const {
+  static constexpr std::array<std::string_view, 2> kRowForms{"reread", "stage"};
+  return kRowForms;
+}
+
 // Measured on an H200 (bf16, fast tunes, side by side): clusters won at 1 row (rms_norm,
 // adaln, gated_adaln 8192 and 14848 wide: 0.2-2.9 us faster) and for adaln and gated_adaln
 // at 128 rows of 8192 (7.5 -> 7.2 and 9.9 -> 9.0 us). With a row for every SM, a cluster

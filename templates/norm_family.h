@@ -69,6 +69,8 @@ class NormFamily : public Family {
                        std::int64_t rows) const override;
   std::vector<Problem> common_problems(DType dtype, std::int64_t hidden,
                                        const PrewarmModel& model) const override;
+  // A row re-read ("reread") or staged in shared memory ("stage").
+  std::span<const std::string_view> row_forms() const override;
 
   // The Problem::flags bits this op accepts.
   std::uint32_t allowed_flags() const;

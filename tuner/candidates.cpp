@@ -71,7 +71,7 @@ std::vector<Config> refinement_candidates(const Family& family, const Problem& p
   const std::vector<Config> space = distinct_in_order(family.space(problem, device));
   const Config start = search_start(family, problem, device, rows, space);
   const std::vector<Config> pool = prune_static(family, problem, device, rows, space, start);
-  std::vector<Config> ordered = refine_around(best, pool, measured);
+  std::vector<Config> ordered = refine_around(best, pool, measured, family.row_forms());
   ordered.resize(std::min(ordered.size(), budget));
   return ordered;
 }

@@ -5,6 +5,9 @@
 #include <functional>
 #include <optional>
 #include <set>
+#include <span>
+#include <string>
+#include <string_view>
 
 namespace kiln {
 namespace {
@@ -67,6 +70,25 @@ std::vector<Config> steps_from(const Config& from) {
   add(&Config::threads_per_row, false);
   add(&Config::cta_threads, true);
   add(&Config::cta_threads, false);
+  return steps;
+}
+
+// The configs with threads per row and CTA threads both doubled, then both halved (where
+// even), without extras.
+std::vector<Config> diagonal_steps(const Config& from) {
+  std::vector<Config> steps;
+  Config up = from;
+  up.threads_per_row *= 2;
+  up.cta_threads *= 2;
+  up.extra.clear();
+  steps.push_back(up);
+  if (from.threads_per_row % 2 == 0 && from.cta_threads % 2 == 0) {
+    Config down = from;
+    down.threads_per_row /= 2;
+    down.cta_threads /= 2;
+    down.extra.clear();
+    steps.push_back(down);
+  }
   return steps;
 }
 
@@ -180,7 +202,8 @@ std::vector<Config> order_around(const Config& centre, const std::vector<Config>
 }
 
 std::vector<Config> refine_around(const Config& best, const std::vector<Config>& pool,
-                                  const std::vector<Config>& measured) {
+                                  const std::vector<Config>& measured,
+                                  std::span<const std::string_view> row_forms) {
   Ordering ordering(pool);
   for (const Config& config : measured) {
     if (auto index = ordering.find(config)) {
@@ -258,6 +281,16 @@ std::vector<Config> refine_around(const Config& best, const std::vector<Config>&
   for (const Config& step : steps_from(best)) {
     if (step.cta_threads == best.cta_threads) {
       take_shape(step.vec_bytes, step.threads_per_row, step.cta_threads);
+    }
+  }
+  // A row re-read or staged instead of held changes what a thread keeps, so its best split is
+  // seldom the held row's: adaln 2688x8192 holds best in 256 threads a row and re-reads best in
+  // 128, one row a CTA either way, a shape neither round reached (1.035 the best's time).
+  for (const Config& diagonal : diagonal_steps(best)) {
+    for (std::string_view form : row_forms) {
+      Config flagged = diagonal;
+      flagged.extra = {{std::string(form), 1}};
+      ordering.take(flagged);
     }
   }
   if (narrower > 0) {

@@ -3,6 +3,8 @@
 // list at any budget still measures the start's closest rivals before far-away ones.
 #pragma once
 
+#include <span>
+#include <string_view>
 #include <vector>
 
 #include "templates/types.h"
@@ -42,12 +44,15 @@ std::vector<Config> order_around(const Config& centre, const std::vector<Config>
 //     ratio (the same elements per pass, more and narrower loads in flight, which often wins
 //     at mid-sized row counts), in CTAs of `best`'s threads;
 //  5. at `best`'s width and CTA threads, threads per row doubled, then halved;
-//  6. at the narrower width again, step 4's split in CTAs of as many rows as `best`'s, then
+//  6. at `best`'s width, threads per row and CTA threads doubled together, then halved (as
+//     many rows a CTA), in each of `row_forms` alone (Family::row_forms);
+//  7. at the narrower width again, step 4's split in CTAs of as many rows as `best`'s, then
 //     `best`'s own shape;
-//  7. the rest of order_around(best, pool).
-// Each shape of 3-6 comes with all its extras, as in 1.
-// Narrower widths than that one seldom win for memory-bound kernels, so they are left to 7.
+//  8. the rest of order_around(best, pool).
+// Each shape of 3-5 and 7 comes with all its extras, as in 1.
+// Narrower widths than that one seldom win for memory-bound kernels, so they are left to 8.
 std::vector<Config> refine_around(const Config& best, const std::vector<Config>& pool,
-                                  const std::vector<Config>& measured);
+                                  const std::vector<Config>& measured,
+                                  std::span<const std::string_view> row_forms = {});
 
 }  // namespace kiln

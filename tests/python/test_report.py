@@ -370,7 +370,7 @@ def test_cli_tune_replay(database):
     assert ("fast v16.t128.c128.reread=1" in replayed[falcon]
             and "best v16.t128.c128.reread=1" in replayed[falcon]
             and "143.18 us" in replayed[falcon] and "1.000x" in replayed[falcon]
-            and "(18 measured)" in replayed[falcon])
+            and "(19 measured)" in replayed[falcon])
     assert "unknown" not in replayed[falcon]
     cost = float(replayed[small].split()[-3].rstrip("x"))
     assert 1.0 < cost <= 1.061

@@ -4,6 +4,8 @@
 
 #include <cstring>
 #include <set>
+#include <string>
+#include <string_view>
 
 #include "cache/error.h"
 #include "templates/kiln/norm_params.cuh"
@@ -106,6 +108,23 @@ TEST_CASE("the space is valid, canonical, and holds one-pass and persistent conf
       }
     }
   }
+}
+
+TEST_CASE("the row forms the fast search tries at diagonal neighbours are flags of the space") {
+  const DeviceTraits traits = DeviceTraits::for_arch(90);
+  const Problem problem{Op::adaln, DType::bf16, 8192, 0, 16u};
+  const NormFamily& fam = norm_family(problem.op);
+  const auto forms = fam.row_forms();
+  REQUIRE(forms.size() == 2);
+  for (std::string_view form : forms) {
+    CAPTURE(form);
+    const Config flagged{16, 128, 128, {{std::string(form), 1}}};
+    CHECK(fam.invalid_reason(problem, flagged, traits).empty());
+    const std::vector<Config> space = fam.space(problem, traits);
+    CHECK(std::find(space.begin(), space.end(), flagged) != space.end());
+  }
+  // Other families keep their rows as they are.
+  CHECK(family(Op::swiglu).row_forms().empty());
 }
 
 TEST_CASE("invalid configs say why") {

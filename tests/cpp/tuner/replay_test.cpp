@@ -138,18 +138,26 @@ TEST_CASE("replay_documents replays full tunes of the selected op and says why i
 // Recorded on an H200 (bench/full_tunes.py): 200 full tunes of rms_norm, fused_add_rms_norm,
 // layer_norm, adaln and gated_adaln, bf16, 1536-14848 wide: 150 timed on their row buckets'
 // 4096, 8192 and 32768 rows, and 50 on 2688 rows (a call's own rows, which the runtime tunes
-// on; an LTX-Video latent's tokens at 49 frames). The fast search measures 18 of each
-// problem's 95-283 configs; these bounds hold its choice close to the best the whole space
-// offers. At 2688 rows half the best configs are persistent grids (every layer_norm, 9 of 10
-// rms_norm), often with a split that divides the row exactly (rms_norm 1536 wide: 96 threads a
-// row in a grid of 1584 CTAs); before the second round took the two nearest such splits with
-// every extra, and the winner's shape in narrower vectors ahead of them, the search chose 32
-// threads and no grid there (1.084), and the 50 gave 1.0101, 9 over 1.02, the 150 1.0065 and
-// 12. Before its second round took the winner's split neighbours with every extra, the replay
-// of the first 143 gave a geometric mean of 1.0083, a worst case of 1.108 (layer_norm
-// 32768x14848, whose best is half the split, staged) and 16 problems over 1.02. Before a pair of
-// CTAs was measured for rows of 64 KB of streams at any row count, gated_adaln 8192 wide (best:
-// such a pair) cost 1.013-1.037 and the 150 gave 1.0070 and 14 over 1.02.
+// on; an LTX-Video latent's tokens at 49 frames). The 50 were recorded again after the
+// evaluator's flush came to lower the candidates' lines: a re-read row is now the best of 25
+// of them. The fast search measures 19 of each problem's 95-283 configs; these bounds hold its
+// choice close to the best the whole space offers.
+// - Before its second round took the winner's diagonal neighbours re-read and staged, the new
+//   50 gave 1.0092 and 10 over 1.02, and the 25 whose best is re-read cost up to 1.051
+//   (fused_add_rms_norm 2688x4096, best re-read in 256 threads a row where the search held
+//   128); the 150 gave 1.0057 and 10.
+// - At 2688 rows most best configs are persistent grids (every layer_norm, 8 of 10 rms_norm),
+//   often with a split that divides the row exactly (rms_norm 1536 wide: 96 threads a row). In
+//   the first recording of the 50, before the second round took the two nearest such splits
+//   with every extra, and the winner's shape in narrower vectors ahead of them, the search
+//   chose 32 threads and no grid there (1.084), and the 50 gave 1.0101, 9 over 1.02, the 150
+//   1.0065 and 12.
+// - Before its second round took the winner's split neighbours with every extra, the replay of
+//   the first 143 gave a geometric mean of 1.0083, a worst case of 1.108 (layer_norm
+//   32768x14848, whose best is half the split, staged) and 16 problems over 1.02.
+// - Before a pair of CTAs was measured for rows of 64 KB of streams at any row count,
+//   gated_adaln 8192 wide (best: such a pair) cost 1.013-1.037 and the 150 gave 1.0070 and 14
+//   over 1.02.
 TEST_CASE("on recorded H200 full tunes of the norm family the fast search stays near the best") {
   std::ifstream file(std::string(KILN_TUNER_TEST_DATA) + "/norm_full_tunes_h200.json");
   REQUIRE(file.good());
@@ -159,6 +167,7 @@ TEST_CASE("on recorded H200 full tunes of the norm family the fast search stays 
   ReplaySummary call_rows;  // timed on 2688 rows
   ReplaySummary widest_layer_norm;
   ReplaySummary wide_gated_adaln;
+  ReplaySummary call_rows_reread;  // at 2688 rows, best re-read
   for (const nlohmann::json& entry : fixture.at("tunes")) {
     TuneResult recorded;
     recorded.problem = entry.at("problem").get<Problem>();
@@ -179,6 +188,9 @@ TEST_CASE("on recorded H200 full tunes of the norm family the fast search stays 
     CHECK(outcome.measured <= kFastBudget + kRefineBudget);
     if (recorded.rows != recorded.bucket_rows) {
       call_rows.outcomes.push_back(outcome);
+      if (outcome.best.extra.count("reread") != 0) {
+        call_rows_reread.outcomes.push_back(outcome);
+      }
       continue;
     }
     summary.outcomes.push_back(outcome);
@@ -192,15 +204,17 @@ TEST_CASE("on recorded H200 full tunes of the norm family the fast search stays 
   CHECK(summary.outcomes.size() == 150);
   CHECK(summary.geomean_cost() <= 1.0060);
   CHECK(summary.worst_cost() <= 1.061);
-  CHECK(summary.costing_more_than(1.02) <= 10);
+  CHECK(summary.costing_more_than(1.02) <= 9);
   REQUIRE(widest_layer_norm.outcomes.size() == 3);
   CHECK(widest_layer_norm.worst_cost() <= 1.01);
   REQUIRE(wide_gated_adaln.outcomes.size() == 3);
   CHECK(wide_gated_adaln.worst_cost() <= 1.005);
   REQUIRE(call_rows.outcomes.size() == 50);
-  CHECK(call_rows.geomean_cost() <= 1.0060);
-  CHECK(call_rows.worst_cost() <= 1.032);
-  CHECK(call_rows.costing_more_than(1.02) <= 6);
+  CHECK(call_rows.geomean_cost() <= 1.0065);
+  CHECK(call_rows.worst_cost() <= 1.067);
+  CHECK(call_rows.costing_more_than(1.02) <= 7);
+  REQUIRE(call_rows_reread.outcomes.size() == 25);
+  CHECK(call_rows_reread.worst_cost() <= 1.01);
   CHECK(render_replay(call_rows).find(" r4096@2688 ") != std::string::npos);
   CHECK(render_replay(summary).find("@") == std::string::npos);
 }

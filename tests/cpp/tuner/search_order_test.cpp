@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "tuner/search_order.h"
@@ -186,6 +187,45 @@ TEST_CASE(
   CHECK(position(with_extra(Config{16, 48, 48, {}}, 0)) > 7);
   CHECK(position(with_extra(Config{8, 48, 192, {}}, 0)) > 7);
   CHECK(position(with_extra(Config{16, 160, 640, {}}, 0)) > 7);
+}
+
+TEST_CASE(
+    "refine_around: after the split steps, the winner's diagonal neighbours in each row form "
+    "the family names, which otherwise wait for the rest") {
+  std::vector<Config> pool;
+  for (const Config& config : grid_pool()) {
+    pool.push_back(config);
+    pool.push_back(
+        Config{config.vec_bytes, config.threads_per_row, config.cta_threads, {{"reread", 1}}});
+  }
+  const auto reread = [](int vec, int tpr, int cta) {
+    return Config{vec, tpr, cta, {{"reread", 1}}};
+  };
+  const Config best{16, 32, 128, {}};
+  const std::string_view forms[] = {"reread"};
+  const auto order = refine_around(best, pool, {best}, forms);
+  REQUIRE(order.size() == pool.size() - 1);
+  CHECK(order[0] == reread(16, 32, 128));
+  CHECK(order[1] == (Config{8, 32, 128, {}}));
+  CHECK(order[2] == (Config{8, 64, 128, {}}));
+  CHECK(order[3] == reread(8, 64, 128));
+  CHECK(order[4] == (Config{16, 64, 128, {}}));
+  CHECK(order[5] == reread(16, 64, 128));
+  CHECK(order[6] == (Config{16, 16, 128, {}}));
+  CHECK(order[7] == reread(16, 16, 128));
+  // Threads per row and CTA threads doubled together, then halved: as many rows a CTA.
+  CHECK(order[8] == reread(16, 64, 256));
+  CHECK(order[9] == reread(16, 16, 64));
+  // Not the plain diagonal: the held row's best split is what the rounds already searched.
+  CHECK(order[10] != (Config{16, 64, 256, {}}));
+  CHECK(order[10] != (Config{16, 16, 64, {}}));
+
+  const auto without = refine_around(best, pool, {best});
+  const auto position = [&](const Config& config) {
+    return std::find(without.begin(), without.end(), config) - without.begin();
+  };
+  CHECK(position(reread(16, 64, 256)) > 9);
+  CHECK(position(reread(16, 16, 64)) > 9);
 }
 
 }  // namespace kiln
