@@ -46,9 +46,13 @@ constexpr double kBetterBalance = 0.1;
 // against 9.4 us at 64).
 constexpr std::int64_t kLatencyElementsPerThread = 16;
 
+// The extras that keep a row elsewhere than in registers (NormFamily::row_forms).
+constexpr const char* kRereadExtra = "reread";
+constexpr const char* kStageExtra = "stage";
+
 // The row is read twice rather than held (kiln::norm's REREAD); absent means 0.
 std::int64_t reread_of(const Config& config) {
-  const auto it = config.extra.find("reread");
+  const auto it = config.extra.find(kRereadExtra);
   return it == config.extra.end() ? 0 : it->second;
 }
 constexpr std::int64_t kRereadMinRowBytes = 4096;
@@ -56,7 +60,7 @@ constexpr std::int64_t kRereadMinRowBytes = 4096;
 // The row is staged in shared memory rather than held in registers (kiln::norm_staged);
 // absent means 0.
 std::int64_t stage_of(const Config& config) {
-  const auto it = config.extra.find("stage");
+  const auto it = config.extra.find(kStageExtra);
   return it == config.extra.end() ? 0 : it->second;
 }
 // cp.async, which stages a row without holding registers, came with sm_80; it copies 4, 8
@@ -324,7 +328,7 @@ std::string NormFamily::invalid_reason(const Problem& problem, const Config& con
     return error->message();
   }
   for (const auto& [name, value] : config.extra) {
-    if (name != "grid" && name != "reread" && name != "stage" && name != "cluster") {
+    if (name != "grid" && name != kRereadExtra && name != kStageExtra && name != "cluster") {
       return std::string(this->name()) + " has no tunable named '" + name + "'";
     }
   }
@@ -481,10 +485,10 @@ std::vector<Config> NormFamily::space(const Problem& problem, const DeviceTraits
           config.threads_per_row = tpr;
           config.cta_threads = cta;
           if (waves == -1) {
-            config.extra["reread"] = 1;
+            config.extra[kRereadExtra] = 1;
           }
           if (waves == -2) {
-            config.extra["stage"] = 1;
+            config.extra[kStageExtra] = 1;
           }
           if (waves > 0) {
             size_persistent_grid(config, waves, device, [&](const Config& c) {
@@ -777,7 +781,7 @@ std::int64_t NormFamily::bytes_moved(const Problem& problem, std::int64_t rows) 
 }
 
 std::span<const std::string_view> NormFamily::row_forms() const {
-  static constexpr std::array<std::string_view, 2> kRowForms{"reread", "stage"};
+  static constexpr std::array<std::string_view, 2> kRowForms{kRereadExtra, kStageExtra};
   return kRowForms;
 }
 

@@ -74,19 +74,17 @@ std::vector<Config> steps_from(const Config& from) {
 }
 
 // The configs with threads per row and CTA threads both doubled, then both halved (where
-// even), without extras.
+// even), with `from`'s width and extras.
 std::vector<Config> diagonal_steps(const Config& from) {
   std::vector<Config> steps;
   Config up = from;
   up.threads_per_row *= 2;
   up.cta_threads *= 2;
-  up.extra.clear();
   steps.push_back(up);
   if (from.threads_per_row % 2 == 0 && from.cta_threads % 2 == 0) {
     Config down = from;
     down.threads_per_row /= 2;
     down.cta_threads /= 2;
-    down.extra.clear();
     steps.push_back(down);
   }
   return steps;
