@@ -43,13 +43,15 @@ fi
 
 step "Python tests (GPU included)"
 # PYTEST_ARGS narrows the run (e.g. "test_swiglu_cuda.py -k bf16"); SKIP_CPP=1 skips ctest.
-# The suite runs in PYTEST_WORKERS processes (default 8; 0 = serially) where pytest-xdist is
-# installed: serially it takes about 20 minutes on an H200 machine, most of it the full tunes
-# of the norm variant tests, which compile on the CPU; 8 workers ran it in 7.5. Each worker has
-# a kiln cache of its own (conftest.py), and no test times anything.
+# The suite runs in PYTEST_WORKERS processes (default: one per core; 0 = serially) where
+# pytest-xdist is installed: serially it takes about 20 minutes on an H200 machine, most of it
+# the full tunes of the norm variant tests, which compile on the CPU. Those tests take 20-40 s
+# each, so idle workers steal queued tests rather than wait on a fixed share: 16 workers ran
+# the suite in 6 minutes. Each worker has a kiln cache of its own (conftest.py), and no test
+# times anything.
 workers=""
-if python3 -c "import xdist" 2>/dev/null && [ "${PYTEST_WORKERS:-8}" != 0 ]; then
-  workers="-n ${PYTEST_WORKERS:-8}"
+if python3 -c "import xdist" 2>/dev/null && [ "${PYTEST_WORKERS:-$jobs}" != 0 ]; then
+  workers="-n ${PYTEST_WORKERS:-$jobs} --dist worksteal"
 fi
 (cd tests/python && python3 -m pytest -q -p no:cacheprovider --maxfail=20 -rf $workers \
   ${PYTEST_ARGS:-.} 2>&1 | tee "$OUT/pytest.log" | tail -45) || status=1
