@@ -45,7 +45,8 @@ std::vector<Config> order_around(const Config& centre, const std::vector<Config>
 //     at mid-sized row counts), in CTAs of `best`'s threads;
 //  5. at `best`'s width and CTA threads, threads per row doubled, then halved;
 //  6. at `best`'s width, threads per row and CTA threads doubled together, then halved (as
-//     many rows a CTA), in each of `row_forms` alone (Family::row_forms);
+//     many rows a CTA), in each of `row_forms` alone (Family::row_forms), then in each extra
+//     alone that no config of `best`'s shape in `pool` carries (the space rules it out there);
 //  7. at the narrower width again, step 4's split in CTAs of as many rows as `best`'s, then
 //     `best`'s own shape;
 //  8. the rest of order_around(best, pool).

@@ -142,6 +142,10 @@ TEST_CASE("replay_documents replays full tunes of the selected op and says why i
 // evaluator's flush came to lower the candidates' lines: a re-read row is now the best of 25
 // of them. The fast search measures 19 of each problem's 95-283 configs; these bounds hold its
 // choice close to the best the whole space offers.
+// - Before its second round took, at the winner's diagonal neighbours, the extras its own split
+//   never carries, adaln 14848 wide (held in 512 threads a row, which takes no persistent grid;
+//   best in 256 with one) cost 1.018 at 2688 rows, 1.019 at 4096 and 1.013 at 8192; the 50
+//   gave 1.0063, the 150 1.0055.
 // - Before its second round took the winner's diagonal neighbours re-read and staged, the new
 //   50 gave 1.0092 and 10 over 1.02, and the 25 whose best is re-read cost up to 1.051
 //   (fused_add_rms_norm 2688x4096, best re-read in 256 threads a row where the search held
@@ -168,6 +172,7 @@ TEST_CASE("on recorded H200 full tunes of the norm family the fast search stays 
   ReplaySummary widest_layer_norm;
   ReplaySummary wide_gated_adaln;
   ReplaySummary call_rows_reread;  // at 2688 rows, best re-read
+  ReplaySummary widest_adaln;      // every row count
   for (const nlohmann::json& entry : fixture.at("tunes")) {
     TuneResult recorded;
     recorded.problem = entry.at("problem").get<Problem>();
@@ -186,6 +191,9 @@ TEST_CASE("on recorded H200 full tunes of the norm family the fast search stays 
     // A config the recording lacks means the space changed since: record the tunes again.
     CHECK(outcome.unknown == 0);
     CHECK(outcome.measured <= kFastBudget + kRefineBudget);
+    if (recorded.problem.op == Op::adaln && recorded.problem.hidden == 14848) {
+      widest_adaln.outcomes.push_back(outcome);
+    }
     if (recorded.rows != recorded.bucket_rows) {
       call_rows.outcomes.push_back(outcome);
       if (outcome.best.extra.count("reread") != 0) {
@@ -202,7 +210,7 @@ TEST_CASE("on recorded H200 full tunes of the norm family the fast search stays 
     }
   }
   CHECK(summary.outcomes.size() == 150);
-  CHECK(summary.geomean_cost() <= 1.0060);
+  CHECK(summary.geomean_cost() <= 1.0055);
   CHECK(summary.worst_cost() <= 1.061);
   CHECK(summary.costing_more_than(1.02) <= 9);
   REQUIRE(widest_layer_norm.outcomes.size() == 3);
@@ -210,9 +218,11 @@ TEST_CASE("on recorded H200 full tunes of the norm family the fast search stays 
   REQUIRE(wide_gated_adaln.outcomes.size() == 3);
   CHECK(wide_gated_adaln.worst_cost() <= 1.005);
   REQUIRE(call_rows.outcomes.size() == 50);
-  CHECK(call_rows.geomean_cost() <= 1.0065);
+  CHECK(call_rows.geomean_cost() <= 1.0062);
   CHECK(call_rows.worst_cost() <= 1.067);
   CHECK(call_rows.costing_more_than(1.02) <= 7);
+  REQUIRE(widest_adaln.outcomes.size() == 4);
+  CHECK(widest_adaln.worst_cost() <= 1.007);
   REQUIRE(call_rows_reread.outcomes.size() == 25);
   CHECK(call_rows_reread.worst_cost() <= 1.01);
   CHECK(render_replay(call_rows).find(" r4096@2688 ") != std::string::npos);

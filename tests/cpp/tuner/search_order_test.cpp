@@ -228,4 +228,41 @@ TEST_CASE(
   CHECK(position(reread(16, 16, 64)) > 9);
 }
 
+TEST_CASE(
+    "refine_around: an extra the winner's shape never carries is tried at its diagonal "
+    "neighbours, one carried there is not") {
+  // Every config plain; the grid extra only where a CTA holds at most 128 threads, as a
+  // register-bound space allows it.
+  std::vector<Config> pool;
+  for (const Config& config : grid_pool()) {
+    pool.push_back(config);
+    if (config.cta_threads <= 128) {
+      for (int grid : {132, 264}) {
+        pool.push_back(
+            Config{config.vec_bytes, config.threads_per_row, config.cta_threads, {{"grid", grid}}});
+      }
+    }
+  }
+  const auto grid = [](int tpr, int cta, int value) {
+    return Config{16, tpr, cta, {{"grid", value}}};
+  };
+  const auto position_in = [](const std::vector<Config>& order, const Config& config) {
+    return std::find(order.begin(), order.end(), config) - order.begin();
+  };
+  // 256-thread CTAs carry no grid: the halved diagonal's grids come with the split steps' shapes.
+  const Config wide{16, 64, 256, {}};
+  const auto order = refine_around(wide, pool, {wide});
+  const auto diagonal_grids = position_in(order, grid(32, 128, 132));
+  CHECK(diagonal_grids < 8);
+  CHECK(position_in(order, grid(32, 128, 264)) == diagonal_grids + 1);
+  // Not the plain diagonal, which is no form the winner's shape lacks.
+  CHECK(position_in(order, Config{16, 32, 128, {}}) > diagonal_grids + 1);
+
+  // A winner whose shape carries grids: its diagonals' grids wait for the rest.
+  const Config narrow{16, 32, 128, {}};
+  const auto held = refine_around(narrow, pool, {narrow});
+  CHECK(position_in(held, grid(16, 64, 132)) > 11);
+  CHECK(position_in(held, grid(16, 64, 264)) > 11);
+}
+
 }  // namespace kiln
