@@ -4,7 +4,9 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <utility>
+#include <vector>
 
 #include "cache/error.h"
 #include "jit/compiler.h"
@@ -47,8 +49,8 @@ extern "C" __global__ void kiln_l2_scrub(KilnL2ScrubParams p) {
 }
 
 struct KilnL2LowerParams {
-  const char* address[8];
-  unsigned long long lines[8];
+  const char* address[KILN_L2_LOWER_REGIONS];
+  unsigned long long lines[KILN_L2_LOWER_REGIONS];
   unsigned count;
 };
 
@@ -79,7 +81,8 @@ CompiledKernel compile_flush(int sm) {
   const Nvrtc& api = nvrtc();
   const CompileTarget target =
       choose_target(sm, BinaryFormat::cubin, api.archs, api.version_string());
-  NvrtcProgram program(kSource, "kiln_l2_flush.cu", {});
+  const std::string source = l2_flush_source();
+  NvrtcProgram program(source, "kiln_l2_flush.cu", {});
   Expected<NvrtcOutput> output = program.compile(compile_options(target.arch, target.format),
                                                  target.format == BinaryFormat::cubin);
   if (!output) {
@@ -96,7 +99,7 @@ CompiledKernel compile_flush(int sm) {
 }
 
 // Loaded once per device and kept, as every kiln kernel is (modules are never unloaded).
-// load_kernel checks the ordinal.
+// load_kernels checks the ordinal.
 FlushFunctions flush_functions(const DeviceInfo& device) {
   static std::mutex mutex;
   static std::map<int, FlushFunctions> loaded;
@@ -104,12 +107,11 @@ FlushFunctions flush_functions(const DeviceInfo& device) {
   FlushFunctions& functions = loaded[device.ordinal];
   if (!functions.read) {
     CompiledKernel kernel = compile_flush(device.sm());
-    for (auto [name, function] : {std::pair{"kiln_l2_scrub", &functions.read},
-                                  std::pair{"kiln_l2_lower", &functions.lower}}) {
-      kernel.name_expression = name;
-      kernel.lowered_name = name;
-      *function = load_kernel(device.ordinal, kernel, 0).function;
-    }
+    kernel.name_expression = "the L2 flush";
+    const std::string names[] = {"kiln_l2_scrub", "kiln_l2_lower"};
+    const std::vector<LoadedKernel> kernels = load_kernels(device.ordinal, kernel, names, 0);
+    functions.read = kernels[0].function;
+    functions.lower = kernels[1].function;
   }
   return functions;
 }
@@ -125,8 +127,9 @@ LaunchGeometry grid_stride_geometry(const DeviceInfo& device, unsigned long long
 
 }  // namespace
 
-std::string_view l2_flush_source() {
-  return kSource;
+std::string l2_flush_source() {
+  return "#define KILN_L2_LOWER_REGIONS " + std::to_string(kL2LowerRegions) + "\n" +
+         std::string(kSource);
 }
 
 L2Flush::L2Flush(const DeviceInfo& device, std::size_t bytes, const std::vector<L2Region>& lowered)
@@ -145,7 +148,7 @@ L2Flush::L2Flush(const DeviceInfo& device, std::size_t bytes, const std::vector<
     if (region.bytes == 0) {
       continue;
     }
-    if (lower_params_.empty() || lower_params_.back().count == kLowerRegions) {
+    if (lower_params_.empty() || lower_params_.back().count == kL2LowerRegions) {
       lower_params_.push_back(LowerParams{});
     }
     LowerParams& params = lower_params_.back();

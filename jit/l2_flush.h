@@ -15,7 +15,7 @@
 #pragma once
 
 #include <cstddef>
-#include <string_view>
+#include <string>
 #include <vector>
 
 #include "jit/cuda_api.h"
@@ -25,12 +25,16 @@
 
 namespace kiln::jit {
 
+// The regions one launch of `kiln_l2_lower` takes: the length of its parameter struct's
+// arrays, written into its source and into the host's copy of that struct.
+inline constexpr std::size_t kL2LowerRegions = 8;
+
 // The flush kernels' source: `kiln_l2_scrub`, taking one struct {data pointer, count of
 // 16-byte vectors} by value and reading that many vectors with L2 evict_last priority, and
-// `kiln_l2_lower`, taking up to 8 {address, count of 128-byte lines} and
+// `kiln_l2_lower`, taking up to kL2LowerRegions {address, count of 128-byte lines} and
 // setting those lines' L2 priority to evict_normal. Before sm_80, which has no L2
 // priorities, the read is plain and the lowering does nothing.
-std::string_view l2_flush_source();
+std::string l2_flush_source();
 
 // Memory whose lines in L2 the flush lowers to evict_normal before it runs.
 struct L2Region {
@@ -54,12 +58,12 @@ class L2Flush {
     CUdeviceptr data;
     unsigned long long vectors;
   };
-  static constexpr std::size_t kLowerRegions = 8;  // as kiln_l2_lower's parameter struct
-  struct LowerParams {
-    CUdeviceptr address[kLowerRegions];
-    unsigned long long lines[kLowerRegions];
+  struct LowerParams {  // kiln_l2_lower's KilnL2LowerParams
+    CUdeviceptr address[kL2LowerRegions];
+    unsigned long long lines[kL2LowerRegions];
     unsigned count;
   };
+  static_assert(sizeof(LowerParams) == 16 * kL2LowerRegions + 8, "as KilnL2LowerParams");
   int ordinal_;
   CUfunction read_;
   CUfunction lower_;

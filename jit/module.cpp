@@ -3,6 +3,7 @@
 #include <array>
 #include <atomic>
 #include <mutex>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -17,6 +18,36 @@ constexpr std::uint32_t kDefaultDynamicSmem = 48 * 1024;
 
 std::array<std::atomic<CUcontext>, kMaxDevices> g_contexts{};
 std::mutex g_contexts_mutex;
+
+// `name` of a loaded module, its attributes read, opted in to `dynamic_smem_bytes`.
+LoadedKernel function_of(CUmodule module, const std::string& name, const std::string& where,
+                         std::uint32_t dynamic_smem_bytes) {
+  Driver& d = driver();
+  const std::string symbol = where + ", symbol " + name;
+  LoadedKernel out;
+  check(d.cuModuleGetFunction(&out.function, module, name.c_str()), "cuModuleGetFunction", symbol);
+  // Reading attributes also forces a lazily loaded function in now, not at its first launch
+  // (which may be inside a graph capture).
+  const auto attribute = [&](CUfunction_attribute which, const char* what) {
+    int value = 0;
+    check(d.cuFuncGetAttribute(&value, which, out.function), "cuFuncGetAttribute",
+          symbol + ", " + what);
+    return value;
+  };
+  out.max_threads_per_block = attribute(CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, "max threads");
+  out.registers = attribute(CU_FUNC_ATTRIBUTE_NUM_REGS, "registers");
+  out.static_smem_bytes = attribute(CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, "static smem");
+  out.local_bytes = attribute(CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, "local memory");
+  // The default limit covers static and dynamic shared memory together.
+  if (dynamic_smem_bytes + static_cast<std::uint32_t>(out.static_smem_bytes) >
+      kDefaultDynamicSmem) {
+    check(d.cuFuncSetAttribute(out.function, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                               static_cast<int>(dynamic_smem_bytes)),
+          "cuFuncSetAttribute",
+          symbol + ", dynamic shared memory " + std::to_string(dynamic_smem_bytes) + " bytes");
+  }
+  return out;
+}
 
 }  // namespace
 
@@ -62,8 +93,9 @@ RelaxedCaptureMode::~RelaxedCaptureMode() {
   if (exchanged_) driver().cuThreadExchangeStreamCaptureMode(&previous_);
 }
 
-LoadedKernel load_kernel(int ordinal, const CompiledKernel& kernel,
-                         std::uint32_t dynamic_smem_bytes) {
+std::vector<LoadedKernel> load_kernels(int ordinal, const CompiledKernel& kernel,
+                                       std::span<const std::string> lowered_names,
+                                       std::uint32_t dynamic_smem_bytes) {
   Driver& d = driver();
   const std::string where =
       kernel.name_expression + " (key " + kernel.key + ") on device " + std::to_string(ordinal);
@@ -72,9 +104,11 @@ LoadedKernel load_kernel(int ordinal, const CompiledKernel& kernel,
 
   // PTX is loaded as a C string.
   std::vector<char> image(kernel.binary);
-  if (kernel.format == BinaryFormat::ptx) image.push_back('\0');
+  if (kernel.format == BinaryFormat::ptx) {
+    image.push_back('\0');
+  }
 
-  std::vector<char> error_log(16 * 1024, '\0');
+  std::vector<char> error_log(std::size_t{16} * 1024, '\0');
   CUjit_option options[] = {CU_JIT_ERROR_LOG_BUFFER, CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES};
   void* values[] = {error_log.data(), reinterpret_cast<void*>(error_log.size())};
   CUmodule module = nullptr;
@@ -84,30 +118,18 @@ LoadedKernel load_kernel(int ordinal, const CompiledKernel& kernel,
                 std::string(error_log.data()));
   }
 
-  LoadedKernel out;
-  check(d.cuModuleGetFunction(&out.function, module, kernel.lowered_name.c_str()),
-        "cuModuleGetFunction", where + ", symbol " + kernel.lowered_name);
-  // Reading attributes also forces a lazily loaded function in now, not at its first launch
-  // (which may be inside a graph capture).
-  const auto attribute = [&](CUfunction_attribute which, const char* what) {
-    int value = 0;
-    check(d.cuFuncGetAttribute(&value, which, out.function), "cuFuncGetAttribute",
-          where + ", " + what);
-    return value;
-  };
-  out.max_threads_per_block = attribute(CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, "max threads");
-  out.registers = attribute(CU_FUNC_ATTRIBUTE_NUM_REGS, "registers");
-  out.static_smem_bytes = attribute(CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, "static smem");
-  out.local_bytes = attribute(CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, "local memory");
-  // The default limit covers static and dynamic shared memory together.
-  if (dynamic_smem_bytes + static_cast<std::uint32_t>(out.static_smem_bytes) >
-      kDefaultDynamicSmem) {
-    check(d.cuFuncSetAttribute(out.function, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                               static_cast<int>(dynamic_smem_bytes)),
-          "cuFuncSetAttribute",
-          where + ", dynamic shared memory " + std::to_string(dynamic_smem_bytes) + " bytes");
+  std::vector<LoadedKernel> functions;
+  functions.reserve(lowered_names.size());
+  for (const std::string& name : lowered_names) {
+    functions.push_back(function_of(module, name, where, dynamic_smem_bytes));
   }
-  return out;
+  return functions;
+}
+
+LoadedKernel load_kernel(int ordinal, const CompiledKernel& kernel,
+                         std::uint32_t dynamic_smem_bytes) {
+  return load_kernels(ordinal, kernel, std::span(&kernel.lowered_name, 1), dynamic_smem_bytes)
+      .front();
 }
 
 }  // namespace kiln::jit

@@ -4,6 +4,9 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
 
 #include "jit/compiler.h"
 #include "jit/cuda_api.h"
@@ -50,5 +53,11 @@ struct LoadedKernel {
 // default 48 KiB, opts the function in to that much. Throws kiln::Error naming the kernel.
 LoadedKernel load_kernel(int ordinal, const CompiledKernel& kernel,
                          std::uint32_t dynamic_smem_bytes);
+
+// The same for several functions of one binary: loads it once (one module) and looks up each
+// of `lowered_names`, in order.
+std::vector<LoadedKernel> load_kernels(int ordinal, const CompiledKernel& kernel,
+                                       std::span<const std::string> lowered_names,
+                                       std::uint32_t dynamic_smem_bytes);
 
 }  // namespace kiln::jit

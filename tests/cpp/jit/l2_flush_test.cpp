@@ -50,4 +50,15 @@ TEST_CASE(
   CHECK_FALSE(contains(older, "applypriority"));
 }
 
+TEST_CASE("the lowering kernel's parameter struct holds kL2LowerRegions regions, as the host's") {
+  // Eight bytes an address and eight a line count per region, then the count (padded to 8):
+  // the layout of L2Flush's LowerParams, which the launch copies byte for byte.
+  const std::string expected =
+      "kiln_l2_lower_param_0[" + std::to_string(16 * kL2LowerRegions + 8) + "]";
+  for (int sm : {75, 90}) {
+    CAPTURE(sm);
+    CHECK(contains(ptx_for(sm), expected));
+  }
+}
+
 }  // namespace kiln::jit
