@@ -27,6 +27,9 @@ constexpr std::string_view kUsedSuffix = ".used";
 constexpr std::string_view kJsonSuffix = ".json";
 // A temp file this old belongs to a writer that died: no publish takes an hour.
 constexpr std::int64_t kStaleTempSeconds = 3600;
+// An entry moved aside as corrupt stays a day for inspection: a store's own trim may run
+// right after the rebuild that follows the move.
+constexpr std::int64_t kAsideKeptSeconds = std::int64_t{24} * 3600;
 
 fs::path bin_folder(const fs::path& root) {
   return root / kCacheLayout / "bin";
@@ -167,7 +170,9 @@ TrimResult trim_cache(const fs::path& root, std::uint64_t max_bytes, std::uint64
       const bool aside = name.find(".corrupt.") != std::string::npos;
       bool exists = false;
       const std::int64_t modified = mtime_of(path, exists);
-      if ((aside || (temp && now - modified > kStaleTempSeconds)) && ::unlink(path.c_str()) == 0) {
+      const std::int64_t age = now - modified;
+      if (((aside && age > kAsideKeptSeconds) || (temp && age > kStaleTempSeconds)) &&
+          ::unlink(path.c_str()) == 0) {
         ++result.debris_removed;
       }
     });

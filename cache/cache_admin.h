@@ -31,7 +31,7 @@ std::filesystem::path used_stamp_path(const std::filesystem::path& entry_path);
 struct TrimResult {
   std::uint64_t removed = 0, removed_bytes = 0;
   std::uint64_t kept = 0, kept_bytes = 0;
-  std::uint64_t debris_removed = 0;  // stale temp files and entries moved aside as corrupt
+  std::uint64_t debris_removed = 0;  // stale temp files, and entries moved aside a day ago
 };
 
 // Removes least recently used entries until the binary store holds at most `max_bytes`, and

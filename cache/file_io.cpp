@@ -88,6 +88,8 @@ void move_aside(const std::filesystem::path& path, const FileRead& read, std::st
   auto aside = path;
   aside += ".corrupt." + std::to_string(::getpid()) + "." + std::to_string(counter++);
   if (::rename(path.c_str(), aside.c_str()) == 0) {
+    // Dated by the move, not the bad write, so trims keep it its day (kAsideKeptSeconds).
+    ::utimensat(AT_FDCWD, aside.c_str(), nullptr, 0);
     log::warn("kiln cache: invalid entry " + path.string() + " (" + std::string(reason) +
               "); moved aside to " + aside.filename().string());
     return;

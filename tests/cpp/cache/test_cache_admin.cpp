@@ -87,7 +87,7 @@ TEST_CASE("the store keeps itself under its size bound") {
   CHECK(entries.size() >= 2);
 }
 
-TEST_CASE("trim clears stale temp files and moved-aside entries") {
+TEST_CASE("trim clears stale temp files and entries moved aside a day ago, not fresh ones") {
   TempFolder temp;
   BinaryStore store(temp.path(), CacheMode::rw, 0);
   REQUIRE(store.store(key_of(1), std::vector<char>(10, 'x')));
@@ -96,10 +96,38 @@ TEST_CASE("trim clears stale temp files and moved-aside entries") {
   set_mtime(folder / ".stale.bin.tmp.1.abc", 1000);
   kiln::test::write_bytes(folder / ".fresh.bin.tmp.1.abc", kiln::test::bytes_of("writing"));
   kiln::test::write_bytes(folder / "x.bin.corrupt.1.0", kiln::test::bytes_of("bad"));
+  set_mtime(folder / "x.bin.corrupt.1.0", 1000);
+  kiln::test::write_bytes(folder / "y.bin.corrupt.1.1", kiln::test::bytes_of("bad, just now"));
   const auto result = kiln::trim_cache(temp.path(), 1 << 30, 1 << 30);
   CHECK(result.debris_removed == 2);
+  CHECK_FALSE(std::filesystem::exists(folder / "x.bin.corrupt.1.0"));
+  CHECK(std::filesystem::exists(folder / "y.bin.corrupt.1.1"));
   CHECK(std::filesystem::exists(folder / ".fresh.bin.tmp.1.abc"));
   CHECK(result.kept == 1);
+}
+
+TEST_CASE("an entry moved aside is dated by the move, so a trim right after keeps it") {
+  TempFolder temp;
+  // Trims at its first store, as a process's first store does.
+  BinaryStore store(temp.path(), CacheMode::rw, 1 << 30);
+  REQUIRE(store.store(key_of(1), std::vector<char>(100, 'x')));
+  const auto path = store.path_for(key_of(1));
+  auto bytes = kiln::test::read_bytes(path);
+  bytes.resize(bytes.size() / 2);
+  kiln::test::write_bytes(path, bytes);
+  set_mtime(path, 1000);  // damaged long ago
+  CHECK_FALSE(store.load(key_of(1)).has_value());
+  const auto folder = path.parent_path();
+  const auto aside_count = [&] {
+    int count = 0;
+    for (const auto& file : std::filesystem::directory_iterator(folder)) {
+      count += file.path().filename().string().find(".corrupt.") != std::string::npos ? 1 : 0;
+    }
+    return count;
+  };
+  REQUIRE(aside_count() == 1);
+  CHECK(kiln::trim_cache(temp.path(), 1 << 30, 1 << 30).debris_removed == 0);
+  CHECK(aside_count() == 1);
 }
 
 TEST_CASE("verify moves bad entries aside; export and import copy only valid ones") {
