@@ -249,7 +249,7 @@ TEST_CASE(
   const auto position_in = [](const std::vector<Config>& order, const Config& config) {
     return std::find(order.begin(), order.end(), config) - order.begin();
   };
-  // 256-thread CTAs carry no grid: the halved diagonal's grids come with the split steps' shapes.
+  // 256-thread CTAs carry no grid: the halved diagonal's grids come right after the split steps.
   const Config wide{16, 64, 256, {}};
   const auto order = refine_around(wide, pool, {wide});
   const auto diagonal_grids = position_in(order, grid(32, 128, 132));
