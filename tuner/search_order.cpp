@@ -41,6 +41,12 @@ int extras_differing(const Config& a, const Config& b) {
   return count;
 }
 
+// The same width, threads per row and CTA threads: configs that differ at most in extras.
+bool same_shape(const Config& a, const Config& b) {
+  return a.vec_bytes == b.vec_bytes && a.threads_per_row == b.threads_per_row &&
+         a.cta_threads == b.cta_threads;
+}
+
 // Distance in everything but vector width.
 double shape_distance(const Config& a, const Config& b) {
   return doublings(a.threads_per_row, b.threads_per_row) + doublings(a.cta_threads, b.cta_threads) +
@@ -145,14 +151,11 @@ std::vector<Config> order_around(const Config& centre, const std::vector<Config>
     ordering.take(step);
   }
 
-  auto same_shape = [&](const Config& c) {
-    return c.vec_bytes == centre.vec_bytes && c.threads_per_row == centre.threads_per_row &&
-           c.cta_threads == centre.cta_threads;
-  };
+  auto centre_shape = [&](const Config& c) { return same_shape(c, centre); };
   auto extras_distance = [&](const Config& c) {
     return static_cast<double>(extras_differing(c, centre));
   };
-  for (std::size_t index : ordering.untaken(same_shape, extras_distance)) {
+  for (std::size_t index : ordering.untaken(centre_shape, extras_distance)) {
     ordering.take(index);
   }
 
@@ -215,10 +218,8 @@ std::vector<Config> refine_around(const Config& best, const std::vector<Config>&
   };
   // Every config of one (width, threads per row, CTA threads), fewest extras changed first.
   auto take_shape = [&](int vec_bytes, int threads_per_row, int cta_threads) {
-    const auto shape = [=](const Config& c) {
-      return c.vec_bytes == vec_bytes && c.threads_per_row == threads_per_row &&
-             c.cta_threads == cta_threads;
-    };
+    const Config of_shape{vec_bytes, threads_per_row, cta_threads, {}};
+    const auto shape = [&](const Config& c) { return same_shape(c, of_shape); };
     for (std::size_t index : ordering.untaken(shape, extras_distance)) {
       ordering.take(index);
     }
@@ -302,8 +303,7 @@ std::vector<Config> refine_around(const Config& best, const std::vector<Config>&
     }
   }
   for (const Config& config : pool) {
-    if (config.vec_bytes == best.vec_bytes && config.threads_per_row == best.threads_per_row &&
-        config.cta_threads == best.cta_threads) {
+    if (same_shape(config, best)) {
       for (const auto& [name, value] : config.extra) {
         absent.erase(name);
       }
@@ -311,8 +311,7 @@ std::vector<Config> refine_around(const Config& best, const std::vector<Config>&
   }
   for (const Config& diagonal : diagonal_steps(best)) {
     const auto carries_absent = [&](const Config& c) {
-      return c.vec_bytes == diagonal.vec_bytes && c.threads_per_row == diagonal.threads_per_row &&
-             c.cta_threads == diagonal.cta_threads && c.extra.size() == 1 &&
+      return same_shape(c, diagonal) && c.extra.size() == 1 &&
              absent.count(c.extra.begin()->first) != 0;
     };
     for (std::size_t index : ordering.untaken(carries_absent, extras_distance)) {
