@@ -138,9 +138,11 @@ TEST_CASE("replay_documents replays full tunes of the selected op and says why i
 // Recorded on an H200 (bench/full_tunes.py): 200 full tunes of rms_norm, fused_add_rms_norm,
 // layer_norm, adaln and gated_adaln, bf16, 1536-14848 wide: 150 timed on their row buckets'
 // 4096, 8192 and 32768 rows, and 50 on 2688 rows (a call's own rows, which the runtime tunes
-// on; an LTX-Video latent's tokens at 49 frames). Those 50 and the 100 at 4096 and 8192 rows
-// were recorded again after the evaluator's flush came to lower the candidates' lines: a
-// re-read row is now the best of 25, 26 and 24 of their 50 (12 of the older 50 at 32768 rows).
+// on; an LTX-Video latent's tokens at 49 frames). All 200 were recorded again after the
+// evaluator's flush came to lower the candidates' lines: a re-read row is now the best of 25,
+// 26, 24 and 12 of the 50 at 2688, 4096, 8192 and 32768 rows. At 32768 rows the recording
+// hardly mattered: the 50 gave 1.0042 before and after (worst 1.031, then 1.027), their best
+// times 0.997x the earlier ones in geometric mean.
 // The fast search measures 19 of each problem's 95-283 configs; these bounds hold its choice
 // close to the best the whole space offers.
 // - On the 150 as first recorded the current search gave 1.0053, worst 1.060; recorded again,
