@@ -1,8 +1,10 @@
 """What the memory system gives a kernel of each size, timed as every kernel bench here times:
 a device-to-device copy (`copy_`, the "copy" the % columns divide by), PyTorch's own
 elementwise kernel moving the same bytes (`torch.neg(x, out=y)`: one read, one write, a
-covering grid of SM threads), and a one-element `add_` (the floor of any launch), side by
-side in interleaved rounds, each call after a 256 MB L2 flush. Sizes are the bytes moved
+covering grid of SM threads), the same kind of kernel reading two or three bytes for each it
+writes (`torch.add`, `torch.addcmul`: the mixes of the gated activations and of adaln), and a
+one-element `add_` (the floor of any launch), side by side in interleaved rounds, each call
+after a 256 MB L2 flush. Sizes are the bytes moved
 (read + written) at the thresholds of the issues' bandwidth targets (20, 128 MB) and at the
 sizes the norm, RoPE and activation benches move.
 
@@ -24,14 +26,21 @@ TARGETS = (0.80, 0.90, 0.95)
 
 
 def contenders(moved):
-    """{name: fn} moving `moved` bytes (half read, half written), plus the launch floor."""
+    """{name: fn} moving `moved` bytes, plus the launch floor. The copy and the elementwise
+    kernel read half and write half; `reads2` (`torch.add`) reads two bytes for each it writes,
+    as the gated activations and gated_residual do, and `reads3` (`torch.addcmul`) three, as
+    adaln (x, per-token scale and shift) and RoPE with a video-sized fp32 table do."""
     half = moved // 2
     src = torch.randn(half // 2, device="cuda", dtype=torch.bfloat16)
     dst = torch.empty_like(src)
+    thirds = [torch.randn(moved // 3 // 2, device="cuda", dtype=torch.bfloat16) for _ in range(3)]
+    quarters = [torch.randn(moved // 4 // 2, device="cuda", dtype=torch.bfloat16) for _ in range(4)]
     tiny = torch.zeros(1, device="cuda")
     return {
         "copy": common.same_bytes_copy(moved),
         "elementwise": lambda: torch.neg(src, out=dst),
+        "reads2": lambda: torch.add(thirds[0], thirds[1], out=thirds[2]),
+        "reads3": lambda: torch.addcmul(quarters[0], quarters[1], quarters[2], out=quarters[3]),
         "launch": lambda: tiny.add_(1),
     }
 
@@ -59,6 +68,7 @@ def measure(sizes_mb, copy_gbs, sustained_copy_gbs):
         rows.append(row)
         print(f"{mb:6} MB  copy {row['copy_us']:8.2f} us ({row['copy_pct_of_copy']:5.1f}%)  "
               f"elementwise {row['elementwise_us']:8.2f} us ({row['elementwise_pct_of_copy']:5.1f}%)  "
+              f"2:1 {row['reads2_us']:8.2f} us  3:1 {row['reads3_us']:8.2f} us  "
               f"launch {row['launch_us']:5.2f} us  sustained: copy {row['copy_sustained_pct_of_copy']:5.1f}%  "
               f"elementwise {row['elementwise_sustained_pct_of_copy']:5.1f}%", flush=True)
     return rows
@@ -81,12 +91,15 @@ def markdown(env, copy_gbs, sustained_copy_gbs, rows):
              f"torch {env['versions']['torch']}, driver {env['driver']}; 1 GiB copy {copy_gbs:.0f} GB/s "
              f"({sustained_copy_gbs:.0f} GB/s sustained) in the same run. Single calls: {env['timing']}. Sustained: "
              f"{common.SUSTAINED_TIMING}.", "",
-             "| MB moved | copy us (% of 1 GiB copy) | torch elementwise us (%) | one-element launch us "
+             "| MB moved | copy us (% of 1 GiB copy) | torch elementwise us (%) | two reads : one write us (%) "
+             "| three reads : one write us (%) | one-element launch us "
              "| sustained copy us (%) | sustained elementwise us (%) |",
-             "| --- | --- | --- | --- | --- | --- |"]
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         lines.append(f"| {r['moved_mb']:.0f} | {r['copy_us']:.2f} ({r['copy_pct_of_copy']:.0f}%) | "
-                     f"{r['elementwise_us']:.2f} ({r['elementwise_pct_of_copy']:.0f}%) | {r['launch_us']:.2f} "
+                     f"{r['elementwise_us']:.2f} ({r['elementwise_pct_of_copy']:.0f}%) | "
+                     f"{r['reads2_us']:.2f} ({r['reads2_pct_of_copy']:.0f}%) | "
+                     f"{r['reads3_us']:.2f} ({r['reads3_pct_of_copy']:.0f}%) | {r['launch_us']:.2f} "
                      f"| {r['copy_sustained_us']:.2f} ({r['copy_sustained_pct_of_copy']:.0f}%) "
                      f"| {r['elementwise_sustained_us']:.2f} ({r['elementwise_sustained_pct_of_copy']:.0f}%) |")
     lines.append("")

@@ -17,6 +17,8 @@ def _copy_floor():
 def _row(mb, copy_pct, elementwise_pct, sustained=(0, 0)):
     return {"moved_mb": mb, "copy_us": 1.0, "copy_pct_of_copy": copy_pct,
             "elementwise_us": 1.0, "elementwise_pct_of_copy": elementwise_pct, "launch_us": 4.0,
+            "reads2_us": 1.5, "reads2_pct_of_copy": elementwise_pct - 1,
+            "reads3_us": 1.75, "reads3_pct_of_copy": elementwise_pct - 3,
             "copy_sustained_us": 2.0, "copy_sustained_pct_of_copy": sustained[0],
             "elementwise_sustained_us": 3.0, "elementwise_sustained_pct_of_copy": sustained[1]}
 
@@ -45,7 +47,7 @@ def test_markdown_states_each_target():
     env = {"device": "GPU", "sm": "sm_90", "date": "2026-11-23", "versions": {"torch": "2"},
            "driver": "1", "timing": "events"}
     text = floor.markdown(env, 4250.0, 4246.0, [_row(88, 73, 81, (79, 87)), _row(264, 89, 96, (92, 95))])
-    assert "| 88 | 1.00 (73%) | 1.00 (81%) | 4.00 | 2.00 (79%) | 3.00 (87%) |" in text
+    assert "| 88 | 1.00 (73%) | 1.00 (81%) | 1.50 (80%) | 1.75 (78%) | 4.00 | 2.00 (79%) | 3.00 (87%) |" in text
     assert "- 80% of the 1 GiB copy: reached, single calls from 88 MB; sustained from 88 MB." in text
     assert "- 90% of the 1 GiB copy: reached, single calls from 264 MB; sustained from 264 MB." in text
     assert "- 95% of the 1 GiB copy: reached, single calls from 264 MB; sustained from 264 MB." in text
