@@ -102,6 +102,37 @@ enum CUstreamCaptureMode : int {
   CU_STREAM_CAPTURE_MODE_RELAXED = 2,
 };
 
+// cuLaunchKernelEx's configuration, as cuda.h lays it out (only the attribute kiln sets is
+// named; the value union is 64 bytes, 8-aligned).
+enum CUlaunchAttributeID : int {
+  CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6,
+};
+
+union CUlaunchAttributeValue {
+  char pad[64];
+  void* align;
+  int programmatic_stream_serialization_allowed;
+};
+
+struct CUlaunchAttribute {
+  CUlaunchAttributeID id;
+  char pad[8 - sizeof(CUlaunchAttributeID)];
+  CUlaunchAttributeValue value;
+};
+
+struct CUlaunchConfig {
+  unsigned int grid_x, grid_y, grid_z;
+  unsigned int block_x, block_y, block_z;
+  unsigned int shared_bytes;
+  CUstream stream;
+  CUlaunchAttribute* attributes;
+  unsigned int attribute_count;
+};
+
+static_assert(sizeof(CUlaunchAttributeValue) == 64 && sizeof(CUlaunchAttribute) == 72 &&
+                  sizeof(CUlaunchConfig) == 56,
+              "cuLaunchKernelEx's structs as cuda.h lays them out");
+
 inline constexpr unsigned int CU_STREAM_DEFAULT = 0x0;
 inline constexpr unsigned int CU_STREAM_NON_BLOCKING = 0x1;
 inline constexpr unsigned int CU_EVENT_DEFAULT = 0x0;
@@ -140,6 +171,9 @@ using PFN_cuLaunchKernel = CUresult (*)(CUfunction function, unsigned int grid_x
                                         unsigned int block_x, unsigned int block_y,
                                         unsigned int block_z, unsigned int shared_bytes,
                                         CUstream stream, void** params, void** extra);
+
+using PFN_cuLaunchKernelEx = CUresult (*)(const CUlaunchConfig* config, CUfunction function,
+                                          void** params, void** extra);
 
 using PFN_cuMemAlloc = CUresult (*)(CUdeviceptr* pointer, std::size_t bytes);
 using PFN_cuMemFree = CUresult (*)(CUdeviceptr pointer);

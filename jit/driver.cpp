@@ -57,6 +57,7 @@ std::unique_ptr<Driver> open_driver() {
   // The plain (legacy default stream) variants: kiln always passes the caller's stream, and
   // torch's default stream is the legacy one.
   resolve(library, d->cuLaunchKernel, {"cuLaunchKernel"});
+  resolve(library, d->cuLaunchKernelEx, {"cuLaunchKernelEx"});
   resolve(library, d->cuMemAlloc, {"cuMemAlloc_v2"});
   resolve(library, d->cuMemFree, {"cuMemFree_v2"});
   resolve(library, d->cuMemcpyHtoD, {"cuMemcpyHtoD_v2"});

@@ -35,6 +35,7 @@ struct Driver {
   PFN_cuFuncGetAttribute cuFuncGetAttribute = nullptr;
   PFN_cuFuncSetAttribute cuFuncSetAttribute = nullptr;
   PFN_cuLaunchKernel cuLaunchKernel = nullptr;
+  PFN_cuLaunchKernelEx cuLaunchKernelEx = nullptr;  // CUDA 12.0 and newer
 
   PFN_cuMemAlloc cuMemAlloc = nullptr;
   PFN_cuMemFree cuMemFree = nullptr;

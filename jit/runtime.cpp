@@ -8,6 +8,7 @@
 #include <optional>
 #include <set>
 #include <shared_mutex>
+#include <string_view>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -80,6 +81,15 @@ Settings Settings::from_env() {
           capture + "'");
     }
     settings.capture_mode = *mode;
+  }
+  const char* pdl = std::getenv("KILN_PDL");
+  if (pdl && *pdl) {
+    const std::string_view text(pdl);
+    if (text != "on" && text != "off") {
+      throw Error(std::string("kiln settings: KILN_PDL: expected one of on, off, got '") + pdl +
+                  "'");
+    }
+    settings.programmatic_launch = text == "on";
   }
   return settings;
 }
@@ -343,6 +353,9 @@ const Kernel& Runtime::kernel(int device, const Problem& problem, std::int64_t r
   kernel->device = device;
   kernel->bucket = key.bucket;
   kernel->in_capture = capturing;
+  if (settings.programmatic_launch && supports_programmatic_launch(info)) {
+    kernel->order = StreamOrder::programmatic;
+  }
   impl_->record(settings, problem, info.sm());
   kernel->config = impl_->choose_config(key, rows, fam, info, settings, store.get(), capturing,
                                         kernel->heuristic_only, kernel->from_prewarm);
@@ -390,7 +403,7 @@ bool Runtime::tune_and_store(int device, const Problem& problem, std::int64_t ro
 
 void Runtime::launch(const Kernel& kernel, std::int64_t rows, const void* params, CUstream stream) {
   const LaunchGeometry geometry = kernel.family->geometry(kernel.problem, kernel.config, rows);
-  launch_kernel(kernel.device, kernel.function, geometry, params, stream);
+  launch_kernel(kernel.device, kernel.function, geometry, params, stream, kernel.order);
 }
 
 int Runtime::device_count() {

@@ -13,6 +13,7 @@
 #include "jit/capture_policy.h"
 #include "jit/cuda_api.h"
 #include "jit/device.h"
+#include "jit/launch.h"
 #include "templates/family.h"
 #include "tuner/tuner.h"
 
@@ -27,7 +28,10 @@ struct Settings {
   std::filesystem::path record_path;
   // What a kernel first needed during a CUDA graph capture may use (jit/capture_policy.h).
   CaptureMode capture_mode = CaptureMode::heuristic;
-  // From KILN_CACHE_DIR, KILN_CACHE, KILN_TUNE, KILN_RECORD, KILN_CAPTURE.
+  // Whether op calls launch programmatically where the device supports it (KILN_PDL=on|off;
+  // jit/launch.h): a kernel's CTAs are placed while the kernel ahead of it drains.
+  bool programmatic_launch = true;
+  // From KILN_CACHE_DIR, KILN_CACHE, KILN_TUNE, KILN_RECORD, KILN_CAPTURE, KILN_PDL.
   static Settings from_env();
 };
 
@@ -41,7 +45,8 @@ struct Kernel {
   bool heuristic_only = false;  // resolved without a tuning result (tune off, or capturing)
   bool from_prewarm = false;    // config taken from a prewarm record (jit/prewarm.h)
   bool in_capture = false;      // first resolved while its stream was being captured
-  std::int64_t bucket = 0;      // the row bucket it serves
+  StreamOrder order = StreamOrder::serial;  // how its launches follow the kernel ahead
+  std::int64_t bucket = 0;                  // the row bucket it serves
 };
 
 struct RuntimeStats {

@@ -104,13 +104,19 @@ py::dict settings_dict() {
   d["tune_mode"] = std::string(tune_mode_name(s.tune_mode));
   d["record"] = s.record_path.string();
   d["capture"] = std::string(jit::capture_mode_name(s.capture_mode));
+  d["pdl"] = std::string(s.programmatic_launch ? "on" : "off");
   return d;
 }
 
 void set_settings(const py::object& cache_dir, const py::object& cache_mode,
                   const py::object& tune_mode, const py::object& record,
-                  const py::object& capture_mode) {
+                  const py::object& capture_mode, const py::object& pdl) {
   jit::Settings s = jit::Runtime::get().settings();
+  if (!pdl.is_none()) {
+    const auto text = pdl.cast<std::string>();
+    if (text != "on" && text != "off") throw ArgumentError("configure", "pdl", "on or off", text);
+    s.programmatic_launch = text == "on";
+  }
   if (!capture_mode.is_none()) {
     const auto text = capture_mode.cast<std::string>();
     const auto mode = jit::parse_capture_mode(text);
@@ -163,6 +169,7 @@ py::dict kernel_dict(const jit::Kernel& kernel) {
   d["heuristic_only"] = kernel.heuristic_only;
   d["from_prewarm"] = kernel.from_prewarm;
   d["in_capture"] = kernel.in_capture;
+  d["programmatic"] = kernel.order == jit::StreamOrder::programmatic;
   d["binary_key"] = kernel.binary_key;
   return d;
 }
@@ -215,7 +222,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("settings", &settings_dict);
   m.def("set_settings", &set_settings, py::arg("cache_dir") = py::none(),
         py::arg("cache_mode") = py::none(), py::arg("tune_mode") = py::none(),
-        py::arg("record") = py::none(), py::arg("capture_mode") = py::none());
+        py::arg("record") = py::none(), py::arg("capture_mode") = py::none(),
+        py::arg("pdl") = py::none());
   m.def("stats", &stats_dict);
   m.def("forget_kernels", [] { kiln::jit::Runtime::get().forget_kernels(); });
   m.def("loaded_kernels", &loaded_kernels);

@@ -20,6 +20,7 @@
 
 #include "kiln/activation_backward_params.cuh"
 #include "kiln/common.cuh"
+#include "kiln/dependent_launch.cuh"
 
 namespace kiln {
 
@@ -102,6 +103,7 @@ __device__ __forceinline__ void backward_vector(const Raw<VEC_BYTES>& a, const R
 template <typename T, int WIDTH, int VEC_BYTES, int CTA_THREADS, int UNROLL, bool FLAT, typename OP>
 __global__ void __launch_bounds__(CTA_THREADS)
     activation_backward(const ActivationBackwardParams p) {
+  begin_dependent_grid();
   constexpr int kVec = VEC_BYTES / static_cast<int>(sizeof(T));
   constexpr unsigned long long kVecsPerRow = WIDTH / kVec;
   static_assert(kVec >= 1 && VEC_BYTES % sizeof(T) == 0, "a vector holds whole elements");
@@ -185,6 +187,7 @@ __global__ void __launch_bounds__(CTA_THREADS)
 template <typename T, int WIDTH, int VEC_BYTES, int CTA_THREADS, int UNROLL, bool ERF>
 __global__ void __launch_bounds__(CTA_THREADS)
     bias_gelu_backward(const ActivationBackwardParams p) {
+  begin_dependent_grid();
   constexpr int kVec = VEC_BYTES / static_cast<int>(sizeof(T));
   constexpr int kVecsPerRow = WIDTH / kVec;
   // fp32 sums leave in pieces of at most 16 bytes, aligned since WIDTH is whole vectors.

@@ -21,6 +21,7 @@
 #pragma once
 
 #include "kiln/common.cuh"
+#include "kiln/dependent_launch.cuh"
 #include "kiln/elementwise_params.cuh"
 
 namespace kiln {
@@ -239,6 +240,7 @@ struct IndexType<true> {
 template <typename T, int WIDTH, int VEC_BYTES, int CTA_THREADS, int UNROLL, bool FLAT,
           bool INDEX64, typename OP>
 __global__ void __launch_bounds__(CTA_THREADS) elementwise(const ElementwiseParams p) {
+  begin_dependent_grid();
   constexpr int kVec = VEC_BYTES / static_cast<int>(sizeof(T));
   static_assert(kVec >= 1 && VEC_BYTES % sizeof(T) == 0, "a vector holds whole elements");
   static_assert(FLAT || WIDTH % kVec == 0, "rows must be made of whole vectors");

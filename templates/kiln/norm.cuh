@@ -26,6 +26,7 @@
 #include "kiln/async_copy.cuh"
 #include "kiln/cluster.cuh"
 #include "kiln/common.cuh"
+#include "kiln/dependent_launch.cuh"
 #include "kiln/norm_params.cuh"
 #include "kiln/stream_access.cuh"
 
@@ -802,6 +803,7 @@ struct NormRow {
 template <typename T, int HIDDEN, int VEC_BYTES, int THREADS_PER_ROW, int CTA_THREADS,
           unsigned FEATURES, bool PREFETCH, bool REREAD>
 __global__ void __launch_bounds__(CTA_THREADS) norm(const NormParams p) {
+  begin_dependent_grid();
   using Row = NormRow<T, HIDDEN, VEC_BYTES, THREADS_PER_ROW, FEATURES>;
   constexpr int kRowsPerCta = CTA_THREADS / THREADS_PER_ROW;
   static_assert(VEC_BYTES % sizeof(T) == 0, "a vector holds whole elements");
@@ -846,6 +848,7 @@ __global__ void __launch_bounds__(CTA_THREADS) norm(const NormParams p) {
 template <typename T, int HIDDEN, int VEC_BYTES, int THREADS_PER_ROW, int CTA_THREADS,
           unsigned FEATURES>
 __global__ void __launch_bounds__(CTA_THREADS) norm_staged(const NormParams p) {
+  begin_dependent_grid();
   using Row = NormRow<T, HIDDEN, VEC_BYTES, THREADS_PER_ROW, FEATURES>;
   constexpr int kRowsPerCta = CTA_THREADS / THREADS_PER_ROW;
   static_assert(VEC_BYTES >= 4 && VEC_BYTES % sizeof(T) == 0, "cp.async copies 4 to 16 bytes");
@@ -880,6 +883,7 @@ __global__ void __launch_bounds__(CTA_THREADS) norm_staged(const NormParams p) {
 template <typename T, int HIDDEN, int VEC_BYTES, int CTA_THREADS, int ROW_CTAS, unsigned FEATURES>
 __global__ void __cluster_dims__(ROW_CTAS, 1, 1) __launch_bounds__(CTA_THREADS)
     norm_cluster(const NormParams p) {
+  begin_dependent_grid();
   using Row = NormRow<T, HIDDEN, VEC_BYTES, CTA_THREADS, FEATURES, ROW_CTAS>;
   static_assert(VEC_BYTES % sizeof(T) == 0, "a vector holds whole elements");
   static_assert(HIDDEN % Row::kVec == 0, "rows must be made of whole vectors");

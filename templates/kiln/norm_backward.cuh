@@ -25,6 +25,7 @@
 #pragma once
 
 #include "kiln/common.cuh"
+#include "kiln/dependent_launch.cuh"
 #include "kiln/norm.cuh"
 #include "kiln/norm_backward_params.cuh"
 
@@ -56,6 +57,7 @@ __device__ __forceinline__ void store_partial(float* destination, const float* v
 
 template <typename T, int HIDDEN, int VEC_BYTES, int THREADS_PER_ROW, int CTA_THREADS, unsigned F>
 __global__ void __launch_bounds__(CTA_THREADS) norm_backward(const NormBackwardParams p) {
+  begin_dependent_grid();
   constexpr int kVec = VEC_BYTES / static_cast<int>(sizeof(T));
   constexpr int kStride = kVec * THREADS_PER_ROW;
   constexpr int kSteps = (HIDDEN + kStride - 1) / kStride;

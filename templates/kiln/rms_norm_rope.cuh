@@ -23,6 +23,7 @@
 #pragma once
 
 #include "kiln/common.cuh"
+#include "kiln/dependent_launch.cuh"
 #include "kiln/rope_angles.cuh"
 #include "kiln/rope_params.cuh"
 
@@ -33,6 +34,7 @@ namespace kiln {
 template <typename T, typename TABLE, int WIDTH, int VEC_BYTES, int THREADS_PER_ROW,
           int CTA_THREADS, bool VIDEO, bool PREFETCH, int MIN_CTAS>
 __global__ void __launch_bounds__(CTA_THREADS, MIN_CTAS) rms_norm_rope(const RmsNormRopeParams p) {
+  begin_dependent_grid();
   constexpr int kVec = VEC_BYTES / static_cast<int>(sizeof(T));
   constexpr int kStride = kVec * THREADS_PER_ROW;
   constexpr int kSteps = (WIDTH + kStride - 1) / kStride;

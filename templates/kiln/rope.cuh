@@ -44,6 +44,7 @@
 #pragma once
 
 #include "kiln/common.cuh"
+#include "kiln/dependent_launch.cuh"
 #include "kiln/rope_angles.cuh"
 #include "kiln/rope_params.cuh"
 
@@ -59,6 +60,7 @@ template <typename T, typename TABLE, int HEAD_DIM, int ROTARY_DIM, int VEC_BYTE
           int THREADS_PER_ROW, int CTA_THREADS, int ROWS_PER_THREAD, bool INTERLEAVED, bool VIDEO,
           bool INVERSE, bool PREFETCH, int FORM>
 __global__ void __launch_bounds__(CTA_THREADS) rope(const RopeParams p) {
+  begin_dependent_grid();
   constexpr int kVec = VEC_BYTES / static_cast<int>(sizeof(T));
   constexpr int kParts = INTERLEAVED ? 1 : 2;                // vectors per rotation unit
   constexpr int kUnitWidth = INTERLEAVED ? kVec : 2 * kVec;  // angles per unit

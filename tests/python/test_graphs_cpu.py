@@ -81,3 +81,17 @@ def test_capture_setting():
         kiln.configure(capture=before)
     with pytest.raises(ValueError, match=r"kiln\.configure: capture: expected heuristic or error, got never"):
         kiln.configure(capture="never")
+
+
+def test_pdl_setting():
+    before = kiln.settings()["pdl"]
+    assert before in ("on", "off")
+    try:
+        kiln.configure(pdl="off")
+        assert kiln.settings()["pdl"] == "off"
+        kiln.configure(pdl="on")
+        assert kiln.settings()["pdl"] == "on"
+    finally:
+        kiln.configure(pdl=before)
+    with pytest.raises(ValueError, match=r"kiln\.configure: pdl: expected on or off, got 1"):
+        kiln.configure(pdl="1")

@@ -38,23 +38,30 @@ def compile(op: str = "rms_norm", dtype: str = "bf16", hidden: int = 4096, arch:
 def settings() -> dict:
     """The settings in force: cache_dir, cache_mode (rw|ro|off|strict), tune_mode (off|fast|full),
     record (the KILN_RECORD manifest, "" when not recording), capture (heuristic|error: what a
-    kernel first needed during a CUDA graph capture may use)."""
+    kernel first needed during a CUDA graph capture may use), pdl (on|off: programmatic
+    dependent launch where the GPU has it)."""
     return _C.settings()
 
 
 def configure(cache_dir: Optional[str] = None, cache: Optional[str] = None,
               tune: Optional[str] = None, record: Optional[str] = None,
-              capture: Optional[str] = None) -> None:
+              capture: Optional[str] = None, pdl: Optional[str] = None) -> None:
     """Change settings for this process (the Python spelling of KILN_CACHE_DIR, KILN_CACHE,
-    KILN_TUNE, KILN_RECORD and KILN_CAPTURE; ``record=""`` stops recording). Kernels already
-    resolved are forgotten, so the next call re-resolves.
+    KILN_TUNE, KILN_RECORD, KILN_CAPTURE and KILN_PDL; ``record=""`` stops recording). Kernels
+    already resolved are forgotten, so the next call re-resolves.
 
     ``capture``: what a kernel first needed while a CUDA graph is being captured may use.
     Nothing is ever compiled or tuned inside a capture; ``"heuristic"`` (default) loads the
     tuned config's binary from the cache, else the heuristic config's, and raises if neither
     is cached; ``"error"`` raises for any kernel this process has not loaded before the
-    capture (so a capture uses exactly what :func:`kiln.warmup` readied)."""
-    _C.set_settings(cache_dir, cache, tune, record, capture)
+    capture (so a capture uses exactly what :func:`kiln.warmup` readied).
+
+    ``pdl``: ``"on"`` (default) launches kiln's kernels with programmatic dependent launch on
+    GPUs of compute capability 9.0 and newer (with a driver for CUDA 12.3 or newer): a kernel's
+    CTAs are placed while the kernel ahead of it on the stream drains, and wait there until it
+    has finished, which saves part of a launch per op in a CUDA graph or a busy stream.
+    ``"off"`` launches them the plain way. Results are the same either way."""
+    _C.set_settings(cache_dir, cache, tune, record, capture, pdl)
 
 
 def stats() -> dict:

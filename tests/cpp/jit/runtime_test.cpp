@@ -35,6 +35,39 @@ TEST_CASE("settings come from KILN_CACHE_DIR, KILN_CACHE and KILN_TUNE") {
   }
 }
 
+TEST_CASE("KILN_PDL turns programmatic launches on (the default) or off") {
+  {
+    EnvOverride pdl("KILN_PDL", std::nullopt);
+    CHECK(Settings::from_env().programmatic_launch);
+  }
+  {
+    EnvOverride pdl("KILN_PDL", "off");
+    CHECK_FALSE(Settings::from_env().programmatic_launch);
+  }
+  {
+    EnvOverride pdl("KILN_PDL", "on");
+    CHECK(Settings::from_env().programmatic_launch);
+  }
+  {
+    EnvOverride pdl("KILN_PDL", "1");
+    CHECK_THROWS_WITH_AS(Settings::from_env(),
+                         doctest::Contains("KILN_PDL: expected one of on, off, got '1'"), Error);
+  }
+}
+
+TEST_CASE("programmatic launches need sm_90 and a driver for CUDA 12.3") {
+  DeviceInfo device;
+  device.cc_major = 9;
+  device.driver_version = 13000;
+  CHECK(supports_programmatic_launch(device));
+  device.driver_version = 12020;
+  CHECK_FALSE(supports_programmatic_launch(device));
+  device.driver_version = 12030;
+  device.cc_major = 8;
+  device.cc_minor = 9;
+  CHECK_FALSE(supports_programmatic_launch(device));
+}
+
 TEST_CASE("the runtime exists without a GPU and touches no driver until asked") {
   // Other cases of this suite may have loaded a driver already; then there is nothing to see.
   const auto driver_loaded = [] {
