@@ -7,7 +7,6 @@
 
 namespace kiln::jit {
 
-using test::contains;
 using test::EnvOverride;
 
 TEST_CASE("settings come from KILN_CACHE_DIR, KILN_CACHE and KILN_TUNE") {
@@ -72,7 +71,9 @@ TEST_CASE("the runtime exists without a GPU and touches no driver until asked") 
   // Other cases of this suite may have loaded a driver already; then there is nothing to see.
   const auto driver_loaded = [] {
     void* handle = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
-    if (handle) dlclose(handle);
+    if (handle) {
+      dlclose(handle);
+    }
     return handle != nullptr;
   };
   const bool loaded_before = driver_loaded();
@@ -90,7 +91,9 @@ TEST_CASE("the runtime exists without a GPU and touches no driver until asked") 
   const RuntimeStats stats = runtime.stats();
   runtime.forget_kernels();
   CHECK(runtime.stats().resolves == stats.resolves);
-  if (!loaded_before) CHECK_FALSE(driver_loaded());
+  if (!loaded_before) {
+    CHECK_FALSE(driver_loaded());
+  }
 }
 
 TEST_CASE("with no driver, asking the runtime for devices or kernels is a clear error") {
