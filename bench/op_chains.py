@@ -12,8 +12,9 @@ Contenders, each its own graph of the same chain: kiln with programmatic launche
 kiln with plain launches ("kiln, plain launch", KILN_PDL=off), torch.compile of each op's
 eager formula on its own ("compiled ops", the per-op peer of the kernel tables),
 torch.compile of the whole chain ("compiled chain": with no matmul between them Inductor
-fuses neighbouring ops into fewer kernels, which a model's GEMMs would keep apart), and the
-eager formulas. The graphs are replayed in interleaved rounds, timed as the kernel tables
+fuses neighbouring ops into fewer kernels, which a model's GEMMs would keep apart), both also
+with Inductor's own programmatic launches ("(PDL)", TORCHINDUCTOR_ENABLE_PDL=1, off by
+default in torch), and the eager formulas. The graphs are replayed in interleaved rounds, timed as the kernel tables
 time one call (bench_side_by_side: the L2 flushed before each replay); per-op times are a
 replay's time over the ops in it. kiln's two graphs must give bit-identical outputs.
 
@@ -27,6 +28,7 @@ import os
 import sys
 
 import torch
+import torch._inductor.config  # noqa: F401 (Inductor's PDL switch)
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -146,7 +148,6 @@ def max_rel_err(actual, expected):
 
 def run_chain(chain, rows, layers, kiln):
     kiln_step, eager_fns, ops_step = MAKERS[chain](rows, layers, kiln)
-    compiled_fns = {name: torch.compile(fn, dynamic=False) for name, fn in eager_fns.items()}
     graphs, outs, programmatic = {}, {}, {}
     for name, pdl in (("kiln", "on"), ("kiln, plain launch", "off")):
         kiln.configure(pdl=pdl)  # forgets the loaded kernels: the next calls load them again
@@ -154,9 +155,18 @@ def run_chain(chain, rows, layers, kiln):
         # How the graph's kernels were launched: programmatically only with pdl on, on sm_90.
         programmatic[name] = sorted({k["programmatic"] for k in kiln._C.loaded_kernels()})
     kiln.configure(pdl="on")
-    graphs["compiled ops"], outs["compiled ops"] = common.capture_graph(lambda: ops_step(compiled_fns))
-    whole = torch.compile(functools.partial(ops_step, eager_fns), dynamic=False)
-    graphs["compiled chain"], outs["compiled chain"] = common.capture_graph(whole)
+    # torch.compile with and without Inductor's own programmatic launches (off by default,
+    # TORCHINDUCTOR_ENABLE_PDL=1). Dynamo is reset between the two so that neither reuses the
+    # other's code; a captured graph no longer needs it.
+    for suffix, inductor_pdl in (("", False), (" (PDL)", True)):
+        torch._dynamo.reset()
+        with torch._inductor.config.patch({"triton.enable_pdl": inductor_pdl}):
+            compiled_fns = {name: torch.compile(fn, dynamic=False) for name, fn in eager_fns.items()}
+            name = "compiled ops" + suffix
+            graphs[name], outs[name] = common.capture_graph(lambda: ops_step(compiled_fns))
+            whole = torch.compile(functools.partial(ops_step, eager_fns), dynamic=False)
+            name = "compiled chain" + suffix
+            graphs[name], outs[name] = common.capture_graph(whole)
     graphs["eager"], outs["eager"] = common.capture_graph(lambda: ops_step(eager_fns))
     for graph in graphs.values():
         graph.replay()
@@ -201,15 +211,17 @@ def main():
     lines = [f"# Op chains from CUDA graphs, {env['device']} ({env['sm']}), {env['date']}", "",
              f"torch {env['versions']['torch']}, driver {env['driver']}. {env['timing']}; a replay's time "
              f"over the {OPS_PER_LAYER * layers} ops in it.", "",
-             "| chain | rows | kiln us/op | kiln, plain launch | compiled ops | compiled chain | eager | "
-             "plain / kiln | compiled ops / kiln | compiled chain / kiln | max rel err vs eager |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| chain | rows | kiln us/op | kiln, plain launch | compiled ops | compiled ops (PDL) | "
+             "compiled chain | compiled chain (PDL) | eager | plain / kiln | compiled ops (PDL) / kiln | "
+             "compiled chain (PDL) / kiln | max rel err vs eager |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in results:
         us = r["us_per_op"]
         lines.append(f"| {r['chain']} | {r['rows']} | {us['kiln']:.2f} | {us['kiln, plain launch']:.2f} | "
-                     f"{us['compiled ops']:.2f} | {us['compiled chain']:.2f} | {us['eager']:.2f} | "
-                     f"{us['kiln, plain launch'] / us['kiln']:.3f}x | {us['compiled ops'] / us['kiln']:.3f}x | "
-                     f"{us['compiled chain'] / us['kiln']:.3f}x | {r['kiln_vs_eager_max_rel_err']:.1e} |")
+                     f"{us['compiled ops']:.2f} | {us['compiled ops (PDL)']:.2f} | {us['compiled chain']:.2f} | "
+                     f"{us['compiled chain (PDL)']:.2f} | {us['eager']:.2f} | "
+                     f"{us['kiln, plain launch'] / us['kiln']:.3f}x | {us['compiled ops (PDL)'] / us['kiln']:.3f}x | "
+                     f"{us['compiled chain (PDL)'] / us['kiln']:.3f}x | {r['kiln_vs_eager_max_rel_err']:.1e} |")
     with open(os.path.join(args.out, name + ".md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))
