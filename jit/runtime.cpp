@@ -84,14 +84,24 @@ Settings Settings::from_env() {
   }
   const char* pdl = std::getenv("KILN_PDL");
   if (pdl && *pdl) {
-    const std::string_view text(pdl);
-    if (text != "on" && text != "off") {
+    const auto on = parse_programmatic_launch(pdl);
+    if (!on) {
       throw Error(std::string("kiln settings: KILN_PDL: expected one of on, off, got '") + pdl +
                   "'");
     }
-    settings.programmatic_launch = text == "on";
+    settings.programmatic_launch = *on;
   }
   return settings;
+}
+
+std::optional<bool> parse_programmatic_launch(std::string_view text) {
+  if (text == "on") {
+    return true;
+  }
+  if (text == "off") {
+    return false;
+  }
+  return std::nullopt;
 }
 
 struct Runtime::Impl {

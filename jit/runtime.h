@@ -6,7 +6,9 @@
 #include <cstdint>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "cache/settings.h"
@@ -34,6 +36,9 @@ struct Settings {
   // From KILN_CACHE_DIR, KILN_CACHE, KILN_TUNE, KILN_RECORD, KILN_CAPTURE, KILN_PDL.
   static Settings from_env();
 };
+
+// KILN_PDL's values: "on" -> true, "off" -> false, anything else -> nullopt.
+std::optional<bool> parse_programmatic_launch(std::string_view text);
 
 struct Kernel {
   CUfunction function = nullptr;

@@ -114,8 +114,11 @@ void set_settings(const py::object& cache_dir, const py::object& cache_mode,
   jit::Settings s = jit::Runtime::get().settings();
   if (!pdl.is_none()) {
     const auto text = pdl.cast<std::string>();
-    if (text != "on" && text != "off") throw ArgumentError("configure", "pdl", "on or off", text);
-    s.programmatic_launch = text == "on";
+    const auto on = jit::parse_programmatic_launch(text);
+    if (!on) {
+      throw ArgumentError("configure", "pdl", "on or off", text);
+    }
+    s.programmatic_launch = *on;
   }
   if (!capture_mode.is_none()) {
     const auto text = capture_mode.cast<std::string>();
