@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <optional>
+#include <type_traits>
 
 #include "cache/error.h"
 #include "templates/config_rules.h"
@@ -13,10 +14,7 @@
 
 namespace kiln {
 
-// The kernel receives these bytes as its by-value parameter; nvcc lays the struct out the
-// same way for the device (8-byte pointers and long longs).
-static_assert(sizeof(NormModulation) == 32 && sizeof(NormParams) == 240 &&
-              alignof(NormParams) == 8);
+static_assert(alignof(NormParams) == 8);
 
 namespace {
 
@@ -145,6 +143,12 @@ std::uint32_t NormFamily::allowed_flags() const {
 }
 
 unsigned NormFamily::features(const Problem& problem) const {
+  Problem own = problem;
+  own.op = op_;
+  return norm_features(own);
+}
+
+unsigned norm_features(const Problem& problem) {
   unsigned f = 0;
   if (has(problem, kNormWeight)) {
     f |= NormFeature::weight;
@@ -155,7 +159,7 @@ unsigned NormFamily::features(const Problem& problem) const {
   if (has(problem, kNormInPlace)) {
     f |= NormFeature::in_place;
   }
-  switch (op_) {
+  switch (problem.op) {
     case Op::fused_add_rms_norm:
       f |= NormFeature::residual;
       break;
@@ -181,6 +185,43 @@ unsigned NormFamily::features(const Problem& problem) const {
       break;
   }
   return f;
+}
+
+namespace {
+
+// The pieces of `params` that Layout holds, copied into it.
+template <typename Layout>
+NormArgBytes pack_layout(const NormParams& params) {
+  Layout args{};
+  static_cast<NormCoreParams&>(args) = params;
+  if constexpr (std::is_base_of_v<NormSumParams, Layout>) {
+    static_cast<NormSumParams&>(args) = params;
+  }
+  if constexpr (std::is_base_of_v<NormModulationParams, Layout>) {
+    static_cast<NormModulationParams&>(args) = params;
+  }
+  if constexpr (std::is_base_of_v<NormGateParams, Layout>) {
+    static_cast<NormGateParams&>(args) = params;
+  }
+  NormArgBytes packed;
+  std::memcpy(packed.bytes.data(), &args, sizeof(args));
+  packed.size = sizeof(args);
+  return packed;
+}
+
+}  // namespace
+
+NormArgBytes pack_norm_args(unsigned features, const NormParams& params) {
+  const bool gate = (features & NormFeature::gate) != 0;
+  const bool modulate = (features & NormFeature::modulate) != 0;
+  const bool sum = (features & (NormFeature::residual | NormFeature::gate)) != 0;
+  if (gate) {
+    return pack_layout<NormGatedArgs>(params);
+  }
+  if (modulate) {
+    return pack_layout<NormModulatedArgs>(params);
+  }
+  return sum ? pack_layout<NormSumArgs>(params) : pack_layout<NormPlainArgs>(params);
 }
 
 namespace {
@@ -718,11 +759,8 @@ std::vector<std::byte> NormFamily::pack_params(const Problem& problem, std::int6
     if (n == "x") {
       params.x = address;
     }
-    if (n == "residual") {
-      params.residual = address;
-    }
-    if (n == "y") {
-      params.y = address;
+    if (n == "residual" || n == "y") {
+      params.second = address;
     }
     if (n == "gate") {
       params.gate.data = address;
@@ -762,14 +800,12 @@ std::vector<std::byte> NormFamily::pack_params(const Problem& problem, std::int6
   params.rows = rows;
   set_tokens(params, std::max<std::int64_t>(rows, 1));
   params.x_row_stride = d;
-  params.residual_row_stride = d;
-  params.y_row_stride = d;
+  params.second_row_stride = d;
   params.out_row_stride = d;
   params.sum_row_stride = d;
   params.eps = kDefaultEps;
-  std::vector<std::byte> bytes(sizeof(params));
-  std::memcpy(bytes.data(), &params, sizeof(params));
-  return bytes;
+  const NormArgBytes packed = pack_norm_args(features(problem), params);
+  return {packed.bytes.begin(), packed.bytes.begin() + static_cast<std::ptrdiff_t>(packed.size)};
 }
 
 std::int64_t NormFamily::bytes_moved(const Problem& problem, std::int64_t rows) const {

@@ -21,9 +21,12 @@
 // many more SMs.
 #pragma once
 
+#include <array>
+#include <cstddef>
 #include <cstdint>
 
 #include "templates/family.h"
+#include "templates/kiln/norm_params.cuh"
 #include "templates/norm_rules.h"
 
 namespace kiln {
@@ -106,5 +109,17 @@ class NormFamily : public Family {
 
   Op op_;
 };
+
+// The kernel's FEATURES bits (NormFeature in norm_params.cuh) for a problem of a norm op
+// (problem.op).
+unsigned norm_features(const Problem& problem);
+
+// kiln::norm's parameter bytes: the pieces of a NormParams that the layout of a kernel of
+// `features` holds (NormArgs in templates/kiln/norm_params.cuh), in its order.
+struct NormArgBytes {
+  alignas(8) std::array<std::byte, sizeof(NormParams)> bytes{};
+  std::size_t size = 0;
+};
+NormArgBytes pack_norm_args(unsigned features, const NormParams& params);
 
 }  // namespace kiln

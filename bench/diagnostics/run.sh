@@ -2,8 +2,9 @@
 # Builds and runs the diagnostics (needs nvcc and a GPU): flush_alternation (why the tuner
 # times in interleaved rounds), stream_shapes (how a streaming kernel's work shape sets its
 # bandwidth), launch_params (how a kernel's parameter bytes set a launch-bound call's time),
-# rope_table (what reading a cos/sin table costs a RoPE kernel) and dependent_launch (what
-# programmatic dependent launch saves between small kernels in a CUDA graph; sm_90).
+# rope_table (what reading a cos/sin table costs a RoPE kernel), dependent_launch (what
+# programmatic dependent launch saves between small kernels in a CUDA graph; sm_90) and
+# one_row (where a launch-bound norm's time goes, parameter bytes included).
 # Usage: bash bench/diagnostics/run.sh
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -20,3 +21,5 @@ nvcc -O3 -std=c++17 -arch=native -o "$build/rope_table" rope_table.cu
 "$build/rope_table"
 nvcc -O3 -std=c++17 -arch=native -o "$build/dependent_launch" dependent_launch.cu
 "$build/dependent_launch"
+nvcc -O3 -std=c++17 -arch=native -o "$build/one_row" one_row.cu
+"$build/one_row"

@@ -39,8 +39,10 @@ const void* data_or_null(const at::Tensor& t) {
   return t.defined() ? t.data_ptr() : nullptr;
 }
 
+// With the bytes of the kernel's own layout of the parameters (pack_norm_args).
 void launch(const at::Tensor& x, const Problem& problem, const NormParams& params) {
-  launch_op(x, problem, params.rows, &params);
+  const NormArgBytes args = pack_norm_args(norm_features(problem), params);
+  launch_op(x, problem, params.rows, args.bytes.data());
 }
 
 // A [B, 1 or T, D] operand with a unit last stride (copied otherwise); the copy, if any,
@@ -91,19 +93,19 @@ std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm_cuda(const at::Tensor& x,
   p.out = out.data_ptr();
   p.sum_out = sum.data_ptr();
   p.x = xv.tensor.data_ptr();
-  p.residual = rv.tensor.data_ptr();
+  p.second = rv.tensor.data_ptr();
   p.weight = data_or_null(w);
   p.rows = xv.rows;
   set_tokens(p, 1);
   p.x_row_stride = xv.row_stride;
-  p.residual_row_stride = rv.row_stride;
+  p.second_row_stride = rv.row_stride;
   p.out_row_stride = xv.hidden;
   p.sum_row_stride = xv.hidden;
   p.eps = static_cast<float>(eps);
 
   Alignment align(dtype);
   for (const void* a :
-       std::initializer_list<const void*>{p.out, p.sum_out, p.x, p.residual, p.weight}) {
+       std::initializer_list<const void*>{p.out, p.sum_out, p.x, p.second, p.weight}) {
     if (a != nullptr) {
       align.address(a);
     }
@@ -139,18 +141,18 @@ void fused_add_rms_norm_inplace_cuda(at::Tensor& x, at::Tensor& residual,
   p.out = x.data_ptr();
   p.sum_out = residual.data_ptr();
   p.x = x.data_ptr();
-  p.residual = residual.data_ptr();
+  p.second = residual.data_ptr();
   p.weight = data_or_null(w);
   p.rows = xv.rows;
   set_tokens(p, 1);
   p.x_row_stride = xv.row_stride;
-  p.residual_row_stride = rv.row_stride;
+  p.second_row_stride = rv.row_stride;
   p.out_row_stride = xv.row_stride;
   p.sum_row_stride = rv.row_stride;
   p.eps = static_cast<float>(eps);
 
   Alignment align(dtype);
-  for (const void* a : {p.x, p.residual, p.weight}) {
+  for (const void* a : {p.x, p.second, p.weight}) {
     if (a != nullptr) {
       align.address(a);
     }
@@ -235,15 +237,15 @@ at::Tensor run_adaln(const AdaLnArgs& args, double eps, at::Tensor* sum) {
   if (args.y != nullptr) {
     const RowView yv = row_view(args.op, *args.y);
     keep.push_back(yv.tensor);
-    p.y = yv.tensor.data_ptr();
-    p.y_row_stride = yv.row_stride;
+    p.second = yv.tensor.data_ptr();
+    p.second_row_stride = yv.row_stride;
     p.gate = modulation(*args.gate, keep, align);
     per_token = per_token || args.gate->size(1) > 1;
     p.sum_out = sum->data_ptr();
     p.sum_row_stride = xv.hidden;
-    align.address(p.y);
+    align.address(p.second);
     align.address(p.sum_out);
-    align.stride(p.y_row_stride);
+    align.stride(p.second_row_stride);
   }
   if (args.weight->has_value()) {
     keep.push_back((*args.weight)->contiguous());

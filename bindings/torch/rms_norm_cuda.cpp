@@ -47,11 +47,11 @@ void rms_norm_cuda_into(const at::Tensor& x, const std::optional<at::Tensor>& we
   params.x = view.tensor.data_ptr();
   params.weight = w.defined() ? w.data_ptr() : nullptr;
   params.rows = view.rows;
-  set_tokens(params, 1);
   params.x_row_stride = view.row_stride;
   params.out_row_stride = view.hidden;
   params.eps = static_cast<float>(eps);
-  launch_op(x, problem, view.rows, &params);
+  const NormArgBytes args = pack_norm_args(norm_features(problem), params);
+  launch_op(x, problem, view.rows, args.bytes.data());
 }
 
 }  // namespace kiln::torch_ops

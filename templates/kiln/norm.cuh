@@ -82,6 +82,7 @@ struct NormRow {
   // per-column operands (Columns).
   static constexpr bool kStreamedModulation = (F & NormFeature::modulate) != 0 && !kPerSample;
   using RowInputs = NormRowInputs<VEC_BYTES, kSteps, F>;
+  using Params = NormArgs<F>;
 
   __device__ __forceinline__ static int column(int step, int lane) {
     return (step * kRowThreads + lane) * kVec;
@@ -99,7 +100,7 @@ struct NormRow {
     }
   }
   // The sample a row belongs to: row / tokens, as a multiply-high (see kiln/divisor.cuh).
-  __device__ __forceinline__ static long long sample_index(const NormParams& p, long long row) {
+  __device__ __forceinline__ static long long sample_index(const Params& p, long long row) {
     return static_cast<long long>(quotient(static_cast<unsigned long long>(row), p.tokens_divisor));
   }
   // Only the last step can run past the row, and only when the split does not divide it.
@@ -112,15 +113,11 @@ struct NormRow {
   }
 
   // All loads of the row are issued before any is used, so they are in flight together.
-  __device__ __forceinline__ static void load_row(const NormParams& p, long long row, int lane,
+  __device__ __forceinline__ static void load_row(const Params& p, long long row, int lane,
                                                   RowInputs& in) {
     const T* const x_row = static_cast<const T*>(p.x) + row * p.x_row_stride;
-    const T* second_row = nullptr;
-    if constexpr ((F & NormFeature::residual) != 0) {
-      second_row = static_cast<const T*>(p.residual) + row * p.residual_row_stride;
-    } else if constexpr ((F & NormFeature::gate) != 0) {
-      second_row = static_cast<const T*>(p.y) + row * p.y_row_stride;
-    }
+    const T* second_row = nullptr;  // the residual, or y
+    if constexpr (kSum) second_row = static_cast<const T*>(p.second) + row * p.second_row_stride;
     long long batch = 0;
     long long token = 0;
     if constexpr (!kPerSample && (F & (NormFeature::gate | NormFeature::modulate)) != 0) {
@@ -169,8 +166,12 @@ struct NormRow {
       kSteps * (VEC_BYTES < 4 ? 1 : VEC_BYTES / 4) * kColumnStreams <= 32;
 
   // The sample whose modulation rows a row reads (per-sample operands only).
-  __device__ __forceinline__ static long long sample_of(const NormParams& p, long long row) {
-    return kPerSample ? sample_index(p, row) : 0;
+  __device__ __forceinline__ static long long sample_of(const Params& p, long long row) {
+    if constexpr (kPerSample) {
+      return sample_index(p, row);
+    } else {
+      return 0;
+    }
   }
   // A vector of a sample's modulation row, through L1 like a per-column operand.
   __device__ __forceinline__ static Raw<VEC_BYTES> sample_operand(const NormModulation& m,
@@ -178,7 +179,7 @@ struct NormRow {
     return column_operand(modulation_row<T>(m, sample, 0), col);
   }
 
-  __device__ __forceinline__ static Columns load_columns(const NormParams& p, int col,
+  __device__ __forceinline__ static Columns load_columns(const Params& p, int col,
                                                          long long sample) {
     Columns c;
     if constexpr ((F & NormFeature::weight) != 0) c.weight = column_operand(p.weight, col);
@@ -249,7 +250,7 @@ struct NormRow {
   }
 
   template <int CTA_THREADS>
-  __device__ __forceinline__ static void process(const NormParams& p, long long row, int lane,
+  __device__ __forceinline__ static void process(const Params& p, long long row, int lane,
                                                  bool active, const RowInputs& in) {
     constexpr float kInvHidden = 1.0f / HIDDEN;
     const long long sample = sample_of(p, row);
@@ -395,8 +396,8 @@ struct NormRow {
 
   // A vector of the row to normalise on its first read (kept in L2 for the second): x, or
   // for the fused ops the sum of the step's inputs, rounded to T and stored.
-  __device__ __forceinline__ static Raw<VEC_BYTES> first_pass_vector(const NormParams& p,
-                                                                     long long row, long long batch,
+  __device__ __forceinline__ static Raw<VEC_BYTES> first_pass_vector(const Params& p, long long row,
+                                                                     long long batch,
                                                                      long long token, int col) {
     const T* const x_row = static_cast<const T*>(p.x) + row * p.x_row_stride;
     if constexpr (!kSum) {
@@ -407,10 +408,11 @@ struct NormRow {
       Raw<VEC_BYTES> gate;
       Raw<VEC_BYTES> table_gate;
       if constexpr ((F & NormFeature::residual) != 0) {
-        second = load_input<VEC_BYTES, kInPlace>(static_cast<const T*>(p.residual) +
-                                                 row * p.residual_row_stride + col);
+        second = load_input<VEC_BYTES, kInPlace>(static_cast<const T*>(p.second) +
+                                                 row * p.second_row_stride + col);
       } else {
-        second = load_global_nc<VEC_BYTES>(static_cast<const T*>(p.y) + row * p.y_row_stride + col);
+        second = load_global_nc<VEC_BYTES>(static_cast<const T*>(p.second) +
+                                           row * p.second_row_stride + col);
         gate = modulation_vector(p.gate, batch, token, col);
         if constexpr (kTable) table_gate = column_operand(p.gate.table, col);
       }
@@ -423,10 +425,14 @@ struct NormRow {
 
   // The same vector on its second read: the stored sum row (which this kernel wrote, so
   // through the coherent path), or x.
-  __device__ __forceinline__ static Raw<VEC_BYTES> second_pass_vector(const NormParams& p,
+  __device__ __forceinline__ static Raw<VEC_BYTES> second_pass_vector(const Params& p,
                                                                       long long row, int col) {
-    const T* const again_row = kSum ? static_cast<const T*>(p.sum_out) + row * p.sum_row_stride
-                                    : static_cast<const T*>(p.x) + row * p.x_row_stride;
+    const T* again_row;
+    if constexpr (kSum) {
+      again_row = static_cast<const T*>(p.sum_out) + row * p.sum_row_stride;
+    } else {
+      again_row = static_cast<const T*>(p.x) + row * p.x_row_stride;
+    }
     return load_stream < VEC_BYTES, L2Priority::evict_first, kSum || kInPlace > (again_row + col);
   }
 
@@ -434,18 +440,15 @@ struct NormRow {
   // gives mean and variance without the cancellation of sum(v^2) - sum(v)^2 when
   // |mean| >> std: the mean of the row's first vector (the fused sum's), an average so that
   // one outlying first value does not place the shift far from the rest.
-  __device__ __forceinline__ static float row_shift(const NormParams& p, long long row,
-                                                    long long batch, long long token) {
+  __device__ __forceinline__ static float row_shift(const Params& p, long long row, long long batch,
+                                                    long long token) {
     Raw<VEC_BYTES> v = load_global<VEC_BYTES>(static_cast<const T*>(p.x) + row * p.x_row_stride);
     if constexpr (kSum) {
-      Raw<VEC_BYTES> second;
+      const Raw<VEC_BYTES> second =
+          load_global<VEC_BYTES>(static_cast<const T*>(p.second) + row * p.second_row_stride);
       Raw<VEC_BYTES> gate;
       Raw<VEC_BYTES> table_gate;
-      if constexpr ((F & NormFeature::residual) != 0) {
-        second =
-            load_global<VEC_BYTES>(static_cast<const T*>(p.residual) + row * p.residual_row_stride);
-      } else {
-        second = load_global<VEC_BYTES>(static_cast<const T*>(p.y) + row * p.y_row_stride);
+      if constexpr ((F & NormFeature::gate) != 0) {
         gate = load_global<VEC_BYTES>(modulation_row<T>(p.gate, batch, token));
         if constexpr (kTable) table_gate = load_global<VEC_BYTES>(p.gate.table);
       }
@@ -556,8 +559,8 @@ struct NormRow {
   static constexpr bool kFirstPassTogether = !kSum;
   static constexpr bool kSecondPassTogether = !kSum && !kStreamedModulation;
   template <int CTA_THREADS>
-  __device__ __forceinline__ static void process_reread(const NormParams& p, long long row,
-                                                        int lane, bool active) {
+  __device__ __forceinline__ static void process_reread(const Params& p, long long row, int lane,
+                                                        bool active) {
     constexpr float kInvHidden = 1.0f / HIDDEN;
     constexpr bool kLayer = (F & NormFeature::layer) != 0;
     static_assert(!(kLayer && kInPlace), "the shift is read from a row being overwritten");
@@ -666,7 +669,7 @@ struct NormRow {
 
   // Starts copying the row's streams into the thread's slots (a thread with a row only).
   template <int CTA_THREADS>
-  __device__ __forceinline__ static void stage_row(const NormParams& p, long long row, int lane,
+  __device__ __forceinline__ static void stage_row(const Params& p, long long row, int lane,
                                                    unsigned thread_slots) {
     const auto slot = [&](int stream, int step) {
       return staged_slot<CTA_THREADS>(thread_slots, stream, step);
@@ -678,12 +681,8 @@ struct NormRow {
       token = row - batch * p.tokens;
     }
     const T* const x_row = static_cast<const T*>(p.x) + row * p.x_row_stride;
-    const T* second_row = nullptr;
-    if constexpr ((F & NormFeature::residual) != 0) {
-      second_row = static_cast<const T*>(p.residual) + row * p.residual_row_stride;
-    } else if constexpr ((F & NormFeature::gate) != 0) {
-      second_row = static_cast<const T*>(p.y) + row * p.y_row_stride;
-    }
+    const T* second_row = nullptr;  // the residual, or y
+    if constexpr (kSum) second_row = static_cast<const T*>(p.second) + row * p.second_row_stride;
 #pragma unroll
     for (int step = 0; step < kSteps; ++step) {
       if (!in_row(step, lane)) continue;
@@ -707,9 +706,8 @@ struct NormRow {
 
   // Normalises the row whose copies into the thread's slots have completed.
   template <int CTA_THREADS>
-  __device__ __forceinline__ static void normalise_staged(const NormParams& p, long long row,
-                                                          int lane, bool active,
-                                                          unsigned thread_slots) {
+  __device__ __forceinline__ static void normalise_staged(const Params& p, long long row, int lane,
+                                                          bool active, unsigned thread_slots) {
     constexpr float kInvHidden = 1.0f / HIDDEN;
     static_assert(ROW_CTAS == 1, "a staged row is not split over a cluster");
     constexpr int kX = kStagedX;
@@ -802,7 +800,7 @@ struct NormRow {
 
 template <typename T, int HIDDEN, int VEC_BYTES, int THREADS_PER_ROW, int CTA_THREADS,
           unsigned FEATURES, bool PREFETCH, bool REREAD>
-__global__ void __launch_bounds__(CTA_THREADS) norm(const NormParams p) {
+__global__ void __launch_bounds__(CTA_THREADS) norm(const NormArgs<FEATURES> p) {
   begin_dependent_grid();
   using Row = NormRow<T, HIDDEN, VEC_BYTES, THREADS_PER_ROW, FEATURES>;
   constexpr int kRowsPerCta = CTA_THREADS / THREADS_PER_ROW;
@@ -847,7 +845,7 @@ __global__ void __launch_bounds__(CTA_THREADS) norm(const NormParams p) {
 // one measured no faster on an H200 (bf16, 8192-32768 rows of 8192), so there is none.
 template <typename T, int HIDDEN, int VEC_BYTES, int THREADS_PER_ROW, int CTA_THREADS,
           unsigned FEATURES>
-__global__ void __launch_bounds__(CTA_THREADS) norm_staged(const NormParams p) {
+__global__ void __launch_bounds__(CTA_THREADS) norm_staged(const NormArgs<FEATURES> p) {
   begin_dependent_grid();
   using Row = NormRow<T, HIDDEN, VEC_BYTES, THREADS_PER_ROW, FEATURES>;
   constexpr int kRowsPerCta = CTA_THREADS / THREADS_PER_ROW;
@@ -882,7 +880,7 @@ __global__ void __launch_bounds__(CTA_THREADS) norm_staged(const NormParams p) {
 // grid of rows x ROW_CTAS CTAs. Declared only where NVRTC accepts __cluster_dims__.
 template <typename T, int HIDDEN, int VEC_BYTES, int CTA_THREADS, int ROW_CTAS, unsigned FEATURES>
 __global__ void __cluster_dims__(ROW_CTAS, 1, 1) __launch_bounds__(CTA_THREADS)
-    norm_cluster(const NormParams p) {
+    norm_cluster(const NormArgs<FEATURES> p) {
   begin_dependent_grid();
   using Row = NormRow<T, HIDDEN, VEC_BYTES, CTA_THREADS, FEATURES, ROW_CTAS>;
   static_assert(VEC_BYTES % sizeof(T) == 0, "a vector holds whole elements");

@@ -1,4 +1,4 @@
-// The single by-value parameter of kiln::norm, the kernel behind fused_add_rms_norm,
+// The by-value parameter of kiln::norm, the kernel behind rms_norm, fused_add_rms_norm,
 // layer_norm, adaln and gated_adaln. Included by the kernel template and by host code that
 // fills it, so it holds plain data only and includes nothing but the plain divisor. Pointers
 // a specialisation does not use are null; strides are in elements.
@@ -36,32 +36,95 @@ struct NormModulation {
   long long token_stride;
 };
 
-struct NormParams {
-  // What every specialisation reads first, together at the front: a single row is waited on
-  // from its first instruction, and each constant-cache line of the parameters it touches
-  // is a miss (~0.1 us) before its first load can issue.
+// The kernel's parameter comes in four layouts, made of the pieces below that its features
+// read, and a kernel takes only its own (NormArgs): a launch's parameter block costs time by
+// its size. On an H200 a 4096-wide bf16 RMSNorm of 1 or 128 rows, launched as kiln launches
+// it, took the same time with 24 to 160 bytes of parameters, 0.1 us longer with 192 and 0.2 us
+// with 240 (bench/diagnostics/one_row.cu); kiln's own rms_norm and fused_add_rms_norm calls
+// took 0.2-0.7 us less with their layouts of 64 and 96 bytes than with the 240 bytes all
+// specialisations took before. The host fills a NormParams (every piece) and launches with
+// the bytes of the problem's layout (pack_norm_args in templates/norm_family.h).
+//
+// What every specialisation reads, first and together: a single row is waited on from its
+// first instruction, and each constant-cache line of the parameters it touches is a miss
+// before its first load can issue.
+struct NormCoreParams {
   void* out;      // the normalised (and modulated) rows
   const void* x;  // the rows to normalise (h for gated_adaln)
   const void* weight;
+  const void* bias;
   long long rows;
   long long x_row_stride;
   long long out_row_stride;
   float eps;
-  void* sum_out;         // fused ops: the new residual stream (x + residual, or h + y * gate)
-  const void* residual;  // fused_add_rms_norm: added to x
-  const void* y;         // gated_adaln: added to h after the gate multiply
-  const void* bias;
-  long long residual_row_stride;
-  long long y_row_stride;
+  unsigned unused;  // explicit padding: every piece is a whole number of 8-byte words
+};
+
+// fused_add_rms_norm and gated_adaln: the sum of x and a second row is stored and normalised.
+struct NormSumParams {
+  void* sum_out;       // the new residual stream (x + residual, or h + y * gate)
+  const void* second;  // fused_add_rms_norm: the residual added to x; gated_adaln: y
+  long long second_row_stride;
   long long sum_row_stride;
+};
+
+// adaln and gated_adaln: the modulation's scale and shift, found by a row's sample.
+struct NormModulationParams {
   long long tokens;  // rows per sample (T), to find a row's modulation operands
   // tokens as a multiply-high magic: a row's sample without a 64-bit division on the way to
   // the row's first load.
   Divisor tokens_divisor;
   NormModulation scale;
   NormModulation shift;
+};
+
+// gated_adaln: the gate of y.
+struct NormGateParams {
   NormModulation gate;
 };
+
+// The layouts: each piece a base, in this order, so each starts where the one before ends.
+struct NormPlainArgs : NormCoreParams {};
+struct NormSumArgs : NormCoreParams, NormSumParams {};
+struct NormModulatedArgs : NormCoreParams, NormModulationParams {};
+struct NormGatedArgs : NormCoreParams, NormSumParams, NormModulationParams, NormGateParams {};
+
+// What the host fills for every op: every piece, laid out as the gated layout.
+struct NormParams : NormGatedArgs {};
+
+// Checked by NVRTC and by the host compiler alike: every piece is a whole number of 8-byte
+// words with no padding of the compiler's, so the layouts' sizes are the sums of theirs.
+static_assert(sizeof(NormModulation) == 32 && sizeof(Divisor) == 24);
+static_assert(sizeof(NormCoreParams) == 64 && sizeof(NormSumParams) == 32 &&
+              sizeof(NormModulationParams) == 96 && sizeof(NormGateParams) == 32);
+static_assert(sizeof(NormPlainArgs) == 64 && sizeof(NormSumArgs) == 96 &&
+              sizeof(NormModulatedArgs) == 160 && sizeof(NormGatedArgs) == 224 &&
+              sizeof(NormParams) == 224);
+
+// The layout of FEATURES (a gate comes only with modulation).
+template <bool GATE, bool MODULATE, bool SUM>
+struct NormLayout {
+  using type = NormPlainArgs;
+};
+template <bool SUM>
+struct NormLayout<true, true, SUM> {
+  using type = NormGatedArgs;
+};
+template <bool SUM>
+struct NormLayout<false, true, SUM> {
+  using type = NormModulatedArgs;
+};
+template <>
+struct NormLayout<false, false, true> {
+  using type = NormSumArgs;
+};
+
+// The layout a kernel of FEATURES takes, as a type of its own so that the kernel's name
+// reads kiln::norm<...>(kiln::NormArgs<F>) in profiles.
+template <unsigned FEATURES>
+struct NormArgs
+    : NormLayout<(FEATURES & NormFeature::gate) != 0, (FEATURES & NormFeature::modulate) != 0,
+                 (FEATURES & (NormFeature::residual | NormFeature::gate)) != 0>::type {};
 
 #ifndef __CUDACC_RTC__
 // Sets the rows per sample and their magic together.

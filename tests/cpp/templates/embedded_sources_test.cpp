@@ -40,7 +40,7 @@ TEST_CASE("the norm template includes what it uses by its embedded names") {
   const std::string_view kernel = text_of("kiln/norm.cuh");
   CHECK(kernel.find("#include \"kiln/common.cuh\"") != std::string_view::npos);
   CHECK(kernel.find("#include \"kiln/norm_params.cuh\"") != std::string_view::npos);
-  CHECK(kernel.find("norm(const NormParams p)") != std::string_view::npos);
+  CHECK(kernel.find("norm(const NormArgs<FEATURES> p)") != std::string_view::npos);
   // The parameter header is shared with host code, so it must stay free of device code: it
   // includes the plain divisor only.
   const std::string_view params = text_of("kiln/norm_params.cuh");

@@ -185,13 +185,12 @@ TEST_CASE("buffers, bytes moved and packed parameters follow the op") {
   NormParams p;
   std::memcpy(&p, bytes.data(), sizeof(p));
   CHECK(reinterpret_cast<std::uintptr_t>(p.x) == 0x1000);
-  CHECK(reinterpret_cast<std::uintptr_t>(p.y) == 0x2000);
+  CHECK(reinterpret_cast<std::uintptr_t>(p.second) == 0x2000);  // y
   CHECK(reinterpret_cast<std::uintptr_t>(p.gate.data) == 0x3000);
   CHECK(reinterpret_cast<std::uintptr_t>(p.shift.table) == 0x8000);
   CHECK(reinterpret_cast<std::uintptr_t>(p.sum_out) == 0xa000);
   CHECK(p.rows == 10);
   CHECK(p.scale.token_stride == 256);
-  CHECK(p.residual == nullptr);
   // One sample of 10 tokens; the kernel finds a row's sample with the magic, not a division.
   CHECK(p.tokens == 10);
   for (unsigned long long row : {0ull, 9ull, 10ull, 19ull, 12345ull, 1ull << 40}) {
@@ -204,6 +203,80 @@ TEST_CASE("buffers, bytes moved and packed parameters follow the op") {
   addresses.pop_back();
   CHECK_THROWS_WITH_AS(fam.pack_params(gated, 10, addresses),
                        doctest::Contains("expected 10 addresses (x, y, gate"), Error);
+}
+
+// Where a piece of the parameters starts inside a layout, in bytes.
+template <typename Piece, typename Layout>
+std::ptrdiff_t offset_of_piece(const Layout& layout) {
+  return reinterpret_cast<const std::byte*>(static_cast<const Piece*>(&layout)) -
+         reinterpret_cast<const std::byte*>(&layout);
+}
+
+TEST_CASE("each kernel takes only the pieces of the parameters its features read") {
+  // The pieces follow each other in every layout, as NVRTC lays them out for the device.
+  const NormGatedArgs gated{};
+  CHECK(offset_of_piece<NormCoreParams>(gated) == 0);
+  CHECK(offset_of_piece<NormSumParams>(gated) == 64);
+  CHECK(offset_of_piece<NormModulationParams>(gated) == 96);
+  CHECK(offset_of_piece<NormGateParams>(gated) == 192);
+  const NormModulatedArgs modulated{};
+  CHECK(offset_of_piece<NormModulationParams>(modulated) == 64);
+  const NormSumArgs summed{};
+  CHECK(offset_of_piece<NormSumParams>(summed) == 64);
+
+  NormParams params{};
+  params.out = reinterpret_cast<void*>(0x100);
+  params.x = reinterpret_cast<const void*>(0x200);
+  params.eps = 0.5f;
+  params.sum_out = reinterpret_cast<void*>(0x300);
+  params.second_row_stride = 7;
+  set_tokens(params, 2688);
+  params.shift.token_stride = 9;
+  params.gate.table = reinterpret_cast<const void*>(0x400);
+
+  struct Case {
+    Op op;
+    std::uint32_t flags;
+    std::size_t size;
+  };
+  for (const Case& c :
+       {Case{Op::rms_norm, kNormWeight, 64}, Case{Op::layer_norm, kNormBias, 64},
+        Case{Op::fused_add_rms_norm, kNormInPlace, 96},
+        Case{Op::adaln, kNormTable | kNormPerToken, 160}, Case{Op::gated_adaln, kNormTable, 224}}) {
+    CAPTURE(op_name(c.op));
+    Problem problem;
+    problem.op = c.op;
+    problem.flags = c.flags;
+    const unsigned features = norm_features(problem);
+    CHECK(features == norm_family(c.op).features(problem));
+    const NormArgBytes packed = pack_norm_args(features, params);
+    REQUIRE(packed.size == c.size);
+    NormCoreParams core{};
+    std::memcpy(&core, packed.bytes.data(), sizeof(core));
+    CHECK(core.out == params.out);
+    CHECK(core.x == params.x);
+    CHECK(core.eps == 0.5f);
+    if (c.op == Op::fused_add_rms_norm) {
+      NormSumArgs sum{};
+      std::memcpy(&sum, packed.bytes.data(), sizeof(sum));
+      CHECK(sum.sum_out == params.sum_out);
+      CHECK(sum.second_row_stride == 7);
+    }
+    if (c.op == Op::adaln) {
+      NormModulatedArgs modulated_args{};
+      std::memcpy(&modulated_args, packed.bytes.data(), sizeof(modulated_args));
+      CHECK(modulated_args.tokens == 2688);
+      CHECK(modulated_args.shift.token_stride == 9);
+      CHECK(quotient(2688ull * 3 + 5, modulated_args.tokens_divisor) == 3);
+    }
+    if (c.op == Op::gated_adaln) {
+      NormGatedArgs gated_args{};
+      std::memcpy(&gated_args, packed.bytes.data(), sizeof(gated_args));
+      CHECK(gated_args.sum_out == params.sum_out);
+      CHECK(gated_args.tokens == 2688);
+      CHECK(gated_args.gate.table == params.gate.table);
+    }
+  }
 }
 
 TEST_CASE("common problems are valid specialisations") {

@@ -644,12 +644,12 @@ TEST_CASE("buffers and bytes_moved describe a stand-alone run") {
   CHECK_THROWS_AS(rms().buffers(problem(DType::bf16, 4096), -1), kiln::ArgumentError);
 }
 
-TEST_CASE("pack_params lays out NormParams for the buffers' addresses") {
+TEST_CASE("pack_params lays out the plain norm's parameters for the buffers' addresses") {
   const Problem p = problem(DType::bf16, 4096);
   const std::uint64_t addresses[] = {0x7f0000001000ull, 0x7f0000200000ull, 0x7f0000300000ull};
   const std::vector<std::byte> bytes = rms().pack_params(p, 123, addresses);
-  REQUIRE(bytes.size() == sizeof(kiln::NormParams));
-  kiln::NormParams params;
+  REQUIRE(bytes.size() == sizeof(kiln::NormPlainArgs));
+  kiln::NormPlainArgs params;
   std::memcpy(&params, bytes.data(), sizeof(params));
   CHECK(reinterpret_cast<std::uintptr_t>(params.x) == addresses[0]);
   CHECK(reinterpret_cast<std::uintptr_t>(params.weight) == addresses[1]);

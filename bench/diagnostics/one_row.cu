@@ -1,0 +1,321 @@
+// Where a launch-bound norm's time goes: a bf16 RMSNorm of 4096-wide rows built up step by step
+// from a plain copy of its row (the weight read, the reduction, the threads a row is split
+// over, the wait for the prior grid, the parameter bytes, a cluster split), each timed as
+// bench/common.py times kiln beside its peers: the benches' L2 flush before every call
+// (l2_flush.cuh), CUDA events around it, 25 calls queued behind a GPU sleep, the variants
+// interleaved in shuffled rounds. At 1 and 128 rows. Beside them cudaMemcpyAsync of the row's
+// bytes and of the norm's (x, weight and output), and a one-element kernel. Last, the norm
+// launched as kiln launches it on sm_90 (programmatic stream serialization) with parameter
+// blocks of 24 to 416 bytes.
+// Build and run on a GPU machine: bash bench/diagnostics/run.sh
+#include <cooperative_groups.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include "l2_flush.cuh"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace {
+
+constexpr int kHidden = 4096;
+constexpr int kVectors = kHidden / 8;  // 16-byte vectors of a row
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) {
+    std::printf("%s: %s\n", what, cudaGetErrorString(e));
+    std::exit(1);
+  }
+}
+
+template <int PAD>
+struct Params {
+  const uint4* x;
+  const uint4* w;
+  uint4* out;
+  int unused[PAD];
+};
+
+__global__ void spin(long long cycles) {
+  const long long start = clock64();
+  while (clock64() - start < cycles) {
+  }
+}
+
+__global__ void one_element(float* x) {
+  x[0] += 1.0f;
+}
+
+__device__ __forceinline__ float squares(const uint4& v) {
+  const __nv_bfloat16* e = reinterpret_cast<const __nv_bfloat16*>(&v);
+  float s = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const float f = __bfloat162float(e[i]);
+    s += f * f;
+  }
+  return s;
+}
+
+__device__ __forceinline__ uint4 scaled(const uint4& v, const uint4& w, float r, bool weight) {
+  const __nv_bfloat16* e = reinterpret_cast<const __nv_bfloat16*>(&v);
+  const __nv_bfloat16* we = reinterpret_cast<const __nv_bfloat16*>(&w);
+  uint4 o;
+  __nv_bfloat16* oe = reinterpret_cast<__nv_bfloat16*>(&o);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    float f = __bfloat162float(e[i]) * r;
+    if (weight) f *= __bfloat162float(we[i]);
+    oe[i] = __float2bfloat16(f);
+  }
+  return o;
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// One row a CTA of THREADS threads, kVectors / THREADS vectors a thread, loaded together.
+// WEIGHT: the weight's vectors are loaded with the row's and multiplied in. REDUCE: the sum
+// of squares over the row (warp shuffles, then shared memory and one barrier), else the row is
+// only copied (times 1). PDL: griddepcontrol.wait and launch_dependents first, as kiln's.
+template <int THREADS, bool WEIGHT, bool REDUCE, bool PDL, int PAD>
+__global__ void __launch_bounds__(THREADS) row_kernel(const Params<PAD> p) {
+#if __CUDA_ARCH__ >= 900
+  if constexpr (PDL) {
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;");
+  }
+#endif
+  constexpr int kSteps = kVectors / THREADS;
+  const uint4* x = p.x + static_cast<size_t>(blockIdx.x) * kVectors;
+  uint4 v[kSteps];
+  uint4 w[kSteps];
+#pragma unroll
+  for (int s = 0; s < kSteps; ++s) {
+    v[s] = __ldg(x + threadIdx.x + s * THREADS);
+    if constexpr (WEIGHT) w[s] = __ldg(p.w + threadIdx.x + s * THREADS);
+  }
+  float r = 1.0f;
+  if constexpr (REDUCE) {
+    float ss = 0.0f;
+#pragma unroll
+    for (int s = 0; s < kSteps; ++s) ss += squares(v[s]);
+    ss = warp_sum(ss);
+    if constexpr (THREADS > 32) {
+      __shared__ float part[THREADS / 32];
+      if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = ss;
+      __syncthreads();
+      ss = 0.0f;
+#pragma unroll
+      for (int i = 0; i < THREADS / 32; ++i) ss += part[i];
+    }
+    r = rsqrtf(ss * (1.0f / kHidden) + 1e-6f);
+  }
+  uint4* out = p.out + static_cast<size_t>(blockIdx.x) * kVectors;
+#pragma unroll
+  for (int s = 0; s < kSteps; ++s) {
+    out[threadIdx.x + s * THREADS] = scaled(v[s], w[s], r, WEIGHT);
+  }
+}
+
+// A row split over the CLUSTER CTAs of a cluster, one vector a thread, the per-warp sums
+// stored into every CTA's shared memory and one cluster barrier.
+template <int CLUSTER>
+__global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__(kVectors / CLUSTER)
+    cluster_kernel(const Params<0> p) {
+  namespace cg = cooperative_groups;
+  constexpr int kThreads = kVectors / CLUSTER;
+  constexpr int kWarps = kThreads / 32;
+  cg::cluster_group cluster = cg::this_cluster();
+  const unsigned rank = cluster.block_rank();
+  const size_t row = blockIdx.x / CLUSTER;
+  const int col = static_cast<int>(rank) * kThreads + static_cast<int>(threadIdx.x);
+  const uint4 v = __ldg(p.x + row * kVectors + col);
+  const uint4 w = __ldg(p.w + col);
+  __shared__ float part[CLUSTER * kWarps];
+  const float ss = warp_sum(squares(v));
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  if (lane < CLUSTER) {
+    float* remote = cluster.map_shared_rank(part, lane);
+    remote[rank * kWarps + threadIdx.x / 32] = ss;
+  }
+  cluster.sync();
+  float total = 0.0f;
+  for (int i = lane; i < CLUSTER * kWarps; i += 32) total += part[i];
+  total = warp_sum(total);
+  const float r = rsqrtf(total * (1.0f / kHidden) + 1e-6f);
+  p.out[row * kVectors + col] = scaled(v, w, r, true);
+}
+
+struct Variant {
+  std::string name;
+  std::function<void(int rows)> launch;
+};
+
+template <int THREADS, bool WEIGHT, bool REDUCE, bool PDL, int PAD = 0>
+Variant row_variant(const std::string& name, const void* x, const void* w, void* out) {
+  Params<PAD> p{};
+  p.x = static_cast<const uint4*>(x);
+  p.w = static_cast<const uint4*>(w);
+  p.out = static_cast<uint4*>(out);
+  return {name,
+          [p](int rows) { row_kernel<THREADS, WEIGHT, REDUCE, PDL, PAD><<<rows, THREADS>>>(p); }};
+}
+
+// As row_variant, launched as kiln launches on sm_90: cudaLaunchKernelEx with programmatic
+// stream serialization, the kernel waiting for the prior grid.
+template <int PAD>
+Variant pdl_variant(const void* x, const void* w, void* out) {
+  Params<PAD> p{};
+  p.x = static_cast<const uint4*>(x);
+  p.w = static_cast<const uint4*>(w);
+  p.out = static_cast<uint4*>(out);
+  const std::string name = "norm 512, PDL, " + std::to_string(sizeof(Params<PAD>)) + " B";
+  return {name, [p](int rows) {
+            cudaLaunchConfig_t config{};
+            config.gridDim = dim3(rows);
+            config.blockDim = dim3(512);
+            cudaLaunchAttribute attribute{};
+            attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+            attribute.val.programmaticStreamSerializationAllowed = 1;
+            config.attrs = &attribute;
+            config.numAttrs = 1;
+            check(cudaLaunchKernelEx(&config, row_kernel<512, true, true, true, PAD>, p),
+                  "cudaLaunchKernelEx");
+          }};
+}
+
+template <int CLUSTER>
+Variant cluster_variant(const std::string& name, const void* x, const void* w, void* out) {
+  Params<0> p{};
+  p.x = static_cast<const uint4*>(x);
+  p.w = static_cast<const uint4*>(w);
+  p.out = static_cast<uint4*>(out);
+  return {name,
+          [p](int rows) { cluster_kernel<CLUSTER><<<rows * CLUSTER, kVectors / CLUSTER>>>(p); }};
+}
+
+}  // namespace
+
+int main() {
+  const size_t flush_bytes = size_t{256} << 20;
+  constexpr int kMaxRows = 128;
+  const size_t row_bytes = kHidden * 2;
+  void *flush, *x, *w, *out, *copy_in, *copy_out, *scalar;
+  check(cudaMalloc(&flush, flush_bytes), "cudaMalloc");
+  check(cudaMalloc(&x, kMaxRows * row_bytes), "cudaMalloc");
+  check(cudaMalloc(&w, row_bytes), "cudaMalloc");
+  check(cudaMalloc(&out, kMaxRows * row_bytes), "cudaMalloc");
+  check(cudaMalloc(&copy_in, 2 * kMaxRows * row_bytes), "cudaMalloc");
+  check(cudaMalloc(&copy_out, 2 * kMaxRows * row_bytes), "cudaMalloc");
+  check(cudaMalloc(&scalar, 4), "cudaMalloc");
+  check(cudaMemset(x, 0x3f, kMaxRows * row_bytes), "cudaMemset");
+  check(cudaMemset(w, 0x3f, row_bytes), "cudaMemset");
+  check(cudaMemset(copy_in, 0x3f, 2 * kMaxRows * row_bytes), "cudaMemset");
+
+  const std::vector<Variant> variants = {
+      {"one-element kernel", [scalar](int) { one_element<<<1, 1>>>(static_cast<float*>(scalar)); }},
+      {"cudaMemcpy, row bytes",
+       [=](int rows) {
+         check(cudaMemcpyAsync(copy_out, copy_in, rows * row_bytes, cudaMemcpyDeviceToDevice),
+               "cudaMemcpyAsync");
+       }},
+      {"cudaMemcpy, norm's bytes",
+       [=](int rows) {
+         // x, weight and output: (rows + 1) rows read and rows written, as one copy
+         check(cudaMemcpyAsync(copy_out, copy_in, (2 * rows + 1) * row_bytes / 2,
+                               cudaMemcpyDeviceToDevice),
+               "cudaMemcpyAsync");
+       }},
+      row_variant<512, false, false, false>("copy the row, 512 thr", x, w, out),
+      row_variant<512, true, false, false>("+ weight", x, w, out),
+      row_variant<512, false, true, false>("+ reduce (no weight)", x, w, out),
+      row_variant<512, true, true, false>("norm, 512 thr", x, w, out),
+      row_variant<256, true, true, false>("norm, 256 thr x2", x, w, out),
+      row_variant<128, true, true, false>("norm, 128 thr x4", x, w, out),
+      row_variant<32, true, true, false>("norm, 1 warp x16", x, w, out),
+      row_variant<512, true, true, true>("norm 512 + pdl wait", x, w, out),
+      row_variant<512, true, true, false, 54>("norm 512, 240 B params", x, w, out),
+      row_variant<128, false, false, false>("copy the row, 128 thr", x, w, out),
+      cluster_variant<4>("norm, cluster 4 x 128", x, w, out),
+      cluster_variant<8>("norm, cluster 8 x 64", x, w, out),
+      pdl_variant<0>(x, w, out),
+      pdl_variant<10>(x, w, out),
+      pdl_variant<18>(x, w, out),
+      pdl_variant<26>(x, w, out),
+      pdl_variant<34>(x, w, out),
+      pdl_variant<42>(x, w, out),
+      pdl_variant<54>(x, w, out),
+      pdl_variant<98>(x, w, out),
+  };
+  static_assert(sizeof(Params<54>) == 240 && sizeof(Params<10>) == 64 &&
+                sizeof(Params<42>) == 192 && sizeof(Params<98>) == 416);
+
+  constexpr int kChunk = 25;
+  constexpr int kRounds = 2020;
+  std::vector<cudaEvent_t> starts(kChunk), stops(kChunk);
+  for (int i = 0; i < kChunk; ++i) {
+    check(cudaEventCreate(&starts[i]), "cudaEventCreate");
+    check(cudaEventCreate(&stops[i]), "cudaEventCreate");
+  }
+  int clock_khz = 0;
+  check(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, 0), "attribute");
+  std::vector<std::vector<double>> medians(variants.size()), means(variants.size());
+  for (int rows : {1, 128}) {
+    std::vector<std::vector<float>> times(variants.size());
+    std::vector<int> order;
+    std::mt19937 shuffle(rows);
+    for (int round = 0; round < kRounds; ++round) {
+      std::vector<int> next(variants.size());
+      for (size_t i = 0; i < next.size(); ++i) next[i] = static_cast<int>(i);
+      std::shuffle(next.begin(), next.end(), shuffle);
+      order.insert(order.end(), next.begin(), next.end());
+      const bool last = round + 1 == kRounds;
+      while (order.size() >= kChunk || (last && !order.empty())) {
+        const size_t n = std::min<size_t>(order.size(), kChunk);
+        spin<<<1, 1>>>(2'000'000);
+        for (size_t i = 0; i < n; ++i) {
+          check(flush_l2(flush, flush_bytes), "flush_l2");
+          check(cudaEventRecord(starts[i]), "cudaEventRecord");
+          variants[order[i]].launch(rows);
+          check(cudaEventRecord(stops[i]), "cudaEventRecord");
+        }
+        check(cudaEventSynchronize(stops[n - 1]), "cudaEventSynchronize");
+        for (size_t i = 0; i < n; ++i) {
+          float ms = 0;
+          check(cudaEventElapsedTime(&ms, starts[i], stops[i]), "cudaEventElapsedTime");
+          if (round >= 20) times[order[i]].push_back(ms * 1000);
+        }
+        order.erase(order.begin(), order.begin() + static_cast<long>(n));
+      }
+    }
+    check(cudaGetLastError(), "a launch");
+    for (size_t k = 0; k < variants.size(); ++k) {
+      std::vector<float>& t = times[k];
+      std::sort(t.begin(), t.end());
+      medians[k].push_back(t[t.size() / 2]);
+      double sum = 0;
+      for (size_t j = t.size() / 4; j < 3 * t.size() / 4; ++j) sum += t[j];
+      means[k].push_back(sum / static_cast<double>(3 * t.size() / 4 - t.size() / 4));
+    }
+  }
+  std::printf(
+      "one_row: bf16 RMSNorm of %d-wide rows built up from a copy; us, queued, after the "
+      "benches' flush (median / mean of the middle half); clock %d MHz\n",
+      kHidden, clock_khz / 1000);
+  std::printf("%-28s %18s %18s\n", "variant", "1 row", "128 rows");
+  for (size_t k = 0; k < variants.size(); ++k) {
+    std::printf("%-28s %8.3f / %7.3f %8.3f / %7.3f\n", variants[k].name.c_str(), medians[k][0],
+                means[k][0], medians[k][1], means[k][1]);
+  }
+  return 0;
+}
