@@ -6,9 +6,10 @@
 // interleaved in shuffled rounds. At 1 and 128 rows. Beside them cudaMemcpyAsync of the row's
 // bytes and of the norm's (x, weight and output), and a one-element kernel. Last, the norm
 // launched as kiln launches it on sm_90 (programmatic stream serialization) with parameter
-// blocks of 24 to 416 bytes.
+// blocks of 24 bytes to 1 KB.
 // Build and run on a GPU machine: bash bench/diagnostics/run.sh
 #include <cooperative_groups.h>
+#include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -17,7 +18,9 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <functional>
+#include <iterator>
 #include <random>
 #include <string>
 #include <vector>
@@ -194,6 +197,67 @@ Variant pdl_variant(const void* x, const void* w, void* out) {
           }};
 }
 
+// kiln's own rms_norm kernel, as `kiln compile --format ptx` wrote it (a 4096-wide bf16 row
+// with weight; 64 bytes of parameters, as NormPlainArgs lays them out), launched as kiln
+// launches it: programmatic stream serialization, CTA_THREADS threads a row.
+struct KilnPlainArgs {
+  void* out;
+  const void* x;
+  const void* weight;
+  const void* bias;
+  long long rows;
+  long long x_row_stride;
+  long long out_row_stride;
+  float eps;
+  unsigned unused;
+};
+static_assert(sizeof(KilnPlainArgs) == 64);
+
+void check_driver(CUresult r, const char* what) {
+  if (r != CUDA_SUCCESS) {
+    const char* text = nullptr;
+    cuGetErrorString(r, &text);
+    std::printf("%s: %s\n", what, text != nullptr ? text : "?");
+    std::exit(1);
+  }
+}
+
+Variant kiln_variant(const std::string& ptx_path, const std::string& entry, int cta_threads,
+                     const void* x, const void* w, void* out) {
+  std::ifstream file(ptx_path);
+  const std::string ptx((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+  if (ptx.empty()) {
+    std::printf("cannot read %s\n", ptx_path.c_str());
+    std::exit(1);
+  }
+  CUmodule module;
+  CUfunction function;
+  check_driver(cuModuleLoadData(&module, ptx.c_str()), "cuModuleLoadData");
+  check_driver(cuModuleGetFunction(&function, module, entry.c_str()), "cuModuleGetFunction");
+  KilnPlainArgs args{};
+  args.out = out;
+  args.x = x;
+  args.weight = w;
+  args.x_row_stride = kHidden;
+  args.out_row_stride = kHidden;
+  args.eps = 1e-6f;
+  return {"kiln's rms_norm, t" + std::to_string(cta_threads), [=](int rows) mutable {
+            args.rows = rows;
+            void* params[] = {&args};
+            CUlaunchConfig config{};
+            config.gridDimX = static_cast<unsigned>(rows);
+            config.gridDimY = config.gridDimZ = 1;
+            config.blockDimX = static_cast<unsigned>(cta_threads);
+            config.blockDimY = config.blockDimZ = 1;
+            CUlaunchAttribute attribute{};
+            attribute.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+            attribute.value.programmaticStreamSerializationAllowed = 1;
+            config.attrs = &attribute;
+            config.numAttrs = 1;
+            check_driver(cuLaunchKernelEx(&config, function, params, nullptr), "cuLaunchKernelEx");
+          }};
+}
+
 template <int CLUSTER>
 Variant cluster_variant(const std::string& name, const void* x, const void* w, void* out) {
   Params<0> p{};
@@ -206,7 +270,9 @@ Variant cluster_variant(const std::string& name, const void* x, const void* w, v
 
 }  // namespace
 
-int main() {
+// Optional arguments: a PTX file of kiln's rms_norm (4096 wide, bf16, with weight, one row a
+// CTA), its entry name and its CTA threads, to time beside the kernels here.
+int main(int argc, char** argv) {
   const size_t flush_bytes = size_t{256} << 20;
   constexpr int kMaxRows = 128;
   const size_t row_bytes = kHidden * 2;
@@ -222,7 +288,7 @@ int main() {
   check(cudaMemset(w, 0x3f, row_bytes), "cudaMemset");
   check(cudaMemset(copy_in, 0x3f, 2 * kMaxRows * row_bytes), "cudaMemset");
 
-  const std::vector<Variant> variants = {
+  std::vector<Variant> variants = {
       {"one-element kernel", [scalar](int) { one_element<<<1, 1>>>(static_cast<float*>(scalar)); }},
       {"cudaMemcpy, row bytes",
        [=](int rows) {
@@ -253,10 +319,25 @@ int main() {
       pdl_variant<18>(x, w, out),
       pdl_variant<26>(x, w, out),
       pdl_variant<34>(x, w, out),
+      pdl_variant<38>(x, w, out),
       pdl_variant<42>(x, w, out),
+      pdl_variant<46>(x, w, out),
+      pdl_variant<50>(x, w, out),
       pdl_variant<54>(x, w, out),
+      pdl_variant<58>(x, w, out),
+      pdl_variant<60>(x, w, out),
+      pdl_variant<66>(x, w, out),
+      pdl_variant<74>(x, w, out),
       pdl_variant<98>(x, w, out),
+      pdl_variant<122>(x, w, out),
+      pdl_variant<250>(x, w, out),
   };
+  check(cudaFree(nullptr), "cudaFree");  // the runtime's context, for the driver API too
+  for (int i = 1; i + 2 < argc; i += 3) {
+    variants.push_back(kiln_variant(argv[i], argv[i + 1], std::atoi(argv[i + 2]), x, w, out));
+    variants.push_back(
+        row_variant<256, true, true, true>("norm, 256 thr x2 + pdl wait", x, w, out));
+  }
   static_assert(sizeof(Params<54>) == 240 && sizeof(Params<10>) == 64 &&
                 sizeof(Params<42>) == 192 && sizeof(Params<98>) == 416);
 

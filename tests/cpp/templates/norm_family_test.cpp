@@ -242,7 +242,7 @@ TEST_CASE("each kernel takes only the pieces of the parameters its features read
   for (const Case& c :
        {Case{Op::rms_norm, kNormWeight, 64}, Case{Op::layer_norm, kNormBias, 64},
         Case{Op::fused_add_rms_norm, kNormInPlace, 96},
-        Case{Op::adaln, kNormTable | kNormPerToken, 160}, Case{Op::gated_adaln, kNormTable, 224}}) {
+        Case{Op::adaln, kNormTable | kNormPerToken, 160}, Case{Op::gated_adaln, kNormTable, 288}}) {
     CAPTURE(op_name(c.op));
     Problem problem;
     problem.op = c.op;
