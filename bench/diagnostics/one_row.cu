@@ -13,15 +13,14 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
-#include "l2_flush.cuh"
+#include "interleaved_rounds.cuh"
+#include "kiln/norm_params.cuh"  // templates/ on the include path
 
-#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <functional>
 #include <iterator>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -30,13 +29,6 @@ namespace {
 constexpr int kHidden = 4096;
 constexpr int kVectors = kHidden / 8;  // 16-byte vectors of a row
 
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) {
-    std::printf("%s: %s\n", what, cudaGetErrorString(e));
-    std::exit(1);
-  }
-}
-
 template <int PAD>
 struct Params {
   const uint4* x;
@@ -44,12 +36,6 @@ struct Params {
   uint4* out;
   int unused[PAD];
 };
-
-__global__ void spin(long long cycles) {
-  const long long start = clock64();
-  while (clock64() - start < cycles) {
-  }
-}
 
 __global__ void one_element(float* x) {
   x[0] += 1.0f;
@@ -198,20 +184,8 @@ Variant pdl_variant(const void* x, const void* w, void* out) {
 }
 
 // kiln's own rms_norm kernel, as `kiln compile --format ptx` wrote it (a 4096-wide bf16 row
-// with weight; 64 bytes of parameters, as NormPlainArgs lays them out), launched as kiln
-// launches it: programmatic stream serialization, CTA_THREADS threads a row.
-struct KilnPlainArgs {
-  void* out;
-  const void* x;
-  const void* weight;
-  const void* bias;
-  long long rows;
-  long long x_row_stride;
-  long long out_row_stride;
-  float eps;
-  unsigned unused;
-};
-static_assert(sizeof(KilnPlainArgs) == 64);
+// with weight, taking kiln::NormPlainArgs), launched as kiln launches it: programmatic stream
+// serialization, CTA_THREADS threads a row.
 
 void check_driver(CUresult r, const char* what) {
   if (r != CUDA_SUCCESS) {
@@ -234,7 +208,7 @@ Variant kiln_variant(const std::string& ptx_path, const std::string& entry, int 
   CUfunction function;
   check_driver(cuModuleLoadData(&module, ptx.c_str()), "cuModuleLoadData");
   check_driver(cuModuleGetFunction(&function, module, entry.c_str()), "cuModuleGetFunction");
-  KilnPlainArgs args{};
+  kiln::NormPlainArgs args{};
   args.out = out;
   args.x = x;
   args.weight = w;
@@ -341,52 +315,16 @@ int main(int argc, char** argv) {
   static_assert(sizeof(Params<54>) == 240 && sizeof(Params<10>) == 64 &&
                 sizeof(Params<42>) == 192 && sizeof(Params<98>) == 416);
 
-  constexpr int kChunk = 25;
-  constexpr int kRounds = 2020;
-  std::vector<cudaEvent_t> starts(kChunk), stops(kChunk);
-  for (int i = 0; i < kChunk; ++i) {
-    check(cudaEventCreate(&starts[i]), "cudaEventCreate");
-    check(cudaEventCreate(&stops[i]), "cudaEventCreate");
-  }
   int clock_khz = 0;
   check(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, 0), "attribute");
   std::vector<std::vector<double>> medians(variants.size()), means(variants.size());
   for (int rows : {1, 128}) {
-    std::vector<std::vector<float>> times(variants.size());
-    std::vector<int> order;
-    std::mt19937 shuffle(rows);
-    for (int round = 0; round < kRounds; ++round) {
-      std::vector<int> next(variants.size());
-      for (size_t i = 0; i < next.size(); ++i) next[i] = static_cast<int>(i);
-      std::shuffle(next.begin(), next.end(), shuffle);
-      order.insert(order.end(), next.begin(), next.end());
-      const bool last = round + 1 == kRounds;
-      while (order.size() >= kChunk || (last && !order.empty())) {
-        const size_t n = std::min<size_t>(order.size(), kChunk);
-        spin<<<1, 1>>>(2'000'000);
-        for (size_t i = 0; i < n; ++i) {
-          check(flush_l2(flush, flush_bytes), "flush_l2");
-          check(cudaEventRecord(starts[i]), "cudaEventRecord");
-          variants[order[i]].launch(rows);
-          check(cudaEventRecord(stops[i]), "cudaEventRecord");
-        }
-        check(cudaEventSynchronize(stops[n - 1]), "cudaEventSynchronize");
-        for (size_t i = 0; i < n; ++i) {
-          float ms = 0;
-          check(cudaEventElapsedTime(&ms, starts[i], stops[i]), "cudaEventElapsedTime");
-          if (round >= 20) times[order[i]].push_back(ms * 1000);
-        }
-        order.erase(order.begin(), order.begin() + static_cast<long>(n));
-      }
-    }
-    check(cudaGetLastError(), "a launch");
+    const std::vector<std::vector<float>> times =
+        time_interleaved(variants.size(), 2020, true, static_cast<unsigned>(rows), flush,
+                         flush_bytes, [&](int v) { variants[v].launch(rows); });
     for (size_t k = 0; k < variants.size(); ++k) {
-      std::vector<float>& t = times[k];
-      std::sort(t.begin(), t.end());
-      medians[k].push_back(t[t.size() / 2]);
-      double sum = 0;
-      for (size_t j = t.size() / 4; j < 3 * t.size() / 4; ++j) sum += t[j];
-      means[k].push_back(sum / static_cast<double>(3 * t.size() / 4 - t.size() / 4));
+      medians[k].push_back(median(times[k]));
+      means[k].push_back(middle_half_mean(times[k]));
     }
   }
   std::printf(

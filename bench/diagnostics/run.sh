@@ -21,5 +21,5 @@ nvcc -O3 -std=c++17 -arch=native -o "$build/rope_table" rope_table.cu
 "$build/rope_table"
 nvcc -O3 -std=c++17 -arch=native -o "$build/dependent_launch" dependent_launch.cu
 "$build/dependent_launch"
-nvcc -O3 -std=c++17 -arch=native -o "$build/one_row" one_row.cu -lcuda
+nvcc -O3 -std=c++17 -arch=native -I../../templates -o "$build/one_row" one_row.cu -lcuda
 "$build/one_row"

@@ -87,8 +87,9 @@ struct NormGateParams {
 struct NormPlainArgs : NormCoreParams {};
 struct NormSumArgs : NormCoreParams, NormSumParams {};
 struct NormModulatedArgs : NormCoreParams, NormModulationParams {};
-// Padded past 256 bytes: on an H200 (driver 580) a launch took 0.1-0.2 us longer with 200-270
-// bytes of parameters than with up to 160, and only 0.03-0.06 us longer with 288 bytes to 1 KB
+// Padded past 256 bytes: on an H200 (driver 580), launched as kiln launches on sm_90
+// (programmatic stream serialization), a call took 0.1-0.2 us longer with 200-270 bytes of
+// parameters than with up to 160, and only 0.03-0.06 us longer with 288 bytes to 1 KB
 // (bench/diagnostics/one_row.cu); the gated layout's own 224 bytes fall in the dear range.
 struct NormGatedArgs : NormCoreParams, NormSumParams, NormModulationParams, NormGateParams {
   unsigned char unused[64];
