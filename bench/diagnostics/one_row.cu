@@ -215,7 +215,8 @@ Variant kiln_variant(const std::string& ptx_path, const std::string& entry, int 
   args.x_row_stride = kHidden;
   args.out_row_stride = kHidden;
   args.eps = 1e-6f;
-  return {"kiln's rms_norm, t" + std::to_string(cta_threads), [=](int rows) mutable {
+  const std::string stem = ptx_path.substr(ptx_path.find_last_of('/') + 1);
+  return {"kiln " + stem + ", t" + std::to_string(cta_threads), [=](int rows) mutable {
             args.rows = rows;
             void* params[] = {&args};
             CUlaunchConfig config{};
@@ -244,8 +245,9 @@ Variant cluster_variant(const std::string& name, const void* x, const void* w, v
 
 }  // namespace
 
-// Optional arguments: a PTX file of kiln's rms_norm (4096 wide, bf16, with weight, one row a
-// CTA), its entry name and its CTA threads, to time beside the kernels here.
+// Optional arguments: triples of a PTX file of kiln's rms_norm (4096 wide, bf16, with weight,
+// one row a CTA), its entry name and its CTA threads, to time beside the kernels here (two
+// builds' kernels, say, in the same rounds).
 int main(int argc, char** argv) {
   const size_t flush_bytes = size_t{256} << 20;
   constexpr int kMaxRows = 128;
@@ -307,10 +309,12 @@ int main(int argc, char** argv) {
       pdl_variant<250>(x, w, out),
   };
   check(cudaFree(nullptr), "cudaFree");  // the runtime's context, for the driver API too
-  for (int i = 1; i + 2 < argc; i += 3) {
-    variants.push_back(kiln_variant(argv[i], argv[i + 1], std::atoi(argv[i + 2]), x, w, out));
+  if (argc > 3) {
     variants.push_back(
         row_variant<256, true, true, true>("norm, 256 thr x2 + pdl wait", x, w, out));
+  }
+  for (int i = 1; i + 2 < argc; i += 3) {
+    variants.push_back(kiln_variant(argv[i], argv[i + 1], std::atoi(argv[i + 2]), x, w, out));
   }
   static_assert(sizeof(Params<54>) == 240 && sizeof(Params<10>) == 64 &&
                 sizeof(Params<42>) == 192 && sizeof(Params<98>) == 416);
