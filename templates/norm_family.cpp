@@ -142,10 +142,9 @@ std::uint32_t NormFamily::allowed_flags() const {
   }
 }
 
+// A family is asked only about problems of its own op (norm_rules checks it).
 unsigned NormFamily::features(const Problem& problem) const {
-  Problem own = problem;
-  own.op = op_;
-  return norm_features(own);
+  return norm_features(problem);
 }
 
 unsigned norm_features(const Problem& problem) {

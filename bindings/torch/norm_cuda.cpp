@@ -96,7 +96,6 @@ std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm_cuda(const at::Tensor& x,
   p.second = rv.tensor.data_ptr();
   p.weight = data_or_null(w);
   p.rows = xv.rows;
-  set_tokens(p, 1);
   p.x_row_stride = xv.row_stride;
   p.second_row_stride = rv.row_stride;
   p.out_row_stride = xv.hidden;
@@ -144,7 +143,6 @@ void fused_add_rms_norm_inplace_cuda(at::Tensor& x, at::Tensor& residual,
   p.second = residual.data_ptr();
   p.weight = data_or_null(w);
   p.rows = xv.rows;
-  set_tokens(p, 1);
   p.x_row_stride = xv.row_stride;
   p.second_row_stride = rv.row_stride;
   p.out_row_stride = xv.row_stride;
@@ -184,7 +182,6 @@ at::Tensor layer_norm_cuda(const at::Tensor& x, const std::optional<at::Tensor>&
   p.weight = data_or_null(w);
   p.bias = data_or_null(b);
   p.rows = xv.rows;
-  set_tokens(p, 1);
   p.x_row_stride = xv.row_stride;
   p.out_row_stride = xv.hidden;
   p.eps = static_cast<float>(eps);
