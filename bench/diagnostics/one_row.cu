@@ -183,10 +183,6 @@ Variant pdl_variant(const void* x, const void* w, void* out) {
           }};
 }
 
-// kiln's own rms_norm kernel, as `kiln compile --format ptx` wrote it (a 4096-wide bf16 row
-// with weight, taking kiln::NormPlainArgs), launched as kiln launches it: programmatic stream
-// serialization, CTA_THREADS threads a row.
-
 void check_driver(CUresult r, const char* what) {
   if (r != CUDA_SUCCESS) {
     const char* text = nullptr;
@@ -196,8 +192,11 @@ void check_driver(CUresult r, const char* what) {
   }
 }
 
-Variant kiln_variant(const std::string& ptx_path, const std::string& entry, int cta_threads,
-                     const void* x, const void* w, void* out) {
+// A kernel from PTX taking kiln::NormPlainArgs (a 4096-wide bf16 row with weight): kiln's own
+// rms_norm, as `kiln compile --format ptx` wrote it, or a norm_ladder step, launched as kiln
+// launches its kernels: programmatic stream serialization, CTA_THREADS threads a row.
+Variant ptx_variant(const std::string& ptx_path, const std::string& entry, int cta_threads,
+                    const void* x, const void* w, void* out) {
   std::ifstream file(ptx_path);
   const std::string ptx((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
   if (ptx.empty()) {
@@ -215,8 +214,11 @@ Variant kiln_variant(const std::string& ptx_path, const std::string& entry, int 
   args.x_row_stride = kHidden;
   args.out_row_stride = kHidden;
   args.eps = 1e-6f;
-  const std::string stem = ptx_path.substr(ptx_path.find_last_of('/') + 1);
-  return {"kiln " + stem + ", t" + std::to_string(cta_threads), [=](int rows) mutable {
+  // kiln's kernels are named by their file (their entries are mangled); other kernels, such as
+  // norm_ladder's, by file and entry.
+  std::string label = ptx_path.substr(ptx_path.find_last_of('/') + 1);
+  if (entry.rfind("_Z", 0) != 0) label += ":" + entry;
+  return {label + ", t" + std::to_string(cta_threads), [=](int rows) mutable {
             args.rows = rows;
             void* params[] = {&args};
             CUlaunchConfig config{};
@@ -245,9 +247,10 @@ Variant cluster_variant(const std::string& name, const void* x, const void* w, v
 
 }  // namespace
 
-// Optional arguments: triples of a PTX file of kiln's rms_norm (4096 wide, bf16, with weight,
-// one row a CTA), its entry name and its CTA threads, to time beside the kernels here (two
-// builds' kernels, say, in the same rounds).
+// Optional arguments: triples of a PTX file of a kernel taking kiln::NormPlainArgs (kiln's
+// rms_norm, 4096 wide, bf16, with weight, one row a CTA, or norm_ladder's steps), its entry
+// name and its CTA threads, to time beside the kernels here (two builds' kernels, say, in the
+// same rounds).
 int main(int argc, char** argv) {
   const size_t flush_bytes = size_t{256} << 20;
   constexpr int kMaxRows = 128;
@@ -314,7 +317,7 @@ int main(int argc, char** argv) {
         row_variant<256, true, true, true>("norm, 256 thr x2 + pdl wait", x, w, out));
   }
   for (int i = 1; i + 2 < argc; i += 3) {
-    variants.push_back(kiln_variant(argv[i], argv[i + 1], std::atoi(argv[i + 2]), x, w, out));
+    variants.push_back(ptx_variant(argv[i], argv[i + 1], std::atoi(argv[i + 2]), x, w, out));
   }
   static_assert(sizeof(Params<54>) == 240 && sizeof(Params<10>) == 64 &&
                 sizeof(Params<42>) == 192 && sizeof(Params<98>) == 416);

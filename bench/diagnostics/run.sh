@@ -4,7 +4,8 @@
 # bandwidth), launch_params (how a kernel's parameter bytes set a launch-bound call's time),
 # rope_table (what reading a cos/sin table costs a RoPE kernel), dependent_launch (what
 # programmatic dependent launch saves between small kernels in a CUDA graph; sm_90) and
-# one_row (where a launch-bound norm's time goes, parameter bytes included).
+# one_row (where a launch-bound norm's time goes, parameter bytes included, with norm_ladder's
+# steps from a minimal norm kernel towards kiln's).
 # Usage: bash bench/diagnostics/run.sh
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -22,4 +23,9 @@ nvcc -O3 -std=c++17 -arch=native -o "$build/rope_table" rope_table.cu
 nvcc -O3 -std=c++17 -arch=native -o "$build/dependent_launch" dependent_launch.cu
 "$build/dependent_launch"
 nvcc -O3 -std=c++17 -arch=native -I../../templates -o "$build/one_row" one_row.cu -lcuda
-"$build/one_row"
+nvcc -O3 -std=c++17 -arch=native -I../../templates -ptx -o "$build/norm_ladder.ptx" norm_ladder.cu
+ladder=()
+for step in base unchecked checked strided clamped looped barrier2; do
+  ladder+=("$build/norm_ladder.ptx" "${step}512" 512 "$build/norm_ladder.ptx" "${step}256" 256)
+done
+"$build/one_row" "${ladder[@]}"
