@@ -13,8 +13,7 @@
 //   barrier2   base + a second barrier after the block sum (kiln's group_sum has two)
 //
 // All wait for the prior grid and let the next one launch first, as kiln's kernels do.
-#include <cuda_bf16.h>
-
+#include "bf16_row_math.cuh"
 #include "kiln/norm_params.cuh"  // templates/ on the include path
 
 namespace {
@@ -24,34 +23,9 @@ constexpr int kVectors = kHidden / 8;
 
 enum Step { kBase, kUnchecked, kChecked, kStrided, kClamped, kLooped, kBarrier2 };
 
-__device__ __forceinline__ float squares(const uint4& v) {
-  const auto* e = reinterpret_cast<const __nv_bfloat16*>(&v);
-  float s = 0.0f;
-#pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    const float f = __bfloat162float(e[i]);
-    s += f * f;
-  }
-  return s;
-}
-
-__device__ __forceinline__ uint4 scaled(const uint4& v, const uint4& w, float r) {
-  const auto* e = reinterpret_cast<const __nv_bfloat16*>(&v);
-  const auto* we = reinterpret_cast<const __nv_bfloat16*>(&w);
-  uint4 o;
-  auto* oe = reinterpret_cast<__nv_bfloat16*>(&o);
-#pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    oe[i] = __float2bfloat16(__bfloat162float(e[i]) * r * __bfloat162float(we[i]));
-  }
-  return o;
-}
-
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
-  return v;
-}
+using bf16_row::scaled;
+using bf16_row::squares;
+using bf16_row::warp_sum;
 
 template <int THREADS, Step STEP>
 __device__ __forceinline__ void normalise_row(const kiln::NormPlainArgs& p, long long row,
@@ -90,7 +64,7 @@ __device__ __forceinline__ void normalise_row(const kiln::NormPlainArgs& p, long
   const float r = rsqrtf(ss * (1.0f / kHidden) + p.eps);
   if (!store) return;
 #pragma unroll
-  for (int s = 0; s < kSteps; ++s) out[threadIdx.x + s * THREADS] = scaled(v[s], wv[s], r);
+  for (int s = 0; s < kSteps; ++s) out[threadIdx.x + s * THREADS] = scaled(v[s], wv[s], r, true);
 }
 
 template <int THREADS, Step STEP>

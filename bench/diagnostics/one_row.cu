@@ -13,6 +13,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include "bf16_row_math.cuh"
 #include "interleaved_rounds.cuh"
 #include "kiln/norm_params.cuh"  // templates/ on the include path
 
@@ -41,36 +42,9 @@ __global__ void one_element(float* x) {
   x[0] += 1.0f;
 }
 
-__device__ __forceinline__ float squares(const uint4& v) {
-  const __nv_bfloat16* e = reinterpret_cast<const __nv_bfloat16*>(&v);
-  float s = 0.0f;
-#pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    const float f = __bfloat162float(e[i]);
-    s += f * f;
-  }
-  return s;
-}
-
-__device__ __forceinline__ uint4 scaled(const uint4& v, const uint4& w, float r, bool weight) {
-  const __nv_bfloat16* e = reinterpret_cast<const __nv_bfloat16*>(&v);
-  const __nv_bfloat16* we = reinterpret_cast<const __nv_bfloat16*>(&w);
-  uint4 o;
-  __nv_bfloat16* oe = reinterpret_cast<__nv_bfloat16*>(&o);
-#pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    float f = __bfloat162float(e[i]) * r;
-    if (weight) f *= __bfloat162float(we[i]);
-    oe[i] = __float2bfloat16(f);
-  }
-  return o;
-}
-
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
+using bf16_row::scaled;
+using bf16_row::squares;
+using bf16_row::warp_sum;
 
 // One row a CTA of THREADS threads, kVectors / THREADS vectors a thread, loaded together.
 // WEIGHT: the weight's vectors are loaded with the row's and multiplied in. REDUCE: the sum
