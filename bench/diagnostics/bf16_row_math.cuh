@@ -1,6 +1,6 @@
 // The arithmetic of a bf16 RMSNorm row in 16-byte vectors (8 elements), shared by one_row's
 // kernels and norm_ladder's: the sum of squares of a vector, a vector scaled by 1 / rms (and
-// the weight), and a warp's sum.
+// the weight), and a warp's and a CTA's sum.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -35,6 +35,21 @@ __device__ __forceinline__ uint4 scaled(const uint4& v, const uint4& w, float r,
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
   for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+}
+
+// The sum over a CTA of THREADS threads (a multiple of 32): warp sums, then one barrier.
+template <int THREADS>
+__device__ __forceinline__ float block_sum(float v) {
+  v = warp_sum(v);
+  if constexpr (THREADS > 32) {
+    __shared__ float part[THREADS / 32];
+    if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = v;
+    __syncthreads();
+    v = 0.0f;
+#pragma unroll
+    for (int i = 0; i < THREADS / 32; ++i) v += part[i];
+  }
   return v;
 }
 

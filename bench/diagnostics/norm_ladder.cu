@@ -23,9 +23,9 @@ constexpr int kVectors = kHidden / 8;
 
 enum Step { kBase, kUnchecked, kChecked, kStrided, kClamped, kLooped, kBarrier2 };
 
+using bf16_row::block_sum;
 using bf16_row::scaled;
 using bf16_row::squares;
-using bf16_row::warp_sum;
 
 template <int THREADS, Step STEP>
 __device__ __forceinline__ void normalise_row(const kiln::NormPlainArgs& p, long long row,
@@ -53,13 +53,7 @@ __device__ __forceinline__ void normalise_row(const kiln::NormPlainArgs& p, long
   float ss = 0.0f;
 #pragma unroll
   for (int s = 0; s < kSteps; ++s) ss += squares(v[s]);
-  ss = warp_sum(ss);
-  __shared__ float part[THREADS / 32];
-  if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = ss;
-  __syncthreads();
-  ss = 0.0f;
-#pragma unroll
-  for (int i = 0; i < THREADS / 32; ++i) ss += part[i];
+  ss = block_sum<THREADS>(ss);
   if constexpr (STEP == kBarrier2 || STEP == kLooped) __syncthreads();
   const float r = rsqrtf(ss * (1.0f / kHidden) + p.eps);
   if (!store) return;

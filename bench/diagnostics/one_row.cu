@@ -42,6 +42,7 @@ __global__ void one_element(float* x) {
   x[0] += 1.0f;
 }
 
+using bf16_row::block_sum;
 using bf16_row::scaled;
 using bf16_row::squares;
 using bf16_row::warp_sum;
@@ -72,15 +73,7 @@ __global__ void __launch_bounds__(THREADS) row_kernel(const Params<PAD> p) {
     float ss = 0.0f;
 #pragma unroll
     for (int s = 0; s < kSteps; ++s) ss += squares(v[s]);
-    ss = warp_sum(ss);
-    if constexpr (THREADS > 32) {
-      __shared__ float part[THREADS / 32];
-      if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = ss;
-      __syncthreads();
-      ss = 0.0f;
-#pragma unroll
-      for (int i = 0; i < THREADS / 32; ++i) ss += part[i];
-    }
+    ss = block_sum<THREADS>(ss);
     r = rsqrtf(ss * (1.0f / kHidden) + 1e-6f);
   }
   uint4* out = p.out + static_cast<size_t>(blockIdx.x) * kVectors;
