@@ -21,7 +21,7 @@ later run of the same shapes replace an earlier file's: list the files oldest fi
 """
 import argparse
 import json
-import math
+import statistics
 import sys
 
 
@@ -68,18 +68,14 @@ def load(sources):
     return list(shapes.values())
 
 
-def geomean(values):
-    return math.exp(sum(math.log(v) for v in values) / len(values))
-
-
 def best_peer_us(record):
     return min(us for name, us in record["us"].items() if name != "kiln")
 
 
 def summary(records, target):
-    measured = geomean([best_peer_us(r) / r["us"]["kiln"] for r in records])
-    over_copy = geomean([r["us"]["kiln"] / r["copy_same_bytes_us"] for r in records])
-    ceiling = geomean([best_peer_us(r) / r["copy_same_bytes_us"] for r in records])
+    measured = statistics.geometric_mean([best_peer_us(r) / r["us"]["kiln"] for r in records])
+    over_copy = statistics.geometric_mean([r["us"]["kiln"] / r["copy_same_bytes_us"] for r in records])
+    ceiling = statistics.geometric_mean([best_peer_us(r) / r["copy_same_bytes_us"] for r in records])
     return [str(len(records)), f"{measured:.3f}x", f"{over_copy:.3f}", f"{ceiling:.3f}x",
             f"{ceiling / target:.3f}"]
 

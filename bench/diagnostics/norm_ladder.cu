@@ -9,7 +9,8 @@
 //   strided    unchecked + checked: what every kiln row does
 //   clamped    strided, but a CTA past the row count loads the last row and stores nothing
 //              (no branch before the loads)
-//   looped     base inside a grid-stride loop over rows, as kiln's kernel runs
+//   looped     base inside a grid-stride loop over rows, as kiln's kernel runs (with the
+//              second barrier a loop needs before the buffer is written again)
 //   barrier2   base + a second barrier after the block sum (kiln's group_sum has two)
 //
 // All wait for the prior grid and let the next one launch first, as kiln's kernels do.

@@ -1,17 +1,11 @@
 """bench/copy_floor.py's reading of its own measurements (no GPU needed): the size from which
 a fraction of the 1 GiB copy holds, and the markdown that states it."""
 
-import importlib.util
-import os
-
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+from bench_scripts import load_bench
 
 
 def _copy_floor():
-    spec = importlib.util.spec_from_file_location("bench_copy_floor", os.path.join(ROOT, "bench", "copy_floor.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("copy_floor")
 
 
 def _row(mb, copy_pct, elementwise_pct, sustained=(0, 0)):

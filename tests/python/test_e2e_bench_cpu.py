@@ -14,18 +14,9 @@ import pytest
 import torch
 
 import kiln
+from bench_scripts import BENCH, load_bench
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-BENCH = os.path.join(ROOT, "bench")
-
-
-def _load(name):
-    if BENCH not in sys.path:
-        sys.path.insert(0, BENCH)
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", os.path.join(BENCH, f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _smoke(script, out, *extra):
@@ -39,7 +30,7 @@ def _smoke(script, out, *extra):
 def test_model_time_warms_up_for_calls_and_for_seconds():
     import time
 
-    common = _load("common")
+    common = load_bench("common")
     calls = []  # (start, end) of each call
 
     def sleep(seconds):
@@ -69,7 +60,7 @@ needs_diffusers = pytest.mark.skipif(diffusers_missing, reason="diffusers is not
 
 
 def test_ltx_latent_sizes():
-    ltx = _load("ltx_video")
+    ltx = load_bench("ltx_video")
     assert ltx.latent_size(49) == (7, 16, 24)  # 2688 tokens per sample
     assert ltx.latent_size(161) == (21, 16, 24)
     assert ltx.latent_size(9, 64, 96) == (2, 2, 3)
@@ -79,7 +70,7 @@ def test_ltx_latent_sizes():
 def test_ltx_default_model_and_inputs():
     """The benchmark's model is the constructor's default (the 2B config); built on the meta
     device, so nothing is allocated. Its inputs are built for real."""
-    ltx = _load("ltx_video")
+    ltx = load_bench("ltx_video")
     model = ltx.build_model(device="meta")
     config = model.config
     assert (config.num_layers, config.num_attention_heads, config.attention_head_dim) == (28, 32, 64)
@@ -99,7 +90,7 @@ def test_ltx_default_model_and_inputs():
 
 @needs_diffusers
 def test_ltx_tiny_forward_patched_and_unpatched():
-    ltx, common = _load("ltx_video"), _load("common")
+    ltx, common = load_bench("ltx_video"), load_bench("common")
     model = ltx.build_model(tiny=True, device="cpu")
     inputs = ltx.build_inputs(model.config, 17, 64, 96, device="cpu")
     logs = []
@@ -127,7 +118,7 @@ def test_ltx_tiny_forward_patched_and_unpatched():
 
 @needs_diffusers
 def test_ltx_compile_blocks_in_place_and_undone():
-    ltx, common = _load("ltx_video"), _load("common")
+    ltx, common = load_bench("ltx_video"), load_bench("common")
     model = ltx.build_model(tiny=True, device="cpu")
     compiled, undo = common.compile_blocks(model.transformer_blocks)(model)
     assert compiled is model  # the same module tree, so kiln.patch sees the same modules
@@ -155,7 +146,7 @@ transformers = pytest.importorskip("transformers", reason="transformers is not i
 
 
 def test_llama_config_and_model_shapes():
-    llama = _load("llama")
+    llama = load_bench("llama")
     config = llama.llama_config(4)
     assert (config.hidden_size, config.intermediate_size, config.num_hidden_layers) == (4096, 14336, 4)
     assert (config.num_attention_heads, config.num_key_value_heads, config.vocab_size) == (32, 8, 128256)
@@ -169,7 +160,7 @@ def test_llama_config_and_model_shapes():
 
 
 def test_llama_tiny_prefill_logits():
-    llama = _load("llama")
+    llama = load_bench("llama")
     config = llama.llama_config(2, tiny=True)
     model = llama.build_model(config, device="cpu", dtype=torch.float32)
     inputs = llama.prefill_inputs(config, 2, 16, device="cpu")
@@ -185,7 +176,7 @@ def test_llama_decode_step_is_the_next_token_of_a_plain_forward(batch):
     """The decode step (static cache filled by a prefill, explicit position, 4-D mask, the
     cache's counter rewound each step) computes the logits a plain forward over the prompt
     and the new token gives at its last position, and the same on every repetition."""
-    llama = _load("llama")
+    llama = load_bench("llama")
     config = llama.llama_config(2, tiny=True)
     model = llama.build_model(config, device="cpu", dtype=torch.float32)
     past = 12
@@ -252,7 +243,7 @@ def test_ltx_example_tiny():
 def test_ltx_example_from_checkpoint(tmp_path):
     from diffusers import LTXVideoTransformer3DModel
 
-    ltx = _load("ltx_video")
+    ltx = load_bench("ltx_video")
     LTXVideoTransformer3DModel(**{**ltx.TINY, "num_layers": 1}).save_pretrained(tmp_path / "transformer")
     out = _example("ltx_video.py", str(tmp_path), "--frames", "9", "--height", "64", "--width", "96")
     assert "1 blocks, 2 heads x 16" in out and re.search(r"kiln\.patch: \d+ replaced, 0 left", out)

@@ -2,21 +2,15 @@
 best peer, kiln's time over a same-size copy's, the ceiling if kiln took the copy's time, and
 which records a later file replaces."""
 
-import importlib.util
 import json
 import math
-import os
 
 import pytest
-
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+from bench_scripts import load_bench
 
 
 def _headroom():
-    spec = importlib.util.spec_from_file_location("bench_headroom", os.path.join(ROOT, "bench", "headroom.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("headroom")
 
 
 def _record(rows, hidden, kiln, compiled, eager, copy):
