@@ -25,12 +25,12 @@ import statistics
 import sys
 
 
-def records_of(document):
+def records_of(document, tool="headroom"):
     """The result records of a bench file: the list whose entries carry times."""
     for value in document.values():
         if isinstance(value, list) and value and isinstance(value[0], dict) and "us" in value[0]:
             return value
-    raise SystemExit("headroom: the file holds no list of result records with 'us' times")
+    raise SystemExit(f"{tool}: the file holds no list of result records with 'us' times")
 
 
 def shape_key(record):
@@ -39,31 +39,32 @@ def shape_key(record):
     return tuple((name, record[name]) for name in names if name in record)
 
 
-def parse_source(text):
+def parse_source(text, tool="headroom"):
     """'path' or 'path:field=v1,v2' -> (path, field or None, set of values as text)."""
     path, _, selector = text.partition(":")
     if not selector:
         return path, None, set()
     field, _, values = selector.partition("=")
     if not field or not values:
-        raise SystemExit(f"headroom: '{text}' should read PATH:FIELD=VALUE[,VALUE...]")
+        raise SystemExit(f"{tool}: '{text}' should read PATH:FIELD=VALUE[,VALUE...]")
     return path, field, set(values.split(","))
 
 
-def load(sources):
+def load(sources, tool="headroom"):
+    """The records of `sources` (see the module's doc); `tool` names the caller in errors."""
     shapes = {}
     for source in sources:
-        path, field, values = parse_source(source)
+        path, field, values = parse_source(source, tool)
         try:
             with open(path) as f:
                 document = json.load(f)
         except (OSError, ValueError) as error:
-            raise SystemExit(f"headroom: cannot read {path}: {error}") from error
-        for record in records_of(document):
+            raise SystemExit(f"{tool}: cannot read {path}: {error}") from error
+        for record in records_of(document, tool):
             if field is not None and str(record.get(field)) not in values:
                 continue
             if "copy_same_bytes_us" not in record:
-                raise SystemExit(f"headroom: a record of {path} has no same-size copy time")
+                raise SystemExit(f"{tool}: a record of {path} has no same-size copy time")
             shapes[shape_key(record)] = record
     return list(shapes.values())
 
