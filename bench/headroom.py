@@ -81,6 +81,14 @@ def summary(records, target):
             f"{ceiling / target:.3f}"]
 
 
+def print_table(header, rows):
+    """A markdown table of text cells."""
+    print("| " + " | ".join(header) + " |")
+    print("| " + " | ".join("---" for _ in header) + " |")
+    for row in rows:
+        print("| " + " | ".join(row) + " |")
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("sources", nargs="+", help="result JSON files, each PATH[:FIELD=V1,V2]")
@@ -97,10 +105,7 @@ def main(argv=None):
         for value in sorted({r.get(field) for r in records}, key=lambda v: (isinstance(v, str), v)):
             group = [r for r in records if r.get(field) == value]
             rows.append([f"{field} {value}"] + summary(group, args.target))
-    print("| " + " | ".join(header) + " |")
-    print("| " + " | ".join("---" for _ in header) + " |")
-    for row in rows:
-        print("| " + " | ".join(row) + " |")
+    print_table(header, rows)
     return 0
 
 

@@ -145,11 +145,7 @@ def main(argv=None):
         table += rows_for(family, records)
     if not table:
         raise SystemExit("targets: give result files with --norms, --rope or --activations")
-    header = ["issue", "target", "shapes", "met", "figures"]
-    print("| " + " | ".join(header) + " |")
-    print("| " + " | ".join("---" for _ in header) + " |")
-    for row in table:
-        print("| " + " | ".join(row) + " |")
+    headroom.print_table(["issue", "target", "shapes", "met", "figures"], table)
     return 0
 
 
