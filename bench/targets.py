@@ -28,8 +28,8 @@ import headroom
 
 MB = 1e6
 
-# (issue, family option, bandwidth lines as (from MB, below MB or None, fraction),
-#  geometric mean asked over the best peer or None)
+# Per family (its command-line option): (issue, bandwidth lines as (from MB, below MB or None,
+# fraction of the 1 GiB copy), geometric mean asked over the best peer or None).
 FAMILIES = {
     "norms": ("3", [(20, 128, 0.80), (128, None, 0.90)], 1.2),
     "rope": ("4", [(20, 128, 0.80), (128, None, 0.90)], 1.3),
