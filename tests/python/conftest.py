@@ -34,6 +34,17 @@ def return_cached_gpu_memory(request):
         torch.cuda.empty_cache()
 
 
+@pytest.fixture(scope="module")
+def heuristic_tuning():
+    """kiln's heuristic configs for a module's GPU tests: they check every specialisation's
+    kernel, and tuning them all would take minutes (tuning is tested on its own). The
+    settings a module may change are restored after it."""
+    before = kiln.settings()
+    kiln.configure(tune="off")
+    yield
+    kiln.configure(tune=before["tune_mode"], capture=before["capture"], pdl=before["pdl"])
+
+
 def pytest_collection_modifyitems(config, items):
     if HAS_GPU:
         return

@@ -11,7 +11,7 @@ from activation_reference import (bias_gelu_fp64, fresh, gated_residual_fp64, ge
 from gpu_memory import gpu_memory_to_itself
 from reference import assert_close_to
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("heuristic_tuning")]
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 GRID_TOKENS = [1, 128, 4096]
@@ -24,15 +24,6 @@ def poison_allocator(shape, dtype):
     element the kernel fails to write shows up as NaN."""
     junk = torch.full(shape, float("nan"), dtype=dtype, device="cuda")
     del junk
-
-
-@pytest.fixture(scope="module", autouse=True)
-def heuristic_configs():
-    # The grid checks every specialisation's kernel; tuning is checked separately below.
-    before = kiln.settings()
-    kiln.configure(tune="off")
-    yield
-    kiln.configure(tune=before["tune_mode"])
 
 
 def run_case(form, tokens, width, dtype, gen):

@@ -12,7 +12,7 @@ from reference import assert_close_to
 from rope_reference import diffusers_apply_rotary_emb, hf_apply_rotary_pos_emb
 from pointwise_block import TinyBlock
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("heuristic_tuning")]
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 # (rows, width): one row, odd widths (the flat tail, narrow vectors), many rows; the bias
@@ -25,14 +25,6 @@ def poison(*shapes_and_dtypes):
     element the kernel fails to write shows up as NaN."""
     junk = [torch.full(s, float("nan"), dtype=d, device="cuda") for s, d in shapes_and_dtypes]
     del junk
-
-
-@pytest.fixture(scope="module", autouse=True)
-def heuristic_configs():
-    before = kiln.settings()
-    kiln.configure(tune="off")
-    yield
-    kiln.configure(tune=before["tune_mode"])
 
 
 def assert_grad_close(got, want, dtype, summed_rows=1):

@@ -9,7 +9,7 @@ import torch
 
 import kiln
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("heuristic_tuning")]
 
 ROWS, WIDTH = 2688, 2048
 
@@ -17,14 +17,6 @@ ROWS, WIDTH = 2688, 2048
 def supports_pdl():
     info = kiln.device_info(0)
     return info["compute_capability"][0] >= 9 and info["driver_version"] >= 12030
-
-
-@pytest.fixture(scope="module", autouse=True)
-def heuristic_configs():
-    before = kiln.settings()
-    kiln.configure(tune="off")
-    yield
-    kiln.configure(tune=before["tune_mode"], pdl=before["pdl"])
 
 
 def inputs(seed):

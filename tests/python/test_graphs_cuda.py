@@ -11,17 +11,8 @@ import kiln
 from cache_helpers import run_kiln
 from graph_model import inputs, model, rope_tables
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("heuristic_tuning")]
 TOL = dict(rtol=1e-4, atol=1e-4)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def heuristic_configs():
-    # Tuning is tested elsewhere; heuristic configs keep these tests to seconds.
-    before = kiln.settings()
-    kiln.configure(tune="off")
-    yield
-    kiln.configure(tune=before["tune_mode"], capture=before["capture"])
 
 
 def test_one_graph_no_break():

@@ -18,19 +18,11 @@ from norm_backward_reference import (
 )
 from reference import adaln_fp64, layer_norm_fp64, rms_norm_fp64
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("heuristic_tuning")]
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 HIDDEN = [1, 7, 128, 4096, 5120]
 ROWS = [1, 3, 1031]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def heuristic_configs():
-    before = kiln.settings()
-    kiln.configure(tune="off")
-    yield
-    kiln.configure(tune=before["tune_mode"])
 
 
 def rand(*shape, dtype, gen, offset=0.0, scale=1.0):

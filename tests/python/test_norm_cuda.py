@@ -16,7 +16,7 @@ from reference import (
     layer_norm_fp64,
 )
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("heuristic_tuning")]
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 HIDDEN = [1536, 2048, 2432, 3072, 3584, 4096, 4544, 5120, 8192, 14848]
@@ -44,14 +44,6 @@ def poison_allocator(shape, dtype, count=2):
     so an element the kernel fails to write shows up as NaN."""
     junk = [torch.full(shape, float("nan"), dtype=dtype, device="cuda") for _ in range(count)]
     del junk
-
-
-@pytest.fixture(scope="module", autouse=True)
-def heuristic_configs():
-    before = kiln.settings()
-    kiln.configure(tune="off")
-    yield
-    kiln.configure(tune=before["tune_mode"])
 
 
 def rand(*shape, dtype, gen, offset=0.0, scale=1.0):

@@ -123,20 +123,10 @@ def test_opcheck_cpu(name, layout):
     run_opcheck("cpu", layout, name)
 
 
-@pytest.fixture
-def heuristic_configs():
-    # Each layout is its own specialisation (alignment); tuning them all would take minutes
-    # and is tested elsewhere.
-    before = kiln.settings()["tune_mode"]
-    kiln.configure(tune="off")
-    yield
-    kiln.configure(tune=before)
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("name", CASE_NAMES)
-def test_opcheck_cuda(name, layout, heuristic_configs):
+def test_opcheck_cuda(name, layout, heuristic_tuning):
     run_opcheck("cuda", layout, name)
 
 

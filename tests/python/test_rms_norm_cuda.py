@@ -8,7 +8,7 @@ import torch
 import kiln
 from reference import assert_close_to, rms_norm_fp64
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("heuristic_tuning")]
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 HIDDEN = [768, 1536, 2048, 3072, 3584, 4096, 4544, 5120, 8192, 14848]
@@ -20,15 +20,6 @@ def poison_allocator(shape, dtype):
     so an element the kernel fails to write shows up as NaN."""
     junk = torch.full(shape, float("nan"), dtype=dtype, device="cuda")
     del junk
-
-
-@pytest.fixture(scope="module", autouse=True)
-def heuristic_configs():
-    # The grid checks every specialisation's kernel; tuning is checked separately below.
-    before = kiln.settings()
-    kiln.configure(tune="off")
-    yield
-    kiln.configure(tune=before["tune_mode"])
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

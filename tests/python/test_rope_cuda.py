@@ -10,7 +10,7 @@ from rope_reference import (diffusers_apply_rotary_emb, hf_apply_rotary_pos_emb,
                             ltx_apply_rotary_emb, ltx_video_table, rms_norm_across_heads)
 from test_rope_cpu import assert_video_close, video_reference
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("heuristic_tuning")]
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
@@ -18,14 +18,6 @@ DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 def poison(shape, dtype):
     junk = torch.full(shape, float("nan"), dtype=dtype, device="cuda")
     del junk
-
-
-@pytest.fixture(scope="module", autouse=True)
-def heuristic_configs():
-    before = kiln.settings()
-    kiln.configure(tune="off")
-    yield
-    kiln.configure(tune=before["tune_mode"])
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
