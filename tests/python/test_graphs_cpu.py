@@ -71,27 +71,18 @@ def test_warmup_bad_arguments():
         kiln.warmup(lambda t: t, x, rows=[-1])
 
 
-def test_capture_setting():
-    before = kiln.settings()["capture"]
-    assert before in ("heuristic", "error")
+@pytest.mark.parametrize("name, values, bad, expected", [
+    ("capture", ("heuristic", "error"), "never", "heuristic or error"),
+    ("pdl", ("on", "off"), "1", "on or off"),
+])
+def test_setting_round_trip(name, values, bad, expected):
+    before = kiln.settings()[name]
+    assert before in values
     try:
-        kiln.configure(capture="error")
-        assert kiln.settings()["capture"] == "error"
+        for value in values:
+            kiln.configure(**{name: value})
+            assert kiln.settings()[name] == value
     finally:
-        kiln.configure(capture=before)
-    with pytest.raises(ValueError, match=r"kiln\.configure: capture: expected heuristic or error, got never"):
-        kiln.configure(capture="never")
-
-
-def test_pdl_setting():
-    before = kiln.settings()["pdl"]
-    assert before in ("on", "off")
-    try:
-        kiln.configure(pdl="off")
-        assert kiln.settings()["pdl"] == "off"
-        kiln.configure(pdl="on")
-        assert kiln.settings()["pdl"] == "on"
-    finally:
-        kiln.configure(pdl=before)
-    with pytest.raises(ValueError, match=r"kiln\.configure: pdl: expected on or off, got 1"):
-        kiln.configure(pdl="1")
+        kiln.configure(**{name: before})
+    with pytest.raises(ValueError, match=rf"kiln\.configure: {name}: expected {expected}, got {bad}"):
+        kiln.configure(**{name: bad})
