@@ -78,14 +78,13 @@ def slower_row(issue, records, label, strictly_faster):
     """Never slower than the best peer (or, strictly_faster, faster than it) on every shape."""
     ratios = [speedup(r) for r in records]
     met = [x for x in ratios if (x > 1.0 if strictly_faster else x >= 1.0)]
-    worst = sorted(records, key=speedup)[:3]
+    behind = sorted((r for r in records if speedup(r) < 1.0), key=speedup)
     figures = f"vs best peer {span(ratios, '{:.3f}')}x"
-    missed = [r for r in records if r not in worst and speedup(r) < 1.0]
-    if len(met) < len(records):
+    if behind:
         figures += "; furthest behind: " + ", ".join(
-            f"{shape_name(r)} {speedup(r):.3f}x" for r in worst if speedup(r) < 1.0)
-        if missed:
-            figures += f" (+{len(missed)} more)"
+            f"{shape_name(r)} {speedup(r):.3f}x" for r in behind[:3])
+        if len(behind) > 3:
+            figures += f" (+{len(behind) - 3} more)"
     return [issue, label, str(len(records)), str(len(met)), figures]
 
 
