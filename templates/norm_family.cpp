@@ -105,7 +105,8 @@ std::string flag_names(std::uint32_t flags) {
                                 {kNormLayer, "layer (4)"},
                                 {kNormInPlace, "in-place (8)"},
                                 {kNormTable, "table (16)"},
-                                {kNormPerToken, "per-token (32)"}});
+                                {kNormPerToken, "per-token (32)"},
+                                {kNormRowLoop, "row loop (64)"}});
 }
 
 // The share of a row split's lane-steps that hold a vector of the row: 1 when the row's
@@ -128,18 +129,22 @@ NormFamily::NormFamily(Op op) : op_(op) {
 std::uint32_t NormFamily::allowed_flags() const {
   switch (op_) {
     case Op::rms_norm:
-      return kNormWeight;
+      return kNormWeight | kNormRowLoop;
     case Op::fused_add_rms_norm:
-      return kNormWeight | kNormInPlace;
+      return kNormWeight | kNormInPlace | kNormRowLoop;
     case Op::layer_norm:
-      return kNormWeight | kNormBias;
+      return kNormWeight | kNormBias | kNormRowLoop;
     case Op::adaln:
-      return kNormWeight | kNormLayer | kNormTable | kNormPerToken;
+      return kNormWeight | kNormLayer | kNormTable | kNormPerToken | kNormRowLoop;
     case Op::gated_adaln:
-      return kNormWeight | kNormLayer | kNormTable | kNormPerToken | kNormInPlace;
+      return kNormWeight | kNormLayer | kNormTable | kNormPerToken | kNormInPlace | kNormRowLoop;
     default:
       return 0;
   }
+}
+
+bool NormFamily::needs_row_loop(std::int64_t rows) {
+  return rows > std::int64_t{0x7fffffff};
 }
 
 // A family is asked only about problems of its own op (norm_rules checks it).
@@ -157,6 +162,9 @@ unsigned norm_features(const Problem& problem) {
   }
   if (has(problem, kNormInPlace)) {
     f |= NormFeature::in_place;
+  }
+  if (has(problem, kNormRowLoop)) {
+    f |= NormFeature::row_loop;
   }
   switch (problem.op) {
     case Op::fused_add_rms_norm:
@@ -666,6 +674,15 @@ LaunchGeometry NormFamily::geometry(const Problem& problem, const Config& config
   LaunchGeometry geometry;
   geometry.smem_bytes = static_cast<std::uint32_t>(staged_smem_bytes(problem, config));
   geometry.grid[0] = capped_grid(covering_grid(rows, config.rows_per_cta()), config);
+  // A kernel without a persistent grid or kNormRowLoop makes one pass: its grid must cover
+  // the rows, or the rows past it would be left unwritten.
+  if (persistent_grid_of(config) == 0 && !has(problem, kNormRowLoop) && cluster_of(config) <= 1 &&
+      std::int64_t{geometry.grid[0]} * config.rows_per_cta() < rows) {
+    throw Error("kiln." + std::string(name()) + ": " + std::to_string(rows) + " rows of " +
+                problem.key() + " need the row loop (flag 64): one pass of " +
+                std::to_string(geometry.grid[0]) + " CTAs covers " +
+                std::to_string(std::int64_t{geometry.grid[0]} * config.rows_per_cta()));
+  }
   if (const std::int64_t ctas = cluster_of(config); ctas > 1) {
     // One row per cluster, no grid-stride loop: every row gets its cluster.
     const std::int64_t grid = std::max<std::int64_t>(rows, 1) * ctas;

@@ -39,6 +39,9 @@ inline constexpr std::uint32_t kNormInPlace = 8u;    // outputs overwrite the in
 inline constexpr std::uint32_t kNormTable = 16u;     // adaln ops: operands add a table row
 inline constexpr std::uint32_t kNormPerToken = 32u;  // adaln ops: operands are [B,T,D]
                                                      // (tuning only: same kernel, more bytes)
+// Set by the host for a call of more rows than one pass of a grid covers
+// (NormFamily::needs_row_loop), never by the tuner: its threads loop over the rows.
+inline constexpr std::uint32_t kNormRowLoop = 64u;
 
 class NormFamily : public Family {
  public:
@@ -77,6 +80,9 @@ class NormFamily : public Family {
 
   // The Problem::flags bits this op accepts.
   std::uint32_t allowed_flags() const;
+  // Whether a call of `rows` rows needs kNormRowLoop, whatever the config: a grid of at most
+  // 2^31 - 1 CTAs of at least one row each covers fewer.
+  static bool needs_row_loop(std::int64_t rows);
   // The kernel's FEATURES bits (NormFeature in norm.cuh) for a problem of this op.
   unsigned features(const Problem& problem) const;
   // Registers a thread needs to hold its share of a row (and, with a persistent grid, of the

@@ -40,7 +40,10 @@ const void* data_or_null(const at::Tensor& t) {
 }
 
 // With the bytes of the kernel's own layout of the parameters (pack_norm_args).
-void launch(const at::Tensor& x, const Problem& problem, const NormParams& params) {
+void launch(const at::Tensor& x, Problem problem, const NormParams& params) {
+  if (NormFamily::needs_row_loop(params.rows)) {
+    problem.flags |= kNormRowLoop;
+  }
   const NormArgBytes args = pack_norm_args(norm_features(problem), params);
   launch_op(x, problem, params.rows, args.bytes.data());
 }

@@ -34,7 +34,8 @@ void rms_norm_cuda_into(const at::Tensor& x, const std::optional<at::Tensor>& we
   problem.op = Op::rms_norm;
   problem.dtype = dtype;
   problem.hidden = view.hidden;
-  problem.flags = weight ? kRmsNormHasWeight : 0u;
+  problem.flags = (weight ? kRmsNormHasWeight : 0u) |
+                  (NormFamily::needs_row_loop(view.rows) ? kNormRowLoop : 0u);
   problem.align = common_alignment(
       {reinterpret_cast<std::uintptr_t>(view.tensor.data_ptr()),
        reinterpret_cast<std::uintptr_t>(out.data_ptr()),

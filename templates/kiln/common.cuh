@@ -335,7 +335,7 @@ __device__ __forceinline__ float group_sum(float value) {
   } else {
     constexpr int kWarpsPerGroup = GROUP_THREADS / 32;
     __shared__ float warp_sums[CTA_THREADS / 32];
-    const int warp = static_cast<int>(threadIdx.x) / 32;
+    const int warp = static_cast<int>(threadIdx.x / 32);
     value = warp_sum<32>(value);
     if (threadIdx.x % 32 == 0) {
       warp_sums[warp] = value;
@@ -370,7 +370,7 @@ __device__ __forceinline__ void group_sum_pair(float& a, float& b, int parity) {
     constexpr int kWarps = CTA_THREADS / 32;
     constexpr int kWarpsPerGroup = GROUP_THREADS / 32;
     __shared__ float2 warp_sums[2][kWarps];
-    const int warp = static_cast<int>(threadIdx.x) / 32;
+    const int warp = static_cast<int>(threadIdx.x / 32);
     a = warp_sum<32>(a);
     b = warp_sum<32>(b);
     if (threadIdx.x % 32 == 0) warp_sums[parity][warp] = make_float2(a, b);

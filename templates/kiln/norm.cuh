@@ -382,11 +382,58 @@ struct NormRow {
   // with the L1 priorities), and a plain row read in one go needs the held row's registers
   // less the reduction's.
 
+  // A re-read row's streams, each at the thread's first vector: step s of a stream is
+  // s * kStride elements further, which the unrolled passes fold into their loads as an
+  // immediate offset. Indexed from the row's start instead, each step of each stream cost a
+  // 64-bit multiply-add, and they and the row's sample came before the first load (SASS,
+  // sm_90, adaln per-token v16.t128.c128.reread=1: first load at instruction 76).
+  struct LaneStreams {
+    const T* x;       // the first read: x
+    const T* second;  // the residual, or y
+    T* sum;           // the fused ops' stored sum row
+    const T* gate;    // gated_adaln's gate row (the token's, or the sample's)
+    const T* again;   // the second read: the stored sum row, or x
+    const T* scale;   // the modulation rows (the token's, or the sample's)
+    const T* shift;
+    T* out;
+  };
+
+  __device__ __forceinline__ static LaneStreams lane_streams(const Params& p, long long row,
+                                                             int lane) {
+    const int first = column(0, lane);
+    LaneStreams s{};
+    s.x = static_cast<const T*>(p.x) + row * p.x_row_stride + first;
+    s.out = static_cast<T*>(p.out) + row * p.out_row_stride + first;
+    s.again = s.x;
+    if constexpr (kSum) {
+      s.second = static_cast<const T*>(p.second) + row * p.second_row_stride + first;
+      s.sum = static_cast<T*>(p.sum_out) + row * p.sum_row_stride + first;
+      s.again = s.sum;
+    }
+    return s;
+  }
+
+  // The row's sample and token (a multiply-high) and its modulation rows' starts, which only
+  // a gate or a LayerNorm's shift needs before the first pass.
+  __device__ __forceinline__ static void find_modulation(const Params& p, long long row, int lane,
+                                                         LaneStreams& s, long long& batch,
+                                                         long long& token) {
+    if constexpr ((F & (NormFeature::gate | NormFeature::modulate)) != 0) {
+      const int first = column(0, lane);
+      batch = sample_index(p, row);
+      token = row - batch * p.tokens;
+      if constexpr ((F & NormFeature::gate) != 0) {
+        s.gate = modulation_row<T>(p.gate, batch, token) + first;
+      }
+      if constexpr ((F & NormFeature::modulate) != 0) {
+        s.scale = modulation_row<T>(p.scale, batch, token) + first;
+        s.shift = modulation_row<T>(p.shift, batch, token) + first;
+      }
+    }
+  }
+
   // A modulation operand's vector: streamed when per token, through L1 when per sample.
-  __device__ __forceinline__ static Raw<VEC_BYTES> modulation_vector(const NormModulation& m,
-                                                                     long long batch,
-                                                                     long long token, int col) {
-    const T* const address = modulation_row<T>(m, batch, token) + col;
+  __device__ __forceinline__ static Raw<VEC_BYTES> modulation_vector(const T* address) {
     if constexpr (kPerSample) {
       return load_global_nc<VEC_BYTES>(address);
     } else {
@@ -394,46 +441,37 @@ struct NormRow {
     }
   }
 
-  // A vector of the row to normalise on its first read (kept in L2 for the second): x, or
-  // for the fused ops the sum of the step's inputs, rounded to T and stored.
-  __device__ __forceinline__ static Raw<VEC_BYTES> first_pass_vector(const Params& p, long long row,
-                                                                     long long batch,
-                                                                     long long token, int col) {
-    const T* const x_row = static_cast<const T*>(p.x) + row * p.x_row_stride;
+  // A vector of the row to normalise on its first read (kept in L2 for the second), `offset`
+  // elements past the thread's first: x, or for the fused ops the sum of the step's inputs,
+  // rounded to T and stored.
+  __device__ __forceinline__ static Raw<VEC_BYTES> first_pass_vector(const Params& p,
+                                                                     const LaneStreams& s, int lane,
+                                                                     int offset) {
     if constexpr (!kSum) {
-      return load_stream<VEC_BYTES, L2Priority::evict_last, kInPlace>(x_row + col);
+      return load_stream<VEC_BYTES, L2Priority::evict_last, kInPlace>(s.x + offset);
     } else {
-      const Raw<VEC_BYTES> x = load_input<VEC_BYTES, kInPlace>(x_row + col);
+      const Raw<VEC_BYTES> x = load_input<VEC_BYTES, kInPlace>(s.x + offset);
       Raw<VEC_BYTES> second;
       Raw<VEC_BYTES> gate;
       Raw<VEC_BYTES> table_gate;
       if constexpr ((F & NormFeature::residual) != 0) {
-        second = load_input<VEC_BYTES, kInPlace>(static_cast<const T*>(p.second) +
-                                                 row * p.second_row_stride + col);
+        second = load_input<VEC_BYTES, kInPlace>(s.second + offset);
       } else {
-        second = load_global_nc<VEC_BYTES>(static_cast<const T*>(p.second) +
-                                           row * p.second_row_stride + col);
-        gate = modulation_vector(p.gate, batch, token, col);
-        if constexpr (kTable) table_gate = column_operand(p.gate.table, col);
+        second = load_global_nc<VEC_BYTES>(s.second + offset);
+        gate = modulation_vector(s.gate + offset);
+        if constexpr (kTable) table_gate = column_operand(p.gate.table, column(0, lane) + offset);
       }
       const Raw<VEC_BYTES> sum = sum_vector(x, second, gate, table_gate);
-      T* const sum_row = static_cast<T*>(p.sum_out) + row * p.sum_row_stride;
-      store_global<VEC_BYTES, L2Priority::evict_last>(sum_row + col, sum);
+      store_global<VEC_BYTES, L2Priority::evict_last>(s.sum + offset, sum);
       return sum;
     }
   }
 
   // The same vector on its second read: the stored sum row (which this kernel wrote, so
   // through the coherent path), or x.
-  __device__ __forceinline__ static Raw<VEC_BYTES> second_pass_vector(const Params& p,
-                                                                      long long row, int col) {
-    const T* again_row;
-    if constexpr (kSum) {
-      again_row = static_cast<const T*>(p.sum_out) + row * p.sum_row_stride;
-    } else {
-      again_row = static_cast<const T*>(p.x) + row * p.x_row_stride;
-    }
-    return load_stream < VEC_BYTES, L2Priority::evict_first, kSum || kInPlace > (again_row + col);
+  __device__ __forceinline__ static Raw<VEC_BYTES> second_pass_vector(const LaneStreams& s,
+                                                                      int offset) {
+    return load_stream < VEC_BYTES, L2Priority::evict_first, kSum || kInPlace > (s.again + offset);
   }
 
   // LayerNorm's shifted sums subtract a value near the row's (the shift), so that one pass
@@ -497,7 +535,7 @@ struct NormRow {
     } else {
       constexpr int kWarpsPerRow = THREADS_PER_ROW / 32;
       __shared__ float4 warp_moments[CTA_THREADS / 32];
-      const int warp = static_cast<int>(threadIdx.x) / 32;
+      const int warp = static_cast<int>(threadIdx.x / 32);
       sum = warp_sum<32>(sum);
       squares = warp_sum<32>(squares);
       if (threadIdx.x % 32 == 0) warp_moments[warp] = make_float4(sum, squares, shift, 0.0f);
@@ -505,7 +543,7 @@ struct NormRow {
       // Lane i of every warp moves the row's i-th warp's sums, and a warp sum adds them up.
       const int first = warp - warp % kWarpsPerRow;
       shift = warp_moments[first].z;
-      const int i = static_cast<int>(threadIdx.x) % 32;
+      const int i = static_cast<int>(threadIdx.x % 32);
       sum = 0.0f;
       squares = 0.0f;
       if (i < kWarpsPerRow) {
@@ -565,12 +603,11 @@ struct NormRow {
     constexpr bool kLayer = (F & NormFeature::layer) != 0;
     static_assert(!(kLayer && kInPlace), "the shift is read from a row being overwritten");
     static_assert(ROW_CTAS == 1, "a re-read row is not split over a cluster");
+    LaneStreams s = lane_streams(p, row, lane);
     long long batch = 0;
     long long token = 0;
-    if constexpr ((F & (NormFeature::gate | NormFeature::modulate)) != 0) {
-      batch = sample_index(p, row);
-      token = row - batch * p.tokens;
-    }
+    constexpr bool kSampleFirst = kLayer || (F & NormFeature::gate) != 0;
+    if constexpr (kSampleFirst) find_modulation(p, row, lane, s, batch, token);
     float shift = 0.0f;
     if constexpr (kLayer) {
       if (active) shift = row_shift(p, row, batch, token);
@@ -584,19 +621,19 @@ struct NormRow {
       Raw<VEC_BYTES> v[kSteps];
 #pragma unroll
       for (int step = 0; step < kSteps; ++step) {
-        if (active && in_row(step, lane)) {
-          v[step] = first_pass_vector(p, row, batch, token, column(step, lane));
-        }
+        if (active && in_row(step, lane)) v[step] = first_pass_vector(p, s, lane, step * kStride);
       }
+      if constexpr (!kSampleFirst) find_modulation(p, row, lane, s, batch, token);
 #pragma unroll
       for (int step = 0; step < kSteps; ++step) {
         if (active && in_row(step, lane)) accumulate(v[step]);
       }
     } else {
+      if constexpr (!kSampleFirst) find_modulation(p, row, lane, s, batch, token);
 #pragma unroll 1
       for (int step = 0; step < kSteps; ++step) {
         if (!(active && in_row(step, lane))) continue;
-        accumulate(first_pass_vector(p, row, batch, token, column(step, lane)));
+        accumulate(first_pass_vector(p, s, lane, step * kStride));
       }
     }
     float mean = 0.0f;
@@ -609,20 +646,19 @@ struct NormRow {
     const float scale = rsqrtf(variance + p.eps);
     if (!active) return;
 
-    T* const out_row = static_cast<T*>(p.out) + row * p.out_row_stride;
     if constexpr (kSecondPassTogether) {
       Raw<VEC_BYTES> v[kSteps];
       Columns c[kSteps];
 #pragma unroll
       for (int step = 0; step < kSteps; ++step) {
         if (!in_row(step, lane)) continue;
-        v[step] = second_pass_vector(p, row, column(step, lane));
+        v[step] = second_pass_vector(s, step * kStride);
         c[step] = load_columns(p, column(step, lane), batch);
       }
 #pragma unroll
       for (int step = 0; step < kSteps; ++step) {
         if (!in_row(step, lane)) continue;
-        store_output(out_row, column(step, lane), v[step], mean, scale, c[step], c[step].scale,
+        store_output(s.out, step * kStride, v[step], mean, scale, c[step], c[step].scale,
                      c[step].shift);
       }
       return;
@@ -630,16 +666,16 @@ struct NormRow {
 #pragma unroll 1
     for (int step = 0; step < kSteps; ++step) {
       if (!in_row(step, lane)) continue;
-      const int col = column(step, lane);
-      const Raw<VEC_BYTES> v = second_pass_vector(p, row, col);
+      const int offset = step * kStride;
+      const Raw<VEC_BYTES> v = second_pass_vector(s, offset);
       Raw<VEC_BYTES> mod_scale;
       Raw<VEC_BYTES> mod_shift;
       if constexpr (kStreamedModulation) {
-        mod_scale = modulation_vector(p.scale, batch, token, col);
-        mod_shift = modulation_vector(p.shift, batch, token, col);
+        mod_scale = modulation_vector(s.scale + offset);
+        mod_shift = modulation_vector(s.shift + offset);
       }
-      const Columns c = load_columns(p, col, batch);
-      store_output(out_row, col, v, mean, scale, c, kStreamedModulation ? mod_scale : c.scale,
+      const Columns c = load_columns(p, column(step, lane), batch);
+      store_output(s.out, offset, v, mean, scale, c, kStreamedModulation ? mod_scale : c.scale,
                    kStreamedModulation ? mod_shift : c.shift);
     }
   }
@@ -811,12 +847,17 @@ __global__ void __launch_bounds__(CTA_THREADS) norm(const NormArgs<FEATURES> p) 
                                       : THREADS_PER_ROW % 32 == 0,
                 "a row's threads are a power of two up to a warp, or whole warps");
 
-  const int lane = static_cast<int>(threadIdx.x) % THREADS_PER_ROW;
+  const int lane = static_cast<int>(threadIdx.x % THREADS_PER_ROW);
   const long long grid_rows = static_cast<long long>(gridDim.x) * kRowsPerCta;
   long long row = static_cast<long long>(blockIdx.x) * kRowsPerCta +
-                  static_cast<int>(threadIdx.x) / THREADS_PER_ROW;
+                  static_cast<int>(threadIdx.x / THREADS_PER_ROW);
 
   static_assert(!(PREFETCH && REREAD), "a re-read row is not prefetched");
+  // Without a persistent grid the grid covers the rows (the host sets row_loop where it
+  // cannot), so a thread makes one pass. Kept out of the loop, a row's pointers and the cache
+  // policies are not held across iterations: SASS, sm_90, adaln per-token 4096 wide, re-read
+  // v16.t128.c128 62 -> 40 registers, held v16.t256.c256 112 -> 64.
+  constexpr bool kLoop = PREFETCH || (FEATURES & NormFeature::row_loop) != 0;
   typename Row::RowInputs current;
   if (PREFETCH && row < p.rows) Row::load_row(p, row, lane, current);
   // Every thread runs the same number of iterations, even past the last row, because the
@@ -835,14 +876,15 @@ __global__ void __launch_bounds__(CTA_THREADS) norm(const NormArgs<FEATURES> p) 
       if (active) Row::load_row(p, row, lane, current);
       Row::template process<CTA_THREADS>(p, row, lane, active, current);
     }
+    if constexpr (!kLoop) break;
   }
 }
 
 // The staged form (NormRow::stage_row, then normalise_staged): one row per THREADS_PER_ROW
 // threads, dynamic shared memory of kStagedStreams x kSteps x CTA_THREADS vectors, and a
-// grid that covers the rows (with a grid-stride loop past 2^31 CTAs' worth). A persistent
-// grid copying each thread's next row into a second buffer while it normalises the current
-// one measured no faster on an H200 (bf16, 8192-32768 rows of 8192), so there is none.
+// grid that covers the rows (with a grid-stride loop only past 2^31 CTAs' worth: row_loop). A
+// persistent grid copying each thread's next row into a second buffer while it normalises the
+// current one measured no faster on an H200 (bf16, 8192-32768 rows of 8192), so there is none.
 template <typename T, int HIDDEN, int VEC_BYTES, int THREADS_PER_ROW, int CTA_THREADS,
           unsigned FEATURES>
 __global__ void __launch_bounds__(CTA_THREADS) norm_staged(const NormArgs<FEATURES> p) {
@@ -858,10 +900,10 @@ __global__ void __launch_bounds__(CTA_THREADS) norm_staged(const NormArgs<FEATUR
   extern __shared__ __align__(16) unsigned char staged_rows[];
   const unsigned thread_slots = shared_address(staged_rows) + threadIdx.x * VEC_BYTES;
 
-  const int lane = static_cast<int>(threadIdx.x) % THREADS_PER_ROW;
+  const int lane = static_cast<int>(threadIdx.x % THREADS_PER_ROW);
   const long long grid_rows = static_cast<long long>(gridDim.x) * kRowsPerCta;
   long long row = static_cast<long long>(blockIdx.x) * kRowsPerCta +
-                  static_cast<int>(threadIdx.x) / THREADS_PER_ROW;
+                  static_cast<int>(threadIdx.x / THREADS_PER_ROW);
   // Every thread runs the same number of iterations (the reduction may synchronise the CTA).
   for (long long first_row = static_cast<long long>(blockIdx.x) * kRowsPerCta; first_row < p.rows;
        first_row += grid_rows, row += grid_rows) {
@@ -869,6 +911,7 @@ __global__ void __launch_bounds__(CTA_THREADS) norm_staged(const NormArgs<FEATUR
     if (active) Row::template stage_row<CTA_THREADS>(p, row, lane, thread_slots);
     wait_for_shared_copies();
     Row::template normalise_staged<CTA_THREADS>(p, row, lane, active, thread_slots);
+    if constexpr ((FEATURES & NormFeature::row_loop) == 0) break;  // one pass, as kiln::norm
   }
 }
 

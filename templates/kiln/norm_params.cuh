@@ -23,6 +23,10 @@ struct NormFeature {
   // the same one, so they are read where used, through L1, like the per-column operands,
   // instead of streamed and held with the row.
   static constexpr unsigned per_sample = 256u;
+  // More rows than a grid of one pass covers (2^31 - 1 CTAs): the threads loop over them. Set
+  // by the host only for such calls; every other launch without a persistent grid is one
+  // pass, with no loop's bookkeeping in its registers.
+  static constexpr unsigned row_loop = 512u;
 };
 
 // A modulation operand (scale, shift or gate) of shape [B, T or 1, D]: element (b, t, i) is

@@ -33,12 +33,13 @@ TEST_CASE("each norm op is registered and accepts only its own flags") {
   const Problem bias_on_fused{Op::fused_add_rms_norm, DType::bf16, 4096, kNormBias, 16};
   CHECK_THROWS_WITH_AS(
       family(Op::fused_add_rms_norm).check(bias_on_fused),
-      doctest::Contains("flags: expected only weight (1), in-place (8), got bias (2)"),
+      doctest::Contains(
+          "flags: expected only weight (1), in-place (8), row loop (64), got bias (2)"),
       ArgumentError);
   // A bit no norm op takes is named by value, not dropped from the message.
-  const Problem unknown_bit{Op::adaln, DType::bf16, 4096, kNormPerToken | 64u, 16};
+  const Problem unknown_bit{Op::adaln, DType::bf16, 4096, kNormPerToken | 128u, 16};
   CHECK_THROWS_WITH_AS(family(Op::adaln).check(unknown_bit),
-                       doctest::Contains("got per-token (32), unknown bits 64"), ArgumentError);
+                       doctest::Contains("got per-token (32), unknown bits 128"), ArgumentError);
   const Problem table_on_layer{Op::layer_norm, DType::bf16, 4096, kNormTable, 16};
   CHECK_THROWS_AS(family(Op::layer_norm).check(table_on_layer), ArgumentError);
   const Problem too_wide{Op::adaln, DType::bf16, 65537, 0, 16};

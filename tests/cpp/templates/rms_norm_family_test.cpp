@@ -613,9 +613,24 @@ TEST_CASE("geometry stays launchable for no rows and for more rows than a grid c
   const Problem p = problem(DType::bf16, 4096);
   const Config c = config(16, 128, 128);
   CHECK(rms().geometry(p, c, 0).grid[0] == 1);
-  // One row per CTA and 2^40 rows: the grid is capped and the kernel's grid-stride loop
-  // covers the rest.
-  CHECK(rms().geometry(p, c, std::int64_t{1} << 40).grid[0] == 0x7fffffffu);
+  // One row per CTA and 2^40 rows: the grid is capped and the kernel's row loop (which the
+  // host asks for past 2^31 - 1 rows) covers the rest.
+  const std::int64_t huge = std::int64_t{1} << 40;
+  REQUIRE(kiln::NormFamily::needs_row_loop(huge));
+  Problem looped = p;
+  looped.flags |= kiln::kNormRowLoop;
+  CHECK(rms().geometry(looped, c, huge).grid[0] == 0x7fffffffu);
+  CHECK(rms().name_expression(looped, c) ==
+        "kiln::norm<kiln::bf16, 4096, 16, 128, 128, " +
+            std::to_string(kiln::NormFeature::weight | kiln::NormFeature::row_loop) +
+            "u, false, false>");
+  // Without it the one-pass kernel would leave the rows past its grid unwritten.
+  CHECK_THROWS_WITH_AS(rms().geometry(p, c, huge), doctest::Contains("need the row loop (flag 64)"),
+                       kiln::Error);
+  // Two rows a CTA: 2^31 - 1 rows still fit one pass.
+  CHECK_FALSE(kiln::NormFamily::needs_row_loop(0x7fffffff));
+  CHECK(kiln::NormFamily::needs_row_loop(std::int64_t{0x7fffffff} + 1));
+  CHECK(rms().geometry(p, config(16, 128, 256), 0x7fffffff).grid[0] == 0x40000000u);
 }
 
 TEST_CASE("buffers and bytes_moved describe a stand-alone run") {
