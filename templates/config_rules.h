@@ -46,13 +46,15 @@ inline std::int64_t effective_align(const Problem& problem) {
                                 static_cast<std::int64_t>(dtype_size(problem.dtype)));
 }
 
+// The most CTAs a launch's grid takes in x.
+inline constexpr std::int64_t kMaxGridCtas = 0x7fffffff;
+
 // CTAs of `rows_per_cta` rows covering `rows` rows, clamped to what a launch accepts (a
-// kernel's grid-stride loop covers the rest).
+// kernel's grid-stride loop, where it has one, covers the rest).
 inline std::uint32_t covering_grid(std::int64_t rows, std::int64_t rows_per_cta) {
-  constexpr std::int64_t kMaxGrid = 0x7fffffff;
   return static_cast<std::uint32_t>(std::clamp<std::int64_t>(
       ceil_div(std::max<std::int64_t>(rows, 0), std::max<std::int64_t>(rows_per_cta, 1)), 1,
-      kMaxGrid));
+      kMaxGridCtas));
 }
 
 // extra["grid"]: 0 (or absent) covers the rows in one pass; N > 0 launches N CTAs whose

@@ -144,7 +144,7 @@ std::uint32_t NormFamily::allowed_flags() const {
 }
 
 bool NormFamily::needs_row_loop(std::int64_t rows) {
-  return rows > std::int64_t{0x7fffffff};
+  return rows > kMaxGridCtas;
 }
 
 // A family is asked only about problems of its own op (norm_rules checks it).
@@ -673,26 +673,26 @@ LaunchGeometry NormFamily::geometry(const Problem& problem, const Config& config
                                     std::int64_t rows) const {
   LaunchGeometry geometry;
   geometry.smem_bytes = static_cast<std::uint32_t>(staged_smem_bytes(problem, config));
-  geometry.grid[0] = capped_grid(covering_grid(rows, config.rows_per_cta()), config);
-  // A kernel without a persistent grid or kNormRowLoop makes one pass: its grid must cover
-  // the rows, or the rows past it would be left unwritten.
-  if (persistent_grid_of(config) == 0 && !has(problem, kNormRowLoop) && cluster_of(config) <= 1 &&
-      std::int64_t{geometry.grid[0]} * config.rows_per_cta() < rows) {
-    throw Error("kiln." + std::string(name()) + ": " + std::to_string(rows) + " rows of " +
-                problem.key() + " need the row loop (flag 64): one pass of " +
-                std::to_string(geometry.grid[0]) + " CTAs covers " +
-                std::to_string(std::int64_t{geometry.grid[0]} * config.rows_per_cta()));
-  }
   if (const std::int64_t ctas = cluster_of(config); ctas > 1) {
     // One row per cluster, no grid-stride loop: every row gets its cluster.
     const std::int64_t grid = std::max<std::int64_t>(rows, 1) * ctas;
-    if (grid > 0x7fffffff) {
+    if (grid > kMaxGridCtas) {
       throw ArgumentError(std::string(name()), "rows",
-                          "at most " + std::to_string(0x7fffffff / ctas) +
+                          "at most " + std::to_string(kMaxGridCtas / ctas) +
                               " rows for a cluster of " + std::to_string(ctas) + " CTAs",
                           std::to_string(rows));
     }
     geometry.grid[0] = static_cast<std::uint32_t>(grid);
+  } else {
+    geometry.grid[0] = capped_grid(covering_grid(rows, config.rows_per_cta()), config);
+    // Without a persistent grid or kNormRowLoop the kernel makes one pass: its grid must
+    // cover the rows, or the rows past it would be left unwritten.
+    const std::int64_t covered = std::int64_t{geometry.grid[0]} * config.rows_per_cta();
+    if (persistent_grid_of(config) == 0 && !has(problem, kNormRowLoop) && covered < rows) {
+      throw Error("kiln." + std::string(name()) + ": " + std::to_string(rows) + " rows of " +
+                  problem.key() + " need the row loop (flag 64): one pass of " +
+                  std::to_string(geometry.grid[0]) + " CTAs covers " + std::to_string(covered));
+    }
   }
   geometry.block[0] = static_cast<std::uint32_t>(config.cta_threads);
   return geometry;

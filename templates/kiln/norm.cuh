@@ -388,12 +388,13 @@ struct NormRow {
   // 64-bit multiply-add, and they and the row's sample came before the first load (SASS,
   // sm_90, adaln per-token v16.t128.c128.reread=1: first load at instruction 76).
   struct LaneStreams {
-    const T* x;       // the first read: x
-    const T* second;  // the residual, or y
-    T* sum;           // the fused ops' stored sum row
-    const T* gate;    // gated_adaln's gate row (the token's, or the sample's)
-    const T* again;   // the second read: the stored sum row, or x
-    const T* scale;   // the modulation rows (the token's, or the sample's)
+    const T* x;           // the first read: x
+    const T* second;      // the residual, or y
+    T* sum;               // the fused ops' stored sum row
+    const T* gate;        // gated_adaln's gate row (the token's, or the sample's)
+    const T* table_gate;  // and its table row
+    const T* again;       // the second read: the stored sum row, or x
+    const T* scale;       // the modulation rows (the token's, or the sample's)
     const T* shift;
     T* out;
   };
@@ -409,6 +410,9 @@ struct NormRow {
       s.second = static_cast<const T*>(p.second) + row * p.second_row_stride + first;
       s.sum = static_cast<T*>(p.sum_out) + row * p.sum_row_stride + first;
       s.again = s.sum;
+    }
+    if constexpr (kTable && (F & NormFeature::gate) != 0) {
+      s.table_gate = static_cast<const T*>(p.gate.table) + first;
     }
     return s;
   }
@@ -444,8 +448,7 @@ struct NormRow {
   // A vector of the row to normalise on its first read (kept in L2 for the second), `offset`
   // elements past the thread's first: x, or for the fused ops the sum of the step's inputs,
   // rounded to T and stored.
-  __device__ __forceinline__ static Raw<VEC_BYTES> first_pass_vector(const Params& p,
-                                                                     const LaneStreams& s, int lane,
+  __device__ __forceinline__ static Raw<VEC_BYTES> first_pass_vector(const LaneStreams& s,
                                                                      int offset) {
     if constexpr (!kSum) {
       return load_stream<VEC_BYTES, L2Priority::evict_last, kInPlace>(s.x + offset);
@@ -459,7 +462,7 @@ struct NormRow {
       } else {
         second = load_global_nc<VEC_BYTES>(s.second + offset);
         gate = modulation_vector(s.gate + offset);
-        if constexpr (kTable) table_gate = column_operand(p.gate.table, column(0, lane) + offset);
+        if constexpr (kTable) table_gate = column_operand(s.table_gate, offset);
       }
       const Raw<VEC_BYTES> sum = sum_vector(x, second, gate, table_gate);
       store_global<VEC_BYTES, L2Priority::evict_last>(s.sum + offset, sum);
@@ -621,7 +624,7 @@ struct NormRow {
       Raw<VEC_BYTES> v[kSteps];
 #pragma unroll
       for (int step = 0; step < kSteps; ++step) {
-        if (active && in_row(step, lane)) v[step] = first_pass_vector(p, s, lane, step * kStride);
+        if (active && in_row(step, lane)) v[step] = first_pass_vector(s, step * kStride);
       }
       if constexpr (!kSampleFirst) find_modulation(p, row, lane, s, batch, token);
 #pragma unroll
@@ -633,7 +636,7 @@ struct NormRow {
 #pragma unroll 1
       for (int step = 0; step < kSteps; ++step) {
         if (!(active && in_row(step, lane))) continue;
-        accumulate(first_pass_vector(p, s, lane, step * kStride));
+        accumulate(first_pass_vector(s, step * kStride));
       }
     }
     float mean = 0.0f;
