@@ -1,0 +1,187 @@
+// kiln's own compiled RMSNorm kernel, loaded and launched here with the driver API instead of
+// through the op, so that kernel_outside_op.py can time the kernel apart from what the op
+// call adds around it (its output allocation, its launch path); and a minimal hand-written
+// RMSNorm of the same geometry beside it. Built by torch's cpp_extension from that script.
+#include <c10/cuda/CUDAStream.h>
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <torch/extension.h>
+
+#include <string>
+
+namespace {
+
+CUmodule g_module = nullptr;
+CUfunction g_function = nullptr;
+unsigned g_threads = 0;
+
+// NormPlainArgs (templates/kiln/norm_params.cuh): the parameters of an RMSNorm without bias.
+struct PlainArgs {
+  void* out;
+  const void* x;
+  const void* weight;
+  const void* bias;
+  long long rows;
+  long long x_row_stride;
+  long long out_row_stride;
+  float eps;
+  unsigned unused;
+};
+static_assert(sizeof(PlainArgs) == 64);
+
+void check(CUresult result, const char* what) {
+  if (result != CUDA_SUCCESS) {
+    const char* name = nullptr;
+    cuGetErrorName(result, &name);
+    TORCH_CHECK(false, what, " failed: ", name ? name : "unknown error");
+  }
+}
+
+// `image`: the cubin kiln.compile returned; `name`: its lowered kernel name; one row a CTA of
+// `threads` threads.
+void load_kernel(const std::string& image, const std::string& name, int threads) {
+  check(cuModuleLoadData(&g_module, image.data()), "cuModuleLoadData");
+  check(cuModuleGetFunction(&g_function, g_module, name.c_str()), "cuModuleGetFunction");
+  g_threads = static_cast<unsigned>(threads);
+}
+
+// One launch over x's rows into `out`, programmatic (as kiln launches on sm_90) or plain.
+void launch(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& out,
+            double eps, bool programmatic) {
+  TORCH_CHECK(g_function != nullptr, "load_kernel first");
+  PlainArgs args{};
+  args.out = out.data_ptr();
+  args.x = x.data_ptr();
+  args.weight = weight.data_ptr();
+  args.rows = x.size(0);
+  args.x_row_stride = x.stride(0);
+  args.out_row_stride = out.stride(0);
+  args.eps = static_cast<float>(eps);
+  void* params[] = {&args};
+  CUstream stream = at::cuda::getCurrentCUDAStream().stream();
+  const auto grid = static_cast<unsigned>(x.size(0));
+  if (!programmatic) {
+    check(cuLaunchKernel(g_function, grid, 1, 1, g_threads, 1, 1, 0, stream, params, nullptr),
+          "cuLaunchKernel");
+    return;
+  }
+  CUlaunchAttribute attribute{};
+  attribute.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+  attribute.value.programmaticStreamSerializationAllowed = 1;
+  CUlaunchConfig config{};
+  config.gridDimX = grid;
+  config.gridDimY = 1;
+  config.gridDimZ = 1;
+  config.blockDimX = g_threads;
+  config.blockDimY = 1;
+  config.blockDimZ = 1;
+  config.hStream = stream;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  check(cuLaunchKernelEx(&config, g_function, params, nullptr), "cuLaunchKernelEx");
+}
+
+// The minimal kernel: one 4096-wide bf16 row a CTA of THREADS threads, STEPS 16-byte vectors
+// each, x and weight loaded at entry, a warp-shuffle and shared-memory block sum.
+__device__ __forceinline__ uint4 load_nc(const uint4* address) {
+  uint4 r;
+  asm volatile("ld.global.nc.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+               : "l"(address));
+  return r;
+}
+__device__ __forceinline__ float element(const uint4& v, int i) {
+  const unsigned word = (&v.x)[i / 2];
+  return __uint_as_float(i % 2 ? (word & 0xffff0000u) : (word << 16));
+}
+__device__ __forceinline__ unsigned pack(float a, float b) {
+  __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+  return *reinterpret_cast<unsigned*>(&h);
+}
+template <int THREADS>
+__device__ __forceinline__ float block_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+  __shared__ float partial[THREADS / 32];
+  const unsigned warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) partial[warp] = v;
+  __syncthreads();
+  v = lane < THREADS / 32 ? partial[lane] : 0.0f;
+#pragma unroll
+  for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+template <int THREADS, int STEPS, bool WAIT_FOR_PRIOR_GRID>
+__global__ void __launch_bounds__(THREADS)
+    minimal_rms_norm(const uint4* __restrict__ x, const uint4* __restrict__ weight,
+                     uint4* __restrict__ out, float eps) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if constexpr (WAIT_FOR_PRIOR_GRID) {  // as kiln's kernels begin
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;");
+  }
+#endif
+  constexpr int kVectors = THREADS * STEPS;
+  const unsigned t = threadIdx.x;
+  const uint4* row = x + blockIdx.x * kVectors;
+  uint4 v[STEPS], w[STEPS];
+#pragma unroll
+  for (int s = 0; s < STEPS; ++s) v[s] = load_nc(row + s * THREADS + t);
+#pragma unroll
+  for (int s = 0; s < STEPS; ++s) w[s] = load_nc(weight + s * THREADS + t);
+  float squares = 0.0f;
+#pragma unroll
+  for (int s = 0; s < STEPS; ++s) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) squares += element(v[s], i) * element(v[s], i);
+  }
+  const float scale = rsqrtf(block_sum<THREADS>(squares) * (1.0f / (kVectors * 8)) + eps);
+  uint4* out_row = out + blockIdx.x * kVectors;
+#pragma unroll
+  for (int s = 0; s < STEPS; ++s) {
+    uint4 r;
+    unsigned* words = &r.x;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      words[i] = pack(element(v[s], 2 * i) * scale * element(w[s], 2 * i),
+                      element(v[s], 2 * i + 1) * scale * element(w[s], 2 * i + 1));
+    }
+    out_row[s * THREADS + t] = r;
+  }
+}
+
+// The minimal kernel over x's rows (4096 wide, 128 threads a row), plain or as kiln launches.
+void launch_minimal(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& out,
+                    double eps, bool programmatic) {
+  TORCH_CHECK(x.size(1) == 4096 && x.is_contiguous() && out.is_contiguous(),
+              "the minimal kernel takes contiguous 4096-wide rows");
+  const auto* in = static_cast<const uint4*>(x.data_ptr());
+  const auto* w = static_cast<const uint4*>(weight.data_ptr());
+  auto* o = static_cast<uint4*>(out.data_ptr());
+  const auto e = static_cast<float>(eps);
+  cudaStream_t stream = at::cuda::getCurrentCUDAStream().stream();
+  const dim3 grid(static_cast<unsigned>(x.size(0)));
+  if (!programmatic) {
+    minimal_rms_norm<128, 4, false><<<grid, 128, 0, stream>>>(in, w, o, e);
+    return;
+  }
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = dim3(128);
+  config.stream = stream;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  TORCH_CHECK(cudaLaunchKernelEx(&config, minimal_rms_norm<128, 4, true>, in, w, o, e) ==
+              cudaSuccess);
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("load_kernel", &load_kernel);
+  m.def("launch", &launch);
+  m.def("launch_minimal", &launch_minimal);
+}

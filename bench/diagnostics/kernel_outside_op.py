@@ -1,0 +1,88 @@
+"""kiln's RMSNorm op beside its own compiled kernel launched outside the op, timed as the
+benches time kiln (bench/common.py: the L2 flush before every call, CUDA events around it,
+interleaved rounds), to separate the kernel's time from what the op call adds around it.
+
+Contenders, 4096-wide bf16 rows with weight, kiln's heuristic config (KILN_TUNE=off) so that
+the op runs the very kernel loaded here:
+- kiln:              kiln.rms_norm, a new output tensor each call (as every caller gets);
+- kernel:            the same cubin (kiln.compile) launched through the driver API into one
+                     output buffer allocated once;
+- kernel, PDL:       the same, launched with programmatic stream serialization as kiln does
+                     (sm_90 and later);
+- kernel, fresh out: the same, into a new torch.empty_like(x) each call;
+- hand-written:      a minimal RMSNorm of the same geometry (one row a CTA of 128 threads, 4
+                     vectors each) into the fixed buffer, plain and (", PDL") as kiln launches;
+- copy:              the benches' same-size copy (common.same_bytes_copy: one fixed buffer).
+
+Usage on a GPU machine with kiln installed: KILN_TUNE=off python bench/diagnostics/kernel_outside_op.py
+[--rows 128] [--rounds 3]
+"""
+import argparse
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, ".."))
+
+import torch  # noqa: E402
+from torch.utils.cpp_extension import load  # noqa: E402
+
+import common  # noqa: E402
+
+HIDDEN = 4096
+EPS = 1e-6
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rows", type=int, default=128)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    kiln = common.fresh_kiln()
+    outside = load("kernel_outside_op", [os.path.join(HERE, "kernel_outside_op.cu")],
+                   extra_ldflags=["-lcuda"], verbose=False)
+    config = {"vec_bytes": 16, "threads_per_row": 128, "cta_threads": 128}  # the heuristic's
+    major, minor = torch.cuda.get_device_capability()
+    compiled = kiln.compile("rms_norm", "bf16", HIDDEN, f"sm_{major}{minor}", True, "cubin", 16,
+                            config)
+    print({k: v for k, v in compiled.items() if k not in ("binary", "log")})
+
+    torch.manual_seed(0)
+    x = torch.randn(args.rows, HIDDEN, device="cuda", dtype=torch.bfloat16)
+    w = (1 + 0.1 * torch.randn(HIDDEN, device="cuda")).to(torch.bfloat16)
+    out = torch.empty_like(x)
+    torch.cuda.synchronize()  # the context exists before the module is loaded into it
+    outside.load_kernel(bytes(compiled["binary"]), compiled["lowered_name"], 128)
+
+    fns = {
+        "kiln": lambda: kiln.rms_norm(x, w, EPS),
+        "kernel": lambda: outside.launch(x, w, out, EPS, False),
+        "kernel, PDL": lambda: outside.launch(x, w, out, EPS, True),
+        "kernel, fresh out": lambda: outside.launch(x, w, torch.empty_like(x), EPS, True),
+        "hand-written": lambda: outside.launch_minimal(x, w, out, EPS, False),
+        "hand-written, PDL": lambda: outside.launch_minimal(x, w, out, EPS, True),
+        "copy": common.same_bytes_copy(2 * x.numel() * x.element_size()),
+    }
+    reference = kiln.rms_norm(x, w, EPS).float()
+    for programmatic in (False, True):
+        out.fill_(float("nan"))
+        outside.launch(x, w, out, EPS, programmatic)
+        torch.cuda.synchronize()
+        error = (out.float() - reference).abs().max().item()
+        if error != 0.0:
+            raise SystemExit(f"the kernel launched here differs from the op: max error {error}")
+        out.fill_(float("nan"))
+        outside.launch_minimal(x, w, out, EPS, programmatic)
+        torch.cuda.synchronize()
+        error = (out.float() - reference).abs().max().item()
+        if not error < 0.02:  # bf16 rounding of a differently ordered sum
+            raise SystemExit(f"the hand-written kernel is wrong: max error {error}")
+    print(f"{args.rows} x {HIDDEN}, us (median of interleaved calls), fastest first")
+    for round_index in range(args.rounds):
+        times = common.bench_side_by_side(fns)
+        print(f"round {round_index}: " + ", ".join(
+            f"{name} {ms * 1e3:.2f}" for name, ms in sorted(times.items(), key=lambda kv: kv[1])))
+
+
+if __name__ == "__main__":
+    main()
