@@ -12,10 +12,13 @@ the op runs the very kernel loaded here:
 - kernel, fresh out: the same, into a new torch.empty_like(x) each call;
 - hand-written:      a minimal RMSNorm of the same geometry (one row a CTA of 128 threads, 4
                      vectors each) into the fixed buffer, plain and (", PDL") as kiln launches;
+- with --touch, the hand-written kernel into a new tensor each call, as it is and with its
+  output row touched at entry (a load of its first word), to see whether starting the new
+  output's address translation early recovers what the new tensor costs.
 - copy:              the benches' same-size copy (common.same_bytes_copy: one fixed buffer).
 
 Usage on a GPU machine with kiln installed: KILN_TUNE=off python bench/diagnostics/kernel_outside_op.py
-[--rows 128] [--rounds 3]
+[--rows 128] [--rounds 3] [--touch]
 """
 import argparse
 import os
@@ -37,6 +40,7 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--rows", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--touch", action="store_true", help="add the touched-output contenders")
     args = parser.parse_args()
     kiln = common.fresh_kiln()
     outside = load("kernel_outside_op", [os.path.join(HERE, "kernel_outside_op.cu")],
@@ -59,11 +63,22 @@ def main():
         "kernel": lambda: outside.launch(x, w, out, EPS, False),
         "kernel, PDL": lambda: outside.launch(x, w, out, EPS, True),
         "kernel, fresh out": lambda: outside.launch(x, w, torch.empty_like(x), EPS, True),
-        "hand-written": lambda: outside.launch_minimal(x, w, out, EPS, False),
-        "hand-written, PDL": lambda: outside.launch_minimal(x, w, out, EPS, True),
+        "hand-written": lambda: outside.launch_minimal(x, w, out, EPS, False, False),
+        "hand-written, PDL": lambda: outside.launch_minimal(x, w, out, EPS, True, False),
         "copy": common.same_bytes_copy(2 * x.numel() * x.element_size()),
     }
+    if args.touch:
+        for touch in (False, True):
+            name = "hand-written, fresh out" + (", touched" if touch else "")
+            fns[name] = (lambda touch=touch: outside.launch_minimal(x, w, torch.empty_like(x), EPS,
+                                                                    False, touch))
     reference = kiln.rms_norm(x, w, EPS).float()
+    # Into NaNs: the touched word's mantissa bits are finite whatever it holds, so it adds 0.
+    fresh = torch.full_like(x, float("nan"))
+    outside.launch_minimal(x, w, fresh, EPS, False, True)
+    torch.cuda.synchronize()
+    if not (fresh.float() - reference).abs().max().item() < 0.02:
+        raise SystemExit("the hand-written kernel with the touch is wrong")
     for programmatic in (False, True):
         out.fill_(float("nan"))
         outside.launch(x, w, out, EPS, programmatic)
@@ -72,7 +87,7 @@ def main():
         if error != 0.0:
             raise SystemExit(f"the kernel launched here differs from the op: max error {error}")
         out.fill_(float("nan"))
-        outside.launch_minimal(x, w, out, EPS, programmatic)
+        outside.launch_minimal(x, w, out, EPS, programmatic, False)
         torch.cuda.synchronize()
         error = (out.float() - reference).abs().max().item()
         if not error < 0.02:  # bf16 rounding of a differently ordered sum
