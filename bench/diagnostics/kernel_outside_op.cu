@@ -7,6 +7,8 @@
 #include <cuda_bf16.h>
 #include <torch/extension.h>
 
+#include "kiln/norm_params.cuh"  // templates/ on the include path
+
 #include <string>
 
 namespace {
@@ -14,20 +16,6 @@ namespace {
 CUmodule g_module = nullptr;
 CUfunction g_function = nullptr;
 unsigned g_threads = 0;
-
-// NormPlainArgs (templates/kiln/norm_params.cuh): the parameters of an RMSNorm without bias.
-struct PlainArgs {
-  void* out;
-  const void* x;
-  const void* weight;
-  const void* bias;
-  long long rows;
-  long long x_row_stride;
-  long long out_row_stride;
-  float eps;
-  unsigned unused;
-};
-static_assert(sizeof(PlainArgs) == 64);
 
 void check(CUresult result, const char* what) {
   if (result != CUDA_SUCCESS) {
@@ -49,7 +37,7 @@ void load_kernel(const std::string& image, const std::string& name, int threads)
 void launch(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& out,
             double eps, bool programmatic) {
   TORCH_CHECK(g_function != nullptr, "load_kernel first");
-  PlainArgs args{};
+  kiln::NormPlainArgs args{};  // an RMSNorm's parameters, without bias
   args.out = out.data_ptr();
   args.x = x.data_ptr();
   args.weight = weight.data_ptr();

@@ -44,6 +44,7 @@ def main():
     args = parser.parse_args()
     kiln = common.fresh_kiln()
     outside = load("kernel_outside_op", [os.path.join(HERE, "kernel_outside_op.cu")],
+                   extra_include_paths=[os.path.join(HERE, "..", "..", "templates")],
                    extra_ldflags=["-lcuda"], verbose=False)
     config = {"vec_bytes": 16, "threads_per_row": 128, "cta_threads": 128}  # the heuristic's
     major, minor = torch.cuda.get_device_capability()
