@@ -2,8 +2,8 @@
 benches time kiln (bench/common.py: the L2 flush before every call, CUDA events around it,
 interleaved rounds), to separate the kernel's time from what the op call adds around it.
 
-Contenders, 4096-wide bf16 rows with weight, kiln's heuristic config (KILN_TUNE=off) so that
-the op runs the very kernel loaded here:
+Contenders, 4096-wide bf16 rows with weight, kiln untuned (its heuristic config) so that the op
+runs the very kernel loaded here:
 - kiln:              kiln.rms_norm, a new output tensor each call (as every caller gets);
 - kernel:            the same cubin (kiln.compile) launched through the driver API into one
                      output buffer allocated once;
@@ -12,13 +12,13 @@ the op runs the very kernel loaded here:
 - kernel, fresh out: the same, into a new torch.empty_like(x) each call;
 - hand-written:      a minimal RMSNorm of the same geometry (one row a CTA of 128 threads, 4
                      vectors each) into the fixed buffer, plain and (", PDL") as kiln launches;
+- copy:              the benches' same-size copy (common.same_bytes_copy: one fixed buffer);
 - with --touch, the hand-written kernel into a new tensor each call, as it is and with its
   output row touched at entry (a load of its first word), to see whether starting the new
   output's address translation early recovers what the new tensor costs.
-- copy:              the benches' same-size copy (common.same_bytes_copy: one fixed buffer).
 
-Usage on a GPU machine with kiln installed: KILN_TUNE=off python bench/diagnostics/kernel_outside_op.py
-[--rows 128] [--rounds 3] [--touch]
+Usage on a GPU machine with kiln installed:
+  python bench/diagnostics/kernel_outside_op.py [--rows 128] [--rounds 3] [--touch]
 """
 import argparse
 import os
@@ -43,6 +43,7 @@ def main():
     parser.add_argument("--touch", action="store_true", help="add the touched-output contenders")
     args = parser.parse_args()
     kiln = common.fresh_kiln()
+    kiln.configure(tune="off")
     outside = load("kernel_outside_op", [os.path.join(HERE, "kernel_outside_op.cu")],
                    extra_include_paths=[os.path.join(HERE, "..", "..", "templates")],
                    extra_ldflags=["-lcuda"], verbose=False)
@@ -74,24 +75,22 @@ def main():
             fns[name] = (lambda touch=touch: outside.launch_minimal(x, w, torch.empty_like(x), EPS,
                                                                     False, touch))
     reference = kiln.rms_norm(x, w, EPS).float()
-    # Into NaNs: the touched word's mantissa bits are finite whatever it holds, so it adds 0.
-    fresh = torch.full_like(x, float("nan"))
-    outside.launch_minimal(x, w, fresh, EPS, False, True)
-    torch.cuda.synchronize()
-    if not (fresh.float() - reference).abs().max().item() < 0.02:
-        raise SystemExit("the hand-written kernel with the touch is wrong")
-    for programmatic in (False, True):
-        out.fill_(float("nan"))
-        outside.launch(x, w, out, EPS, programmatic)
+
+    def max_error(launch):
+        result = torch.full_like(x, float("nan"))
+        launch(result)
         torch.cuda.synchronize()
-        error = (out.float() - reference).abs().max().item()
+        return (result.float() - reference).abs().max().item()
+
+    for programmatic in (False, True):
+        error = max_error(lambda o: outside.launch(x, w, o, EPS, programmatic))
         if error != 0.0:
             raise SystemExit(f"the kernel launched here differs from the op: max error {error}")
-        out.fill_(float("nan"))
-        outside.launch_minimal(x, w, out, EPS, programmatic, False)
-        torch.cuda.synchronize()
-        error = (out.float() - reference).abs().max().item()
-        if not error < 0.02:  # bf16 rounding of a differently ordered sum
+    # The hand-written sum runs in another order (bf16 rounding apart). Into NaNs, the touched
+    # word's mantissa bits are still finite, so the touch adds 0.
+    for programmatic, touch in ((False, False), (True, False), (False, True)):
+        error = max_error(lambda o: outside.launch_minimal(x, w, o, EPS, programmatic, touch))
+        if not error < 0.02:
             raise SystemExit(f"the hand-written kernel is wrong: max error {error}")
     print(f"{args.rows} x {HIDDEN}, us (median of interleaved calls), fastest first")
     for round_index in range(args.rounds):
