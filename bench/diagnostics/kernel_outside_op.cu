@@ -7,7 +7,8 @@
 #include <cuda_bf16.h>
 #include <torch/extension.h>
 
-#include "kiln/norm_params.cuh"  // templates/ on the include path
+#include "kiln/dependent_launch.cuh"  // templates/ on the include path
+#include "kiln/norm_params.cuh"
 
 #include <string>
 
@@ -108,12 +109,7 @@ template <int THREADS, int STEPS, bool WAIT_FOR_PRIOR_GRID, bool TOUCH = false>
 __global__ void __launch_bounds__(THREADS)
     minimal_rms_norm(const uint4* __restrict__ x, const uint4* __restrict__ weight,
                      uint4* __restrict__ out, float eps) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if constexpr (WAIT_FOR_PRIOR_GRID) {  // as kiln's kernels begin
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-    asm volatile("griddepcontrol.launch_dependents;");
-  }
-#endif
+  if constexpr (WAIT_FOR_PRIOR_GRID) kiln::begin_dependent_grid();  // as kiln's kernels begin
   constexpr int kVectors = THREADS * STEPS;
   const unsigned t = threadIdx.x;
   uint4* out_row = out + blockIdx.x * kVectors;
