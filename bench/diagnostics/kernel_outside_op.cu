@@ -11,12 +11,15 @@
 #include "kiln/norm_params.cuh"
 
 #include <string>
+#include <vector>
 
 namespace {
 
-CUmodule g_module = nullptr;
-CUfunction g_function = nullptr;
-unsigned g_threads = 0;
+struct LoadedKernel {
+  CUfunction function;
+  unsigned threads;
+};
+std::vector<LoadedKernel> g_kernels;  // modules stay loaded for the process's life
 
 void check(CUresult result, const char* what) {
   if (result != CUDA_SUCCESS) {
@@ -26,18 +29,26 @@ void check(CUresult result, const char* what) {
   }
 }
 
-// `image`: the cubin kiln.compile returned; `name`: its lowered kernel name; one row a CTA of
-// `threads` threads.
-void load_kernel(const std::string& image, const std::string& name, int threads) {
-  check(cuModuleLoadData(&g_module, image.data()), "cuModuleLoadData");
-  check(cuModuleGetFunction(&g_function, g_module, name.c_str()), "cuModuleGetFunction");
-  g_threads = static_cast<unsigned>(threads);
+// `image`: a cubin kiln.compile returned (or one of another kiln build's, to compare two in one
+// process); `name`: its lowered kernel name; one row a CTA of `threads` threads. Returns the
+// index `launch` takes.
+int load_kernel(const std::string& image, const std::string& name, int threads) {
+  CUmodule module = nullptr;
+  check(cuModuleLoadData(&module, image.data()), "cuModuleLoadData");
+  LoadedKernel loaded{nullptr, static_cast<unsigned>(threads)};
+  check(cuModuleGetFunction(&loaded.function, module, name.c_str()), "cuModuleGetFunction");
+  g_kernels.push_back(loaded);
+  return static_cast<int>(g_kernels.size()) - 1;
 }
 
-// One launch over x's rows into `out`, programmatic (as kiln launches on sm_90) or plain.
+// One launch of loaded kernel `kernel` over x's rows into `out`, programmatic (as kiln
+// launches on sm_90) or plain.
 void launch(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& out,
-            double eps, bool programmatic) {
-  TORCH_CHECK(g_function != nullptr, "load_kernel first");
+            double eps, bool programmatic, int kernel) {
+  TORCH_CHECK(kernel >= 0 && kernel < static_cast<int>(g_kernels.size()), "no loaded kernel ",
+              kernel, " (load_kernel first)");
+  const CUfunction function = g_kernels[kernel].function;
+  const unsigned threads = g_kernels[kernel].threads;
   kiln::NormPlainArgs args{};  // an RMSNorm's parameters, without bias
   args.out = out.data_ptr();
   args.x = x.data_ptr();
@@ -50,7 +61,7 @@ void launch(const torch::Tensor& x, const torch::Tensor& weight, const torch::Te
   CUstream stream = at::cuda::getCurrentCUDAStream().stream();
   const auto grid = static_cast<unsigned>(x.size(0));
   if (!programmatic) {
-    check(cuLaunchKernel(g_function, grid, 1, 1, g_threads, 1, 1, 0, stream, params, nullptr),
+    check(cuLaunchKernel(function, grid, 1, 1, threads, 1, 1, 0, stream, params, nullptr),
           "cuLaunchKernel");
     return;
   }
@@ -61,13 +72,13 @@ void launch(const torch::Tensor& x, const torch::Tensor& weight, const torch::Te
   config.gridDimX = grid;
   config.gridDimY = 1;
   config.gridDimZ = 1;
-  config.blockDimX = g_threads;
+  config.blockDimX = threads;
   config.blockDimY = 1;
   config.blockDimZ = 1;
   config.hStream = stream;
   config.attrs = &attribute;
   config.numAttrs = 1;
-  check(cuLaunchKernelEx(&config, g_function, params, nullptr), "cuLaunchKernelEx");
+  check(cuLaunchKernelEx(&config, function, params, nullptr), "cuLaunchKernelEx");
 }
 
 // The minimal kernel: one 4096-wide bf16 row a CTA of THREADS threads, STEPS 16-byte vectors
@@ -181,6 +192,7 @@ void launch_minimal(const torch::Tensor& x, const torch::Tensor& weight, const t
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("load_kernel", &load_kernel);
-  m.def("launch", &launch);
+  m.def("launch", &launch, py::arg("x"), py::arg("weight"), py::arg("out"), py::arg("eps"),
+        py::arg("programmatic"), py::arg("kernel") = 0);
   m.def("launch_minimal", &launch_minimal);
 }

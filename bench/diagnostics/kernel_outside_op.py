@@ -17,8 +17,17 @@ runs the very kernel loaded here:
   output row touched at entry (a load of its first word), to see whether starting the new
   output's address translation early recovers what the new tensor costs.
 
+--placement puts x and the outputs in one allocation and writes outputs placed at several
+offsets past x's end (and the fixed buffer): the kernel, PyTorch's copy_ of x, and with --touch
+the hand-written kernel plain and touched, each into every output. --compare-cubin FILE adds,
+wherever the kernel runs, a cubin of the same kernel from another kiln build (`kiln compile
+--format cubin` of that build's CLI), to compare a template change with its base in one
+process: a kernel's time at a launch-bound shape moves by more between processes and output
+addresses than such changes do.
+
 Usage on a GPU machine with kiln installed:
   python bench/diagnostics/kernel_outside_op.py [--rows 128] [--rounds 3] [--touch]
+      [--placement] [--compare-cubin FILE]
 """
 import argparse
 import os
@@ -34,6 +43,21 @@ import common  # noqa: E402
 
 HIDDEN = 4096
 EPS = 1e-6
+MIB = 1 << 20
+PLACEMENT_MIB = (0, 1 / 16, 1, 3, 8, 16)  # where --placement's outputs start past x's end
+
+
+def placed(x):
+    """x copied to the start of one allocation, and {name: output of x's shape} starting
+    PLACEMENT_MIB past x's end in the same allocation."""
+    size = x.numel()
+    pool = torch.empty(2 * size + int(max(PLACEMENT_MIB) * MIB) // x.element_size(),
+                       dtype=x.dtype, device=x.device)
+    outputs = {}
+    for mib in PLACEMENT_MIB:
+        start = size + int(mib * MIB) // x.element_size()
+        outputs[f"x's end + {mib:g} MiB"] = pool[start:start + size].view_as(x)
+    return pool[:size].view_as(x).copy_(x), outputs
 
 
 def main():
@@ -41,6 +65,9 @@ def main():
     parser.add_argument("--rows", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--touch", action="store_true", help="add the touched-output contenders")
+    parser.add_argument("--placement", action="store_true",
+                        help="outputs at several offsets past x, in one allocation with it")
+    parser.add_argument("--compare-cubin", help="the same kernel from another kiln build")
     args = parser.parse_args()
     kiln = common.fresh_kiln()
     kiln.configure(tune="off")
@@ -58,22 +85,45 @@ def main():
     w = (1 + 0.1 * torch.randn(HIDDEN, device="cuda")).to(torch.bfloat16)
     out = torch.empty_like(x)
     torch.cuda.synchronize()  # the context exists before the module is loaded into it
-    outside.load_kernel(bytes(compiled["binary"]), compiled["lowered_name"], 128)
+    kernel = outside.load_kernel(bytes(compiled["binary"]), compiled["lowered_name"], 128)
+    other = None
+    if args.compare_cubin:
+        with open(args.compare_cubin, "rb") as image:
+            other = outside.load_kernel(image.read(), compiled["lowered_name"], 128)
 
-    fns = {
-        "kiln": lambda: kiln.rms_norm(x, w, EPS),
-        "kernel": lambda: outside.launch(x, w, out, EPS, False),
-        "kernel, PDL": lambda: outside.launch(x, w, out, EPS, True),
-        "kernel, fresh out": lambda: outside.launch(x, w, torch.empty_like(x), EPS, True),
-        "hand-written": lambda: outside.launch_minimal(x, w, out, EPS, False, False),
-        "hand-written, PDL": lambda: outside.launch_minimal(x, w, out, EPS, True, False),
-        "copy": common.same_bytes_copy(2 * x.numel() * x.element_size()),
-    }
-    if args.touch:
-        for touch in (False, True):
-            name = "hand-written, fresh out" + (", touched" if touch else "")
-            fns[name] = (lambda touch=touch: outside.launch_minimal(x, w, torch.empty_like(x), EPS,
-                                                                    False, touch))
+    if args.placement:
+        x, outputs = placed(x)
+        outputs["fixed buffer"] = out
+        fns = {"copy": common.same_bytes_copy(2 * x.numel() * x.element_size())}
+        for where, o in outputs.items():
+            fns[f"kernel, {where}"] = lambda o=o: outside.launch(x, w, o, EPS, True, kernel)
+            if other is not None:
+                fns[f"other kernel, {where}"] = (
+                    lambda o=o: outside.launch(x, w, o, EPS, True, other))
+            fns[f"copy_, {where}"] = lambda o=o: o.copy_(x)
+            for touch in (False, True) if args.touch else ():
+                fns[f"hand-written{', touched' if touch else ''}, {where}"] = (
+                    lambda o=o, touch=touch: outside.launch_minimal(x, w, o, EPS, False, touch))
+    else:
+        fns = {
+            "kiln": lambda: kiln.rms_norm(x, w, EPS),
+            "kernel": lambda: outside.launch(x, w, out, EPS, False, kernel),
+            "kernel, PDL": lambda: outside.launch(x, w, out, EPS, True, kernel),
+            "kernel, fresh out": (
+                lambda: outside.launch(x, w, torch.empty_like(x), EPS, True, kernel)),
+            "hand-written": lambda: outside.launch_minimal(x, w, out, EPS, False, False),
+            "hand-written, PDL": lambda: outside.launch_minimal(x, w, out, EPS, True, False),
+            "copy": common.same_bytes_copy(2 * x.numel() * x.element_size()),
+        }
+        if other is not None:
+            fns["other kernel, PDL"] = lambda: outside.launch(x, w, out, EPS, True, other)
+            fns["other kernel, fresh out"] = (
+                lambda: outside.launch(x, w, torch.empty_like(x), EPS, True, other))
+        if args.touch:
+            for touch in (False, True):
+                name = "hand-written, fresh out" + (", touched" if touch else "")
+                fns[name] = (lambda touch=touch: outside.launch_minimal(
+                    x, w, torch.empty_like(x), EPS, False, touch))
     reference = kiln.rms_norm(x, w, EPS).float()
 
     def max_error(launch):
@@ -83,9 +133,14 @@ def main():
         return (result.float() - reference).abs().max().item()
 
     for programmatic in (False, True):
-        error = max_error(lambda o: outside.launch(x, w, o, EPS, programmatic))
+        error = max_error(lambda o: outside.launch(x, w, o, EPS, programmatic, kernel))
         if error != 0.0:
             raise SystemExit(f"the kernel launched here differs from the op: max error {error}")
+    if other is not None:
+        error = max_error(lambda o: outside.launch(x, w, o, EPS, True, other))
+        print(f"the other kernel's max difference from the op: {error}")
+        if not error < 0.02:
+            raise SystemExit("the other kernel is wrong")
     # The hand-written sum runs in another order (bf16 rounding apart). Into NaNs, the touched
     # word's mantissa bits are still finite, so the touch adds 0.
     for programmatic, touch in ((False, False), (True, False), (False, True)):
