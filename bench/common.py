@@ -97,8 +97,10 @@ def bench_side_by_side(fns, warmup=25, rep=100, max_rounds=400, seed=0, chunk=25
     scrub = _evict_last_scrub()
     for fn in fns.values():  # first calls compile, tune and allocate outside the timing
         fn()
-    if scrub is not None:  # its first call compiles the Triton kernel, which the host's round
-        scrub()            # time below would otherwise count, and every GPU sleep scale with
+    # The scrub's first call compiles its Triton kernel, which would otherwise count in the
+    # host's round time measured below, and every GPU sleep scales with that.
+    if scrub is not None:
+        scrub()
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     cycles_per_ms = _sleep_cycles_per_ms()
