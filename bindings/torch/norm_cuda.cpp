@@ -4,8 +4,8 @@
 
 #include <vector>
 
-#include "bindings/torch/launch_op.h"
 #include "bindings/torch/norm.h"
+#include "bindings/torch/norm_launch.h"
 #include "bindings/torch/tensor_checks.h"
 #include "templates/kiln/norm_params.cuh"
 #include "templates/norm_family.h"
@@ -37,15 +37,6 @@ class Alignment {
 
 const void* data_or_null(const at::Tensor& t) {
   return t.defined() ? t.data_ptr() : nullptr;
-}
-
-// With the bytes of the kernel's own layout of the parameters (pack_norm_args).
-void launch(const at::Tensor& x, Problem problem, const NormParams& params) {
-  if (NormFamily::needs_row_loop(params.rows)) {
-    problem.flags |= kNormRowLoop;
-  }
-  const NormArgBytes args = pack_norm_args(norm_features(problem), params);
-  launch_op(x, problem, params.rows, args.bytes.data());
 }
 
 // A [B, 1 or T, D] operand with a unit last stride (copied otherwise); the copy, if any,
@@ -117,7 +108,7 @@ std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm_cuda(const at::Tensor& x,
   }
   const Problem problem{Op::fused_add_rms_norm, dtype, xv.hidden, weight ? kNormWeight : 0u,
                         align.value()};
-  launch(x, problem, p);
+  launch_norm(x, problem, p);
   return {out, sum};
 }
 
@@ -163,7 +154,7 @@ void fused_add_rms_norm_inplace_cuda(at::Tensor& x, at::Tensor& residual,
   }
   const Problem problem{Op::fused_add_rms_norm, dtype, xv.hidden,
                         (weight ? kNormWeight : 0u) | kNormInPlace, align.value()};
-  launch(x, problem, p);
+  launch_norm(x, problem, p);
 }
 
 at::Tensor layer_norm_cuda(const at::Tensor& x, const std::optional<at::Tensor>& weight,
@@ -199,7 +190,7 @@ at::Tensor layer_norm_cuda(const at::Tensor& x, const std::optional<at::Tensor>&
     align.stride(s);
   }
   const std::uint32_t flags = (weight ? kNormWeight : 0u) | (bias ? kNormBias : 0u);
-  launch(x, Problem{Op::layer_norm, dtype, xv.hidden, flags, align.value()}, p);
+  launch_norm(x, Problem{Op::layer_norm, dtype, xv.hidden, flags, align.value()}, p);
   return out;
 }
 
@@ -278,7 +269,7 @@ at::Tensor run_adaln(const AdaLnArgs& args, double eps, at::Tensor* sum) {
     flags |= kNormPerToken;
   }
   const Op op = args.y != nullptr ? Op::gated_adaln : Op::adaln;
-  launch(x, Problem{op, dtype, xv.hidden, flags, align.value()}, p);
+  launch_norm(x, Problem{op, dtype, xv.hidden, flags, align.value()}, p);
   return out;
 }
 

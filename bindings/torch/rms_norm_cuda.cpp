@@ -3,7 +3,7 @@
 // specialisation).
 #include <ATen/ATen.h>
 
-#include "bindings/torch/launch_op.h"
+#include "bindings/torch/norm_launch.h"
 #include "bindings/torch/rms_norm.h"
 #include "bindings/torch/tensor_checks.h"
 #include "templates/kiln/norm_params.cuh"
@@ -26,7 +26,9 @@ void rms_norm_cuda_into(const at::Tensor& x, const std::optional<at::Tensor>& we
                x.device().str());
   }
   const RowView view = row_view("rms_norm", x);
-  if (view.rows == 0) return;
+  if (view.rows == 0) {
+    return;
+  }
 
   const at::Tensor w = weight ? weight->contiguous() : at::Tensor();
   const auto element = static_cast<std::uintptr_t>(dtype_size(dtype));
@@ -34,8 +36,7 @@ void rms_norm_cuda_into(const at::Tensor& x, const std::optional<at::Tensor>& we
   problem.op = Op::rms_norm;
   problem.dtype = dtype;
   problem.hidden = view.hidden;
-  problem.flags = (weight ? kRmsNormHasWeight : 0u) |
-                  (NormFamily::needs_row_loop(view.rows) ? kNormRowLoop : 0u);
+  problem.flags = weight ? kRmsNormHasWeight : 0u;
   problem.align = common_alignment(
       {reinterpret_cast<std::uintptr_t>(view.tensor.data_ptr()),
        reinterpret_cast<std::uintptr_t>(out.data_ptr()),
@@ -51,8 +52,7 @@ void rms_norm_cuda_into(const at::Tensor& x, const std::optional<at::Tensor>& we
   params.x_row_stride = view.row_stride;
   params.out_row_stride = view.hidden;
   params.eps = static_cast<float>(eps);
-  const NormArgBytes args = pack_norm_args(norm_features(problem), params);
-  launch_op(x, problem, view.rows, args.bytes.data());
+  launch_norm(x, problem, params);
 }
 
 }  // namespace kiln::torch_ops
