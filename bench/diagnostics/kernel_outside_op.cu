@@ -1,7 +1,8 @@
-// kiln's own compiled RMSNorm kernel, loaded and launched here with the driver API instead of
-// through the op, so that kernel_outside_op.py can time the kernel apart from what the op
-// call adds around it (its output allocation, its launch path); and a minimal hand-written
-// RMSNorm of the same geometry beside it. Built by torch's cpp_extension from that script.
+// kiln's own compiled RMSNorm kernel (and, to compare builds, another build's cubin of it),
+// loaded and launched here with the driver API instead of through the op, so that
+// kernel_outside_op.py can time the kernel apart from what the op call adds around it (its
+// output, its launch path) and into outputs it places; and a minimal hand-written RMSNorm of
+// the same geometry beside it. Built by torch's cpp_extension from that script.
 #include <c10/cuda/CUDAStream.h>
 #include <cuda.h>
 #include <cuda_bf16.h>
