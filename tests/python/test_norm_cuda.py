@@ -63,7 +63,11 @@ def test_fused_add_rms_norm_grid(dtype, hidden):
         assert_close_to(s, ref_s, dtype)
         assert_close_to(out, ref_out, dtype)
         kiln.fused_add_rms_norm_(x, r, w, 1e-5)  # in place: r <- x + r, x <- norm
-        assert torch.equal(r, s) and torch.equal(x, out)
+        # The sum is one rounding either way. The in-place form is a problem of its own,
+        # tuned apart, and its config may add a row's squares in another order, so its
+        # normalised output is held to the reference, not to the other form's bits.
+        assert torch.equal(r, s)
+        assert_close_to(x, ref_out, dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
