@@ -61,6 +61,14 @@ std::int64_t item_cap(std::int64_t hidden) {
   return std::clamp(fit, NormBackwardFamily::kMinItems, NormBackwardFamily::kMaxItems);
 }
 
+// The next row's streams are loaded while the current one is worked (kiln::norm_backward's
+// PREFETCH); absent means 0.
+constexpr const char* kPrefetchExtra = "prefetch";
+bool prefetch_of(const Config& config) {
+  const auto it = config.extra.find(kPrefetchExtra);
+  return it != config.extra.end() && it->second != 0;
+}
+
 std::int64_t pow2_ceil(std::int64_t value) {
   return static_cast<std::int64_t>(
       std::bit_ceil(static_cast<std::uint64_t>(std::max<std::int64_t>(value, 1))));
@@ -214,7 +222,8 @@ std::int64_t NormBackwardFamily::registers_per_thread(const Problem& problem,
       ++sums;
     }
   }
-  return steps * words * streams + elements * sums + kRegisterOverhead;
+  const std::int64_t held = steps * words * streams * (prefetch_of(config) ? 2 : 1);
+  return held + elements * sums + kRegisterOverhead;
 }
 
 std::string NormBackwardFamily::invalid_reason(const Problem& problem, const Config& config,
@@ -222,8 +231,13 @@ std::string NormBackwardFamily::invalid_reason(const Problem& problem, const Con
   if (auto error = problem_error(*this, problem)) {
     return error->message();
   }
-  if (!config.extra.empty()) {
-    return std::string(name()) + " has no tunable named '" + config.extra.begin()->first + "'";
+  for (const auto& [extra, value] : config.extra) {
+    if (extra != kPrefetchExtra) {
+      return std::string(name()) + " has no tunable named '" + extra + "'";
+    }
+    if (value != 0 && value != 1) {
+      return "prefetch " + std::to_string(value) + " is neither 0 nor 1";
+    }
   }
 
   const std::int64_t held = elements_per_thread(problem, config);
@@ -236,7 +250,8 @@ std::string NormBackwardFamily::invalid_reason(const Problem& problem, const Con
   const int register_cap =
       std::min(kMaxRegistersPerThread, std::max(1, device.regs_per_block / cta));
   const std::int64_t registers = registers_per_thread(problem, config);
-  const bool widest = is_widest_split(config, device);
+  // A prefetching config holds a second row; it is only offered where both fit.
+  const bool widest = is_widest_split(config, device) && !prefetch_of(config);
   if (registers > register_cap && !widest) {
     return "holding " + std::to_string(held) + " elements of two rows and their sums needs about " +
            std::to_string(registers) + " registers per thread, more than the " +
@@ -252,12 +267,17 @@ std::vector<Config> NormBackwardFamily::space(const Problem& problem,
   for (int vec : kVecBytes) {
     for (int tpr : threads_per_row_options(problem, vec)) {
       for (int cta : cta_options(tpr)) {
-        Config config;
-        config.vec_bytes = vec;
-        config.threads_per_row = tpr;
-        config.cta_threads = cta;
-        if (invalid_reason(problem, config, device).empty()) {
-          configs.push_back(std::move(config));
+        for (bool prefetch : {false, true}) {
+          Config config;
+          config.vec_bytes = vec;
+          config.threads_per_row = tpr;
+          config.cta_threads = cta;
+          if (prefetch) {
+            config.extra[kPrefetchExtra] = 1;
+          }
+          if (invalid_reason(problem, config, device).empty()) {
+            configs.push_back(std::move(config));
+          }
         }
       }
     }
@@ -311,7 +331,7 @@ std::string NormBackwardFamily::name_expression(const Problem& problem,
   return "kiln::norm_backward<" + std::string(dtype_cuda_type(problem.dtype)) + ", " +
          std::to_string(problem.hidden) + ", " + std::to_string(config.vec_bytes) + ", " +
          std::to_string(config.threads_per_row) + ", " + std::to_string(config.cta_threads) + ", " +
-         std::to_string(features(problem)) + "u>";
+         std::to_string(features(problem)) + "u" + (prefetch_of(config) ? ", true" : "") + ">";
 }
 
 // One group per item up to groups(); the kernel's item loop covers the rest. The reduction's

@@ -1,7 +1,8 @@
 // The CUDA implementations of the norm backward ops: validate, describe the problem, fill
 // NormBackwardParams, launch kiln::norm_backward through the runtime on torch's current
 // stream, then add up the kernel's fp32 partial sums (one small torch reduction over at most
-// about NormBackwardFamily::kPartialElements elements) into the parameter gradients.
+// about NormBackwardFamily::kPartialElements elements, none where there is one partial row)
+// into the parameter gradients.
 #include <ATen/ATen.h>
 
 #include <vector>
@@ -71,12 +72,20 @@ BackwardOutputs run_backward(const BackwardCall& call) {
     const auto options = x.options().dtype(at::kFloat);
     return xv.rows == 0 ? at::zeros({items, hidden}, options) : at::empty({items, hidden}, options);
   };
-  if ((features & NormBackwardFeature::weight) != 0) out.weight_partial = partial();
-  if ((features & NormBackwardFeature::dy_sum) != 0) out.dy_partial = partial();
-  if ((features & NormBackwardFeature::scale_sum) != 0) out.scale_partial = partial();
+  if ((features & NormBackwardFeature::weight) != 0) {
+    out.weight_partial = partial();
+  }
+  if ((features & NormBackwardFeature::dy_sum) != 0) {
+    out.dy_partial = partial();
+  }
+  if ((features & NormBackwardFeature::scale_sum) != 0) {
+    out.scale_partial = partial();
+  }
   const bool dscale_per_token = (features & NormBackwardFeature::modulate) != 0 &&
                                 (features & NormBackwardFeature::scale_sum) == 0;
-  if (dscale_per_token) out.dscale = at::empty(x.sizes(), contiguous);
+  if (dscale_per_token) {
+    out.dscale = at::empty(x.sizes(), contiguous);
+  }
   if (xv.rows == 0) {
     return out;
   }
@@ -123,10 +132,18 @@ BackwardOutputs run_backward(const BackwardCall& call) {
     keep.push_back((*call.table_scale)->contiguous());
     p.table_scale = address(keep.back().data_ptr());
   }
-  if (out.dscale.defined()) p.dscale = const_cast<void*>(address(out.dscale.data_ptr()));
-  if (out.weight_partial.defined()) p.weight_partial = out.weight_partial.data_ptr<float>();
-  if (out.dy_partial.defined()) p.dy_partial = out.dy_partial.data_ptr<float>();
-  if (out.scale_partial.defined()) p.scale_partial = out.scale_partial.data_ptr<float>();
+  if (out.dscale.defined()) {
+    p.dscale = const_cast<void*>(address(out.dscale.data_ptr()));
+  }
+  if (out.weight_partial.defined()) {
+    p.weight_partial = out.weight_partial.data_ptr<float>();
+  }
+  if (out.dy_partial.defined()) {
+    p.dy_partial = out.dy_partial.data_ptr<float>();
+  }
+  if (out.scale_partial.defined()) {
+    p.scale_partial = out.scale_partial.data_ptr<float>();
+  }
   p.rows = xv.rows;
   p.tokens = std::max<std::int64_t>(call.tokens, 1);
   p.segments = out.segments;
@@ -140,9 +157,19 @@ BackwardOutputs run_backward(const BackwardCall& call) {
   return out;
 }
 
+// One partial row is the sum itself: only its cast is left to do.
+at::Tensor sum_rows(const at::Tensor& partial, std::int64_t dim, bool keepdim) {
+  if (partial.size(dim) == 1) {
+    return keepdim ? partial : partial.squeeze(dim);
+  }
+  return partial.sum(dim, keepdim);
+}
+
 std::optional<at::Tensor> parameter_gradient(const at::Tensor& partial, at::ScalarType dtype) {
-  if (!partial.defined()) return std::nullopt;
-  return partial.sum(0).to(dtype);
+  if (!partial.defined()) {
+    return std::nullopt;
+  }
+  return sum_rows(partial, 0, /*keepdim=*/false).to(dtype);
 }
 
 std::uint32_t weight_flag(const std::optional<at::Tensor>& weight) {
@@ -237,11 +264,13 @@ AdaLnGrads adaln_backward_cuda(const at::Tensor& dy, const at::Tensor& x, const 
   const std::int64_t d = x.size(2);
   // Per-sample sums: the partial rows of sample i are rows [i * slots, (i + 1) * slots).
   auto per_sample = [&](const at::Tensor& partial) {
-    return partial.view({b, out.slots, d}).sum(1, /*keepdim=*/true).to(dtype);
+    return sum_rows(partial.view({b, out.slots, d}), 1, /*keepdim=*/true).to(dtype);
   };
   const at::Tensor dscale = scale_per_token ? out.dscale : per_sample(out.scale_partial);
   std::optional<at::Tensor> dshift;
-  if (!shift_per_token) dshift = per_sample(out.dy_partial);
+  if (!shift_per_token) {
+    dshift = per_sample(out.dy_partial);
+  }
   return {out.dx, dscale, dshift, parameter_gradient(out.weight_partial, dtype)};
 }
 

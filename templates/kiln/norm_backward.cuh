@@ -55,7 +55,12 @@ __device__ __forceinline__ void store_partial(float* destination, const float* v
   }
 }
 
-template <typename T, int HIDDEN, int VEC_BYTES, int THREADS_PER_ROW, int CTA_THREADS, unsigned F>
+// PREFETCH: a group loads its item's next row while it reduces and writes the current one
+// (a second set of the row's registers). An item holds several rows once the row count
+// passes the item count (NormBackwardFamily::slots), and without it each of those rows
+// waits out a full load before its reductions.
+template <typename T, int HIDDEN, int VEC_BYTES, int THREADS_PER_ROW, int CTA_THREADS, unsigned F,
+          bool PREFETCH = false>
 __global__ void __launch_bounds__(CTA_THREADS) norm_backward(const NormBackwardParams p) {
   begin_dependent_grid();
   constexpr int kVec = VEC_BYTES / static_cast<int>(sizeof(T));
@@ -111,17 +116,19 @@ __global__ void __launch_bounds__(CTA_THREADS) norm_backward(const NormBackwardP
       if constexpr (kScaleSum) scale_sum[i] = 0.0f;
     }
 
-    for (long long k = 0; k < item_rows; ++k) {
-      const long long t = slot + k * p.slots;
-      const bool active = item_active && t < p.segment_rows;
-      const long long row = segment * p.segment_rows + t;
-
-      // The row's streams, all issued before any is used; zeros where there is no row, so
-      // they add nothing to the row sums or the parameter sums.
+    // The row's streams; zeros where there is no row, so they add nothing to the row sums or
+    // the parameter sums.
+    struct RowStreams {
       Raw<VEC_BYTES> x[kSteps];
       Raw<VEC_BYTES> dy[kSteps];
       Raw<VEC_BYTES> dr[kResidual ? kSteps : 1];
       Raw<VEC_BYTES> scale[kModulate ? kSteps : 1];
+    };
+    // Issues every load of row k of the item before any is used.
+    auto load_row = [&](long long k, RowStreams& s) {
+      const long long t = slot + k * p.slots;
+      const bool active = item_active && t < p.segment_rows;
+      const long long row = segment * p.segment_rows + t;
       const T* scale_row = nullptr;
       if constexpr (kModulate) {
         const long long batch = row / p.tokens;
@@ -132,23 +139,42 @@ __global__ void __launch_bounds__(CTA_THREADS) norm_backward(const NormBackwardP
       for (int step = 0; step < kSteps; ++step) {
 #pragma unroll
         for (int w = 0; w < kWords; ++w) {
-          x[step].words[w] = 0u;
-          dy[step].words[w] = 0u;
-          if constexpr (kResidual) dr[step].words[w] = 0u;
-          if constexpr (kModulate) scale[step].words[w] = 0u;
+          s.x[step].words[w] = 0u;
+          s.dy[step].words[w] = 0u;
+          if constexpr (kResidual) s.dr[step].words[w] = 0u;
+          if constexpr (kModulate) s.scale[step].words[w] = 0u;
         }
         if (!active || !in_row(step)) continue;
         const int col = column(step);
-        x[step] =
+        s.x[step] =
             load_global_nc<VEC_BYTES>(static_cast<const T*>(p.x) + row * p.x_row_stride + col);
-        dy[step] =
+        s.dy[step] =
             load_global_nc<VEC_BYTES>(static_cast<const T*>(p.dy) + row * p.dy_row_stride + col);
         if constexpr (kResidual) {
-          dr[step] =
+          s.dr[step] =
               load_global_nc<VEC_BYTES>(static_cast<const T*>(p.dr) + row * p.dr_row_stride + col);
         }
-        if constexpr (kModulate) scale[step] = load_global_nc<VEC_BYTES>(scale_row + col);
+        if constexpr (kModulate) s.scale[step] = load_global_nc<VEC_BYTES>(scale_row + col);
       }
+    };
+
+    RowStreams next;
+    if constexpr (PREFETCH) load_row(0, next);
+    for (long long k = 0; k < item_rows; ++k) {
+      const long long t = slot + k * p.slots;
+      const bool active = item_active && t < p.segment_rows;
+      const long long row = segment * p.segment_rows + t;
+      RowStreams streams;
+      if constexpr (PREFETCH) {
+        streams = next;
+        if (k + 1 < item_rows) load_row(k + 1, next);
+      } else {
+        load_row(k, streams);
+      }
+      const Raw<VEC_BYTES>* const x = streams.x;
+      const Raw<VEC_BYTES>* const dy = streams.dy;
+      [[maybe_unused]] const Raw<VEC_BYTES>* const dr = streams.dr;
+      [[maybe_unused]] const Raw<VEC_BYTES>* const scale = streams.scale;
 
       float mean = 0.0f;
       if constexpr (kLayer) {

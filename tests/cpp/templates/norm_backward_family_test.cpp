@@ -88,14 +88,16 @@ TEST_CASE("flags map to kernel features; the sums follow the parameters and per-
 TEST_CASE("items: powers of two, never more than the rows, partial sums bounded") {
   CHECK(NormBackwardFamily::slots(4096, 1, 1) == 1);
   CHECK(NormBackwardFamily::slots(4096, 3, 1) == 4);
-  CHECK(NormBackwardFamily::slots(4096, 1031, 1) == 1024);
-  CHECK(NormBackwardFamily::slots(4096, 1 << 20, 1) == 1024);  // 2^22 / 4096
-  CHECK(NormBackwardFamily::slots(128, 1 << 20, 1) == 32768);
+  CHECK(NormBackwardFamily::slots(4096, 1031, 1) == 256);
+  CHECK(NormBackwardFamily::slots(4096, 1 << 20, 1) == 256);  // 2^20 / 4096
+  CHECK(NormBackwardFamily::slots(2048, 16384, 1) == 512);
+  CHECK(NormBackwardFamily::slots(14848, 2688, 1) == NormBackwardFamily::kMinItems);
+  CHECK(NormBackwardFamily::slots(128, 1 << 20, 1) == 8192);
   CHECK(NormBackwardFamily::slots(1, 1 << 20, 1) == NormBackwardFamily::kMaxItems);
   CHECK(NormBackwardFamily::slots(65536, 1 << 20, 1) == NormBackwardFamily::kMinItems);
   // Per-sample sums: the samples share the bound.
-  CHECK(NormBackwardFamily::slots(4096, 4096, 8) == 128);
-  CHECK(NormBackwardFamily::slots(4096, 4096, 3) == 256);
+  CHECK(NormBackwardFamily::slots(4096, 4096, 8) == 32);
+  CHECK(NormBackwardFamily::slots(4096, 4096, 3) == 64);
   CHECK(NormBackwardFamily::slots(4096, 4096, 5000) == 1);
   CHECK(NormBackwardFamily::slots(4096, 0, 2) == 1);
   for (std::int64_t hidden : {1, 7, 128, 4096, 5120, 65536}) {
@@ -132,7 +134,9 @@ TEST_CASE("the space is valid and canonical, and the heuristic is in it") {
           std::set<std::string> keys;
           for (const Config& config : space) {
             CHECK(fam.invalid_reason(problem, config, traits).empty());
-            CHECK(config.extra.empty());
+            CHECK((config.extra.empty() ||
+                   (config.extra.size() == 1 && config.extra.count("prefetch") == 1 &&
+                    config.extra.at("prefetch") == 1)));
             CHECK(NormBackwardFamily::elements_per_thread(problem, config) <=
                   NormBackwardFamily::kMaxElementsPerThread);
             keys.insert(config.key());
@@ -145,6 +149,42 @@ TEST_CASE("the space is valid and canonical, and the heuristic is in it") {
       }
     }
   }
+}
+
+TEST_CASE("a prefetching config holds a second row where it fits, and is its own kernel") {
+  const DeviceTraits traits = DeviceTraits::for_arch(90);
+  const NormBackwardFamily& fam = backward(Op::rms_norm_backward);
+  const Problem problem{Op::rms_norm_backward, DType::bf16, 4096, kNormWeight, 16};
+  Config plain;
+  plain.vec_bytes = 16;
+  plain.threads_per_row = 256;
+  plain.cta_threads = 256;
+  Config prefetch = plain;
+  prefetch.extra["prefetch"] = 1;
+  CHECK(fam.invalid_reason(problem, prefetch, traits).empty());
+  // Two steps of two 16-byte streams, four words each: 16 more registers.
+  CHECK(fam.registers_per_thread(problem, prefetch) ==
+        fam.registers_per_thread(problem, plain) + 16);
+  CHECK(fam.name_expression(problem, prefetch) ==
+        "kiln::norm_backward<kiln::bf16, 4096, 16, 256, 256, 2u, true>");
+  CHECK(fam.name_expression(problem, plain) ==
+        "kiln::norm_backward<kiln::bf16, 4096, 16, 256, 256, 2u>");
+  const std::vector<Config> space = fam.space(problem, traits);
+  CHECK(std::find(space.begin(), space.end(), prefetch) != space.end());
+  prefetch.extra["prefetch"] = 2;
+  CHECK(fam.invalid_reason(problem, prefetch, traits) == "prefetch 2 is neither 0 nor 1");
+
+  // The widest split of a 64-element share stays valid for the plain kernel (it may spill);
+  // a second row on top of it is not offered.
+  const Problem wide{Op::adaln_backward, DType::f32, 65536, kNormWeight, 16};
+  Config widest;
+  widest.vec_bytes = 16;
+  widest.threads_per_row = 1024;
+  widest.cta_threads = 1024;
+  CHECK(backward(Op::adaln_backward).invalid_reason(wide, widest, traits).empty());
+  widest.extra["prefetch"] = 1;
+  CHECK(backward(Op::adaln_backward).invalid_reason(wide, widest, traits).find("registers") !=
+        std::string::npos);
 }
 
 TEST_CASE("the heuristic aims at 16 elements per thread on common rows") {
