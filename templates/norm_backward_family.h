@@ -7,7 +7,7 @@
 // norms, and the extra prefetch=1 (an item's next row loaded while the current one is worked,
 // where the second row's registers fit). The grid is not tunable: the parameter gradients are
 // reduced per item (see kiln/norm_backward_params.cuh), and the number of items is a function of
-// the problem and the row counts only (items()), so every config writes the same partial sums,
+// the problem and the row counts only (slots()), so every config writes the same partial sums,
 // which the tuner can then check against each other.
 #pragma once
 
