@@ -124,11 +124,18 @@ __global__ void __launch_bounds__(CTA_THREADS) norm_backward(const NormBackwardP
       Raw<VEC_BYTES> dr[kResidual ? kSteps : 1];
       Raw<VEC_BYTES> scale[kModulate ? kSteps : 1];
     };
+    // Row k of the item: whether it exists, and its index among all rows.
+    struct RowPlace {
+      bool active;
+      long long row;
+    };
+    auto place = [&](long long k) {
+      const long long t = slot + k * p.slots;
+      return RowPlace{item_active && t < p.segment_rows, segment * p.segment_rows + t};
+    };
     // Issues every load of row k of the item before any is used.
     auto load_row = [&](long long k, RowStreams& s) {
-      const long long t = slot + k * p.slots;
-      const bool active = item_active && t < p.segment_rows;
-      const long long row = segment * p.segment_rows + t;
+      const auto [active, row] = place(k);
       const T* scale_row = nullptr;
       if constexpr (kModulate) {
         const long long batch = row / p.tokens;
@@ -161,9 +168,7 @@ __global__ void __launch_bounds__(CTA_THREADS) norm_backward(const NormBackwardP
     RowStreams next;
     if constexpr (PREFETCH) load_row(0, next);
     for (long long k = 0; k < item_rows; ++k) {
-      const long long t = slot + k * p.slots;
-      const bool active = item_active && t < p.segment_rows;
-      const long long row = segment * p.segment_rows + t;
+      const auto [active, row] = place(k);
       RowStreams streams;
       if constexpr (PREFETCH) {
         streams = next;
