@@ -12,10 +12,12 @@ adaln_sample / gated_adaln_sample: the same with one timestep per sample (batch 
 With --backward, the backward passes instead (training): each column is one
 torch.autograd.grad over a graph built once (kiln's registered autograd formula and its
 backward kernel; F's autograd; torch.compile's generated backward), for rms_norm,
-fused_add_rms_norm, layer_norm and adaln; "MB" counts what the norm's backward itself must
-move (x, dy, the gradients of the residual or modulation operands, dx, dscale).
+fused_add_rms_norm, layer_norm and adaln (and adaln_sample, FLUX's per-sample LayerNorm
+form, not run by default); "MB" counts what the norm's backward itself must move (x, dy, the
+gradients of the residual or modulation operands, dx, dscale). --frozen freezes the norms'
+parameters and the modulation (LoRA fine-tuning), so only the input's gradient is asked for.
 
-Usage: python bench/norms.py [--out DIR] [--quick] [--backward] [--ops a,b] [--hidden a,b] [--rows a,b]
+Usage: python bench/norms.py [--out DIR] [--quick] [--backward [--frozen]] [--ops a,b] [--hidden a,b] [--rows a,b]
 Writes DIR/norms-<date>-<device>.json and .md (norms-backward-... with --backward); prints
 the table last."""
 
@@ -111,17 +113,21 @@ def make_case(op, rows, hidden, kiln):
 BACKWARD_OPS = ["rms_norm", "fused_add_rms_norm", "layer_norm", "adaln"]
 
 
-def make_backward_case(op, rows, hidden, kiln):
+def make_backward_case(op, rows, hidden, kiln, frozen=False):
     """(kiln fn, {peer name: fn}, bytes that must move): each fn is one backward pass of the
-    op, torch.autograd.grad over a forward graph built here once."""
+    op, torch.autograd.grad over a forward graph built here once, for every input that
+    requires grad. With `frozen`, the norm's parameters and the modulation do not (LoRA
+    fine-tuning): the gradient is the input's alone, for kiln and the peers alike."""
     dev, dt = "cuda", torch.bfloat16
+    trained = not frozen
     x = torch.randn(rows, hidden, device=dev, dtype=dt).requires_grad_(True)
-    w = (1 + 0.1 * torch.randn(hidden, device=dev)).to(dt).requires_grad_(True)
+    w = (1 + 0.1 * torch.randn(hidden, device=dev)).to(dt).requires_grad_(trained)
     dy = torch.randn_like(x)
     size = x.numel() * x.element_size()
 
     def grad_of(outputs, inputs, grads):
-        return lambda: torch.autograd.grad(outputs, inputs, grads, retain_graph=True)
+        wanted = [t for t in inputs if t.requires_grad]
+        return lambda: torch.autograd.grad(outputs, wanted, grads, retain_graph=True)
 
     def cases(kiln_fn, peer_fn, inputs, grads, moved):
         peers = {"F": grad_of(peer_fn(*inputs), inputs, grads),
@@ -140,13 +146,13 @@ def make_backward_case(op, rows, hidden, kiln):
         return cases(lambda x, r, w: kiln.fused_add_rms_norm(x, r, w, EPS), peer, (x, r, w),
                      (dy, torch.randn_like(dy)), 4 * size)
     if op == "layer_norm":
-        b = torch.randn(hidden, device=dev, dtype=dt).requires_grad_(True)
+        b = torch.randn(hidden, device=dev, dtype=dt).requires_grad_(trained)
         return cases(lambda x, w, b: kiln.layer_norm(x, w, b, EPS), lambda x, w, b: F.layer_norm(x, (hidden,), w, b, EPS),
                      (x, w, b), dy, 3 * size)
     if op == "adaln":  # LTX-Video: RMSNorm without weight, per-token scale/shift from table + temb
         x3 = x.detach().view(1, rows, hidden).requires_grad_(True)
-        temb = (torch.randn(1, rows, 6 * hidden, device=dev, dtype=dt) * 0.3).requires_grad_(True)
-        table = (torch.randn(6, hidden, device=dev, dtype=dt) * 0.3).requires_grad_(True)
+        temb = (torch.randn(1, rows, 6 * hidden, device=dev, dtype=dt) * 0.3).requires_grad_(trained)
+        table = (torch.randn(6, hidden, device=dev, dtype=dt) * 0.3).requires_grad_(trained)
 
         def mine(x3, temb, table):
             # unbind, as ada_values' docs ask under autograd (one stack for temb's gradient).
@@ -158,7 +164,21 @@ def make_backward_case(op, rows, hidden, kiln):
             values = table[None, None] + temb.reshape(1, rows, 6, hidden)
             shift, scale = values[:, :, 0], values[:, :, 1]
             return diffusers_rms_norm(x3) * (1 + scale) + shift
-        return cases(mine, peer, (x3, temb, table), dy.view(1, rows, hidden), 5 * size)
+        # x, dy and scale read, dx written; dscale written where temb is trained.
+        return cases(mine, peer, (x3, temb, table), dy.view(1, rows, hidden), (5 if trained else 4) * size)
+    if op == "adaln_sample":  # FLUX's AdaLayerNormZero: LayerNorm without affine, [B, 1, D] operands
+        batch = 2 if rows % 2 == 0 else 1
+        x3 = x.detach().view(batch, rows // batch, hidden).requires_grad_(True)
+        emb = (torch.randn(batch, 6 * hidden, device=dev, dtype=dt) * 0.3).requires_grad_(trained)
+
+        def mine(x3, emb):
+            shift, scale = emb.chunk(6, dim=1)[:2]
+            return kiln.adaln(x3, scale[:, None], shift[:, None], None, EPS, "layer")
+
+        def peer(x3, emb):
+            shift, scale = emb.chunk(6, dim=1)[:2]
+            return F.layer_norm(x3, (hidden,), eps=EPS) * (1 + scale[:, None]) + shift[:, None]
+        return cases(mine, peer, (x3, emb), dy.view(batch, rows // batch, hidden), 3 * size)
     raise ValueError(op)
 
 
@@ -194,9 +214,11 @@ def main():
     parser.add_argument("--rows", default=None)
     parser.add_argument("--tag", default="", help="appended to the output file names")
     parser.add_argument("--backward", action="store_true", help="time the backward passes (training)")
+    parser.add_argument("--frozen", action="store_true",
+                        help="with --backward: parameters and modulation frozen, the input's gradient only (LoRA)")
     args = parser.parse_args()
     if args.backward:
-        args.tag = "-backward" + args.tag
+        args.tag = ("-backward-frozen" if args.frozen else "-backward") + args.tag
         if args.ops == ",".join(OPS):
             args.ops = ",".join(BACKWARD_OPS)
 
@@ -213,7 +235,7 @@ def main():
             for rows in row_counts:
                 started = time.time() - 1
                 if args.backward:
-                    fn, peers, moved = make_backward_case(op, rows, hidden, kiln)
+                    fn, peers, moved = make_backward_case(op, rows, hidden, kiln, args.frozen)
                     eager = compiled = None
                 else:
                     fn, peers, eager, moved = make_case(op, rows, hidden, kiln)
@@ -258,7 +280,9 @@ def main():
     document = {"environment": env, "copy_gbs": copy_gbs, "results": results, "summary": summary,
                 "kiln_settings": kiln.settings()}
     stamp = f"{common.stamp(env)}{args.tag}"
-    title = "Norm family backward (one torch.autograd.grad)" if args.backward else "Norm family"
+    title = "Norm family" if not args.backward else (
+        "Norm family backward, parameters and modulation frozen (one torch.autograd.grad of the input)"
+        if args.frozen else "Norm family backward (one torch.autograd.grad)")
     common.write_json(os.path.join(args.out, f"norms-{stamp}.json"), document)
 
     lines = [

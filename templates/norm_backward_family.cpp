@@ -46,7 +46,13 @@ std::string flag_names(std::uint32_t flags) {
                                 {kNormLayer, "layer (4)"},
                                 {kNormTable, "table (16)"},
                                 {kNormScalePerToken, "scale per token (32)"},
-                                {kNormShiftPerToken, "shift per token (64)"}});
+                                {kNormShiftPerToken, "shift per token (64)"},
+                                {kNormSkipWeightGrad, "no weight gradient (128)"},
+                                {kNormSkipBiasGrad, "no bias gradient (256)"},
+                                {kNormSkipScaleGrad, "no scale gradient (512)"},
+                                {kNormSkipShiftGrad, "no shift gradient (1024)"},
+                                {kNormTableScaleGrad, "table scale gradient (2048)"},
+                                {kNormTableShiftGrad, "table shift gradient (4096)"}});
 }
 
 std::int64_t vec_elements(const Problem& problem, const Config& config) {
@@ -87,11 +93,13 @@ std::uint32_t NormBackwardFamily::allowed_flags() const {
   switch (op_) {
     case Op::rms_norm_backward:
     case Op::fused_add_rms_norm_backward:
-      return kNormWeight;
+      return kNormWeight | kNormSkipWeightGrad;
     case Op::layer_norm_backward:
-      return kNormWeight | kNormBias;
+      return kNormWeight | kNormBias | kNormSkipWeightGrad | kNormSkipBiasGrad;
     case Op::adaln_backward:
-      return kNormWeight | kNormLayer | kNormTable | kNormScalePerToken | kNormShiftPerToken;
+      return kNormWeight | kNormLayer | kNormTable | kNormScalePerToken | kNormShiftPerToken |
+             kNormSkipWeightGrad | kNormSkipScaleGrad | kNormSkipShiftGrad | kNormTableScaleGrad |
+             kNormTableShiftGrad;
     default:
       return 0;
   }
@@ -101,6 +109,9 @@ unsigned NormBackwardFamily::features(const Problem& problem) const {
   unsigned f = 0;
   if (has(problem, kNormWeight)) {
     f |= NormBackwardFeature::weight;
+    if (!has(problem, kNormSkipWeightGrad)) {
+      f |= NormBackwardFeature::weight_sum;
+    }
   }
   switch (op_) {
     case Op::fused_add_rms_norm_backward:
@@ -108,11 +119,11 @@ unsigned NormBackwardFamily::features(const Problem& problem) const {
       break;
     case Op::layer_norm_backward:
       f |= NormBackwardFeature::layer;
-      if (has(problem, kNormBias)) {
+      if (has(problem, kNormBias) && !has(problem, kNormSkipBiasGrad)) {
         f |= NormBackwardFeature::dy_sum;
       }
       break;
-    case Op::adaln_backward:
+    case Op::adaln_backward: {
       f |= NormBackwardFeature::modulate;
       if (has(problem, kNormLayer)) {
         f |= NormBackwardFeature::layer;
@@ -120,21 +131,36 @@ unsigned NormBackwardFamily::features(const Problem& problem) const {
       if (has(problem, kNormTable)) {
         f |= NormBackwardFeature::table;
       }
-      if (!has(problem, kNormScalePerToken)) {
+      // A per-token operand's gradient is per token (dscale written per row, dshift is dy
+      // itself); a per-sample one's is a sum per sample. A table row's is a sum either way.
+      const bool scale_grad = !has(problem, kNormSkipScaleGrad);
+      const bool scale_per_token = has(problem, kNormScalePerToken);
+      if (scale_grad && scale_per_token) {
+        f |= NormBackwardFeature::scale_rows;
+      }
+      if ((scale_grad && !scale_per_token) || has(problem, kNormTableScaleGrad)) {
         f |= NormBackwardFeature::scale_sum;
       }
-      if (!has(problem, kNormShiftPerToken)) {
+      const bool shift_grad = !has(problem, kNormSkipShiftGrad);
+      if ((shift_grad && !has(problem, kNormShiftPerToken)) || has(problem, kNormTableShiftGrad)) {
         f |= NormBackwardFeature::dy_sum;
       }
       break;
+    }
     default:
       break;
   }
   return f;
 }
 
+bool NormBackwardFamily::sums_per_sample(std::uint32_t flags) {
+  const bool scale = (flags & (kNormScalePerToken | kNormSkipScaleGrad)) == 0;
+  const bool shift = (flags & (kNormShiftPerToken | kNormSkipShiftGrad)) == 0;
+  return scale || shift;
+}
+
 bool NormBackwardFamily::has_partials(const Problem& problem) const {
-  return (features(problem) & (NormBackwardFeature::weight | NormBackwardFeature::dy_sum |
+  return (features(problem) & (NormBackwardFeature::weight_sum | NormBackwardFeature::dy_sum |
                                NormBackwardFeature::scale_sum)) != 0;
 }
 
@@ -216,8 +242,8 @@ std::int64_t NormBackwardFamily::registers_per_thread(const Problem& problem,
     ++streams;
   }
   int sums = 0;
-  for (unsigned bit :
-       {NormBackwardFeature::weight, NormBackwardFeature::dy_sum, NormBackwardFeature::scale_sum}) {
+  for (unsigned bit : {NormBackwardFeature::weight_sum, NormBackwardFeature::dy_sum,
+                       NormBackwardFeature::scale_sum}) {
     if ((f & bit) != 0) {
       ++sums;
     }
@@ -369,10 +395,10 @@ std::vector<BufferSpec> backward_buffers(const NormBackwardFamily& family, const
     specs.push_back({"weight", t, d, false});
   }
   specs.push_back({"dx", t, rows * d, true});
-  if ((f & NormBackwardFeature::modulate) != 0 && (f & NormBackwardFeature::scale_sum) == 0) {
+  if ((f & NormBackwardFeature::scale_rows) != 0) {
     specs.push_back({"dscale", t, rows * d, true});
   }
-  if ((f & NormBackwardFeature::weight) != 0) {
+  if ((f & NormBackwardFeature::weight_sum) != 0) {
     specs.push_back({"weight_partial", DType::f32, items * d, true});
   }
   if ((f & NormBackwardFeature::dy_sum) != 0) {
@@ -475,15 +501,22 @@ std::int64_t NormBackwardFamily::bytes_moved(const Problem& problem, std::int64_
 std::vector<Problem> NormBackwardFamily::common_problems(DType dtype, std::int64_t hidden,
                                                          const PrewarmModel& /*model*/) const {
   auto make = [&](std::uint32_t flags) { return Problem{op_, dtype, hidden, flags, 16}; };
+  // Full training, and LoRA's (the norm's parameters and the modulation frozen: dx only).
   switch (op_) {
     case Op::rms_norm_backward:
-      return {make(kNormWeight), make(0)};
+      return {make(kNormWeight), make(kNormWeight | kNormSkipWeightGrad), make(0)};
     case Op::fused_add_rms_norm_backward:
-      return {make(kNormWeight)};
+      return {make(kNormWeight), make(kNormWeight | kNormSkipWeightGrad)};
     case Op::layer_norm_backward:
-      return {make(kNormWeight | kNormBias), make(0)};
-    case Op::adaln_backward:  // FLUX (LayerNorm, per sample); LTX-Video (RMS, table, per token)
-      return {make(kNormLayer), make(kNormTable | kNormScalePerToken | kNormShiftPerToken)};
+      return {make(kNormWeight | kNormBias),
+              make(kNormWeight | kNormBias | kNormSkipWeightGrad | kNormSkipBiasGrad), make(0)};
+    case Op::adaln_backward: {
+      // FLUX (LayerNorm, per sample); LTX-Video (RMS, per token, from table rows).
+      constexpr std::uint32_t kFrozen = kNormSkipScaleGrad | kNormSkipShiftGrad;
+      constexpr std::uint32_t kLtx = kNormTable | kNormScalePerToken | kNormShiftPerToken;
+      return {make(kNormLayer), make(kNormLayer | kFrozen),
+              make(kLtx | kNormTableScaleGrad | kNormTableShiftGrad), make(kLtx | kFrozen)};
+    }
     default:
       return {};
   }

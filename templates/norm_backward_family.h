@@ -23,6 +23,16 @@ namespace kiln {
 // [B, T, D] (its gradient is then per token) rather than [B, 1, D] (summed per sample).
 inline constexpr std::uint32_t kNormScalePerToken = kNormPerToken;  // 32
 inline constexpr std::uint32_t kNormShiftPerToken = 64u;
+// Which gradients a call asks for, beside dx (always). By default an op returns the
+// gradient of every parameter and operand it was given; a skip bit leaves one out (a frozen
+// weight, LoRA's case), so the kernel neither sums nor writes it. The table bits ask adaln
+// for the gradients of its table rows too: dscale and dy summed over every row.
+inline constexpr std::uint32_t kNormSkipWeightGrad = 128u;
+inline constexpr std::uint32_t kNormSkipBiasGrad = 256u;   // layer_norm
+inline constexpr std::uint32_t kNormSkipScaleGrad = 512u;  // adaln
+inline constexpr std::uint32_t kNormSkipShiftGrad = 1024u;
+inline constexpr std::uint32_t kNormTableScaleGrad = 2048u;
+inline constexpr std::uint32_t kNormTableShiftGrad = 4096u;
 
 class NormBackwardFamily : public Family {
  public:
@@ -68,6 +78,9 @@ class NormBackwardFamily : public Family {
   unsigned features(const Problem& problem) const;
   // Whether the kernel writes partial sums at all (a parameter or a per-sample gradient).
   bool has_partials(const Problem& problem) const;
+  // Whether adaln's partial sums must be per sample (a [B, 1, D] operand's gradient is asked
+  // for), not over every row.
+  static bool sums_per_sample(std::uint32_t flags);
 
   // The items each of `segments` segments of `segment_rows` rows is split into: a power of
   // two, at most the segment's rows rounded up to one, and with every segment's items

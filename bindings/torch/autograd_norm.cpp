@@ -6,9 +6,6 @@
 // mean and rstd from x, which they read anyway.
 #include <torch/library.h>
 
-#include <array>
-#include <cstdint>
-
 #include "bindings/torch/autograd_support.h"
 #include "bindings/torch/norm.h"
 #include "bindings/torch/norm_backward.h"
@@ -30,9 +27,10 @@ struct RmsNormFunction : torch::autograd::Function<RmsNormFunction> {
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const variable_list saved = ctx->get_saved_variables();
-    auto [dx, dweight] =
-        kiln_op<rms_norm_backward_cpu>("kiln::rms_norm_backward")
-            .call(grads[0], saved[0], present(saved[1]), ctx->saved_data["eps"].toDouble());
+    const bool weight_grad = wants_grad(ctx, {true, saved[1].defined()}, 1);
+    auto [dx, dweight] = kiln_op<rms_norm_backward_cpu>("kiln::rms_norm_backward")
+                             .call(grads[0], saved[0], present(saved[1]),
+                                   ctx->saved_data["eps"].toDouble(), weight_grad);
     return {dx, value_or_undefined(dweight), at::Tensor()};
   }
 };
@@ -72,18 +70,19 @@ struct FusedAddRmsNormFunction : torch::autograd::Function<FusedAddRmsNormFuncti
     const at::Tensor& dr = grads[1];
     const std::optional<at::Tensor> weight = present(saved[1]);
     const double eps = ctx->saved_data["eps"].toDouble();
+    const bool weight_grad = wants_grad(ctx, {true, true, weight.has_value()}, 2);
     // x and residual both receive d(x + residual): dr, plus what flows back through y.
     at::Tensor dsum;
     std::optional<at::Tensor> dweight;
     if (!dy.defined()) {
       dsum = dr;
     } else if (!dr.defined()) {
-      std::tie(dsum, dweight) =
-          kiln_op<rms_norm_backward_cpu>("kiln::rms_norm_backward").call(dy, saved[0], weight, eps);
+      std::tie(dsum, dweight) = kiln_op<rms_norm_backward_cpu>("kiln::rms_norm_backward")
+                                    .call(dy, saved[0], weight, eps, weight_grad);
     } else {
       std::tie(dsum, dweight) =
           kiln_op<fused_add_rms_norm_backward_cpu>("kiln::fused_add_rms_norm_backward")
-              .call(dy, dr, saved[0], weight, eps);
+              .call(dy, dr, saved[0], weight, eps, weight_grad);
     }
     return {dsum, dsum, value_or_undefined(dweight), at::Tensor()};
   }
@@ -115,9 +114,11 @@ struct LayerNormFunction : torch::autograd::Function<LayerNormFunction> {
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const variable_list saved = ctx->get_saved_variables();
+    const std::initializer_list<bool> given{true, saved[1].defined(), saved[2].defined()};
     auto [dx, dweight, dbias] = kiln_op<layer_norm_backward_cpu>("kiln::layer_norm_backward")
                                     .call(grads[0], saved[0], present(saved[1]), present(saved[2]),
-                                          ctx->saved_data["eps"].toDouble());
+                                          ctx->saved_data["eps"].toDouble(),
+                                          wants_grad(ctx, given, 1), wants_grad(ctx, given, 2));
     return {dx, value_or_undefined(dweight), value_or_undefined(dbias), at::Tensor()};
   }
 };
@@ -133,14 +134,9 @@ at::Tensor layer_norm_autograd(const at::Tensor& x, const std::optional<at::Tens
 
 // ---- adaln(x, scale, shift, weight, eps, norm, table_scale, table_shift)
 
-// A table row is added to every sample's and token's operand: its gradient is the operand's,
-// summed over both (in fp32, rounded once).
-at::Tensor table_gradient(const at::Tensor& operand_gradient) {
-  const std::array<std::int64_t, 2> sample_and_token{0, 1};
-  return operand_gradient.sum(sample_and_token, /*keepdim=*/false, at::kFloat)
-      .to(operand_gradient.scalar_type());
-}
-
+// Only the gradients autograd asks for are computed: with the modulation and the norm's
+// parameters frozen (LoRA), the backward is dx alone. A table row's gradient (the operand's
+// summed over samples and tokens) comes from the kernel's own sums, not a second pass.
 struct AdaLnFunction : torch::autograd::Function<AdaLnFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& scale,
                             const at::Tensor& shift, const std::optional<at::Tensor>& weight,
@@ -152,6 +148,7 @@ struct AdaLnFunction : torch::autograd::Function<AdaLnFunction> {
     ctx->saved_data["norm"] = std::string(norm);
     // A per-token shift's gradient is dy itself; a per-sample one is dy summed per sample.
     ctx->saved_data["shift_per_token"] = shift.dim() > 1 && shift.size(1) != 1;
+    ctx->saved_data["table_shift"] = table_shift.has_value();
     const at::AutoDispatchBelowADInplaceOrView below;
     return kiln_op<adaln_cpu>("kiln::adaln")
         .call(x, scale, shift, weight, eps, norm, table_scale, table_shift);
@@ -162,19 +159,30 @@ struct AdaLnFunction : torch::autograd::Function<AdaLnFunction> {
     const at::Tensor& dy = grads[0];
     const bool shift_per_token = ctx->saved_data["shift_per_token"].toBool();
     const std::string norm = ctx->saved_data["norm"].toStringRef();
-    auto [dx, dscale, dshift, dweight] =
+    // x, scale, shift, weight, table_scale, table_shift
+    const std::initializer_list<bool> given{true,
+                                            true,
+                                            true,
+                                            saved[2].defined(),
+                                            saved[3].defined(),
+                                            ctx->saved_data["table_shift"].toBool()};
+    const bool shift_grad = wants_grad(ctx, given, 2);
+    auto [dx, dscale, dshift, dweight, dtable_scale, dtable_shift] =
         kiln_op<adaln_backward_cpu>("kiln::adaln_backward")
             .call(dy, saved[0], saved[1], present(saved[2]), ctx->saved_data["eps"].toDouble(),
-                  norm, present(saved[3]), shift_per_token);
-    const at::Tensor shift_gradient = shift_per_token ? dy : value_or_undefined(dshift);
-    at::Tensor dtable_scale;
-    at::Tensor dtable_shift;
-    if (saved[3].defined()) {
-      dtable_scale = table_gradient(dscale);
-      dtable_shift = table_gradient(shift_gradient);
-    }
-    return {dx,           dscale,       shift_gradient, value_or_undefined(dweight),
-            at::Tensor(), at::Tensor(), dtable_scale,   dtable_shift};
+                  norm, present(saved[3]), shift_per_token, wants_grad(ctx, given, 1),
+                  shift_grad && !shift_per_token, wants_grad(ctx, given, 3),
+                  wants_grad(ctx, given, 4), wants_grad(ctx, given, 5));
+    const at::Tensor shift_gradient =
+        !shift_grad ? at::Tensor() : (shift_per_token ? dy : value_or_undefined(dshift));
+    return {dx,
+            value_or_undefined(dscale),
+            shift_gradient,
+            value_or_undefined(dweight),
+            at::Tensor(),
+            at::Tensor(),
+            value_or_undefined(dtable_scale),
+            value_or_undefined(dtable_shift)};
   }
 };
 

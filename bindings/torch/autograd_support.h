@@ -8,6 +8,8 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/autograd.h>
 
+#include <cstddef>
+#include <initializer_list>
 #include <optional>
 #include <type_traits>
 
@@ -48,6 +50,23 @@ inline std::optional<at::Tensor> present(const at::Tensor& t) {
 
 inline at::Tensor value_or_undefined(const std::optional<at::Tensor>& t) {
   return t.has_value() ? *t : at::Tensor();
+}
+
+// Whether backward must return a gradient for the forward's tensor argument at `position`
+// (counting every tensor argument, optional or not; `given` says which were passed). Autograd
+// numbers its input edges over the tensors that were passed only, so an absent optional
+// shifts the ones after it; a frozen parameter (requires_grad false) has an edge that wants
+// nothing.
+inline bool wants_grad(const AutogradContext* ctx, std::initializer_list<bool> given,
+                       std::size_t position) {
+  if (!std::data(given)[position]) {
+    return false;
+  }
+  std::size_t edge = 0;
+  for (std::size_t i = 0; i < position; ++i) {
+    edge += std::data(given)[i] ? 1 : 0;
+  }
+  return ctx->needs_input_grad(edge);
 }
 
 }  // namespace kiln::torch_ops

@@ -30,41 +30,55 @@ DType check_adaln_backward(const at::Tensor& dy, const at::Tensor& x, const at::
                            const std::optional<at::Tensor>& weight, const std::string& norm,
                            const std::optional<at::Tensor>& table_scale);
 
-// ---- implementations: (dx, dweight) / (dx, dweight, dbias) / (dx, dscale, dshift, dweight)
-// with None for a parameter not given; adaln's dshift is None when shift is per token (it is
-// dy itself).
+// ---- implementations: (dx, dweight) / (dx, dweight, dbias) / (dx, dscale, dshift, dweight,
+// dtable_scale, dtable_shift).
+//
+// dx is always computed; every other gradient only where its `*_grad` argument asks for it
+// (autograd passes which of the forward's inputs need one) and its parameter was given, else
+// None. adaln: dscale is per token or per sample as scale is; dshift is None when shift is per
+// token (its gradient is dy itself); dtable_scale / dtable_shift are dscale / dy summed over
+// samples and tokens, the gradients of table rows added to scale and shift.
 
 using GradPair = std::tuple<at::Tensor, std::optional<at::Tensor>>;
 using GradTriple = std::tuple<at::Tensor, std::optional<at::Tensor>, std::optional<at::Tensor>>;
 using AdaLnGrads =
-    std::tuple<at::Tensor, at::Tensor, std::optional<at::Tensor>, std::optional<at::Tensor>>;
+    std::tuple<at::Tensor, std::optional<at::Tensor>, std::optional<at::Tensor>,
+               std::optional<at::Tensor>, std::optional<at::Tensor>, std::optional<at::Tensor>>;
 
 GradPair rms_norm_backward_cpu(const at::Tensor& dy, const at::Tensor& x,
-                               const std::optional<at::Tensor>& weight, double eps);
+                               const std::optional<at::Tensor>& weight, double eps,
+                               bool weight_grad);
 GradPair rms_norm_backward_cuda(const at::Tensor& dy, const at::Tensor& x,
-                                const std::optional<at::Tensor>& weight, double eps);
+                                const std::optional<at::Tensor>& weight, double eps,
+                                bool weight_grad);
 
 GradPair fused_add_rms_norm_backward_cpu(const at::Tensor& dy, const at::Tensor& dr,
                                          const at::Tensor& r,
-                                         const std::optional<at::Tensor>& weight, double eps);
+                                         const std::optional<at::Tensor>& weight, double eps,
+                                         bool weight_grad);
 GradPair fused_add_rms_norm_backward_cuda(const at::Tensor& dy, const at::Tensor& dr,
                                           const at::Tensor& r,
-                                          const std::optional<at::Tensor>& weight, double eps);
+                                          const std::optional<at::Tensor>& weight, double eps,
+                                          bool weight_grad);
 
 GradTriple layer_norm_backward_cpu(const at::Tensor& dy, const at::Tensor& x,
                                    const std::optional<at::Tensor>& weight,
-                                   const std::optional<at::Tensor>& bias, double eps);
+                                   const std::optional<at::Tensor>& bias, double eps,
+                                   bool weight_grad, bool bias_grad);
 GradTriple layer_norm_backward_cuda(const at::Tensor& dy, const at::Tensor& x,
                                     const std::optional<at::Tensor>& weight,
-                                    const std::optional<at::Tensor>& bias, double eps);
+                                    const std::optional<at::Tensor>& bias, double eps,
+                                    bool weight_grad, bool bias_grad);
 
 AdaLnGrads adaln_backward_cpu(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& scale,
                               const std::optional<at::Tensor>& weight, double eps,
                               c10::string_view norm, const std::optional<at::Tensor>& table_scale,
-                              bool shift_per_token);
+                              bool shift_per_token, bool scale_grad, bool shift_grad,
+                              bool weight_grad, bool table_scale_grad, bool table_shift_grad);
 AdaLnGrads adaln_backward_cuda(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& scale,
                                const std::optional<at::Tensor>& weight, double eps,
                                c10::string_view norm, const std::optional<at::Tensor>& table_scale,
-                               bool shift_per_token);
+                               bool shift_per_token, bool scale_grad, bool shift_grad,
+                               bool weight_grad, bool table_scale_grad, bool table_shift_grad);
 
 }  // namespace kiln::torch_ops

@@ -58,13 +58,14 @@ RowGrads row_grads(const at::Tensor& dy, const at::Tensor& x,
 }  // namespace
 
 GradPair rms_norm_backward_cpu(const at::Tensor& dy, const at::Tensor& x,
-                               const std::optional<at::Tensor>& weight, double eps) {
+                               const std::optional<at::Tensor>& weight, double eps,
+                               bool weight_grad) {
   const std::string op = "rms_norm_backward";
   check_norm_backward(op, dy, x, "x", weight);
   require_cpu(op, "x", x);
   const RowGrads grads = row_grads(dy, x, weight, at::Tensor(), false, eps);
   std::optional<at::Tensor> dweight;
-  if (weight) {
+  if (weight && weight_grad) {
     dweight = sum_rows(grads.dn_xhat).to(x.scalar_type());
   }
   return {grads.dx.to(x.scalar_type()).contiguous(), dweight};
@@ -72,14 +73,15 @@ GradPair rms_norm_backward_cpu(const at::Tensor& dy, const at::Tensor& x,
 
 GradPair fused_add_rms_norm_backward_cpu(const at::Tensor& dy, const at::Tensor& dr,
                                          const at::Tensor& r,
-                                         const std::optional<at::Tensor>& weight, double eps) {
+                                         const std::optional<at::Tensor>& weight, double eps,
+                                         bool weight_grad) {
   const std::string op = "fused_add_rms_norm_backward";
   check_norm_backward(op, dy, r, "r", weight);
   check_same_as(op, "dr", dr, "r", r);
   require_cpu(op, "r", r);
   const RowGrads grads = row_grads(dy, r, weight, at::Tensor(), false, eps);
   std::optional<at::Tensor> dweight;
-  if (weight) {
+  if (weight && weight_grad) {
     dweight = sum_rows(grads.dn_xhat).to(r.scalar_type());
   }
   const at::Tensor dx = grads.dx + dr.to(math_type(r));
@@ -88,7 +90,8 @@ GradPair fused_add_rms_norm_backward_cpu(const at::Tensor& dy, const at::Tensor&
 
 GradTriple layer_norm_backward_cpu(const at::Tensor& dy, const at::Tensor& x,
                                    const std::optional<at::Tensor>& weight,
-                                   const std::optional<at::Tensor>& bias, double eps) {
+                                   const std::optional<at::Tensor>& bias, double eps,
+                                   bool weight_grad, bool bias_grad) {
   const std::string op = "layer_norm_backward";
   check_norm_backward(op, dy, x, "x", weight);
   if (bias) {
@@ -98,10 +101,10 @@ GradTriple layer_norm_backward_cpu(const at::Tensor& dy, const at::Tensor& x,
   const RowGrads grads = row_grads(dy, x, weight, at::Tensor(), true, eps);
   std::optional<at::Tensor> dweight;
   std::optional<at::Tensor> dbias;
-  if (weight) {
+  if (weight && weight_grad) {
     dweight = sum_rows(grads.dn_xhat).to(x.scalar_type());
   }
-  if (bias) {
+  if (bias && bias_grad) {
     dbias = sum_rows(grads.dy).to(x.scalar_type());
   }
   return {grads.dx.to(x.scalar_type()).contiguous(), dweight, dbias};
@@ -110,12 +113,14 @@ GradTriple layer_norm_backward_cpu(const at::Tensor& dy, const at::Tensor& x,
 AdaLnGrads adaln_backward_cpu(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& scale,
                               const std::optional<at::Tensor>& weight, double eps,
                               c10::string_view norm, const std::optional<at::Tensor>& table_scale,
-                              bool shift_per_token) {
+                              bool shift_per_token, bool scale_grad, bool shift_grad,
+                              bool weight_grad, bool table_scale_grad, bool table_shift_grad) {
   const std::string op = "adaln_backward";
   const std::string kind(norm);
   check_adaln_backward(dy, x, scale, weight, kind, table_scale);
   require_cpu(op, "x", x);
   const at::ScalarType math = math_type(x);
+  const at::ScalarType dtype = x.scalar_type();
   at::Tensor one_plus_scale = scale.to(math) + 1.0;
   if (table_scale) {
     one_plus_scale = one_plus_scale + table_scale->to(math);
@@ -123,17 +128,28 @@ AdaLnGrads adaln_backward_cpu(const at::Tensor& dy, const at::Tensor& x, const a
   const bool layer = parse_norm_kind(op, kind);
   const RowGrads grads = row_grads(dy, x, weight, one_plus_scale, layer, eps);
   const bool scale_per_token = scale.size(1) != 1;
-  const at::Tensor dscale = scale_per_token ? grads.dy_n : grads.dy_n.sum(1, /*keepdim=*/true);
+  std::optional<at::Tensor> dscale;
+  if (scale_grad) {
+    dscale =
+        (scale_per_token ? grads.dy_n : grads.dy_n.sum(1, /*keepdim=*/true)).to(dtype).contiguous();
+  }
   std::optional<at::Tensor> dshift;
-  if (!shift_per_token) {
-    dshift = grads.dy.sum(1, /*keepdim=*/true).to(x.scalar_type()).contiguous();
+  if (shift_grad && !shift_per_token) {
+    dshift = grads.dy.sum(1, /*keepdim=*/true).to(dtype).contiguous();
   }
   std::optional<at::Tensor> dweight;
-  if (weight) {
-    dweight = sum_rows(grads.dn_xhat).to(x.scalar_type());
+  if (weight && weight_grad) {
+    dweight = sum_rows(grads.dn_xhat).to(dtype);
   }
-  return {grads.dx.to(x.scalar_type()).contiguous(), dscale.to(x.scalar_type()).contiguous(),
-          dshift, dweight};
+  std::optional<at::Tensor> dtable_scale;
+  if (table_scale_grad) {
+    dtable_scale = sum_rows(grads.dy_n).to(dtype);
+  }
+  std::optional<at::Tensor> dtable_shift;
+  if (table_shift_grad) {
+    dtable_shift = sum_rows(grads.dy).to(dtype);
+  }
+  return {grads.dx.to(dtype).contiguous(), dscale, dshift, dweight, dtable_scale, dtable_shift};
 }
 
 }  // namespace kiln::torch_ops

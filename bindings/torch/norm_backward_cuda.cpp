@@ -72,7 +72,7 @@ BackwardOutputs run_backward(const BackwardCall& call) {
     const auto options = x.options().dtype(at::kFloat);
     return xv.rows == 0 ? at::zeros({items, hidden}, options) : at::empty({items, hidden}, options);
   };
-  if ((features & NormBackwardFeature::weight) != 0) {
+  if ((features & NormBackwardFeature::weight_sum) != 0) {
     out.weight_partial = partial();
   }
   if ((features & NormBackwardFeature::dy_sum) != 0) {
@@ -81,9 +81,7 @@ BackwardOutputs run_backward(const BackwardCall& call) {
   if ((features & NormBackwardFeature::scale_sum) != 0) {
     out.scale_partial = partial();
   }
-  const bool dscale_per_token = (features & NormBackwardFeature::modulate) != 0 &&
-                                (features & NormBackwardFeature::scale_sum) == 0;
-  if (dscale_per_token) {
+  if ((features & NormBackwardFeature::scale_rows) != 0) {
     out.dscale = at::empty(x.sizes(), contiguous);
   }
   if (xv.rows == 0) {
@@ -172,20 +170,24 @@ std::optional<at::Tensor> parameter_gradient(const at::Tensor& partial, at::Scal
   return sum_rows(partial, 0, /*keepdim=*/false).to(dtype);
 }
 
-std::uint32_t weight_flag(const std::optional<at::Tensor>& weight) {
-  return weight ? kNormWeight : 0u;
+std::uint32_t weight_flags(const std::optional<at::Tensor>& weight, bool weight_grad) {
+  if (!weight) {
+    return 0u;
+  }
+  return kNormWeight | (weight_grad ? 0u : kNormSkipWeightGrad);
 }
 
 }  // namespace
 
 GradPair rms_norm_backward_cuda(const at::Tensor& dy, const at::Tensor& x,
-                                const std::optional<at::Tensor>& weight, double eps) {
+                                const std::optional<at::Tensor>& weight, double eps,
+                                bool weight_grad) {
   BackwardCall call;
   call.op = "rms_norm_backward";
   call.kind = Op::rms_norm_backward;
   call.dtype = check_norm_backward(call.op, dy, x, "x", weight);
   require_cuda(call.op, "x", x);
-  call.flags = weight_flag(weight);
+  call.flags = weight_flags(weight, weight_grad);
   call.dy = &dy;
   call.x = &x;
   call.weight = &weight;
@@ -196,14 +198,15 @@ GradPair rms_norm_backward_cuda(const at::Tensor& dy, const at::Tensor& x,
 
 GradPair fused_add_rms_norm_backward_cuda(const at::Tensor& dy, const at::Tensor& dr,
                                           const at::Tensor& r,
-                                          const std::optional<at::Tensor>& weight, double eps) {
+                                          const std::optional<at::Tensor>& weight, double eps,
+                                          bool weight_grad) {
   BackwardCall call;
   call.op = "fused_add_rms_norm_backward";
   call.kind = Op::fused_add_rms_norm_backward;
   call.dtype = check_norm_backward(call.op, dy, r, "r", weight);
   check_same_as(call.op, "dr", dr, "r", r);
   require_cuda(call.op, "r", r);
-  call.flags = weight_flag(weight);
+  call.flags = weight_flags(weight, weight_grad);
   call.dy = &dy;
   call.x = &r;
   call.dr = &dr;
@@ -215,7 +218,8 @@ GradPair fused_add_rms_norm_backward_cuda(const at::Tensor& dy, const at::Tensor
 
 GradTriple layer_norm_backward_cuda(const at::Tensor& dy, const at::Tensor& x,
                                     const std::optional<at::Tensor>& weight,
-                                    const std::optional<at::Tensor>& bias, double eps) {
+                                    const std::optional<at::Tensor>& bias, double eps,
+                                    bool weight_grad, bool bias_grad) {
   BackwardCall call;
   call.op = "layer_norm_backward";
   call.kind = Op::layer_norm_backward;
@@ -224,7 +228,10 @@ GradTriple layer_norm_backward_cuda(const at::Tensor& dy, const at::Tensor& x,
     check_parameter(call.op, "bias", *bias, x);
   }
   require_cuda(call.op, "x", x);
-  call.flags = weight_flag(weight) | (bias ? kNormBias : 0u);
+  call.flags = weight_flags(weight, weight_grad);
+  if (bias) {
+    call.flags |= kNormBias | (bias_grad ? 0u : kNormSkipBiasGrad);
+  }
   call.dy = &dy;
   call.x = &x;
   call.weight = &weight;
@@ -237,7 +244,8 @@ GradTriple layer_norm_backward_cuda(const at::Tensor& dy, const at::Tensor& x,
 AdaLnGrads adaln_backward_cuda(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& scale,
                                const std::optional<at::Tensor>& weight, double eps,
                                c10::string_view norm, const std::optional<at::Tensor>& table_scale,
-                               bool shift_per_token) {
+                               bool shift_per_token, bool scale_grad, bool shift_grad,
+                               bool weight_grad, bool table_scale_grad, bool table_shift_grad) {
   BackwardCall call;
   call.op = "adaln_backward";
   call.kind = Op::adaln_backward;
@@ -245,17 +253,21 @@ AdaLnGrads adaln_backward_cuda(const at::Tensor& dy, const at::Tensor& x, const 
   call.dtype = check_adaln_backward(dy, x, scale, weight, kind, table_scale);
   require_cuda(call.op, "x", x);
   const bool scale_per_token = scale.size(1) != 1;
-  call.flags = weight_flag(weight) | (parse_norm_kind(call.op, kind) ? kNormLayer : 0u) |
-               (table_scale ? kNormTable : 0u) | (scale_per_token ? kNormScalePerToken : 0u) |
-               (shift_per_token ? kNormShiftPerToken : 0u);
+  // A per-token shift's gradient is dy: nothing to compute for it.
+  const bool dshift_wanted = shift_grad && !shift_per_token;
+  call.flags =
+      weight_flags(weight, weight_grad) | (parse_norm_kind(call.op, kind) ? kNormLayer : 0u) |
+      (table_scale ? kNormTable : 0u) | (scale_per_token ? kNormScalePerToken : 0u) |
+      (shift_per_token ? kNormShiftPerToken : 0u) | (scale_grad ? 0u : kNormSkipScaleGrad) |
+      (dshift_wanted ? 0u : kNormSkipShiftGrad) | (table_scale_grad ? kNormTableScaleGrad : 0u) |
+      (table_shift_grad ? kNormTableShiftGrad : 0u);
   call.dy = &dy;
   call.x = &x;
   call.scale = &scale;
   call.weight = &weight;
   call.table_scale = &table_scale;
   call.tokens = x.size(1);
-  // Sums per sample (dscale or dshift of [B, 1, D] operands) need samples as segments.
-  call.segments = scale_per_token && shift_per_token ? 1 : x.size(0);
+  call.segments = NormBackwardFamily::sums_per_sample(call.flags) ? x.size(0) : 1;
   call.eps = eps;
   BackwardOutputs out = run_backward(call);
 
@@ -266,12 +278,25 @@ AdaLnGrads adaln_backward_cuda(const at::Tensor& dy, const at::Tensor& x, const 
   auto per_sample = [&](const at::Tensor& partial) {
     return sum_rows(partial.view({b, out.slots, d}), 1, /*keepdim=*/true).to(dtype);
   };
-  const at::Tensor dscale = scale_per_token ? out.dscale : per_sample(out.scale_partial);
+  std::optional<at::Tensor> dscale;
+  if (scale_grad) {
+    dscale = scale_per_token ? out.dscale : per_sample(out.scale_partial);
+  }
   std::optional<at::Tensor> dshift;
-  if (!shift_per_token) {
+  if (dshift_wanted) {
     dshift = per_sample(out.dy_partial);
   }
-  return {out.dx, dscale, dshift, parameter_gradient(out.weight_partial, dtype)};
+  // A table row's gradient: every partial row summed, whatever the segments.
+  std::optional<at::Tensor> dtable_scale;
+  if (table_scale_grad) {
+    dtable_scale = parameter_gradient(out.scale_partial, dtype);
+  }
+  std::optional<at::Tensor> dtable_shift;
+  if (table_shift_grad) {
+    dtable_shift = parameter_gradient(out.dy_partial, dtype);
+  }
+  return {out.dx,       dscale,      dshift, parameter_gradient(out.weight_partial, dtype),
+          dtable_scale, dtable_shift};
 }
 
 }  // namespace kiln::torch_ops

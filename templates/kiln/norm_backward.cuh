@@ -13,6 +13,10 @@
 //   dscale = dy * n (per token) | summed over a sample's rows (per sample)
 //   dweight = sum over rows of dn * xhat,  dbias / dshift = sum over rows of dy
 //
+// Each gradient other than dx is a feature of its own (NormBackwardParams), so a call
+// computes only what its caller asks for: a frozen weight (LoRA) costs no partial sums, and a
+// table row's gradient is summed here instead of by a second pass over dscale and dy.
+//
 // The row statistics (mean, rstd) are recomputed from x rather than saved by the forward:
 // the forward ops stay as they are, and the backward reads x either way.
 //
@@ -72,12 +76,13 @@ __global__ void __launch_bounds__(CTA_THREADS) norm_backward(const NormBackwardP
   constexpr float kInvHidden = 1.0f / HIDDEN;
   constexpr bool kLayer = (F & NormBackwardFeature::layer) != 0;
   constexpr bool kWeight = (F & NormBackwardFeature::weight) != 0;
+  constexpr bool kWeightSum = kWeight && (F & NormBackwardFeature::weight_sum) != 0;
   constexpr bool kResidual = (F & NormBackwardFeature::residual) != 0;
   constexpr bool kModulate = (F & NormBackwardFeature::modulate) != 0;
   constexpr bool kTable = (F & NormBackwardFeature::table) != 0;
   constexpr bool kDySum = (F & NormBackwardFeature::dy_sum) != 0;
   constexpr bool kScaleSum = kModulate && (F & NormBackwardFeature::scale_sum) != 0;
-  constexpr bool kScalePerToken = kModulate && !kScaleSum;
+  constexpr bool kScalePerToken = kModulate && (F & NormBackwardFeature::scale_rows) != 0;
   static_assert(VEC_BYTES % sizeof(T) == 0, "a vector holds whole elements");
   static_assert(HIDDEN % kVec == 0, "rows must be made of whole vectors");
   static_assert(CTA_THREADS % THREADS_PER_ROW == 0, "rows must tile the CTA");
@@ -106,12 +111,12 @@ __global__ void __launch_bounds__(CTA_THREADS) norm_backward(const NormBackwardP
     const long long segment = item_active ? item / p.slots : 0;
     const long long slot = item_active ? item - segment * p.slots : 0;
 
-    float weight_sum[kWeight ? kSteps * kVec : 1];
+    float weight_sum[kWeightSum ? kSteps * kVec : 1];
     float dy_sum[kDySum ? kSteps * kVec : 1];
     float scale_sum[kScaleSum ? kSteps * kVec : 1];
 #pragma unroll
     for (int i = 0; i < kSteps * kVec; ++i) {
-      if constexpr (kWeight) weight_sum[i] = 0.0f;
+      if constexpr (kWeightSum) weight_sum[i] = 0.0f;
       if constexpr (kDySum) dy_sum[i] = 0.0f;
       if constexpr (kScaleSum) scale_sum[i] = 0.0f;
     }
@@ -240,7 +245,7 @@ __global__ void __launch_bounds__(CTA_THREADS) norm_backward(const NormBackwardP
             dn = d * (1.0f + s);
           }
           const float g = dn * w;
-          if constexpr (kWeight) weight_sum[step * kVec + i] += dn * xhat;
+          if constexpr (kWeightSum) weight_sum[step * kVec + i] += dn * xhat;
           if constexpr (kDySum) dy_sum[step * kVec + i] += d;
           g_sum += g;
           gx_sum += g * xhat;
@@ -292,8 +297,9 @@ __global__ void __launch_bounds__(CTA_THREADS) norm_backward(const NormBackwardP
     for (int step = 0; step < kSteps; ++step) {
       if (!in_row(step)) continue;
       const long long offset = item * HIDDEN + column(step);
-      if constexpr (kWeight)
+      if constexpr (kWeightSum) {
         store_partial<kVec>(p.weight_partial + offset, weight_sum + step * kVec);
+      }
       if constexpr (kDySum) store_partial<kVec>(p.dy_partial + offset, dy_sum + step * kVec);
       if constexpr (kScaleSum) {
         store_partial<kVec>(p.scale_partial + offset, scale_sum + step * kVec);

@@ -9,14 +9,17 @@ namespace kiln {
 // Bits of kiln::norm_backward's FEATURES argument (the family descriptor derives them from
 // the op and the problem's flags).
 struct NormBackwardFeature {
-  static constexpr unsigned layer = 1u;       // LayerNorm (the mean is subtracted), else RMS
-  static constexpr unsigned weight = 2u;      // the forward multiplied by weight[i]: dweight
-  static constexpr unsigned residual = 4u;    // dx += dr (fused_add_rms_norm's second output)
-  static constexpr unsigned modulate = 8u;    // the forward applied * (1 + scale) + shift
-  static constexpr unsigned table = 16u;      // the scale operand adds a table row
-  static constexpr unsigned dy_sum = 32u;     // sum dy over an item's rows (dbias, dshift)
-  static constexpr unsigned scale_sum = 64u;  // sum dy * n over an item's rows (dscale per
-                                              // sample); without it dscale is per token
+  static constexpr unsigned layer = 1u;         // LayerNorm (the mean is subtracted), else RMS
+  static constexpr unsigned weight = 2u;        // the forward multiplied by weight[i]
+  static constexpr unsigned residual = 4u;      // dx += dr (fused_add_rms_norm's second output)
+  static constexpr unsigned modulate = 8u;      // the forward applied * (1 + scale) + shift
+  static constexpr unsigned table = 16u;        // the scale operand adds a table row
+  static constexpr unsigned dy_sum = 32u;       // sum dy over an item's rows (dbias, dshift,
+                                                // the shift table row's gradient)
+  static constexpr unsigned scale_sum = 64u;    // sum dy * n over an item's rows (dscale per
+                                                // sample, the scale table row's gradient)
+  static constexpr unsigned weight_sum = 128u;  // sum dn * xhat over an item's rows (dweight)
+  static constexpr unsigned scale_rows = 256u;  // write dy * n per token (dscale per token)
 };
 
 // The rows are split into `segments` segments of `segment_rows` rows (samples, when a sum
@@ -27,8 +30,8 @@ struct NormBackwardFeature {
 // and the row counts only, never on the launch config; the host adds the partial rows up.
 struct NormBackwardParams {
   void* dx;               // [rows, hidden], contiguous
-  void* dscale;           // modulate without scale_sum: dy * n per token, [rows, hidden]
-  float* weight_partial;  // weight: sums of dn * xhat
+  void* dscale;           // scale_rows: dy * n per token, [rows, hidden]
+  float* weight_partial;  // weight_sum: sums of dn * xhat
   float* dy_partial;      // dy_sum: sums of dy
   float* scale_partial;   // scale_sum: sums of dy * n
   const void* dy;

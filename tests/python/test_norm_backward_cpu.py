@@ -179,8 +179,15 @@ def test_adaln_backward(dtype, hidden, norm, kinds, tables):
     ts = rand(hidden, gen=gen, dtype=dtype, scale=0.3) if tables else None
     tsh = rand(hidden, gen=gen, dtype=dtype, scale=0.3) if tables else None
     shift_per_token = kinds[1] == "token"
-    dx, dscale, dshift, dw = torch.ops.kiln.adaln_backward(dy, x, scale, w, 1e-6, norm, ts, shift_per_token)
-    ref_dx, ref_dscale, ref_dshift, ref_dw, _, _ = adaln_grads(dy, x, scale, shift, w, 1e-6, norm, ts, tsh)
+    dx, dscale, dshift, dw, dts, dtsh = torch.ops.kiln.adaln_backward(
+        dy, x, scale, w, 1e-6, norm, ts, shift_per_token, table_scale_grad=tables, table_shift_grad=tables
+    )
+    ref_dx, ref_dscale, ref_dshift, ref_dw, ref_dts, ref_dtsh = adaln_grads(dy, x, scale, shift, w, 1e-6, norm, ts, tsh)
+    if tables:
+        assert_grad_close(dts, ref_dts, dtype, "dtable_scale")
+        assert_grad_close(dtsh, ref_dtsh, dtype, "dtable_shift")
+    else:
+        assert dts is None and dtsh is None
     assert_grad_close(dx, ref_dx, dtype, "dx")
     assert_grad_close(dscale, ref_dscale, dtype, "dscale")
     if shift_per_token:
@@ -192,6 +199,121 @@ def test_adaln_backward(dtype, hidden, norm, kinds, tables):
         assert dw is None
     else:
         assert_grad_close(dw, ref_dw, dtype, "dweight")
+
+
+# ---- only the gradients asked for
+
+
+def test_backward_ops_return_only_the_gradients_asked_for():
+    gen = torch.Generator().manual_seed(31)
+    x, dy, dr = (rand(6, 16, gen=gen, dtype=torch.float32) for _ in range(3))
+    w, bias = rand(16, gen=gen, dtype=torch.float32, offset=1.0), rand(16, gen=gen, dtype=torch.float32)
+    ops = torch.ops.kiln
+    full_dx, _ = ops.rms_norm_backward(dy, x, w, 1e-6)
+    dx, dw = ops.rms_norm_backward(dy, x, w, 1e-6, weight_grad=False)
+    assert dw is None
+    torch.testing.assert_close(dx, full_dx, rtol=0, atol=0)  # the weight still multiplies
+    assert ops.fused_add_rms_norm_backward(dy, dr, x, w, 1e-6, weight_grad=False)[1] is None
+    refs = layer_norm_grads(dy, x, w, bias, 1e-5)
+    for weight_grad in (False, True):
+        for bias_grad in (False, True):
+            dx, dw, db = ops.layer_norm_backward(dy, x, w, bias, 1e-5, weight_grad, bias_grad)
+            assert_grad_close(dx, refs[0], torch.float32, "dx")
+            assert (dw is None) == (not weight_grad) and (db is None) == (not bias_grad)
+            if weight_grad:
+                assert_grad_close(dw, refs[1], torch.float32, "dweight")
+            if bias_grad:
+                assert_grad_close(db, refs[2], torch.float32, "dbias")
+
+    x3, dy3 = x.reshape(2, 3, 16), dy.reshape(2, 3, 16)
+    shift = rand(2, 1, 16, gen=gen, dtype=torch.float32)
+    ts, tsh = rand(16, gen=gen, dtype=torch.float32), rand(16, gen=gen, dtype=torch.float32)
+    for scale in (rand(2, 1, 16, gen=gen, dtype=torch.float32), dr.reshape(2, 3, 16)):
+        refs = adaln_grads(dy3, x3, scale, shift, w, 1e-6, "layer", ts, tsh)
+        for mask in [(False,) * 5, (True, False, False, True, False), (False, True, True, False, True), (True,) * 5]:
+            got = ops.adaln_backward(dy3, x3, scale, w, 1e-6, "layer", ts, False, *mask)
+            assert_grad_close(got[0], refs[0], torch.float32, "dx")
+            for name, g, ref, wanted in zip(("dscale", "dshift", "dweight", "dtable_scale", "dtable_shift"), got[1:], refs[1:], mask):
+                if wanted:
+                    assert_grad_close(g, ref, torch.float32, name)
+                else:
+                    assert g is None, name
+
+
+class BackwardCalls(torch.utils._python_dispatch.TorchDispatchMode):
+    """Records the kiln backward ops called and their arguments."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.namespace == "kiln" and "backward" in func.__name__:
+            self.calls.append((func.__name__.split(".")[0], args, kwargs or {}))
+        return func(*args, **(kwargs or {}))
+
+
+def asked(calls, name, argument):
+    """The value the one call of backward op `name` got for its schema argument `argument`."""
+    (op, args, kwargs), = [c for c in calls if c[0] == name]
+    schema = getattr(torch.ops.kiln, name).default._schema
+    position = [a.name for a in schema.arguments].index(argument)
+    if argument in kwargs:
+        return kwargs[argument]
+    return args[position] if position < len(args) else schema.arguments[position].default_value
+
+
+def test_autograd_asks_only_for_the_gradients_it_needs():
+    """A frozen parameter (LoRA) gets no gradient and costs none: the backward op is told not
+    to compute it."""
+    gen = torch.Generator().manual_seed(32)
+    x = rand(4, 8, gen=gen, dtype=torch.float32).requires_grad_(True)
+    w = rand(8, gen=gen, dtype=torch.float32, offset=1.0)
+    bias = rand(8, gen=gen, dtype=torch.float32).requires_grad_(True)
+    with BackwardCalls() as mode:
+        kiln.rms_norm(x, w, 1e-6).sum().backward()
+    assert asked(mode.calls, "rms_norm_backward", "weight_grad") is False and w.grad is None
+    with BackwardCalls() as mode:
+        kiln.layer_norm(x, w, bias, 1e-5).sum().backward()
+    assert asked(mode.calls, "layer_norm_backward", "weight_grad") is False
+    assert asked(mode.calls, "layer_norm_backward", "bias_grad") is True and bias.grad is not None
+    r = rand(4, 8, gen=gen, dtype=torch.float32)
+    with BackwardCalls() as mode:
+        sum(t.sum() for t in kiln.fused_add_rms_norm(x, r, w, 1e-6)).backward()
+    assert asked(mode.calls, "fused_add_rms_norm_backward", "weight_grad") is False
+
+    x3 = x.detach().reshape(2, 2, 8).requires_grad_(True)
+    temb = rand(2, 2, 2, 8, gen=gen, dtype=torch.float32, scale=0.3)
+    table = rand(2, 8, gen=gen, dtype=torch.float32, scale=0.3)
+    names = ("scale_grad", "shift_grad", "weight_grad", "table_scale_grad", "table_shift_grad")
+    # (temb, table, weight require grad) -> what the op is asked for
+    cases = {
+        (False, False, False): (False, False, False, False, False),
+        (True, False, False): (True, False, False, False, False),  # per-token shift: dy itself
+        (False, True, False): (False, False, False, True, True),
+        (True, True, True): (True, False, True, True, True),
+    }
+    for (temb_grad, table_grad, weight_grad), expected in cases.items():
+        t = temb.clone().requires_grad_(temb_grad)
+        tb = table.clone().requires_grad_(table_grad)
+        wt = w.clone().requires_grad_(weight_grad)
+        x3.grad = None
+        with BackwardCalls() as mode:
+            out = kiln.adaln(x3, t[:, :, 1], t[:, :, 0], wt, 1e-6, "rms", tb[1], tb[0])
+            out.square().sum().backward()
+        assert tuple(asked(mode.calls, "adaln_backward", n) for n in names) == expected, (temb_grad, table_grad)
+        refs = adaln_grads(2 * out.detach(), x3, t[:, :, 1], t[:, :, 0], wt, 1e-6, "rms", tb[1], tb[0])
+        assert_grad_close(x3.grad, refs[0], torch.float32, "dx")
+        assert (t.grad is not None) == temb_grad and (tb.grad is not None) == table_grad
+        assert (wt.grad is not None) == weight_grad
+        if temb_grad:
+            assert_grad_close(t.grad[:, :, 1], refs[1], torch.float32, "dscale")
+            assert_grad_close(t.grad[:, :, 0], refs[2], torch.float32, "dshift")
+        if table_grad:
+            assert_grad_close(tb.grad[1], refs[4], torch.float32, "dtable_scale")
+            assert_grad_close(tb.grad[0], refs[5], torch.float32, "dtable_shift")
+        if weight_grad:
+            assert_grad_close(wt.grad, refs[3], torch.float32, "dweight")
 
 
 # ---- opcheck: schema, fakes, and the autograd registration under AOT dispatch
@@ -229,6 +351,12 @@ def test_opcheck_backward_ops(layout):
             torch.library.opcheck(
                 ops.adaln_backward.default, (dy3, x3, scale, None, 1e-6, "rms", None, shift_per_token)
             )
+            torch.library.opcheck(
+                ops.adaln_backward.default,
+                (dy3, x3, scale, w, 1e-6, "rms", w, shift_per_token, False, True, False, True, True),
+            )
+    torch.library.opcheck(ops.rms_norm_backward.default, (dy, x, w, 1e-6, False))
+    torch.library.opcheck(ops.layer_norm_backward.default, (dy, x, w, bias, 1e-5, False, True))
 
 
 @pytest.mark.parametrize("layout", ["contiguous", "permuted", "sliced"])
@@ -370,11 +498,18 @@ def test_backward_fakes_reject_bad_inputs():
         dx, dw, db = torch.ops.kiln.layer_norm_backward(torch.empty(2, 8), x, torch.empty(8), None, 1e-5)
         assert dx.shape == (2, 8) and dw.shape == (8,) and db is None
         x3 = torch.empty(2, 5, 8, dtype=torch.bfloat16)
-        dx, dscale, dshift, dw = torch.ops.kiln.adaln_backward(
+        dx, dscale, dshift, dw, dts, dtsh = torch.ops.kiln.adaln_backward(
             x3, x3, torch.empty(2, 1, 8, dtype=torch.bfloat16), None, 1e-6, "rms", None, False
         )
         assert dscale.shape == (2, 1, 8) and dshift.shape == (2, 1, 8) and dw is None
-        assert dx.dtype == torch.bfloat16
+        assert dx.dtype == torch.bfloat16 and dts is None and dtsh is None
+        grads = torch.ops.kiln.adaln_backward(
+            x3, x3, torch.empty(2, 5, 8, dtype=torch.bfloat16), None, 1e-6, "rms", None, True,
+            scale_grad=False, table_scale_grad=True, table_shift_grad=True,
+        )
+        assert grads[1] is None and grads[2] is None and grads[3] is None
+        assert grads[4].shape == (8,) and grads[5].shape == (8,) and grads[5].dtype == torch.bfloat16
+        assert torch.ops.kiln.rms_norm_backward(torch.empty(2, 8), x, torch.empty(8), 1e-6, False)[1] is None
 
 
 def test_cpu_float64_forward_matches_reference():

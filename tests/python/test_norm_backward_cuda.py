@@ -45,12 +45,13 @@ def test_rms_norm_backward(dtype, hidden):
     w = rand(hidden, dtype=dtype, gen=gen, offset=1.0, scale=0.5)
     for rows in ROWS:
         x, dy = rand(rows, hidden, dtype=dtype, gen=gen), rand(rows, hidden, dtype=dtype, gen=gen)
-        for weight in (w, None):
+        # A frozen weight (weight_grad False) still multiplies but gets no gradient.
+        for weight, weight_grad in ((w, True), (w, False), (None, True)):
             poison_allocator(rows, hidden, dtype)
-            dx, dw = torch.ops.kiln.rms_norm_backward(dy, x, weight, 1e-5)
+            dx, dw = torch.ops.kiln.rms_norm_backward(dy, x, weight, 1e-5, weight_grad)
             ref_dx, ref_dw = rms_norm_grads(dy, x, weight, 1e-5)
             assert_grad_close(dx, ref_dx, dtype, f"dx rows={rows}")
-            if weight is None:
+            if weight is None or not weight_grad:
                 assert dw is None
             else:
                 assert_grad_close(dw, ref_dw, dtype, f"dweight rows={rows}")
@@ -64,12 +65,12 @@ def test_fused_add_rms_norm_backward(dtype, hidden):
     for rows in ROWS:
         r = rand(rows, hidden, dtype=dtype, gen=gen, offset=0.3)
         dy, dr = rand(rows, hidden, dtype=dtype, gen=gen), rand(rows, hidden, dtype=dtype, gen=gen)
-        for weight in (w, None):
+        for weight, weight_grad in ((w, True), (w, False), (None, True)):
             poison_allocator(rows, hidden, dtype)
-            dsum, dw = torch.ops.kiln.fused_add_rms_norm_backward(dy, dr, r, weight, 1e-5)
+            dsum, dw = torch.ops.kiln.fused_add_rms_norm_backward(dy, dr, r, weight, 1e-5, weight_grad)
             ref_dsum, ref_dw = fused_add_rms_norm_grads(dy, dr, r, weight, 1e-5)
             assert_grad_close(dsum, ref_dsum, dtype, f"dresidual rows={rows}")
-            if weight is None:
+            if weight is None or not weight_grad:
                 assert dw is None
             else:
                 assert_grad_close(dw, ref_dw, dtype, f"dweight rows={rows}")
@@ -84,11 +85,15 @@ def test_layer_norm_backward(dtype, hidden):
     for rows in ROWS:
         x = rand(rows, hidden, dtype=dtype, gen=gen, offset=1.5, scale=2.0)  # a mean far from 0
         dy = rand(rows, hidden, dtype=dtype, gen=gen)
-        for weight, bias in ((w, b), (None, None)):
+        # (weight, bias, weight_grad, bias_grad): both trained, LoRA's frozen pair, one of
+        # each, no affine parameters.
+        for weight, bias, weight_grad, bias_grad in ((w, b, True, True), (w, b, False, False),
+                                                     (w, b, False, True), (None, None, True, True)):
             poison_allocator(rows, hidden, dtype)
-            grads = torch.ops.kiln.layer_norm_backward(dy, x, weight, bias, 1e-5)
+            grads = torch.ops.kiln.layer_norm_backward(dy, x, weight, bias, 1e-5, weight_grad, bias_grad)
             refs = layer_norm_grads(dy, x, weight, bias, 1e-5)
-            for name, got, ref, given in zip(("dx", "dweight", "dbias"), grads, refs, (x, weight, bias)):
+            wanted = (x, weight if weight_grad else None, bias if bias_grad else None)
+            for name, got, ref, given in zip(("dx", "dweight", "dbias"), grads, refs, wanted):
                 if given is None:
                     assert got is None, name
                 else:
@@ -126,20 +131,23 @@ def test_adaln_backward(dtype, hidden, variant):
         scale = packed[:, :, 0] if scale_kind == "token" else rand(b, 1, hidden, dtype=dtype, gen=gen, scale=0.5)
         shift = packed[:, :, 1] if shift_kind == "token" else rand(b, 1, hidden, dtype=dtype, gen=gen, scale=0.5)
         shift_per_token = shift_kind == "token" and t > 1
-        poison_allocator(b * t, hidden, dtype)
-        dx, dscale, dshift, dw = torch.ops.kiln.adaln_backward(dy, x, scale, w, 1e-6, norm, ts, shift_per_token)
-        ref_dx, ref_dscale, ref_dshift, ref_dw, _, _ = adaln_grads(dy, x, scale, shift, w, 1e-6, norm, ts, tsh)
+        refs = adaln_grads(dy, x, scale, shift, w, 1e-6, norm, ts, tsh)
         where = f"B={b} T={t}"
-        assert_grad_close(dx, ref_dx, dtype, f"dx {where}")
-        assert_grad_close(dscale, ref_dscale, dtype, f"dscale {where}")
-        if shift_per_token:
-            assert dshift is None
-        else:
-            assert_grad_close(dshift, ref_dshift, dtype, f"dshift {where}")
-        if w is None:
-            assert dw is None
-        else:
-            assert_grad_close(dw, ref_dw, dtype, f"dweight {where}")
+        # Every gradient (the table rows' from the kernel's sums), then dx alone (LoRA: the
+        # modulation and the norm frozen), then the table rows' without the operands'.
+        for mask in ((True, True, True, tables, tables), (False,) * 5, (False, False, False, tables, tables)):
+            poison_allocator(b * t, hidden, dtype)
+            got = torch.ops.kiln.adaln_backward(dy, x, scale, w, 1e-6, norm, ts, shift_per_token, *mask)
+            assert_grad_close(got[0], refs[0], dtype, f"dx {where} {mask}")
+            if shift_per_token:
+                assert got[2] is None  # it is dy itself
+            names = ("dscale", "dshift", "dweight", "dtable_scale", "dtable_shift")
+            expected = (mask[0], mask[1] and not shift_per_token, mask[2] and w is not None, mask[3], mask[4])
+            for name, g, ref, present in zip(names, got[1:], refs[1:], expected):
+                if present:
+                    assert_grad_close(g, ref, dtype, f"{name} {where} {mask}")
+                else:
+                    assert g is None, f"{name} {where} {mask}"
 
 
 def test_non_contiguous_inputs():
@@ -164,11 +172,13 @@ def test_zero_rows():
         dx, dw = torch.ops.kiln.rms_norm_backward(x, x, w, 1e-6)
         assert dx.shape == (0, 64) and torch.equal(dw, torch.zeros_like(w))
         x3 = torch.empty(2, 0, 64, dtype=dtype, device="cuda")
-        dx, dscale, dshift, dw = torch.ops.kiln.adaln_backward(
-            x3, x3, torch.zeros(2, 1, 64, dtype=dtype, device="cuda"), w, 1e-6, "rms", None, False
+        dx, dscale, dshift, dw, dts, dtsh = torch.ops.kiln.adaln_backward(
+            x3, x3, torch.zeros(2, 1, 64, dtype=dtype, device="cuda"), w, 1e-6, "rms", None, False,
+            table_scale_grad=True, table_shift_grad=True,
         )
         assert torch.equal(dscale, torch.zeros(2, 1, 64, dtype=dtype, device="cuda"))
         assert torch.equal(dshift, dscale) and torch.equal(dw, torch.zeros_like(w))
+        assert torch.equal(dts, torch.zeros_like(w)) and torch.equal(dtsh, dts)
 
 
 def test_float64_is_cpu_only():
@@ -242,6 +252,33 @@ def test_module_loss_backward_matches_reference(dtype):
     for name, g, g_ref in (("x", xk.grad, xr.grad), ("temb", tk.grad, tr.grad)):
         rel = ((g.double() - g_ref).norm() / g_ref.norm()).item()
         assert rel <= limit, f"{name}: relative error {rel:.3e} > {limit:.1e}"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_frozen_parameters_train_only_the_input(dtype):
+    """LoRA's case: the norms' parameters and the modulation frozen, the input trained. Only
+    dx is computed (the backward ops are told so), and it matches the fp64 references."""
+    hidden, gen = 2048, torch.Generator(device="cuda").manual_seed(12)
+    x = rand(3, 301, hidden, dtype=dtype, gen=gen, offset=0.5).requires_grad_(True)
+    w, b = rand(hidden, dtype=dtype, gen=gen, offset=1.0), rand(hidden, dtype=dtype, gen=gen)
+    temb = rand(3, 301, 2, hidden, dtype=dtype, gen=gen, scale=0.3)
+    table = rand(2, hidden, dtype=dtype, gen=gen, scale=0.3)
+    dy = rand(3, 301, hidden, dtype=dtype, gen=gen)
+
+    def forward(ops, x):
+        h = ops["layer_norm"](x, w, b, 1e-5)
+        h = ops["adaln"](h, temb[:, :, 1], temb[:, :, 0], w, 1e-6, "rms", table[1], table[0])
+        return ops["rms_norm"](h, w, 1e-6)
+
+    kiln_ops = {"layer_norm": kiln.layer_norm, "adaln": kiln.adaln, "rms_norm": kiln.rms_norm}
+    ref_ops = {"layer_norm": layer_norm_fp64, "adaln": adaln_fp64, "rms_norm": rms_norm_fp64}
+    poison_allocator(3 * 301, hidden, dtype)
+    (dx,) = torch.autograd.grad(forward(kiln_ops, x), x, dy)
+    x64 = x.detach().double().requires_grad_(True)
+    (ref,) = torch.autograd.grad(forward(ref_ops, x64), x64, dy.double())
+    rel = ((dx.double() - ref).norm() / ref.norm()).item()
+    assert rel <= (1e-4 if dtype == torch.float32 else 3e-2), rel
+    assert w.grad is None and b.grad is None and temb.grad is None and table.grad is None
 
 
 def test_compiled_training_step_matches_eager():

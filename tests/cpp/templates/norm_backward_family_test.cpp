@@ -40,9 +40,10 @@ TEST_CASE("each norm backward op is registered once and accepts only its own fla
   CHECK_THROWS_AS(NormBackwardFamily(Op::rms_norm), Error);
 
   const Problem bias_on_rms{Op::rms_norm_backward, DType::bf16, 4096, kNormBias, 16};
-  CHECK_THROWS_WITH_AS(family(Op::rms_norm_backward).check(bias_on_rms),
-                       doctest::Contains("flags: expected only weight (1), got bias (2)"),
-                       ArgumentError);
+  CHECK_THROWS_WITH_AS(
+      family(Op::rms_norm_backward).check(bias_on_rms),
+      doctest::Contains("flags: expected only weight (1), no weight gradient (128), got bias (2)"),
+      ArgumentError);
   const Problem per_token_on_ln{Op::layer_norm_backward, DType::bf16, 64, kNormShiftPerToken, 16};
   CHECK_THROWS_WITH_AS(family(Op::layer_norm_backward).check(per_token_on_ln),
                        doctest::Contains("got shift per token (64)"), ArgumentError);
@@ -57,7 +58,8 @@ TEST_CASE("each norm backward op is registered once and accepts only its own fla
 
 TEST_CASE("flags map to kernel features; the sums follow the parameters and per-sample operands") {
   const Problem rms{Op::rms_norm_backward, DType::bf16, 64, kNormWeight, 16};
-  CHECK(backward(Op::rms_norm_backward).features(rms) == NormBackwardFeature::weight);
+  CHECK(backward(Op::rms_norm_backward).features(rms) ==
+        (NormBackwardFeature::weight | NormBackwardFeature::weight_sum));
   CHECK(backward(Op::rms_norm_backward).has_partials(rms));
   const Problem bare{Op::rms_norm_backward, DType::bf16, 64, 0, 16};
   CHECK(backward(Op::rms_norm_backward).features(bare) == 0);
@@ -65,10 +67,12 @@ TEST_CASE("flags map to kernel features; the sums follow the parameters and per-
 
   const Problem fused{Op::fused_add_rms_norm_backward, DType::bf16, 64, kNormWeight, 16};
   CHECK(backward(Op::fused_add_rms_norm_backward).features(fused) ==
-        (NormBackwardFeature::weight | NormBackwardFeature::residual));
+        (NormBackwardFeature::weight | NormBackwardFeature::weight_sum |
+         NormBackwardFeature::residual));
   const Problem ln{Op::layer_norm_backward, DType::bf16, 64, kNormWeight | kNormBias, 16};
   CHECK(backward(Op::layer_norm_backward).features(ln) ==
-        (NormBackwardFeature::layer | NormBackwardFeature::weight | NormBackwardFeature::dy_sum));
+        (NormBackwardFeature::layer | NormBackwardFeature::weight |
+         NormBackwardFeature::weight_sum | NormBackwardFeature::dy_sum));
 
   const NormBackwardFamily& ada = backward(Op::adaln_backward);
   const Problem per_sample{Op::adaln_backward, DType::bf16, 64, kNormLayer, 16};
@@ -76,13 +80,84 @@ TEST_CASE("flags map to kernel features; the sums follow the parameters and per-
                                      NormBackwardFeature::scale_sum | NormBackwardFeature::dy_sum));
   const Problem per_token{Op::adaln_backward, DType::bf16, 64,
                           kNormTable | kNormScalePerToken | kNormShiftPerToken, 16};
-  CHECK(ada.features(per_token) == (NormBackwardFeature::modulate | NormBackwardFeature::table));
+  CHECK(ada.features(per_token) == (NormBackwardFeature::modulate | NormBackwardFeature::table |
+                                    NormBackwardFeature::scale_rows));
   CHECK_FALSE(ada.has_partials(per_token));
   // Per-token and per-sample operands are different kernels (unlike the forward's).
   const Config config = ada.heuristic(per_sample, DeviceTraits::for_arch(90));
   Problem per_token_layer = per_sample;
   per_token_layer.flags |= kNormScalePerToken | kNormShiftPerToken;
   CHECK(ada.name_expression(per_sample, config) != ada.name_expression(per_token_layer, config));
+}
+
+TEST_CASE("a call computes only the gradients it asks for") {
+  const NormBackwardFamily& rms = backward(Op::rms_norm_backward);
+  // A frozen weight still multiplies (dx needs it) but is summed nowhere.
+  const Problem frozen{Op::rms_norm_backward, DType::bf16, 4096, kNormWeight | kNormSkipWeightGrad,
+                       16};
+  CHECK(rms.features(frozen) == NormBackwardFeature::weight);
+  CHECK_FALSE(rms.has_partials(frozen));
+  CHECK(names_of(rms.buffers(frozen, 8)) == std::vector<std::string>{"dy", "x", "weight", "dx"});
+  const Problem trained{Op::rms_norm_backward, DType::bf16, 4096, kNormWeight, 16};
+  Config config;
+  config.vec_bytes = 16;
+  config.threads_per_row = 256;
+  config.cta_threads = 256;
+  // Two steps of eight elements: sixteen fp32 sums fewer.
+  CHECK(rms.registers_per_thread(frozen, config) == rms.registers_per_thread(trained, config) - 16);
+  CHECK(rms.name_expression(frozen, config) != rms.name_expression(trained, config));
+  // The same items as with sums (a group works several rows, the next one in flight): a
+  // grid of one row a CTA was slower for dx alone (2688x14848 87.2 against 70.7 us).
+  const DeviceTraits traits = DeviceTraits::for_arch(90);
+  CHECK(rms.geometry(frozen, config, 2688).grid[0] == rms.geometry(trained, config, 2688).grid[0]);
+  Config prefetch = config;
+  prefetch.extra["prefetch"] = 1;
+  CHECK(rms.invalid_reason(frozen, prefetch, traits).empty());
+
+  const NormBackwardFamily& ln = backward(Op::layer_norm_backward);
+  const Problem bias_only{Op::layer_norm_backward, DType::bf16, 64,
+                          kNormWeight | kNormBias | kNormSkipWeightGrad, 16};
+  CHECK(ln.features(bias_only) ==
+        (NormBackwardFeature::layer | NormBackwardFeature::weight | NormBackwardFeature::dy_sum));
+  const Problem weight_only{Op::layer_norm_backward, DType::bf16, 64,
+                            kNormWeight | kNormBias | kNormSkipBiasGrad, 16};
+  CHECK(ln.features(weight_only) == (NormBackwardFeature::layer | NormBackwardFeature::weight |
+                                     NormBackwardFeature::weight_sum));
+
+  const NormBackwardFamily& ada = backward(Op::adaln_backward);
+  constexpr std::uint32_t kPerToken = kNormTable | kNormScalePerToken | kNormShiftPerToken;
+  constexpr unsigned kBase = NormBackwardFeature::modulate | NormBackwardFeature::table;
+  const Problem operands_only{Op::adaln_backward, DType::bf16, 64, kPerToken, 16};
+  CHECK(ada.features(operands_only) == (kBase | NormBackwardFeature::scale_rows));
+  // The table rows' gradients are the kernel's sums over every row, beside dscale per token.
+  const Problem with_tables{Op::adaln_backward, DType::bf16, 64,
+                            kPerToken | kNormTableScaleGrad | kNormTableShiftGrad, 16};
+  CHECK(ada.features(with_tables) ==
+        (kBase | NormBackwardFeature::scale_rows | NormBackwardFeature::scale_sum |
+         NormBackwardFeature::dy_sum));
+  CHECK(names_of(ada.buffers(with_tables, 8)) ==
+        std::vector<std::string>{"dy", "x", "scale", "table_scale", "dx", "dscale", "dy_partial",
+                                 "scale_partial"});
+  const Problem tables_only{
+      Op::adaln_backward, DType::bf16, 64,
+      kPerToken | kNormSkipScaleGrad | kNormSkipShiftGrad | kNormTableScaleGrad, 16};
+  CHECK(ada.features(tables_only) == (kBase | NormBackwardFeature::scale_sum));
+  // LoRA: nothing but dx.
+  const Problem dx_only{Op::adaln_backward, DType::bf16, 64,
+                        kNormLayer | kNormSkipScaleGrad | kNormSkipShiftGrad, 16};
+  CHECK(ada.features(dx_only) == (NormBackwardFeature::modulate | NormBackwardFeature::layer));
+  CHECK(names_of(ada.buffers(dx_only, 8)) == std::vector<std::string>{"dy", "x", "scale", "dx"});
+
+  // Sums per sample only where a [B, 1, D] operand's gradient is asked for.
+  CHECK(NormBackwardFamily::sums_per_sample(0));
+  CHECK(NormBackwardFamily::sums_per_sample(kNormScalePerToken));
+  CHECK_FALSE(NormBackwardFamily::sums_per_sample(kNormShiftPerToken | kNormSkipScaleGrad));
+  CHECK_FALSE(NormBackwardFamily::sums_per_sample(kNormScalePerToken | kNormShiftPerToken |
+                                                  kNormTableScaleGrad | kNormTableShiftGrad));
+  CHECK_FALSE(NormBackwardFamily::sums_per_sample(kNormSkipScaleGrad | kNormSkipShiftGrad));
+  CHECK_THROWS_WITH_AS(
+      rms.check(Problem{Op::rms_norm_backward, DType::bf16, 64, kNormSkipScaleGrad, 16}),
+      doctest::Contains("no scale gradient (512)"), ArgumentError);
 }
 
 TEST_CASE("items: powers of two, never more than the rows, partial sums bounded") {
@@ -166,9 +241,9 @@ TEST_CASE("a prefetching config holds a second row where it fits, and is its own
   CHECK(fam.registers_per_thread(problem, prefetch) ==
         fam.registers_per_thread(problem, plain) + 16);
   CHECK(fam.name_expression(problem, prefetch) ==
-        "kiln::norm_backward<kiln::bf16, 4096, 16, 256, 256, 2u, true>");
+        "kiln::norm_backward<kiln::bf16, 4096, 16, 256, 256, 130u, true>");
   CHECK(fam.name_expression(problem, plain) ==
-        "kiln::norm_backward<kiln::bf16, 4096, 16, 256, 256, 2u>");
+        "kiln::norm_backward<kiln::bf16, 4096, 16, 256, 256, 130u>");
   const std::vector<Config> space = fam.space(problem, traits);
   CHECK(std::find(space.begin(), space.end(), prefetch) != space.end());
   prefetch.extra["prefetch"] = 2;
