@@ -37,7 +37,9 @@ DType check_adaln_backward(const at::Tensor& dy, const at::Tensor& x, const at::
 // (autograd passes which of the forward's inputs need one) and its parameter was given, else
 // None. adaln: dscale is per token or per sample as scale is; dshift is None when shift is per
 // token (its gradient is dy itself); dtable_scale / dtable_shift are dscale / dy summed over
-// samples and tokens, the gradients of table rows added to scale and shift.
+// samples and tokens, the gradients of table rows added to scale and shift (past
+// NormBackwardFamily::kMaxHiddenForTableSums wide with a per-token scale, dtable_scale sums
+// dscale as rounded to the dtype, as eager autograd sums the rounded per-token gradient).
 
 using GradPair = std::tuple<at::Tensor, std::optional<at::Tensor>>;
 using GradTriple = std::tuple<at::Tensor, std::optional<at::Tensor>, std::optional<at::Tensor>>;

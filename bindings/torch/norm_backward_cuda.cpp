@@ -5,6 +5,7 @@
 // into the parameter gradients.
 #include <ATen/ATen.h>
 
+#include <array>
 #include <vector>
 
 #include "bindings/torch/launch_op.h"
@@ -255,12 +256,19 @@ AdaLnGrads adaln_backward_cuda(const at::Tensor& dy, const at::Tensor& x, const 
   const bool scale_per_token = scale.size(1) != 1;
   // A per-token shift's gradient is dy: nothing to compute for it.
   const bool dshift_wanted = shift_grad && !shift_per_token;
-  call.flags =
-      weight_flags(weight, weight_grad) | (parse_norm_kind(call.op, kind) ? kNormLayer : 0u) |
-      (table_scale ? kNormTable : 0u) | (scale_per_token ? kNormScalePerToken : 0u) |
-      (shift_per_token ? kNormShiftPerToken : 0u) | (scale_grad ? 0u : kNormSkipScaleGrad) |
-      (dshift_wanted ? 0u : kNormSkipShiftGrad) | (table_scale_grad ? kNormTableScaleGrad : 0u) |
-      (table_shift_grad ? kNormTableShiftGrad : 0u);
+  // A table row's gradient over per-token operands is summed by torch after the kernel where
+  // the row is too wide for the kernel to hold the sums (kMaxHiddenForTableSums).
+  const bool wide = x.size(2) > NormBackwardFamily::kMaxHiddenForTableSums;
+  const bool scale_table_after = table_scale_grad && scale_per_token && wide;
+  const bool shift_table_after = table_shift_grad && shift_per_token && wide;
+  call.flags = weight_flags(weight, weight_grad) |
+               (parse_norm_kind(call.op, kind) ? kNormLayer : 0u) |
+               (table_scale ? kNormTable : 0u) | (scale_per_token ? kNormScalePerToken : 0u) |
+               (shift_per_token ? kNormShiftPerToken : 0u) |
+               (scale_grad || scale_table_after ? 0u : kNormSkipScaleGrad) |
+               (dshift_wanted ? 0u : kNormSkipShiftGrad) |
+               (table_scale_grad && !scale_table_after ? kNormTableScaleGrad : 0u) |
+               (table_shift_grad && !shift_table_after ? kNormTableShiftGrad : 0u);
   call.dy = &dy;
   call.x = &x;
   call.scale = &scale;
@@ -286,14 +294,20 @@ AdaLnGrads adaln_backward_cuda(const at::Tensor& dy, const at::Tensor& x, const 
   if (dshift_wanted) {
     dshift = per_sample(out.dy_partial);
   }
-  // A table row's gradient: every partial row summed, whatever the segments.
+  // A table row's gradient: every partial row summed, whatever the segments, or the
+  // per-token gradient summed over samples and tokens.
+  const auto over_rows = [&](const at::Tensor& per_token) {
+    const std::array<std::int64_t, 2> sample_and_token{0, 1};
+    return per_token.sum(sample_and_token, /*keepdim=*/false, at::kFloat).to(dtype);
+  };
   std::optional<at::Tensor> dtable_scale;
   if (table_scale_grad) {
-    dtable_scale = parameter_gradient(out.scale_partial, dtype);
+    dtable_scale =
+        scale_table_after ? over_rows(out.dscale) : parameter_gradient(out.scale_partial, dtype);
   }
   std::optional<at::Tensor> dtable_shift;
   if (table_shift_grad) {
-    dtable_shift = parameter_gradient(out.dy_partial, dtype);
+    dtable_shift = shift_table_after ? over_rows(dy) : parameter_gradient(out.dy_partial, dtype);
   }
   return {out.dx,       dscale,      dshift, parameter_gradient(out.weight_partial, dtype),
           dtable_scale, dtable_shift};

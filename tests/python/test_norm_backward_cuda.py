@@ -150,6 +150,34 @@ def test_adaln_backward(dtype, hidden, variant):
                     assert g is None, f"{name} {where} {mask}"
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_adaln_wide_table_rows(dtype):
+    """Past NormBackwardFamily::kMaxHiddenForTableSums (8192) the table rows' gradients over
+    per-token operands are torch sums after the kernel; below it the kernel's own. Both
+    sides, with and without the operands' own gradients. Past it, the scale row's gradient is
+    the sum of dscale as rounded to the dtype (as eager autograd sums the rounded per-token
+    gradient), so it is held to that sum of the fp64 reference."""
+    gen = torch.Generator(device="cuda").manual_seed(14)
+    for hidden in (8192, 8200):
+        x = rand(2, 129, hidden, dtype=dtype, gen=gen, offset=1.0)
+        dy = rand(2, 129, hidden, dtype=dtype, gen=gen)
+        packed = rand(2, 129, 2, hidden, dtype=dtype, gen=gen, scale=0.5)
+        scale, shift = packed[:, :, 0], packed[:, :, 1]
+        ts, tsh = rand(hidden, dtype=dtype, gen=gen, scale=0.3), rand(hidden, dtype=dtype, gen=gen, scale=0.3)
+        refs = adaln_grads(dy, x, scale, shift, None, 1e-6, "rms", ts, tsh)
+        for scale_grad in (True, False):
+            poison_allocator(2 * 129, hidden, dtype)
+            got = torch.ops.kiln.adaln_backward(dy, x, scale, None, 1e-6, "rms", ts, True, scale_grad, True, True,
+                                                True, True)
+            assert_grad_close(got[0], refs[0], dtype, f"dx {hidden}")
+            assert (got[1] is not None) == scale_grad and got[2] is None and got[3] is None
+            if scale_grad:
+                assert_grad_close(got[1], refs[1], dtype, f"dscale {hidden}")
+            expected = refs[4] if hidden <= 8192 else refs[1].to(dtype).double().sum((0, 1))
+            assert_grad_close(got[4], expected, dtype, f"dtable_scale {hidden}")
+            assert_grad_close(got[5], refs[5], dtype, f"dtable_shift {hidden}")
+
+
 def test_non_contiguous_inputs():
     gen = torch.Generator(device="cuda").manual_seed(9)
     dtype = torch.bfloat16
