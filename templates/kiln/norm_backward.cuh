@@ -15,7 +15,8 @@
 //
 // Each gradient other than dx is a feature of its own (NormBackwardParams), so a call
 // computes only what its caller asks for: a frozen weight (LoRA) costs no partial sums, and a
-// table row's gradient is summed here instead of by a second pass over dscale and dy.
+// table row's gradient is summed here instead of by a second pass over dscale and dy (up to
+// NormBackwardFamily::kMaxHiddenForTableSums wide, where the sums' registers still pay).
 //
 // The row statistics (mean, rstd) are recomputed from x rather than saved by the forward:
 // the forward ops stay as they are, and the backward reads x either way.
