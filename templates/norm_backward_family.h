@@ -54,6 +54,9 @@ class NormBackwardFamily : public Family {
   // 2048 and 4096 wide 1-8% faster from 2688 rows and 20% at one row; 14848 wide 13-15%
   // slower (a 4-byte-vector split was all that fit). 8192 was not measured.
   static constexpr std::int64_t kMaxHiddenForTableSums = 8192;
+  // Whether the kernel sums a table row's gradient over per-token operands at this width
+  // (else the caller sums the per-token gradient after it).
+  static bool table_sums_in_kernel(std::int64_t hidden) { return hidden <= kMaxHiddenForTableSums; }
 
   explicit NormBackwardFamily(Op op);
 

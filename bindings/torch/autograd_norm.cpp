@@ -136,7 +136,7 @@ at::Tensor layer_norm_autograd(const at::Tensor& x, const std::optional<at::Tens
 
 // Only the gradients autograd asks for are computed: with the modulation and the norm's
 // parameters frozen (LoRA), the backward is dx alone. A table row's gradient (the operand's
-// summed over samples and tokens) comes from the kernel's own sums, not a second pass.
+// summed over samples and tokens) is the backward op's own output (see adaln_backward).
 struct AdaLnFunction : torch::autograd::Function<AdaLnFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& scale,
                             const at::Tensor& shift, const std::optional<at::Tensor>& weight,

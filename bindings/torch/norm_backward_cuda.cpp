@@ -257,8 +257,8 @@ AdaLnGrads adaln_backward_cuda(const at::Tensor& dy, const at::Tensor& x, const 
   // A per-token shift's gradient is dy: nothing to compute for it.
   const bool dshift_wanted = shift_grad && !shift_per_token;
   // A table row's gradient over per-token operands is summed by torch after the kernel where
-  // the row is too wide for the kernel to hold the sums (kMaxHiddenForTableSums).
-  const bool wide = x.size(2) > NormBackwardFamily::kMaxHiddenForTableSums;
+  // the row is too wide for the kernel to hold the sums.
+  const bool wide = !NormBackwardFamily::table_sums_in_kernel(x.size(2));
   const bool scale_table_after = table_scale_grad && scale_per_token && wide;
   const bool shift_table_after = table_shift_grad && shift_per_token && wide;
   call.flags = weight_flags(weight, weight_grad) |

@@ -148,6 +148,10 @@ TEST_CASE("a call computes only the gradients it asks for") {
   CHECK(ada.features(dx_only) == (NormBackwardFeature::modulate | NormBackwardFeature::layer));
   CHECK(names_of(ada.buffers(dx_only, 8)) == std::vector<std::string>{"dy", "x", "scale", "dx"});
 
+  // The table rows' sums ride in the kernel up to 8192 wide.
+  CHECK(NormBackwardFamily::table_sums_in_kernel(8192));
+  CHECK_FALSE(NormBackwardFamily::table_sums_in_kernel(8200));
+
   // Sums per sample only where a [B, 1, D] operand's gradient is asked for.
   CHECK(NormBackwardFamily::sums_per_sample(0));
   CHECK(NormBackwardFamily::sums_per_sample(kNormScalePerToken));
