@@ -164,6 +164,10 @@ bool NormBackwardFamily::has_partials(const Problem& problem) const {
                                NormBackwardFeature::scale_sum)) != 0;
 }
 
+bool NormBackwardFamily::item_kernel(const Problem& problem, const Config& config) const {
+  return has_partials(problem) || prefetch_of(config);
+}
+
 std::int64_t NormBackwardFamily::slots(std::int64_t hidden, std::int64_t segment_rows,
                                        std::int64_t segments) {
   const std::int64_t per_segment = std::max<std::int64_t>(
@@ -227,7 +231,8 @@ std::int64_t NormBackwardFamily::elements_per_thread(const Problem& problem, con
 }
 
 // The row streams held as raw vectors between the loads and dx (x, dy, and dr or the scale
-// operand where present), plus one fp32 register per held element and parameter sum.
+// operand where present; kiln::norm_backward_rows also holds the weight and table rows),
+// plus one fp32 register per held element and parameter sum.
 std::int64_t NormBackwardFamily::registers_per_thread(const Problem& problem,
                                                       const Config& config) const {
   const unsigned f = features(problem);
@@ -240,6 +245,10 @@ std::int64_t NormBackwardFamily::registers_per_thread(const Problem& problem,
   }
   if ((f & NormBackwardFeature::modulate) != 0) {
     ++streams;
+  }
+  if (!item_kernel(problem, config)) {
+    streams += ((f & NormBackwardFeature::weight) != 0 ? 1 : 0) +
+               ((f & NormBackwardFeature::table) != 0 ? 1 : 0);
   }
   int sums = 0;
   for (unsigned bit : {NormBackwardFeature::weight_sum, NormBackwardFeature::dy_sum,
@@ -354,18 +363,20 @@ Config NormBackwardFamily::heuristic(const Problem& problem, const DeviceTraits&
 
 std::string NormBackwardFamily::name_expression(const Problem& problem,
                                                 const Config& config) const {
-  return "kiln::norm_backward<" + std::string(dtype_cuda_type(problem.dtype)) + ", " +
+  const std::string kernel = item_kernel(problem, config) ? "norm_backward" : "norm_backward_rows";
+  return "kiln::" + kernel + "<" + std::string(dtype_cuda_type(problem.dtype)) + ", " +
          std::to_string(problem.hidden) + ", " + std::to_string(config.vec_bytes) + ", " +
          std::to_string(config.threads_per_row) + ", " + std::to_string(config.cta_threads) + ", " +
          std::to_string(features(problem)) + "u" + (prefetch_of(config) ? ", true" : "") + ">";
 }
 
-// One group per item up to groups(); the kernel's item loop covers the rest. The reduction's
-// shared memory is static.
+// One group per item up to groups(), the kernel's item loop covering the rest; one group per
+// row for kiln::norm_backward_rows. The reduction's shared memory is static.
 LaunchGeometry NormBackwardFamily::geometry(const Problem& problem, const Config& config,
                                             std::int64_t rows) const {
   LaunchGeometry geometry;
-  geometry.grid[0] = covering_grid(groups(problem.hidden, rows), config.rows_per_cta());
+  const std::int64_t covered = item_kernel(problem, config) ? groups(problem.hidden, rows) : rows;
+  geometry.grid[0] = covering_grid(covered, config.rows_per_cta());
   geometry.block[0] = static_cast<std::uint32_t>(config.cta_threads);
   return geometry;
 }

@@ -1,14 +1,15 @@
-// The backward ops of the normalisation ops, all on one kernel template
-// (kiln::norm_backward in templates/kiln/norm_backward.cuh): rms_norm_backward,
-// fused_add_rms_norm_backward, layer_norm_backward and adaln_backward. One object per op;
-// they differ in which Problem::flags they accept and which kernel features follow.
+// The backward ops of the normalisation ops, all on the kernels of one header
+// (templates/kiln/norm_backward.cuh: kiln::norm_backward, and kiln::norm_backward_rows where
+// nothing is summed across rows): rms_norm_backward, fused_add_rms_norm_backward,
+// layer_norm_backward and adaln_backward. One object per op; they differ in which
+// Problem::flags they accept and which kernel features follow.
 //
 // Tunables: vec_bytes, threads_per_row and cta_threads (hence rows per CTA), as the forward
 // norms, and the extra prefetch=1 (an item's next row loaded while the current one is worked,
-// where the second row's registers fit). The grid is not tunable: the parameter gradients are
-// reduced per item (see kiln/norm_backward_params.cuh), and the number of items is a function of
-// the problem and the row counts only (slots()), so every config writes the same partial sums,
-// which the tuner can then check against each other.
+// where the second row's registers fit; see item_kernel()). The grid is not tunable: the parameter
+// gradients are reduced per item (see kiln/norm_backward_params.cuh), and the number of items is a
+// function of the problem and the row counts only (slots()), so every config writes the same
+// partial sums, which the tuner can then check against each other.
 #pragma once
 
 #include <cstdint>
@@ -87,6 +88,13 @@ class NormBackwardFamily : public Family {
   unsigned features(const Problem& problem) const;
   // Whether the kernel writes partial sums at all (a parameter or a per-sample gradient).
   bool has_partials(const Problem& problem) const;
+  // Whether a config runs kiln::norm_backward, whose groups work items of several rows (the
+  // partial sums need them; a prefetching config loads an item's next row early), rather
+  // than kiln::norm_backward_rows, one group per row. With nothing summed across rows both
+  // are offered and the tuner chooses: on an H200 (bf16, frozen parameters) the fast tune
+  // took the row kernel on every shape 2048 and 4096 wide, and the prefetching items on some
+  // from 2688 rows at 14848 wide (BENCHMARKS.md).
+  bool item_kernel(const Problem& problem, const Config& config) const;
   // Whether adaln's partial sums must be per sample (a [B, 1, D] operand's gradient is asked
   // for), not over every row.
   static bool sums_per_sample(std::uint32_t flags);

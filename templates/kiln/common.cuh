@@ -353,36 +353,44 @@ __device__ __forceinline__ float group_sum(float value) {
   }
 }
 
-// group_sum of two values at once, with one barrier instead of four: the two per-warp sums
-// travel together, and a CTA alternates between two buffers by `parity` (flipped by the
+// One warp's N partial sums, aligned so that they are stored and loaded as one vector where
+// N allows (two or four floats).
+template <int N>
+struct alignas(N % 4 == 0 ? 16 : (N % 2 == 0 ? 8 : 4)) WarpSums {
+  float value[N];
+};
+
+// group_sum of N values at once, with one barrier instead of two per value: each warp's N
+// sums travel together, and a CTA alternates between two buffers by `parity` (flipped by the
 // caller on every call), so a buffer is written again only two calls later, past the barrier
 // of the call in between, which no thread reaches before it has read the buffer.
-template <int GROUP_THREADS, int CTA_THREADS>
-__device__ __forceinline__ void group_sum_pair(float& a, float& b, int parity) {
+template <int GROUP_THREADS, int CTA_THREADS, int N>
+__device__ __forceinline__ void group_sums(float (&values)[N], int parity) {
   static_assert(
       GROUP_THREADS <= 32 ? (GROUP_THREADS & (GROUP_THREADS - 1)) == 0 : GROUP_THREADS % 32 == 0,
       "a group is a power of two up to a warp, or whole warps");
   static_assert(CTA_THREADS % GROUP_THREADS == 0, "groups must tile the CTA");
   if constexpr (GROUP_THREADS <= 32) {
-    a = warp_sum<GROUP_THREADS>(a);
-    b = warp_sum<GROUP_THREADS>(b);
+#pragma unroll
+    for (int j = 0; j < N; ++j) values[j] = warp_sum<GROUP_THREADS>(values[j]);
   } else {
     constexpr int kWarps = CTA_THREADS / 32;
     constexpr int kWarpsPerGroup = GROUP_THREADS / 32;
-    __shared__ float2 warp_sums[2][kWarps];
+    __shared__ WarpSums<N> warp_sums[2][kWarps];
     const int warp = static_cast<int>(threadIdx.x / 32);
-    a = warp_sum<32>(a);
-    b = warp_sum<32>(b);
-    if (threadIdx.x % 32 == 0) warp_sums[parity][warp] = make_float2(a, b);
+    WarpSums<N> mine;
+#pragma unroll
+    for (int j = 0; j < N; ++j) mine.value[j] = warp_sum<32>(values[j]);
+    if (threadIdx.x % 32 == 0) warp_sums[parity][warp] = mine;
     __syncthreads();
     const int first = warp - warp % kWarpsPerGroup;
-    a = 0.0f;
-    b = 0.0f;
+#pragma unroll
+    for (int j = 0; j < N; ++j) values[j] = 0.0f;
 #pragma unroll
     for (int i = 0; i < kWarpsPerGroup; ++i) {
-      const float2 sums = warp_sums[parity][first + i];
-      a += sums.x;
-      b += sums.y;
+      const WarpSums<N> sums = warp_sums[parity][first + i];
+#pragma unroll
+      for (int j = 0; j < N; ++j) values[j] += sums.value[j];
     }
   }
 }

@@ -26,13 +26,16 @@
 // columns in every row and keeps its share of the parameter gradients in fp32 registers
 // across the rows it visits. A group of threads reduces one item (see NormBackwardParams) at
 // a time and writes the item's sums to its own partial row: no atomics, and the same sums
-// in the same order whatever the launch config.
+// in the same order whatever the launch config. Where nothing is summed across rows, the
+// tuner also weighs kiln::norm_backward_rows (norm_backward_rows.cuh), one group a row.
 #pragma once
 
 #include "kiln/common.cuh"
 #include "kiln/dependent_launch.cuh"
 #include "kiln/norm.cuh"
+#include "kiln/norm_backward_layout.cuh"
 #include "kiln/norm_backward_params.cuh"
+#include "kiln/norm_backward_rows.cuh"
 
 namespace kiln {
 
@@ -68,55 +71,39 @@ template <typename T, int HIDDEN, int VEC_BYTES, int THREADS_PER_ROW, int CTA_TH
           bool PREFETCH = false>
 __global__ void __launch_bounds__(CTA_THREADS) norm_backward(const NormBackwardParams p) {
   begin_dependent_grid();
-  constexpr int kVec = VEC_BYTES / static_cast<int>(sizeof(T));
-  constexpr int kStride = kVec * THREADS_PER_ROW;
-  constexpr int kSteps = (HIDDEN + kStride - 1) / kStride;
-  constexpr bool kExact = HIDDEN % kStride == 0;
-  constexpr int kWords = VEC_BYTES < 4 ? 1 : VEC_BYTES / 4;
-  constexpr int kRowsPerCta = CTA_THREADS / THREADS_PER_ROW;
-  constexpr float kInvHidden = 1.0f / HIDDEN;
-  constexpr bool kLayer = (F & NormBackwardFeature::layer) != 0;
-  constexpr bool kWeight = (F & NormBackwardFeature::weight) != 0;
-  constexpr bool kWeightSum = kWeight && (F & NormBackwardFeature::weight_sum) != 0;
-  constexpr bool kResidual = (F & NormBackwardFeature::residual) != 0;
-  constexpr bool kModulate = (F & NormBackwardFeature::modulate) != 0;
-  constexpr bool kTable = (F & NormBackwardFeature::table) != 0;
+  using Layout = NormBackwardLayout<T, HIDDEN, VEC_BYTES, THREADS_PER_ROW, CTA_THREADS, F>;
+  constexpr bool kWeightSum = Layout::kWeight && (F & NormBackwardFeature::weight_sum) != 0;
   constexpr bool kDySum = (F & NormBackwardFeature::dy_sum) != 0;
-  constexpr bool kScaleSum = kModulate && (F & NormBackwardFeature::scale_sum) != 0;
-  constexpr bool kScalePerToken = kModulate && (F & NormBackwardFeature::scale_rows) != 0;
-  static_assert(VEC_BYTES % sizeof(T) == 0, "a vector holds whole elements");
-  static_assert(HIDDEN % kVec == 0, "rows must be made of whole vectors");
-  static_assert(CTA_THREADS % THREADS_PER_ROW == 0, "rows must tile the CTA");
-  static_assert(THREADS_PER_ROW <= 32 ? (THREADS_PER_ROW & (THREADS_PER_ROW - 1)) == 0
-                                      : THREADS_PER_ROW % 32 == 0,
-                "a row's threads are a power of two up to a warp, or whole warps");
+  constexpr bool kScaleSum = Layout::kModulate && (F & NormBackwardFeature::scale_sum) != 0;
 
   const int lane = static_cast<int>(threadIdx.x) % THREADS_PER_ROW;
   const int group = static_cast<int>(threadIdx.x) / THREADS_PER_ROW;
-  const long long groups = static_cast<long long>(gridDim.x) * kRowsPerCta;
+  const long long groups = static_cast<long long>(gridDim.x) * Layout::kRowsPerCta;
   const long long items = p.segments * p.slots;
   // Every thread runs the same iterations (an item's rows are at most this many), because
   // the row reductions may synchronise the whole CTA.
   const long long item_rows = (p.segment_rows + p.slots - 1) / p.slots;
-  auto column = [&](int step) { return (step * THREADS_PER_ROW + lane) * kVec; };
+  auto column = [&](int step) { return (step * THREADS_PER_ROW + lane) * Layout::kVec; };
   // Only the last step can run past the row, and only when the split does not divide it.
-  auto in_row = [&](int step) { return kExact || step + 1 < kSteps || column(step) < HIDDEN; };
+  auto in_row = [&](int step) {
+    return Layout::kExact || step + 1 < Layout::kSteps || column(step) < HIDDEN;
+  };
   auto weight_at = [&](int step) {
     return load_global_nc<VEC_BYTES>(static_cast<const T*>(p.weight) + column(step));
   };
 
-  for (long long first = static_cast<long long>(blockIdx.x) * kRowsPerCta; first < items;
+  for (long long first = static_cast<long long>(blockIdx.x) * Layout::kRowsPerCta; first < items;
        first += groups) {
     const long long item = first + group;
     const bool item_active = item < items;
     const long long segment = item_active ? item / p.slots : 0;
     const long long slot = item_active ? item - segment * p.slots : 0;
 
-    float weight_sum[kWeightSum ? kSteps * kVec : 1];
-    float dy_sum[kDySum ? kSteps * kVec : 1];
-    float scale_sum[kScaleSum ? kSteps * kVec : 1];
+    float weight_sum[kWeightSum ? Layout::kSteps * Layout::kVec : 1];
+    float dy_sum[kDySum ? Layout::kSteps * Layout::kVec : 1];
+    float scale_sum[kScaleSum ? Layout::kSteps * Layout::kVec : 1];
 #pragma unroll
-    for (int i = 0; i < kSteps * kVec; ++i) {
+    for (int i = 0; i < Layout::kSteps * Layout::kVec; ++i) {
       if constexpr (kWeightSum) weight_sum[i] = 0.0f;
       if constexpr (kDySum) dy_sum[i] = 0.0f;
       if constexpr (kScaleSum) scale_sum[i] = 0.0f;
@@ -125,10 +112,10 @@ __global__ void __launch_bounds__(CTA_THREADS) norm_backward(const NormBackwardP
     // The row's streams; zeros where there is no row, so they add nothing to the row sums or
     // the parameter sums.
     struct RowStreams {
-      Raw<VEC_BYTES> x[kSteps];
-      Raw<VEC_BYTES> dy[kSteps];
-      Raw<VEC_BYTES> dr[kResidual ? kSteps : 1];
-      Raw<VEC_BYTES> scale[kModulate ? kSteps : 1];
+      Raw<VEC_BYTES> x[Layout::kSteps];
+      Raw<VEC_BYTES> dy[Layout::kSteps];
+      Raw<VEC_BYTES> dr[Layout::kResidual ? Layout::kSteps : 1];
+      Raw<VEC_BYTES> scale[Layout::kModulate ? Layout::kSteps : 1];
     };
     // Row k of the item: whether it exists, and its index among all rows.
     struct RowPlace {
@@ -143,19 +130,15 @@ __global__ void __launch_bounds__(CTA_THREADS) norm_backward(const NormBackwardP
     auto load_row = [&](long long k, RowStreams& s) {
       const auto [active, row] = place(k);
       const T* scale_row = nullptr;
-      if constexpr (kModulate) {
-        const long long batch = row / p.tokens;
-        scale_row = static_cast<const T*>(p.scale) + batch * p.scale_batch_stride +
-                    (row - batch * p.tokens) * p.scale_token_stride;
-      }
+      if constexpr (Layout::kModulate) scale_row = norm_backward_scale_row<T>(p, row);
 #pragma unroll
-      for (int step = 0; step < kSteps; ++step) {
+      for (int step = 0; step < Layout::kSteps; ++step) {
 #pragma unroll
-        for (int w = 0; w < kWords; ++w) {
+        for (int w = 0; w < Layout::kWords; ++w) {
           s.x[step].words[w] = 0u;
           s.dy[step].words[w] = 0u;
-          if constexpr (kResidual) s.dr[step].words[w] = 0u;
-          if constexpr (kModulate) s.scale[step].words[w] = 0u;
+          if constexpr (Layout::kResidual) s.dr[step].words[w] = 0u;
+          if constexpr (Layout::kModulate) s.scale[step].words[w] = 0u;
         }
         if (!active || !in_row(step)) continue;
         const int col = column(step);
@@ -163,11 +146,11 @@ __global__ void __launch_bounds__(CTA_THREADS) norm_backward(const NormBackwardP
             load_global_nc<VEC_BYTES>(static_cast<const T*>(p.x) + row * p.x_row_stride + col);
         s.dy[step] =
             load_global_nc<VEC_BYTES>(static_cast<const T*>(p.dy) + row * p.dy_row_stride + col);
-        if constexpr (kResidual) {
+        if constexpr (Layout::kResidual) {
           s.dr[step] =
               load_global_nc<VEC_BYTES>(static_cast<const T*>(p.dr) + row * p.dr_row_stride + col);
         }
-        if constexpr (kModulate) s.scale[step] = load_global_nc<VEC_BYTES>(scale_row + col);
+        if constexpr (Layout::kModulate) s.scale[step] = load_global_nc<VEC_BYTES>(scale_row + col);
       }
     };
 
@@ -188,105 +171,106 @@ __global__ void __launch_bounds__(CTA_THREADS) norm_backward(const NormBackwardP
       [[maybe_unused]] const Raw<VEC_BYTES>* const scale = streams.scale;
 
       float mean = 0.0f;
-      if constexpr (kLayer) {
+      if constexpr (Layout::kLayer) {
         float sum = 0.0f;
 #pragma unroll
-        for (int step = 0; step < kSteps; ++step) {
+        for (int step = 0; step < Layout::kSteps; ++step) {
           float partial = 0.0f;
 #pragma unroll
-          for (int i = 0; i < kVec; ++i) partial += get_element<T>(x[step], i);
+          for (int i = 0; i < Layout::kVec; ++i) partial += get_element<T>(x[step], i);
           sum += partial;
         }
-        mean = group_sum<THREADS_PER_ROW, CTA_THREADS>(sum) * kInvHidden;
+        mean = group_sum<THREADS_PER_ROW, CTA_THREADS>(sum) * Layout::kInvHidden;
       }
       // Elements past the row are zero, but after centring they would count mean^2.
       float squares = 0.0f;
 #pragma unroll
-      for (int step = 0; step < kSteps; ++step) {
+      for (int step = 0; step < Layout::kSteps; ++step) {
         float partial = 0.0f;
 #pragma unroll
-        for (int i = 0; i < kVec; ++i) {
+        for (int i = 0; i < Layout::kVec; ++i) {
           const float centred = get_element<T>(x[step], i) - mean;
           partial += centred * centred;
         }
-        if (!kLayer || in_row(step)) squares += partial;
+        if (!Layout::kLayer || in_row(step)) squares += partial;
       }
       squares = group_sum<THREADS_PER_ROW, CTA_THREADS>(squares);
-      const float rstd = rsqrtf(squares * kInvHidden + p.eps);
+      const float rstd = rsqrtf(squares * Layout::kInvHidden + p.eps);
 
       // First pass: the row sums dx needs, the parameter sums, and dscale per token.
       float g_sum = 0.0f;
       float gx_sum = 0.0f;
 #pragma unroll
-      for (int step = 0; step < kSteps; ++step) {
+      for (int step = 0; step < Layout::kSteps; ++step) {
         const bool present = active && in_row(step);
         Raw<VEC_BYTES> weight;
         Raw<VEC_BYTES> table;
-        if constexpr (kWeight) {
+        if constexpr (Layout::kWeight) {
           if (present) weight = weight_at(step);
         }
-        if constexpr (kTable) {
+        if constexpr (Layout::kTable) {
           if (present) {
             table = load_global_nc<VEC_BYTES>(static_cast<const T*>(p.table_scale) + column(step));
           }
         }
-        float dscale[kScalePerToken ? kVec : 1];
+        float dscale[Layout::kScalePerToken ? Layout::kVec : 1];
 #pragma unroll
-        for (int i = 0; i < kVec; ++i) {
+        for (int i = 0; i < Layout::kVec; ++i) {
           const float xhat = (get_element<T>(x[step], i) - mean) * rstd;
           const float d = get_element<T>(dy[step], i);
-          const float w = kWeight && present ? get_element<T>(weight, i) : 1.0f;
+          const float w = Layout::kWeight && present ? get_element<T>(weight, i) : 1.0f;
           float dn = d;
-          if constexpr (kModulate) {
+          if constexpr (Layout::kModulate) {
             float s = get_element<T>(scale[step], i);
-            if constexpr (kTable) s += present ? get_element<T>(table, i) : 0.0f;
+            if constexpr (Layout::kTable) s += present ? get_element<T>(table, i) : 0.0f;
             const float n = xhat * w;
-            if constexpr (kScalePerToken) dscale[i] = d * n;
-            if constexpr (kScaleSum) scale_sum[step * kVec + i] += d * n;
+            if constexpr (Layout::kScalePerToken) dscale[i] = d * n;
+            if constexpr (kScaleSum) scale_sum[step * Layout::kVec + i] += d * n;
             dn = d * (1.0f + s);
           }
           const float g = dn * w;
-          if constexpr (kWeightSum) weight_sum[step * kVec + i] += dn * xhat;
-          if constexpr (kDySum) dy_sum[step * kVec + i] += d;
+          if constexpr (kWeightSum) weight_sum[step * Layout::kVec + i] += dn * xhat;
+          if constexpr (kDySum) dy_sum[step * Layout::kVec + i] += d;
           g_sum += g;
           gx_sum += g * xhat;
         }
-        if constexpr (kScalePerToken) {
+        if constexpr (Layout::kScalePerToken) {
           if (present) {
             store_floats<T, VEC_BYTES>(static_cast<T*>(p.dscale) + row * HIDDEN + column(step),
                                        dscale);
           }
         }
       }
-      gx_sum = group_sum<THREADS_PER_ROW, CTA_THREADS>(gx_sum) * kInvHidden;
-      if constexpr (kLayer) g_sum = group_sum<THREADS_PER_ROW, CTA_THREADS>(g_sum) * kInvHidden;
+      gx_sum = group_sum<THREADS_PER_ROW, CTA_THREADS>(gx_sum) * Layout::kInvHidden;
+      if constexpr (Layout::kLayer)
+        g_sum = group_sum<THREADS_PER_ROW, CTA_THREADS>(g_sum) * Layout::kInvHidden;
       if (!active) continue;
 
       // Second pass: dx, from the row still in registers (the per-column operands come
       // again from L1).
       T* const dx_row = static_cast<T*>(p.dx) + row * HIDDEN;
 #pragma unroll
-      for (int step = 0; step < kSteps; ++step) {
+      for (int step = 0; step < Layout::kSteps; ++step) {
         if (!in_row(step)) continue;
         Raw<VEC_BYTES> weight;
         Raw<VEC_BYTES> table;
-        if constexpr (kWeight) weight = weight_at(step);
-        if constexpr (kTable) {
+        if constexpr (Layout::kWeight) weight = weight_at(step);
+        if constexpr (Layout::kTable) {
           table = load_global_nc<VEC_BYTES>(static_cast<const T*>(p.table_scale) + column(step));
         }
-        float result[kVec];
+        float result[Layout::kVec];
 #pragma unroll
-        for (int i = 0; i < kVec; ++i) {
+        for (int i = 0; i < Layout::kVec; ++i) {
           const float xhat = (get_element<T>(x[step], i) - mean) * rstd;
           float g = get_element<T>(dy[step], i);
-          if constexpr (kModulate) {
+          if constexpr (Layout::kModulate) {
             float s = get_element<T>(scale[step], i);
-            if constexpr (kTable) s += get_element<T>(table, i);
+            if constexpr (Layout::kTable) s += get_element<T>(table, i);
             g *= 1.0f + s;
           }
-          if constexpr (kWeight) g *= get_element<T>(weight, i);
-          float value = rstd * (g - (kLayer ? g_sum : 0.0f) - xhat * gx_sum);
-          if constexpr (kResidual) value += get_element<T>(dr[step], i);
+          if constexpr (Layout::kWeight) g *= get_element<T>(weight, i);
+          float value = rstd * (g - (Layout::kLayer ? g_sum : 0.0f) - xhat * gx_sum);
+          if constexpr (Layout::kResidual) value += get_element<T>(dr[step], i);
           result[i] = value;
         }
         store_floats<T, VEC_BYTES>(dx_row + column(step), result);
@@ -295,15 +279,16 @@ __global__ void __launch_bounds__(CTA_THREADS) norm_backward(const NormBackwardP
 
     if (!item_active) continue;
 #pragma unroll
-    for (int step = 0; step < kSteps; ++step) {
+    for (int step = 0; step < Layout::kSteps; ++step) {
       if (!in_row(step)) continue;
       const long long offset = item * HIDDEN + column(step);
       if constexpr (kWeightSum) {
-        store_partial<kVec>(p.weight_partial + offset, weight_sum + step * kVec);
+        store_partial<Layout::kVec>(p.weight_partial + offset, weight_sum + step * Layout::kVec);
       }
-      if constexpr (kDySum) store_partial<kVec>(p.dy_partial + offset, dy_sum + step * kVec);
+      if constexpr (kDySum)
+        store_partial<Layout::kVec>(p.dy_partial + offset, dy_sum + step * Layout::kVec);
       if constexpr (kScaleSum) {
-        store_partial<kVec>(p.scale_partial + offset, scale_sum + step * kVec);
+        store_partial<Layout::kVec>(p.scale_partial + offset, scale_sum + step * Layout::kVec);
       }
     }
   }

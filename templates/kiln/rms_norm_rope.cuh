@@ -185,7 +185,7 @@ __global__ void __launch_bounds__(CTA_THREADS, MIN_CTAS) rms_norm_rope(const Rms
   Place place = load_token(row, qv, kv);
   if constexpr (VIDEO) video_pairs.init(p.video, lane);
   if constexpr (kStash) stash_cos_sin(place.position);
-  int parity = 0;  // group_sum_pair's buffer
+  int parity = 0;  // group_sums' buffer
   // Every thread runs the same iterations (the reductions may synchronise the CTA).
   for (;;) {
     const bool active = row < p.rows;
@@ -193,8 +193,7 @@ __global__ void __launch_bounds__(CTA_THREADS, MIN_CTAS) rms_norm_rope(const Rms
     Raw<VEC_BYTES> k_next[PREFETCH ? kSteps : 1];
     Place next_place{0u, 0u};
     if constexpr (PREFETCH) next_place = load_token(row + grid_rows, q_next, k_next);
-    float q_squares = 0.0f;
-    float k_squares = 0.0f;
+    float squares[2] = {0.0f, 0.0f};  // q's, k's
 #pragma unroll
     for (int step = 0; step < kSteps; ++step) {
       float qp = 0.0f, kp = 0.0f;
@@ -205,13 +204,13 @@ __global__ void __launch_bounds__(CTA_THREADS, MIN_CTAS) rms_norm_rope(const Rms
         qp += qe * qe;
         kp += ke * ke;
       }
-      q_squares += qp;
-      k_squares += kp;
+      squares[0] += qp;
+      squares[1] += kp;
     }
-    group_sum_pair<THREADS_PER_ROW, CTA_THREADS>(q_squares, k_squares, parity);
+    group_sums<THREADS_PER_ROW, CTA_THREADS>(squares, parity);
     parity ^= 1;
-    const float q_scale = rsqrtf(q_squares * kInvWidth + p.eps);
-    const float k_scale = rsqrtf(k_squares * kInvWidth + p.eps);
+    const float q_scale = rsqrtf(squares[0] * kInvWidth + p.eps);
+    const float k_scale = rsqrtf(squares[1] * kInvWidth + p.eps);
     if (active) rotate_token(place, q_scale, k_scale, qv, kv);
     if constexpr (PREFETCH) {
       place = next_place;

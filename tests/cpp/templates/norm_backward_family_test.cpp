@@ -3,6 +3,7 @@
 // GPU, no NVRTC.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <set>
 
@@ -103,16 +104,38 @@ TEST_CASE("a call computes only the gradients it asks for") {
   config.vec_bytes = 16;
   config.threads_per_row = 256;
   config.cta_threads = 256;
-  // Two steps of eight elements: sixteen fp32 sums fewer.
-  CHECK(rms.registers_per_thread(frozen, config) == rms.registers_per_thread(trained, config) - 16);
-  CHECK(rms.name_expression(frozen, config) != rms.name_expression(trained, config));
-  // The same items as with sums (a group works several rows, the next one in flight): a
-  // grid of one row a CTA was slower for dx alone (2688x14848 87.2 against 70.7 us).
+  // Nothing summed across rows: without prefetch, one row per group (norm_backward_rows),
+  // which holds the weight's two steps of four words where the trained kernel holds
+  // sixteen fp32 sums.
+  CHECK_FALSE(rms.item_kernel(frozen, config));
+  CHECK(rms.item_kernel(trained, config));
+  CHECK(rms.registers_per_thread(frozen, config) ==
+        rms.registers_per_thread(trained, config) - 16 + 8);
+  CHECK(rms.name_expression(frozen, config) ==
+        "kiln::norm_backward_rows<kiln::bf16, 4096, 16, 256, 256, 2u>");
+  CHECK(rms.name_expression(trained, config) ==
+        "kiln::norm_backward<kiln::bf16, 4096, 16, 256, 256, 130u>");
+  CHECK(rms.geometry(frozen, config, 2688).grid[0] == 2688);
+  CHECK(rms.geometry(trained, config, 2688).grid[0] == 256);
+  Config rows_per_cta = config;
+  rows_per_cta.cta_threads = 512;
+  CHECK(rms.geometry(frozen, rows_per_cta, 2689).grid[0] == 1345);
+  // A prefetching config stays the items' kernel (the tuner chooses: at 14848 wide the
+  // items with the next row in flight were faster), with the trained kernel's grid.
   const DeviceTraits traits = DeviceTraits::for_arch(90);
-  CHECK(rms.geometry(frozen, config, 2688).grid[0] == rms.geometry(trained, config, 2688).grid[0]);
   Config prefetch = config;
   prefetch.extra["prefetch"] = 1;
   CHECK(rms.invalid_reason(frozen, prefetch, traits).empty());
+  CHECK(rms.item_kernel(frozen, prefetch));
+  CHECK(rms.name_expression(frozen, prefetch) ==
+        "kiln::norm_backward<kiln::bf16, 4096, 16, 256, 256, 2u, true>");
+  CHECK(rms.geometry(frozen, prefetch, 2688).grid[0] == 256);
+  const auto configs = rms.space(frozen, traits);
+  CHECK(std::any_of(configs.begin(), configs.end(),
+                    [&](const Config& c) { return rms.item_kernel(frozen, c); }));
+  CHECK(std::any_of(configs.begin(), configs.end(),
+                    [&](const Config& c) { return !rms.item_kernel(frozen, c); }));
+  CHECK_FALSE(rms.item_kernel(frozen, rms.heuristic(frozen, traits)));
 
   const NormBackwardFamily& ln = backward(Op::layer_norm_backward);
   const Problem bias_only{Op::layer_norm_backward, DType::bf16, 64,
