@@ -126,7 +126,8 @@ __global__ void __launch_bounds__(CTA_THREADS) norm_backward_rows(const NormBack
     if (!active) continue;
     const float rstd = rsqrtf(sums[0] * Layout::kInvHidden + p.eps);
     const float gx_mean = sums[1] * Layout::kInvHidden * rstd;  // mean(g * xhat)
-    const float g_mean = Layout::kLayer ? sums[Layout::kLayer ? 2 : 0] * Layout::kInvHidden : 0.0f;
+    float g_mean = 0.0f;                                        // mean(g), LayerNorm's only
+    if constexpr (Layout::kLayer) g_mean = sums[2] * Layout::kInvHidden;
 
     T* const dx_row = static_cast<T*>(p.dx) + row * HIDDEN;
 #pragma unroll
