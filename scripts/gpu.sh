@@ -17,8 +17,9 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --f
 python3 -c "import sys, torch, triton; print(sys.version.split()[0], torch.__version__, 'triton', triton.__version__)"
 
 step "optional packages"
-# Pure-Python wheels the GPU machine lacks (diffusers, kernels) travel in .deps/wheels,
-# fetched with `pip download --no-deps`; tests that need them skip where they are absent.
+# Pure-Python wheels the GPU machine lacks (diffusers, kernels, liger-kernel) travel in
+# .deps/wheels, fetched with `pip download --no-deps`; tests and benches that need them skip
+# where they are absent.
 for wheel in .deps/wheels/*.whl; do
   [ -e "$wheel" ] || continue
   python3 -m pip install --root-user-action=ignore --no-index --no-deps -q "$wheel" \

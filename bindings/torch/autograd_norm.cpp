@@ -147,7 +147,8 @@ struct AdaLnFunction : torch::autograd::Function<AdaLnFunction> {
     ctx->saved_data["eps"] = eps;
     ctx->saved_data["norm"] = std::string(norm);
     // A per-token shift's gradient is dy itself; a per-sample one is dy summed per sample.
-    ctx->saved_data["shift_per_token"] = shift.dim() > 1 && shift.size(1) != 1;
+    ctx->saved_data["shift_per_token"] =
+        shift.dim() > 1 && x.dim() > 1 && per_token_operand(shift, x);
     ctx->saved_data["table_shift"] = table_shift.has_value();
     const at::AutoDispatchBelowADInplaceOrView below;
     return kiln_op<adaln_cpu>("kiln::adaln")

@@ -25,6 +25,15 @@ void check_same_as(const std::string& op, const std::string& arg, const at::Tens
 // dy like x (shape, dtype, device); x (named x_name) with a hidden size; weight [D] if given.
 DType check_norm_backward(const std::string& op, const at::Tensor& dy, const at::Tensor& x,
                           const std::string& x_name, const std::optional<at::Tensor>& weight);
+// Whether an adaln operand ([B, 1, D] or [B, T, D]) has a row per token of x ([B, T, D]).
+// With one token a sample, a per-sample operand is one too, and its gradient is the token's
+// own: dscale written by the kernel in x's dtype, dshift dy itself. Taken per sample, the
+// kernel would write fp32 partial rows for torch to sum and cast after it (a 1-row call:
+// three launches instead of one).
+inline bool per_token_operand(const at::Tensor& operand, const at::Tensor& x) {
+  return operand.size(1) != 1 || x.size(1) == 1;
+}
+
 // x [B, T, D], dy like x, scale [B, 1 or T, D], weight and table_scale [D] if given.
 DType check_adaln_backward(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& scale,
                            const std::optional<at::Tensor>& weight, const std::string& norm,

@@ -127,7 +127,7 @@ AdaLnGrads adaln_backward_cpu(const at::Tensor& dy, const at::Tensor& x, const a
   }
   const bool layer = parse_norm_kind(op, kind);
   const RowGrads grads = row_grads(dy, x, weight, one_plus_scale, layer, eps);
-  const bool scale_per_token = scale.size(1) != 1;
+  const bool scale_per_token = per_token_operand(scale, x);
   std::optional<at::Tensor> dscale;
   if (scale_grad) {
     dscale =

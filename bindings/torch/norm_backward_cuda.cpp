@@ -253,7 +253,7 @@ AdaLnGrads adaln_backward_cuda(const at::Tensor& dy, const at::Tensor& x, const 
   const std::string kind(norm);
   call.dtype = check_adaln_backward(dy, x, scale, weight, kind, table_scale);
   require_cuda(call.op, "x", x);
-  const bool scale_per_token = scale.size(1) != 1;
+  const bool scale_per_token = per_token_operand(scale, x);
   // A per-token shift's gradient is dy: nothing to compute for it.
   const bool dshift_wanted = shift_grad && !shift_per_token;
   // A table row's gradient over per-token operands is summed by torch after the kernel where

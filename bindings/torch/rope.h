@@ -41,6 +41,13 @@ RopeOperands rope_operands(const std::string& op, const at::Tensor& q, const at:
 // The [B, S, H, D] view of a tensor of q's (or k's) shape in `layout`.
 at::Tensor rope_view(const at::Tensor& x, const std::string& layout, std::int64_t head_dim);
 
+// A new tensor of x's shape laid out as x is (torch's empty_like, as its elementwise ops
+// lay out their results), or contiguous where that layout would not have a unit last stride:
+// kernels write rows of contiguous elements. transformers' q and k are [B, S, H, D] in
+// memory, viewed as [B, H, S, D]; so their rotations stay, and so do their gradients, which
+// the projections' backward can reshape without a copy. The fakes allocate the same.
+at::Tensor rope_output(const at::Tensor& x);
+
 // Reference math in fp32 (float64 for float64 x) on [B, S, H, D] views, written into out4
 // (which may alias x4). `inverse`: the transposed map, x * cos - J(x * sin), RoPE's backward.
 void rope_reference(const at::Tensor& x4, const at::Tensor& cos3, const at::Tensor& sin3,

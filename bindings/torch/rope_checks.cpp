@@ -42,6 +42,14 @@ at::Tensor rope_view(const at::Tensor& x, const std::string& layout, std::int64_
   return source.unflatten(-1, {x.size(-1) / head_dim, head_dim});
 }
 
+at::Tensor rope_output(const at::Tensor& x) {
+  at::Tensor out = at::empty_like(x);
+  if (out.stride(-1) == 1) {
+    return out;
+  }
+  return at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
+}
+
 RopeOperands rope_operands(const std::string& op, const at::Tensor& q, const at::Tensor& k,
                            const at::Tensor& cos, const at::Tensor& sin, bool interleaved,
                            std::int64_t rotary_dim, const std::string& layout,

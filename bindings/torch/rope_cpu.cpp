@@ -90,8 +90,8 @@ TensorPair rope_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
   const RopeOperands r =
       rope_operands("rope", q, k, cos, sin, interleaved, rotary_dim, lay, head_dim);
   require_cpu("rope", q);
-  at::Tensor q_out = at::empty(q.sizes(), q.options());
-  at::Tensor k_out = at::empty(k.sizes(), k.options());
+  at::Tensor q_out = rope_output(q);
+  at::Tensor k_out = rope_output(k);
   const std::int64_t d = r.q4.size(3);
   rope_reference(r.q4, r.cos3, r.sin3, r.rotary_dim, interleaved, rope_view(q_out, lay, d));
   rope_reference(r.k4, r.cos3, r.sin3, r.rotary_dim, interleaved, rope_view(k_out, lay, d));
@@ -106,8 +106,8 @@ TensorPair rope_backward_cpu(const at::Tensor& grad_q, const at::Tensor& grad_k,
   const RopeOperands r = rope_operands("rope_backward", grad_q, grad_k, cos, sin, interleaved,
                                        rotary_dim, lay, head_dim, "grad_q", "grad_k");
   require_cpu("rope_backward", grad_q, "grad_q");
-  at::Tensor dq = at::empty(grad_q.sizes(), grad_q.options());
-  at::Tensor dk = at::empty(grad_k.sizes(), grad_k.options());
+  at::Tensor dq = rope_output(grad_q);
+  at::Tensor dk = rope_output(grad_k);
   const std::int64_t d = r.q4.size(3);
   rope_reference(r.q4, r.cos3, r.sin3, r.rotary_dim, interleaved, rope_view(dq, lay, d), true);
   rope_reference(r.k4, r.cos3, r.sin3, r.rotary_dim, interleaved, rope_view(dk, lay, d), true);

@@ -178,8 +178,9 @@ TensorPair rope_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   const RopeOperands r =
       rope_operands("rope", q, k, cos, sin, interleaved, rotary_dim, lay, head_dim);
   require_cuda("rope", q);
-  at::Tensor q_out = at::empty(q.sizes(), q.options().memory_format(at::MemoryFormat::Contiguous));
-  at::Tensor k_out = at::empty(k.sizes(), k.options().memory_format(at::MemoryFormat::Contiguous));
+  // Laid out as q and k are (rope_output): transformers' q is [B, S, H, D] in memory.
+  at::Tensor q_out = rope_output(q);
+  at::Tensor k_out = rope_output(k);
   const std::int64_t d = r.q4.size(3);
   rope_launch("rope", r, rope_view(q_out, lay, d), rope_view(k_out, lay, d), std::nullopt);
   return {q_out, k_out};
@@ -194,9 +195,8 @@ TensorPair rope_backward_cuda(const at::Tensor& grad_q, const at::Tensor& grad_k
                                  lay, head_dim, "grad_q", "grad_k");
   require_cuda("rope_backward", grad_q, "grad_q");
   r.inverse = true;
-  const auto contiguous = grad_q.options().memory_format(at::MemoryFormat::Contiguous);
-  at::Tensor dq = at::empty(grad_q.sizes(), contiguous);
-  at::Tensor dk = at::empty(grad_k.sizes(), contiguous);
+  at::Tensor dq = rope_output(grad_q);
+  at::Tensor dk = rope_output(grad_k);
   const std::int64_t d = r.q4.size(3);
   rope_launch("rope_backward", r, rope_view(dq, lay, d), rope_view(dk, lay, d), std::nullopt);
   return {dq, dk};

@@ -316,6 +316,24 @@ def test_autograd_asks_only_for_the_gradients_it_needs():
             assert_grad_close(wt.grad, refs[3], torch.float32, "dweight")
 
 
+def test_one_token_a_sample_takes_operands_per_token():
+    """x [B, 1, D]: a [B, 1, D] scale or shift is per token as much as per sample, and its
+    gradient is the token's own: the op is not asked to sum dy for the shift (its gradient is
+    dy itself), and the scale's comes out per token."""
+    gen = torch.Generator().manual_seed(33)
+    x = rand(3, 1, 8, gen=gen, dtype=torch.float32).requires_grad_(True)
+    scale = rand(3, 1, 8, gen=gen, dtype=torch.float32, scale=0.3).requires_grad_(True)
+    shift = rand(3, 1, 8, gen=gen, dtype=torch.float32, scale=0.3).requires_grad_(True)
+    with BackwardCalls() as mode:
+        out = kiln.adaln(x, scale, shift, None, 1e-6, "layer")
+        out.square().sum().backward()
+    assert asked(mode.calls, "adaln_backward", "shift_per_token") is True
+    assert asked(mode.calls, "adaln_backward", "shift_grad") is False
+    refs = adaln_grads(2 * out.detach(), x, scale, shift, None, 1e-6, "layer", None, None)
+    for grad, ref, name in ((x.grad, refs[0], "dx"), (scale.grad, refs[1], "dscale"), (shift.grad, refs[2], "dshift")):
+        assert_grad_close(grad, ref, torch.float32, name)
+
+
 # ---- opcheck: schema, fakes, and the autograd registration under AOT dispatch
 
 

@@ -146,6 +146,38 @@ def test_non_contiguous_inputs():
     assert_close_to(k_out, k_ref, torch.float32)
 
 
+def test_outputs_laid_out_as_inputs():
+    """transformers' q and k are [B, S, H, D] in memory, viewed as [B, H, S, D]: the rotated
+    tensors and their gradients keep that layout (as torch's elementwise ops and the in-place
+    rotations of other libraries do), and the fakes give the same strides. A strided last
+    dimension gets a contiguous result."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    q = torch.randn(2, 7, 4, 64).transpose(1, 2).requires_grad_()
+    k = torch.randn(2, 7, 2, 64).transpose(1, 2).requires_grad_()
+    cos, sin = llama_cos_sin(2, 7, 64)
+    q_out, k_out = kiln.rope(q, k, cos, sin)
+    eager_q, eager_k = hf_apply_rotary_pos_emb(q.detach(), k.detach(), cos, sin)
+    assert q_out.stride() == q.stride() and k_out.stride() == k.stride()
+    assert_close_to(q_out, eager_q, torch.float32)
+    dq = torch.randn(2, 7, 4, 64).transpose(1, 2)
+    dk = torch.randn(2, 7, 2, 64).transpose(1, 2)
+    grad_q, grad_k = torch.autograd.grad((q_out, k_out), (q, k), (dq, dk))
+    assert grad_q.stride() == dq.stride() and grad_k.stride() == dk.stride()
+    ref_q, ref_k = torch.ops.kiln.rope_backward(dq, dk, cos, sin)
+    torch.testing.assert_close(grad_q, ref_q, rtol=0, atol=0)
+    plain = [t.detach() for t in (q, k, cos, sin)]
+    with FakeTensorMode() as mode:
+        fq, fk, fcos, fsin = (mode.from_tensor(t) for t in plain)
+        fake_q, fake_k = torch.ops.kiln.rope(fq, fk, fcos, fsin)
+        fake_dq, _ = torch.ops.kiln.rope_backward(mode.from_tensor(dq), mode.from_tensor(dk), fcos, fsin)
+    assert fake_q.stride() == q_out.stride() and fake_k.stride() == k_out.stride()
+    assert fake_dq.stride() == grad_q.stride()
+    strided = torch.randn(2, 2, 7, 128)[..., ::2]
+    out, _ = kiln.rope(strided, strided, cos, sin)
+    assert out.is_contiguous()
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("dim,scale", [(96, (0.32, 32, 32)), (2048, (0.32, 32, 32)), (100, None)])
 def test_rope_3d_matches_ltx_video(dtype, dim, scale):

@@ -1,8 +1,10 @@
 """Fake (meta) implementations of the backward ops of rope, swiglu, geglu and gelu: new
-contiguous tensors of the inputs' shapes and dtype, with the real implementations' checks of
-grad_out against the forward output's shape."""
+tensors of the inputs' shapes and dtype (contiguous; rope's laid out as its gradients are),
+with the real implementations' checks of grad_out against the forward output's shape."""
 
 import torch
+
+from ._fakes_rope import rope_output
 
 
 def _check_grad_out(op, grad_out, ref_arg, ref, shape):
@@ -69,4 +71,4 @@ def _rope_backward_fake(grad_q, grad_k, cos, sin, interleaved=False, rotary_dim=
                  lambda: f"kiln.rope_backward: grad_k: expected dtype {grad_q.dtype} (as grad_q), got {grad_k.dtype}")
     torch._check(grad_q.dim() == grad_k.dim() and grad_q.dim() in (3, 4),
                  lambda: f"kiln.rope_backward: grad_q, grad_k: expected 4 dimensions (or 3 in bshd), got {grad_q.dim()}, {grad_k.dim()}")
-    return grad_q.new_empty(grad_q.shape), grad_k.new_empty(grad_k.shape)
+    return rope_output(grad_q), rope_output(grad_k)

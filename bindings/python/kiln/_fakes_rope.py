@@ -1,7 +1,15 @@
-"""Fake (meta) implementations of the RoPE ops: outputs are new contiguous tensors of q's
-and k's shapes and dtype; the in-place op returns nothing."""
+"""Fake (meta) implementations of the RoPE ops: outputs are new tensors of q's and k's
+shapes and dtype, laid out as rope_output (bindings/torch/rope.h) lays them out; the
+in-place op returns nothing."""
 
 import torch
+
+
+def rope_output(x):
+    """x's layout (empty_like) where that has a unit last stride, else contiguous: what
+    kiln's rope kernels write (bindings/torch/rope.h, rope_output)."""
+    out = torch.empty_like(x)
+    return out if out.stride(-1) == 1 else x.new_empty(x.shape)
 
 
 def _same_device(op, q, **tensors):
@@ -25,7 +33,7 @@ def _rope_shape_checks(q, k, layout, cos=None, sin=None):
 @torch.library.register_fake("kiln::rope")
 def _rope_fake(q, k, cos, sin, interleaved=False, rotary_dim=-1, layout="bhsd", head_dim=-1):
     _rope_shape_checks(q, k, layout, cos, sin)
-    return q.new_empty(q.shape), k.new_empty(k.shape)
+    return rope_output(q), rope_output(k)
 
 
 @torch.library.register_fake("kiln::rope_")
