@@ -29,6 +29,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
 import common  # noqa: E402
+import rope as rope_bench  # noqa: E402
 
 BF16 = torch.bfloat16
 EPS = 1e-6
@@ -70,12 +71,6 @@ def rand(*shape, scale=1.0):
     return (torch.randn(shape, device="cuda") * scale).to(BF16)
 
 
-def llama_table(seq, dim):
-    inv_freq = 1.0 / (10000.0 ** (torch.arange(0, dim, 2, device="cuda").float() / dim))
-    emb = torch.cat([torch.arange(seq, device="cuda").float()[:, None] * inv_freq] * 2, -1)
-    return emb.cos().to(BF16)[None], emb.sin().to(BF16)[None]  # [1, S, D], as transformers'
-
-
 def shapes(op, quick):
     if op == "rope":
         return ROPE_SHAPES[:2] if quick else ROPE_SHAPES
@@ -91,7 +86,7 @@ def make_case(op, shape, kiln):
         b, hq, hk, s, d = shape
         q = rand(b, s, hq, d).transpose(1, 2)
         k = rand(b, s, hk, d).transpose(1, 2)
-        cos, sin = llama_table(s, d)
+        cos, sin = rope_bench.llama_table(1, s, d)  # [1, S, D], as transformers makes them
         qk = 2 * (q.numel() + k.numel()) * 2
         table = 2 * cos.numel() * 2
         label = f"q[{b},{hq},{s},{d}] k[{b},{hk},{s},{d}]"
@@ -171,7 +166,6 @@ def main():
         print("libraries: liger_kernel is not installed; nothing to compare (pip install liger-kernel)")
         return
 
-    import liger_kernel  # noqa: F401 (its version goes into the environment)
     from importlib.metadata import version
 
     kiln = common.fresh_kiln(1024)
@@ -221,14 +215,14 @@ def main():
 
 
 def write(args, env, copy_gbs, results, kiln):
-    summary = {}
+    ratios = {}
     for r in results:
-        summary.setdefault((r["op"], r["pass"]), []).append(r["kiln_vs_liger"])
+        ratios.setdefault((r["op"], r["pass"]), []).append(r["kiln_vs_liger"])
+    means = {key: math.exp(sum(map(math.log, v)) / len(v)) for key, v in ratios.items()}
     stamp = f"{common.stamp(env)}{args.tag}"
     common.write_json(os.path.join(args.out, f"libraries-{stamp}.json"), {
         "environment": env, "copy_gbs": copy_gbs, "results": results, "kiln_settings": kiln.settings(),
-        "geomean_kiln_vs_liger": {f"{op} {p}": math.exp(sum(map(math.log, v)) / len(v))
-                                  for (op, p), v in summary.items()}})
+        "geomean_kiln_vs_liger": {f"{op} {p}": mean for (op, p), mean in means.items()}})
     lines = [
         f"kiln beside Liger-Kernel {env['versions']['liger_kernel']}, bf16, {env['device']} ({env['sm']}), "
         f"{env['date']}, torch {env['versions']['torch']}, triton {env['versions'].get('triton', '-')}; "
@@ -243,8 +237,8 @@ def write(args, env, copy_gbs, results, kiln):
                      f"| {us['kiln']:.1f} ({pct['kiln']:.0f}%) | {us['liger']:.1f} ({pct['liger']:.0f}%) "
                      f"| {r['kiln_vs_liger']:.2f}x | {r['copy_same_bytes_us']:.1f} | {r['rel_diff_kiln_liger']:.1e} |")
     lines += ["", "| op | pass | geomean kiln vs Liger | min | max |", "| --- | --- | --- | --- | --- |"]
-    for (op, p), v in summary.items():
-        lines.append(f"| {op} | {p} | {math.exp(sum(map(math.log, v)) / len(v)):.2f}x | {min(v):.2f}x | {max(v):.2f}x |")
+    for (op, p), v in ratios.items():
+        lines.append(f"| {op} | {p} | {means[op, p]:.2f}x | {min(v):.2f}x | {max(v):.2f}x |")
     table = "\n".join(lines)
     with open(os.path.join(args.out, f"libraries-{stamp}.md"), "w") as f:
         f.write(table + "\n")

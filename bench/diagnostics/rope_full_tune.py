@@ -12,11 +12,11 @@ os.environ["KILN_TUNE"] = "full"
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import common  # noqa: E402
 import libraries  # noqa: E402
-import torch  # noqa: E402
+import rope as rope_bench  # noqa: E402
 
 kiln = common.fresh_kiln()
 b, hq, hk, s, d = 1, 32, 8, 4096, 128
-cos, sin = libraries.llama_table(s, d)
+cos, sin = rope_bench.llama_table(b, s, d)
 moved = 2 * (b * s * (hq + hk) * d) * 2 + 2 * cos.numel() * 2
 layouts = {
     "bhsd": (libraries.rand(b, hq, s, d), libraries.rand(b, hk, s, d)),
