@@ -80,8 +80,8 @@ def shapes(op, quick):
 
 
 def make_case(op, shape, kiln):
-    """(kiln forward, Liger forward, inputs (trainable ones first: all of them), forward bytes,
-    backward bytes, shape label)."""
+    """(kiln forward, Liger forward, inputs (every one trained in the backward), forward
+    bytes, backward bytes, shape label)."""
     if op == "rope":
         b, hq, hk, s, d = shape
         q = rand(b, s, hq, d).transpose(1, 2)

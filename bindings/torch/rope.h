@@ -44,8 +44,9 @@ at::Tensor rope_view(const at::Tensor& x, const std::string& layout, std::int64_
 // A new tensor of x's shape laid out as x is (torch's empty_like, as its elementwise ops
 // lay out their results), or contiguous where that layout would not have a unit last stride:
 // kernels write rows of contiguous elements. transformers' q and k are [B, S, H, D] in
-// memory, viewed as [B, H, S, D]; so their rotations stay, and so do their gradients, which
-// the projections' backward can reshape without a copy. The fakes allocate the same.
+// memory, viewed as [B, H, S, D]: their rotations and their gradients keep that layout, so
+// the projections' backward can reshape the gradients without a copy. The fakes allocate the
+// same.
 at::Tensor rope_output(const at::Tensor& x);
 
 // Reference math in fp32 (float64 for float64 x) on [B, S, H, D] views, written into out4
