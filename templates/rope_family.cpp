@@ -44,14 +44,15 @@ std::optional<ArgumentError> problem_error(Op op, const Problem& problem) {
     return ArgumentError(name, "q", "alignment a power of two in [1, 16] bytes",
                          std::to_string(problem.align));
   }
-  const std::uint32_t allowed = op == Op::rope ? (kRopeInterleaved | kRopeTableF32 | kRopeInverse |
-                                                  kRopePositionsInner | kRopeHeadCountFlags)
-                                               : 0u;
+  const std::uint32_t allowed = op == Op::rope
+                                    ? (kRopeInterleaved | kRopeTableF32 | kRopeInverse |
+                                       kRopePositionsInner | kRopeHeadCountFlags | kRopeHalfTable)
+                                    : 0u;
   if ((problem.flags & ~allowed) != 0) {
     return ArgumentError(name, "flags",
                          op == Op::rope ? "only interleaved (1), table-fp32 (2), inverse (4), "
                                           "positions-inner (8), heads-even (16), heads-by-4 "
-                                          "(32, with 16) and one-head-each (64)"
+                                          "(32, with 16), one-head-each (64) and half-table (128)"
                                         : "none",
                          std::to_string(problem.flags));
   }
@@ -135,6 +136,10 @@ RopeFamily::RopeFamily(Op op) : op_(op) {}
 
 std::int64_t RopeFamily::rotary_dim(const Problem& problem) {
   return problem.aux == 0 ? problem.hidden : problem.aux;
+}
+
+std::int64_t RopeFamily::table_width(const Problem& problem) {
+  return (problem.flags & kRopeHalfTable) != 0 ? rotary_dim(problem) / 2 : rotary_dim(problem);
 }
 
 int RopeFamily::rows_per_thread(const Config& config) {
@@ -323,7 +328,8 @@ std::string RopeFamily::name_expression(const Problem& problem, const Config& co
          (interleaved(problem) ? "true" : "false") + ", " + (video ? "true" : "false") + ", " +
          ((problem.flags & kRopeInverse) != 0 ? "true" : "false") + ", " +
          (persistent_grid_of(config) > 0 ? "true" : "false") + ", " +
-         std::to_string(static_cast<int>(form(problem, config))) + ">";
+         std::to_string(static_cast<int>(form(problem, config))) +
+         ((problem.flags & kRopeHalfTable) != 0 ? ", true>" : ">");
 }
 
 LaunchGeometry RopeFamily::geometry(const Problem& problem, const Config& config,
@@ -352,8 +358,8 @@ std::vector<BufferSpec> RopeFamily::buffers(const Problem& problem, std::int64_t
   specs.push_back({"k", problem.dtype, std::max<std::int64_t>(1, tokens * hk * d), false});
   if (op_ == Op::rope) {
     const DType table = (problem.flags & kRopeTableF32) ? DType::f32 : problem.dtype;
-    specs.push_back({"cos", table, tokens * rotary_dim(problem), false});
-    specs.push_back({"sin", table, tokens * rotary_dim(problem), false});
+    specs.push_back({"cos", table, tokens * table_width(problem), false});
+    specs.push_back({"sin", table, tokens * table_width(problem), false});
   }
   specs.push_back({"q_out", problem.dtype, tokens * hq * d, true});
   // With no k heads (odd row counts) k_out is never written: scratch, not an output to check.
@@ -396,7 +402,7 @@ std::vector<std::byte> RopeFamily::pack_params(const Problem& problem, std::int6
   std::copy(q_strides, q_strides + 3, params.q_out_strides);
   std::copy(k_strides, k_strides + 3, params.k_strides);
   std::copy(k_strides, k_strides + 3, params.k_out_strides);
-  params.cos_strides[1] = params.sin_strides[1] = rotary_dim(problem);
+  params.cos_strides[1] = params.sin_strides[1] = table_width(problem);
   if (op_ == Op::rope_3d) {
     VideoRopeSettings settings;
     // Enough positions for every token of the run, so no coordinate repeats.
@@ -415,7 +421,7 @@ std::int64_t RopeFamily::bytes_moved(const Problem& problem, std::int64_t rows) 
   if (op_ == Op::rope) {
     const auto [hq, hk] = standalone_heads(problem, rows);
     const std::int64_t table = (problem.flags & kRopeTableF32) ? 4 : element;
-    bytes += 2 * (rows / (hq + hk)) * rotary_dim(problem) * table;
+    bytes += 2 * (rows / (hq + hk)) * table_width(problem) * table;
   }
   return bytes;
 }
@@ -425,12 +431,13 @@ std::vector<Problem> RopeFamily::common_problems(DType dtype, std::int64_t hidde
   if (op_ == Op::rope_3d) {
     return {Problem{Op::rope_3d, dtype, hidden, 0u, 16}};
   }
-  // transformers (half-split, table in the model's dtype, [B, H, S, D]), diffusers
+  // transformers (half-split, table in the model's dtype; q and k as its attentions hand them
+  // over, [B, S, H, D] memory viewed as [B, H, S, D], and contiguous [B, H, S, D]), diffusers
   // (interleaved, fp32, [B, S, H, D] or, after the head transpose, [B, H, S, D]), with the
   // model's head counts; training also runs each backward, the inverse rotation.
   const std::uint32_t heads = rope_head_flags(model.heads_q, model.heads_k);
   std::vector<Problem> problems;
-  for (std::uint32_t layout : {kRopePositionsInner, kRopeInterleaved | kRopeTableF32,
+  for (std::uint32_t layout : {0u, kRopePositionsInner, kRopeInterleaved | kRopeTableF32,
                                kRopeInterleaved | kRopeTableF32 | kRopePositionsInner}) {
     problems.push_back(Problem{Op::rope, dtype, hidden, layout | heads, 16});
     if (model.training) {

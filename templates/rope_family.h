@@ -41,6 +41,10 @@ inline constexpr std::uint32_t kRopeHeadsBy4 = 32u;
 // LTX-Video rotates them): a thread's 2 rows can be one token's q row and k row. rope_3d's
 // calls always are, without the flag.
 inline constexpr std::uint32_t kRopeOneHeadEach = 64u;
+// cos/sin rows hold rotary_dim / 2 angles, one a rotation pair (GPT-OSS's tables, vLLM's
+// cos/sin caches): half the table bytes of the [.., rotary_dim] tables, whose pairs repeat
+// each angle.
+inline constexpr std::uint32_t kRopeHalfTable = 128u;
 // Every flag that rope_head_flags() may set.
 inline constexpr std::uint32_t kRopeHeadCountFlags =
     kRopeHeadsEven | kRopeHeadsBy4 | kRopeOneHeadEach;
@@ -93,6 +97,8 @@ class RopeFamily : public Family {
                                        const PrewarmModel& model) const override;
 
   static std::int64_t rotary_dim(const Problem& problem);
+  // Angles a cos/sin row holds: rotary_dim, or half of it with kRopeHalfTable.
+  static std::int64_t table_width(const Problem& problem);
   static int rows_per_thread(const Config& config);
   // How the config's kernel finds a thread's rows for every call of the problem: a group of
   // heads of one tensor (one row, or a count that the head-count flags say divides both

@@ -7,7 +7,9 @@
 // table spans the whole row: one "head" of H * D). cos/sin: [S, R], [B or 1, S, R], or 4-D
 // with a heads axis of 1 where the layout has its heads; fp32 or q's dtype. R is the
 // rotated width: rotary_dim (-1: R), the first rotary_dim columns of each head rotate with
-// cos[..., :rotary_dim], the rest pass through.
+// cos[..., :rotary_dim], the rest pass through. A table whose last dimension is rotary_dim / 2
+// gives each rotation pair one angle (GPT-OSS's tables): the pair (i, i + R/2), or (2j, 2j + 1)
+// interleaved, turns by the angle of column i (j).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -23,9 +25,12 @@ namespace kiln::torch_ops {
 
 // q or k seen as [B, S, H, D] (a view, any strides, last dimension contiguous).
 struct RopeOperands {
-  at::Tensor q4, k4;      // inputs
-  at::Tensor cos3, sin3;  // [B, S, R] views (stride 0 where broadcast); undefined for video
+  at::Tensor q4, k4;  // inputs
+  // [B, S, R] views (stride 0 where broadcast), [B, S, R / 2] for a half table; undefined
+  // for video
+  at::Tensor cos3, sin3;
   std::int64_t rotary_dim = 0;
+  bool half_table = false;  // one angle a rotation pair (cos's last dimension R / 2)
   bool interleaved = false;
   bool inverse = false;  // the transposed rotation (rope_backward)
   DType dtype = DType::f32;
@@ -51,6 +56,7 @@ at::Tensor rope_output(const at::Tensor& x);
 
 // Reference math in fp32 (float64 for float64 x) on [B, S, H, D] views, written into out4
 // (which may alias x4). `inverse`: the transposed map, x * cos - J(x * sin), RoPE's backward.
+// cos3/sin3 of rotary_dim / 2 columns are a half table (each pair's angle once).
 void rope_reference(const at::Tensor& x4, const at::Tensor& cos3, const at::Tensor& sin3,
                     std::int64_t rotary_dim, bool interleaved, const at::Tensor& out4,
                     bool inverse = false);

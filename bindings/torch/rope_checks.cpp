@@ -117,10 +117,15 @@ RopeOperands rope_operands(const std::string& op, const at::Tensor& q, const at:
                "an even rotated width in [2, head dim " + std::to_string(d) + "]",
                rotary_dim == -1 ? shape_text(cos) : std::to_string(rotary_dim));
   }
-  if (r.rotary_dim > table_width) {
-    fail_value(op, "cos", "a last dimension >= rotary_dim " + std::to_string(r.rotary_dim),
+  // A table of rotary_dim / 2 angles gives each rotation pair its angle once.
+  r.half_table = table_width * 2 == r.rotary_dim;
+  if (r.rotary_dim > table_width && !r.half_table) {
+    fail_value(op, "cos",
+               "a last dimension >= rotary_dim " + std::to_string(r.rotary_dim) + ", or " +
+                   std::to_string(r.rotary_dim / 2) + " (one angle a rotation pair)",
                shape_text(cos));
   }
+  const std::int64_t angles = r.half_table ? r.rotary_dim / 2 : r.rotary_dim;
   const std::int64_t batch = r.q4.size(0), seq = r.q4.size(1);
   for (const auto& [arg, t, out] :
        {std::tuple{"cos", &cos, &r.cos3}, std::tuple{"sin", &sin, &r.sin3}}) {
@@ -132,7 +137,7 @@ RopeOperands rope_operands(const std::string& op, const at::Tensor& q, const at:
                  shape_text(*t));
     }
     if (view.stride(-1) != 1) view = view.contiguous();
-    *out = view.narrow(-1, 0, r.rotary_dim).expand({batch, seq, r.rotary_dim});
+    *out = view.narrow(-1, 0, angles).expand({batch, seq, angles});
   }
   r.interleaved = interleaved;
   return r;

@@ -31,8 +31,13 @@ void rope_reference(const at::Tensor& x4, const at::Tensor& cos3, const at::Tens
                     bool inverse) {
   const at::ScalarType math = reference_math_type(x4);
   const at::Tensor x = x4.to(math);
-  const at::Tensor c = cos3.to(math).unsqueeze(2);  // [B, S, 1, R]
-  const at::Tensor s = sin3.to(math).unsqueeze(2);
+  // A half table's angle of each pair, spelled out for both of the pair's elements.
+  const auto full = [&](const at::Tensor& t) {
+    if (t.size(-1) == rotary_dim) return t;
+    return interleaved ? t.repeat_interleave(2, -1) : at::cat({t, t}, -1);
+  };
+  const at::Tensor c = full(cos3.to(math)).unsqueeze(2);  // [B, S, 1, R]
+  const at::Tensor s = full(sin3.to(math)).unsqueeze(2);
   const at::Tensor rot = x.narrow(-1, 0, rotary_dim);
   // J, the 90-degree turn of each rotation pair: out = x * cos + J(x) * sin, and its
   // transpose (J^T = -J) x * cos - J(x * sin).

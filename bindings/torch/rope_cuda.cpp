@@ -138,7 +138,7 @@ void rope_launch_aligned(const std::string& op, const RopeOperands& r, const at:
     problem.flags = (r.interleaved ? kRopeInterleaved : 0u) |
                     (r.cos3.scalar_type() == at::kFloat ? kRopeTableF32 : 0u) |
                     (r.inverse ? kRopeInverse : 0u) | (positions_inner ? kRopePositionsInner : 0u) |
-                    rope_head_flags(heads_q, heads_k);
+                    (r.half_table ? kRopeHalfTable : 0u) | rope_head_flags(heads_q, heads_k);
   }
   problem.align = alignment_of({&q4, &k4, &q_out4, &k_out4, &r.cos3, &r.sin3});
 

@@ -8,7 +8,11 @@
 // over the first R = ROTARY_DIM of HEAD_DIM elements (the rest is copied when out of place
 // and left alone in place, where the output is the input), math in fp32,
 // rounded once. cos/sin come from a table row per token (TABLE = float or T) or, for
-// VIDEO, from the token's video coordinates (interleaved only).
+// VIDEO, from the token's video coordinates (interleaved only). A HALF_TABLE row holds R / 2
+// angles, one a rotation pair (cos[i] for the pair (i, i + h), cos[j] for (2j, 2j + 1)): the
+// tables GPT-OSS's rotary embedding and vLLM's cos/sin caches make, and transformers' [.., R]
+// tables cut to their first half, whose second half repeats it. The formulas above then read
+// cos[i + h] = cos[i] (half-split) and cos[2j + 1] = cos[2j] = the row's cos[j] (interleaved).
 //
 // INVERSE applies the transpose of that map instead, which is RoPE's backward (dx from dy):
 // with the 90-degree turn J (half-split: (a, b) -> (-b, a); interleaved: (re, im) ->
@@ -58,7 +62,7 @@ __device__ __noinline__ unsigned divide_rarely(unsigned dividend, unsigned divis
 
 template <typename T, typename TABLE, int HEAD_DIM, int ROTARY_DIM, int VEC_BYTES,
           int THREADS_PER_ROW, int CTA_THREADS, int ROWS_PER_THREAD, bool INTERLEAVED, bool VIDEO,
-          bool INVERSE, bool PREFETCH, int FORM>
+          bool INVERSE, bool PREFETCH, int FORM, bool HALF_TABLE = false>
 __global__ void __launch_bounds__(CTA_THREADS) rope(const RopeParams p) {
   begin_dependent_grid();
   constexpr int kVec = VEC_BYTES / static_cast<int>(sizeof(T));
@@ -78,6 +82,7 @@ __global__ void __launch_bounds__(CTA_THREADS) rope(const RopeParams p) {
   static_assert(!VIDEO || INTERLEAVED, "video angles rotate interleaved pairs");
   static_assert(CTA_THREADS % THREADS_PER_ROW == 0, "rows must tile the CTA");
   static_assert(FORM != kRopeTokenPair || ROWS_PER_THREAD == 2, "a token pair is two rows");
+  static_assert(!HALF_TABLE || !VIDEO, "video angles come from coordinates, not a table");
   constexpr bool kOnePlace = FORM != kRopeGeneral;  // a thread's rows share one place
 
   const int lane = static_cast<int>(threadIdx.x) % THREADS_PER_ROW;
@@ -354,11 +359,33 @@ __global__ void __launch_bounds__(CTA_THREADS) rope(const RopeParams p) {
           } else {
             const TABLE* cos_row = static_cast<const TABLE*>(p.cos) + rows.angle_key[j];
             const TABLE* sin_row = static_cast<const TABLE*>(p.sin) + rows.sin_offset[j];
+            if constexpr (HALF_TABLE && INTERLEAVED) {
+              // Pair i of the unit takes angle column unit * kVec / 2 + i, for both elements.
+              float half_c[kVec / 2];
+              float half_s[kVec / 2];
+              load_table<TABLE, kVec / 2, VEC_BYTES / 2>(cos_row + unit * (kVec / 2), half_c);
+              load_table<TABLE, kVec / 2, VEC_BYTES / 2>(sin_row + unit * (kVec / 2), half_s);
 #pragma unroll
-            for (int part = 0; part < kParts; ++part) {
-              const int column = unit * kVec + part * (ROTARY_DIM / 2);
-              load_table<TABLE, kVec, VEC_BYTES>(cos_row + column, c + part * kVec);
-              load_table<TABLE, kVec, VEC_BYTES>(sin_row + column, s + part * kVec);
+              for (int i = 0; i < kVec; ++i) {
+                c[i] = half_c[i / 2];
+                s[i] = half_s[i / 2];
+              }
+            } else if constexpr (HALF_TABLE) {
+              // Both halves of a unit take the angles of its first half's columns.
+              load_table<TABLE, kVec, VEC_BYTES>(cos_row + unit * kVec, c);
+              load_table<TABLE, kVec, VEC_BYTES>(sin_row + unit * kVec, s);
+#pragma unroll
+              for (int i = 0; i < kVec; ++i) {
+                c[kVec + i] = c[i];
+                s[kVec + i] = s[i];
+              }
+            } else {
+#pragma unroll
+              for (int part = 0; part < kParts; ++part) {
+                const int column = unit * kVec + part * (ROTARY_DIM / 2);
+                load_table<TABLE, kVec, VEC_BYTES>(cos_row + column, c + part * kVec);
+                load_table<TABLE, kVec, VEC_BYTES>(sin_row + column, s + part * kVec);
+              }
             }
           }
         }

@@ -1,7 +1,8 @@
 """fp64 restatements of the RoPE formulas kiln's ops must match, written from the libraries'
 source:
 - transformers: ``rotate_half`` and ``apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1)``
-  (cos/sin [B, S, D]), with partial rotary as GPT-NeoX-style models slice it;
+  (cos/sin [B, S, D]), with partial rotary as GPT-NeoX-style models slice it, and GPT-OSS's
+  form of it (cos/sin [B, S, D / 2], each pair's angle once);
 - diffusers: ``apply_rotary_emb(x, (cos, sin), use_real=True, use_real_unbind_dim=-1)``
   (interleaved pairs) and LTX-Video's ``apply_rotary_emb`` on [B, S, C];
 - diffusers' ``LTXVideoRotaryPosEmbed.forward`` (the video table) in fp64."""
@@ -28,6 +29,16 @@ def hf_apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
     q_embed = (q_rot * cos) + (rotate_half(q_rot) * sin)
     k_embed = (k_rot * cos) + (rotate_half(k_rot) * sin)
     return torch.cat([q_embed, q_pass], -1), torch.cat([k_embed, k_pass], -1)
+
+
+def gpt_oss_apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
+    """transformers' GPT-OSS form: cos/sin [B, S, D / 2], one angle a pair (i, i + D / 2)."""
+    def rotate(x, cos, sin):
+        first, second = torch.chunk(x.double(), 2, dim=-1)
+        return torch.cat((first * cos - second * sin, second * cos + first * sin), dim=-1)
+
+    cos, sin = cos.double().unsqueeze(unsqueeze_dim), sin.double().unsqueeze(unsqueeze_dim)
+    return rotate(q, cos, sin), rotate(k, cos, sin)
 
 
 def diffusers_apply_rotary_emb(x, cos, sin):

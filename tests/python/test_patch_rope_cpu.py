@@ -160,3 +160,53 @@ def test_attentions_of_one_class_share_one_kiln_forward():
     assert len({f.__func__ for f in forwards}) == 1
     assert [f.__self__ for f in forwards] == [layer.self_attn for layer in model.model.layers]
     kiln.unpatch(model)
+
+
+def _gpt_oss():
+    """A small GPT-OSS, whose rotary embedding makes [B, S, D / 2] tables."""
+    if not hasattr(transformers, "GptOssForCausalLM"):
+        pytest.skip("this transformers has no GPT-OSS")
+    config = transformers.GptOssConfig(
+        hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, num_local_experts=4, num_experts_per_tok=2,
+        vocab_size=128, max_position_embeddings=64)
+    torch.manual_seed(0)
+    return transformers.GptOssForCausalLM(config).eval()
+
+
+def test_gpt_oss_half_tables_reach_kiln(monkeypatch):
+    """GPT-OSS's apply_rotary_pos_emb fails on [.., D] probes and takes one angle a pair: its
+    attentions are patched to kiln.rope with that table, with the model's logits."""
+    model = _gpt_oss()
+    ids = torch.randint(0, 128, (2, 9), generator=torch.Generator().manual_seed(1))
+    expected = _logits(model, ids)
+    report = kiln.patch(model)
+    ropes = [r for r in report.replaced if r.op == "rope"]
+    assert [r.path for r in ropes] == ["model.layers.0.self_attn", "model.layers.1.self_attn"]
+    assert all("one angle a pair" in r.kind for r in ropes)
+    calls = _count_rope(monkeypatch)
+    actual = _logits(model, ids)
+    assert calls == ["bhsd", "bhsd"]
+    torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-5)
+    kiln.unpatch(model)
+
+
+def test_half_table_layout_takes_only_its_own_width():
+    q, k = torch.randn(1, 2, 3, 8), torch.randn(1, 1, 3, 8)
+    full, half = torch.randn(1, 3, 8), torch.randn(1, 3, 4)
+    assert rope_attention.rope_layout(q, k, half, half, 1, half_table=True) == "bhsd"
+    assert rope_attention.rope_layout(q, k, full, full, 1, half_table=True) is None
+    assert rope_attention.rope_layout(q, k, half, half, 1) is None
+
+
+def test_compiled_gpt_oss_has_kiln_rope_in_one_graph():
+    model = _gpt_oss()
+    ids = torch.randint(0, 128, (2, 9), generator=torch.Generator().manual_seed(1))
+    expected = _logits(model, ids)
+    kiln.patch(model)
+    compiled, graphs = compile_capturing(model)
+    actual = _logits(compiled, ids)
+    torch._dynamo.reset()
+    assert len(graphs) == 1 and len(calls_of(graphs, torch.ops.kiln.rope.default)) == 2
+    torch.testing.assert_close(actual, expected, rtol=1e-4, atol=1e-4)
+    kiln.unpatch(model)

@@ -76,9 +76,10 @@ def test_a_models_head_counts_choose_its_rope_kernel(fresh_cache, tmp_path):
     path = tmp_path / "config.json"
     path.write_text(json.dumps(dict(LLAMA, num_key_value_heads=2)))
     assert kiln.prewarm(dtypes="bf16", archs="sm_80", config=str(path))["failed"] == 0
-    # transformers' layout (positions inner, 8) with both counts even: grouped at the
-    # heuristic's 2 rows a thread, where counts that are not even take the general kernel.
-    assert prewarmed(8 | 16) and not prewarmed(8)
+    # transformers' layouts (heads inner as its attentions hand q and k over, and positions
+    # inner, 8) with both counts even: grouped at the heuristic's 2 rows a thread, where
+    # counts that are not even take the general kernel.
+    assert prewarmed(16) and prewarmed(8 | 16) and not prewarmed(8)
     path.write_text(json.dumps(gemma))
     assert kiln.prewarm(dtypes="bf16", archs="sm_80", config=str(path))["failed"] == 0
     assert kiln.compile("rope", "bf16", 256, arch="sm_80", format="cubin", flags=8)["from_cache"]
@@ -95,11 +96,11 @@ def test_training_adds_the_backward_kernels(fresh_cache, tmp_path):
     training = kiln.prewarm(dtypes="bf16", archs="sm_80", config=str(path), training=True)
     # Llama's ops and their backward: rms_norm_backward (with a trained weight, a frozen one as
     # LoRA trains, and none), the fused residual's (trained and frozen: 2), swiglu_backward
-    # (two tensors, packed: 2), RoPE's inverse rotation (3: transformers' layout, diffusers'
-    # two). The two diffusers layouts share one kernel (the walk is a launch parameter), so 9
-    # are compiled and the tenth reuses one of them.
-    assert training["targets"] == inference["targets"] + 10, training
-    assert training["reused"] == inference["targets"] + 1 and training["compiled"] == 9
+    # (two tensors, packed: 2), RoPE's inverse rotation (4: transformers' two layouts,
+    # diffusers' two). Each pair of layouts shares one kernel (the walk is a launch
+    # parameter), so 9 are compiled and the other two reuse one of them.
+    assert training["targets"] == inference["targets"] + 11, training
+    assert training["reused"] == inference["targets"] + 2 and training["compiled"] == 9
     assert training["failed"] == 0
     # An op list: each op's backward at the same sizes, once even when also listed.
     listed = kiln.prewarm(["layer_norm", "layer_norm_backward", "gelu"], "bf16", 3072, "sm_90",

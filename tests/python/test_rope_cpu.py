@@ -8,9 +8,9 @@ import torch
 
 import kiln
 from reference import TOLERANCE, assert_close_to
-from rope_reference import (diffusers_apply_rotary_emb, hf_apply_rotary_pos_emb,
-                            llama_cos_sin, ltx_apply_rotary_emb, ltx_video_table,
-                            rms_norm_across_heads)
+from rope_reference import (diffusers_apply_rotary_emb, gpt_oss_apply_rotary_pos_emb,
+                            hf_apply_rotary_pos_emb, llama_cos_sin, ltx_apply_rotary_emb,
+                            ltx_video_table, rms_norm_across_heads)
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 def assert_video_close(out, ref, dtype, cos, x):
@@ -120,6 +120,67 @@ def test_ltx_table_over_the_whole_row(dtype):
     q_out, k_out = kiln.rope(q, k, cos.float(), sin.float(), interleaved=True, layout="bshd")
     assert_close_to(q_out, ltx_apply_rotary_emb(q, cos, sin), dtype)
     assert_close_to(k_out, ltx_apply_rotary_emb(k, cos, sin), dtype)
+
+
+def gpt_oss_cos_sin(batch, seq, dim, dtype=torch.float32):
+    """GPT-OSS's rotary embedding: [B, S, D / 2], one angle a pair, at random positions."""
+    inv_freq = 1.0 / (150000.0 ** (torch.arange(0, dim, 2).double() / dim))
+    angles = torch.randint(0, 4096, (batch, seq)).double()[..., None] * inv_freq
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("seq", [1, 7])
+@pytest.mark.parametrize("table_fp32", [True, False])
+@pytest.mark.parametrize("heads_inner", [False, True])
+def test_half_table_matches_gpt_oss(dtype, seq, table_fp32, heads_inner):
+    """A table of rotary_dim / 2 angles (GPT-OSS's) against GPT-OSS's formula, on q and k as
+    transformers hands them over ([B, S, H, D] memory) and contiguous."""
+    q = torch.randn(2, seq, 4, 64).transpose(1, 2) if heads_inner else torch.randn(2, 4, seq, 64)
+    k = torch.randn(2, seq, 2, 64).transpose(1, 2) if heads_inner else torch.randn(2, 2, seq, 64)
+    q, k = q.to(dtype), k.to(dtype)
+    cos, sin = gpt_oss_cos_sin(2, seq, 64, torch.float32 if table_fp32 else dtype)
+    q_out, k_out = kiln.rope(q, k, cos, sin, rotary_dim=64)
+    q_ref, k_ref = gpt_oss_apply_rotary_pos_emb(q, k, cos, sin)
+    assert q_out.dtype == dtype and q_out.stride() == q.stride()
+    assert_close_to(q_out, q_ref, dtype)
+    assert_close_to(k_out, k_ref, dtype)
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_half_table_is_the_full_table_with_each_angle_once(interleaved):
+    """A full table whose pairs repeat their angle (transformers' cat(freqs, freqs), diffusers'
+    repeat_interleave) and its half give the same bits, partial rotary and the backward too."""
+    q, k = torch.randn(2, 3, 9, 96).bfloat16(), torch.randn(2, 1, 9, 96).bfloat16()
+    angles = torch.rand(9, 32) * 50
+    full = (lambda t: t.repeat_interleave(2, -1)) if interleaved else (lambda t: torch.cat((t, t), -1))
+    for rotary_dim in (64, 32):
+        half_cos, half_sin = angles[:, :rotary_dim // 2].cos(), angles[:, :rotary_dim // 2].sin()
+        expected = kiln.rope(q, k, full(half_cos), full(half_sin), interleaved)
+        got = kiln.rope(q, k, half_cos, half_sin, interleaved, rotary_dim=rotary_dim)
+        for e, g in zip(expected, got):
+            torch.testing.assert_close(g, e, rtol=0, atol=0)
+        back = torch.ops.kiln.rope_backward(q, k, half_cos, half_sin, interleaved, rotary_dim)
+        back_full = torch.ops.kiln.rope_backward(q, k, full(half_cos), full(half_sin), interleaved)
+        for e, g in zip(back_full, back):
+            torch.testing.assert_close(g, e, rtol=0, atol=0)
+    # transformers' [.., D] table cut to its first half: a strided view, read as it is.
+    cos, sin = llama_cos_sin(2, 9, 96)
+    expected = kiln.rope(q, k, cos, sin)
+    got = kiln.rope(q, k, cos[..., :48], sin[..., :48], rotary_dim=96)
+    torch.testing.assert_close(got[0], expected[0], rtol=0, atol=0)
+
+
+def test_half_table_gradients_against_fp64():
+    q = torch.randn(1, 2, 5, 32, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(1, 1, 5, 32, dtype=torch.float64, requires_grad=True)
+    cos, sin = gpt_oss_cos_sin(1, 5, 32, torch.float64)
+    torch.autograd.gradcheck(lambda q, k: kiln.rope(q, k, cos, sin, rotary_dim=32), (q, k))
+    dq, dk = torch.randn_like(q), torch.randn_like(k)
+    got = torch.autograd.grad(kiln.rope(q, k, cos, sin, rotary_dim=32), (q, k), (dq, dk))
+    expected = torch.autograd.grad(gpt_oss_apply_rotary_pos_emb(q, k, cos, sin), (q, k), (dq, dk))
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g, e)
 
 
 @pytest.mark.parametrize("interleaved", [False, True])
@@ -246,6 +307,12 @@ def test_table_wider_than_head_or_mismatched():
         kiln.rope(q, k, torch.randn(6, 64), torch.randn(6, 64))
     with pytest.raises(ValueError, match=r"kiln\.rope: rotary_dim: expected an even rotated width"):
         kiln.rope(q, k, torch.randn(5, 64), torch.randn(5, 64), rotary_dim=33)
+    # A table narrower than rotary_dim is a half table only at exactly rotary_dim / 2.
+    with pytest.raises(ValueError, match=r"kiln\.rope: cos: expected a last dimension >= rotary_dim 64, "
+                                         r"or 32 \(one angle a rotation pair\), got \[5, 48\]"):
+        kiln.rope(q, k, torch.randn(5, 48), torch.randn(5, 48), rotary_dim=64)
+    with pytest.raises(ValueError, match=r"kiln\.rope: cos: expected a last dimension >= rotary_dim 64, or 32"):
+        kiln.rope(q, k, torch.randn(5, 16), torch.randn(5, 16), rotary_dim=64)
 
 
 def test_bad_dtypes_and_layouts():

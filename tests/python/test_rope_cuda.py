@@ -6,9 +6,10 @@ import torch
 
 import kiln
 from reference import assert_close_to
-from rope_reference import (diffusers_apply_rotary_emb, hf_apply_rotary_pos_emb, llama_cos_sin,
-                            ltx_apply_rotary_emb, ltx_video_table, rms_norm_across_heads)
-from test_rope_cpu import assert_video_close, video_reference
+from rope_reference import (diffusers_apply_rotary_emb, gpt_oss_apply_rotary_pos_emb,
+                            hf_apply_rotary_pos_emb, llama_cos_sin, ltx_apply_rotary_emb,
+                            ltx_video_table, rms_norm_across_heads)
+from test_rope_cpu import assert_video_close, gpt_oss_cos_sin, video_reference
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("heuristic_tuning")]
 
@@ -37,6 +38,61 @@ def test_half_split_grid(dtype, shape, table_fp32):
     q_ref, k_ref = hf_apply_rotary_pos_emb(q, k, cos, sin)
     assert_close_to(q_out, q_ref, dtype)
     assert_close_to(k_out, k_ref, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(1, 64, 8, 4096, 64), (2, 5, 1, 17, 128), (3, 64, 8, 1, 64),
+                                   (1, 4, 4, 7, 80)])
+@pytest.mark.parametrize("table_fp32", [True, False])
+@pytest.mark.parametrize("heads_inner", [False, True])
+def test_half_table_grid(dtype, shape, table_fp32, heads_inner):
+    """GPT-OSS's [B, S, D / 2] tables (64 + 8 heads of 64 at 4096 tokens, a decode batch,
+    odd head counts and a head dim of 80), on q and k as transformers hands them over and
+    contiguous."""
+    b, hq, hk, s, d = shape
+    if heads_inner:
+        q = torch.randn(b, s, hq, d, device="cuda").to(dtype).transpose(1, 2)
+        k = torch.randn(b, s, hk, d, device="cuda").to(dtype).transpose(1, 2)
+    else:
+        q = torch.randn(b, hq, s, d, device="cuda").to(dtype)
+        k = torch.randn(b, hk, s, d, device="cuda").to(dtype)
+    cos, sin = gpt_oss_cos_sin(b, s, d, torch.float32 if table_fp32 else dtype)
+    cos, sin = cos.cuda(), sin.cuda()
+    poison(q.shape, dtype)
+    q_out, k_out = kiln.rope(q, k, cos, sin, rotary_dim=d)
+    q_ref, k_ref = gpt_oss_apply_rotary_pos_emb(q, k, cos, sin)
+    assert_close_to(q_out, q_ref, dtype)
+    assert_close_to(k_out, k_ref, dtype)
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+@pytest.mark.parametrize("rotary_dim", [128, 64])
+def test_half_table_gives_the_full_tables_bits(interleaved, rotary_dim):
+    """Each angle once or twice in the table, the same rotation to the bit, forward, backward
+    and in place, and a transformers table cut to its first half read through its strides."""
+    q = torch.randn(2, 32, 37, 128, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(2, 8, 37, 128, device="cuda", dtype=torch.bfloat16)
+    angles = torch.rand(37, rotary_dim // 2, device="cuda") * 50
+    half_cos, half_sin = angles.cos(), angles.sin()
+    full = (lambda t: t.repeat_interleave(2, -1)) if interleaved else (lambda t: torch.cat((t, t), -1))
+    expected = kiln.rope(q, k, full(half_cos), full(half_sin), interleaved)
+    poison(q.shape, torch.bfloat16)
+    got = kiln.rope(q, k, half_cos, half_sin, interleaved, rotary_dim=rotary_dim)
+    for e, g in zip(expected, got):
+        assert torch.equal(g, e)
+    back = torch.ops.kiln.rope_backward(q, k, half_cos, half_sin, interleaved, rotary_dim)
+    back_full = torch.ops.kiln.rope_backward(q, k, full(half_cos), full(half_sin), interleaved)
+    for e, g in zip(back_full, back):
+        assert torch.equal(g, e)
+    q2, k2 = q.clone(), k.clone()
+    kiln.rope_(q2, k2, half_cos, half_sin, interleaved, rotary_dim=rotary_dim)
+    assert torch.equal(q2, expected[0]) and torch.equal(k2, expected[1])
+    if not interleaved and rotary_dim == 128:
+        cos, sin = llama_cos_sin(1, 37, 128)
+        cos, sin = cos.cuda().bfloat16(), sin.cuda().bfloat16()
+        expected = kiln.rope(q, k, cos, sin)
+        got = kiln.rope(q, k, cos[..., :64], sin[..., :64], rotary_dim=128)
+        assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -12,7 +12,9 @@ whole row, as LTX-Video's does, rotates the whole row). q and k may have differe
 counts (grouped-query attention). cos/sin are fp32 or q's dtype, shaped [S, R],
 [B or 1, S, R] or with a heads axis of 1 (transformers' ``unsqueeze(1)``); R is the
 rotated width: the first ``rotary_dim`` (default R) columns of each head rotate, the rest
-are copied.
+are copied. A table of ``rotary_dim / 2`` columns gives each rotation pair its angle once
+(GPT-OSS's tables; half the table bytes): pair (i, i + R/2), or (2j, 2j + 1) interleaved,
+turns by column i (j).
 """
 
 from typing import Optional, Sequence, Tuple

@@ -19,6 +19,10 @@ TEST_CASE("every fast-tune candidate of the RoPE families compiles for sm_75, sm
       Problem{Op::rope, DType::f16, 128, kRopeInterleaved | kRopeTableF32, 16},
       // Head counts in fours: every config's rows grouped.
       Problem{Op::rope, DType::bf16, 128, kRopePositionsInner | rope_head_flags(32, 8), 16},
+      // Half tables (one angle a pair): GPT-OSS's half-split, and interleaved from fp32 (on
+      // sm_90 only, with the other plain heads).
+      Problem{Op::rope, DType::bf16, 64, kRopeHalfTable | rope_head_flags(64, 8), 16},
+      Problem{Op::rope, DType::f16, 128, kRopeHalfTable | kRopeInterleaved | kRopeTableF32, 16},
       Problem{Op::rope_3d, DType::bf16, 2048, 0u, 16},
       Problem{Op::rms_norm_rope, DType::bf16, 2048, kRmsNormRopeVideo, 16},
   };

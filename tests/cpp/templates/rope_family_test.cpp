@@ -51,7 +51,11 @@ TEST_CASE("rope refuses problems it cannot specialise") {
   CHECK_THROWS_AS(f.check(rope(DType::bf16, 128, 0, 130)), kiln::ArgumentError);
   CHECK_THROWS_AS(f.check(rope(DType::bf16, 128, 0, 33)), kiln::ArgumentError);
   CHECK_NOTHROW(f.check(rope(DType::bf16, 128, kiln::kRopePositionsInner)));
-  CHECK_THROWS_AS(f.check(rope(DType::bf16, 128, 128)), kiln::ArgumentError);
+  CHECK_THROWS_AS(f.check(rope(DType::bf16, 128, 256)), kiln::ArgumentError);
+  CHECK_NOTHROW(f.check(rope(DType::bf16, 128, kiln::kRopeHalfTable)));
+  CHECK_THROWS_AS(kiln::family(Op::rope_3d)
+                      .check(Problem{Op::rope_3d, DType::bf16, 2048, kiln::kRopeHalfTable, 16}),
+                  kiln::ArgumentError);
   CHECK_NOTHROW(f.check(rope(DType::bf16, 2048, kiln::kRopeOneHeadEach)));
   CHECK_THROWS_WITH_AS(
       f.check(rope(DType::bf16, 128, kiln::kRopeOneHeadEach | kiln::kRopeHeadsEven)),
@@ -196,17 +200,19 @@ TEST_CASE("rope's common problems take the model's head counts, and training the
   using kiln::kRopePositionsInner;
   using kiln::kRopeTableF32;
   const std::uint32_t by4 = kiln::rope_head_flags(4, 4);
-  // Unknown counts are fours: the three layouts, forward only.
+  // Unknown counts are fours: the four layouts, forward only. transformers' attentions hand
+  // over q and k heads inner ([B, S, H, D] memory viewed as [B, H, S, D]): no flag.
   CHECK(flags_of({}) == std::vector<std::uint32_t>{
-                            kRopePositionsInner | by4, kRopeInterleaved | kRopeTableF32 | by4,
+                            by4, kRopePositionsInner | by4, kRopeInterleaved | kRopeTableF32 | by4,
                             kRopeInterleaved | kRopeTableF32 | kRopePositionsInner | by4});
   // Llama-3-8B's 32 and 8 heads, training: each layout then its inverse rotation.
   const std::uint32_t gqa = kiln::rope_head_flags(32, 8);
   const std::uint32_t inner = kRopePositionsInner | gqa;
   const std::uint32_t interleaved = kRopeInterleaved | kRopeTableF32 | gqa;
   CHECK(flags_of({32, 8, true}) ==
-        std::vector<std::uint32_t>{inner, inner | kRopeInverse, interleaved,
-                                   interleaved | kRopeInverse, interleaved | kRopePositionsInner,
+        std::vector<std::uint32_t>{gqa, gqa | kRopeInverse, inner, inner | kRopeInverse,
+                                   interleaved, interleaved | kRopeInverse,
+                                   interleaved | kRopePositionsInner,
                                    interleaved | kRopePositionsInner | kRopeInverse});
   // Gemma's 8 and 1 heads: counts that are not both even carry no head flag.
   for (std::uint32_t flags : flags_of({8, 1, false})) {
@@ -411,6 +417,31 @@ TEST_CASE("rope's inverse (backward) is a flag compiled into the kernel, same sp
   CHECK_THROWS_AS(kiln::family(Op::rope_3d)
                       .check(Problem{Op::rope_3d, DType::bf16, 2048, kiln::kRopeInverse, 16}),
                   kiln::ArgumentError);
+}
+
+TEST_CASE("a half table (one angle a pair) is a flag: the kernel's last argument, half the bytes") {
+  const DeviceTraits device = DeviceTraits::for_arch(90);
+  const kiln::Family& f = kiln::family(Op::rope);
+  for (std::uint32_t flags :
+       {kiln::kRopeHeadsEven | kiln::kRopeHeadsBy4, kiln::kRopeInterleaved | kiln::kRopeTableF32}) {
+    const Problem full = rope(DType::bf16, 128, flags, 64);
+    const Problem half = rope(DType::bf16, 128, flags | kiln::kRopeHalfTable, 64);
+    CHECK(f.space(half, device) == f.space(full, device));
+    const Config h = f.heuristic(half, device);
+    CHECK(f.name_expression(half, h).ends_with(", true>"));
+    CHECK(f.name_expression(half, h).starts_with(
+        f.name_expression(full, h).substr(0, f.name_expression(full, h).size() - 1)));
+    CHECK(half.key() != full.key());
+    // A row of 32 angles where the full table has 64, in the buffers, strides and bytes.
+    CHECK(f.buffers(half, 64)[2].elements * 2 == f.buffers(full, 64)[2].elements);
+    const std::uint64_t addresses[] = {0x1000, 0x2000, 0x3000, 0x4000, 0x5000, 0x6000};
+    kiln::RopeParams params;
+    std::memcpy(&params, f.pack_params(half, 64, addresses).data(), sizeof(params));
+    CHECK(params.cos_strides[1] == 32);
+    CHECK(params.sin_strides[1] == 32);
+    const std::int64_t table_bytes = f.bytes_moved(full, 64) - f.bytes_moved(half, 64);
+    CHECK(table_bytes * 2 == f.bytes_moved(full, 64) - 2 * 64 * 128 * 2);
+  }
 }
 
 namespace {

@@ -23,27 +23,29 @@ from .forwards import kiln_can_take
 ROPE_GLOBAL = "apply_rotary_pos_emb"
 
 
-def rope_layout(q, k, cos, sin, unsqueeze_dim) -> Optional[str]:
+def rope_layout(q, k, cos, sin, unsqueeze_dim, half_table=False) -> Optional[str]:
     """kiln.rope's layout for transformers' ``apply_rotary_pos_emb`` arguments (1: q of
-    ``[B, H, S, D]``, 2: ``[B, S, H, D]``; cos/sin ``[B, S, D]`` or ``[S, D]``), or None where
-    kiln would not compute the same thing with the same output dtype. cos and sin must have
-    q's dtype: the formula promotes a bf16 q times an fp32 table to fp32, and kiln returns
-    q's dtype."""
+    ``[B, H, S, D]``, 2: ``[B, S, H, D]``; cos/sin ``[B, S, D]`` or ``[S, D]``, or with
+    ``half_table`` GPT-OSS's ``[B, S, D / 2]``), or None where kiln would not compute the same
+    thing with the same output dtype. cos and sin must have q's dtype: the formula promotes a
+    bf16 q times an fp32 table to fp32, and kiln returns q's dtype."""
     layout = {1: "bhsd", 2: "bshd"}.get(unsqueeze_dim)
     if layout is None or not all(isinstance(t, torch.Tensor) for t in (q, k, cos, sin)):
         return None
     if q.dim() != 4 or k.dim() != 4 or cos.dim() not in (2, 3) or cos.shape != sin.shape:
         return None
-    if cos.shape[-1] != q.shape[-1] or k.shape[-1] != q.shape[-1] or q.shape[-1] % 2:
+    width = q.shape[-1] // 2 if half_table else q.shape[-1]
+    if cos.shape[-1] != width or k.shape[-1] != q.shape[-1] or q.shape[-1] % 2:
         return None
     if not kiln_can_take(q, k, cos, sin, differentiable=True):
         return None
     return layout
 
 
-def rotate_half_rope(original: Callable) -> Callable:
+def rotate_half_rope(original: Callable, half_table: bool = False) -> Callable:
     """``apply_rotary_pos_emb`` as one kiln.rope launch for q and k where :func:`rope_layout`
-    allows, the ``original`` function otherwise (other signatures included)."""
+    allows, the ``original`` function otherwise (other signatures included). ``half_table``:
+    the original takes GPT-OSS's tables, one angle a rotation pair, and so does kiln."""
 
     # An argument after (q, k, cos, sin) is read only where the original gives it that
     # meaning (older versions took position_ids fifth).
@@ -51,6 +53,9 @@ def rotate_half_rope(original: Callable) -> Callable:
     positional_ok = names[4:5] == ["unsqueeze_dim"]
     keyword_ok = "unsqueeze_dim" in names
 
+    # The table form is spelled in code, not read from this closure: torch.compile guards
+    # on what the traced path reads, and it finds this function through the model's module
+    # globals, where the name is the original's (whose closure has no such cell).
     def apply_rotary_pos_emb(q, k, cos, sin, *args, **kwargs):
         if len(args) + len(kwargs) > 1 or (args and not positional_ok) \
                 or (kwargs and not (keyword_ok and "unsqueeze_dim" in kwargs)):
@@ -61,6 +66,18 @@ def rotate_half_rope(original: Callable) -> Callable:
             return original(q, k, cos, sin, *args, **kwargs)
         return rope_ops.rope(q, k, cos, sin, layout=layout)
 
+    def apply_rotary_pos_emb_half_table(q, k, cos, sin, *args, **kwargs):
+        if len(args) + len(kwargs) > 1 or (args and not positional_ok) \
+                or (kwargs and not (keyword_ok and "unsqueeze_dim" in kwargs)):
+            return original(q, k, cos, sin, *args, **kwargs)
+        unsqueeze_dim = kwargs.get("unsqueeze_dim", args[0] if args else 1)
+        layout = rope_layout(q, k, cos, sin, unsqueeze_dim, half_table=True)
+        if layout is None:
+            return original(q, k, cos, sin, *args, **kwargs)
+        return rope_ops.rope(q, k, cos, sin, rotary_dim=q.shape[-1], layout=layout)
+
+    if half_table:
+        apply_rotary_pos_emb = apply_rotary_pos_emb_half_table  # noqa: F811
     apply_rotary_pos_emb.__wrapped__ = original
     return apply_rotary_pos_emb
 
@@ -85,16 +102,16 @@ def uses_rope_global(function: object) -> bool:
 _KILN_COPIES: "weakref.WeakKeyDictionary[types.FunctionType, types.FunctionType]" = weakref.WeakKeyDictionary()
 
 
-def with_kiln_rope(function: types.FunctionType) -> types.FunctionType:
+def with_kiln_rope(function: types.FunctionType, half_table: bool = False) -> types.FunctionType:
     """A copy of ``function`` whose global ``apply_rotary_pos_emb`` is kiln's (made once per
-    function). The copy reads a snapshot of the function's module globals: names rebound in
-    that module later are not seen (objects mutated in place, like transformers' attention
-    registry, are)."""
+    function; a class's rotary function takes one table form). The copy reads a snapshot of
+    the function's module globals: names rebound in that module later are not seen (objects
+    mutated in place, like transformers' attention registry, are)."""
     copy = _KILN_COPIES.get(function)
     if copy is not None:
         return copy
     scope = dict(function.__globals__)
-    scope[ROPE_GLOBAL] = rotate_half_rope(function.__globals__[ROPE_GLOBAL])
+    scope[ROPE_GLOBAL] = rotate_half_rope(function.__globals__[ROPE_GLOBAL], half_table)
     copy = types.FunctionType(function.__code__, scope, function.__name__, function.__defaults__,
                               function.__closure__)
     copy.__kwdefaults__ = function.__kwdefaults__
@@ -110,45 +127,64 @@ def candidate(module: torch.nn.Module) -> bool:
         and uses_rope_global(type(module).forward)
 
 
-def _probe(dtype: torch.dtype, generator: torch.Generator):
+def _probe(dtype: torch.dtype, generator: torch.Generator, half_table: bool):
     """q [B, H, S, D], k with fewer heads (grouped-query attention), and cos/sin as
-    transformers' rotary embeddings make them: [B, S, D], each angle used for both halves."""
+    transformers' rotary embeddings make them: [B, S, D], each angle used for both halves,
+    or (``half_table``, GPT-OSS's) [B, S, D / 2], each angle once."""
     q = torch.randn(2, 4, 5, 8, generator=generator)
     k = torch.randn(2, 2, 5, 8, generator=generator)
     angles = torch.rand(2, 5, 4, generator=generator) * 20.0
-    emb = torch.cat((angles, angles), dim=-1)
+    emb = angles if half_table else torch.cat((angles, angles), dim=-1)
     return [t.to(dtype) for t in (q, k, emb.cos(), emb.sin())]
+
+
+def _compare(function: Callable, half_table: bool):
+    """None when ``function`` computes what kiln.rope computes on random probes of the table
+    form (fp32 and bf16); else (whether the function itself failed on the probe, the reason)."""
+    replacement = rotate_half_rope(function, half_table)
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for dtype in (torch.float32, torch.bfloat16):
+            q, k, cos, sin = _probe(dtype, generator, half_table)
+            try:
+                expected = function(q, k, cos, sin)
+            except Exception as e:
+                return True, f"its apply_rotary_pos_emb fails on a probe ({type(e).__name__}: {e})"
+            try:
+                actual = replacement(q, k, cos, sin)
+            except Exception as e:
+                return False, f"kiln.rope fails on a {dtype} probe ({type(e).__name__}: {e})"
+            if not (isinstance(expected, tuple) and len(expected) == 2):
+                return False, "its apply_rotary_pos_emb does not return (q, k)"
+            for e, a in zip(expected, actual):
+                why = _agree(e, a)
+                if why is not None:
+                    return False, (f"its apply_rotary_pos_emb is not rotate_half RoPE: on a {dtype} "
+                                   f"probe kiln.rope {why}")
+    return None
 
 
 def classify(module: torch.nn.Module, original: Callable):
     """A Match when the module's global ``apply_rotary_pos_emb`` computes what kiln.rope
-    computes on a random probe (fp32 and bf16), else a NoMatch with the reason."""
+    computes on a random probe (fp32 and bf16) with transformers' usual [.., D] tables or,
+    where it fails on those, with GPT-OSS's [.., D / 2] ones; else a NoMatch with the reason."""
     if getattr(original, "__func__", None) is not type(module).forward \
             or getattr(original, "__self__", None) is not module:
         return NoMatch("rope", "its forward is not its class's own (something else wraps it)")
     function = type(module).forward.__globals__[ROPE_GLOBAL]
-    replacement = rotate_half_rope(function)
-    generator = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for dtype in (torch.float32, torch.bfloat16):
-            q, k, cos, sin = _probe(dtype, generator)
-            try:
-                expected = function(q, k, cos, sin)
-            except Exception as e:
-                return NoMatch("rope", f"its apply_rotary_pos_emb fails on a probe ({type(e).__name__}: {e})")
-            try:
-                actual = replacement(q, k, cos, sin)
-            except Exception as e:
-                return NoMatch("rope", f"kiln.rope fails on a {dtype} probe ({type(e).__name__}: {e})")
-            if not (isinstance(expected, tuple) and len(expected) == 2):
-                return NoMatch("rope", "its apply_rotary_pos_emb does not return (q, k)")
-            for e, a in zip(expected, actual):
-                why = _agree(e, a)
-                if why is not None:
-                    return NoMatch("rope", f"its apply_rotary_pos_emb is not rotate_half RoPE: on a {dtype} "
-                                           f"probe kiln.rope {why}")
-    return Match("rope (rotate_half, in the attention's forward)", "rope", factory)
+    mismatch = _compare(function, half_table=False)
+    if mismatch is None:
+        return Match("rope (rotate_half, in the attention's forward)", "rope", factory)
+    failed_on_probe, reason = mismatch
+    if failed_on_probe and _compare(function, half_table=True) is None:
+        return Match("rope (rotate_half, one angle a pair, in the attention's forward)", "rope",
+                     half_table_factory)
+    return NoMatch("rope", reason)
 
 
 def factory(module: torch.nn.Module, original: Callable) -> Callable:
     return with_kiln_rope(type(module).forward).__get__(module)
+
+
+def half_table_factory(module: torch.nn.Module, original: Callable) -> Callable:
+    return with_kiln_rope(type(module).forward, half_table=True).__get__(module)
