@@ -34,6 +34,12 @@ inline constexpr std::uint32_t kNormSkipScaleGrad = 512u;  // adaln
 inline constexpr std::uint32_t kNormSkipShiftGrad = 1024u;
 inline constexpr std::uint32_t kNormTableScaleGrad = 2048u;
 inline constexpr std::uint32_t kNormTableShiftGrad = 4096u;
+// The partial sums' own problem (no other bit with it): kiln::sum_partials adding up the
+// fp32 partial rows a backward call wrote, per segment, into the gradient's dtype (the
+// problem's). Its rows are the partial rows; its config splits the columns between CTAs
+// (threads_per_row vectors a CTA) and the rows between a CTA's row lanes
+// (cta_threads / threads_per_row).
+inline constexpr std::uint32_t kNormSumPartials = 8192u;
 
 class NormBackwardFamily : public Family {
  public:
@@ -88,6 +94,14 @@ class NormBackwardFamily : public Family {
   unsigned features(const Problem& problem) const;
   // Whether the kernel writes partial sums at all (a parameter or a per-sample gradient).
   bool has_partials(const Problem& problem) const;
+  // Whether the problem is the partial sums' (kNormSumPartials).
+  static bool sums_partials(const Problem& problem);
+  // Whether gradients of `dtype` are summed by kiln::sum_partials: the 16-bit ones. fp32
+  // gradients keep torch's sum (no cast follows it): on an H200, tuning the kernel for an
+  // fp32 gradient crashed the process (a host segfault, fast and full tunes, 768 and 1024
+  // wide; the 16-bit problems tuned cleanly on every shape measured), and the cause was not
+  // found.
+  static bool sums_in_kernel(DType dtype);
   // Whether a config runs kiln::norm_backward, whose groups work items of several rows (the
   // partial sums need them; a prefetching config loads an item's next row early), rather
   // than kiln::norm_backward_rows, one group per row. With nothing summed across rows both

@@ -1,8 +1,8 @@
 // The CUDA implementations of the norm backward ops: validate, describe the problem, fill
 // NormBackwardParams, launch kiln::norm_backward through the runtime on torch's current
-// stream, then add up the kernel's fp32 partial sums (one small torch reduction over at most
-// about NormBackwardFamily::kPartialElements elements, none where there is one partial row)
-// into the parameter gradients.
+// stream, then add up the kernel's fp32 partial sums (at most about
+// NormBackwardFamily::kPartialElements elements) into the parameter gradients with
+// kiln::sum_partials, the same family's kernel for the problem kNormSumPartials.
 #include <ATen/ATen.h>
 
 #include <array>
@@ -156,19 +156,37 @@ BackwardOutputs run_backward(const BackwardCall& call) {
   return out;
 }
 
-// One partial row is the sum itself: only its cast is left to do.
-at::Tensor sum_rows(const at::Tensor& partial, std::int64_t dim, bool keepdim) {
-  if (partial.size(dim) == 1) {
-    return keepdim ? partial : partial.squeeze(dim);
+// The partial rows ([segments * items, hidden] fp32) added up per segment into
+// [segments, hidden] of the gradient's dtype by kiln::sum_partials, one launch (torch's sum
+// over the rows and the cast after it took two, and twice the time); one partial row a
+// segment is the sum itself, only cast.
+at::Tensor sum_partials(const BackwardCall& call, const at::Tensor& partial, std::int64_t segments,
+                        at::ScalarType dtype) {
+  const std::int64_t hidden = partial.size(-1);
+  const std::int64_t rows = partial.numel() / hidden;
+  const std::int64_t items = rows / segments;
+  if (items == 1) {
+    return partial.view({segments, hidden}).to(dtype);
   }
-  return partial.sum(dim, keepdim);
+  if (!NormBackwardFamily::sums_in_kernel(call.dtype)) {
+    return partial.view({segments, items, hidden}).sum(1).to(dtype);
+  }
+  at::Tensor out = at::empty({segments, hidden}, partial.options().dtype(dtype));
+  PartialSumParams p{};
+  p.partial = partial.data_ptr<float>();
+  p.out = out.data_ptr();
+  p.items = items;
+  p.segments = segments;
+  launch_op(partial, Problem{call.kind, call.dtype, hidden, kNormSumPartials, 16}, rows, &p);
+  return out;
 }
 
-std::optional<at::Tensor> parameter_gradient(const at::Tensor& partial, at::ScalarType dtype) {
+std::optional<at::Tensor> parameter_gradient(const BackwardCall& call, const at::Tensor& partial,
+                                             at::ScalarType dtype) {
   if (!partial.defined()) {
     return std::nullopt;
   }
-  return sum_rows(partial, 0, /*keepdim=*/false).to(dtype);
+  return sum_partials(call, partial, 1, dtype).squeeze(0);
 }
 
 std::uint32_t weight_flags(const std::optional<at::Tensor>& weight, bool weight_grad) {
@@ -194,7 +212,7 @@ GradPair rms_norm_backward_cuda(const at::Tensor& dy, const at::Tensor& x,
   call.weight = &weight;
   call.eps = eps;
   const BackwardOutputs out = run_backward(call);
-  return {out.dx, parameter_gradient(out.weight_partial, x.scalar_type())};
+  return {out.dx, parameter_gradient(call, out.weight_partial, x.scalar_type())};
 }
 
 GradPair fused_add_rms_norm_backward_cuda(const at::Tensor& dy, const at::Tensor& dr,
@@ -214,7 +232,7 @@ GradPair fused_add_rms_norm_backward_cuda(const at::Tensor& dy, const at::Tensor
   call.weight = &weight;
   call.eps = eps;
   const BackwardOutputs out = run_backward(call);
-  return {out.dx, parameter_gradient(out.weight_partial, r.scalar_type())};
+  return {out.dx, parameter_gradient(call, out.weight_partial, r.scalar_type())};
 }
 
 GradTriple layer_norm_backward_cuda(const at::Tensor& dy, const at::Tensor& x,
@@ -238,8 +256,8 @@ GradTriple layer_norm_backward_cuda(const at::Tensor& dy, const at::Tensor& x,
   call.weight = &weight;
   call.eps = eps;
   const BackwardOutputs out = run_backward(call);
-  return {out.dx, parameter_gradient(out.weight_partial, x.scalar_type()),
-          parameter_gradient(out.dy_partial, x.scalar_type())};
+  return {out.dx, parameter_gradient(call, out.weight_partial, x.scalar_type()),
+          parameter_gradient(call, out.dy_partial, x.scalar_type())};
 }
 
 AdaLnGrads adaln_backward_cuda(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& scale,
@@ -284,7 +302,7 @@ AdaLnGrads adaln_backward_cuda(const at::Tensor& dy, const at::Tensor& x, const 
   const std::int64_t d = x.size(2);
   // Per-sample sums: the partial rows of sample i are rows [i * slots, (i + 1) * slots).
   auto per_sample = [&](const at::Tensor& partial) {
-    return sum_rows(partial.view({b, out.slots, d}), 1, /*keepdim=*/true).to(dtype);
+    return sum_partials(call, partial, b, dtype).view({b, 1, d});
   };
   std::optional<at::Tensor> dscale;
   if (scale_grad) {
@@ -302,14 +320,15 @@ AdaLnGrads adaln_backward_cuda(const at::Tensor& dy, const at::Tensor& x, const 
   };
   std::optional<at::Tensor> dtable_scale;
   if (table_scale_grad) {
-    dtable_scale =
-        scale_table_after ? over_rows(out.dscale) : parameter_gradient(out.scale_partial, dtype);
+    dtable_scale = scale_table_after ? over_rows(out.dscale)
+                                     : parameter_gradient(call, out.scale_partial, dtype);
   }
   std::optional<at::Tensor> dtable_shift;
   if (table_shift_grad) {
-    dtable_shift = shift_table_after ? over_rows(dy) : parameter_gradient(out.dy_partial, dtype);
+    dtable_shift =
+        shift_table_after ? over_rows(dy) : parameter_gradient(call, out.dy_partial, dtype);
   }
-  return {out.dx,       dscale,      dshift, parameter_gradient(out.weight_partial, dtype),
+  return {out.dx,       dscale,      dshift, parameter_gradient(call, out.weight_partial, dtype),
           dtable_scale, dtable_shift};
 }
 

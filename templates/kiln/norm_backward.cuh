@@ -36,6 +36,7 @@
 #include "kiln/norm_backward_layout.cuh"
 #include "kiln/norm_backward_params.cuh"
 #include "kiln/norm_backward_rows.cuh"
+#include "kiln/norm_partial_sums.cuh"
 
 namespace kiln {
 

@@ -53,4 +53,14 @@ struct NormBackwardParams {
   float eps;
 };
 
+// The single by-value parameter of kiln::sum_partials, which adds up the partial rows above:
+// out[s, i] = the sum over k < items of partial[s * items + k, i], rounded once to the
+// gradient's dtype, for each of `segments` segments ([segments, hidden] out, contiguous).
+struct PartialSumParams {
+  const float* partial;  // [segments * items, hidden], contiguous
+  void* out;
+  long long items;
+  long long segments;
+};
+
 }  // namespace kiln

@@ -31,11 +31,12 @@ def config_key(config):
     return key + "".join(f".{k}={v}" for k, v in sorted(config.get("extra", {}).items()))
 
 
-def pin_fastest_variant(cache, extra):
-    """For every tune record under `cache`: the trials whose config sets `extra` (to anything
-    but 0: reread=1, stage=1, grid=N) were measured and all ran ok; pins the problem's bucket
-    to the fastest of them."""
-    records = list((pathlib.Path(cache) / "v1" / "tune").glob("*/*.json"))
+def pin_fastest_variant(cache, extra, skip=None):
+    """For every tune record under `cache` (but those whose problem key contains `skip`): the
+    trials whose config sets `extra` (to anything but 0: reread=1, stage=1, grid=N) were
+    measured and all ran ok; pins the problem's bucket to the fastest of them."""
+    records = [path for path in (pathlib.Path(cache) / "v1" / "tune").glob("*/*.json")
+               if skip is None or skip not in path.name]
     assert records, "the full tune stored nothing"
     for path in records:
         record = json.loads(path.read_text())

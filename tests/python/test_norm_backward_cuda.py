@@ -326,6 +326,17 @@ def test_compiled_training_step_matches_eager():
             torch.testing.assert_close(b.grad, a.grad)  # the same kernels on the same inputs
 
 
+def check_layer_norm_grads(rows, hidden, dtype, gen):
+    """A trained layer_norm's backward (dx, dweight, dbias) on fresh inputs, outputs poisoned,
+    against fp64 autograd."""
+    x, dy = rand(rows, hidden, dtype=dtype, gen=gen), rand(rows, hidden, dtype=dtype, gen=gen)
+    w, b = rand(hidden, dtype=dtype, gen=gen, offset=1.0), rand(hidden, dtype=dtype, gen=gen)
+    poison_allocator(rows, hidden, dtype)
+    grads = torch.ops.kiln.layer_norm_backward(dy, x, w, b, 1e-5)
+    for name, got, ref in zip(("dx", "dweight", "dbias"), grads, layer_norm_grads(dy, x, w, b, 1e-5)):
+        assert_grad_close(got, ref, dtype, f"layer_norm {name}")
+
+
 def test_tuned_candidates_agree(tmp_path):
     """With tuning on, every candidate's dx and partial sums are checked against the
     heuristic's: the partial sums' layout does not depend on the config, so none may be
@@ -335,13 +346,7 @@ def test_tuned_candidates_agree(tmp_path):
     gen = torch.Generator(device="cuda").manual_seed(10)
     try:
         for dtype in DTYPES:
-            rows, hidden = 1031, 4096
-            x, dy = rand(rows, hidden, dtype=dtype, gen=gen), rand(rows, hidden, dtype=dtype, gen=gen)
-            w, b = rand(hidden, dtype=dtype, gen=gen, offset=1.0), rand(hidden, dtype=dtype, gen=gen)
-            poison_allocator(rows, hidden, dtype)
-            grads = torch.ops.kiln.layer_norm_backward(dy, x, w, b, 1e-5)
-            for name, got, ref in zip(("dx", "dweight", "dbias"), grads, layer_norm_grads(dy, x, w, b, 1e-5)):
-                assert_grad_close(got, ref, dtype, name)
+            check_layer_norm_grads(1031, 4096, dtype, gen)
         statuses = []
         for path in tmp_path.rglob("*.json"):
             text = path.read_text()
@@ -351,3 +356,14 @@ def test_tuned_candidates_agree(tmp_path):
         assert "wrong_result" not in statuses, statuses
     finally:
         kiln.configure(cache_dir=before["cache_dir"], tune=before["tune_mode"])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_parameter_sums_run_in_kiln_for_16_bit_gradients(dtype):
+    """A trained weight's and bias's gradients over many rows: 16-bit ones are summed by
+    kiln::sum_partials (its own problem, flags 8192), fp32 ones by torch; both against fp64."""
+    check_layer_norm_grads(3001, 1024, dtype, torch.Generator(device="cuda").manual_seed(7))
+    sums = [k for k in kiln._C.loaded_kernels()
+            if k["op"] == "layer_norm_backward" and ".f8192." in k["problem"]]
+    dtype_key = {torch.float32: ".fp32.", torch.float16: ".fp16.", torch.bfloat16: ".bf16."}[dtype]
+    assert any(dtype_key in k["problem"] for k in sums) == (dtype != torch.float32), sums

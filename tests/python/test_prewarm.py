@@ -95,12 +95,13 @@ def test_training_adds_the_backward_kernels(fresh_cache, tmp_path):
     inference = kiln.prewarm(dtypes="bf16", archs="sm_80", config=str(path))
     training = kiln.prewarm(dtypes="bf16", archs="sm_80", config=str(path), training=True)
     # Llama's ops and their backward: rms_norm_backward (with a trained weight, a frozen one as
-    # LoRA trains, and none), the fused residual's (trained and frozen: 2), swiglu_backward
-    # (two tensors, packed: 2), RoPE's inverse rotation (4: transformers' two layouts,
-    # diffusers' two). Each pair of layouts shares one kernel (the walk is a launch
-    # parameter), so 9 are compiled and the other two reuse one of them.
-    assert training["targets"] == inference["targets"] + 11, training
-    assert training["reused"] == inference["targets"] + 2 and training["compiled"] == 9
+    # LoRA trains, and none), the fused residual's (trained and frozen: 2), the partial sums
+    # of both (one kernel: the sums know no op), swiglu_backward (two tensors, packed: 2),
+    # RoPE's inverse rotation (4: transformers' two layouts, diffusers' two). Each pair of RoPE
+    # layouts shares one kernel (the walk is a launch parameter), so 10 are compiled and the
+    # other three reuse one of them.
+    assert training["targets"] == inference["targets"] + 13, training
+    assert training["reused"] == inference["targets"] + 3 and training["compiled"] == 10
     assert training["failed"] == 0
     # An op list: each op's backward at the same sizes, once even when also listed.
     listed = kiln.prewarm(["layer_norm", "layer_norm_backward", "gelu"], "bf16", 3072, "sm_90",
@@ -157,9 +158,9 @@ def test_cli_prewarm_and_cache_commands(tmp_path):
     assert "compiled 8, reused 0, failed 0" in out.stdout
     assert "reused 8" in run("prewarm", "--op", "rms_norm", "--dtype", "bf16,fp16", "--hidden",
                              "2048", "--arch", "sm_80,sm_90").stdout
-    # --training adds rms_norm_backward's three problems (trained, frozen and no weight) per
-    # dtype and arch
-    assert "compiled 20, reused 0" in run("prewarm", "--op", "rms_norm", "--dtype", "bf16,fp16",
+    # --training adds rms_norm_backward's three problems (trained, frozen and no weight) and
+    # the trained weight's partial sums per dtype and arch
+    assert "compiled 24, reused 0" in run("prewarm", "--op", "rms_norm", "--dtype", "bf16,fp16",
                                           "--hidden", "2048", "--arch", "sm_80,sm_90",
                                           "--training", env_cache=tmp_path / "t").stdout
     stats = json.loads(run("cache", "stats", "--json").stdout)

@@ -8,9 +8,36 @@
 #include <vector>
 
 #include "jit/compiler.h"
+#include "templates/norm_backward_family.h"
 #include "templates/norm_family.h"
 
 namespace kiln::jit {
+
+namespace {
+
+// Compiles every request on two threads; each must give a non-empty binary.
+void compile_and_check(const std::vector<CompileRequest>& requests) {
+  std::vector<std::optional<Expected<CompiledKernel>>> results(requests.size());
+  std::atomic<std::size_t> next{0};
+  auto work = [&] {
+    for (std::size_t i; (i = next++) < requests.size();)
+      results[i].emplace(compile(requests[i], nullptr));
+  };
+  std::thread helper(work);
+  work();
+  helper.join();
+  for (std::size_t i = 0; i < requests.size(); ++i) {
+    CAPTURE(requests[i].problem.key());
+    CAPTURE(requests[i].config.key());
+    CAPTURE(requests[i].sm);
+    REQUIRE(results[i].has_value());
+    CHECK_MESSAGE(results[i]->ok(),
+                  (results[i]->ok() ? std::string() : results[i]->error().message()));
+    if (results[i]->ok()) CHECK(!results[i]->value().binary.empty());
+  }
+}
+
+}  // namespace
 
 TEST_CASE("the norm ops compile for sm_75, sm_80 and sm_90") {
   std::vector<CompileRequest> requests;
@@ -37,24 +64,35 @@ TEST_CASE("the norm ops compile for sm_75, sm_80 and sm_90") {
       }
     }
   }
-  std::vector<std::optional<Expected<CompiledKernel>>> results(requests.size());
-  std::atomic<std::size_t> next{0};
-  auto work = [&] {
-    for (std::size_t i; (i = next++) < requests.size();)
-      results[i].emplace(compile(requests[i], nullptr));
-  };
-  std::thread helper(work);
-  work();
-  helper.join();
-  for (std::size_t i = 0; i < requests.size(); ++i) {
-    CAPTURE(requests[i].problem.key());
-    CAPTURE(requests[i].config.key());
-    CAPTURE(requests[i].sm);
-    REQUIRE(results[i].has_value());
-    CHECK_MESSAGE(results[i]->ok(),
-                  (results[i]->ok() ? std::string() : results[i]->error().message()));
-    if (results[i]->ok()) CHECK(!results[i]->value().binary.empty());
+  compile_and_check(requests);
+}
+
+// The norm backward's partial sums (kiln::sum_partials, 16-bit gradients): every config of a
+// bf16 and an fp16 problem on sm_90, the heuristic of three problems (one of them not whole
+// 16-byte fp32 vectors) on each arch.
+TEST_CASE("the partial sums compile for sm_75, sm_80 and sm_90") {
+  std::vector<CompileRequest> requests;
+  const Problem bf16{Op::layer_norm_backward, DType::bf16, 8192, kNormSumPartials, 16};
+  const Problem f16{Op::rms_norm_backward, DType::f16, 768, kNormSumPartials, 16};
+  for (const Problem& problem : {bf16, f16}) {
+    const Family& fam = family(problem.op);
+    for (const Config& config : fam.space(problem, DeviceTraits::for_arch(90))) {
+      requests.push_back({&fam, problem, config, 90, BinaryFormat::cubin});
+    }
   }
+  for (int sm : {75, 80, 90}) {
+    const DeviceTraits traits = DeviceTraits::for_arch(sm);
+    for (const Problem& problem : std::vector<Problem>{
+             {Op::rms_norm_backward, DType::f16, 4098, kNormSumPartials, 16},
+             {Op::adaln_backward, DType::bf16, 3072, kNormSumPartials, 16},
+             bf16,
+         }) {
+      requests.push_back({&family(problem.op), problem,
+                          family(problem.op).heuristic(problem, traits), sm, BinaryFormat::cubin});
+    }
+  }
+  REQUIRE(requests.size() >= 20);
+  compile_and_check(requests);
 }
 
 }  // namespace kiln::jit

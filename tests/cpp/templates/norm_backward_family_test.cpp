@@ -43,7 +43,8 @@ TEST_CASE("each norm backward op is registered once and accepts only its own fla
   const Problem bias_on_rms{Op::rms_norm_backward, DType::bf16, 4096, kNormBias, 16};
   CHECK_THROWS_WITH_AS(
       family(Op::rms_norm_backward).check(bias_on_rms),
-      doctest::Contains("flags: expected only weight (1), no weight gradient (128), got bias (2)"),
+      doctest::Contains("flags: expected only weight (1), no weight gradient (128), partial sums "
+                        "(8192), got bias (2)"),
       ArgumentError);
   const Problem per_token_on_ln{Op::layer_norm_backward, DType::bf16, 64, kNormShiftPerToken, 16};
   CHECK_THROWS_WITH_AS(family(Op::layer_norm_backward).check(per_token_on_ln),
@@ -404,7 +405,80 @@ TEST_CASE("common problems are valid specialisations") {
         family(op).common_problems(DType::bf16, 3072, kiln::PrewarmModel{});
     CHECK(!problems.empty());
     for (const Problem& problem : problems) CHECK_NOTHROW(family(op).check(problem));
+    // Every op trains a parameter somewhere, so its partial sums' kernel is prewarmed too,
+    // for 16-bit gradients (fp32 ones are summed by torch).
+    const auto sums = [](const std::vector<Problem>& list) {
+      return std::count_if(list.begin(), list.end(),
+                           [](const Problem& p) { return NormBackwardFamily::sums_partials(p); });
+    };
+    CHECK(sums(problems) == 1);
+    const std::vector<Problem> f32 = family(op).common_problems(DType::f32, 3072, {});
+    CHECK(sums(f32) == 0);
+    CHECK(f32.size() + 1 == problems.size());
   }
+}
+
+TEST_CASE("the partial sums are a problem of their own: fp32 rows in, the gradient's dtype out") {
+  const DeviceTraits device = DeviceTraits::for_arch(90);
+  for (Op op : kBackwardOps) {
+    const NormBackwardFamily& f = backward(op);
+    const Problem sums{op, DType::bf16, 8192, kNormSumPartials, 16};
+    CHECK_NOTHROW(f.check(sums));
+    // Alone: a backward call's own bits never come with it.
+    const Problem mixed{op, DType::bf16, 8192, kNormSumPartials | kNormWeight, 16};
+    CHECK_THROWS_WITH_AS(f.check(mixed), doctest::Contains("partial sums (8192) alone"),
+                         ArgumentError);
+    const Config h = f.heuristic(sums, device);
+    CHECK(h.vec_bytes == 16);
+    CHECK(h.threads_per_row == 32);
+    CHECK(h.cta_threads == 1024);
+    CHECK(f.name_expression(sums, h) == "kiln::sum_partials<kiln::bf16, 8192, 16, 32, 1024>");
+    // 2048 vectors of 4 floats, 32 a CTA; the rows are the kernel's to walk.
+    const LaunchGeometry g = f.geometry(sums, h, 256);
+    CHECK(g.grid[0] == 64);
+    CHECK(g.block[0] == 1024);
+    CHECK(f.geometry(sums, h, 1).grid[0] == 64);
+    const auto specs = f.buffers(sums, 256);
+    REQUIRE(specs.size() == 2);
+    CHECK(specs[0].dtype == DType::f32);
+    CHECK(specs[0].elements == 256 * 8192);
+    CHECK_FALSE(specs[0].is_output);
+    CHECK(specs[1].dtype == DType::bf16);
+    CHECK(specs[1].elements == 8192);
+    CHECK(specs[1].is_output);
+    CHECK(f.bytes_moved(sums, 256) == 256 * 8192 * 4 + 8192 * 2);
+    const std::uint64_t addresses[] = {0x1000, 0x2000};
+    PartialSumParams params;
+    const auto bytes = f.pack_params(sums, 256, addresses);
+    REQUIRE(bytes.size() == sizeof(params));
+    std::memcpy(&params, bytes.data(), sizeof(params));
+    CHECK(params.items == 256);
+    CHECK(params.segments == 1);
+    CHECK(reinterpret_cast<std::uintptr_t>(params.out) == 0x2000);
+  }
+  // 16-bit gradients only: fp32 ones keep torch's sum.
+  CHECK_THROWS_WITH_AS(
+      backward(Op::layer_norm_backward)
+          .check(Problem{Op::layer_norm_backward, DType::f32, 768, kNormSumPartials, 16}),
+      doctest::Contains("x: expected a 16-bit dtype for the partial sums' kernel"), ArgumentError);
+  CHECK_FALSE(NormBackwardFamily::sums_in_kernel(DType::f32));
+  CHECK(NormBackwardFamily::sums_in_kernel(DType::f16));
+  // A row that is not whole 16-byte fp32 vectors takes narrower ones; every config says why
+  // it is refused.
+  const NormBackwardFamily& f = backward(Op::rms_norm_backward);
+  const Problem odd{Op::rms_norm_backward, DType::f16, 4098, kNormSumPartials, 16};
+  CHECK(f.heuristic(odd, device).vec_bytes == 8);
+  for (const Config& c : f.space(odd, device)) CHECK(c.vec_bytes <= 8);
+  Config bad = f.heuristic(odd, device);
+  bad.vec_bytes = 16;
+  CHECK(f.invalid_reason(odd, bad, device).find("not whole 16-byte vectors") != std::string::npos);
+  bad = f.heuristic(odd, device);
+  bad.extra["prefetch"] = 1;
+  CHECK(f.invalid_reason(odd, bad, device).find("no tunable named 'prefetch'") !=
+        std::string::npos);
+  bad = f.heuristic(odd, device);
+  bad.cta_threads = 128;
+  CHECK_FALSE(f.invalid_reason(odd, bad, device).empty());
 }
 
 }  // namespace kiln
