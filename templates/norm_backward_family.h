@@ -2,7 +2,9 @@
 // (templates/kiln/norm_backward.cuh: kiln::norm_backward, and kiln::norm_backward_rows where
 // nothing is summed across rows): rms_norm_backward, fused_add_rms_norm_backward,
 // layer_norm_backward and adaln_backward. One object per op; they differ in which
-// Problem::flags they accept and which kernel features follow.
+// Problem::flags they accept and which kernel features follow. Each op also has the partial
+// sums' problem (kNormSumPartials), whose kernel, kiln::sum_partials, adds up the fp32 partial
+// rows of a call's parameter gradients.
 //
 // Tunables: vec_bytes, threads_per_row and cta_threads (hence rows per CTA), as the forward
 // norms, and the extra prefetch=1 (an item's next row loaded while the current one is worked,

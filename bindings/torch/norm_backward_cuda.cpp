@@ -2,7 +2,8 @@
 // NormBackwardParams, launch kiln::norm_backward through the runtime on torch's current
 // stream, then add up the kernel's fp32 partial sums (at most about
 // NormBackwardFamily::kPartialElements elements) into the parameter gradients with
-// kiln::sum_partials, the same family's kernel for the problem kNormSumPartials.
+// kiln::sum_partials, the same family's kernel for the problem kNormSumPartials (16-bit
+// gradients; fp32 ones with a torch sum).
 #include <ATen/ATen.h>
 
 #include <array>

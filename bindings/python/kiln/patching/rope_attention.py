@@ -76,10 +76,9 @@ def rotate_half_rope(original: Callable, half_table: bool = False) -> Callable:
             return original(q, k, cos, sin, *args, **kwargs)
         return rope_ops.rope(q, k, cos, sin, rotary_dim=q.shape[-1], layout=layout)
 
-    if half_table:
-        apply_rotary_pos_emb = apply_rotary_pos_emb_half_table  # noqa: F811
-    apply_rotary_pos_emb.__wrapped__ = original
-    return apply_rotary_pos_emb
+    replacement = apply_rotary_pos_emb_half_table if half_table else apply_rotary_pos_emb
+    replacement.__wrapped__ = original
+    return replacement
 
 
 def _parameters(function: Callable) -> list:
