@@ -260,8 +260,8 @@ std::vector<Config> sum_space(const Problem& problem, const DeviceTraits& device
 }
 
 // The widest vector, 32 columns and 32 row lanes: on an H200 the fastest of 8, 16 and 32
-// lanes at 256 partial rows 2048-14848 wide, 2.1-2.3x faster than torch's sum and cast
-// (bench/diagnostics/partial_sums.py).
+// lanes at 256 and 512 partial rows 2048-14848 wide, 1.9-3.2x faster than torch's sum and
+// cast (bench/diagnostics/partial_sums.py).
 Config sum_heuristic(const Problem& problem, const DeviceTraits& device) {
   const std::vector<Config> configs = sum_space(problem, device);
   if (configs.empty()) {
