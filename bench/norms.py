@@ -58,9 +58,9 @@ def diffusers_rms_norm(x):
     return (x * torch.rsqrt(variance + EPS)).to(dtype)
 
 
-def make_case(op, rows, hidden, kiln):
+def make_case(op, rows, hidden, kiln, dt=torch.bfloat16):
     """(kiln fn, {peer name: fn}, eager fn to compile, bytes that must move)."""
-    dev, dt = "cuda", torch.bfloat16
+    dev = "cuda"
     x = torch.randn(rows, hidden, device=dev, dtype=dt)
     w = (1 + 0.1 * torch.randn(hidden, device=dev)).to(dt)
     size = x.numel() * x.element_size()
@@ -113,12 +113,12 @@ def make_case(op, rows, hidden, kiln):
 BACKWARD_OPS = ["rms_norm", "fused_add_rms_norm", "layer_norm", "adaln"]
 
 
-def make_backward_case(op, rows, hidden, kiln, frozen=False):
+def make_backward_case(op, rows, hidden, kiln, frozen=False, dt=torch.bfloat16):
     """(kiln fn, {peer name: fn}, bytes that must move): each fn is one backward pass of the
     op, torch.autograd.grad over a forward graph built here once, for every input that
     requires grad. With `frozen`, the norm's parameters and the modulation do not (LoRA
     fine-tuning): the gradient is the input's alone, for kiln and the peers alike."""
-    dev, dt = "cuda", torch.bfloat16
+    dev = "cuda"
     trained = not frozen
     x = torch.randn(rows, hidden, device=dev, dtype=dt).requires_grad_(True)
     w = (1 + 0.1 * torch.randn(hidden, device=dev)).to(dt).requires_grad_(trained)
@@ -182,11 +182,14 @@ def make_backward_case(op, rows, hidden, kiln, frozen=False):
     raise ValueError(op)
 
 
-def chosen_config(cache_dir, op, hidden, since):
+def chosen_config(cache_dir, op, hidden, since, dtype_key="bf16"):
     """The winner kiln's tuner stored for this shape (the newest tuning record of the op and
-    hidden size written since `since`), as its config key, or "-"."""
+    hidden size written since `since`, not the backward's partial sums', flags 8192), as its
+    config key, or "-"."""
     best = None
-    for path in glob.glob(os.path.join(cache_dir, "v1", "tune", "*", f"{op}.bf16.h{hidden}.*.json")):
+    for path in glob.glob(os.path.join(cache_dir, "v1", "tune", "*", f"{op}.{dtype_key}.h{hidden}.*.json")):
+        if ".f8192." in os.path.basename(path):
+            continue
         mtime = os.path.getmtime(path)
         if mtime >= since and (best is None or mtime > best[0]):
             best = (mtime, path)
@@ -198,6 +201,10 @@ def chosen_config(cache_dir, op, hidden, since):
     for name, value in sorted(winner.get("extra", {}).items()):
         key += f".{name}={value}"
     return key
+
+
+# The names the cache's problem keys give the dtypes.
+DTYPE_KEYS = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
 
 
 def copy_us(moved):
@@ -216,7 +223,11 @@ def main():
     parser.add_argument("--backward", action="store_true", help="time the backward passes (training)")
     parser.add_argument("--frozen", action="store_true",
                         help="with --backward: parameters and modulation frozen, the input's gradient only (LoRA)")
+    parser.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPE_KEYS))
     args = parser.parse_args()
+    dt, dtype_key = getattr(torch, args.dtype), DTYPE_KEYS[args.dtype]
+    if dt != torch.bfloat16:
+        args.tag = f"-{dtype_key}{args.tag}"
     if args.backward:
         args.tag = ("-backward-frozen" if args.frozen else "-backward") + args.tag
         if args.ops == ",".join(OPS):
@@ -235,10 +246,10 @@ def main():
             for rows in row_counts:
                 started = time.time() - 1
                 if args.backward:
-                    fn, peers, moved = make_backward_case(op, rows, hidden, kiln, args.frozen)
+                    fn, peers, moved = make_backward_case(op, rows, hidden, kiln, args.frozen, dt)
                     eager = compiled = None
                 else:
-                    fn, peers, eager, moved = make_case(op, rows, hidden, kiln)
+                    fn, peers, eager, moved = make_case(op, rows, hidden, kiln, dt)
                     compiled = torch.compile(eager, dynamic=False)
                 with torch.no_grad():  # bench_side_by_side's first calls compile and tune
                     contenders = {"kiln": fn, **peers}
@@ -254,7 +265,7 @@ def main():
                     "best_peer": min((v, k) for k, v in times.items() if k != "kiln")[1],
                     "kiln_config": chosen_config(os.environ["KILN_CACHE_DIR"],
                                                  op.removesuffix("_sample") + ("_backward" if args.backward else ""),
-                                                 hidden, started),
+                                                 hidden, started, dtype_key),
                     "copy_same_bytes_us": copy_us(moved),
                 })
                 r = results[-1]
@@ -286,7 +297,7 @@ def main():
     common.write_json(os.path.join(args.out, f"norms-{stamp}.json"), document)
 
     lines = [
-        f"{title}, bf16, {env['device']} ({env['sm']}), {env['date']}, torch {env['versions']['torch']}, "
+        f"{title}, {dtype_key}, {env['device']} ({env['sm']}), {env['date']}, torch {env['versions']['torch']}, "
         f"triton {env['versions'].get('triton', '-')}; copy {copy_gbs:.0f} GB/s. us (% of copy); peers: "
         + ("F = autograd of the torch.nn.functional op (adaln: of the module's formula), compiled = the backward "
          "torch.compile(dynamic=False) generates for it" if args.backward else

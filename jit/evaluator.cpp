@@ -190,7 +190,7 @@ struct Scratch {
       if (!spec.is_output) {
         continue;
       }
-      if (auto why = compare_outputs(spec.dtype, got[k], expected[k])) {
+      if (auto why = compare_outputs(spec.dtype, got[k], expected[k], spec.summed_terms)) {
         return spec.name + ": " + *why;
       }
       ++k;

@@ -25,9 +25,14 @@ float element(DType dtype, std::span<const char> bytes, std::int64_t index);
 double tolerance(DType dtype);
 
 // Why `got` disagrees with `expected` (the first element out of tolerance, or a NaN, and
-// how many elements disagree), or nullopt when every element agrees.
+// how many elements disagree), or nullopt when every element agrees. An element may differ
+// by tolerance(dtype) * max(sqrt(summed_terms), |expected|): an output that adds up n terms
+// of about unit size rounds differently in another order by about sqrt(n) units in the last
+// place of the running sum, whatever the sum comes to (an fp32 sum of 3001 such terms,
+// reordered, moved near-zero results by 4e-5, four times fp32's allowance at 1).
 std::optional<std::string> compare_outputs(DType dtype, std::span<const char> got,
-                                           std::span<const char> expected);
+                                           std::span<const char> expected,
+                                           std::int64_t summed_terms = 1);
 
 struct TimingSummary {
   double median_us = 0;

@@ -28,6 +28,10 @@ struct BufferSpec {
   DType dtype;
   std::int64_t elements;
   bool is_output;
+  // How many terms each element of an output adds up. Candidates that add them in another
+  // order round differently, by an amount that grows with the count, so the evaluator's check
+  // widens its allowance for near-zero sums to match (jit/verify.h, compare_outputs).
+  std::int64_t summed_terms = 1;
 };
 
 class Family {

@@ -111,10 +111,6 @@ bool NormBackwardFamily::sums_partials(const Problem& problem) {
   return has(problem, kNormSumPartials);
 }
 
-bool NormBackwardFamily::sums_in_kernel(DType dtype) {
-  return dtype != DType::f32;
-}
-
 unsigned NormBackwardFamily::features(const Problem& problem) const {
   unsigned f = 0;
   if (has(problem, kNormWeight)) {
@@ -201,12 +197,6 @@ std::optional<ArgumentError> problem_error(const NormBackwardFamily& family,
     return ArgumentError(std::string(family.name()), "flags",
                          "partial sums (8192) alone: the sums' problem has no other bit",
                          flag_names(problem.flags));
-  }
-  if (has(problem, kNormSumPartials) && !NormBackwardFamily::sums_in_kernel(problem.dtype)) {
-    return ArgumentError(std::string(family.name()), "x",
-                         "a 16-bit dtype for the partial sums' kernel (fp32 gradients are summed "
-                         "by torch)",
-                         std::string(dtype_name(problem.dtype)));
   }
   return std::nullopt;
 }
@@ -497,9 +487,10 @@ namespace {
 std::vector<BufferSpec> backward_buffers(const NormBackwardFamily& family, const Problem& problem,
                                          std::int64_t rows) {
   if (NormBackwardFamily::sums_partials(problem)) {
-    // One segment of `rows` partial rows (at least one).
-    return {{"partial", DType::f32, std::max<std::int64_t>(rows, 1) * problem.hidden, false},
-            {"out", problem.dtype, problem.hidden, true}};
+    // One segment of `rows` partial rows (at least one), each element of out their sum.
+    const std::int64_t items = std::max<std::int64_t>(rows, 1);
+    return {{"partial", DType::f32, items * problem.hidden, false},
+            {"out", problem.dtype, problem.hidden, true, items}};
   }
   const unsigned f = family.features(problem);
   const DType t = problem.dtype;
@@ -638,8 +629,8 @@ std::int64_t NormBackwardFamily::bytes_moved(const Problem& problem, std::int64_
 std::vector<Problem> NormBackwardFamily::common_problems(DType dtype, std::int64_t hidden,
                                                          const PrewarmModel& /*model*/) const {
   auto make = [&](std::uint32_t flags) { return Problem{op_, dtype, hidden, flags, 16}; };
-  // Full training (its gradients' partial sums added up by the sums' kernel, for 16-bit
-  // gradients), and LoRA's (the norm's parameters and the modulation frozen: dx only).
+  // Full training (its gradients' partial sums added up by the sums' kernel), and LoRA's (the
+  // norm's parameters and the modulation frozen: dx only).
   const Problem sums = make(kNormSumPartials);
   std::vector<Problem> problems;
   switch (op_) {
@@ -663,9 +654,6 @@ std::vector<Problem> NormBackwardFamily::common_problems(DType dtype, std::int64
     }
     default:
       break;
-  }
-  if (!sums_in_kernel(dtype)) {
-    std::erase_if(problems, [](const Problem& p) { return sums_partials(p); });
   }
   return problems;
 }

@@ -98,12 +98,6 @@ class NormBackwardFamily : public Family {
   bool has_partials(const Problem& problem) const;
   // Whether the problem is the partial sums' (kNormSumPartials).
   static bool sums_partials(const Problem& problem);
-  // Whether gradients of `dtype` are summed by kiln::sum_partials: the 16-bit ones. fp32
-  // gradients keep torch's sum (no cast follows it): on an H200, tuning the kernel for an
-  // fp32 gradient crashed the process (a host segfault, fast and full tunes, 768 and 1024
-  // wide; the 16-bit problems tuned cleanly on every shape measured), and the cause was not
-  // found.
-  static bool sums_in_kernel(DType dtype);
   // Whether a config runs kiln::norm_backward, whose groups work items of several rows (the
   // partial sums need them; a prefetching config loads an item's next row early), rather
   // than kiln::norm_backward_rows, one group per row. With nothing summed across rows both

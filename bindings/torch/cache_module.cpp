@@ -4,7 +4,6 @@
 
 #include <pybind11/stl.h>
 
-#include <fstream>
 #include <string>
 #include <vector>
 
@@ -13,6 +12,7 @@
 #include "cache/cache_admin.h"
 #include "cache/cache_stats.h"
 #include "cache/error.h"
+#include "cache/file_io.h"
 #include "cache/manifest.h"
 #include "jit/model_config.h"
 #include "jit/prewarm.h"
@@ -47,7 +47,9 @@ py::dict cache_stats(const py::object& cache_dir) {
   py::dict d = counters_dict(persisted_cache_counters(root));
   std::uint64_t bytes = 0;
   const auto entries = list_binary_entries(root);
-  for (const auto& entry : entries) bytes += entry.bytes;
+  for (const auto& entry : entries) {
+    bytes += entry.bytes;
+  }
   d["cache_dir"] = root.string();
   d["binaries"] = entries.size();
   d["bytes"] = bytes;
@@ -85,7 +87,9 @@ py::dict cache_verify(const py::object& cache_dir) {
 
 py::dict cache_trim(const std::string& max_size, const py::object& cache_dir) {
   const auto bytes = parse_size(max_size);
-  if (!bytes) throw ArgumentError("cache_trim", "max_size", "a size such as 2G", max_size);
+  if (!bytes) {
+    throw ArgumentError("cache_trim", "max_size", "a size such as 2G", max_size);
+  }
   const auto root = root_or_current(cache_dir);
   TrimResult result;
   {
@@ -123,17 +127,24 @@ py::dict prewarm(const std::vector<std::string>& op_names,
   std::vector<Op> ops;
   for (const auto& name : op_names) {
     const auto op = parse_op(name);
-    if (!op) throw ArgumentError("prewarm", "ops", "kiln ops", "'" + name + "'");
+    if (!op) {
+      throw ArgumentError("prewarm", "ops", "kiln ops", "'" + name + "'");
+    }
     ops.push_back(*op);
   }
   std::vector<DType> dtypes;
   for (const auto& name : dtype_names) {
     const auto dtype = parse_dtype(name);
-    if (!dtype) throw ArgumentError("prewarm", "dtypes", "fp32, fp16 or bf16", "'" + name + "'");
+    if (!dtype) {
+      throw ArgumentError("prewarm", "dtypes", "fp32, fp16 or bf16", "'" + name + "'");
+    }
     dtypes.push_back(*dtype);
   }
   std::vector<int> archs;
-  for (const auto& name : arch_names) archs.push_back(jit::parse_arch(name));
+  archs.reserve(arch_names.size());
+  for (const auto& name : arch_names) {
+    archs.push_back(jit::parse_arch(name));
+  }
 
   std::vector<std::string> notes;
   std::vector<jit::PrewarmTarget> targets;
@@ -142,25 +153,37 @@ py::dict prewarm(const std::vector<std::string>& op_names,
         jit::targets_from_manifest(read_manifest(manifest_path.cast<std::string>()), archs, notes);
   }
   if (!config_path.is_none() || !hiddens.empty()) {
-    if (archs.empty()) throw ArgumentError("prewarm", "archs", "at least one arch", "none");
+    if (archs.empty()) {
+      throw ArgumentError("prewarm", "archs", "at least one arch", "none");
+    }
   }
   if (!config_path.is_none()) {
     const auto path = config_path.cast<std::string>();
-    std::ifstream file(path);
-    if (!file) throw Error("kiln.prewarm: cannot open " + path);
-    const auto document = nlohmann::json::parse(file, nullptr, /*allow_exceptions=*/false);
-    if (document.is_discarded()) throw Error("kiln.prewarm: " + path + " is not JSON");
+    const kiln::detail::FileRead read = kiln::detail::read_whole_file(path);
+    if (read.status != kiln::detail::ReadStatus::ok) {
+      throw Error("kiln.prewarm: cannot open " + path);
+    }
+    const auto document = nlohmann::json::parse(read.bytes.begin(), read.bytes.end(), nullptr,
+                                                /*allow_exceptions=*/false);
+    if (document.is_discarded()) {
+      throw Error("kiln.prewarm: " + path + " is not JSON");
+    }
     const jit::ModelShape model = jit::read_model_config(document);
     const auto sizes = jit::sizes_for_ops(model, ops);
     std::vector<Op> chosen;
-    for (const auto& [op, list] : sizes) chosen.push_back(op);
+    chosen.reserve(sizes.size());
+    for (const auto& [op, list] : sizes) {
+      chosen.push_back(op);
+    }
     auto more = jit::expand_targets(chosen, dtypes, sizes, archs, notes,
                                     PrewarmModel{model.heads_q, model.heads_k, training});
     targets.insert(targets.end(), more.begin(), more.end());
   }
   if (!hiddens.empty()) {
     std::map<Op, std::vector<std::int64_t>> sizes;
-    for (Op op : ops) sizes[op] = hiddens;
+    for (Op op : ops) {
+      sizes[op] = hiddens;
+    }
     auto more =
         jit::expand_targets(ops, dtypes, sizes, archs, notes, PrewarmModel{.training = training});
     targets.insert(targets.end(), more.begin(), more.end());

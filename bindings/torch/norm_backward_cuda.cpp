@@ -2,8 +2,7 @@
 // NormBackwardParams, launch kiln::norm_backward through the runtime on torch's current
 // stream, then add up the kernel's fp32 partial sums (at most about
 // NormBackwardFamily::kPartialElements elements) into the parameter gradients with
-// kiln::sum_partials, the same family's kernel for the problem kNormSumPartials (16-bit
-// gradients; fp32 ones with a torch sum).
+// kiln::sum_partials, the same family's kernel for the problem kNormSumPartials.
 #include <ATen/ATen.h>
 
 #include <array>
@@ -168,9 +167,6 @@ at::Tensor sum_partials(const BackwardCall& call, const at::Tensor& partial, std
   const std::int64_t items = rows / segments;
   if (items == 1) {
     return partial.view({segments, hidden}).to(dtype);
-  }
-  if (!NormBackwardFamily::sums_in_kernel(call.dtype)) {
-    return partial.view({segments, items, hidden}).sum(1).to(dtype);
   }
   at::Tensor out = at::empty({segments, hidden}, partial.options().dtype(dtype));
   PartialSumParams p{};

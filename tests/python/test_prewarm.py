@@ -119,6 +119,16 @@ def test_bad_config_names_the_key(tmp_path, fresh_cache):
         kiln.prewarm(archs="sm_80", config=str(path))
 
 
+def test_unreadable_config_is_named(tmp_path, fresh_cache):
+    missing = tmp_path / "absent.json"
+    with pytest.raises(RuntimeError, match="cannot open .*absent.json"):
+        kiln.prewarm(archs="sm_80", config=str(missing))
+    garbled = tmp_path / "config.json"
+    garbled.write_text('{"model_type": "llama", "hidden_size": ')
+    with pytest.raises(RuntimeError, match="config.json is not JSON"):
+        kiln.prewarm(archs="sm_80", config=str(garbled))
+
+
 def test_manifest_replay(fresh_cache, tmp_path):
     manifest = tmp_path / "manifest.jsonl"
     records = [{"op": "rms_norm", "dtype": "bf16", "hidden": 1536, "flags": 1, "align": 16,

@@ -67,14 +67,15 @@ TEST_CASE("the norm ops compile for sm_75, sm_80 and sm_90") {
   compile_and_check(requests);
 }
 
-// The norm backward's partial sums (kiln::sum_partials, 16-bit gradients): every config of a
-// bf16 and an fp16 problem on sm_90, the heuristic of three problems (one of them not whole
-// 16-byte fp32 vectors) on each arch.
+// The norm backward's partial sums (kiln::sum_partials): every config of a bf16, an fp16 and
+// an fp32 problem on sm_90, the heuristic of four problems (one of them not whole 16-byte
+// fp32 vectors) on each arch.
 TEST_CASE("the partial sums compile for sm_75, sm_80 and sm_90") {
   std::vector<CompileRequest> requests;
   const Problem bf16{Op::layer_norm_backward, DType::bf16, 8192, kNormSumPartials, 16};
   const Problem f16{Op::rms_norm_backward, DType::f16, 768, kNormSumPartials, 16};
-  for (const Problem& problem : {bf16, f16}) {
+  const Problem f32{Op::rms_norm_backward, DType::f32, 1024, kNormSumPartials, 16};
+  for (const Problem& problem : {bf16, f16, f32}) {
     const Family& fam = family(problem.op);
     for (const Config& config : fam.space(problem, DeviceTraits::for_arch(90))) {
       requests.push_back({&fam, problem, config, 90, BinaryFormat::cubin});
@@ -85,6 +86,7 @@ TEST_CASE("the partial sums compile for sm_75, sm_80 and sm_90") {
     for (const Problem& problem : std::vector<Problem>{
              {Op::rms_norm_backward, DType::f16, 4098, kNormSumPartials, 16},
              {Op::adaln_backward, DType::bf16, 3072, kNormSumPartials, 16},
+             {Op::layer_norm_backward, DType::f32, 768, kNormSumPartials, 16},
              bf16,
          }) {
       requests.push_back({&family(problem.op), problem,

@@ -60,6 +60,31 @@ TEST_CASE("compare: agrees within the dtype's tolerance, names the first bad ele
   CHECK(contains(*compare_outputs(DType::f32, bytes(got), bytes(reference)), "element 0"));
 }
 
+TEST_CASE("compare: a sum of many terms is allowed the rounding of reordering them") {
+  const auto bytes = [](const std::vector<float>& values) {
+    std::vector<char> out(values.size() * 4);
+    std::memcpy(out.data(), values.data(), out.size());
+    return out;
+  };
+  // Near zero, a sum of 1024 terms may differ by 1e-5 * sqrt(1024) = 3.2e-4; above 32 the
+  // allowance is relative again.
+  const std::vector<float> reference = {0.25f, -3.0f, 1000.0f};
+  const std::vector<float> reordered = {0.25f + 3e-4f, -3.0f - 3e-4f, 1000.0f * (1 + 9e-6f)};
+  CHECK(compare_outputs(DType::f32, bytes(reordered), bytes(reference)));
+  CHECK_FALSE(compare_outputs(DType::f32, bytes(reordered), bytes(reference), 1024));
+  // A lost term (of about unit size) is still far outside it.
+  const std::vector<float> lost = {0.25f, -3.0f + 0.5f, 1000.0f};
+  const auto why = compare_outputs(DType::f32, bytes(lost), bytes(reference), 1024);
+  REQUIRE(why);
+  CHECK(contains(*why, "element 1: got -2.5, expected -3 (allowed difference 0.00032"));
+  CHECK(contains(*why, "1 of 3 elements differ"));
+  // The last element alone, and a NaN there: the first bad one is found, not run past.
+  std::vector<float> last = reference;
+  last.back() = std::numeric_limits<float>::quiet_NaN();
+  CHECK(contains(*compare_outputs(DType::f32, bytes(last), bytes(reference), 4), "element 2"));
+  CHECK_THROWS(compare_outputs(DType::f32, bytes(reference), bytes(reference), 0));
+}
+
 TEST_CASE("compare: 16-bit tolerances and the poison pattern") {
   const auto halves = [](DType dtype, const std::vector<float>& values) {
     std::vector<char> out(values.size() * 2);

@@ -406,15 +406,15 @@ TEST_CASE("common problems are valid specialisations") {
     CHECK(!problems.empty());
     for (const Problem& problem : problems) CHECK_NOTHROW(family(op).check(problem));
     // Every op trains a parameter somewhere, so its partial sums' kernel is prewarmed too,
-    // for 16-bit gradients (fp32 ones are summed by torch).
+    // for every dtype.
     const auto sums = [](const std::vector<Problem>& list) {
       return std::count_if(list.begin(), list.end(),
                            [](const Problem& p) { return NormBackwardFamily::sums_partials(p); });
     };
     CHECK(sums(problems) == 1);
     const std::vector<Problem> f32 = family(op).common_problems(DType::f32, 3072, {});
-    CHECK(sums(f32) == 0);
-    CHECK(f32.size() + 1 == problems.size());
+    CHECK(sums(f32) == 1);
+    CHECK(f32.size() == problems.size());
   }
 }
 
@@ -446,6 +446,8 @@ TEST_CASE("the partial sums are a problem of their own: fp32 rows in, the gradie
     CHECK(specs[1].dtype == DType::bf16);
     CHECK(specs[1].elements == 8192);
     CHECK(specs[1].is_output);
+    CHECK(specs[0].summed_terms == 1);
+    CHECK(specs[1].summed_terms == 256);  // the evaluator allows for reordering 256 terms
     CHECK(f.bytes_moved(sums, 256) == 256 * 8192 * 4 + 8192 * 2);
     const std::uint64_t addresses[] = {0x1000, 0x2000};
     PartialSumParams params;
@@ -456,13 +458,12 @@ TEST_CASE("the partial sums are a problem of their own: fp32 rows in, the gradie
     CHECK(params.segments == 1);
     CHECK(reinterpret_cast<std::uintptr_t>(params.out) == 0x2000);
   }
-  // 16-bit gradients only: fp32 ones keep torch's sum.
-  CHECK_THROWS_WITH_AS(
-      backward(Op::layer_norm_backward)
-          .check(Problem{Op::layer_norm_backward, DType::f32, 768, kNormSumPartials, 16}),
-      doctest::Contains("x: expected a 16-bit dtype for the partial sums' kernel"), ArgumentError);
-  CHECK_FALSE(NormBackwardFamily::sums_in_kernel(DType::f32));
-  CHECK(NormBackwardFamily::sums_in_kernel(DType::f16));
+  // fp32 gradients too: their sum is the same kernel, storing fp32.
+  const NormBackwardFamily& layer = backward(Op::layer_norm_backward);
+  const Problem f32_sums{Op::layer_norm_backward, DType::f32, 768, kNormSumPartials, 16};
+  CHECK_NOTHROW(layer.check(f32_sums));
+  CHECK(layer.name_expression(f32_sums, layer.heuristic(f32_sums, device)) ==
+        "kiln::sum_partials<float, 768, 16, 32, 1024>");
   // A row that is not whole 16-byte fp32 vectors takes narrower ones; every config says why
   // it is refused.
   const NormBackwardFamily& f = backward(Op::rms_norm_backward);

@@ -12,7 +12,7 @@ using kiln::Problem;
 TEST_CASE("the norm backward's partial sums tune through the fast and the full search") {
   for (int sm : {75, 80, 90}) {
     const kiln::DeviceTraits device = kiln::DeviceTraits::for_arch(sm);
-    for (DType dtype : {DType::f16, DType::bf16}) {
+    for (DType dtype : {DType::f16, DType::bf16, DType::f32}) {
       for (std::int64_t hidden : {std::int64_t{768}, std::int64_t{1024}, std::int64_t{4098}}) {
         const Problem sums{Op::rms_norm_backward, dtype, hidden, kiln::kNormSumPartials, 16};
         for (std::int64_t rows : {std::int64_t{2}, std::int64_t{256}, std::int64_t{1024}}) {
