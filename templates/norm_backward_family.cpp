@@ -77,6 +77,25 @@ bool prefetch_of(const Config& config) {
   return it != config.extra.end() && it->second != 0;
 }
 
+// The parameter sums in shared memory (kiln::norm_backward's SHARED_SUMS); absent means 0.
+constexpr const char* kSharedSumsExtra = "shared_sums";
+bool shared_sums_of(const Config& config) {
+  const auto it = config.extra.find(kSharedSumsExtra);
+  return it != config.extra.end() && it->second != 0;
+}
+
+// How many fp32 parameter sums the kernel keeps per element of the row.
+int parameter_sums(unsigned features) {
+  int sums = 0;
+  for (unsigned bit : {NormBackwardFeature::weight_sum, NormBackwardFeature::dy_sum,
+                       NormBackwardFeature::scale_sum}) {
+    if ((features & bit) != 0) {
+      ++sums;
+    }
+  }
+  return sums;
+}
+
 std::int64_t pow2_ceil(std::int64_t value) {
   return static_cast<std::int64_t>(
       std::bit_ceil(static_cast<std::uint64_t>(std::max<std::int64_t>(value, 1))));
@@ -329,15 +348,18 @@ std::int64_t NormBackwardFamily::registers_per_thread(const Problem& problem,
     streams += ((f & NormBackwardFeature::weight) != 0 ? 1 : 0) +
                ((f & NormBackwardFeature::table) != 0 ? 1 : 0);
   }
-  int sums = 0;
-  for (unsigned bit : {NormBackwardFeature::weight_sum, NormBackwardFeature::dy_sum,
-                       NormBackwardFeature::scale_sum}) {
-    if ((f & bit) != 0) {
-      ++sums;
-    }
-  }
+  const int sums = shared_sums_of(config) ? 0 : parameter_sums(f);
   const std::int64_t held = steps * words * streams * (prefetch_of(config) ? 2 : 1);
   return held + elements * sums + kRegisterOverhead;
+}
+
+std::int64_t NormBackwardFamily::shared_sums_bytes(const Problem& problem,
+                                                   const Config& config) const {
+  if (!shared_sums_of(config)) {
+    return 0;
+  }
+  return std::int64_t{parameter_sums(features(problem))} * elements_per_thread(problem, config) *
+         config.cta_threads * static_cast<std::int64_t>(sizeof(float));
 }
 
 std::string NormBackwardFamily::invalid_reason(const Problem& problem, const Config& config,
@@ -349,11 +371,24 @@ std::string NormBackwardFamily::invalid_reason(const Problem& problem, const Con
     return sum_invalid_reason(problem, config, device);
   }
   for (const auto& [extra, value] : config.extra) {
-    if (extra != kPrefetchExtra) {
+    if (extra != kPrefetchExtra && extra != kSharedSumsExtra) {
       return std::string(name()) + " has no tunable named '" + extra + "'";
     }
     if (value != 0 && value != 1) {
-      return "prefetch " + std::to_string(value) + " is neither 0 nor 1";
+      return extra + " " + std::to_string(value) + " is neither 0 nor 1";
+    }
+  }
+  if (shared_sums_of(config)) {
+    if (!has_partials(problem)) {
+      return "shared_sums holds the parameter sums, and this problem sums none";
+    }
+    // The row reductions' static shared memory (a float4 a warp at most) counts too.
+    const std::int64_t smem =
+        shared_sums_bytes(problem, config) + std::int64_t{config.cta_threads} / 32 * 16;
+    if (smem > device.smem_per_block_optin) {
+      return "shared_sums needs " + std::to_string(smem) +
+             " bytes of shared memory per CTA, more than the device's " +
+             std::to_string(device.smem_per_block_optin);
     }
   }
 
@@ -397,6 +432,16 @@ std::vector<Config> NormBackwardFamily::space(const Problem& problem,
           }
           if (invalid_reason(problem, config, device).empty()) {
             configs.push_back(std::move(config));
+            continue;
+          }
+          // Past kMaxHiddenForRegisterSums, a config whose registers cannot hold the sums is
+          // offered with them in shared memory. One whose registers can keeps them there:
+          // rms_norm 14848 wide (one sum) lost 5-9% when the fast tune also weighed those.
+          if (problem.hidden > kMaxHiddenForRegisterSums && has_partials(problem)) {
+            config.extra[kSharedSumsExtra] = 1;
+            if (invalid_reason(problem, config, device).empty()) {
+              configs.push_back(std::move(config));
+            }
           }
         }
       }
@@ -458,14 +503,21 @@ std::string NormBackwardFamily::name_expression(const Problem& problem,
            std::to_string(config.threads_per_row) + ", " + std::to_string(config.cta_threads) + ">";
   }
   const std::string kernel = item_kernel(problem, config) ? "norm_backward" : "norm_backward_rows";
+  std::string variant;  // the defaulted PREFETCH and SHARED_SUMS, spelt out only when set
+  if (shared_sums_of(config)) {
+    variant = prefetch_of(config) ? ", true, true" : ", false, true";
+  } else if (prefetch_of(config)) {
+    variant = ", true";
+  }
   return "kiln::" + kernel + "<" + std::string(dtype_cuda_type(problem.dtype)) + ", " +
          std::to_string(problem.hidden) + ", " + std::to_string(config.vec_bytes) + ", " +
          std::to_string(config.threads_per_row) + ", " + std::to_string(config.cta_threads) + ", " +
-         std::to_string(features(problem)) + "u" + (prefetch_of(config) ? ", true" : "") + ">";
+         std::to_string(features(problem)) + "u" + variant + ">";
 }
 
 // One group per item up to groups(), the kernel's item loop covering the rest; one group per
-// row for kiln::norm_backward_rows. The reduction's shared memory is static.
+// row for kiln::norm_backward_rows. The reduction's shared memory is static; shared_sums's is
+// dynamic.
 LaunchGeometry NormBackwardFamily::geometry(const Problem& problem, const Config& config,
                                             std::int64_t rows) const {
   LaunchGeometry geometry;
@@ -479,6 +531,7 @@ LaunchGeometry NormBackwardFamily::geometry(const Problem& problem, const Config
   const std::int64_t covered = item_kernel(problem, config) ? groups(problem.hidden, rows) : rows;
   geometry.grid[0] = covering_grid(covered, config.rows_per_cta());
   geometry.block[0] = static_cast<std::uint32_t>(config.cta_threads);
+  geometry.smem_bytes = static_cast<std::uint32_t>(shared_sums_bytes(problem, config));
   return geometry;
 }
 

@@ -7,11 +7,12 @@
 // rows of a call's parameter gradients.
 //
 // Tunables: vec_bytes, threads_per_row and cta_threads (hence rows per CTA), as the forward
-// norms, and the extra prefetch=1 (an item's next row loaded while the current one is worked,
-// where the second row's registers fit; see item_kernel()). The grid is not tunable: the parameter
-// gradients are reduced per item (see kiln/norm_backward_params.cuh), and the number of items is a
-// function of the problem and the row counts only (slots()), so every config writes the same
-// partial sums, which the tuner can then check against each other.
+// norms, the extra prefetch=1 (an item's next row loaded while the current one is worked,
+// where the second row's registers fit; see item_kernel()), and past kMaxHiddenForRegisterSums
+// the extra shared_sums=1 (the parameter sums held in shared memory, not registers). The grid is
+// not tunable: the parameter gradients are reduced per item (see kiln/norm_backward_params.cuh),
+// and the number of items is a function of the problem and the row counts only (slots()), so every
+// config writes the same partial sums, which the tuner can then check against each other.
 #pragma once
 
 #include <cstdint>
@@ -66,6 +67,13 @@ class NormBackwardFamily : public Family {
   // Whether the kernel sums a table row's gradient over per-token operands at this width
   // (else the caller sums the per-token gradient after it).
   static bool table_sums_in_kernel(std::int64_t hidden) { return hidden <= kMaxHiddenForTableSums; }
+  // Up to this width the space holds the parameter sums in registers only: on sm_90 a
+  // LayerNorm 8192 wide has a config that neither spills nor drops the prefetch, and 14848 wide
+  // none (every one spilled). Wider, a config whose sums do not fit its registers is offered
+  // with shared_sums=1 instead (any config may be pinned with it).
+  static constexpr std::int64_t kMaxHiddenForRegisterSums = 8192;
+  // Dynamic shared memory a config takes for the parameter sums (0 without shared_sums).
+  std::int64_t shared_sums_bytes(const Problem& problem, const Config& config) const;
 
   explicit NormBackwardFamily(Op op);
 

@@ -68,14 +68,27 @@ __device__ __forceinline__ void store_partial(float* destination, const float* v
 // (a second set of the row's registers). An item holds several rows once the row count
 // passes the item count (NormBackwardFamily::slots), and without it each of those rows
 // waits out a full load before its reductions.
+//
+// SHARED_SUMS: the parameter sums live in dynamic shared memory instead of registers, each
+// thread's own elements lane-interleaved (conflict-free, and no thread reads another's, so no
+// barrier guards them). Past 8192 wide a thread's share of the row and two or three sums no
+// longer fit its registers (LayerNorm 14848 wide spilled in every config); in shared memory
+// the registers hold the row alone, and a prefetched second one fits.
 template <typename T, int HIDDEN, int VEC_BYTES, int THREADS_PER_ROW, int CTA_THREADS, unsigned F,
-          bool PREFETCH = false>
+          bool PREFETCH = false, bool SHARED_SUMS = false>
 __global__ void __launch_bounds__(CTA_THREADS) norm_backward(const NormBackwardParams p) {
   begin_dependent_grid();
   using Layout = NormBackwardLayout<T, HIDDEN, VEC_BYTES, THREADS_PER_ROW, CTA_THREADS, F>;
   constexpr bool kWeightSum = Layout::kWeight && (F & NormBackwardFeature::weight_sum) != 0;
   constexpr bool kDySum = (F & NormBackwardFeature::dy_sum) != 0;
   constexpr bool kScaleSum = Layout::kModulate && (F & NormBackwardFeature::scale_sum) != 0;
+  // A thread's elements of the row, and where each sum's share of them starts.
+  constexpr int kHeld = Layout::kSteps * Layout::kVec;
+  constexpr int kWeightSlot = 0;
+  constexpr int kDySlot = kWeightSum ? 1 : 0;
+  constexpr int kScaleSlot = kDySlot + (kDySum ? 1 : 0);
+  constexpr int kSums = kScaleSlot + (kScaleSum ? 1 : 0);
+  static_assert(!SHARED_SUMS || kSums > 0, "shared sums need a parameter sum");
 
   const int lane = static_cast<int>(threadIdx.x) % THREADS_PER_ROW;
   const int group = static_cast<int>(threadIdx.x) / THREADS_PER_ROW;
@@ -100,15 +113,22 @@ __global__ void __launch_bounds__(CTA_THREADS) norm_backward(const NormBackwardP
     const long long segment = item_active ? item / p.slots : 0;
     const long long slot = item_active ? item - segment * p.slots : 0;
 
-    float weight_sum[kWeightSum ? Layout::kSteps * Layout::kVec : 1];
-    float dy_sum[kDySum ? Layout::kSteps * Layout::kVec : 1];
-    float scale_sum[kScaleSum ? Layout::kSteps * Layout::kVec : 1];
-#pragma unroll
-    for (int i = 0; i < Layout::kSteps * Layout::kVec; ++i) {
-      if constexpr (kWeightSum) weight_sum[i] = 0.0f;
-      if constexpr (kDySum) dy_sum[i] = 0.0f;
-      if constexpr (kScaleSum) scale_sum[i] = 0.0f;
+    float register_sums[!SHARED_SUMS && kSums > 0 ? kSums * kHeld : 1];
+    [[maybe_unused]] float* shared_sums = nullptr;
+    if constexpr (SHARED_SUMS) {
+      extern __shared__ __align__(16) float norm_backward_shared_sums[];
+      shared_sums = norm_backward_shared_sums + group * kSums * kHeld * THREADS_PER_ROW + lane;
     }
+    // Element e of a thread's share of sum `slot`.
+    auto sum = [&](int slot, int e) -> float& {
+      if constexpr (SHARED_SUMS) {
+        return shared_sums[(slot * kHeld + e) * THREADS_PER_ROW];
+      } else {
+        return register_sums[slot * kHeld + e];
+      }
+    };
+#pragma unroll
+    for (int e = 0; e < kSums * kHeld; ++e) sum(0, e) = 0.0f;
 
     // The row's streams; zeros where there is no row, so they add nothing to the row sums or
     // the parameter sums.
@@ -226,12 +246,12 @@ __global__ void __launch_bounds__(CTA_THREADS) norm_backward(const NormBackwardP
             if constexpr (Layout::kTable) s += present ? get_element<T>(table, i) : 0.0f;
             const float n = xhat * w;
             if constexpr (Layout::kScalePerToken) dscale[i] = d * n;
-            if constexpr (kScaleSum) scale_sum[step * Layout::kVec + i] += d * n;
+            if constexpr (kScaleSum) sum(kScaleSlot, step * Layout::kVec + i) += d * n;
             dn = d * (1.0f + s);
           }
           const float g = dn * w;
-          if constexpr (kWeightSum) weight_sum[step * Layout::kVec + i] += dn * xhat;
-          if constexpr (kDySum) dy_sum[step * Layout::kVec + i] += d;
+          if constexpr (kWeightSum) sum(kWeightSlot, step * Layout::kVec + i) += dn * xhat;
+          if constexpr (kDySum) sum(kDySlot, step * Layout::kVec + i) += d;
           g_sum += g;
           gx_sum += g * xhat;
         }
@@ -279,18 +299,18 @@ __global__ void __launch_bounds__(CTA_THREADS) norm_backward(const NormBackwardP
     }
 
     if (!item_active) continue;
+    auto store_sums = [&](int slot, float* partial, int step) {
+      float values[Layout::kVec];
+#pragma unroll
+      for (int i = 0; i < Layout::kVec; ++i) values[i] = sum(slot, step * Layout::kVec + i);
+      store_partial<Layout::kVec>(partial + item * HIDDEN + column(step), values);
+    };
 #pragma unroll
     for (int step = 0; step < Layout::kSteps; ++step) {
       if (!in_row(step)) continue;
-      const long long offset = item * HIDDEN + column(step);
-      if constexpr (kWeightSum) {
-        store_partial<Layout::kVec>(p.weight_partial + offset, weight_sum + step * Layout::kVec);
-      }
-      if constexpr (kDySum)
-        store_partial<Layout::kVec>(p.dy_partial + offset, dy_sum + step * Layout::kVec);
-      if constexpr (kScaleSum) {
-        store_partial<Layout::kVec>(p.scale_partial + offset, scale_sum + step * Layout::kVec);
-      }
+      if constexpr (kWeightSum) store_sums(kWeightSlot, p.weight_partial, step);
+      if constexpr (kDySum) store_sums(kDySlot, p.dy_partial, step);
+      if constexpr (kScaleSum) store_sums(kScaleSlot, p.scale_partial, step);
     }
   }
 }

@@ -49,3 +49,12 @@ def pin_fastest_variant(cache, extra, skip=None):
         problem, bucket = path.stem.rsplit(".r", 1)
         kiln.tune_pin(problem=problem, bucket=int(bucket), config=config_key(fastest["config"]),
                       cache_dir=str(cache))
+
+
+def tune_pin_and_check(code, args, cache, extra, skip=None):
+    """Runs `code` with `args` + ["tune"] under a full tune, pins every tuned problem (but
+    `skip`'s) to its fastest config with `extra` set, then runs it again with `args` +
+    ["check", "<extra>=1"] under the fast tune, which loads the pinned configs."""
+    run_child(code, args + ["tune"], cache, "full")
+    pin_fastest_variant(cache, extra, skip=skip)
+    run_child(code, args + ["check", f"{extra}=1"], cache, "fast")

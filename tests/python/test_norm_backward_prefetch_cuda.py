@@ -7,7 +7,7 @@ last ones run past the rows (the prefetch of a row that does not exist)."""
 import pytest
 
 from norm_variant_cases import PARTIAL_SUMS
-from pinned_tune import pin_fastest_variant, run_child
+from pinned_tune import tune_pin_and_check
 
 pytestmark = pytest.mark.gpu
 
@@ -70,7 +70,7 @@ for name, g, ref in zip(("first", "second", "third", "fourth", "fifth", "sixth")
         continue
     assert_grad_close(g, ref, dtype, f"{case} {name} gradient")
 if phase == "check":
-    check_loaded("prefetch=1")
+    check_loaded(sys.argv[6])  # the pinned variant, e.g. "prefetch=1"
 print("ok")
 """
 
@@ -87,8 +87,6 @@ CASES = [("rms_norm", "bfloat16", 1031, 4096), ("rms_norm", "float32", 3001, 768
 
 @pytest.mark.parametrize("case,dtype,rows,hidden", CASES)
 def test_prefetch_kernels_are_tuned_checked_and_correct(tmp_path, case, dtype, rows, hidden):
-    args = [case, dtype, str(rows), str(hidden)]
-    run_child(CHILD, args + ["tune"], tmp_path, "full")
     # The partial sums' tune (their own problem) has no prefetching configs.
-    pin_fastest_variant(tmp_path, "prefetch", skip=PARTIAL_SUMS)
-    run_child(CHILD, args + ["check"], tmp_path, "fast")
+    tune_pin_and_check(CHILD, [case, dtype, str(rows), str(hidden)], tmp_path, "prefetch",
+                       skip=PARTIAL_SUMS)

@@ -67,6 +67,33 @@ TEST_CASE("the norm ops compile for sm_75, sm_80 and sm_90") {
   compile_and_check(requests);
 }
 
+// The norm backward with its parameter sums in shared memory (shared_sums=1, offered past 8192
+// wide): each arch's first such config, with and without prefetch, of three ops and dtypes.
+TEST_CASE("the norm backward's shared sums compile for sm_75, sm_80 and sm_90") {
+  std::vector<CompileRequest> requests;
+  for (int sm : {75, 80, 90}) {
+    const DeviceTraits traits = DeviceTraits::for_arch(sm);
+    for (const Problem& problem : std::vector<Problem>{
+             {Op::layer_norm_backward, DType::bf16, 14848, kNormWeight | kNormBias, 16},
+             {Op::rms_norm_backward, DType::f32, 14848, kNormWeight, 16},
+             {Op::adaln_backward, DType::f16, 9216, kNormLayer, 16},
+         }) {
+      const Family& fam = family(problem.op);
+      for (const bool prefetch : {false, true}) {
+        for (const Config& config : fam.space(problem, traits)) {
+          if (config.extra.count("shared_sums") == 1 &&
+              (config.extra.count("prefetch") == 1) == prefetch) {
+            requests.push_back({&fam, problem, config, sm, BinaryFormat::cubin});
+            break;
+          }
+        }
+      }
+    }
+  }
+  REQUIRE(requests.size() >= 8);
+  compile_and_check(requests);
+}
+
 // The norm backward's partial sums (kiln::sum_partials): every config of a bf16, an fp16 and
 // an fp32 problem on sm_90, the heuristic of four problems (one of them not whole 16-byte
 // fp32 vectors) on each arch.

@@ -237,9 +237,13 @@ TEST_CASE("the space is valid and canonical, and the heuristic is in it") {
           std::set<std::string> keys;
           for (const Config& config : space) {
             CHECK(fam.invalid_reason(problem, config, traits).empty());
-            CHECK((config.extra.empty() ||
-                   (config.extra.size() == 1 && config.extra.count("prefetch") == 1 &&
-                    config.extra.at("prefetch") == 1)));
+            for (const auto& [extra, value] : config.extra) {
+              CHECK((extra == "prefetch" || extra == "shared_sums"));
+              CHECK(value == 1);
+            }
+            if (config.extra.count("shared_sums") == 1) {
+              CHECK(hidden > NormBackwardFamily::kMaxHiddenForRegisterSums);
+            }
             CHECK(NormBackwardFamily::elements_per_thread(problem, config) <=
                   NormBackwardFamily::kMaxElementsPerThread);
             keys.insert(config.key());
@@ -287,6 +291,53 @@ TEST_CASE("a prefetching config holds a second row where it fits, and is its own
   CHECK(backward(Op::adaln_backward).invalid_reason(wide, widest, traits).empty());
   widest.extra["prefetch"] = 1;
   CHECK(backward(Op::adaln_backward).invalid_reason(wide, widest, traits).find("registers") !=
+        std::string::npos);
+}
+
+TEST_CASE("past 8192 wide the parameter sums may live in shared memory") {
+  const DeviceTraits traits = DeviceTraits::for_arch(90);
+  const NormBackwardFamily& fam = backward(Op::layer_norm_backward);
+  const Problem wide{Op::layer_norm_backward, DType::bf16, 14848, kNormWeight | kNormBias, 16};
+  const Config plain{16, 512, 512, {}};
+  Config shared{16, 512, 512, {{"shared_sums", 1}}};
+  // 32 elements a thread, two sums of them: 64 registers fewer, and 32 x 2 x 512 fp32 of
+  // shared memory. The registers' version does not fit a 512-thread CTA.
+  CHECK(fam.registers_per_thread(wide, shared) == fam.registers_per_thread(wide, plain) - 64);
+  CHECK(fam.invalid_reason(wide, plain, traits).find("registers") != std::string::npos);
+  CHECK(fam.invalid_reason(wide, shared, traits).empty());
+  CHECK(fam.shared_sums_bytes(wide, shared) == 32 * 2 * 512 * 4);
+  CHECK(fam.shared_sums_bytes(wide, plain) == 0);
+  CHECK(fam.geometry(wide, shared, 2688).smem_bytes == 32 * 2 * 512 * 4);
+  CHECK(fam.geometry(wide, plain, 2688).smem_bytes == 0);
+  CHECK(fam.name_expression(wide, shared) ==
+        "kiln::norm_backward<kiln::bf16, 14848, 16, 512, 512, " +
+            std::to_string(fam.features(wide)) + "u, false, true>");
+  Config both = shared;
+  both.extra["prefetch"] = 1;
+  CHECK(fam.name_expression(wide, both) == "kiln::norm_backward<kiln::bf16, 14848, 16, 512, 512, " +
+                                               std::to_string(fam.features(wide)) +
+                                               "u, true, true>");
+  const std::vector<Config> space = fam.space(wide, traits);
+  CHECK(std::find(space.begin(), space.end(), shared) != space.end());
+  shared.extra["shared_sums"] = 2;
+  CHECK(fam.invalid_reason(wide, shared, traits) == "shared_sums 2 is neither 0 nor 1");
+  shared.extra["shared_sums"] = 1;
+
+  // Up to 8192 wide the space keeps the sums in registers; a pinned config may still ask.
+  const Problem narrow{Op::layer_norm_backward, DType::bf16, 8192, kNormWeight | kNormBias, 16};
+  for (const Config& config : fam.space(narrow, traits))
+    CHECK(config.extra.count("shared_sums") == 0);
+  CHECK(fam.invalid_reason(narrow, shared, traits).empty());
+  // Nothing summed (weight and bias frozen), nothing to hold.
+  const Problem frozen{Op::layer_norm_backward, DType::bf16, 14848,
+                       kNormWeight | kNormBias | kNormSkipWeightGrad | kNormSkipBiasGrad, 16};
+  CHECK(fam.invalid_reason(frozen, shared, traits) ==
+        "shared_sums holds the parameter sums, and this problem sums none");
+  for (const Config& config : fam.space(frozen, traits))
+    CHECK(config.extra.count("shared_sums") == 0);
+  // sm_75 opts in to 64 KB a CTA: 128 KB of sums do not fit.
+  const DeviceTraits turing = DeviceTraits::for_arch(75);
+  CHECK(fam.invalid_reason(wide, shared, turing).find("bytes of shared memory") !=
         std::string::npos);
 }
 
