@@ -1,9 +1,9 @@
 """The op extension's C++ (jit/, cache/, tuner/, templates/, bindings/torch/) formats and reads
 without iostreams. A build may link part of libstdc++ into the extension (the H200 build
-machine's compiler did: the module defined 697 of libstdc++'s symbols, the locale's among
-them) beside the libstdc++ the process already loaded. A stream that formats a number then
-looks a facet up in a locale made by the other copy: on that machine the tuner's message for
-a candidate's wrong result crashed the process that way."""
+machine's compiler did: the module defined 697 symbols of libstdc++'s stream and locale
+classes) beside the libstdc++ the process already loaded. On that machine an ostringstream
+formatting an integer (the tuner's message for a candidate's wrong result) crashed the
+process, most likely on a facet looked up in a locale made by the other copy."""
 
 import pathlib
 import re
