@@ -113,22 +113,34 @@ __global__ void __launch_bounds__(CTA_THREADS) norm_backward(const NormBackwardP
     const long long segment = item_active ? item / p.slots : 0;
     const long long slot = item_active ? item - segment * p.slots : 0;
 
-    float register_sums[!SHARED_SUMS && kSums > 0 ? kSums * kHeld : 1];
+    // In registers, three arrays as before shared sums: one array of all the sums behind an
+    // accessor compiled to more spills (layer_norm 14848 wide: 464 bytes a thread, not 208).
+    float weight_sum[kWeightSum && !SHARED_SUMS ? kHeld : 1];
+    float dy_sum[kDySum && !SHARED_SUMS ? kHeld : 1];
+    float scale_sum[kScaleSum && !SHARED_SUMS ? kHeld : 1];
     [[maybe_unused]] float* shared_sums = nullptr;
     if constexpr (SHARED_SUMS) {
       extern __shared__ __align__(16) float norm_backward_shared_sums[];
       shared_sums = norm_backward_shared_sums + group * kSums * kHeld * THREADS_PER_ROW + lane;
     }
-    // Element e of a thread's share of sum `slot`.
-    auto sum = [&](int slot, int e) -> float& {
+    // Element e of a thread's share of the sum in shared-memory slot `slot`.
+    [[maybe_unused]] auto shared_sum = [&](int slot, int e) -> float& {
+      return shared_sums[(slot * kHeld + e) * THREADS_PER_ROW];
+    };
+    // Element e of one sum: `registers` (its array) or its shared-memory slot.
+    auto sum = [&](float* registers, int slot, int e) -> float& {
       if constexpr (SHARED_SUMS) {
-        return shared_sums[(slot * kHeld + e) * THREADS_PER_ROW];
+        return shared_sum(slot, e);
       } else {
-        return register_sums[slot * kHeld + e];
+        return registers[e];
       }
     };
 #pragma unroll
-    for (int e = 0; e < kSums * kHeld; ++e) sum(0, e) = 0.0f;
+    for (int i = 0; i < kHeld; ++i) {
+      if constexpr (kWeightSum) sum(weight_sum, kWeightSlot, i) = 0.0f;
+      if constexpr (kDySum) sum(dy_sum, kDySlot, i) = 0.0f;
+      if constexpr (kScaleSum) sum(scale_sum, kScaleSlot, i) = 0.0f;
+    }
 
     // The row's streams; zeros where there is no row, so they add nothing to the row sums or
     // the parameter sums.
@@ -246,12 +258,13 @@ __global__ void __launch_bounds__(CTA_THREADS) norm_backward(const NormBackwardP
             if constexpr (Layout::kTable) s += present ? get_element<T>(table, i) : 0.0f;
             const float n = xhat * w;
             if constexpr (Layout::kScalePerToken) dscale[i] = d * n;
-            if constexpr (kScaleSum) sum(kScaleSlot, step * Layout::kVec + i) += d * n;
+            if constexpr (kScaleSum) sum(scale_sum, kScaleSlot, step * Layout::kVec + i) += d * n;
             dn = d * (1.0f + s);
           }
           const float g = dn * w;
-          if constexpr (kWeightSum) sum(kWeightSlot, step * Layout::kVec + i) += dn * xhat;
-          if constexpr (kDySum) sum(kDySlot, step * Layout::kVec + i) += d;
+          if constexpr (kWeightSum)
+            sum(weight_sum, kWeightSlot, step * Layout::kVec + i) += dn * xhat;
+          if constexpr (kDySum) sum(dy_sum, kDySlot, step * Layout::kVec + i) += d;
           g_sum += g;
           gx_sum += g * xhat;
         }
@@ -299,18 +312,25 @@ __global__ void __launch_bounds__(CTA_THREADS) norm_backward(const NormBackwardP
     }
 
     if (!item_active) continue;
-    auto store_sums = [&](int slot, float* partial, int step) {
-      float values[Layout::kVec];
+    // A step's share of one sum, stored from its registers or gathered from shared memory.
+    auto store_sums = [&](const float* registers, int slot, float* partial, int step) {
+      const long long offset = item * HIDDEN + column(step);
+      if constexpr (SHARED_SUMS) {
+        float values[Layout::kVec];
 #pragma unroll
-      for (int i = 0; i < Layout::kVec; ++i) values[i] = sum(slot, step * Layout::kVec + i);
-      store_partial<Layout::kVec>(partial + item * HIDDEN + column(step), values);
+        for (int i = 0; i < Layout::kVec; ++i)
+          values[i] = shared_sum(slot, step * Layout::kVec + i);
+        store_partial<Layout::kVec>(partial + offset, values);
+      } else {
+        store_partial<Layout::kVec>(partial + offset, registers + step * Layout::kVec);
+      }
     };
 #pragma unroll
     for (int step = 0; step < Layout::kSteps; ++step) {
       if (!in_row(step)) continue;
-      if constexpr (kWeightSum) store_sums(kWeightSlot, p.weight_partial, step);
-      if constexpr (kDySum) store_sums(kDySlot, p.dy_partial, step);
-      if constexpr (kScaleSum) store_sums(kScaleSlot, p.scale_partial, step);
+      if constexpr (kWeightSum) store_sums(weight_sum, kWeightSlot, p.weight_partial, step);
+      if constexpr (kDySum) store_sums(dy_sum, kDySlot, p.dy_partial, step);
+      if constexpr (kScaleSum) store_sums(scale_sum, kScaleSlot, p.scale_partial, step);
     }
   }
 }
