@@ -113,11 +113,12 @@ def make_case(op, rows, hidden, kiln, dt=torch.bfloat16):
 BACKWARD_OPS = ["rms_norm", "fused_add_rms_norm", "layer_norm", "adaln"]
 
 
-def make_backward_case(op, rows, hidden, kiln, frozen=False, dt=torch.bfloat16):
+def make_backward_case(op, rows, hidden, kiln, frozen=False, dt=torch.bfloat16, compiled=True):
     """(kiln fn, {peer name: fn}, bytes that must move): each fn is one backward pass of the
     op, torch.autograd.grad over a forward graph built here once, for every input that
     requires grad. With `frozen`, the norm's parameters and the modulation do not (LoRA
-    fine-tuning): the gradient is the input's alone, for kiln and the peers alike."""
+    fine-tuning): the gradient is the input's alone, for kiln and the peers alike. Without
+    `compiled`, the torch.compile peer is left out (compiling it takes seconds)."""
     dev = "cuda"
     trained = not frozen
     x = torch.randn(rows, hidden, device=dev, dtype=dt).requires_grad_(True)
@@ -130,8 +131,9 @@ def make_backward_case(op, rows, hidden, kiln, frozen=False, dt=torch.bfloat16):
         return lambda: torch.autograd.grad(outputs, wanted, grads, retain_graph=True)
 
     def cases(kiln_fn, peer_fn, inputs, grads, moved):
-        peers = {"F": grad_of(peer_fn(*inputs), inputs, grads),
-                 "compiled": grad_of(torch.compile(peer_fn, dynamic=False)(*inputs), inputs, grads)}
+        peers = {"F": grad_of(peer_fn(*inputs), inputs, grads)}
+        if compiled:
+            peers["compiled"] = grad_of(torch.compile(peer_fn, dynamic=False)(*inputs), inputs, grads)
         return grad_of(kiln_fn(*inputs), inputs, grads), peers, moved
 
     if op == "rms_norm":

@@ -28,14 +28,14 @@ def main():
     parser.add_argument("--label", default="kiln", help="names this build in the output")
     args = parser.parse_args()
     dt = getattr(torch, args.dtype)
-    torch.compile = lambda fn, **_: fn  # norms.py's compiled peer, not timed here
     kiln = common.fresh_kiln(1024)
     print(f"{args.label}: kiln from {os.path.dirname(kiln.__file__)}", flush=True)
     results = []
     for op in args.ops.split(","):
         for hidden in (int(v) for v in args.hidden.split(",")):
             for rows in (int(v) for v in args.rows.split(",")):
-                fn, peers, moved = norms.make_backward_case(op, rows, hidden, kiln, dt=dt)
+                fn, peers, moved = norms.make_backward_case(op, rows, hidden, kiln, dt=dt,
+                                                           compiled=False)
                 with torch.no_grad():
                     times = common.bench_side_by_side(
                         {"kiln": fn, "F": peers["F"], "copy": common.same_bytes_copy(moved)})
