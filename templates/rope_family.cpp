@@ -44,15 +44,16 @@ std::optional<ArgumentError> problem_error(Op op, const Problem& problem) {
     return ArgumentError(name, "q", "alignment a power of two in [1, 16] bytes",
                          std::to_string(problem.align));
   }
-  const std::uint32_t allowed = op == Op::rope
-                                    ? (kRopeInterleaved | kRopeTableF32 | kRopeInverse |
-                                       kRopePositionsInner | kRopeHeadCountFlags | kRopeHalfTable)
-                                    : 0u;
+  const std::uint32_t allowed =
+      op == Op::rope ? (kRopeInterleaved | kRopeTableF32 | kRopeInverse | kRopePositionsInner |
+                        kRopeHeadCountFlags | kRopeHalfTable | kRopeHeadNorm)
+                     : 0u;
   if ((problem.flags & ~allowed) != 0) {
     return ArgumentError(name, "flags",
                          op == Op::rope ? "only interleaved (1), table-fp32 (2), inverse (4), "
                                           "positions-inner (8), heads-even (16), heads-by-4 "
-                                          "(32, with 16), one-head-each (64) and half-table (128)"
+                                          "(32, with 16), one-head-each (64), half-table (128) "
+                                          "and head-norm (256)"
                                         : "none",
                          std::to_string(problem.flags));
   }
@@ -62,6 +63,10 @@ std::optional<ArgumentError> problem_error(Op op, const Problem& problem) {
   }
   if ((problem.flags & kRopeOneHeadEach) != 0 && (problem.flags & kRopeHeadsEven) != 0) {
     return ArgumentError(name, "flags", "one-head-each (64) without heads-even (16)",
+                         std::to_string(problem.flags));
+  }
+  if ((problem.flags & kRopeHeadNorm) != 0 && (problem.flags & kRopeInverse) != 0) {
+    return ArgumentError(name, "flags", "head-norm (256) without inverse (4): it has no backward",
                          std::to_string(problem.flags));
   }
   if (op == Op::rope_3d && problem.aux != 0) {
@@ -230,6 +235,10 @@ std::string RopeFamily::invalid_reason(const Problem& problem, const Config& con
   if (!one_of(kThreadsPerRow, tpr)) {
     return "threads_per_row " + std::to_string(tpr) + " is not a power of two in [1, 256]";
   }
+  if ((problem.flags & kRopeHeadNorm) != 0 && tpr > 32) {
+    return "threads_per_row " + std::to_string(tpr) +
+           " spans warps: a normalised head's sum meets by shuffles within one";
+  }
   if (tpr > 1 && tpr / 2 >= s.rot_units) {
     return "threads_per_row " + std::to_string(tpr) + " leaves threads idle: a row has " +
            std::to_string(s.rot_units) + " rotation units";
@@ -329,7 +338,9 @@ std::string RopeFamily::name_expression(const Problem& problem, const Config& co
          ((problem.flags & kRopeInverse) != 0 ? "true" : "false") + ", " +
          (persistent_grid_of(config) > 0 ? "true" : "false") + ", " +
          std::to_string(static_cast<int>(form(problem, config))) +
-         ((problem.flags & kRopeHalfTable) != 0 ? ", true>" : ">");
+         ((problem.flags & kRopeHeadNorm) != 0
+              ? ((problem.flags & kRopeHalfTable) != 0 ? ", true, true>" : ", false, true>")
+              : ((problem.flags & kRopeHalfTable) != 0 ? ", true>" : ">"));
 }
 
 LaunchGeometry RopeFamily::geometry(const Problem& problem, const Config& config,
@@ -361,6 +372,10 @@ std::vector<BufferSpec> RopeFamily::buffers(const Problem& problem, std::int64_t
     specs.push_back({"cos", table, tokens * table_width(problem), false});
     specs.push_back({"sin", table, tokens * table_width(problem), false});
   }
+  if ((problem.flags & kRopeHeadNorm) != 0) {
+    specs.push_back({"q_weight", problem.dtype, d, false});
+    specs.push_back({"k_weight", problem.dtype, d, false});
+  }
   specs.push_back({"q_out", problem.dtype, tokens * hq * d, true});
   // With no k heads (odd row counts) k_out is never written: scratch, not an output to check.
   specs.push_back({"k_out", problem.dtype, std::max<std::int64_t>(1, tokens * hk * d), hk > 0});
@@ -369,7 +384,8 @@ std::vector<BufferSpec> RopeFamily::buffers(const Problem& problem, std::int64_t
 
 std::vector<std::byte> RopeFamily::pack_params(const Problem& problem, std::int64_t rows,
                                                std::span<const std::uint64_t> addresses) const {
-  const std::size_t expected = op_ == Op::rope ? 6 : 4;
+  const bool head_norm = (problem.flags & kRopeHeadNorm) != 0;
+  const std::size_t expected = op_ == Op::rope ? (head_norm ? 8 : 6) : 4;
   if (addresses.size() != expected) {
     throw Error("kiln." + std::string(op_name(op_)) + ": pack_params: expected " +
                 std::to_string(expected) + " addresses, got " + std::to_string(addresses.size()));
@@ -387,6 +403,11 @@ std::vector<std::byte> RopeFamily::pack_params(const Problem& problem, std::int6
   if (op_ == Op::rope) {
     params.cos = pointer(2);
     params.sin = pointer(3);
+  }
+  if (head_norm) {
+    params.head_norm.q_weight = pointer(4);
+    params.head_norm.k_weight = pointer(5);
+    params.head_norm.eps = 1e-6f;
   }
   params.q_out = pointer(expected - 2);
   params.k_out = pointer(expected - 1);
@@ -422,6 +443,9 @@ std::int64_t RopeFamily::bytes_moved(const Problem& problem, std::int64_t rows) 
     const auto [hq, hk] = standalone_heads(problem, rows);
     const std::int64_t table = (problem.flags & kRopeTableF32) ? 4 : element;
     bytes += 2 * (rows / (hq + hk)) * table_width(problem) * table;
+  }
+  if ((problem.flags & kRopeHeadNorm) != 0) {
+    bytes += 2 * problem.hidden * element;
   }
   return bytes;
 }

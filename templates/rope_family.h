@@ -6,6 +6,8 @@
 // Problem::hidden is the head dim D (the width one row rotates). A row is one head of one
 // token (q's heads then k's, per token, in one launch), so a tuning bucket counts heads x
 // tokens: the work, whatever the split between batch, sequence and heads.
+// With kRopeHeadNorm each row is first RMS-normalised (head_norm_rope), its threads one
+// warp's at most.
 // Tunables: vec_bytes, threads_per_row, cta_threads, extra["rows_per_thread"] (1, 2, 4) and,
 // for rope_3d only, extra["grid"]: N > 0 launches a persistent grid of N CTAs (SM count x
 // resident CTAs, or twice that) whose threads load their next rows while they rotate the
@@ -45,6 +47,10 @@ inline constexpr std::uint32_t kRopeOneHeadEach = 64u;
 // cos/sin caches): half the table bytes of the [.., rotary_dim] tables, whose pairs repeat
 // each angle.
 inline constexpr std::uint32_t kRopeHalfTable = 128u;
+// Each head RMS-normalised (with q's or k's weight, or none) before its rotation, and rounded
+// to the data's dtype as a separate norm's output is: the per-head q/k norms of Qwen3, Gemma 3
+// and FLUX fused with their RoPE (the op head_norm_rope). Forward only (not with kRopeInverse).
+inline constexpr std::uint32_t kRopeHeadNorm = 256u;
 // Every flag that rope_head_flags() may set.
 inline constexpr std::uint32_t kRopeHeadCountFlags =
     kRopeHeadsEven | kRopeHeadsBy4 | kRopeOneHeadEach;

@@ -253,6 +253,10 @@ void add_direct_calls(py::module_& parent) {
                                                                                          "rope");
   add<void(Tensor, Tensor, Tensor, Tensor, bool, std::int64_t, Str, std::int64_t)>(m, "rope_",
                                                                                    "rope_");
+  add<TensorPair(Tensor, Tensor, OptionalTensor, OptionalTensor, Tensor, Tensor, double, bool,
+                 std::int64_t, Str, std::int64_t)>(m, "head_norm_rope", "head_norm_rope");
+  add<void(Tensor, Tensor, OptionalTensor, OptionalTensor, Tensor, Tensor, double, bool,
+           std::int64_t, Str, std::int64_t)>(m, "head_norm_rope_", "head_norm_rope_");
 }
 
 }  // namespace kiln::python

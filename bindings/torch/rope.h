@@ -1,5 +1,6 @@
 // kiln's RoPE ops: rope / rope_ (table), rope_3d (LTX-Video angles from coordinates) and
-// rms_norm_rope (LTX-Video's q/k RMSNorm across heads + interleaved RoPE).
+// rms_norm_rope (LTX-Video's q/k RMSNorm across heads + interleaved RoPE), head_norm_rope
+// (an RMSNorm of each head, as Qwen3, Gemma 3 and FLUX norm q and k, + RoPE).
 //
 // Layouts. "bhsd": q [B, Hq, S, D] and k [B, Hk, S, D] (transformers). "bshd": q
 // [B, S, Hq, D] or, before the head split, [B, S, Hq * D] (diffusers); the head dim of a
@@ -76,8 +77,16 @@ struct VideoArgs {
   std::vector<std::int64_t> patch_sizes;
   double theta = 10000.0;
 };
+// head_norm_rope's norm of each head before its rotation: weights of the head dim and q's
+// dtype (undefined: none) and epsilon.
+struct HeadNormArgs {
+  at::Tensor q_weight;
+  at::Tensor k_weight;
+  double eps = 1e-6;
+};
 void rope_launch(const std::string& op, const RopeOperands& operands, const at::Tensor& q_out4,
-                 const at::Tensor& k_out4, const std::optional<VideoArgs>& video);
+                 const at::Tensor& k_out4, const std::optional<VideoArgs>& video,
+                 const HeadNormArgs* head_norm = nullptr);
 
 void check_rope_3d(const at::Tensor& q, const at::Tensor& k, at::IntArrayRef grid,
                    std::optional<at::ArrayRef<double>> scale, at::IntArrayRef base_sizes,
@@ -112,6 +121,35 @@ void rope_inplace_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor
 void rope_inplace_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
                        const at::Tensor& sin, bool interleaved, std::int64_t rotary_dim,
                        std::string_view layout, std::int64_t head_dim);
+
+// head_norm_rope: each head of q and k RMS-normalised over the head dim D (x * rsqrt(mean(x^2)
+// + eps) * weight, q_weight / k_weight [D] of q's dtype or none), rounded to q's dtype as a
+// separate norm's output is, then rotated as rope rotates (same options); the in-place form
+// overwrites q and k. Outputs laid out as rope's.
+TensorPair head_norm_rope_cpu(const at::Tensor& q, const at::Tensor& k,
+                              const std::optional<at::Tensor>& q_weight,
+                              const std::optional<at::Tensor>& k_weight, const at::Tensor& cos,
+                              const at::Tensor& sin, double eps, bool interleaved,
+                              std::int64_t rotary_dim, std::string_view layout,
+                              std::int64_t head_dim);
+TensorPair head_norm_rope_cuda(const at::Tensor& q, const at::Tensor& k,
+                               const std::optional<at::Tensor>& q_weight,
+                               const std::optional<at::Tensor>& k_weight, const at::Tensor& cos,
+                               const at::Tensor& sin, double eps, bool interleaved,
+                               std::int64_t rotary_dim, std::string_view layout,
+                               std::int64_t head_dim);
+void head_norm_rope_inplace_cpu(const at::Tensor& q, const at::Tensor& k,
+                                const std::optional<at::Tensor>& q_weight,
+                                const std::optional<at::Tensor>& k_weight, const at::Tensor& cos,
+                                const at::Tensor& sin, double eps, bool interleaved,
+                                std::int64_t rotary_dim, std::string_view layout,
+                                std::int64_t head_dim);
+void head_norm_rope_inplace_cuda(const at::Tensor& q, const at::Tensor& k,
+                                 const std::optional<at::Tensor>& q_weight,
+                                 const std::optional<at::Tensor>& k_weight, const at::Tensor& cos,
+                                 const at::Tensor& sin, double eps, bool interleaved,
+                                 std::int64_t rotary_dim, std::string_view layout,
+                                 std::int64_t head_dim);
 
 TensorPair rope_3d_cpu(const at::Tensor& q, const at::Tensor& k, at::IntArrayRef grid,
                        std::optional<at::ArrayRef<double>> scale, at::IntArrayRef base_sizes,

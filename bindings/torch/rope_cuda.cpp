@@ -93,12 +93,14 @@ at::Tensor pair_aligned_output(const at::Tensor& out, std::uint32_t pair) {
 }
 
 void rope_launch_aligned(const std::string& op, const RopeOperands& r, const at::Tensor& q_out4,
-                         const at::Tensor& k_out4, const std::optional<VideoArgs>& video);
+                         const at::Tensor& k_out4, const std::optional<VideoArgs>& video,
+                         const HeadNormArgs* head_norm);
 
 }  // namespace
 
 void rope_launch(const std::string& op, const RopeOperands& r, const at::Tensor& q_out4,
-                 const at::Tensor& k_out4, const std::optional<VideoArgs>& video) {
+                 const at::Tensor& k_out4, const std::optional<VideoArgs>& video,
+                 const HeadNormArgs* head_norm) {
   const std::uint32_t pair = pair_bytes(r.q4, r.interleaved);
   RopeOperands aligned = r;
   aligned.q4 = pair_aligned(last_dim_contiguous(r.q4), pair);
@@ -107,7 +109,14 @@ void rope_launch(const std::string& op, const RopeOperands& r, const at::Tensor&
   aligned.sin3 = pair_aligned(r.sin3, pair);
   const at::Tensor q_dst = pair_aligned_output(q_out4, pair);
   const at::Tensor k_dst = pair_aligned_output(k_out4, pair);
-  rope_launch_aligned(op, aligned, q_dst, k_dst, video);
+  std::optional<HeadNormArgs> norm;
+  if (head_norm != nullptr) {
+    norm = *head_norm;
+    for (at::Tensor* weight : {&norm->q_weight, &norm->k_weight}) {
+      if (weight->defined()) *weight = pair_aligned(weight->contiguous(), pair);
+    }
+  }
+  rope_launch_aligned(op, aligned, q_dst, k_dst, video, norm ? &*norm : nullptr);
   if (!q_dst.is_same(q_out4)) q_out4.copy_(q_dst);
   if (!k_dst.is_same(k_out4)) k_out4.copy_(k_dst);
 }
@@ -115,7 +124,8 @@ void rope_launch(const std::string& op, const RopeOperands& r, const at::Tensor&
 namespace {
 
 void rope_launch_aligned(const std::string& op, const RopeOperands& r, const at::Tensor& q_out4,
-                         const at::Tensor& k_out4, const std::optional<VideoArgs>& video) {
+                         const at::Tensor& k_out4, const std::optional<VideoArgs>& video,
+                         const HeadNormArgs* head_norm) {
   const at::Tensor& q4 = r.q4;
   const at::Tensor& k4 = r.k4;
   const std::int64_t batch = q4.size(0), seq = q4.size(1);
@@ -138,9 +148,14 @@ void rope_launch_aligned(const std::string& op, const RopeOperands& r, const at:
     problem.flags = (r.interleaved ? kRopeInterleaved : 0u) |
                     (r.cos3.scalar_type() == at::kFloat ? kRopeTableF32 : 0u) |
                     (r.inverse ? kRopeInverse : 0u) | (positions_inner ? kRopePositionsInner : 0u) |
-                    (r.half_table ? kRopeHalfTable : 0u) | rope_head_flags(heads_q, heads_k);
+                    (r.half_table ? kRopeHalfTable : 0u) | rope_head_flags(heads_q, heads_k) |
+                    (head_norm != nullptr ? kRopeHeadNorm : 0u);
   }
-  problem.align = alignment_of({&q4, &k4, &q_out4, &k_out4, &r.cos3, &r.sin3});
+  const at::Tensor no_weight;
+  const at::Tensor& q_weight = head_norm != nullptr ? head_norm->q_weight : no_weight;
+  const at::Tensor& k_weight = head_norm != nullptr ? head_norm->k_weight : no_weight;
+  problem.align =
+      alignment_of({&q4, &k4, &q_out4, &k_out4, &r.cos3, &r.sin3, &q_weight, &k_weight});
 
   RopeParams p{};
   p.q = q4.data_ptr();
@@ -165,6 +180,11 @@ void rope_launch_aligned(const std::string& op, const RopeOperands& r, const at:
     p.sin = r.sin3.data_ptr();
     fill_strides(p.cos_strides, r.cos3, 2);
     fill_strides(p.sin_strides, r.sin3, 2);
+  }
+  if (head_norm != nullptr) {
+    p.head_norm.q_weight = q_weight.defined() ? q_weight.data_ptr() : nullptr;
+    p.head_norm.k_weight = k_weight.defined() ? k_weight.data_ptr() : nullptr;
+    p.head_norm.eps = static_cast<float>(head_norm->eps);
   }
   launch_op(q4, problem, rows, &p);
 }

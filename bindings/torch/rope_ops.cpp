@@ -21,6 +21,14 @@ TORCH_LIBRARY_FRAGMENT(kiln, m) {
       "float[]? rope_interpolation_scale=None, int[] base_sizes=[20, 2048, 2048], "
       "int[] patch_sizes=[1, 1], float theta=10000.0) -> (Tensor, Tensor)");
   m.def(
+      "head_norm_rope(Tensor q, Tensor k, Tensor? q_weight, Tensor? k_weight, Tensor cos, "
+      "Tensor sin, float eps=1e-06, bool interleaved=False, int rotary_dim=-1, "
+      "str layout=\"bhsd\", int head_dim=-1) -> (Tensor, Tensor)");
+  m.def(
+      "head_norm_rope_(Tensor(a!) q, Tensor(b!) k, Tensor? q_weight, Tensor? k_weight, "
+      "Tensor cos, Tensor sin, float eps=1e-06, bool interleaved=False, int rotary_dim=-1, "
+      "str layout=\"bhsd\", int head_dim=-1) -> ()");
+  m.def(
       "rope_backward(Tensor grad_q, Tensor grad_k, Tensor cos, Tensor sin, "
       "bool interleaved=False, int rotary_dim=-1, str layout=\"bhsd\", int head_dim=-1) "
       "-> (Tensor, Tensor)");
@@ -31,6 +39,8 @@ TORCH_LIBRARY_IMPL(kiln, CPU, m) {
   m.impl("rope_", &kiln::torch_ops::rope_inplace_cpu);
   m.impl("rope_3d", &kiln::torch_ops::rope_3d_cpu);
   m.impl("rms_norm_rope", &kiln::torch_ops::rms_norm_rope_cpu);
+  m.impl("head_norm_rope", &kiln::torch_ops::head_norm_rope_cpu);
+  m.impl("head_norm_rope_", &kiln::torch_ops::head_norm_rope_inplace_cpu);
   m.impl("rope_backward", &kiln::torch_ops::rope_backward_cpu);
 }
 
@@ -39,5 +49,7 @@ TORCH_LIBRARY_IMPL(kiln, CUDA, m) {
   m.impl("rope_", &kiln::torch_ops::rope_inplace_cuda);
   m.impl("rope_3d", &kiln::torch_ops::rope_3d_cuda);
   m.impl("rms_norm_rope", &kiln::torch_ops::rms_norm_rope_cuda);
+  m.impl("head_norm_rope", &kiln::torch_ops::head_norm_rope_cuda);
+  m.impl("head_norm_rope_", &kiln::torch_ops::head_norm_rope_inplace_cuda);
   m.impl("rope_backward", &kiln::torch_ops::rope_backward_cuda);
 }

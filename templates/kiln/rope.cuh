@@ -45,6 +45,13 @@
 // to k or into the next token do. That bookkeeping costs the general form registers and
 // instructions: for the FLUX-like call's 4 rows a thread (sm_90), 72 registers and 872 SASS
 // instructions, against 56 and 352 grouped.
+//
+// HEAD_NORM first RMS-normalises each row (one head: x * rsqrt(mean(x^2) + eps) * weight over
+// all HEAD_DIM columns, q's heads with q's weight and k's with k's), rounded to T as a separate
+// norm's output is, then rotates that: Qwen3's, Gemma 3's and FLUX's per-head q/k norms and
+// their RoPE in one pass over q and k instead of three. A row's threads sit in one warp
+// (THREADS_PER_ROW <= 32), so its sum of squares meets by shuffles, with no barrier; the
+// unrotated columns are normalised and stored in place too.
 #pragma once
 
 #include "kiln/common.cuh"
@@ -62,7 +69,7 @@ __device__ __noinline__ unsigned divide_rarely(unsigned dividend, unsigned divis
 
 template <typename T, typename TABLE, int HEAD_DIM, int ROTARY_DIM, int VEC_BYTES,
           int THREADS_PER_ROW, int CTA_THREADS, int ROWS_PER_THREAD, bool INTERLEAVED, bool VIDEO,
-          bool INVERSE, bool PREFETCH, int FORM, bool HALF_TABLE = false>
+          bool INVERSE, bool PREFETCH, int FORM, bool HALF_TABLE = false, bool HEAD_NORM = false>
 __global__ void __launch_bounds__(CTA_THREADS) rope(const RopeParams p) {
   begin_dependent_grid();
   constexpr int kVec = VEC_BYTES / static_cast<int>(sizeof(T));
@@ -83,6 +90,9 @@ __global__ void __launch_bounds__(CTA_THREADS) rope(const RopeParams p) {
   static_assert(CTA_THREADS % THREADS_PER_ROW == 0, "rows must tile the CTA");
   static_assert(FORM != kRopeTokenPair || ROWS_PER_THREAD == 2, "a token pair is two rows");
   static_assert(!HALF_TABLE || !VIDEO, "video angles come from coordinates, not a table");
+  static_assert(!HEAD_NORM || (!VIDEO && !INVERSE), "the head norm is a table forward's");
+  static_assert(!HEAD_NORM || (THREADS_PER_ROW <= 32 && 32 % THREADS_PER_ROW == 0),
+                "a normalised row's threads share a warp");
   constexpr bool kOnePlace = FORM != kRopeGeneral;  // a thread's rows share one place
 
   const int lane = static_cast<int>(threadIdx.x) % THREADS_PER_ROW;
@@ -104,6 +114,7 @@ __global__ void __launch_bounds__(CTA_THREADS) rope(const RopeParams p) {
     bool copy_rest[ROWS_PER_THREAD];       // out of place: the unrotated columns are copied
     long long angle_key[ROWS_PER_THREAD];  // rows with equal keys share cos/sin
     long long sin_offset[ROWS_PER_THREAD];
+    const T* weight[HEAD_NORM ? ROWS_PER_THREAD : 1];  // the row's norm weight (null: none)
   };
 
   // Where a row is: its head (q's first, then k's) and its token's batch entry and position.
@@ -188,7 +199,12 @@ __global__ void __launch_bounds__(CTA_THREADS) rope(const RopeParams p) {
     T* out_row = static_cast<T*>(is_q ? p.q_out : p.k_out) + place.entry * out_strides[0] +
                  place.position * out_strides[1] + h * out_strides[2];
     rows.out_row[j] = out_row;
-    rows.copy_rest[j] = kPassUnits > 0 && static_cast<const void*>(out_row) != in_row;
+    // Normalised, the unrotated columns change too, so they are stored even in place.
+    rows.copy_rest[j] =
+        kPassUnits > 0 && (HEAD_NORM || static_cast<const void*>(out_row) != in_row);
+    if constexpr (HEAD_NORM) {
+      rows.weight[j] = static_cast<const T*>(is_q ? p.head_norm.q_weight : p.head_norm.k_weight);
+    }
     if constexpr (VIDEO) {
       rows.angle_key[j] = place.position;
     } else {
@@ -208,6 +224,7 @@ __global__ void __launch_bounds__(CTA_THREADS) rope(const RopeParams p) {
     rows.copy_rest[j] = rows.copy_rest[0];
     rows.angle_key[j] = rows.angle_key[0];
     rows.sin_offset[j] = rows.sin_offset[0];
+    if constexpr (HEAD_NORM) rows.weight[j] = rows.weight[0];
     return first.in_row + j * first.in_head_stride;
   };
 
@@ -219,6 +236,7 @@ __global__ void __launch_bounds__(CTA_THREADS) rope(const RopeParams p) {
     rows.copy_rest[j] = false;
     rows.angle_key[j] = -1;
     rows.sin_offset[j] = 0;
+    if constexpr (HEAD_NORM) rows.weight[j] = nullptr;
   };
   const auto clear_rows = [&](Rows& rows) {
 #pragma unroll
@@ -322,6 +340,61 @@ __global__ void __launch_bounds__(CTA_THREADS) rope(const RopeParams p) {
     for (int j = 1; j < ROWS_PER_THREAD; ++j) load_row_vectors(j, follow(j, first_row, rows), rows);
   };
 
+  // HEAD_NORM: each row's rsqrt(mean(x^2) + eps), its sum of squares met across the row's
+  // threads by shuffles (every thread of the warp takes part, rows past the last with 0).
+  const auto head_scales = [&](const Rows& rows, float(&scale)[HEAD_NORM ? ROWS_PER_THREAD : 1]) {
+#pragma unroll
+    for (int j = 0; j < (HEAD_NORM ? ROWS_PER_THREAD : 0); ++j) {
+      float squares = 0.0f;
+      if (rows.out_row[j] != nullptr) {
+#pragma unroll
+        for (int step = 0; step < kRotSteps; ++step) {
+          const int unit = step * THREADS_PER_ROW + lane;
+          if (!(kRotExact || step + 1 < kRotSteps || unit < kRotUnits)) continue;
+#pragma unroll
+          for (int part = 0; part < kParts; ++part) {
+#pragma unroll
+            for (int i = 0; i < kVec; ++i) {
+              const float e = get_element<T>(rows.x[j][step][part], i);
+              squares += e * e;
+            }
+          }
+        }
+#pragma unroll
+        for (int step = 0; step < kPassSteps; ++step) {
+          const int unit = step * THREADS_PER_ROW + lane;
+          if (unit >= kPassUnits) continue;
+#pragma unroll
+          for (int i = 0; i < kVec; ++i) {
+            const float e = get_element<T>(rows.rest[j][step], i);
+            squares += e * e;
+          }
+        }
+      }
+#pragma unroll
+      for (int offset = THREADS_PER_ROW / 2; offset > 0; offset /= 2) {
+        squares += __shfl_xor_sync(0xffffffffu, squares, offset);
+      }
+      scale[j] = rsqrtf(squares * (1.0f / HEAD_DIM) + p.head_norm.eps);
+    }
+  };
+  // A thread's vector of a row (columns from `column`) normalised with the row's scale and
+  // weight, and rounded to T as the separate norm's output is.
+  const auto normalise = [](float(&v)[kVec], const T* weight, int column, float scale) {
+    float w[kVec];
+    if (weight != nullptr) {
+      load_floats_nc<T, VEC_BYTES>(weight + column, w);
+    } else {
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) w[i] = 1.0f;
+    }
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) v[i] = v[i] * scale * w[i];
+#pragma unroll
+    for (int i = 0; i + 1 < kVec; i += 2) round_through<T>(v[i], v[i + 1]);
+    if constexpr (kVec % 2 != 0) v[kVec - 1] = to_float(from_float<T>(v[kVec - 1]));
+  };
+
   // Whether row j's cos/sin differ from the row's before it (rows of one place share them).
   const auto new_angles = [](const Rows& rows, int j) {
     return j == 0 || (!kOnePlace && rows.angle_key[j] != rows.angle_key[j - 1]);
@@ -330,6 +403,8 @@ __global__ void __launch_bounds__(CTA_THREADS) rope(const RopeParams p) {
   // Rotates and stores the loaded rows, a step at a time, so a thread holds one step's
   // cos/sin, shared by its consecutive rows with equal angle keys.
   const auto rotate_rows = [&](const Rows& rows) {
+    float scale[HEAD_NORM ? ROWS_PER_THREAD : 1];
+    if constexpr (HEAD_NORM) head_scales(rows, scale);
     float axes[ROWS_PER_THREAD][3];
     if constexpr (VIDEO) {
 #pragma unroll
@@ -389,12 +464,30 @@ __global__ void __launch_bounds__(CTA_THREADS) rope(const RopeParams p) {
             }
           }
         }
+        // Normalised, a thread's elements are unpacked and scaled first; else each is read
+        // from its vector where the rotation uses it.
+        float x[HEAD_NORM ? kParts : 1][HEAD_NORM ? kVec : 1];
+        if constexpr (HEAD_NORM) {
+#pragma unroll
+          for (int part = 0; part < kParts; ++part) {
+#pragma unroll
+            for (int i = 0; i < kVec; ++i) x[part][i] = get_element<T>(rows.x[j][step][part], i);
+            normalise(x[part], rows.weight[j], unit * kVec + part * (ROTARY_DIM / 2), scale[j]);
+          }
+        }
+        const auto element = [&](int part, int i) {
+          if constexpr (HEAD_NORM) {
+            return x[part][i];
+          } else {
+            return get_element<T>(rows.x[j][step][part], i);
+          }
+        };
         if constexpr (INTERLEAVED) {
           float result[kVec];
 #pragma unroll
           for (int i = 0; i < kVec; i += 2) {
-            const float re = get_element<T>(rows.x[j][step][0], i);
-            const float im = get_element<T>(rows.x[j][step][0], i + 1);
+            const float re = element(0, i);
+            const float im = element(0, i + 1);
             if constexpr (INVERSE) {
               result[i] = re * c[i] + im * s[i + 1];
               result[i + 1] = im * c[i + 1] - re * s[i];
@@ -409,8 +502,8 @@ __global__ void __launch_bounds__(CTA_THREADS) rope(const RopeParams p) {
           float second_half[kVec];
 #pragma unroll
           for (int i = 0; i < kVec; ++i) {
-            const float a = get_element<T>(rows.x[j][step][0], i);
-            const float b = get_element<T>(rows.x[j][step][1], i);
+            const float a = element(0, i);
+            const float b = element(kParts - 1, i);
             if constexpr (INVERSE) {
               first_half[i] = a * c[i] + b * s[kVec + i];
               second_half[i] = b * c[kVec + i] - a * s[i];
@@ -430,7 +523,15 @@ __global__ void __launch_bounds__(CTA_THREADS) rope(const RopeParams p) {
       for (int step = 0; step < kPassSteps; ++step) {
         const int unit = step * THREADS_PER_ROW + lane;
         if (rows.copy_rest[j] && unit < kPassUnits) {
-          store_global<VEC_BYTES>(rows.out_row[j] + ROTARY_DIM + unit * kVec, rows.rest[j][step]);
+          if constexpr (HEAD_NORM) {
+            float rest[kVec];
+#pragma unroll
+            for (int i = 0; i < kVec; ++i) rest[i] = get_element<T>(rows.rest[j][step], i);
+            normalise(rest, rows.weight[j], ROTARY_DIM + unit * kVec, scale[j]);
+            store_floats<T, VEC_BYTES>(rows.out_row[j] + ROTARY_DIM + unit * kVec, rest);
+          } else {
+            store_global<VEC_BYTES>(rows.out_row[j] + ROTARY_DIM + unit * kVec, rows.rest[j][step]);
+          }
         }
       }
     }

@@ -35,6 +35,17 @@ struct RopeVideoGrid {
   Divisor height_divisor;
 };
 
+// kiln::rope's RMSNorm of each head before its rotation (HEAD_NORM): q's heads take
+// q_weight, k's k_weight (HEAD_DIM elements each, of the data's dtype; null: no weight).
+// A normalising call has a table, never video angles, so the two share space and the
+// parameters keep their size.
+struct RopeHeadNorm {
+  const void* q_weight;
+  const void* k_weight;
+  float eps;
+  int pad0;
+};
+
 // Rows are (token, head) pairs, the first heads_q heads of q and the rest of k, in one of
 // two orders, whichever follows memory:
 //  - heads inner (positions_inner == 0; [B, S, H, D] data, heads contiguous): token-major,
@@ -81,7 +92,10 @@ struct RopeParams {
   long long k_out_strides[3];
   long long cos_strides[2];  // batch, position (the last dimension is contiguous)
   long long sin_strides[2];
-  RopeVideoGrid video;
+  union {
+    RopeVideoGrid video;     // rope_3d
+    RopeHeadNorm head_norm;  // HEAD_NORM
+  };
 };
 
 #ifndef __CUDACC_RTC__

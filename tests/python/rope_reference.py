@@ -92,6 +92,16 @@ def rms_norm_across_heads(x, weight, eps, dtype):
     return y.to(dtype)
 
 
+def rms_norm_per_head(x, weight, eps, dtype):
+    """Qwen3's ``q_norm`` / FLUX's ``norm_q`` (an RMSNorm of the head dim, the last dimension
+    of x) in fp64, weight or None, rounded to `dtype` as the module's output is."""
+    x = x.double()
+    y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    if weight is not None:
+        y = y * weight.double()
+    return y.to(dtype)
+
+
 def llama_cos_sin(batch, seq, dim, base=10000.0, positions=None):
     """LlamaRotaryEmbedding's table (fp32): cat(freqs, freqs) of inv_freq x positions."""
     inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))

@@ -52,6 +52,10 @@ def calls(gen):
         ("rope", direct.rope, ops.rope.default, (q, k, cos, sin, False, -1, "bhsd", -1), ()),
         ("rope_", direct.rope_, ops.rope_.default,
          (q.clone(), k.clone(), cos, sin, True, 8, "bhsd", -1), (0, 1)),
+        ("head_norm_rope", direct.head_norm_rope, ops.head_norm_rope.default,
+         (q, k, w[:16], None, cos, sin, 1e-6, False, -1, "bhsd", -1), ()),
+        ("head_norm_rope_", direct.head_norm_rope_, ops.head_norm_rope_.default,
+         (q.clone(), k.clone(), None, w[16:32], cos, sin, 1e-5, True, 8, "bhsd", -1), (0, 1)),
     ]
 
 

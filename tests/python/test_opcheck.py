@@ -87,6 +87,12 @@ def cases(device, layout):
         ("rms_norm_rope grid", ops.rms_norm_rope.default,
          (v, u, wv, wv, 1e-5, None, None, [2, 2, 3], [0.32, 32.0, 32.0]), {}),
         ("rms_norm_rope table", ops.rms_norm_rope.default, (v, u, wv, wv, 1e-5, table_cos, table_sin), {}),
+        ("head_norm_rope", ops.head_norm_rope.default,
+         (q, k, w[:16], None, cos, sin, 1e-6, False, -1, "bhsd", -1), {}),
+        ("head_norm_rope interleaved bshd", ops.head_norm_rope.default,
+         (q_bshd, k_bshd, w[:16], w[16:], cos, sin, 1e-5, True, 8, "bshd", -1), {}),
+        ("head_norm_rope_", ops.head_norm_rope_.default,
+         (q.clone(), k.clone(), None, w[:16], cos, sin, 1e-6, True, -1, "bhsd", -1), {}),
     ]
 
 

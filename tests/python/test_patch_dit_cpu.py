@@ -30,7 +30,8 @@ needs_accelerate = pytest.mark.skipif(accelerate is None, reason="accelerate is 
 
 WRAPPED = ((kiln_ops, "rms_norm"), (norm_ops, "layer_norm"), (norm_ops, "adaln"), (norm_ops, "gated_adaln"),
            (activation_ops, "gelu"), (activation_ops, "gated_residual"), (activation_ops, "gated_residual_"),
-           (rope_ops, "rms_norm_rope"), (rope_ops, "rope"))
+           (rope_ops, "rms_norm_rope"), (rope_ops, "rope"), (rope_ops, "head_norm_rope"),
+           (rope_ops, "head_norm_rope_"))
 
 
 class Counter:
@@ -388,7 +389,13 @@ def _flux_out(model, inputs):
         return model(**inputs)[0]
 
 
-FLUX_FUSED = {"adaln": 5, "rope": 3, "rms_norm": 8, "layer_norm": 2, "gelu": 2}
+# Without autograd: AdaLN 2 (double block) + 2 (single blocks) + 1 (output); the per-head q/k
+# norms and the rotation one head_norm_rope a single block, and in the double block one in
+# place per stream (text, image) on the joint concatenation; norm2 / norm2_context LayerNorms.
+FLUX_FUSED = {"adaln": 5, "head_norm_rope": 2, "head_norm_rope_": 2, "layer_norm": 2, "gelu": 2}
+# Recording a graph (head_norm_rope has no backward): one rope per attention, the per-head q/k
+# norms as modules: 4 + 2 * 2.
+FLUX_TRAINING = {"adaln": 5, "rope": 3, "rms_norm": 8, "layer_norm": 2, "gelu": 2}
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -403,12 +410,11 @@ def test_flux_patched_agrees_and_unpatch_restores(dtype, monkeypatch):
         == "adaln (layer norm, zero)"
     assert kinds["single_transformer_blocks.1.norm"] == "adaln (layer norm, zero single)"
     assert kinds["norm_out"] == "adaln (layer norm, continuous)"
-    assert kinds["transformer_blocks.0.attn"] == "flux attention (rope of q and k)"
+    assert kinds["transformer_blocks.0.attn"] == "flux attention (per-head q/k rms_norm + rope)"
+    assert kinds["single_transformer_blocks.0.attn"] == "flux attention (per-head q/k rms_norm + rope)"
     assert report.left == []
     counter = Counter(monkeypatch)
     actual = _flux_out(model, inputs)
-    # AdaLN: 2 (double block) + 2 (single blocks) + 1 (output); one rope per attention;
-    # the per-head q/k norms stay modules: 4 + 2 * 2; norm2 / norm2_context LayerNorms.
     assert counter.used() == FLUX_FUSED
     _agree(actual, expected, dtype)
     assert kiln.unpatch(model) == len(report.replaced)
@@ -426,7 +432,7 @@ def test_flux_trains_through_kiln(monkeypatch):
     kiln.patch(model)
     counter = Counter(monkeypatch)
     actual = model(**inputs)[0]
-    assert counter.used() == FLUX_FUSED
+    assert counter.used() == FLUX_TRAINING
     _agree(actual, expected, torch.float32)
     actual.pow(2).mean().backward()
     params = dict(model.named_parameters())

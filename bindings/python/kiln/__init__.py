@@ -22,7 +22,7 @@ from .ops import rms_norm
 from .norm_ops import ada_values, adaln, fused_add_rms_norm, fused_add_rms_norm_, gated_adaln, layer_norm
 from .activation_ops import gated_residual, gated_residual_, geglu, gelu, swiglu
 from . import _fakes_rope  # noqa: F401  (registers the RoPE fakes)
-from .rope_ops import rms_norm_rope, rope, rope_, rope_3d
+from .rope_ops import head_norm_rope, head_norm_rope_, rms_norm_rope, rope, rope_, rope_3d
 from .patching import PatchReport, patch, unpatch
 from .warmup import WarmupReport, warmup
 from . import hub  # noqa: F401  (kiln's layers for the `kernels` package's kernelize)
@@ -69,6 +69,8 @@ __all__ = [
     "gelu",
     "gated_residual",
     "gated_residual_",
+    "head_norm_rope",
+    "head_norm_rope_",
     "rms_norm_rope",
     "rope",
     "rope_",

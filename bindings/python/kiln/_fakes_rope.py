@@ -42,6 +42,31 @@ def _rope_inplace_fake(q, k, cos, sin, interleaved=False, rotary_dim=-1, layout=
     return None
 
 
+def _head_norm_checks(q, k, layout, q_weight, k_weight, cos, sin):
+    _same_device("head_norm_rope", q, k=k, q_weight=q_weight, k_weight=k_weight, cos=cos, sin=sin)
+    _rope_shape_checks(q, k, layout, cos, sin)
+    for name, w in (("q_weight", q_weight), ("k_weight", k_weight)):
+        if w is not None:
+            torch._check(w.dtype == q.dtype,
+                         lambda: f"kiln.head_norm_rope: {name}: expected dtype {q.dtype} (as q), got {w.dtype}")
+            torch._check(w.dim() == 1,
+                         lambda: f"kiln.head_norm_rope: {name}: expected [D] (the head dim), got {list(w.shape)}")
+
+
+@torch.library.register_fake("kiln::head_norm_rope")
+def _head_norm_rope_fake(q, k, q_weight, k_weight, cos, sin, eps=1e-6, interleaved=False,
+                         rotary_dim=-1, layout="bhsd", head_dim=-1):
+    _head_norm_checks(q, k, layout, q_weight, k_weight, cos, sin)
+    return rope_output(q), rope_output(k)
+
+
+@torch.library.register_fake("kiln::head_norm_rope_")
+def _head_norm_rope_inplace_fake(q, k, q_weight, k_weight, cos, sin, eps=1e-6, interleaved=False,
+                                 rotary_dim=-1, layout="bhsd", head_dim=-1):
+    _head_norm_checks(q, k, layout, q_weight, k_weight, cos, sin)
+    return None
+
+
 @torch.library.register_fake("kiln::rope_3d")
 def _rope_3d_fake(q, k, grid, rope_interpolation_scale=None, base_sizes=(20, 2048, 2048),
                   patch_sizes=(1, 1), theta=10000.0):

@@ -28,6 +28,8 @@ _rope = torch.ops.kiln.rope.default
 _rope_inplace = torch.ops.kiln.rope_.default
 _rope_3d = torch.ops.kiln.rope_3d.default
 _rms_norm_rope = torch.ops.kiln.rms_norm_rope.default
+_head_norm_rope = torch.ops.kiln.head_norm_rope.default
+_head_norm_rope_inplace = torch.ops.kiln.head_norm_rope_.default
 
 LTX_BASE_SIZES = (20, 2048, 2048)
 
@@ -49,6 +51,36 @@ def rope_(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
         _rope_inplace(q, k, cos, sin, interleaved, rotary_dim, layout, head_dim)
     else:
         _direct.rope_(q, k, cos, sin, interleaved, rotary_dim, layout, head_dim)
+
+
+def head_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: Optional[torch.Tensor],
+                   k_weight: Optional[torch.Tensor], cos: torch.Tensor, sin: torch.Tensor,
+                   eps: float = 1e-6, interleaved: bool = False, rotary_dim: int = -1,
+                   layout: str = "bhsd", head_dim: int = -1) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The per-head q/k RMSNorm of Qwen3, Gemma 3 and FLUX, then ``rope``, in one launch: each
+    head of q and of k (D elements) becomes ``x * rsqrt(mean(x^2) + eps) * weight`` (q's
+    heads ``q_weight``, k's ``k_weight``, each [D] of q's dtype, or None for no weight),
+    rounded to q's dtype as the separate norm's output is, and is then rotated as ``rope``
+    rotates it (same arguments). Returns new (q, k) laid out as ``rope``'s. No backward."""
+    if _compiling():
+        return _head_norm_rope(q, k, q_weight, k_weight, cos, sin, eps, interleaved, rotary_dim,
+                               layout, head_dim)
+    return _direct.head_norm_rope(q, k, q_weight, k_weight, cos, sin, eps, interleaved,
+                                  rotary_dim, layout, head_dim)
+
+
+def head_norm_rope_(q: torch.Tensor, k: torch.Tensor, q_weight: Optional[torch.Tensor],
+                    k_weight: Optional[torch.Tensor], cos: torch.Tensor, sin: torch.Tensor,
+                    eps: float = 1e-6, interleaved: bool = False, rotary_dim: int = -1,
+                    layout: str = "bhsd", head_dim: int = -1) -> None:
+    """In-place ``head_norm_rope``: q and k are overwritten (every column: the unrotated ones
+    are normalised too)."""
+    if _compiling():
+        _head_norm_rope_inplace(q, k, q_weight, k_weight, cos, sin, eps, interleaved, rotary_dim,
+                                layout, head_dim)
+    else:
+        _direct.head_norm_rope_(q, k, q_weight, k_weight, cos, sin, eps, interleaved, rotary_dim,
+                                layout, head_dim)
 
 
 def _video_args(rope_interpolation_scale, base_num_frames, base_height, base_width,

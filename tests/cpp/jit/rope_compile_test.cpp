@@ -23,6 +23,12 @@ TEST_CASE("every fast-tune candidate of the RoPE families compiles for sm_75, sm
       // sm_90 only, with the other plain heads).
       Problem{Op::rope, DType::bf16, 64, kRopeHalfTable | rope_head_flags(64, 8), 16},
       Problem{Op::rope, DType::f16, 128, kRopeHalfTable | kRopeInterleaved | kRopeTableF32, 16},
+      // Each head normalised first (head_norm_rope): Qwen3's heads, FLUX's interleaved fp32
+      // table, and a partial rotary dim in fp32 positions inner.
+      Problem{Op::rope, DType::bf16, 128, kRopeHeadNorm | rope_head_flags(32, 8), 16},
+      Problem{Op::rope, DType::f16, 128,
+              kRopeHeadNorm | kRopeInterleaved | kRopeTableF32 | rope_head_flags(24, 24), 16},
+      Problem{Op::rope, DType::f32, 128, kRopeHeadNorm | kRopePositionsInner, 16, 64},
       Problem{Op::rope_3d, DType::bf16, 2048, 0u, 16},
       Problem{Op::rms_norm_rope, DType::bf16, 2048, kRmsNormRopeVideo, 16},
   };

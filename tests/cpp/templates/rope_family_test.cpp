@@ -51,7 +51,8 @@ TEST_CASE("rope refuses problems it cannot specialise") {
   CHECK_THROWS_AS(f.check(rope(DType::bf16, 128, 0, 130)), kiln::ArgumentError);
   CHECK_THROWS_AS(f.check(rope(DType::bf16, 128, 0, 33)), kiln::ArgumentError);
   CHECK_NOTHROW(f.check(rope(DType::bf16, 128, kiln::kRopePositionsInner)));
-  CHECK_THROWS_AS(f.check(rope(DType::bf16, 128, 256)), kiln::ArgumentError);
+  CHECK_THROWS_AS(f.check(rope(DType::bf16, 128, 512)), kiln::ArgumentError);
+  CHECK_NOTHROW(f.check(rope(DType::bf16, 128, kiln::kRopeHeadNorm)));
   CHECK_NOTHROW(f.check(rope(DType::bf16, 128, kiln::kRopeHalfTable)));
   CHECK_THROWS_AS(kiln::family(Op::rope_3d)
                       .check(Problem{Op::rope_3d, DType::bf16, 2048, kiln::kRopeHalfTable, 16}),
@@ -442,6 +443,55 @@ TEST_CASE("a half table (one angle a pair) is a flag: the kernel's last argument
     const std::int64_t table_bytes = f.bytes_moved(full, 64) - f.bytes_moved(half, 64);
     CHECK(table_bytes * 2 == f.bytes_moved(full, 64) - 2 * 64 * 128 * 2);
   }
+}
+
+TEST_CASE("a head norm is a flag: the kernel's last argument, two weights, forward only") {
+  const DeviceTraits device = DeviceTraits::for_arch(90);
+  const kiln::Family& f = kiln::family(Op::rope);
+  const std::uint32_t heads = kiln::rope_head_flags(32, 8);
+  const Problem plain = rope(DType::bf16, 128, heads);
+  const Problem normed = rope(DType::bf16, 128, heads | kiln::kRopeHeadNorm);
+  CHECK(normed.key() != plain.key());
+  const Config h = f.heuristic(normed, device);
+  CHECK(h == f.heuristic(plain, device));
+  const std::string name = f.name_expression(normed, h);
+  CHECK(name.ends_with(", false, true>"));
+  CHECK(name.starts_with(
+      f.name_expression(plain, h).substr(0, f.name_expression(plain, h).size() - 1)));
+  CHECK(f.name_expression(
+             rope(DType::bf16, 128, heads | kiln::kRopeHeadNorm | kiln::kRopeHalfTable), h)
+            .ends_with(", true, true>"));
+  // The same space but the configs whose row spans warps (its sum meets by shuffles).
+  Config wide = h;
+  wide.vec_bytes = 2;
+  wide.threads_per_row = 64;
+  CHECK(f.invalid_reason(plain, wide, device).empty());
+  CHECK(f.invalid_reason(normed, wide, device).find("spans warps") != std::string::npos);
+  for (const Config& c : f.space(normed, device)) CHECK(c.threads_per_row <= 32);
+  // The run's buffers: the weights after the table, the head dim each.
+  const auto buffers = f.buffers(normed, 64);
+  REQUIRE(buffers.size() == 8);
+  CHECK(buffers[4].name == "q_weight");
+  CHECK(buffers[5].name == "k_weight");
+  CHECK(buffers[4].elements == 128);
+  CHECK(!buffers[4].is_output);
+  CHECK(f.bytes_moved(normed, 64) == f.bytes_moved(plain, 64) + 2 * 128 * 2);
+  const std::uint64_t addresses[] = {0x1000, 0x2000, 0x3000, 0x4000,
+                                     0x5000, 0x6000, 0x7000, 0x8000};
+  kiln::RopeParams params;
+  std::memcpy(&params, f.pack_params(normed, 64, addresses).data(), sizeof(params));
+  CHECK(params.head_norm.q_weight == reinterpret_cast<const void*>(0x5000));
+  CHECK(params.head_norm.k_weight == reinterpret_cast<const void*>(0x6000));
+  CHECK(params.q_out == reinterpret_cast<void*>(0x7000));
+  CHECK(params.head_norm.eps > 0.0f);
+  CHECK_THROWS_AS(f.pack_params(normed, 64, std::span(addresses, 6)), kiln::Error);
+  // No backward, and rope_3d takes none.
+  CHECK_THROWS_WITH_AS(f.check(rope(DType::bf16, 128, kiln::kRopeHeadNorm | kiln::kRopeInverse)),
+                       doctest::Contains("head-norm (256) without inverse (4)"),
+                       kiln::ArgumentError);
+  CHECK_THROWS_AS(kiln::family(Op::rope_3d)
+                      .check(Problem{Op::rope_3d, DType::bf16, 2048, kiln::kRopeHeadNorm, 16}),
+                  kiln::ArgumentError);
 }
 
 namespace {

@@ -11,6 +11,7 @@ output of the original and the replacement must agree. Its inner norms are first
 classified by what they compute (:func:`detect.classify_norm`).
 """
 
+import functools
 import inspect
 import math
 from dataclasses import dataclass
@@ -340,12 +341,22 @@ def classify_flux_attention(module: torch.nn.Module, processor) -> Union[DitMatc
     angles = 40 * torch.randn(s, head_dim // 2, generator=g)
     rope = (angles.cos().repeat_interleave(2, -1), angles.sin().repeat_interleave(2, -1))
     calls = [((module, x), dict(encoder_hidden_states=enc, image_rotary_emb=rope))]
-    patched = flux.FluxAttnProcessor(processor)
-    norms = ("norm_q", "norm_k", "norm_added_q", "norm_added_k")
-    with torch.no_grad(), _LocalAttention(processor), _Stack(swaps + _norm_weights(module, norms, g)):
-        why = _compare_calls(processor, patched, calls)
+    norms = ("norm_q", "norm_k") + (("norm_added_q", "norm_added_k") if joint else ())
+    # Where the per-head q/k norms are RMSNorms, they and the rotation are one launch a stream.
+    fuse = all(not isinstance(_rms_norm_child(module, name), NoMatch) for name in norms)
+    why = None
+    for fuse_norms in ((True, False) if fuse else (False,)):
+        patched = flux.FluxAttnProcessor(processor, fuse_norms=fuse_norms)
+        g.manual_seed(1)
+        with torch.no_grad(), _LocalAttention(processor), _Stack(swaps + _norm_weights(module, norms, g)):
+            why = _compare_calls(processor, patched, calls)
+        if why is None:
+            break
     if why is not None:
         return NoMatch("attention", f"does not compute FLUX's attention as kiln's processor does: {why}")
+    if fuse_norms:
+        return DitMatch("flux attention (per-head q/k rms_norm + rope)", "head_norm_rope", "rope",
+                        functools.partial(flux.FluxAttnProcessor, fuse_norms=True), target="processor")
     return DitMatch("flux attention (rope of q and k)", "rope", "rope", flux.FluxAttnProcessor, target="processor")
 
 

@@ -1,9 +1,8 @@
 """FLUX's replacements (diffusers' ``FluxTransformer2DModel``): its AdaLN modules (norm plus
-modulation as one ``kiln.adaln``) and its attention processor (the rotation of q and k as
-one ``kiln.rope``; the per-head q/k RMSNorms stay modules, patched as norms).
-
-kiln's ``rms_norm_rope`` normalises over a whole row of heads, as LTX-Video does; FLUX
-normalises each head, so its norm and rotation stay two steps.
+modulation as one ``kiln.adaln``) and its attention processor: the per-head q/k RMSNorms and
+the rotation of q and k as one ``kiln.head_norm_rope`` where the norms are RMSNorms kiln
+computes and no autograd graph is recorded (the fused op has no backward), else the norms as
+modules (patched as norms) and the rotation as one ``kiln.rope``.
 """
 
 import sys
@@ -70,8 +69,10 @@ class FluxAttnProcessor:
     """diffusers' ``FluxAttnProcessor.__call__`` with the two ``apply_rotary_emb`` calls as
     one ``kiln.rope`` (interleaved pairs, [B, S, H, D]); everything else is diffusers'."""
 
-    def __init__(self, original: object):
+    def __init__(self, original: object, fuse_norms: bool = False):
         self.original = original
+        # The module's q/k norms are RMSNorms one kiln call computes (checked when patched).
+        self.fuse_norms = fuse_norms
         module = sys.modules[type(original).__module__]
         self._qkv = module._get_qkv_projections
         self._apply_rotary_emb = module.apply_rotary_emb
@@ -93,17 +94,61 @@ class FluxAttnProcessor:
     def _parallel_config(self, value):
         self.original._parallel_config = value
 
-    def _rotate(self, query, key, image_rotary_emb):
+    @staticmethod
+    def _table(query, key, image_rotary_emb, text: int = 0):
+        """(cos, sin) kiln's rotation reads as they are for q and k [B, S, H, D] of `text` +
+        the image's tokens, or None."""
         cos, sin = image_rotary_emb if isinstance(image_rotary_emb, tuple) else (None, None)
         if (isinstance(cos, torch.Tensor) and isinstance(sin, torch.Tensor) and query.dim() == 4
                 and query.shape[:2] == key.shape[:2] and query.shape[3] == key.shape[3]
-                and cos.dim() == 2 and cos.shape == sin.shape and cos.shape[0] == query.shape[1]
-                and cos.shape[1] == query.shape[3] and cos.dtype in (torch.float32, query.dtype)
-                and sin.dtype == cos.dtype and cos.device == query.device
-                and kiln_can_take(query, key, differentiable=True)):
-            return rope_ops.rope(query, key, cos, sin, interleaved=True, layout="bshd")
+                and cos.dim() == 2 and cos.shape == sin.shape
+                and cos.shape[0] == query.shape[1] + text and cos.shape[1] == query.shape[3]
+                and cos.dtype in (torch.float32, query.dtype)
+                and sin.dtype == cos.dtype and cos.device == query.device):
+            return cos, sin
+        return None
+
+    def _rotate(self, query, key, image_rotary_emb):
+        table = self._table(query, key, image_rotary_emb)
+        if table is not None and kiln_can_take(query, key, differentiable=True):
+            return rope_ops.rope(query, key, *table, interleaved=True, layout="bshd")
         return (self._apply_rotary_emb(query, image_rotary_emb, sequence_dim=1),
                 self._apply_rotary_emb(key, image_rotary_emb, sequence_dim=1))
+
+    def _fused_norms(self, attn, query, key, encoder_query, image_rotary_emb):
+        """(weights, eps, table) for one ``kiln.head_norm_rope`` per stream where it computes
+        what the norms and the rotation compute (the norms' weights of q's dtype or none, one
+        eps, a table kiln reads, no graph to record), else None."""
+        if not self.fuse_norms or image_rotary_emb is None:
+            return None
+        text = 0 if encoder_query is None else encoder_query.shape[1]
+        table = self._table(query, key, image_rotary_emb, text)
+        names = ("norm_q", "norm_k") + (() if encoder_query is None else ("norm_added_q", "norm_added_k"))
+        norms = [getattr(attn, name) for name in names]
+        weights = [getattr(n, "weight", None) for n in norms]
+        if table is None or any(w is not None and not isinstance(w, torch.Tensor) for w in weights):
+            return None
+        given = [w for w in weights if w is not None]
+        streams = (query, key) if encoder_query is None else (query, key, encoder_query)
+        if not kiln_can_take(*streams, *given) or any(w.shape != (query.shape[3],) for w in given):
+            return None
+        eps = {norm_eps(n, query) for n in norms}
+        if len(eps) != 1:
+            return None
+        return weights, eps.pop(), table
+
+    def _norm_rotate(self, query, key, fused, text: int):
+        """The fused norms and rotation of q and k [B, text + S, H, D]: in place on the joint
+        attention's concatenation (a new tensor), text and image tokens each with their norms'
+        weights and their rows of the table; else new tensors."""
+        weights, eps, (cos, sin) = fused
+        if text == 0:
+            return rope_ops.head_norm_rope(query, key, weights[0], weights[1], cos, sin, eps,
+                                           interleaved=True, layout="bshd")
+        for part, (wq, wk) in ((slice(0, text), weights[2:]), (slice(text, None), weights[:2])):
+            rope_ops.head_norm_rope_(query[:, part], key[:, part], wq, wk, cos[part], sin[part], eps,
+                                     interleaved=True, layout="bshd")
+        return query, key
 
     def __call__(self, attn, hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor = None,
                  attention_mask: Optional[torch.Tensor] = None,
@@ -113,18 +158,25 @@ class FluxAttnProcessor:
         query = query.unflatten(-1, (-1, attn.head_dim))
         key = key.unflatten(-1, (-1, attn.head_dim))
         value = value.unflatten(-1, (-1, attn.head_dim))
-        query = attn.norm_q(query)
-        key = attn.norm_k(key)
-        if attn.added_kv_proj_dim is not None:
+        joint = attn.added_kv_proj_dim is not None
+        if joint:
             encoder_query = encoder_query.unflatten(-1, (-1, attn.head_dim))
             encoder_key = encoder_key.unflatten(-1, (-1, attn.head_dim))
             encoder_value = encoder_value.unflatten(-1, (-1, attn.head_dim))
-            encoder_query = attn.norm_added_q(encoder_query)
-            encoder_key = attn.norm_added_k(encoder_key)
+        fused = self._fused_norms(attn, query, key, encoder_query if joint else None, image_rotary_emb)
+        if fused is None:
+            query = attn.norm_q(query)
+            key = attn.norm_k(key)
+        if joint:
+            if fused is None:
+                encoder_query = attn.norm_added_q(encoder_query)
+                encoder_key = attn.norm_added_k(encoder_key)
             query = torch.cat([encoder_query, query], dim=1)
             key = torch.cat([encoder_key, key], dim=1)
             value = torch.cat([encoder_value, value], dim=1)
-        if image_rotary_emb is not None:
+        if fused is not None:
+            query, key = self._norm_rotate(query, key, fused, encoder_query.shape[1] if joint else 0)
+        elif image_rotary_emb is not None:
             query, key = self._rotate(query, key, image_rotary_emb)
         hidden_states = self._dispatch(query, key, value, attn_mask=attention_mask,
                                        backend=self._attention_backend, parallel_config=self._parallel_config)
