@@ -13,13 +13,13 @@ namespace {
 const std::string kOp = "head_norm_rope";
 
 // q, k, cos and sin as rope checks them, and each weight a [D] tensor of q's dtype and device.
-RopeOperands head_norm_operands(const std::string& op, const at::Tensor& q, const at::Tensor& k,
-                                const std::optional<at::Tensor>& q_weight,
-                                const std::optional<at::Tensor>& k_weight, const at::Tensor& cos,
-                                const at::Tensor& sin, bool interleaved, std::int64_t rotary_dim,
-                                const std::string& layout, std::int64_t head_dim) {
-  RopeOperands r = rope_operands(op, q, k, cos, sin, interleaved, rotary_dim, layout, head_dim);
-  const std::int64_t d = r.q4.size(3);
+RopeShape head_norm_shape(const std::string& op, const at::Tensor& q, const at::Tensor& k,
+                          const std::optional<at::Tensor>& q_weight,
+                          const std::optional<at::Tensor>& k_weight, const at::Tensor& cos,
+                          const at::Tensor& sin, bool interleaved, std::int64_t rotary_dim,
+                          const std::string& layout, std::int64_t head_dim) {
+  const RopeShape shape = rope_shape(op, q, k, cos, sin, interleaved, rotary_dim, layout, head_dim);
+  const std::int64_t d = shape.d;
   for (const auto& [arg, weight] :
        {std::pair{"q_weight", &q_weight}, std::pair{"k_weight", &k_weight}}) {
     if (!weight->has_value()) {
@@ -37,7 +37,7 @@ RopeOperands head_norm_operands(const std::string& op, const at::Tensor& q, cons
       fail_value(op, arg, "[" + std::to_string(d) + "] (the head dim)", shape_text(w));
     }
   }
-  return r;
+  return shape;
 }
 
 HeadNormArgs norm_args(const std::optional<at::Tensor>& q_weight,
@@ -80,10 +80,10 @@ TensorPair reference(const std::string& op, const at::Tensor& q, const at::Tenso
                      const at::Tensor& sin, double eps, bool interleaved, std::int64_t rotary_dim,
                      std::string_view layout, std::int64_t head_dim) {
   const std::string lay(layout);
-  const RopeOperands r = head_norm_operands(op, q, k, q_weight, k_weight, cos, sin, interleaved,
-                                            rotary_dim, lay, head_dim);
+  const RopeShape shape = head_norm_shape(op, q, k, q_weight, k_weight, cos, sin, interleaved,
+                                          rotary_dim, lay, head_dim);
   require_device(op, q, false);
-  const std::int64_t d = r.q4.size(3);
+  const std::int64_t d = shape.d;
   return rope_cpu(normalised_heads(q, q_weight, eps, lay, d),
                   normalised_heads(k, k_weight, eps, lay, d), cos, sin, interleaved, rotary_dim,
                   layout, d);
@@ -108,14 +108,13 @@ TensorPair head_norm_rope_cuda(const at::Tensor& q, const at::Tensor& k,
                                std::int64_t rotary_dim, std::string_view layout,
                                std::int64_t head_dim) {
   const std::string lay(layout);
-  const RopeOperands r = head_norm_operands(kOp, q, k, q_weight, k_weight, cos, sin, interleaved,
-                                            rotary_dim, lay, head_dim);
+  const RopeShape shape = head_norm_shape(kOp, q, k, q_weight, k_weight, cos, sin, interleaved,
+                                          rotary_dim, lay, head_dim);
   require_device(kOp, q, true);
   at::Tensor q_out = rope_output(q);
   at::Tensor k_out = rope_output(k);
-  const std::int64_t d = r.q4.size(3);
   const HeadNormArgs norm = norm_args(q_weight, k_weight, eps);
-  rope_launch(kOp, r, rope_view(q_out, lay, d), rope_view(k_out, lay, d), std::nullopt, &norm);
+  rope_launch_table(kOp, shape, q, k, cos, sin, lay, q_out, k_out, /*inverse=*/false, &norm);
   return {q_out, k_out};
 }
 
@@ -139,10 +138,10 @@ void head_norm_rope_inplace_cuda(const at::Tensor& q, const at::Tensor& k,
                                  std::int64_t head_dim) {
   const std::string lay(layout);
   const std::string op = kOp + "_";
-  const RopeOperands r = head_norm_operands(op, q, k, q_weight, k_weight, cos, sin, interleaved,
-                                            rotary_dim, lay, head_dim);
+  const RopeShape shape = head_norm_shape(op, q, k, q_weight, k_weight, cos, sin, interleaved,
+                                          rotary_dim, lay, head_dim);
   require_device(op, q, true);
-  if (r.q4.stride(3) != 1 || r.k4.stride(3) != 1 || !r.q4.is_alias_of(q) || !r.k4.is_alias_of(k)) {
+  if (q.stride(-1) != 1 || k.stride(-1) != 1) {
     // Rows not addressable in place (a strided last dimension): normalise and rotate a copy.
     auto [q_out, k_out] = head_norm_rope_cuda(q, k, q_weight, k_weight, cos, sin, eps, interleaved,
                                               rotary_dim, layout, head_dim);
@@ -152,7 +151,7 @@ void head_norm_rope_inplace_cuda(const at::Tensor& q, const at::Tensor& k,
   }
   // Each element is read by the thread that overwrites it, after its row's sum has met.
   const HeadNormArgs norm = norm_args(q_weight, k_weight, eps);
-  rope_launch(op, r, r.q4, r.k4, std::nullopt, &norm);
+  rope_launch_table(op, shape, q, k, cos, sin, lay, q, k, /*inverse=*/false, &norm);
 }
 
 }  // namespace kiln::torch_ops

@@ -37,8 +37,26 @@ struct RopeOperands {
   DType dtype = DType::f32;
 };
 
-// q_arg and k_arg: what error messages call q and k (rope_backward's grad_q, grad_k).
-// float64 passes on the CPU (see kernel_or_reference_dtype).
+// A checked call's sizes, read from its tensors' shapes without making a view.
+struct RopeShape {
+  std::int64_t batch = 0, seq = 0, heads_q = 0, heads_k = 0, d = 0;
+  std::int64_t rotary_dim = 0;
+  std::int64_t angles = 0;    // a table row's angles used: rotary_dim, or half of it
+  std::int64_t head_dim = 0;  // a flat [B, S, H*D] layout's D (0 otherwise)
+  bool bhsd = true;           // the layout: "bhsd", or "bshd" (4-D, or flat 3-D)
+  bool flat = false;
+  bool half_table = false;
+  bool interleaved = false;
+  DType dtype = DType::f32;
+};
+
+// Every check of rope's arguments (q_arg and k_arg: what error messages call q and k,
+// rope_backward's grad_q, grad_k; float64 passes on the CPU, see kernel_or_reference_dtype).
+RopeShape rope_shape(const std::string& op, const at::Tensor& q, const at::Tensor& k,
+                     const at::Tensor& cos, const at::Tensor& sin, bool interleaved,
+                     std::int64_t rotary_dim, const std::string& layout, std::int64_t head_dim,
+                     const std::string& q_arg = "q", const std::string& k_arg = "k");
+// rope_shape's checks, and the views the references and the general launch path read.
 RopeOperands rope_operands(const std::string& op, const at::Tensor& q, const at::Tensor& k,
                            const at::Tensor& cos, const at::Tensor& sin, bool interleaved,
                            std::int64_t rotary_dim, const std::string& layout,
@@ -87,6 +105,15 @@ struct HeadNormArgs {
 void rope_launch(const std::string& op, const RopeOperands& operands, const at::Tensor& q_out4,
                  const at::Tensor& k_out4, const std::optional<VideoArgs>& video,
                  const HeadNormArgs* head_norm = nullptr);
+// rope's table rotation (or its inverse, or head_norm_rope's) of q and k into q_out and k_out
+// (tensors of q's and k's shapes in `layout`, or q and k themselves), read from their sizes
+// and strides without a view: a view costs a dispatcher call, and the views of the general
+// path cost a decode-sized call more host time than its launch. Falls back to that path where
+// an operand needs a copy (a strided last dimension, a misaligned interleaved pair).
+void rope_launch_table(const std::string& op, const RopeShape& shape, const at::Tensor& q,
+                       const at::Tensor& k, const at::Tensor& cos, const at::Tensor& sin,
+                       const std::string& layout, const at::Tensor& q_out, const at::Tensor& k_out,
+                       bool inverse, const HeadNormArgs* head_norm = nullptr);
 
 void check_rope_3d(const at::Tensor& q, const at::Tensor& k, at::IntArrayRef grid,
                    std::optional<at::ArrayRef<double>> scale, at::IntArrayRef base_sizes,

@@ -18,8 +18,12 @@ void check_same_device(const std::string& op, const std::string& arg, const at::
 // cos or sin as [B or 1, S, R], before broadcasting.
 at::Tensor table_view(const std::string& op, const std::string& arg, const at::Tensor& t,
                       const std::string& layout) {
-  if (t.dim() == 2) return t.unsqueeze(0);
-  if (t.dim() == 3) return t;
+  if (t.dim() == 2) {
+    return t.unsqueeze(0);
+  }
+  if (t.dim() == 3) {
+    return t;
+  }
   if (t.dim() == 4) {
     const std::int64_t heads_axis = layout == "bhsd" ? 1 : 2;
     if (t.size(heads_axis) != 1) {
@@ -36,8 +40,12 @@ at::Tensor table_view(const std::string& op, const std::string& arg, const at::T
 }  // namespace
 
 at::Tensor rope_view(const at::Tensor& x, const std::string& layout, std::int64_t head_dim) {
-  if (layout == "bhsd") return x.permute({0, 2, 1, 3});
-  if (x.dim() == 4) return x;
+  if (layout == "bhsd") {
+    return x.permute({0, 2, 1, 3});
+  }
+  if (x.dim() == 4) {
+    return x;
+  }
   at::Tensor source = x.stride(-1) == 1 ? x : x.contiguous();
   return source.unflatten(-1, {x.size(-1) / head_dim, head_dim});
 }
@@ -50,13 +58,12 @@ at::Tensor rope_output(const at::Tensor& x) {
   return at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
 }
 
-RopeOperands rope_operands(const std::string& op, const at::Tensor& q, const at::Tensor& k,
-                           const at::Tensor& cos, const at::Tensor& sin, bool interleaved,
-                           std::int64_t rotary_dim, const std::string& layout,
-                           std::int64_t head_dim, const std::string& q_arg,
-                           const std::string& k_arg) {
-  RopeOperands r;
-  r.dtype = kernel_or_reference_dtype(op, q_arg, q);
+RopeShape rope_shape(const std::string& op, const at::Tensor& q, const at::Tensor& k,
+                     const at::Tensor& cos, const at::Tensor& sin, bool interleaved,
+                     std::int64_t rotary_dim, const std::string& layout, std::int64_t head_dim,
+                     const std::string& q_arg, const std::string& k_arg) {
+  RopeShape shape;
+  shape.dtype = kernel_or_reference_dtype(op, q_arg, q);
   if (k.scalar_type() != q.scalar_type()) {
     fail_type(op, k_arg, "dtype " + dtype_text(q.scalar_type()) + " (as " + q_arg + ")",
               dtype_text(k.scalar_type()));
@@ -81,63 +88,117 @@ RopeOperands rope_operands(const std::string& op, const at::Tensor& q, const at:
     fail_value(op, "layout", "\"bhsd\" ([B, H, S, D]) or \"bshd\" ([B, S, H, D] or [B, S, H*D])",
                "\"" + layout + "\"");
   }
-  const bool flat = layout == "bshd" && q.dim() == 3;
+  shape.bhsd = layout == "bhsd";
+  shape.flat = layout == "bshd" && q.dim() == 3;
   for (const auto& [arg, t] : {std::pair{q_arg, &q}, std::pair{k_arg, &k}}) {
-    if (flat ? t->dim() != 3 : t->dim() != 4) {
+    if (shape.flat ? t->dim() != 3 : t->dim() != 4) {
       fail_value(op, arg,
                  layout == "bhsd" ? "4 dimensions [B, H, S, D]"
-                 : flat           ? "3 dimensions [B, S, H*D] (as " + q_arg + ")"
+                 : shape.flat     ? "3 dimensions [B, S, H*D] (as " + q_arg + ")"
                                   : "4 dimensions [B, S, H, D] or 3 [B, S, H*D]",
                  shape_text(*t));
     }
   }
-  if (cos.dim() < 2) fail_value(op, "cos", "[S, R], [B, S, R] or [B, 1, S, R]", shape_text(cos));
+  if (cos.dim() < 2) {
+    fail_value(op, "cos", "[S, R], [B, S, R] or [B, 1, S, R]", shape_text(cos));
+  }
   const std::int64_t table_width = cos.size(-1);
-  if (flat) {
-    if (head_dim == -1) head_dim = table_width;
+  if (shape.flat) {
+    if (head_dim == -1) {
+      head_dim = table_width;
+    }
     if (head_dim <= 0 || q.size(-1) % head_dim != 0 || k.size(-1) % head_dim != 0) {
       fail_value(op, "head_dim",
                  "a divisor of " + q_arg + "'s and " + k_arg + "'s last dimensions (" +
                      std::to_string(q.size(-1)) + ", " + std::to_string(k.size(-1)) + ")",
                  std::to_string(head_dim));
     }
+    shape.head_dim = head_dim;
   }
-  r.q4 = rope_view(q, layout, head_dim);
-  r.k4 = rope_view(k, layout, head_dim);
-  const std::int64_t d = r.q4.size(3);
-  if (d % 2 != 0)
+  // [B, S, H, D] of q and of k in this layout.
+  const auto dims = [&](const at::Tensor& t) {
+    if (shape.bhsd) {
+      return std::array<std::int64_t, 4>{t.size(0), t.size(2), t.size(1), t.size(3)};
+    }
+    if (!shape.flat) {
+      return std::array<std::int64_t, 4>{t.size(0), t.size(1), t.size(2), t.size(3)};
+    }
+    return std::array<std::int64_t, 4>{t.size(0), t.size(1), t.size(2) / head_dim, head_dim};
+  };
+  const auto qd = dims(q);
+  const auto kd = dims(k);
+  const std::int64_t d = qd[3];
+  if (d % 2 != 0) {
     fail_value(op, q_arg, "an even head dim", std::to_string(d) + " in " + shape_text(q));
-  if (r.k4.size(0) != r.q4.size(0) || r.k4.size(1) != r.q4.size(1) || r.k4.size(3) != d) {
+  }
+  if (kd[0] != qd[0] || kd[1] != qd[1] || kd[3] != d) {
     fail_value(op, k_arg, q_arg + "'s batch, sequence length and head dim in layout " + layout,
                shape_text(k) + " (" + q_arg + " is " + shape_text(q) + ")");
   }
-  r.rotary_dim = rotary_dim == -1 ? table_width : rotary_dim;
-  if (r.rotary_dim < 2 || r.rotary_dim % 2 != 0 || r.rotary_dim > d) {
+  shape.batch = qd[0];
+  shape.seq = qd[1];
+  shape.heads_q = qd[2];
+  shape.heads_k = kd[2];
+  shape.d = d;
+  shape.rotary_dim = rotary_dim == -1 ? table_width : rotary_dim;
+  if (shape.rotary_dim < 2 || shape.rotary_dim % 2 != 0 || shape.rotary_dim > d) {
     fail_value(op, rotary_dim == -1 ? "cos" : "rotary_dim",
                "an even rotated width in [2, head dim " + std::to_string(d) + "]",
                rotary_dim == -1 ? shape_text(cos) : std::to_string(rotary_dim));
   }
   // A table of rotary_dim / 2 angles gives each rotation pair its angle once.
-  r.half_table = table_width * 2 == r.rotary_dim;
-  if (r.rotary_dim > table_width && !r.half_table) {
+  shape.half_table = table_width * 2 == shape.rotary_dim;
+  if (shape.rotary_dim > table_width && !shape.half_table) {
     fail_value(op, "cos",
-               "a last dimension >= rotary_dim " + std::to_string(r.rotary_dim) + ", or " +
-                   std::to_string(r.rotary_dim / 2) + " (one angle a rotation pair)",
+               "a last dimension >= rotary_dim " + std::to_string(shape.rotary_dim) + ", or " +
+                   std::to_string(shape.rotary_dim / 2) + " (one angle a rotation pair)",
                shape_text(cos));
   }
-  const std::int64_t angles = r.half_table ? r.rotary_dim / 2 : r.rotary_dim;
-  const std::int64_t batch = r.q4.size(0), seq = r.q4.size(1);
+  shape.angles = shape.half_table ? shape.rotary_dim / 2 : shape.rotary_dim;
+  for (const auto& [arg, t] : {std::pair{"cos", &cos}, std::pair{"sin", &sin}}) {
+    if (t->dim() > 4) {
+      fail_value(op, arg, "[S, R], [B, S, R] or [B, 1, S, R] (2 to 4 dimensions)", shape_text(*t));
+    }
+    const std::int64_t heads_axis = shape.bhsd ? 1 : 2;
+    if (t->dim() == 4 && t->size(heads_axis) != 1) {
+      fail_value(op, arg,
+                 "a heads axis (dimension " + std::to_string(heads_axis) +
+                     ") of size 1 in layout " + layout,
+                 shape_text(*t));
+    }
+    const std::int64_t rows = t->dim() == 2 ? 1 : t->size(0);
+    const std::int64_t positions = t->dim() == 4 ? t->size(shape.bhsd ? 2 : 1) : t->size(-2);
+    if ((rows != 1 && rows != shape.batch) || positions != shape.seq) {
+      fail_value(op, arg,
+                 "a table for " + std::to_string(shape.seq) + " positions (batch 1 or " +
+                     std::to_string(shape.batch) + ")",
+                 shape_text(*t));
+    }
+  }
+  shape.interleaved = interleaved;
+  return shape;
+}
+
+RopeOperands rope_operands(const std::string& op, const at::Tensor& q, const at::Tensor& k,
+                           const at::Tensor& cos, const at::Tensor& sin, bool interleaved,
+                           std::int64_t rotary_dim, const std::string& layout,
+                           std::int64_t head_dim, const std::string& q_arg,
+                           const std::string& k_arg) {
+  const RopeShape shape =
+      rope_shape(op, q, k, cos, sin, interleaved, rotary_dim, layout, head_dim, q_arg, k_arg);
+  RopeOperands r;
+  r.dtype = shape.dtype;
+  r.q4 = rope_view(q, layout, shape.d);
+  r.k4 = rope_view(k, layout, shape.d);
+  r.rotary_dim = shape.rotary_dim;
+  r.half_table = shape.half_table;
   for (const auto& [arg, t, out] :
        {std::tuple{"cos", &cos, &r.cos3}, std::tuple{"sin", &sin, &r.sin3}}) {
     at::Tensor view = table_view(op, arg, *t, layout);
-    if ((view.size(0) != 1 && view.size(0) != batch) || view.size(1) != seq) {
-      fail_value(op, arg,
-                 "a table for " + std::to_string(seq) + " positions (batch 1 or " +
-                     std::to_string(batch) + ")",
-                 shape_text(*t));
+    if (view.stride(-1) != 1) {
+      view = view.contiguous();
     }
-    if (view.stride(-1) != 1) view = view.contiguous();
-    *out = view.narrow(-1, 0, angles).expand({batch, seq, angles});
+    *out = view.narrow(-1, 0, shape.angles).expand({shape.batch, shape.seq, shape.angles});
   }
   r.interleaved = interleaved;
   return r;

@@ -2,6 +2,8 @@
 // fill its parameters from the tensors' strides and launch on the current stream.
 #include <ATen/ATen.h>
 
+#include <algorithm>
+#include <array>
 #include <limits>
 
 #include "bindings/torch/launch_op.h"
@@ -18,7 +20,9 @@ namespace kiln::torch_ops {
 namespace {
 
 void require_cuda(const std::string& op, const at::Tensor& q, const std::string& arg = "q") {
-  if (!q.is_cuda()) fail_value(op, arg, "a CUDA tensor", q.device().str());
+  if (!q.is_cuda()) {
+    fail_value(op, arg, "a CUDA tensor", q.device().str());
+  }
 }
 
 VideoRopeSettings video_settings(const VideoArgs& v) {
@@ -31,7 +35,9 @@ VideoRopeSettings video_settings(const VideoArgs& v) {
   } else {
     s.interpolation_scale.reset();
   }
-  for (int a = 0; a < 3; ++a) s.base_sizes[a] = static_cast<int>(v.base_sizes[a]);
+  for (int a = 0; a < 3; ++a) {
+    s.base_sizes[a] = static_cast<int>(v.base_sizes[a]);
+  }
   s.patch_size_t = static_cast<int>(v.patch_sizes[0]);
   s.patch_size = static_cast<int>(v.patch_sizes[1]);
   s.theta = v.theta;
@@ -42,7 +48,9 @@ VideoArgs video_args(at::IntArrayRef grid, std::optional<at::ArrayRef<double>> s
                      at::IntArrayRef base_sizes, at::IntArrayRef patch_sizes, double theta) {
   VideoArgs v;
   v.grid.assign(grid.begin(), grid.end());
-  if (scale) v.scale = std::vector<double>(scale->begin(), scale->end());
+  if (scale) {
+    v.scale = std::vector<double>(scale->begin(), scale->end());
+  }
   v.base_sizes.assign(base_sizes.begin(), base_sizes.end());
   v.patch_sizes.assign(patch_sizes.begin(), patch_sizes.end());
   v.theta = theta;
@@ -57,7 +65,9 @@ std::uintptr_t address(const at::Tensor& t) {
 std::uint32_t alignment_of(std::initializer_list<const at::Tensor*> tensors) {
   std::uintptr_t bits = 16;
   for (const at::Tensor* t : tensors) {
-    if (!t->defined()) continue;
+    if (!t->defined()) {
+      continue;
+    }
     bits |= address(*t);
     for (std::int64_t d = 0; d + 1 < t->dim(); ++d) {
       bits |= static_cast<std::uintptr_t>(t->stride(d) * t->element_size());
@@ -67,7 +77,9 @@ std::uint32_t alignment_of(std::initializer_list<const at::Tensor*> tensors) {
 }
 
 void fill_strides(long long* to, const at::Tensor& view, int count) {
-  for (int i = 0; i < count; ++i) to[i] = view.stride(i);
+  for (int i = 0; i < count; ++i) {
+    to[i] = view.stride(i);
+  }
 }
 
 at::Tensor last_dim_contiguous(const at::Tensor& t) {
@@ -83,12 +95,16 @@ std::uint32_t pair_bytes(const at::Tensor& t, bool interleaved) {
 }
 
 at::Tensor pair_aligned(const at::Tensor& t, std::uint32_t pair) {
-  if (!t.defined() || alignment_of({&t}) >= pair) return t;
+  if (!t.defined() || alignment_of({&t}) >= pair) {
+    return t;
+  }
   return t.clone(at::MemoryFormat::Contiguous);
 }
 
 at::Tensor pair_aligned_output(const at::Tensor& out, std::uint32_t pair) {
-  if (alignment_of({&out}) >= pair) return out;
+  if (alignment_of({&out}) >= pair) {
+    return out;
+  }
   return at::empty(out.sizes(), out.options().memory_format(at::MemoryFormat::Contiguous));
 }
 
@@ -113,96 +129,262 @@ void rope_launch(const std::string& op, const RopeOperands& r, const at::Tensor&
   if (head_norm != nullptr) {
     norm = *head_norm;
     for (at::Tensor* weight : {&norm->q_weight, &norm->k_weight}) {
-      if (weight->defined()) *weight = pair_aligned(weight->contiguous(), pair);
+      if (weight->defined()) {
+        *weight = pair_aligned(weight->contiguous(), pair);
+      }
     }
   }
   rope_launch_aligned(op, aligned, q_dst, k_dst, video, norm ? &*norm : nullptr);
-  if (!q_dst.is_same(q_out4)) q_out4.copy_(q_dst);
-  if (!k_dst.is_same(k_out4)) k_out4.copy_(k_dst);
+  if (!q_dst.is_same(q_out4)) {
+    q_out4.copy_(q_dst);
+  }
+  if (!k_dst.is_same(k_out4)) {
+    k_out4.copy_(k_dst);
+  }
 }
 
 namespace {
 
-void rope_launch_aligned(const std::string& op, const RopeOperands& r, const at::Tensor& q_out4,
-                         const at::Tensor& k_out4, const std::optional<VideoArgs>& video,
-                         const HeadNormArgs* head_norm) {
-  const at::Tensor& q4 = r.q4;
-  const at::Tensor& k4 = r.k4;
-  const std::int64_t batch = q4.size(0), seq = q4.size(1);
-  const std::int64_t heads_q = q4.size(2), heads_k = k4.size(2), d = q4.size(3);
-  const std::int64_t rows = batch * seq * (heads_q + heads_k);
-  if (rows == 0) return;
+// What kiln::rope reads of a call: addresses and element strides (batch, position, head of q,
+// k and their outputs; batch, position of the table), as views give them or as
+// rope_launch_table reads them off the tensors.
+struct RopeCall {
+  const at::Tensor* like = nullptr;  // q: the device and stream
+  const void* q = nullptr;
+  const void* k = nullptr;
+  void* q_out = nullptr;
+  void* k_out = nullptr;
+  const void* cos = nullptr;
+  const void* sin = nullptr;
+  std::array<std::int64_t, 3> q_strides{}, k_strides{}, q_out_strides{}, k_out_strides{};
+  std::array<std::int64_t, 2> cos_strides{}, sin_strides{};
+  std::int64_t batch = 0, seq = 0, heads_q = 0, heads_k = 0, d = 0, rotary_dim = 0;
+  std::int64_t element_size = 0;
+  bool table_f32 = false, half_table = false, interleaved = false, inverse = false;
+  std::uintptr_t align_bits = 0;  // every address and stride in bytes, or'ed
+};
+
+std::array<std::int64_t, 3> leading_strides(const at::Tensor& view, int count) {
+  std::array<std::int64_t, 3> strides{};
+  for (int i = 0; i < count; ++i) {
+    strides[i] = view.stride(i);
+  }
+  return strides;
+}
+
+void launch_call(const std::string& op, const RopeCall& c, const std::optional<VideoArgs>& video,
+                 const HeadNormArgs* head_norm) {
+  const std::int64_t rows = c.batch * c.seq * (c.heads_q + c.heads_k);
+  if (rows == 0) {
+    return;
+  }
   if (rows > std::numeric_limits<std::int32_t>::max()) {
     fail_value(op, "q", "fewer than 2^31 (batch x sequence x heads) rows of q and k together",
                std::to_string(rows));
   }
   Problem problem;
   problem.op = video ? Op::rope_3d : Op::rope;
-  problem.dtype = r.dtype;
-  problem.hidden = d;
-  problem.aux = r.rotary_dim == d ? 0 : r.rotary_dim;
+  problem.dtype = kiln_dtype(op, "q", *c.like);
+  problem.hidden = c.d;
+  problem.aux = c.rotary_dim == c.d ? 0 : c.rotary_dim;
   // [B, H, S, D] data (a head's positions nearer than a position's heads) is walked
   // positions-inner, so neighbouring threads read neighbouring memory.
-  const bool positions_inner = !video && q4.stride(1) < q4.stride(2);
+  const bool positions_inner = !video && c.q_strides[1] < c.q_strides[2];
   if (!video) {
-    problem.flags = (r.interleaved ? kRopeInterleaved : 0u) |
-                    (r.cos3.scalar_type() == at::kFloat ? kRopeTableF32 : 0u) |
-                    (r.inverse ? kRopeInverse : 0u) | (positions_inner ? kRopePositionsInner : 0u) |
-                    (r.half_table ? kRopeHalfTable : 0u) | rope_head_flags(heads_q, heads_k) |
+    problem.flags = (c.interleaved ? kRopeInterleaved : 0u) | (c.table_f32 ? kRopeTableF32 : 0u) |
+                    (c.inverse ? kRopeInverse : 0u) | (positions_inner ? kRopePositionsInner : 0u) |
+                    (c.half_table ? kRopeHalfTable : 0u) | rope_head_flags(c.heads_q, c.heads_k) |
                     (head_norm != nullptr ? kRopeHeadNorm : 0u);
   }
-  const at::Tensor no_weight;
-  const at::Tensor& q_weight = head_norm != nullptr ? head_norm->q_weight : no_weight;
-  const at::Tensor& k_weight = head_norm != nullptr ? head_norm->k_weight : no_weight;
-  problem.align =
-      alignment_of({&q4, &k4, &q_out4, &k_out4, &r.cos3, &r.sin3, &q_weight, &k_weight});
+  std::uintptr_t bits = c.align_bits;
+  if (head_norm != nullptr) {
+    for (const at::Tensor* weight : {&head_norm->q_weight, &head_norm->k_weight}) {
+      if (weight->defined()) {
+        bits |= address(*weight);
+      }
+    }
+  }
+  problem.align = common_alignment({bits});
 
   RopeParams p{};
-  p.q = q4.data_ptr();
-  p.k = k4.data_ptr();
-  p.q_out = q_out4.data_ptr();
-  p.k_out = k_out4.data_ptr();
-  set_row_order(p, rows, static_cast<int>(batch), static_cast<int>(heads_q),
-                static_cast<int>(heads_k), positions_inner,
-                d * static_cast<std::int64_t>(q4.element_size()));
-  fill_strides(p.q_strides, q4, 3);
-  fill_strides(p.k_strides, k4, 3);
-  fill_strides(p.q_out_strides, q_out4, 3);
-  fill_strides(p.k_out_strides, k_out4, 3);
+  p.q = c.q;
+  p.k = c.k;
+  p.q_out = c.q_out;
+  p.k_out = c.k_out;
+  set_row_order(p, rows, static_cast<int>(c.batch), static_cast<int>(c.heads_q),
+                static_cast<int>(c.heads_k), positions_inner, c.d * c.element_size);
+  std::copy(c.q_strides.begin(), c.q_strides.end(), p.q_strides);
+  std::copy(c.k_strides.begin(), c.k_strides.end(), p.k_strides);
+  std::copy(c.q_out_strides.begin(), c.q_out_strides.end(), p.q_out_strides);
+  std::copy(c.k_out_strides.begin(), c.k_out_strides.end(), p.k_out_strides);
   if (video) {
     try {
-      p.video = make_video_grid(op.c_str(), d, video_settings(*video));
+      p.video = make_video_grid(op.c_str(), c.d, video_settings(*video));
     } catch (const ArgumentError& error) {
       TORCH_CHECK_VALUE(false, error.what());
     }
   } else {
-    p.cos = r.cos3.data_ptr();
-    p.sin = r.sin3.data_ptr();
-    fill_strides(p.cos_strides, r.cos3, 2);
-    fill_strides(p.sin_strides, r.sin3, 2);
+    p.cos = c.cos;
+    p.sin = c.sin;
+    std::copy(c.cos_strides.begin(), c.cos_strides.end(), p.cos_strides);
+    std::copy(c.sin_strides.begin(), c.sin_strides.end(), p.sin_strides);
   }
   if (head_norm != nullptr) {
-    p.head_norm.q_weight = q_weight.defined() ? q_weight.data_ptr() : nullptr;
-    p.head_norm.k_weight = k_weight.defined() ? k_weight.data_ptr() : nullptr;
+    const at::Tensor& qw = head_norm->q_weight;
+    const at::Tensor& kw = head_norm->k_weight;
+    p.head_norm.q_weight = qw.defined() ? qw.data_ptr() : nullptr;
+    p.head_norm.k_weight = kw.defined() ? kw.data_ptr() : nullptr;
     p.head_norm.eps = static_cast<float>(head_norm->eps);
   }
-  launch_op(q4, problem, rows, &p);
+  launch_op(*c.like, problem, rows, &p);
+}
+
+void rope_launch_aligned(const std::string& op, const RopeOperands& r, const at::Tensor& q_out4,
+                         const at::Tensor& k_out4, const std::optional<VideoArgs>& video,
+                         const HeadNormArgs* head_norm) {
+  RopeCall c;
+  c.like = &r.q4;
+  c.q = r.q4.data_ptr();
+  c.k = r.k4.data_ptr();
+  c.q_out = q_out4.data_ptr();
+  c.k_out = k_out4.data_ptr();
+  c.q_strides = leading_strides(r.q4, 3);
+  c.k_strides = leading_strides(r.k4, 3);
+  c.q_out_strides = leading_strides(q_out4, 3);
+  c.k_out_strides = leading_strides(k_out4, 3);
+  c.batch = r.q4.size(0);
+  c.seq = r.q4.size(1);
+  c.heads_q = r.q4.size(2);
+  c.heads_k = r.k4.size(2);
+  c.d = r.q4.size(3);
+  c.rotary_dim = r.rotary_dim;
+  c.element_size = static_cast<std::int64_t>(r.q4.element_size());
+  c.half_table = r.half_table;
+  c.interleaved = r.interleaved;
+  c.inverse = r.inverse;
+  if (!video) {
+    c.cos = r.cos3.data_ptr();
+    c.sin = r.sin3.data_ptr();
+    const auto cos_strides = leading_strides(r.cos3, 2);
+    const auto sin_strides = leading_strides(r.sin3, 2);
+    c.cos_strides = {cos_strides[0], cos_strides[1]};
+    c.sin_strides = {sin_strides[0], sin_strides[1]};
+    c.table_f32 = r.cos3.scalar_type() == at::kFloat;
+  }
+  c.align_bits =
+      static_cast<std::uintptr_t>(alignment_of({&r.q4, &r.k4, &q_out4, &k_out4, &r.cos3, &r.sin3}));
+  launch_call(op, c, video, head_norm);
+}
+
+// q, k or an output as [B, S, H, D] element strides (batch, position, head, element) in the
+// layout, from its own strides.
+std::array<std::int64_t, 4> bshd_strides(const at::Tensor& x, const RopeShape& shape) {
+  if (shape.bhsd) {
+    return {x.stride(0), x.stride(2), x.stride(1), x.stride(3)};
+  }
+  if (!shape.flat) {
+    return {x.stride(0), x.stride(1), x.stride(2), x.stride(3)};
+  }
+  return {x.stride(0), x.stride(1), shape.head_dim * x.stride(2), x.stride(2)};
+}
+
+// cos or sin as [B, S, R] element strides (a batch of 1 broadcast with stride 0).
+std::array<std::int64_t, 3> table_strides(const at::Tensor& t, const RopeShape& shape) {
+  if (t.dim() == 2) {
+    return {0, t.stride(0), t.stride(1)};
+  }
+  const int position = t.dim() == 4 && shape.bhsd ? 2 : 1;
+  return {t.size(0) == 1 ? 0 : t.stride(0), t.stride(position), t.stride(-1)};
 }
 
 }  // namespace
+
+void rope_launch_table(const std::string& op, const RopeShape& shape, const at::Tensor& q,
+                       const at::Tensor& k, const at::Tensor& cos, const at::Tensor& sin,
+                       const std::string& layout, const at::Tensor& q_out, const at::Tensor& k_out,
+                       bool inverse, const HeadNormArgs* head_norm) {
+  const auto q4 = bshd_strides(q, shape);
+  const auto k4 = bshd_strides(k, shape);
+  const auto q_out4 = bshd_strides(q_out, shape);
+  const auto k_out4 = bshd_strides(k_out, shape);
+  const auto cos3 = table_strides(cos, shape);
+  const auto sin3 = table_strides(sin, shape);
+  const auto element = static_cast<std::int64_t>(q.element_size());
+  const auto table_element = static_cast<std::int64_t>(cos.element_size());
+  std::uintptr_t bits =
+      address(q) | address(k) | address(q_out) | address(k_out) | address(cos) | address(sin);
+  for (const auto* strides : {&q4, &k4, &q_out4, &k_out4}) {
+    for (int i = 0; i < 3; ++i) {
+      bits |= static_cast<std::uintptr_t>((*strides)[i] * element);
+    }
+  }
+  for (const auto* strides : {&cos3, &sin3}) {
+    for (int i = 0; i < 2; ++i) {
+      bits |= static_cast<std::uintptr_t>((*strides)[i] * table_element);
+    }
+  }
+  const std::uint32_t pair = pair_bytes(q, shape.interleaved);
+  bool weights_ready = true;
+  std::uintptr_t weight_bits = 0;
+  if (head_norm != nullptr) {
+    for (const at::Tensor* weight : {&head_norm->q_weight, &head_norm->k_weight}) {
+      if (weight->defined()) {
+        weights_ready = weights_ready && weight->is_contiguous();
+        weight_bits |= address(*weight);
+      }
+    }
+  }
+  const bool unit_last =
+      q4[3] == 1 && k4[3] == 1 && q_out4[3] == 1 && k_out4[3] == 1 && cos3[2] == 1 && sin3[2] == 1;
+  if (!unit_last || !weights_ready || common_alignment({bits | weight_bits}) < pair) {
+    // A copy is needed somewhere: the views' path makes it.
+    RopeOperands r = rope_operands(op, q, k, cos, sin, shape.interleaved, shape.rotary_dim, layout,
+                                   shape.flat ? shape.head_dim : -1);
+    r.inverse = inverse;
+    rope_launch(op, r, rope_view(q_out, layout, shape.d), rope_view(k_out, layout, shape.d),
+                std::nullopt, head_norm);
+    return;
+  }
+  RopeCall c;
+  c.like = &q;
+  c.q = q.data_ptr();
+  c.k = k.data_ptr();
+  c.q_out = q_out.data_ptr();
+  c.k_out = k_out.data_ptr();
+  c.cos = cos.data_ptr();
+  c.sin = sin.data_ptr();
+  c.q_strides = {q4[0], q4[1], q4[2]};
+  c.k_strides = {k4[0], k4[1], k4[2]};
+  c.q_out_strides = {q_out4[0], q_out4[1], q_out4[2]};
+  c.k_out_strides = {k_out4[0], k_out4[1], k_out4[2]};
+  c.cos_strides = {cos3[0], cos3[1]};
+  c.sin_strides = {sin3[0], sin3[1]};
+  c.batch = shape.batch;
+  c.seq = shape.seq;
+  c.heads_q = shape.heads_q;
+  c.heads_k = shape.heads_k;
+  c.d = shape.d;
+  c.rotary_dim = shape.rotary_dim;
+  c.element_size = element;
+  c.table_f32 = cos.scalar_type() == at::kFloat;
+  c.half_table = shape.half_table;
+  c.interleaved = shape.interleaved;
+  c.inverse = inverse;
+  c.align_bits = bits;
+  launch_call(op, c, std::nullopt, head_norm);
+}
 
 TensorPair rope_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
                      const at::Tensor& sin, bool interleaved, std::int64_t rotary_dim,
                      std::string_view layout, std::int64_t head_dim) {
   const std::string lay(layout);
-  const RopeOperands r =
-      rope_operands("rope", q, k, cos, sin, interleaved, rotary_dim, lay, head_dim);
+  const RopeShape shape =
+      rope_shape("rope", q, k, cos, sin, interleaved, rotary_dim, lay, head_dim);
   require_cuda("rope", q);
   // Laid out as q and k are (rope_output): transformers' q is [B, S, H, D] in memory.
   at::Tensor q_out = rope_output(q);
   at::Tensor k_out = rope_output(k);
-  const std::int64_t d = r.q4.size(3);
-  rope_launch("rope", r, rope_view(q_out, lay, d), rope_view(k_out, lay, d), std::nullopt);
+  rope_launch_table("rope", shape, q, k, cos, sin, lay, q_out, k_out, /*inverse=*/false);
   return {q_out, k_out};
 }
 
@@ -211,14 +393,13 @@ TensorPair rope_backward_cuda(const at::Tensor& grad_q, const at::Tensor& grad_k
                               std::int64_t rotary_dim, std::string_view layout,
                               std::int64_t head_dim) {
   const std::string lay(layout);
-  RopeOperands r = rope_operands("rope_backward", grad_q, grad_k, cos, sin, interleaved, rotary_dim,
-                                 lay, head_dim, "grad_q", "grad_k");
+  const RopeShape shape = rope_shape("rope_backward", grad_q, grad_k, cos, sin, interleaved,
+                                     rotary_dim, lay, head_dim, "grad_q", "grad_k");
   require_cuda("rope_backward", grad_q, "grad_q");
-  r.inverse = true;
   at::Tensor dq = rope_output(grad_q);
   at::Tensor dk = rope_output(grad_k);
-  const std::int64_t d = r.q4.size(3);
-  rope_launch("rope_backward", r, rope_view(dq, lay, d), rope_view(dk, lay, d), std::nullopt);
+  rope_launch_table("rope_backward", shape, grad_q, grad_k, cos, sin, lay, dq, dk,
+                    /*inverse=*/true);
   return {dq, dk};
 }
 
@@ -226,10 +407,10 @@ void rope_inplace_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tenso
                        const at::Tensor& sin, bool interleaved, std::int64_t rotary_dim,
                        std::string_view layout, std::int64_t head_dim) {
   const std::string lay(layout);
-  const RopeOperands r =
-      rope_operands("rope_", q, k, cos, sin, interleaved, rotary_dim, lay, head_dim);
+  const RopeShape shape =
+      rope_shape("rope_", q, k, cos, sin, interleaved, rotary_dim, lay, head_dim);
   require_cuda("rope_", q);
-  if (r.q4.stride(3) != 1 || r.k4.stride(3) != 1 || !r.q4.is_alias_of(q) || !r.k4.is_alias_of(k)) {
+  if (q.stride(-1) != 1 || k.stride(-1) != 1) {
     // Rows not addressable in place (a strided last dimension): rotate a copy, copy back.
     auto [q_out, k_out] = rope_cuda(q, k, cos, sin, interleaved, rotary_dim, layout, head_dim);
     q.copy_(q_out);
@@ -237,7 +418,7 @@ void rope_inplace_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tenso
     return;
   }
   // q and k are their own outputs: the kernel leaves the unrotated columns alone.
-  rope_launch("rope_", r, r.q4, r.k4, std::nullopt);
+  rope_launch_table("rope_", shape, q, k, cos, sin, lay, q, k, /*inverse=*/false);
 }
 
 TensorPair rope_3d_cuda(const at::Tensor& q, const at::Tensor& k, at::IntArrayRef grid,
