@@ -78,15 +78,18 @@ ModelShape read_diffusion(const nlohmann::json& config, const std::string& kind)
   model.hidden = model.head_dim * require_size(config, "num_attention_heads");
   model.intermediate = kDiffusersFeedForwardMult * model.hidden;
   if (kind == "flux") {
+    // q and k share the head count; kiln's patch rotates them with diffusers' fp32 table.
+    model.heads_q = model.heads_k = model.hidden / model.head_dim;
+    model.head_norm = true;
     model.rope = "3-D (axes_dims_rope";
     if (auto axes = config.find("axes_dims_rope"); axes != config.end() && axes->is_array()) {
       model.rope += " " + axes->dump();
     }
-    model.rope += ")";
+    model.rope += "), a table, interleaved pairs, after the per-head q/k RMSNorms";
     model.ops = {
         {Op::layer_norm, {model.hidden}},     {Op::adaln, {model.hidden}},
         {Op::gated_residual, {model.hidden}}, {Op::gelu, {model.intermediate}},
-        {Op::rms_norm, {model.head_dim}},     {Op::rope_3d, {model.head_dim}},
+        {Op::rms_norm, {model.head_dim}},     {Op::rope, {model.head_dim}},
     };
   } else {
     model.rope = "3-D (frames, height, width), interleaved pairs";

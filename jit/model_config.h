@@ -7,8 +7,9 @@
 //    RMSNorm over the inner dim (also the "rms_norm_across_heads" q/k norm), a GELU (tanh)
 //    feed-forward of 4x the inner dim, 3-D RoPE, gated residuals.
 //  - diffusers FluxTransformer2DModel: the same inner dim; LayerNorm and AdaLN-Zero over it,
-//    RMSNorm q/k norm per head (attention_head_dim), a GELU (tanh) feed-forward of 4x the
-//    inner dim, RoPE over axes_dims_rope (3 axes), gated residuals.
+//    RMSNorm q/k norm per head (attention_head_dim) and RoPE from a table over axes_dims_rope
+//    (3 axes), interleaved, fused as one head_norm_rope where kiln's patch can (else the norm
+//    and kiln.rope), a GELU (tanh) feed-forward of 4x the inner dim, gated residuals.
 #pragma once
 
 #include <cstdint>
@@ -31,6 +32,8 @@ struct ModelShape {
   // Its attention head counts (which kernel its RoPE calls take); fours when not given.
   std::int64_t heads_q = 4;
   std::int64_t heads_k = 4;
+  // Its attentions normalise each head and rotate q and k in one head_norm_rope (FLUX).
+  bool head_norm = false;
   // The ops the model uses, with the sizes each is called at.
   std::map<Op, std::vector<std::int64_t>> ops;
 };

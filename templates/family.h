@@ -20,6 +20,9 @@ struct PrewarmModel {
   std::int64_t heads_q = 4;  // fours when unknown, as most models' counts divide by
   std::int64_t heads_k = 4;
   bool training = false;
+  // Its attentions RMS-normalise each head of q and k and rotate them in one head_norm_rope
+  // call (FLUX's, as kiln's patch runs it without autograd): interleaved, an fp32 table.
+  bool head_norm = false;
 };
 
 // A scratch buffer the evaluator must provide to run a candidate on its own.

@@ -121,8 +121,9 @@ int run_prewarm(const PrewarmArgs& args) {
     auto sizes = jit::sizes_for_ops(model, ops);
     std::vector<Op> chosen;
     for (const auto& [op, list] : sizes) chosen.push_back(op);
-    auto more = jit::expand_targets(chosen, dtypes, sizes, parse_archs(args.archs, true), notes,
-                                    PrewarmModel{model.heads_q, model.heads_k, args.training});
+    auto more = jit::expand_targets(
+        chosen, dtypes, sizes, parse_archs(args.archs, true), notes,
+        PrewarmModel{model.heads_q, model.heads_k, args.training, model.head_norm});
     targets.insert(targets.end(), more.begin(), more.end());
   }
   if (!args.hiddens.empty()) {

@@ -89,6 +89,17 @@ def test_a_models_head_counts_choose_its_rope_kernel(fresh_cache, tmp_path):
                         flags=8 | 16 | 32)["from_cache"]
 
 
+def test_flux_prewarms_the_rotation_its_patched_attention_calls(fresh_cache, tmp_path):
+    # kiln's FLUX processor calls head_norm_rope (flags 256) with diffusers' fp32 table,
+    # interleaved (1 + 2), 24 + 24 heads (48), and kiln.rope the same way when training; FLUX
+    # computes its angles into a table, so nothing calls rope_3d.
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(FLUX))
+    assert kiln.prewarm(dtypes="bf16", archs="sm_90", config=str(path))["failed"] == 0
+    for flags in (1 | 2 | 48 | 256, 1 | 2 | 48):
+        assert kiln.compile("rope", "bf16", 128, arch="sm_90", format="cubin", flags=flags)["from_cache"]
+
+
 def test_training_adds_the_backward_kernels(fresh_cache, tmp_path):
     path = tmp_path / "config.json"
     path.write_text(json.dumps(LLAMA))

@@ -219,6 +219,16 @@ TEST_CASE("rope's common problems take the model's head counts, and training the
   for (std::uint32_t flags : flags_of({8, 1, false})) {
     CHECK((flags & kiln::kRopeHeadCountFlags) == 0u);
   }
+  // FLUX's 24 + 24 heads, normalised and rotated in one call: its table layout also with the
+  // head norm; training adds the inverses alone (the fused op has no backward).
+  const std::uint32_t flux = kRopeInterleaved | kRopeTableF32 | kiln::rope_head_flags(24, 24);
+  const auto flux_flags = flags_of({24, 24, false, true});
+  CHECK(flux_flags == std::vector<std::uint32_t>{by4, kRopePositionsInner | by4, flux,
+                                                 flux | kiln::kRopeHeadNorm,
+                                                 flux | kRopePositionsInner});
+  for (std::uint32_t flags : flags_of({24, 24, true, true})) {
+    CHECK((flags & (kiln::kRopeHeadNorm | kRopeInverse)) != (kiln::kRopeHeadNorm | kRopeInverse));
+  }
   // rope_3d takes no flags: one problem whatever the model.
   const auto video = kiln::family(Op::rope_3d).common_problems(DType::bf16, 64, {24, 24, true});
   REQUIRE(video.size() == 1);
