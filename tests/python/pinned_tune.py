@@ -58,3 +58,30 @@ def tune_pin_and_check(code, args, cache, extra, skip=None):
     run_child(code, args + ["tune"], cache, "full")
     pin_fastest_variant(cache, extra, skip=skip)
     run_child(code, args + ["check", f"{extra}=1"], cache, "fast")
+
+
+def check_every_pinned_config(cache, checks, least=20):
+    """In a child that has just tuned in full (each of `checks`, keyed by the problem key's
+    flags field, "f304", tuned its problem): every trial of every record ran ok, at least
+    `least` configs were measured, and each config, pinned in turn with the kernels forgotten,
+    passes its problem's check and is the kernel loaded. Returns how many were pinned."""
+    records = sorted((pathlib.Path(cache) / "v1" / "tune").glob("*/*.json"))
+    assert len(records) == len(checks), records
+    pinned = 0
+    for path in records:
+        record = json.loads(path.read_text())
+        problem, bucket = path.stem.rsplit(".r", 1)
+        check = checks[problem.split(".")[3]]
+        failed = [(config_key(t["config"]), t["message"]) for t in record["trials"]
+                  if t["status"] != "ok"]
+        assert not failed, failed
+        configs = {config_key(t["config"]) for t in record["trials"]}
+        assert len(configs) >= least, len(configs)
+        for config in sorted(configs):
+            kiln.tune_pin(problem=problem, bucket=int(bucket), config=config, cache_dir=str(cache))
+            kiln._C.forget_kernels()
+            check()
+            loaded = [k["config"] for k in kiln._C.loaded_kernels()]
+            assert loaded == [config], (config, loaded)
+            pinned += 1
+    return pinned

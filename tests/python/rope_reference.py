@@ -102,6 +102,13 @@ def rms_norm_per_head(x, weight, eps, dtype):
     return y.to(dtype)
 
 
+def flux_prologue(x, weight, cos, sin, eps, dtype):
+    """FLUX's attention prologue in fp64 for x [B, S, H, D]: ``norm_q`` per head (rounded to
+    `dtype`, as the module's output is), then diffusers' interleaved rotation by cos/sin [S, D]."""
+    return diffusers_apply_rotary_emb(rms_norm_per_head(x, weight, eps, dtype).transpose(1, 2),
+                                      cos, sin).transpose(1, 2)
+
+
 def llama_cos_sin(batch, seq, dim, base=10000.0, positions=None):
     """LlamaRotaryEmbedding's table (fp32): cat(freqs, freqs) of inv_freq x positions."""
     inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))

@@ -10,8 +10,7 @@ import torch
 
 import kiln
 from reference import assert_close_to
-from rope_reference import (diffusers_apply_rotary_emb, hf_apply_rotary_pos_emb, llama_cos_sin,
-                            rms_norm_per_head)
+from rope_reference import flux_prologue, hf_apply_rotary_pos_emb, llama_cos_sin, rms_norm_per_head
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
@@ -60,10 +59,7 @@ def test_flux_prologue(dtype, weighted, flat):
     q, k = fresh(b, s, h, d, gen=gen, dtype=dtype), fresh(b, s, h, d, gen=gen, dtype=dtype)
     wq, wk = weights(d, gen, dtype, weighted)
     cos, sin = fresh(s, d, gen=gen), fresh(s, d, gen=gen)
-    q_ref = diffusers_apply_rotary_emb(rms_norm_per_head(q, wq, 1e-6, dtype).transpose(1, 2),
-                                       cos, sin).transpose(1, 2)
-    k_ref = diffusers_apply_rotary_emb(rms_norm_per_head(k, wk, 1e-6, dtype).transpose(1, 2),
-                                       cos, sin).transpose(1, 2)
+    q_ref, k_ref = flux_prologue(q, wq, cos, sin, 1e-6, dtype), flux_prologue(k, wk, cos, sin, 1e-6, dtype)
     if flat:
         q_out, k_out = kiln.head_norm_rope(q.flatten(2), k.flatten(2), wq, wk, cos, sin,
                                            interleaved=True, layout="bshd", head_dim=d)
@@ -170,6 +166,4 @@ def test_the_bench_restates_the_libraries_prologues():
         expected = apply_rotary_emb(flux(x), (cos, sin), use_real_unbind_dim=-1, sequence_dim=1)
         assert torch.equal(bench.flux_apply_rotary_emb(flux(x), cos, sin), expected)
         got, _ = kiln.head_norm_rope(x, x, w, w, cos, sin, interleaved=True, layout="bshd")
-        ref = diffusers_apply_rotary_emb(rms_norm_per_head(x, w, 1e-6, torch.bfloat16).transpose(1, 2),
-                                         cos, sin).transpose(1, 2)
-        assert_close_to(got, ref, torch.bfloat16)
+        assert_close_to(got, flux_prologue(x, w, cos, sin, 1e-6, torch.bfloat16), torch.bfloat16)

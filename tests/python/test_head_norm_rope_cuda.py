@@ -10,8 +10,7 @@ import torch
 import kiln
 from pinned_tune import run_child
 from reference import assert_close_to
-from rope_reference import (diffusers_apply_rotary_emb, hf_apply_rotary_pos_emb, llama_cos_sin,
-                            rms_norm_per_head)
+from rope_reference import flux_prologue, hf_apply_rotary_pos_emb, llama_cos_sin, rms_norm_per_head
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("heuristic_tuning")]
 
@@ -69,10 +68,7 @@ def test_flux_prologue(dtype, shape, flat):
     wq, wk = weights(d, dtype, True)
     angles = torch.rand(s, d // 2, device="cuda") * 100
     cos, sin = angles.cos().repeat_interleave(2, -1), angles.sin().repeat_interleave(2, -1)
-    q_ref = diffusers_apply_rotary_emb(rms_norm_per_head(q, wq, 1e-6, dtype).transpose(1, 2),
-                                       cos, sin).transpose(1, 2)
-    k_ref = diffusers_apply_rotary_emb(rms_norm_per_head(k, wk, 1e-6, dtype).transpose(1, 2),
-                                       cos, sin).transpose(1, 2)
+    q_ref, k_ref = flux_prologue(q, wq, cos, sin, 1e-6, dtype), flux_prologue(k, wk, cos, sin, 1e-6, dtype)
     poison()
     if flat:
         q_out, k_out = kiln.head_norm_rope(q.flatten(2), k.flatten(2), wq, wk, cos, sin,
@@ -130,15 +126,13 @@ def test_mixed_devices_are_refused():
 
 
 CHILD = r"""
-import json
 import pathlib
 import sys
 import torch
 import kiln
-from pinned_tune import config_key
+from pinned_tune import check_every_pinned_config
 from reference import assert_close_to
-from rope_reference import (diffusers_apply_rotary_emb, hf_apply_rotary_pos_emb, llama_cos_sin,
-                            rms_norm_per_head)
+from rope_reference import flux_prologue, hf_apply_rotary_pos_emb, llama_cos_sin, rms_norm_per_head
 
 cache = pathlib.Path(sys.argv[1])
 gen = torch.Generator(device="cuda").manual_seed(7)
@@ -175,9 +169,8 @@ def interleaved():
     w = [(1 + 0.3 * torch.randn(128, device="cuda", generator=gen)).half() for _ in range(2)]
     cos = torch.randn(21, 128, device="cuda", generator=gen)
     sin = torch.randn(21, 128, device="cuda", generator=gen)
-    ref = lambda x, w: diffusers_apply_rotary_emb(
-        rms_norm_per_head(x, w, 1e-6, torch.float16).transpose(1, 2), cos, sin).transpose(1, 2)
-    q_ref, k_ref = ref(q, w[0]), ref(k, w[1])
+    q_ref = flux_prologue(q, w[0], cos, sin, 1e-6, torch.float16)
+    k_ref = flux_prologue(k, w[1], cos, sin, 1e-6, torch.float16)
     def check():
         poison()
         q_out, k_out = kiln.head_norm_rope(q, k, w[0], w[1], cos, sin, interleaved=True, layout="bshd")
@@ -191,26 +184,7 @@ checks = {"f304": half_split(True, 8, 4), "f280": half_split(False, 6, 2, weight
           "f256": half_split(True, 5, 3), "f307": interleaved()}
 for check in checks.values():
     check()  # tunes its problem in full, every candidate checked by the tuner
-records = sorted((cache / "v1" / "tune").glob("*/*.json"))
-assert len(records) == len(checks), records
-pinned = 0
-for path in records:
-    record = json.loads(path.read_text())
-    problem, bucket = path.stem.rsplit(".r", 1)
-    check = checks[problem.split(".")[3]]
-    failed = [(config_key(t["config"]), t["message"]) for t in record["trials"]
-              if t["status"] != "ok"]
-    assert not failed, failed
-    configs = {config_key(t["config"]) for t in record["trials"]}
-    assert len(configs) >= 20, len(configs)
-    for config in sorted(configs):
-        kiln.tune_pin(problem=problem, bucket=int(bucket), config=config, cache_dir=str(cache))
-        kiln._C.forget_kernels()
-        check()
-        loaded = [k["config"] for k in kiln._C.loaded_kernels()]
-        assert loaded == [config], (config, loaded)
-        pinned += 1
-print("ok", pinned)
+print("ok", check_every_pinned_config(cache, checks))
 """
 
 

@@ -27,12 +27,11 @@ from pinned_tune import run_child
 pytestmark = pytest.mark.gpu
 
 CHILD = r"""
-import json
 import pathlib
 import sys
 import torch
 import kiln
-from pinned_tune import config_key
+from pinned_tune import check_every_pinned_config
 from reference import assert_close_to
 from rope_reference import (diffusers_apply_rotary_emb, hf_apply_rotary_pos_emb, llama_cos_sin,
                             ltx_apply_rotary_emb)
@@ -101,26 +100,7 @@ checks = {"f8": half_split(False), "f59": interleaved(), "f0": half_split(True),
           "f67": one_head_each(), "f72": half_split(False, 1, 1)}
 for check in checks.values():
     check()  # tunes its problem in full, every candidate checked by the tuner
-records = sorted((cache / "v1" / "tune").glob("*/*.json"))
-assert len(records) == len(checks), records
-pinned = 0
-for path in records:
-    record = json.loads(path.read_text())
-    problem, bucket = path.stem.rsplit(".r", 1)
-    check = checks[problem.split(".")[3]]
-    failed = [(config_key(t["config"]), t["message"]) for t in record["trials"]
-              if t["status"] != "ok"]
-    assert not failed, failed
-    configs = {config_key(t["config"]) for t in record["trials"]}
-    assert len(configs) >= 20, len(configs)
-    for config in sorted(configs):
-        kiln.tune_pin(problem=problem, bucket=int(bucket), config=config, cache_dir=str(cache))
-        kiln._C.forget_kernels()
-        check()
-        loaded = [k["config"] for k in kiln._C.loaded_kernels()]
-        assert loaded == [config], (config, loaded)
-        pinned += 1
-print("ok", pinned)
+print("ok", check_every_pinned_config(cache, checks))
 """
 
 
