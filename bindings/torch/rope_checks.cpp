@@ -15,26 +15,13 @@ void check_same_device(const std::string& op, const std::string& arg, const at::
   }
 }
 
-// cos or sin as [B or 1, S, R], before broadcasting.
-at::Tensor table_view(const std::string& op, const std::string& arg, const at::Tensor& t,
-                      const std::string& layout) {
+// cos or sin (of 2 to 4 dimensions, a heads axis of 1: rope_shape checked) as [B or 1, S, R],
+// before broadcasting.
+at::Tensor table_view(const at::Tensor& t, bool bhsd) {
   if (t.dim() == 2) {
     return t.unsqueeze(0);
   }
-  if (t.dim() == 3) {
-    return t;
-  }
-  if (t.dim() == 4) {
-    const std::int64_t heads_axis = layout == "bhsd" ? 1 : 2;
-    if (t.size(heads_axis) != 1) {
-      fail_value(op, arg,
-                 "a heads axis (dimension " + std::to_string(heads_axis) +
-                     ") of size 1 in layout " + layout,
-                 shape_text(t));
-    }
-    return t.squeeze(heads_axis);
-  }
-  fail_value(op, arg, "[S, R], [B, S, R] or [B, 1, S, R] (2 to 4 dimensions)", shape_text(t));
+  return t.dim() == 4 ? t.squeeze(bhsd ? 1 : 2) : t;
 }
 
 }  // namespace
@@ -192,9 +179,8 @@ RopeOperands rope_operands(const std::string& op, const at::Tensor& q, const at:
   r.k4 = rope_view(k, layout, shape.d);
   r.rotary_dim = shape.rotary_dim;
   r.half_table = shape.half_table;
-  for (const auto& [arg, t, out] :
-       {std::tuple{"cos", &cos, &r.cos3}, std::tuple{"sin", &sin, &r.sin3}}) {
-    at::Tensor view = table_view(op, arg, *t, layout);
+  for (const auto& [t, out] : {std::pair{&cos, &r.cos3}, std::pair{&sin, &r.sin3}}) {
+    at::Tensor view = table_view(*t, shape.bhsd);
     if (view.stride(-1) != 1) {
       view = view.contiguous();
     }

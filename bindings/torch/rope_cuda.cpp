@@ -108,174 +108,6 @@ at::Tensor pair_aligned_output(const at::Tensor& out, std::uint32_t pair) {
   return at::empty(out.sizes(), out.options().memory_format(at::MemoryFormat::Contiguous));
 }
 
-void rope_launch_aligned(const std::string& op, const RopeOperands& r, const at::Tensor& q_out4,
-                         const at::Tensor& k_out4, const std::optional<VideoArgs>& video,
-                         const HeadNormArgs* head_norm);
-
-}  // namespace
-
-void rope_launch(const std::string& op, const RopeOperands& r, const at::Tensor& q_out4,
-                 const at::Tensor& k_out4, const std::optional<VideoArgs>& video,
-                 const HeadNormArgs* head_norm) {
-  const std::uint32_t pair = pair_bytes(r.q4, r.interleaved);
-  RopeOperands aligned = r;
-  aligned.q4 = pair_aligned(last_dim_contiguous(r.q4), pair);
-  aligned.k4 = pair_aligned(last_dim_contiguous(r.k4), pair);
-  aligned.cos3 = pair_aligned(r.cos3, pair);
-  aligned.sin3 = pair_aligned(r.sin3, pair);
-  const at::Tensor q_dst = pair_aligned_output(q_out4, pair);
-  const at::Tensor k_dst = pair_aligned_output(k_out4, pair);
-  std::optional<HeadNormArgs> norm;
-  if (head_norm != nullptr) {
-    norm = *head_norm;
-    for (at::Tensor* weight : {&norm->q_weight, &norm->k_weight}) {
-      if (weight->defined()) {
-        *weight = pair_aligned(weight->contiguous(), pair);
-      }
-    }
-  }
-  rope_launch_aligned(op, aligned, q_dst, k_dst, video, norm ? &*norm : nullptr);
-  if (!q_dst.is_same(q_out4)) {
-    q_out4.copy_(q_dst);
-  }
-  if (!k_dst.is_same(k_out4)) {
-    k_out4.copy_(k_dst);
-  }
-}
-
-namespace {
-
-// What kiln::rope reads of a call: addresses and element strides (batch, position, head of q,
-// k and their outputs; batch, position of the table), as views give them or as
-// rope_launch_table reads them off the tensors.
-struct RopeCall {
-  const at::Tensor* like = nullptr;  // q: the device and stream
-  const void* q = nullptr;
-  const void* k = nullptr;
-  void* q_out = nullptr;
-  void* k_out = nullptr;
-  const void* cos = nullptr;
-  const void* sin = nullptr;
-  std::array<std::int64_t, 3> q_strides{}, k_strides{}, q_out_strides{}, k_out_strides{};
-  std::array<std::int64_t, 2> cos_strides{}, sin_strides{};
-  std::int64_t batch = 0, seq = 0, heads_q = 0, heads_k = 0, d = 0, rotary_dim = 0;
-  std::int64_t element_size = 0;
-  bool table_f32 = false, half_table = false, interleaved = false, inverse = false;
-  std::uintptr_t align_bits = 0;  // every address and stride in bytes, or'ed
-};
-
-std::array<std::int64_t, 3> leading_strides(const at::Tensor& view, int count) {
-  std::array<std::int64_t, 3> strides{};
-  for (int i = 0; i < count; ++i) {
-    strides[i] = view.stride(i);
-  }
-  return strides;
-}
-
-void launch_call(const std::string& op, const RopeCall& c, const std::optional<VideoArgs>& video,
-                 const HeadNormArgs* head_norm) {
-  const std::int64_t rows = c.batch * c.seq * (c.heads_q + c.heads_k);
-  if (rows == 0) {
-    return;
-  }
-  if (rows > std::numeric_limits<std::int32_t>::max()) {
-    fail_value(op, "q", "fewer than 2^31 (batch x sequence x heads) rows of q and k together",
-               std::to_string(rows));
-  }
-  Problem problem;
-  problem.op = video ? Op::rope_3d : Op::rope;
-  problem.dtype = kiln_dtype(op, "q", *c.like);
-  problem.hidden = c.d;
-  problem.aux = c.rotary_dim == c.d ? 0 : c.rotary_dim;
-  // [B, H, S, D] data (a head's positions nearer than a position's heads) is walked
-  // positions-inner, so neighbouring threads read neighbouring memory.
-  const bool positions_inner = !video && c.q_strides[1] < c.q_strides[2];
-  if (!video) {
-    problem.flags = (c.interleaved ? kRopeInterleaved : 0u) | (c.table_f32 ? kRopeTableF32 : 0u) |
-                    (c.inverse ? kRopeInverse : 0u) | (positions_inner ? kRopePositionsInner : 0u) |
-                    (c.half_table ? kRopeHalfTable : 0u) | rope_head_flags(c.heads_q, c.heads_k) |
-                    (head_norm != nullptr ? kRopeHeadNorm : 0u);
-  }
-  std::uintptr_t bits = c.align_bits;
-  if (head_norm != nullptr) {
-    for (const at::Tensor* weight : {&head_norm->q_weight, &head_norm->k_weight}) {
-      if (weight->defined()) {
-        bits |= address(*weight);
-      }
-    }
-  }
-  problem.align = common_alignment({bits});
-
-  RopeParams p{};
-  p.q = c.q;
-  p.k = c.k;
-  p.q_out = c.q_out;
-  p.k_out = c.k_out;
-  set_row_order(p, rows, static_cast<int>(c.batch), static_cast<int>(c.heads_q),
-                static_cast<int>(c.heads_k), positions_inner, c.d * c.element_size);
-  std::copy(c.q_strides.begin(), c.q_strides.end(), p.q_strides);
-  std::copy(c.k_strides.begin(), c.k_strides.end(), p.k_strides);
-  std::copy(c.q_out_strides.begin(), c.q_out_strides.end(), p.q_out_strides);
-  std::copy(c.k_out_strides.begin(), c.k_out_strides.end(), p.k_out_strides);
-  if (video) {
-    try {
-      p.video = make_video_grid(op.c_str(), c.d, video_settings(*video));
-    } catch (const ArgumentError& error) {
-      TORCH_CHECK_VALUE(false, error.what());
-    }
-  } else {
-    p.cos = c.cos;
-    p.sin = c.sin;
-    std::copy(c.cos_strides.begin(), c.cos_strides.end(), p.cos_strides);
-    std::copy(c.sin_strides.begin(), c.sin_strides.end(), p.sin_strides);
-  }
-  if (head_norm != nullptr) {
-    const at::Tensor& qw = head_norm->q_weight;
-    const at::Tensor& kw = head_norm->k_weight;
-    p.head_norm.q_weight = qw.defined() ? qw.data_ptr() : nullptr;
-    p.head_norm.k_weight = kw.defined() ? kw.data_ptr() : nullptr;
-    p.head_norm.eps = static_cast<float>(head_norm->eps);
-  }
-  launch_op(*c.like, problem, rows, &p);
-}
-
-void rope_launch_aligned(const std::string& op, const RopeOperands& r, const at::Tensor& q_out4,
-                         const at::Tensor& k_out4, const std::optional<VideoArgs>& video,
-                         const HeadNormArgs* head_norm) {
-  RopeCall c;
-  c.like = &r.q4;
-  c.q = r.q4.data_ptr();
-  c.k = r.k4.data_ptr();
-  c.q_out = q_out4.data_ptr();
-  c.k_out = k_out4.data_ptr();
-  c.q_strides = leading_strides(r.q4, 3);
-  c.k_strides = leading_strides(r.k4, 3);
-  c.q_out_strides = leading_strides(q_out4, 3);
-  c.k_out_strides = leading_strides(k_out4, 3);
-  c.batch = r.q4.size(0);
-  c.seq = r.q4.size(1);
-  c.heads_q = r.q4.size(2);
-  c.heads_k = r.k4.size(2);
-  c.d = r.q4.size(3);
-  c.rotary_dim = r.rotary_dim;
-  c.element_size = static_cast<std::int64_t>(r.q4.element_size());
-  c.half_table = r.half_table;
-  c.interleaved = r.interleaved;
-  c.inverse = r.inverse;
-  if (!video) {
-    c.cos = r.cos3.data_ptr();
-    c.sin = r.sin3.data_ptr();
-    const auto cos_strides = leading_strides(r.cos3, 2);
-    const auto sin_strides = leading_strides(r.sin3, 2);
-    c.cos_strides = {cos_strides[0], cos_strides[1]};
-    c.sin_strides = {sin_strides[0], sin_strides[1]};
-    c.table_f32 = r.cos3.scalar_type() == at::kFloat;
-  }
-  c.align_bits =
-      static_cast<std::uintptr_t>(alignment_of({&r.q4, &r.k4, &q_out4, &k_out4, &r.cos3, &r.sin3}));
-  launch_call(op, c, video, head_norm);
-}
-
 // q, k or an output as [B, S, H, D] element strides (batch, position, head, element) in the
 // layout, from its own strides.
 std::array<std::int64_t, 4> bshd_strides(const at::Tensor& x, const RopeShape& shape) {
@@ -297,81 +129,185 @@ std::array<std::int64_t, 3> table_strides(const at::Tensor& t, const RopeShape& 
   return {t.size(0) == 1 ? 0 : t.stride(0), t.stride(position), t.stride(-1)};
 }
 
+// kiln::rope's parameters for q, k, their outputs and the table (undefined with video angles)
+// as `shape` describes them: the call's own tensors, or [B, S, H, D] views of aligned copies.
+// Null where an operand would need a copy first (a strided last dimension, weights that are
+// not contiguous, a misaligned interleaved pair).
+struct Launch {
+  Problem problem;
+  RopeParams params{};
+  std::int64_t rows = 0;
+};
+
+std::optional<Launch> plan(const RopeShape& shape, const at::Tensor& q, const at::Tensor& k,
+                           const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& q_out,
+                           const at::Tensor& k_out, bool inverse, bool video,
+                           const HeadNormArgs* head_norm) {
+  const std::array<std::int64_t, 4> geometry[] = {bshd_strides(q, shape), bshd_strides(k, shape),
+                                                  bshd_strides(q_out, shape),
+                                                  bshd_strides(k_out, shape)};
+  const void* addresses[] = {q.data_ptr(), k.data_ptr(), q_out.data_ptr(), k_out.data_ptr()};
+  const auto element = static_cast<std::int64_t>(q.element_size());
+  std::uintptr_t bits = 0;
+  bool unit_last = true;
+  for (int t = 0; t < 4; ++t) {
+    bits |= reinterpret_cast<std::uintptr_t>(addresses[t]);
+    for (int i = 0; i < 3; ++i) {
+      bits |= static_cast<std::uintptr_t>(geometry[t][i] * element);
+    }
+    unit_last = unit_last && geometry[t][3] == 1;
+  }
+  std::array<std::int64_t, 3> tables[2] = {};
+  if (!video) {
+    tables[0] = table_strides(cos, shape);
+    tables[1] = table_strides(sin, shape);
+    bits |= address(cos) | address(sin);
+    for (const auto& strides : tables) {
+      for (int i = 0; i < 2; ++i) {
+        bits |= static_cast<std::uintptr_t>(strides[i] * std::int64_t(cos.element_size()));
+      }
+      unit_last = unit_last && strides[2] == 1;
+    }
+  }
+  if (head_norm != nullptr) {
+    for (const at::Tensor* weight : {&head_norm->q_weight, &head_norm->k_weight}) {
+      if (weight->defined()) {
+        unit_last = unit_last && weight->is_contiguous();
+        bits |= address(*weight);
+      }
+    }
+  }
+  if (!unit_last || common_alignment({bits}) < pair_bytes(q, shape.interleaved)) {
+    return std::nullopt;
+  }
+
+  Launch launch;
+  launch.rows = shape.batch * shape.seq * (shape.heads_q + shape.heads_k);
+  Problem& problem = launch.problem;
+  problem.op = video ? Op::rope_3d : Op::rope;
+  problem.dtype = shape.dtype;
+  problem.hidden = shape.d;
+  problem.aux = shape.rotary_dim == shape.d ? 0 : shape.rotary_dim;
+  // [B, H, S, D] data (a head's positions nearer than a position's heads) is walked
+  // positions-inner, so neighbouring threads read neighbouring memory.
+  const bool positions_inner = !video && geometry[0][1] < geometry[0][2];
+  if (!video) {
+    problem.flags =
+        (shape.interleaved ? kRopeInterleaved : 0u) |
+        (cos.scalar_type() == at::kFloat ? kRopeTableF32 : 0u) | (inverse ? kRopeInverse : 0u) |
+        (positions_inner ? kRopePositionsInner : 0u) | (shape.half_table ? kRopeHalfTable : 0u) |
+        rope_head_flags(shape.heads_q, shape.heads_k) | (head_norm != nullptr ? kRopeHeadNorm : 0u);
+  }
+  problem.align = common_alignment({bits});
+
+  RopeParams& p = launch.params;
+  p.q = addresses[0];
+  p.k = addresses[1];
+  p.q_out = const_cast<void*>(addresses[2]);
+  p.k_out = const_cast<void*>(addresses[3]);
+  set_row_order(p, launch.rows, static_cast<int>(shape.batch), static_cast<int>(shape.heads_q),
+                static_cast<int>(shape.heads_k), positions_inner, shape.d * element);
+  long long* strides[] = {p.q_strides, p.k_strides, p.q_out_strides, p.k_out_strides};
+  for (int t = 0; t < 4; ++t) {
+    std::copy_n(geometry[t].begin(), 3, strides[t]);
+  }
+  if (!video) {
+    p.cos = cos.data_ptr();
+    p.sin = sin.data_ptr();
+    std::copy_n(tables[0].begin(), 2, p.cos_strides);
+    std::copy_n(tables[1].begin(), 2, p.sin_strides);
+  }
+  if (head_norm != nullptr) {
+    const at::Tensor& qw = head_norm->q_weight;
+    const at::Tensor& kw = head_norm->k_weight;
+    p.head_norm.q_weight = qw.defined() ? qw.data_ptr() : nullptr;
+    p.head_norm.k_weight = kw.defined() ? kw.data_ptr() : nullptr;
+    p.head_norm.eps = static_cast<float>(head_norm->eps);
+  }
+  return launch;
+}
+
+void run(const std::string& op, Launch& launch, const at::Tensor& like,
+         const std::optional<VideoArgs>& video) {
+  if (launch.rows == 0) {
+    return;
+  }
+  if (launch.rows > std::numeric_limits<std::int32_t>::max()) {
+    fail_value(op, "q", "fewer than 2^31 (batch x sequence x heads) rows of q and k together",
+               std::to_string(launch.rows));
+  }
+  if (video) {
+    try {
+      launch.params.video =
+          make_video_grid(op.c_str(), launch.problem.hidden, video_settings(*video));
+    } catch (const ArgumentError& error) {
+      TORCH_CHECK_VALUE(false, error.what());
+    }
+  }
+  launch_op(like, launch.problem, launch.rows, &launch.params);
+}
+
 }  // namespace
+
+void rope_launch(const std::string& op, const RopeOperands& r, const at::Tensor& q_out4,
+                 const at::Tensor& k_out4, const std::optional<VideoArgs>& video,
+                 const HeadNormArgs* head_norm) {
+  const std::uint32_t pair = pair_bytes(r.q4, r.interleaved);
+  const at::Tensor q4 = pair_aligned(last_dim_contiguous(r.q4), pair);
+  const at::Tensor k4 = pair_aligned(last_dim_contiguous(r.k4), pair);
+  const at::Tensor cos3 = pair_aligned(r.cos3, pair);
+  const at::Tensor sin3 = pair_aligned(r.sin3, pair);
+  const at::Tensor q_dst = pair_aligned_output(q_out4, pair);
+  const at::Tensor k_dst = pair_aligned_output(k_out4, pair);
+  std::optional<HeadNormArgs> norm;
+  if (head_norm != nullptr) {
+    norm = *head_norm;
+    for (at::Tensor* weight : {&norm->q_weight, &norm->k_weight}) {
+      if (weight->defined()) {
+        *weight = pair_aligned(weight->contiguous(), pair);
+      }
+    }
+  }
+  // The aligned views are [B, S, H, D] and [B, S, R]: the layout "bshd" names.
+  RopeShape shape;
+  shape.bhsd = false;
+  shape.batch = q4.size(0);
+  shape.seq = q4.size(1);
+  shape.heads_q = q4.size(2);
+  shape.heads_k = k4.size(2);
+  shape.d = q4.size(3);
+  shape.rotary_dim = r.rotary_dim;
+  shape.half_table = r.half_table;
+  shape.interleaved = r.interleaved;
+  shape.dtype = r.dtype;
+  std::optional<Launch> launch = plan(shape, q4, k4, cos3, sin3, q_dst, k_dst, r.inverse,
+                                      video.has_value(), norm ? &*norm : nullptr);
+  TORCH_INTERNAL_ASSERT(launch, "kiln.", op, ": aligned operands were refused");
+  run(op, *launch, q4, video);
+  if (!q_dst.is_same(q_out4)) {
+    q_out4.copy_(q_dst);
+  }
+  if (!k_dst.is_same(k_out4)) {
+    k_out4.copy_(k_dst);
+  }
+}
 
 void rope_launch_table(const std::string& op, const RopeShape& shape, const at::Tensor& q,
                        const at::Tensor& k, const at::Tensor& cos, const at::Tensor& sin,
                        const std::string& layout, const at::Tensor& q_out, const at::Tensor& k_out,
                        bool inverse, const HeadNormArgs* head_norm) {
-  const auto q4 = bshd_strides(q, shape);
-  const auto k4 = bshd_strides(k, shape);
-  const auto q_out4 = bshd_strides(q_out, shape);
-  const auto k_out4 = bshd_strides(k_out, shape);
-  const auto cos3 = table_strides(cos, shape);
-  const auto sin3 = table_strides(sin, shape);
-  const auto element = static_cast<std::int64_t>(q.element_size());
-  const auto table_element = static_cast<std::int64_t>(cos.element_size());
-  std::uintptr_t bits =
-      address(q) | address(k) | address(q_out) | address(k_out) | address(cos) | address(sin);
-  for (const auto* strides : {&q4, &k4, &q_out4, &k_out4}) {
-    for (int i = 0; i < 3; ++i) {
-      bits |= static_cast<std::uintptr_t>((*strides)[i] * element);
-    }
-  }
-  for (const auto* strides : {&cos3, &sin3}) {
-    for (int i = 0; i < 2; ++i) {
-      bits |= static_cast<std::uintptr_t>((*strides)[i] * table_element);
-    }
-  }
-  const std::uint32_t pair = pair_bytes(q, shape.interleaved);
-  bool weights_ready = true;
-  std::uintptr_t weight_bits = 0;
-  if (head_norm != nullptr) {
-    for (const at::Tensor* weight : {&head_norm->q_weight, &head_norm->k_weight}) {
-      if (weight->defined()) {
-        weights_ready = weights_ready && weight->is_contiguous();
-        weight_bits |= address(*weight);
-      }
-    }
-  }
-  const bool unit_last =
-      q4[3] == 1 && k4[3] == 1 && q_out4[3] == 1 && k_out4[3] == 1 && cos3[2] == 1 && sin3[2] == 1;
-  if (!unit_last || !weights_ready || common_alignment({bits | weight_bits}) < pair) {
-    // A copy is needed somewhere: the views' path makes it.
-    RopeOperands r = rope_operands(op, q, k, cos, sin, shape.interleaved, shape.rotary_dim, layout,
-                                   shape.flat ? shape.head_dim : -1);
-    r.inverse = inverse;
-    rope_launch(op, r, rope_view(q_out, layout, shape.d), rope_view(k_out, layout, shape.d),
-                std::nullopt, head_norm);
+  std::optional<Launch> launch =
+      plan(shape, q, k, cos, sin, q_out, k_out, inverse, /*video=*/false, head_norm);
+  if (launch) {
+    run(op, *launch, q, std::nullopt);
     return;
   }
-  RopeCall c;
-  c.like = &q;
-  c.q = q.data_ptr();
-  c.k = k.data_ptr();
-  c.q_out = q_out.data_ptr();
-  c.k_out = k_out.data_ptr();
-  c.cos = cos.data_ptr();
-  c.sin = sin.data_ptr();
-  c.q_strides = {q4[0], q4[1], q4[2]};
-  c.k_strides = {k4[0], k4[1], k4[2]};
-  c.q_out_strides = {q_out4[0], q_out4[1], q_out4[2]};
-  c.k_out_strides = {k_out4[0], k_out4[1], k_out4[2]};
-  c.cos_strides = {cos3[0], cos3[1]};
-  c.sin_strides = {sin3[0], sin3[1]};
-  c.batch = shape.batch;
-  c.seq = shape.seq;
-  c.heads_q = shape.heads_q;
-  c.heads_k = shape.heads_k;
-  c.d = shape.d;
-  c.rotary_dim = shape.rotary_dim;
-  c.element_size = element;
-  c.table_f32 = cos.scalar_type() == at::kFloat;
-  c.half_table = shape.half_table;
-  c.interleaved = shape.interleaved;
-  c.inverse = inverse;
-  c.align_bits = bits;
-  launch_call(op, c, std::nullopt, head_norm);
+  // A copy is needed somewhere: the views' path makes it.
+  RopeOperands r = rope_operands(op, q, k, cos, sin, shape.interleaved, shape.rotary_dim, layout,
+                                 shape.flat ? shape.head_dim : -1);
+  r.inverse = inverse;
+  rope_launch(op, r, rope_view(q_out, layout, shape.d), rope_view(k_out, layout, shape.d),
+              std::nullopt, head_norm);
 }
 
 TensorPair rope_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
