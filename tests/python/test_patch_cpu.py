@@ -263,6 +263,29 @@ def test_gemma_offset_weight_follows_weight_changes():
     torch.testing.assert_close(second, expected, rtol=4 * 2**-8, atol=4 * 2**-8)
 
 
+def test_gemma_offset_weight_of_another_tensor_is_not_taken():
+    """1 + weight is kept for the weight tensor it was made of: a weight replaced by another
+    tensor of the same version (which may sit at the freed one's address, as the probes'
+    weights do) gets its own."""
+    from kiln.patching import forwards
+    from transformers.models.gemma.modeling_gemma import GemmaRMSNorm
+
+    norm = GemmaRMSNorm(40, eps=1e-6).to(torch.bfloat16)
+    x = torch.randn(3, 40).to(torch.bfloat16)
+    kiln.patch(norm)
+    stale, kept = (torch.nn.Parameter(torch.randn(40).to(torch.bfloat16), requires_grad=False) for _ in range(2))
+    with torch.no_grad():
+        norm.weight = stale
+        norm(x)  # keeps 1 + stale
+        assert norm.__dict__[forwards.OFFSET_CACHE][0] is stale
+        norm.weight = kept
+        assert kept._version == stale._version
+        actual = norm(x)
+        kiln.unpatch(norm)
+        expected = norm(x)
+    torch.testing.assert_close(actual, expected, rtol=4 * 2**-8, atol=4 * 2**-8)
+
+
 def test_layer_norms_are_replaced():
     model = torch.nn.Sequential(torch.nn.LayerNorm(32), torch.nn.LayerNorm(32, bias=False))
     x = torch.randn(3, 32) + 0.5

@@ -233,25 +233,26 @@ def _gemm_gelu_epilogue(proj: torch.nn.Module, x: torch.Tensor) -> Optional[torc
     return out.view(*x.shape[:-1], weight.shape[0])
 
 
-_OFFSET_CACHE = "_kiln_offset_weight"
+OFFSET_CACHE = "_kiln_offset_weight"
 
 
 def _offset_weight(module: torch.nn.Module, dtype: torch.dtype) -> torch.Tensor:
     """``(1 + weight.float())`` in ``dtype``, kept between calls and made again when the
-    weight changes (in place: its version counter moves; or replaced: another storage)."""
+    weight changes (in place: its version counter moves; or replaced: another tensor, told
+    apart by identity, since a new tensor may take the freed one's address)."""
     weight = module.weight
     if torch.compiler.is_compiling():
         return (1.0 + weight.float()).to(dtype)
     try:
-        key = (weight._version, weight.data_ptr(), weight.device, dtype)
+        key = (weight._version, weight.device, dtype)
     except RuntimeError:  # an inference-mode tensor has no version counter
         return (1.0 + weight.float()).to(dtype)
-    cached = module.__dict__.get(_OFFSET_CACHE)
-    if cached is not None and cached[0] == key:
-        return cached[1]
+    cached = module.__dict__.get(OFFSET_CACHE)
+    if cached is not None and cached[0] is weight and cached[1] == key:
+        return cached[2]
     with torch.no_grad():
         value = (1.0 + weight.float()).to(dtype)
-    module.__dict__[_OFFSET_CACHE] = (key, value)
+    module.__dict__[OFFSET_CACHE] = (weight, key, value)
     return value
 
 

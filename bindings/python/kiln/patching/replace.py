@@ -14,6 +14,8 @@ from typing import Callable
 
 import torch
 
+from . import forwards
+
 _STATE = "_kiln_patch"
 _HOOKED = "_old_forward"
 
@@ -92,7 +94,7 @@ def uninstall(module: torch.nn.Module, path: str) -> bool:
     state = module.__dict__.pop(_STATE, None)
     if state is None:
         return False
-    module.__dict__.pop("_kiln_offset_weight", None)
+    module.__dict__.pop(forwards.OFFSET_CACHE, None)
     if isinstance(state, ProcessorState):
         return _uninstall_processor(module, state, path)
     restored = False
