@@ -33,6 +33,8 @@ def _config(arch):
         return transformers.Qwen3ForCausalLM, transformers.Qwen3Config(**common, head_dim=16)
     if arch == "gemma":
         return transformers.GemmaForCausalLM, transformers.GemmaConfig(**common, head_dim=16)
+    if arch == "gemma3":
+        return transformers.Gemma3ForCausalLM, transformers.Gemma3TextConfig(**common, head_dim=16)
     raise AssertionError(arch)
 
 
@@ -57,19 +59,30 @@ def _logits(model, ids):
         return model(ids).logits
 
 
-# Qwen3 also has a q_norm and a k_norm per layer.
-NORMS_PER_LAYER = {"llama": 2, "mistral": 2, "qwen2": 2, "qwen3": 4, "gemma": 2}
-MLP_OP = {"llama": "swiglu", "mistral": "swiglu", "qwen2": "swiglu", "qwen3": "swiglu", "gemma": "geglu"}
+# Qwen3 and Gemma 3 also have a q_norm and a k_norm per layer (Gemma 3 four norms around
+# its attention and MLP besides).
+NORMS_PER_LAYER = {"llama": 2, "mistral": 2, "qwen2": 2, "qwen3": 4, "gemma": 2, "gemma3": 6}
+MLP_OP = {"llama": "swiglu", "mistral": "swiglu", "qwen2": "swiglu", "qwen3": "swiglu", "gemma": "geglu",
+          "gemma3": "geglu"}
 ARCHS = list(NORMS_PER_LAYER)
+# Whose per-head q/k norms and rotation run as one head_norm_rope where no graph is recorded.
+HEAD_NORMS = {"qwen3", "gemma3"}
+
+
+def rotations_per_layer(arch):
+    """(rms_norm calls, kiln.rope calls, head_norm_rope calls) a layer makes without autograd."""
+    if arch in HEAD_NORMS:
+        return NORMS_PER_LAYER[arch] - 2, 0, 1
+    return NORMS_PER_LAYER[arch], 1, 0
 
 
 class _Counter:
     """Counts the calls of the kiln op wrappers the patched forwards use."""
 
     def __init__(self, monkeypatch):
-        self.calls = {"rms_norm": 0, "swiglu": 0, "geglu": 0, "rope": 0}
+        self.calls = {"rms_norm": 0, "swiglu": 0, "geglu": 0, "rope": 0, "head_norm_rope": 0}
         for module, name in ((kiln_ops, "rms_norm"), (activation_ops, "swiglu"), (activation_ops, "geglu"),
-                             (rope_ops, "rope")):
+                             (rope_ops, "rope"), (rope_ops, "head_norm_rope")):
             monkeypatch.setattr(module, name, self._wrap(name, getattr(module, name)))
 
     def _wrap(self, name, fn):
@@ -86,14 +99,15 @@ def test_report_lists_norms_mlps_and_ropes(arch):
     report = kiln.patch(model)
     norms = [r for r in report.replaced if r.op == "rms_norm"]
     mlps = [r for r in report.replaced if r.op == MLP_OP[arch]]
-    ropes = [r for r in report.replaced if r.op == "rope"]
+    ropes = [r for r in report.replaced if r.op == ("head_norm_rope" if arch in HEAD_NORMS else "rope")]
     assert len(norms) == 2 * NORMS_PER_LAYER[arch] + 1
     assert sorted(r.path for r in mlps) == ["model.layers.0.mlp", "model.layers.1.mlp"]
     assert sorted(r.path for r in ropes) == ["model.layers.0.self_attn", "model.layers.1.self_attn"]
     assert len(report.replaced) == len(norms) + len(mlps) + len(ropes)
     assert "model.norm" in {r.path for r in norms}
-    expected_kind = "Gemma" if arch == "gemma" else "Llama"
+    expected_kind = "Gemma" if arch.startswith("gemma") else "Llama"
     assert all(expected_kind in r.kind for r in norms)
+    assert all(("per-head q/k rms_norm" in r.kind) == (arch in HEAD_NORMS) for r in ropes)
     assert report.left == []
     text = str(report)
     assert "model.layers.1.post_attention_layernorm" in text and MLP_OP[arch] in text
@@ -108,9 +122,11 @@ def test_fp32_patched_agrees_and_uses_kiln(arch, monkeypatch):
     counter = _Counter(monkeypatch)
     actual = _logits(model, ids)
     layers = 2
-    assert counter.calls["rms_norm"] == layers * NORMS_PER_LAYER[arch] + 1
+    norms, ropes, head_norm_ropes = rotations_per_layer(arch)
+    assert counter.calls["rms_norm"] == layers * norms + 1
     assert counter.calls[MLP_OP[arch]] == layers
-    assert counter.calls["rope"] == layers  # q and k of a layer in one call
+    assert counter.calls["rope"] == layers * ropes  # q and k of a layer in one call
+    assert counter.calls["head_norm_rope"] == layers * head_norm_ropes
     assert actual.dtype == expected.dtype
     torch.testing.assert_close(actual, expected, rtol=1e-4, atol=1e-4)
 
@@ -123,7 +139,8 @@ def test_bf16_patched_is_as_close_to_fp32_as_the_original(arch, monkeypatch):
     kiln.patch(model)
     counter = _Counter(monkeypatch)
     patched = _logits(model, _ids())
-    assert counter.calls["rms_norm"] > 0 and counter.calls[MLP_OP[arch]] > 0 and counter.calls["rope"] > 0
+    assert counter.calls["rms_norm"] > 0 and counter.calls[MLP_OP[arch]] > 0
+    assert counter.calls["rope" if arch not in HEAD_NORMS else "head_norm_rope"] > 0
     assert patched.dtype == torch.bfloat16
     err_original = (original.double() - truth).abs().max().item()
     err_patched = (patched.double() - truth).abs().max().item()
@@ -175,11 +192,12 @@ def test_ops_filter_and_bad_ops():
         kiln.patch("model")
 
 
-@pytest.mark.parametrize("arch", ["llama", "gemma"])
+@pytest.mark.parametrize("arch", ["llama", "gemma", "qwen3", "gemma3"])
 def test_training_through_the_patched_model(arch):
     """The norms and gated MLPs use ops with backward formulas: with grad enabled the patched
     model runs kiln's ops and their backward ops, and the loss and every parameter's
-    gradient match the original's."""
+    gradient match the original's (Qwen3's and Gemma 3's q/k norms included: head_norm_rope
+    has no backward, so a forward that records a graph calls the norms and kiln.rope)."""
     model = _model(arch)
     ids = _ids()
     expected_loss = model(ids).logits.float().pow(2).mean()

@@ -8,7 +8,7 @@ import kiln
 
 transformers = pytest.importorskip("transformers", reason="transformers is not installed")
 
-from test_patch_cpu import ARCHS, MLP_OP, _Counter, _ids, _model  # noqa: E402
+from test_patch_cpu import ARCHS, HEAD_NORMS, MLP_OP, _Counter, _ids, _model, rotations_per_layer  # noqa: E402
 
 
 @pytest.mark.gpu
@@ -20,11 +20,14 @@ def test_bf16_cuda_patched_is_as_close_to_fp32_as_the_original(arch, monkeypatch
         model = _model(arch, torch.bfloat16).cuda()
         original = model(ids).logits
         report = kiln.patch(model)
-        assert {r.op for r in report.replaced} == {"rms_norm", MLP_OP[arch], "rope"} and report.left == []
+        rope = "head_norm_rope" if arch in HEAD_NORMS else "rope"
+        assert {r.op for r in report.replaced} == {"rms_norm", MLP_OP[arch], rope} and report.left == []
         counter = _Counter(monkeypatch)  # after the patch, whose probes call the ops too
         patched = model(ids).logits
     # q and k reach kiln.rope as the attention makes them: transposed views of the projections.
-    assert counter.calls["rope"] == 2 and counter.calls[MLP_OP[arch]] == 2
+    _, ropes, head_norm_ropes = rotations_per_layer(arch)
+    assert counter.calls["rope"] == 2 * ropes and counter.calls["head_norm_rope"] == 2 * head_norm_ropes
+    assert counter.calls[MLP_OP[arch]] == 2
     err_original = (original.double() - truth).abs().max().item()
     err_patched = (patched.double() - truth).abs().max().item()
     assert err_patched <= 1.5 * err_original + 1e-2, (err_patched, err_original)
@@ -34,7 +37,7 @@ def test_bf16_cuda_patched_is_as_close_to_fp32_as_the_original(arch, monkeypatch
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("arch", ["llama", "gemma"])
+@pytest.mark.parametrize("arch", ["llama", "gemma", "qwen3", "gemma3"])
 def test_patched_model_compiles_fullgraph(arch):
     torch._dynamo.reset()
     ids = _ids().cuda()
@@ -44,3 +47,33 @@ def test_patched_model_compiles_fullgraph(arch):
         eager = model(ids).logits
         compiled = torch.compile(model, fullgraph=True)(ids).logits
     torch.testing.assert_close(compiled, eager, rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("arch", sorted(HEAD_NORMS))
+def test_head_norm_model_replays_from_a_cuda_graph(arch, monkeypatch):
+    """The fused q/k norms and rotation are captured with the rest of the forward, and the
+    replay gives what the patched model gives outside the graph."""
+    ids = _ids().cuda()
+    model = _model(arch, torch.bfloat16).cuda()
+    kiln.patch(model)
+    with torch.no_grad():
+        eager = model(ids, use_cache=False).logits
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                model(ids, use_cache=False)
+        torch.cuda.current_stream().wait_stream(side)
+        counter = _Counter(monkeypatch)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            # No cache: Gemma 3's sliding-window cache copies from the host when first filled.
+            captured = model(ids, use_cache=False).logits
+        assert counter.calls["head_norm_rope"] == 2 and counter.calls["rope"] == 0
+        captured.zero_()
+        graph.replay()
+        torch.cuda.synchronize()
+    scale = eager.abs().max().item()
+    assert (captured - eager).abs().max().item() <= 1e-3 * scale
+    kiln.unpatch(model)

@@ -10,7 +10,9 @@ projection's cuBLASLt epilogue instead) and gated MLPs
 ``down_proj(act_fn(gate_proj(x)) * up_proj(x))`` with SiLU or GELU (the activation and
 multiply become ``kiln.swiglu`` / ``kiln.geglu``; the projections stay), and transformers'
 attentions whose forward calls ``apply_rotary_pos_emb`` (q and k rotated by one
-``kiln.rope``, see :mod:`.rope_attention`). For diffusion
+``kiln.rope``, see :mod:`.rope_attention`; where the forward RMS-normalises each head of q
+and k right before, as Qwen3's and Gemma 3's do, norms and rotation as one
+``kiln.head_norm_rope``, see :mod:`.head_norm_attention`). For diffusion
 transformers (see :mod:`.detect_dit`): LTX-Video's attention processor (q/k RMSNorm and RoPE
 as one ``kiln.rms_norm_rope``, its rotary embedding tagged with the grid so the angles are
 computed in the kernel, and its tables built only if something reads them), its block's
@@ -25,7 +27,7 @@ from typing import Iterable, Optional
 
 import torch
 
-from . import detect, detect_dit, ltx, ltx_chain, replace, rope_attention
+from . import detect, detect_dit, head_norm_attention, ltx, ltx_chain, replace, rope_attention
 from .report import Left, PatchReport, Replaced
 
 OPS = ("rms_norm", "layer_norm", "gelu", "swiglu", "geglu", "rms_norm_rope", "rope", "adaln")
@@ -73,10 +75,12 @@ def patch(model: torch.nn.Module, ops: Optional[Iterable[str]] = None) -> PatchR
         cls = type(module).__name__
         original = replace.inner_forward(module)
         result = classify(module, original)
+        if classify is rope_attention.classify and isinstance(result, detect.Match):
+            result = head_norm_attention.fuse(module, result)
         if isinstance(result, detect.NoMatch):
             report.left.append(Left(path, cls, result.reason))
-        elif result.op not in chosen:
-            report.left.append(Left(path, cls, f"computes {result.kind}; {result.op} is not in ops"))
+        elif (result.family or result.op) not in chosen:
+            report.left.append(Left(path, cls, f"computes {result.kind}; {result.family or result.op} is not in ops"))
         else:
             replace.install(module, original, result.factory(module, original), result.kind, result.op)
             report.replaced.append(Replaced(path, result.kind, result.op))

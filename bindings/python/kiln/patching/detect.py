@@ -30,6 +30,7 @@ class Match:
     kind: str
     op: str  # the kiln op, or "" where the op filter decides
     factory: Callable  # (module, original forward) -> replacement forward
+    family: str = ""  # the name kiln.patch's ops filter knows it by, where not op's own
 
 
 @dataclass(frozen=True)

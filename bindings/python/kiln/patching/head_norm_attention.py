@@ -1,0 +1,323 @@
+"""transformers' attentions that RMS-normalise each head of q and k right before their RoPE
+(Qwen3, Qwen3-MoE, Qwen3-VL's text model, Gemma 3 and others written the same way):
+
+    query_states = self.q_norm(self.q_proj(hidden_states).view(hidden_shape)).transpose(1, 2)
+    key_states = self.k_norm(self.k_proj(hidden_states).view(hidden_shape)).transpose(1, 2)
+    ...
+    query_states, key_states = apply_rotary_pos_emb(query_states, key_states, cos, sin)
+
+The norms and the rotation are three passes over q and k (a dozen kernels in eager); one
+``kiln.head_norm_rope`` does all of it. The forward is the class's own source, recompiled with
+two edits: each norm call gives its argument through unchanged, and the rotation becomes a
+call that receives the two norm modules. That call runs ``head_norm_rope`` where it computes
+what the norms and the rotation compute, and otherwise calls the norm modules on q and k
+(hooks, patches and all) and then the rotation, in that order: a per-row norm over the last
+dimension gives the same values before a transpose of other dimensions as after it.
+
+The edit is made only where the syntax guarantees that: each norm call is the whole value of
+one statement in the forward's body, at most followed by ``.transpose(1, 2)``, the statement
+binds one name, and no statement between it and the rotation reads or rebinds that name
+before the rotation takes it. Anything else (a norm across all heads, as OLMo 2's, a norm in
+a branch, a forward without source) keeps the forward as :mod:`.rope_attention` patches it.
+"""
+
+import ast
+import contextlib
+import inspect
+import sys
+import textwrap
+import types
+import weakref
+from dataclasses import dataclass
+from typing import Callable, Optional, Tuple
+
+import torch
+
+from .. import rope_ops
+from . import detect, forwards, replace, rope_attention
+from .forwards import _offset_weight, any_hooks, kiln_can_take, norm_eps
+from .rope_attention import ROPE_GLOBAL, rope_layout, rotate_half_rope, _parameters
+
+FUSED_GLOBAL = "_kiln_head_norms_and_rotary_pos_emb"
+NORMS = ("q_norm", "k_norm")
+
+# How a norm's weight enters head_norm_rope: as it is (Llama's and Qwen3's rule, torch's
+# nn.RMSNorm, a norm without weight), or as 1 + weight (Gemma's).
+WEIGHT_AS_IS = "weight"
+WEIGHT_PLUS_ONE = "1 + weight"
+
+
+def _is_norm_call(node: ast.AST, self_name: str, attr: str) -> bool:
+    return (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == attr
+            and isinstance(node.func.value, ast.Name) and node.func.value.id == self_name
+            and len(node.args) == 1 and not node.keywords and not isinstance(node.args[0], ast.Starred))
+
+
+def _is_rope_call(node: ast.AST) -> bool:
+    return isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == ROPE_GLOBAL
+
+
+def _swaps_heads_and_positions(node: ast.AST) -> Optional[ast.AST]:
+    """The tensor a ``X.transpose(1, 2)`` (or ``(2, 1)``) transposes, else None."""
+    if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "transpose"
+            and not node.keywords and len(node.args) == 2):
+        return None
+    dims = [a.value for a in node.args if isinstance(a, ast.Constant)]
+    return node.func.value if sorted(d for d in dims if isinstance(d, int)) == [1, 2] else None
+
+
+def _names_in(node: ast.AST) -> set:
+    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+
+
+@dataclass(frozen=True)
+class _Site:
+    """Where the norms and the rotation are: the index in the forward's body of each norm's
+    statement and of the rotation's, and the names the norms' results are bound to."""
+    norm_statements: Tuple[int, int]
+    rope_statement: int
+    names: Tuple[str, str]
+
+
+def _find_site(fn: ast.FunctionDef) -> Optional[_Site]:
+    if not fn.args.args:
+        return None
+    self_name = fn.args.args[0].arg
+    calls = {attr: [n for n in ast.walk(fn) if _is_norm_call(n, self_name, attr)] for attr in NORMS}
+    ropes = [n for n in ast.walk(fn) if _is_rope_call(n)]
+    if any(len(found) != 1 for found in calls.values()) or len(ropes) != 1:
+        return None
+    rope = ropes[0]
+    if len(rope.args) < 4 or not all(isinstance(a, ast.Name) for a in rope.args[:2]):
+        return None
+    rope_args = (rope.args[0].id, rope.args[1].id)
+    rope_at = [i for i, s in enumerate(fn.body) if isinstance(s, ast.Assign) and s.value is rope]
+    if len(rope_at) != 1 or rope_args[0] == rope_args[1]:
+        return None
+    statements = []
+    for attr, name in zip(NORMS, rope_args):
+        call = calls[attr][0]
+        at = [i for i, s in enumerate(fn.body) if isinstance(s, ast.Assign) and len(s.targets) == 1
+              and isinstance(s.targets[0], ast.Name) and s.targets[0].id == name
+              and (s.value is call or _swaps_heads_and_positions(s.value) is call)]
+        if len(at) != 1 or at[0] >= rope_at[0]:
+            return None
+        # Between the norm and the rotation nothing may see or rebind the norm's result.
+        if any(name in _names_in(s) for s in fn.body[at[0] + 1:rope_at[0]]):
+            return None
+        statements.append(at[0])
+    return _Site(tuple(statements), rope_at[0], rope_args)
+
+
+class _Rewrite(ast.NodeTransformer):
+    """Each norm call becomes its argument; the rotation takes the two norm modules first."""
+
+    def __init__(self, self_name: str):
+        self.self_name = self_name
+
+    def visit_Call(self, node: ast.Call):
+        self.generic_visit(node)
+        if any(_is_norm_call(node, self.self_name, attr) for attr in NORMS):
+            return node.args[0]
+        if _is_rope_call(node):
+            modules = [ast.Attribute(value=ast.Name(id=self.self_name, ctx=ast.Load()), attr=attr, ctx=ast.Load())
+                       for attr in NORMS]
+            return ast.Call(func=ast.Name(id=FUSED_GLOBAL, ctx=ast.Load()), args=modules + node.args,
+                            keywords=node.keywords)
+        return node
+
+
+def rewritten_code(function: types.FunctionType) -> Optional[types.CodeType]:
+    """The code of ``function`` with its norms handed to the rotation, or None where the
+    forward is not written as the module's docstring describes (or has no source)."""
+    if function.__code__.co_freevars:  # super() or a closure: the recompiled code would lack its cells
+        return None
+    try:
+        source = textwrap.dedent(inspect.getsource(function))
+        tree = ast.parse(source)
+    except (OSError, TypeError, SyntaxError):
+        return None
+    if len(tree.body) != 1 or not isinstance(tree.body[0], ast.FunctionDef):
+        return None
+    fn = tree.body[0]
+    if fn.name != function.__name__ or fn.decorator_list or _find_site(fn) is None:
+        return None
+    fn.body = [_Rewrite(fn.args.args[0].arg).visit(s) for s in fn.body]
+    # Defaults and annotations come from the original function object, not from evaluating
+    # them again.
+    for arg in fn.args.posonlyargs + fn.args.args + fn.args.kwonlyargs + [fn.args.vararg, fn.args.kwarg]:
+        if arg is not None:
+            arg.annotation = None
+    fn.returns, fn.args.defaults = None, []
+    fn.args.kw_defaults = [None] * len(fn.args.kwonlyargs)
+    ast.fix_missing_locations(tree)
+    ast.increment_lineno(tree, function.__code__.co_firstlineno - 1)
+    module = compile(tree, function.__code__.co_filename, "exec")
+    codes = [c for c in module.co_consts if isinstance(c, types.CodeType) and c.co_name == function.__name__]
+    return codes[0] if len(codes) == 1 else None
+
+
+def _fused_weight(norm: torch.nn.Module, rule: str, like: torch.Tensor):
+    """(True, the [D] weight head_norm_rope takes, or None) for a norm of ``like``'s rows, or
+    (False, None) where head_norm_rope would not compute what the norm does."""
+    weight = getattr(norm, "weight", None)
+    if weight is None:
+        return rule == WEIGHT_AS_IS, None
+    if not isinstance(weight, torch.Tensor) or weight.shape != (like.shape[-1],) or weight.device != like.device:
+        return False, None
+    if rule == WEIGHT_PLUS_ONE:
+        if torch.is_grad_enabled() and weight.requires_grad:
+            return False, None
+        return True, _offset_weight(norm, like.dtype)
+    return weight.dtype == like.dtype, weight
+
+
+def head_norm_rotate_half_rope(original: Callable, rule: str, norm_types: Tuple[type, type]) -> Callable:
+    """The rotation the rewritten forward calls: ``(q_norm, k_norm, q, k, cos, sin, ...)``,
+    one ``kiln.head_norm_rope`` where it computes what ``q_norm(q)``, ``k_norm(k)`` and then
+    ``original`` compute (norms of the classes classified, with ``rule``; no hooks on them; one
+    eps; a table and layout ``kiln.rope`` takes; no graph to record), else those calls."""
+    rotate = rotate_half_rope(original)
+    names = _parameters(original)
+    positional_ok = names[4:5] == ["unsqueeze_dim"]
+    keyword_ok = "unsqueeze_dim" in names
+
+    def fused_arguments(q_norm, k_norm, q, k, cos, sin, args, kwargs):
+        if len(args) + len(kwargs) > 1 or (args and not positional_ok) \
+                or (kwargs and not (keyword_ok and "unsqueeze_dim" in kwargs)):
+            return None
+        if type(q_norm) is not norm_types[0] or type(k_norm) is not norm_types[1] \
+                or any_hooks(q_norm) or any_hooks(k_norm):
+            return None
+        layout = rope_layout(q, k, cos, sin, kwargs.get("unsqueeze_dim", args[0] if args else 1))
+        if layout is None or not kiln_can_take(q, k, cos, sin):
+            return None
+        q_ok, q_weight = _fused_weight(q_norm, rule, q)
+        k_ok, k_weight = _fused_weight(k_norm, rule, q)
+        if not (q_ok and k_ok) or norm_eps(q_norm, q) != norm_eps(k_norm, q):
+            return None
+        return layout, q_weight, k_weight
+
+    def apply_head_norms_and_rotary_pos_emb(q_norm, k_norm, q, k, cos, sin, *args, **kwargs):
+        fused = fused_arguments(q_norm, k_norm, q, k, cos, sin, args, kwargs)
+        if fused is None:
+            return rotate(q_norm(q), k_norm(k), cos, sin, *args, **kwargs)
+        layout, q_weight, k_weight = fused
+        return rope_ops.head_norm_rope(q, k, q_weight, k_weight, cos, sin, norm_eps(q_norm, q), layout=layout)
+
+    apply_head_norms_and_rotary_pos_emb.__wrapped__ = original
+    return apply_head_norms_and_rotary_pos_emb
+
+
+# One kiln copy per (class forward, weight rule, norm classes), shared by every patched
+# attention of that class.
+_FUSED_COPIES: "weakref.WeakKeyDictionary[types.FunctionType, dict]" = weakref.WeakKeyDictionary()
+
+
+def _module_scope(function: types.FunctionType, index: int) -> dict:
+    """A snapshot of ``function``'s module globals as the namespace of a module of its own,
+    registered in ``sys.modules``: torch.compile finds a function's globals again by its
+    module's name, and under the original's name it would look for the fused rotation in
+    transformers' module, where it is not."""
+    name = f"{__name__}.copies.{function.__module__}.{function.__qualname__}.{index}"
+    module = types.ModuleType(name)
+    own = ("__name__", "__spec__", "__loader__")
+    module.__dict__.update({k: v for k, v in function.__globals__.items() if k not in own})
+    sys.modules[name] = module
+    return module.__dict__
+
+
+def with_head_norm_rope(function: types.FunctionType, rule: str,
+                        norm_types: Tuple[type, type]) -> Optional[types.FunctionType]:
+    """The forward with its norms and rotation as :func:`head_norm_rotate_half_rope`, or None
+    where its source is not written so. Like :func:`.rope_attention.with_kiln_rope`'s copy it
+    reads a snapshot of its module's globals."""
+    copies = _FUSED_COPIES.setdefault(function, {})
+    key = (rule, norm_types)
+    if key not in copies:
+        code = rewritten_code(function)
+        copy = None
+        if code is not None:
+            scope = _module_scope(function, len(copies))
+            rope = function.__globals__[ROPE_GLOBAL]
+            scope[ROPE_GLOBAL] = rotate_half_rope(rope)
+            scope[FUSED_GLOBAL] = head_norm_rotate_half_rope(rope, rule, norm_types)
+            copy = types.FunctionType(code, scope, function.__name__, function.__defaults__)
+            copy.__kwdefaults__ = function.__kwdefaults__
+            copy.__qualname__, copy.__doc__ = function.__qualname__, function.__doc__
+        copies[key] = copy
+    return copies[key]
+
+
+def _norm_rule(module: torch.nn.Module) -> Optional[str]:
+    """How both of the attention's head norms enter head_norm_rope, or None where they are
+    not RMSNorms of one rule kiln computes (as :func:`.detect.classify_norm` tells them apart)."""
+    rules = set()
+    for attr in NORMS:
+        norm = getattr(module, attr, None)
+        if not isinstance(norm, torch.nn.Module) or not detect.norm_candidate(norm):
+            return None
+        result = detect.classify_norm(norm, replace.original_forward(norm))
+        if isinstance(result, detect.NoMatch) or result.op != "rms_norm":
+            return None
+        rules.add(WEIGHT_PLUS_ONE if result.factory is forwards.rms_norm_offset else WEIGHT_AS_IS)
+    return rules.pop() if len(rules) == 1 else None
+
+
+def _probe_disagrees(module: torch.nn.Module, fused: Callable, original_rope: Callable) -> Optional[str]:
+    """None when ``fused`` computes what the norms' own forwards and then ``original_rope``
+    compute on random probes (fp32 and bf16, random norm weights of the probe's dtype); else why."""
+    norms = [getattr(module, attr) for attr in NORMS]
+    weights = [getattr(n, "weight", None) for n in norms]
+    dim = weights[0].shape[0] if isinstance(weights[0], torch.Tensor) else getattr(module, "head_dim", None)
+    if not isinstance(dim, int) or dim % 2:
+        return f"its head dim {dim!r} is not even"
+    g = torch.Generator().manual_seed(0)
+    for dtype in (torch.float32, torch.bfloat16):
+        q = torch.randn(2, 4, 5, dim, generator=g) + 0.5
+        k = torch.randn(2, 2, 5, dim, generator=g) - 0.5
+        angles = torch.rand(2, 5, dim // 2, generator=g) * 20.0
+        emb = torch.cat((angles, angles), dim=-1)
+        q, k, cos, sin = [t.to(dtype) for t in (q, k, emb.cos(), emb.sin())]
+        swaps = [detect._Swapped(n, params={"weight": 0.3 * torch.randn(dim, generator=g).to(dtype)})
+                 for n, w in zip(norms, weights) if isinstance(w, torch.Tensor)]
+        with torch.no_grad(), contextlib.ExitStack() as stack:
+            for norm in norms:  # 1 + weight made of a probe's weight is not kept
+                stack.callback(norm.__dict__.pop, forwards.OFFSET_CACHE, None)
+            for swap in swaps:
+                stack.enter_context(swap)
+            try:
+                expected = original_rope(replace.original_forward(norms[0])(q),
+                                         replace.original_forward(norms[1])(k), cos, sin)
+                actual = fused(norms[0], norms[1], q, k, cos, sin)
+            except Exception as e:
+                return f"a {dtype} probe fails ({type(e).__name__}: {e})"
+        for e, a in zip(expected, actual):
+            why = detect._agree(e, a)
+            if why is not None:
+                return f"on a {dtype} probe kiln.head_norm_rope {why}"
+    return None
+
+
+def fuse(module: torch.nn.Module, match: detect.Match) -> detect.Match:
+    """``match`` (transformers' rotate_half RoPE in the attention's forward, as
+    :func:`.rope_attention.classify` found it) with the per-head q/k RMSNorms folded into the
+    rotation where the forward is written for it and a probe agrees; else ``match`` itself."""
+    if match.factory is not rope_attention.factory:
+        return match
+    rule = _norm_rule(module)
+    if rule is None:
+        return match
+    function = type(module).forward
+    norm_types = (type(module.q_norm), type(module.k_norm))
+    copy = with_head_norm_rope(function, rule, norm_types)
+    if copy is None:
+        return match
+    if _probe_disagrees(module, copy.__globals__[FUSED_GLOBAL], function.__globals__[ROPE_GLOBAL]) is not None:
+        return match
+
+    def factory(module: torch.nn.Module, original: Callable) -> Callable:
+        return copy.__get__(module)
+
+    return detect.Match("per-head q/k rms_norm + rope (in the attention's forward)", "head_norm_rope", factory,
+                        family="rope")

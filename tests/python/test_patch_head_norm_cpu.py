@@ -1,0 +1,325 @@
+"""kiln.patch of transformers' attentions that RMS-normalise each head of q and k right before
+their RoPE (Qwen3, Gemma 3): which forwards are rewritten to hand the norms to one
+kiln.head_norm_rope, which are not and why, and where the rewritten forward still calls the
+norm modules (autograd, hooks, dtypes and eps kiln's fused op does not take), on the CPU."""
+
+import pytest
+import torch
+
+import kiln
+from kiln import rope_ops
+from kiln.patching import head_norm_attention, replace
+
+transformers = pytest.importorskip("transformers", reason="transformers is not installed")
+from transformers.models.llama.modeling_llama import apply_rotary_pos_emb  # noqa: E402
+from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm  # noqa: E402
+
+from graph_model import calls_of, compile_capturing  # noqa: E402
+from test_patch_cpu import _Counter, _ids, _logits, _model  # noqa: E402
+
+HEADS, KV_HEADS, HEAD_DIM = 4, 2, 16
+
+
+class _Attention(torch.nn.Module):
+    """Qwen3's prologue, written as Qwen3Attention writes it."""
+
+    def __init__(self, norm=Qwen3RMSNorm):
+        super().__init__()
+        self.head_dim = HEAD_DIM
+        self.q_proj = torch.nn.Linear(32, HEADS * HEAD_DIM, bias=False)
+        self.k_proj = torch.nn.Linear(32, KV_HEADS * HEAD_DIM, bias=False)
+        self.q_norm, self.k_norm = norm(HEAD_DIM, eps=1e-6), norm(HEAD_DIM, eps=1e-6)
+        with torch.no_grad():
+            self.q_norm.weight.copy_(1 + 0.3 * torch.randn(HEAD_DIM))
+            self.k_norm.weight.copy_(1 + 0.3 * torch.randn(HEAD_DIM))
+
+    def forward(self, x, cos, sin):
+        hidden_shape = (*x.shape[:-1], -1, self.head_dim)
+        query_states = self.q_norm(self.q_proj(x).view(hidden_shape)).transpose(1, 2)
+        key_states = self.k_norm(self.k_proj(x).view(hidden_shape)).transpose(1, 2)
+        query_states, key_states = apply_rotary_pos_emb(query_states, key_states, cos, sin)
+        return query_states, key_states
+
+
+class _ReadBetween(_Attention):
+    """The norm's result is read before the rotation (kept for something else)."""
+
+    def forward(self, x, cos, sin):
+        hidden_shape = (*x.shape[:-1], -1, self.head_dim)
+        query_states = self.q_norm(self.q_proj(x).view(hidden_shape)).transpose(1, 2)
+        key_states = self.k_norm(self.k_proj(x).view(hidden_shape)).transpose(1, 2)
+        self.normed = query_states
+        query_states, key_states = apply_rotary_pos_emb(query_states, key_states, cos, sin)
+        return query_states, key_states
+
+
+class _AcrossHeads(_Attention):
+    """OLMo 2's order: the norm runs over all heads, before the head split."""
+
+    def __init__(self):
+        super().__init__()
+        self.q_norm = Qwen3RMSNorm(HEADS * HEAD_DIM)
+        self.k_norm = Qwen3RMSNorm(KV_HEADS * HEAD_DIM)
+
+    def forward(self, x, cos, sin):
+        hidden_shape = (*x.shape[:-1], -1, self.head_dim)
+        query_states = self.q_norm(self.q_proj(x))
+        key_states = self.k_norm(self.k_proj(x))
+        query_states = query_states.view(hidden_shape).transpose(1, 2)
+        key_states = key_states.view(hidden_shape).transpose(1, 2)
+        query_states, key_states = apply_rotary_pos_emb(query_states, key_states, cos, sin)
+        return query_states, key_states
+
+
+class _InABranch(_Attention):
+    def forward(self, x, cos, sin):
+        hidden_shape = (*x.shape[:-1], -1, self.head_dim)
+        query_states = self.q_proj(x).view(hidden_shape).transpose(1, 2)
+        key_states = self.k_proj(x).view(hidden_shape).transpose(1, 2)
+        if self.head_dim > 0:
+            query_states = self.q_norm(query_states)
+            key_states = self.k_norm(key_states)
+        query_states, key_states = apply_rotary_pos_emb(query_states, key_states, cos, sin)
+        return query_states, key_states
+
+
+class _OtherTranspose(_Attention):
+    """The norm's result transposed along its last dimension: not a norm of q's rows."""
+
+    def forward(self, x, cos, sin):
+        hidden_shape = (*x.shape[:-1], -1, self.head_dim)
+        query_states = self.q_norm(self.q_proj(x).view(hidden_shape)).transpose(2, 3)
+        key_states = self.k_norm(self.k_proj(x).view(hidden_shape)).transpose(2, 3)
+        query_states, key_states = apply_rotary_pos_emb(query_states, key_states, cos, sin)
+        return query_states, key_states
+
+
+class _WithSuper(_Attention):
+    def forward(self, x, cos, sin):
+        hidden_shape = (*x.shape[:-1], -1, self.head_dim)
+        query_states = self.q_norm(self.q_proj(x).view(hidden_shape)).transpose(1, 2)
+        key_states = self.k_norm(self.k_proj(x).view(hidden_shape)).transpose(1, 2)
+        query_states, key_states = apply_rotary_pos_emb(query_states, key_states, cos, sin)
+        super().extra_repr()
+        return query_states, key_states
+
+
+class _PerHeadLayerNorm(torch.nn.LayerNorm):
+    def __init__(self, dim, eps):
+        super().__init__(dim, eps=eps)
+
+
+def _inputs(dtype, seed=0, batch=2, seq=5):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(batch, seq, 32, generator=g).to(dtype)
+    angles = torch.rand(batch, seq, HEAD_DIM // 2, generator=g) * 20.0
+    emb = torch.cat((angles, angles), dim=-1)
+    return x, emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def _count(monkeypatch):
+    counts = {"head_norm_rope": 0, "rope": 0}
+    for name in counts:
+        original = getattr(rope_ops, name)
+
+        def counted(*args, _name=name, _original=original, **kwargs):
+            counts[_name] += 1
+            return _original(*args, **kwargs)
+
+        monkeypatch.setattr(rope_ops, name, counted)
+    return counts
+
+
+def _rope_kind(module):
+    report = kiln.patch(module)
+    kinds = {r.path: r.kind for r in report.replaced}
+    return kinds.get("")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rewritten_forward_is_one_head_norm_rope(dtype, monkeypatch):
+    module = _Attention().to(dtype)
+    x, cos, sin = _inputs(dtype)
+    with torch.no_grad():
+        expected = module(x, cos, sin)
+        assert _rope_kind(module) == "per-head q/k rms_norm + rope (in the attention's forward)"
+        counts = _count(monkeypatch)
+        actual = module(x, cos, sin)
+    assert counts == {"head_norm_rope": 1, "rope": 0}
+    # Against the same prologue in fp64: the eager bf16 chain rounds after each op.
+    with torch.no_grad():
+        kiln.unpatch(module)
+        truth = _Attention.forward(module.double(), *(t.double() for t in (x, cos, sin)))
+    tol = 1e-5 if dtype == torch.float32 else 2 ** -6
+    for a, e, t in zip(actual, expected, truth):
+        assert a.dtype == e.dtype == dtype and a.shape == e.shape
+        torch.testing.assert_close(a.double(), t, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("cls, why", [
+    (_ReadBetween, "the norm's result is read before the rotation"),
+    (_AcrossHeads, "the norm runs before the head split"),
+    (_InABranch, "the norms are in a branch"),
+    (_WithSuper, "the forward uses super()"),
+])
+def test_forwards_not_written_for_it_keep_kiln_rope(cls, why, monkeypatch):
+    module = cls()
+    assert head_norm_attention.rewritten_code(cls.forward) is None, why
+    x, cos, sin = _inputs(torch.float32)
+    with torch.no_grad():
+        expected = module(x, cos, sin)
+        assert _rope_kind(module) == "rope (rotate_half, in the attention's forward)"
+        counts = _count(monkeypatch)
+        actual = module(x, cos, sin)
+    assert counts == {"head_norm_rope": 0, "rope": 1}
+    for a, e in zip(actual, expected):
+        torch.testing.assert_close(a, e, rtol=1e-5, atol=1e-5)
+
+
+def test_a_transpose_of_the_last_dimension_is_not_rewritten():
+    assert head_norm_attention.rewritten_code(_OtherTranspose.forward) is None
+    assert head_norm_attention.rewritten_code(_Attention.forward) is not None
+
+
+def test_layer_norms_per_head_are_not_fused():
+    module = _Attention(norm=_PerHeadLayerNorm)
+    assert head_norm_attention.rewritten_code(_Attention.forward) is not None
+    assert _rope_kind(module) == "rope (rotate_half, in the attention's forward)"
+
+
+def test_transformers_forwards_that_are_rewritten():
+    from transformers.models.gemma3.modeling_gemma3 import Gemma3Attention
+    from transformers.models.llama.modeling_llama import LlamaAttention
+    from transformers.models.olmo2.modeling_olmo2 import Olmo2Attention
+    from transformers.models.qwen3.modeling_qwen3 import Qwen3Attention
+    from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeAttention
+
+    for cls in (Qwen3Attention, Qwen3MoeAttention, Gemma3Attention):
+        code = head_norm_attention.rewritten_code(cls.forward)
+        assert code is not None, cls.__name__
+        # Tracebacks and torch.compile's messages point at transformers' own lines.
+        assert code.co_filename == cls.forward.__code__.co_filename
+        assert code.co_firstlineno == cls.forward.__code__.co_firstlineno
+        assert head_norm_attention.FUSED_GLOBAL in code.co_names and "q_norm" in code.co_names
+    for cls in (LlamaAttention, Olmo2Attention):  # no norms; norms across all heads
+        assert head_norm_attention.rewritten_code(cls.forward) is None, cls.__name__
+
+
+def test_recording_a_graph_calls_the_norms_then_kiln_rope(monkeypatch):
+    """head_norm_rope has no backward: with a graph to record, the norm modules run (patched as
+    norms) and the rotation is kiln.rope's, and the gradients are the original's."""
+    module = _Attention()
+    x, cos, sin = _inputs(torch.float32)
+    x.requires_grad_(True)
+    expected = module(x, cos, sin)
+    sum(t.pow(2).sum() for t in expected).backward()
+    grads = [p.grad.clone() for p in module.parameters()] + [x.grad.clone()]
+    module.zero_grad()
+    x.grad = None
+    kiln.patch(module)
+    counts = _count(monkeypatch)
+    actual = module(x, cos, sin)
+    sum(t.pow(2).sum() for t in actual).backward()
+    assert counts == {"head_norm_rope": 0, "rope": 1}
+    for a, e in zip(list(module.parameters()) + [x], grads):
+        torch.testing.assert_close(a.grad, e, rtol=1e-4, atol=1e-5)
+
+
+def test_a_hook_on_a_norm_runs(monkeypatch):
+    module = _Attention()
+    x, cos, sin = _inputs(torch.float32)
+    kiln.patch(module)
+    seen = []
+    module.k_norm.register_forward_hook(lambda m, args, out: seen.append(out.shape))
+    counts = _count(monkeypatch)
+    with torch.no_grad():
+        actual = module(x, cos, sin)
+        kiln.unpatch(module)
+        expected = module(x, cos, sin)
+    assert counts == {"head_norm_rope": 0, "rope": 1}
+    # The hook sees the norm of q's transposed view: [B, H, S, D] where the original gives [B, S, H, D].
+    assert seen == [torch.Size([2, KV_HEADS, 5, HEAD_DIM]), torch.Size([2, 5, KV_HEADS, HEAD_DIM])]
+    for a, e in zip(actual, expected):
+        torch.testing.assert_close(a, e, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("change", ["fp32 weights, bf16 q", "two eps", "a weight of another size"])
+def test_what_head_norm_rope_does_not_take_calls_the_norms(change, monkeypatch):
+    module = _Attention().to(torch.bfloat16)
+    kiln.patch(module)
+    if change == "fp32 weights, bf16 q":
+        module.q_norm.float()
+        module.k_norm.float()
+    elif change == "two eps":
+        module.k_norm.variance_epsilon = 1e-5
+    else:
+        module.q_norm.weight = torch.nn.Parameter(torch.ones(2 * HEAD_DIM, dtype=torch.bfloat16))
+    x, cos, sin = _inputs(torch.bfloat16)
+    counts = _count(monkeypatch)
+    with torch.no_grad():
+        if change == "a weight of another size":
+            with pytest.raises((RuntimeError, ValueError)):  # the norm module's error
+                module(x, cos, sin)
+            return
+        actual = module(x, cos, sin)
+        kiln.unpatch(module)
+        expected = module(x, cos, sin)
+    assert counts["head_norm_rope"] == 0
+    for a, e in zip(actual, expected):
+        assert a.dtype == e.dtype
+        torch.testing.assert_close(a.double(), e.double(), rtol=2 ** -6, atol=2 ** -6)
+
+
+def test_a_probe_that_disagrees_is_reported():
+    module = _Attention()
+
+    def forgets_the_norms(q_norm, k_norm, q, k, cos, sin):
+        return apply_rotary_pos_emb(q, k, cos, sin)
+
+    why = head_norm_attention._probe_disagrees(module, forgets_the_norms, apply_rotary_pos_emb)
+    assert why is not None and why.startswith("on a torch.float32 probe kiln.head_norm_rope differs")
+    fused = head_norm_attention.head_norm_rotate_half_rope(
+        apply_rotary_pos_emb, head_norm_attention.WEIGHT_AS_IS, (Qwen3RMSNorm, Qwen3RMSNorm))
+    assert head_norm_attention._probe_disagrees(module, fused, apply_rotary_pos_emb) is None
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "gemma3"])
+def test_compiled_patched_model_has_head_norm_rope_in_one_graph(arch):
+    model = _model(arch)
+    ids = _ids()
+    expected = _logits(model, ids)
+    kiln.patch(model)
+    compiled, graphs = compile_capturing(model)
+    actual = _logits(compiled, ids)
+    torch._dynamo.reset()
+    assert len(graphs) == 1
+    assert len(calls_of(graphs, torch.ops.kiln.head_norm_rope.default)) == 2
+    assert calls_of(graphs, torch.ops.kiln.rope.default) == []
+    torch.testing.assert_close(actual, expected, rtol=1e-4, atol=1e-4)
+    kiln.unpatch(model)
+
+
+def test_attentions_of_one_class_share_one_forward(monkeypatch):
+    model = _model("qwen3")
+    kiln.patch(model)
+    first, second = (layer.self_attn for layer in model.model.layers)
+    patched = [replace.state_of(a).patched for a in (first, second)]
+    assert patched[0].__func__ is patched[1].__func__
+    assert head_norm_attention.FUSED_GLOBAL in patched[0].__func__.__globals__
+    counter = _Counter(monkeypatch)
+    _logits(model, _ids())
+    assert counter.calls["head_norm_rope"] == 2 and counter.calls["rope"] == 0
+    kiln.unpatch(model)
+
+
+def test_the_ops_filter_knows_it_as_rope():
+    model = _model("qwen3")
+    report = kiln.patch(model, ops=["rms_norm"])
+    left = {l.path: l.reason for l in report.left if l.path.endswith("self_attn")}
+    assert left == {f"model.layers.{i}.self_attn":
+                    "computes per-head q/k rms_norm + rope (in the attention's forward); rope is not in ops"
+                    for i in range(2)}
+    kiln.unpatch(model)
+    report = kiln.patch(model, ops=["rope"])
+    assert {r.op for r in report.replaced} == {"head_norm_rope"}
+    kiln.unpatch(model)
