@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cache/error.h"
+#include "templates/rope_family.h"
 
 namespace kiln::jit {
 namespace {
@@ -20,6 +21,12 @@ std::int64_t require_size(const nlohmann::json& config, const char* key) {
 std::string text_of(const nlohmann::json& config, const char* key) {
   const auto it = config.find(key);
   return it != config.end() && it->is_string() ? it->get<std::string>() : std::string();
+}
+
+// transformers' models whose attention RMS-normalises each head of q and k right before RoPE,
+// which kiln's patch runs as one head_norm_rope.
+bool normalises_heads(const std::string& model_type) {
+  return model_type == "qwen3" || model_type == "qwen3_moe" || model_type == "gemma3_text";
 }
 
 ModelShape read_llm(const nlohmann::json& config) {
@@ -64,6 +71,14 @@ ModelShape read_llm(const nlohmann::json& config) {
       {Op::swiglu, {model.intermediate}},
       {Op::rope, {model.head_dim}},
   };
+  if (normalises_heads(model.kind)) {
+    // Fused where no graph is recorded; training calls the head norms on their own.
+    model.head_norm_layout = 0u;
+    model.rope += ", after the per-head q/k RMSNorms";
+    if (model.head_dim != model.hidden) {
+      model.ops[Op::rms_norm].push_back(model.head_dim);
+    }
+  }
   return model;
 }
 
@@ -80,7 +95,7 @@ ModelShape read_diffusion(const nlohmann::json& config, const std::string& kind)
   if (kind == "flux") {
     // q and k share the head count; kiln's patch rotates them with diffusers' fp32 table.
     model.heads_q = model.heads_k = model.hidden / model.head_dim;
-    model.head_norm = true;
+    model.head_norm_layout = kRopeInterleaved | kRopeTableF32;
     model.rope = "3-D (axes_dims_rope";
     if (auto axes = config.find("axes_dims_rope"); axes != config.end() && axes->is_array()) {
       model.rope += " " + axes->dump();

@@ -2,7 +2,10 @@
 // and at which sizes. Known layouts:
 //  - transformers LLMs (Llama, Mistral, Qwen2 and others with the same keys): hidden_size,
 //    intermediate_size, head_dim (else hidden_size / num_attention_heads); RoPE rotates halves
-//    of each head (rope_theta, rope_scaling are reported).
+//    of each head (rope_theta, rope_scaling are reported). Qwen3, Qwen3-MoE and Gemma 3
+//    (model_type qwen3, qwen3_moe, gemma3_text) RMS-normalise each head of q and k first: an
+//    RMSNorm of the head dim too, and the norms and rotation as one head_norm_rope where kiln's
+//    patch can.
 //  - diffusers LTXVideoTransformer3DModel: inner dim = num_attention_heads * attention_head_dim;
 //    RMSNorm over the inner dim (also the "rms_norm_across_heads" q/k norm), a GELU (tanh)
 //    feed-forward of 4x the inner dim, 3-D RoPE, gated residuals.
@@ -14,6 +17,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -32,8 +36,9 @@ struct ModelShape {
   // Its attention head counts (which kernel its RoPE calls take); fours when not given.
   std::int64_t heads_q = 4;
   std::int64_t heads_k = 4;
-  // Its attentions normalise each head and rotate q and k in one head_norm_rope (FLUX).
-  bool head_norm = false;
+  // Its attentions normalise each head and rotate q and k in one head_norm_rope with these
+  // RoPE layout flags (FLUX, Qwen3, Gemma 3).
+  std::optional<std::uint32_t> head_norm_layout = std::nullopt;
   // The ops the model uses, with the sizes each is called at.
   std::map<Op, std::vector<std::int64_t>> ops;
 };

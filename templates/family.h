@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -21,8 +22,10 @@ struct PrewarmModel {
   std::int64_t heads_k = 4;
   bool training = false;
   // Its attentions RMS-normalise each head of q and k and rotate them in one head_norm_rope
-  // call (FLUX's, as kiln's patch runs it without autograd): interleaved, an fp32 table.
-  bool head_norm = false;
+  // call, as kiln's patch runs them without autograd: the call's layout flags (FLUX's:
+  // interleaved, an fp32 table; Qwen3's and Gemma 3's: halves, a table of the model's dtype,
+  // q and k as the attention hands them over).
+  std::optional<std::uint32_t> head_norm_layout = std::nullopt;
 };
 
 // A scratch buffer the evaluator must provide to run a candidate on its own.

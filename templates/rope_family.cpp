@@ -464,9 +464,9 @@ std::vector<Problem> RopeFamily::common_problems(DType dtype, std::int64_t hidde
   for (std::uint32_t layout : {0u, kRopePositionsInner, kRopeInterleaved | kRopeTableF32,
                                kRopeInterleaved | kRopeTableF32 | kRopePositionsInner}) {
     problems.push_back(Problem{Op::rope, dtype, hidden, layout | heads, 16});
-    // FLUX's attention in kiln's patch: its per-head norms and rotation in one call, q and k
-    // [B, S, H, D] with diffusers' fp32 table (no backward: training takes the rotation alone).
-    if (model.head_norm && layout == (kRopeInterleaved | kRopeTableF32)) {
+    // The attention in kiln's patch normalises each head in the same call (no backward:
+    // training takes the norms and the rotation alone).
+    if (model.head_norm_layout == layout) {
       problems.push_back(Problem{Op::rope, dtype, hidden, layout | heads | kRopeHeadNorm, 16});
     }
     if (model.training) {

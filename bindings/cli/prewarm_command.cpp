@@ -123,7 +123,7 @@ int run_prewarm(const PrewarmArgs& args) {
     for (const auto& [op, list] : sizes) chosen.push_back(op);
     auto more = jit::expand_targets(
         chosen, dtypes, sizes, parse_archs(args.archs, true), notes,
-        PrewarmModel{model.heads_q, model.heads_k, args.training, model.head_norm});
+        PrewarmModel{model.heads_q, model.heads_k, args.training, model.head_norm_layout});
     targets.insert(targets.end(), more.begin(), more.end());
   }
   if (!args.hiddens.empty()) {

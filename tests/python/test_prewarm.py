@@ -100,6 +100,25 @@ def test_flux_prewarms_the_rotation_its_patched_attention_calls(fresh_cache, tmp
         assert kiln.compile("rope", "bf16", 128, arch="sm_90", format="cubin", flags=flags)["from_cache"]
 
 
+def test_qwen3_prewarms_its_head_norms_fused_and_alone(fresh_cache, tmp_path):
+    # kiln's patched Qwen3 attention calls head_norm_rope (flags 256) on q and k as its
+    # projections hand them over (halves, a bf16 table, [B, S, H, D] memory: no layout flag),
+    # 32 + 8 heads (16 | 32); with autograd, the head norms (RMSNorm of 128) and kiln.rope.
+    qwen3 = {"model_type": "qwen3", "hidden_size": 4096, "intermediate_size": 12288,
+             "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(qwen3))
+    assert kiln.prewarm(dtypes="bf16", archs="sm_90", config=str(path))["failed"] == 0
+    for flags in (16 | 32 | 256, 16 | 32):
+        assert kiln.compile("rope", "bf16", 128, arch="sm_90", format="cubin", flags=flags)["from_cache"]
+    for hidden in (4096, 128):
+        assert kiln.compile("rms_norm", "bf16", hidden, arch="sm_90", format="cubin")["from_cache"]
+    # Llama's attention has no head norms: nothing fused is prewarmed for it.
+    path.write_text(json.dumps(LLAMA))
+    assert kiln.prewarm(dtypes="bf16", archs="sm_80", config=str(path))["failed"] == 0
+    assert not kiln.compile("rope", "bf16", 128, arch="sm_80", format="cubin", flags=16 | 32 | 256)["from_cache"]
+
+
 def test_training_adds_the_backward_kernels(fresh_cache, tmp_path):
     path = tmp_path / "config.json"
     path.write_text(json.dumps(LLAMA))

@@ -222,11 +222,17 @@ TEST_CASE("rope's common problems take the model's head counts, and training the
   // FLUX's 24 + 24 heads, normalised and rotated in one call: its table layout also with the
   // head norm; training adds the inverses alone (the fused op has no backward).
   const std::uint32_t flux = kRopeInterleaved | kRopeTableF32 | kiln::rope_head_flags(24, 24);
-  const auto flux_flags = flags_of({24, 24, false, true});
+  const std::uint32_t flux_layout = kRopeInterleaved | kRopeTableF32;
+  const auto flux_flags = flags_of({24, 24, false, flux_layout});
   CHECK(flux_flags == std::vector<std::uint32_t>{by4, kRopePositionsInner | by4, flux,
                                                  flux | kiln::kRopeHeadNorm,
                                                  flux | kRopePositionsInner});
-  for (std::uint32_t flags : flags_of({24, 24, true, true})) {
+  // Qwen3-8B's 32 and 8 heads: halves and a bf16 table, q and k as its projections hand them
+  // over (no layout flag).
+  CHECK(flags_of({32, 8, false, 0u}) ==
+        std::vector<std::uint32_t>{gqa, gqa | kiln::kRopeHeadNorm, inner, interleaved,
+                                   interleaved | kRopePositionsInner});
+  for (std::uint32_t flags : flags_of({24, 24, true, flux_layout})) {
     CHECK((flags & (kiln::kRopeHeadNorm | kRopeInverse)) != (kiln::kRopeHeadNorm | kRopeInverse));
   }
   // rope_3d takes no flags: one problem whatever the model.
