@@ -487,7 +487,7 @@ def compile_blocks(blocks):
 
 
 def run_model_settings(model, call, kiln, *, settings=SETTINGS, warmup=2, reps=10, graphs=False, log=print,
-                       compile_fn=compile_model, warmup_s=1.0):
+                       compile_fn=compile_model, warmup_s=1.0, variants=None):
     """The four settings of an end-to-end benchmark on one model and one input: `eager`
     (the model as built), `compile` (compile_fn(model): torch.compile(model, dynamic=False),
     default mode, unless told otherwise),
@@ -495,8 +495,10 @@ def run_model_settings(model, call, kiln, *, settings=SETTINGS, warmup=2, reps=1
     model). call(fn) runs one forward of fn (the model or its compiled form) and returns the
     output tensor. Each setting is timed after `warmup` calls and `warmup_s` seconds of calls
     (model_times). With graphs=True each setting is captured in a CUDA graph and its replay
-    is timed. Returns ({setting: record}, the kiln.patch report); every output is compared
-    with the unpatched eager output. The model is unpatched again on return."""
+    is timed. `variants` ({name: patch function}) adds eager settings patched another way
+    (each timed after the four, against eager). Returns ({setting: record}, the kiln.patch
+    report); every output is compared with the unpatched eager output. The model is
+    unpatched again on return."""
     import time
 
     records, report, reference = {}, None, None
@@ -566,6 +568,10 @@ def run_model_settings(model, call, kiln, *, settings=SETTINGS, warmup=2, reps=1
                 measure("eager+kiln", model)
             if "compile+kiln" in settings:
                 compiled_measure("compile+kiln")
+        for name, patch in (variants or {}).items():
+            kiln.unpatch(model)
+            patch(model)
+            measure(name, model)
     finally:
         kiln.unpatch(model)
     for name, record in records.items():

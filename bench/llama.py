@@ -1,6 +1,10 @@
 """A Llama-3-8B-shaped decoder end to end: transformers' LlamaForCausalLM with Llama-3-8B's
 widths (hidden 4096, MLP 14336, 32 query and 8 key/value heads, vocabulary 128256, RoPE
-theta 500000) and fewer layers (--layers, default 4), random weights, bf16. Cases:
+theta 500000) and fewer layers (--layers, default 4), random weights, bf16; or, with
+--model qwen3, Qwen3ForCausalLM with Qwen3-8B's (hidden 4096, MLP 12288, 32 and 8 heads of
+128, vocabulary 151936, RoPE theta 1000000, and an RMSNorm of each head of q and k before
+RoPE, which kiln.patch runs with the rotation as one head_norm_rope: a fifth setting,
+eager + kiln with the head norms apart, times kiln's patch without that fusion). Cases:
 prefill of 2 x 2048 tokens (one forward over the prompt, logits of the last token, as
 generate computes them), and one decode step at batch 1 and 32 after 2048 cached tokens
 (a StaticCache, replayed from a CUDA graph). Four settings each: eager, eager + kiln
@@ -8,9 +12,9 @@ generate computes them), and one decode step at batch 1 and 32 after 2048 cached
 setting: median time, speedup over its baseline, the first call's time (compile, JIT),
 and the logits' relative error against the unpatched eager logits.
 
-Usage: python bench/llama.py [--out DIR] [--quick] [--layers N] [--cases prefill,decode1,decode32]
+Usage: python bench/llama.py [--out DIR] [--model llama|qwen3] [--quick] [--layers N] [--cases prefill,decode1,decode32]
        [--settings eager,compile,eager+kiln,compile+kiln] [--device cuda|cpu] [--tiny]
-Writes DIR/llama-<date>-<device>.json and .md; prints the table last. --device cpu with
+Writes DIR/<model>-<date>-<device>.json and .md; prints the table last. --device cpu with
 --tiny is a smoke run (no CUDA graphs there); the CI tests build the same pieces."""
 
 import argparse
@@ -28,15 +32,36 @@ LLAMA3_8B = dict(hidden_size=4096, intermediate_size=14336, num_attention_heads=
                  tie_word_embeddings=False)
 TINY = dict(hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2, vocab_size=128,
             rope_theta=500000.0, rms_norm_eps=1e-5, max_position_embeddings=256, tie_word_embeddings=False)
+QWEN3_8B = dict(hidden_size=4096, intermediate_size=12288, num_attention_heads=32, num_key_value_heads=8,
+                head_dim=128, vocab_size=151936, rope_theta=1000000.0, rms_norm_eps=1e-6,
+                max_position_embeddings=8192, tie_word_embeddings=False)
+MODELS = {"llama": ("LlamaConfig", LLAMA3_8B, "Llama-3-8B"), "qwen3": ("Qwen3Config", QWEN3_8B, "Qwen3-8B")}
 PREFILL = (2, 2048)  # batch, tokens
 PAST = 2048  # tokens in the cache before the decode step
 CASES = ["prefill", "decode1", "decode32"]
 
 
-def llama_config(layers=4, tiny=False):
+def llama_config(layers=4, tiny=False, model="llama"):
     import transformers
 
-    return transformers.LlamaConfig(**(TINY if tiny else LLAMA3_8B), num_hidden_layers=layers)
+    config_class, widths, _ = MODELS[model]
+    tiny_widths = dict(TINY, head_dim=16) if model == "qwen3" else TINY
+    return getattr(transformers, config_class)(**(tiny_widths if tiny else widths), num_hidden_layers=layers)
+
+
+def head_norms_apart(kiln):
+    """kiln.patch with each attention's q/k norms and rotation left as separate ops (the
+    patch before they were fused into one head_norm_rope)."""
+    from kiln.patching import head_norm_attention
+
+    def patch(model):
+        fuse = head_norm_attention.fuse
+        head_norm_attention.fuse = lambda module, match: match
+        try:
+            return kiln.patch(model)
+        finally:
+            head_norm_attention.fuse = fuse
+    return patch
 
 
 def build_model(config, device="cuda", dtype=torch.bfloat16, seed=0):
@@ -95,6 +120,7 @@ def decode_state(model, batch, past, device="cuda", seed=2):
 def parse_args(argv=None):
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default="bench/results")
+    parser.add_argument("--model", default="llama", choices=sorted(MODELS))
     parser.add_argument("--quick", action="store_true", help="2 layers, prefill and decode at batch 32, fewer reps")
     parser.add_argument("--layers", type=int, default=None, help="decoder layers (default 4; Llama-3-8B has 32)")
     parser.add_argument("--cases", default=None, help=f"comma-separated among {CASES} (decodeN: batch N)")
@@ -127,9 +153,11 @@ def main(argv=None):
 
     env = common.model_environment(args.device)
     started = time.perf_counter()
-    config = llama_config(layers, args.tiny)
+    config = llama_config(layers, args.tiny, args.model)
     model = build_model(config, args.device)
-    print(f"Llama-3-8B-shaped decoder: {layers} layers, {sum(p.numel() for p in model.parameters()) / 1e9:.2f}B "
+    variants = {"eager+kiln, head norms apart": head_norms_apart(kiln)} if args.model == "qwen3" else None
+    billions = sum(p.numel() for p in model.parameters()) / 1e9
+    print(f"{MODELS[args.model][2]}-shaped decoder: {layers} layers, {billions:.2f}B "
           f"parameters, built in {time.perf_counter() - started:.1f} s", flush=True)
 
     results = []
@@ -138,7 +166,8 @@ def main(argv=None):
             inputs = prefill_inputs(config, prefill_batch, prefill_tokens, args.device)
             print(f"prefill {prefill_batch}x{prefill_tokens}", flush=True)
             records, report = common.run_model_settings(model, lambda fn: fn(**inputs).logits, kiln,
-                                                        settings=settings, warmup=warmup, reps=reps)
+                                                        settings=settings, warmup=warmup, reps=reps,
+                                                        variants=variants)
             shape = {"batch": prefill_batch, "tokens": prefill_tokens, "cuda_graphs": False}
         else:
             batch = int(case[6:])
@@ -146,7 +175,7 @@ def main(argv=None):
             print(f"decode batch {batch}, {args.past} cached tokens, CUDA graphs: {graphs}", flush=True)
             # Decode steps take a millisecond or two: more of them for a steady median.
             records, report = common.run_model_settings(model, step, kiln, settings=settings, warmup=warmup,
-                                                        reps=reps * 5, graphs=graphs)
+                                                        reps=reps * 5, graphs=graphs, variants=variants)
             shape = {"batch": batch, "tokens": 1, "past": args.past, "cuda_graphs": graphs}
             del cache, step
         results.append({"case": case, **shape, "settings": records, "patch": common.patch_summary(report)})
@@ -165,20 +194,20 @@ def write(args, env, config, results, final):
                 "errors": "max_rel = max|out - eager| / max|eager|, mean_rel = mean|out - eager| / mean|eager|, "
                           "of the logits, against the unpatched eager logits",
                 "kiln_settings": kiln.settings()}
-    name = f"llama-{common.stamp(env)}{args.tag}" if final else f"llama-partial{args.tag}"
+    name = f"{args.model}-{common.stamp(env)}{args.tag}" if final else f"{args.model}-partial{args.tag}"
     common.write_json(os.path.join(args.out, name + ".json"), document)
     if not final:
         return None
-    table = markdown(env, config, results)
+    table = markdown(env, config, results, MODELS[args.model][2])
     with open(os.path.join(args.out, name + ".md"), "w") as f:
         f.write(table + "\n")
     return table
 
 
-def markdown(env, config, results):
+def markdown(env, config, results, name="Llama-3-8B"):
     versions = env["versions"]
     lines = [
-        f"Llama-3-8B-shaped decoder ({config.num_hidden_layers} layers), bf16, {env['device']} ({env['sm']}), "
+        f"{name}-shaped decoder ({config.num_hidden_layers} layers), bf16, {env['device']} ({env['sm']}), "
         f"{env['date']}, torch {versions['torch']}, transformers {versions.get('transformers', '-')}; random weights. "
         "ms = median per forward (decode: one token, replayed from a CUDA graph), each timed alone after at "
         "least 1 s of warm-up calls; host ms = median time the host takes to issue one (a graph replay: the "

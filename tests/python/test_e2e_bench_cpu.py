@@ -205,6 +205,30 @@ def test_llama_bench_smoke_run(tmp_path):
     assert doc_path.with_suffix(".md").exists()
 
 
+def test_qwen3_config_has_qwen3_8b_widths():
+    llama = load_bench("llama")
+    config = llama.llama_config(4, model="qwen3")
+    assert type(config).__name__ == "Qwen3Config"
+    assert (config.hidden_size, config.intermediate_size, config.head_dim) == (4096, 12288, 128)
+    assert (config.num_attention_heads, config.num_key_value_heads, config.vocab_size) == (32, 8, 151936)
+    assert config.rope_parameters["rope_theta"] == 1000000.0
+
+
+def test_qwen3_bench_smoke_run_times_the_head_norms_both_ways(tmp_path):
+    out = _smoke("llama.py", tmp_path, "--model", "qwen3", "--past", "24", "--prefill", "2x16", "--layers", "2",
+                 "--cases", "prefill,decode1")
+    assert "Qwen3-8B-shaped decoder" in out and "| prefill | 2x16 | eager+kiln, head norms apart |" in out
+    [doc_path] = [p for p in tmp_path.glob("qwen3-*.json") if "partial" not in p.name]
+    doc = json.loads(doc_path.read_text())
+    for case in doc["cases"]:
+        fused, apart = case["settings"]["eager+kiln"], case["settings"]["eager+kiln, head norms apart"]
+        for record in (fused, apart):
+            assert record["error_vs_eager"]["finite"] and record["error_vs_eager"]["max_rel"] < 5e-2
+        assert apart["speedup_vs"] == "eager"
+        # The q/k norms stay patched as norms (the path that records a graph calls them).
+        assert case["patch"]["replaced"] == {"rms_norm": 9, "swiglu": 2, "head_norm_rope": 2}
+
+
 # ---- the examples -----------------------------------------------------------------------
 
 
