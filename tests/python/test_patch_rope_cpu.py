@@ -121,16 +121,21 @@ def test_fp32_table_with_half_q_keeps_the_formula(monkeypatch):
     assert rope_attention.rope_layout(q, k, cos.bfloat16(), sin.bfloat16(), 3) is None
 
 
-def test_compiled_patched_model_has_kiln_rope_in_one_graph():
-    model = _model("llama")
+@pytest.mark.parametrize("arch, op, absent", [("llama", "rope", "head_norm_rope"),
+                                              ("qwen3", "head_norm_rope", "rope"),
+                                              ("gemma3", "head_norm_rope", "rope")])
+def test_compiled_patched_model_has_kiln_rope_in_one_graph(arch, op, absent):
+    """Qwen3's and Gemma 3's q/k norms join the rotation in head_norm_rope (see
+    test_patch_head_norm_cpu.py); Llama's attention has none."""
+    model = _model(arch)
     ids = _ids()
     expected = _logits(model, ids)
     kiln.patch(model)
     compiled, graphs = compile_capturing(model)
     actual = _logits(compiled, ids)
     torch._dynamo.reset()
-    ropes = calls_of(graphs, torch.ops.kiln.rope.default)
-    assert len(graphs) == 1 and len(ropes) == 2
+    assert len(graphs) == 1 and len(calls_of(graphs, getattr(torch.ops.kiln, op).default)) == 2
+    assert calls_of(graphs, getattr(torch.ops.kiln, absent).default) == []
     torch.testing.assert_close(actual, expected, rtol=1e-4, atol=1e-4)
     kiln.unpatch(model)
 

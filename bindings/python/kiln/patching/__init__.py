@@ -75,7 +75,7 @@ def patch(model: torch.nn.Module, ops: Optional[Iterable[str]] = None) -> PatchR
         cls = type(module).__name__
         original = replace.inner_forward(module)
         result = classify(module, original)
-        if classify is rope_attention.classify and isinstance(result, detect.Match):
+        if classify is rope_attention.classify and isinstance(result, detect.Match) and "rms_norm" in chosen:
             result = head_norm_attention.fuse(module, result)
         if isinstance(result, detect.NoMatch):
             report.left.append(Left(path, cls, result.reason))

@@ -241,7 +241,7 @@ def _offset_weight(module: torch.nn.Module, dtype: torch.dtype) -> torch.Tensor:
     weight changes (in place: its version counter moves; or replaced: another tensor, told
     apart by identity, since a new tensor may take the freed one's address)."""
     weight = module.weight
-    if torch.compiler.is_compiling():
+    if recording_a_graph(weight):  # a tensor made there is filled only when the graph runs
         return (1.0 + weight.float()).to(dtype)
     try:
         key = (weight._version, weight.device, dtype)

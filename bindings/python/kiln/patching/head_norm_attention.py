@@ -9,20 +9,24 @@
 The norms and the rotation are three passes over q and k (a dozen kernels in eager); one
 ``kiln.head_norm_rope`` does all of it. The forward is the class's own source, recompiled with
 two edits: each norm call gives its argument through unchanged, and the rotation becomes a
-call that receives the two norm modules. That call runs ``head_norm_rope`` where it computes
-what the norms and the rotation compute, and otherwise calls the norm modules on q and k
-(hooks, patches and all) and then the rotation, in that order: a per-row norm over the last
-dimension gives the same values before a transpose of other dimensions as after it.
+call that receives the two norm modules (and whether each result was transposed). That call
+runs ``head_norm_rope`` where it computes what the norms and the rotation compute, and
+otherwise calls the norm modules (hooks, patches and all) on q and k as they were before the
+transpose, then the rotation.
 
-The edit is made only where the syntax guarantees that: each norm call is the whole value of
-one statement in the forward's body, at most followed by ``.transpose(1, 2)``, the statement
-binds one name, and no statement between it and the rotation reads or rebinds that name
-before the rotation takes it. Anything else (a norm across all heads, as OLMo 2's, a norm in
-a branch, a forward without source) keeps the forward as :mod:`.rope_attention` patches it.
+The edit is made only where the syntax shows the norms' results reach the rotation and nothing
+else: each norm call is the whole value of one statement in the forward's body, at most
+followed by ``.transpose(1, 2)``, binding one name; the rotation rebinds both names from them
+and reads them in no other argument; no statement between a norm and the rotation reads that
+name or may change a tensor in place; the forward has no closure, no ``locals()``, no private
+names, and its source still compiles to the code that runs. Anything else (a norm across all
+heads, as OLMo 2's, a norm in a branch, a forward without source) keeps the forward as
+:mod:`.rope_attention` patches it.
 """
 
 import ast
 import contextlib
+import dis
 import inspect
 import sys
 import textwrap
@@ -70,17 +74,56 @@ def _names_in(node: ast.AST) -> set:
     return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
 
 
+def _opaque(fn: ast.FunctionDef) -> bool:
+    """Whether the forward could reach a value by another way than its names in its own
+    statements (a closure, a scope's dictionary, a global declaration, an assignment inside an
+    expression), or has a name a recompilation outside its class would not mangle."""
+    for node in ast.walk(fn):
+        if node is not fn and isinstance(node, (ast.Lambda, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef,
+                                                ast.Global, ast.Nonlocal, ast.NamedExpr)):
+            return True
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) \
+                and node.func.id in ("locals", "vars", "globals", "eval", "exec"):
+            return True
+        name = node.attr if isinstance(node, ast.Attribute) else node.id if isinstance(node, ast.Name) else ""
+        if name.startswith("__") and not name.endswith("__"):
+            return True
+    return False
+
+
+def _writes_in_place(statement: ast.stmt) -> bool:
+    """Whether a statement may change a tensor it does not bind: anything but ``names = value``,
+    or a value that calls an in-place method (``x.mul_(...)``) or writes to ``out=``."""
+    if not isinstance(statement, ast.Assign):
+        return True
+    for target in statement.targets:
+        names = target.elts if isinstance(target, ast.Tuple) else [target]
+        if not all(isinstance(n, ast.Name) for n in names):
+            return True
+    for node in ast.walk(statement.value):
+        if isinstance(node, ast.Call):
+            if any(k.arg == "out" for k in node.keywords):
+                return True
+            if isinstance(node.func, ast.Attribute) and node.func.attr.endswith("_") \
+                    and not node.func.attr.endswith("__"):
+                return True
+    return False
+
+
 @dataclass(frozen=True)
 class _Site:
-    """Where the norms and the rotation are: the index in the forward's body of each norm's
-    statement and of the rotation's, and the names the norms' results are bound to."""
-    norm_statements: Tuple[int, int]
-    rope_statement: int
+    """Where the norms and the rotation are: the names the norms' results are bound to, and
+    whether each result is transposed (``.transpose(1, 2)``) before it is bound."""
     names: Tuple[str, str]
+    transposed: Tuple[bool, bool]
 
 
 def _find_site(fn: ast.FunctionDef) -> Optional[_Site]:
-    if not fn.args.args:
+    """The norms and rotation of the module's docstring, checked on the syntax: each norm call
+    is the whole value of a statement of the body binding one name (at most transposed first);
+    the rotation rebinds both names from them and reads them nowhere else; no statement
+    between a norm and the rotation reads that name or may change a tensor in place."""
+    if not fn.args.args or _opaque(fn):
         return None
     self_name = fn.args.args[0].arg
     calls = {attr: [n for n in ast.walk(fn) if _is_norm_call(n, self_name, attr)] for attr in NORMS}
@@ -90,30 +133,38 @@ def _find_site(fn: ast.FunctionDef) -> Optional[_Site]:
     rope = ropes[0]
     if len(rope.args) < 4 or not all(isinstance(a, ast.Name) for a in rope.args[:2]):
         return None
-    rope_args = (rope.args[0].id, rope.args[1].id)
+    names = (rope.args[0].id, rope.args[1].id)
     rope_at = [i for i, s in enumerate(fn.body) if isinstance(s, ast.Assign) and s.value is rope]
-    if len(rope_at) != 1 or rope_args[0] == rope_args[1]:
+    if len(rope_at) != 1 or names[0] == names[1]:
         return None
-    statements = []
-    for attr, name in zip(NORMS, rope_args):
+    rope_statement = fn.body[rope_at[0]]
+    target = rope_statement.targets[0] if len(rope_statement.targets) == 1 else None
+    if not (isinstance(target, ast.Tuple) and [getattr(e, "id", None) for e in target.elts] == list(names)):
+        return None
+    others = rope.args[2:] + [k.value for k in rope.keywords]
+    if any(set(names) & _names_in(node) for node in others):
+        return None
+    transposed = []
+    for attr, name in zip(NORMS, names):
         call = calls[attr][0]
         at = [i for i, s in enumerate(fn.body) if isinstance(s, ast.Assign) and len(s.targets) == 1
               and isinstance(s.targets[0], ast.Name) and s.targets[0].id == name
               and (s.value is call or _swaps_heads_and_positions(s.value) is call)]
         if len(at) != 1 or at[0] >= rope_at[0]:
             return None
-        # Between the norm and the rotation nothing may see or rebind the norm's result.
-        if any(name in _names_in(s) for s in fn.body[at[0] + 1:rope_at[0]]):
+        between = fn.body[at[0] + 1:rope_at[0]]
+        if any(name in _names_in(s) or _writes_in_place(s) for s in between):
             return None
-        statements.append(at[0])
-    return _Site(tuple(statements), rope_at[0], rope_args)
+        transposed.append(fn.body[at[0]].value is not call)
+    return _Site(names, tuple(transposed))
 
 
 class _Rewrite(ast.NodeTransformer):
-    """Each norm call becomes its argument; the rotation takes the two norm modules first."""
+    """Each norm call becomes its argument; the rotation takes the two norm modules and
+    whether each result was transposed first."""
 
-    def __init__(self, self_name: str):
-        self.self_name = self_name
+    def __init__(self, self_name: str, site: _Site):
+        self.self_name, self.site = self_name, site
 
     def visit_Call(self, node: ast.Call):
         self.generic_visit(node)
@@ -122,14 +173,35 @@ class _Rewrite(ast.NodeTransformer):
         if _is_rope_call(node):
             modules = [ast.Attribute(value=ast.Name(id=self.self_name, ctx=ast.Load()), attr=attr, ctx=ast.Load())
                        for attr in NORMS]
-            return ast.Call(func=ast.Name(id=FUSED_GLOBAL, ctx=ast.Load()), args=modules + node.args,
+            flags = [ast.Constant(value=t) for t in self.site.transposed]
+            return ast.Call(func=ast.Name(id=FUSED_GLOBAL, ctx=ast.Load()), args=modules + flags + node.args,
                             keywords=node.keywords)
         return node
 
 
+def _instructions(code: types.CodeType) -> list:
+    """The code's instructions and their arguments, but for what the compiler decides from the
+    module around the function (a method call on an imported name loads it as an attribute)
+    and for jump offsets, which those decisions move."""
+    shape = []
+    for ins in dis.get_instructions(code):
+        if ins.opname == "EXTENDED_ARG":
+            continue
+        jump = ins.opcode in dis.hasjrel or ins.opcode in dis.hasjabs
+        arg = None if jump or isinstance(ins.argval, types.CodeType) else ins.argval
+        shape.append(("LOAD_ATTR" if ins.opname == "LOAD_METHOD" else ins.opname, arg))
+    return shape
+
+
+def _function_code(module: types.CodeType, name: str) -> Optional[types.CodeType]:
+    codes = [c for c in module.co_consts if isinstance(c, types.CodeType) and c.co_name == name]
+    return codes[0] if len(codes) == 1 else None
+
+
 def rewritten_code(function: types.FunctionType) -> Optional[types.CodeType]:
     """The code of ``function`` with its norms handed to the rotation, or None where the
-    forward is not written as the module's docstring describes (or has no source)."""
+    forward is not written as the module's docstring describes, has no source, or its source
+    no longer compiles to the code that runs (a file changed since it was imported)."""
     if function.__code__.co_freevars:  # super() or a closure: the recompiled code would lack its cells
         return None
     try:
@@ -140,9 +212,11 @@ def rewritten_code(function: types.FunctionType) -> Optional[types.CodeType]:
     if len(tree.body) != 1 or not isinstance(tree.body[0], ast.FunctionDef):
         return None
     fn = tree.body[0]
-    if fn.name != function.__name__ or fn.decorator_list or _find_site(fn) is None:
+    if fn.name != function.__name__ or fn.decorator_list:
         return None
-    fn.body = [_Rewrite(fn.args.args[0].arg).visit(s) for s in fn.body]
+    site = _find_site(fn)
+    if site is None:
+        return None
     # Defaults and annotations come from the original function object, not from evaluating
     # them again.
     for arg in fn.args.posonlyargs + fn.args.args + fn.args.kwonlyargs + [fn.args.vararg, fn.args.kwarg]:
@@ -150,11 +224,13 @@ def rewritten_code(function: types.FunctionType) -> Optional[types.CodeType]:
             arg.annotation = None
     fn.returns, fn.args.defaults = None, []
     fn.args.kw_defaults = [None] * len(fn.args.kwonlyargs)
-    ast.fix_missing_locations(tree)
     ast.increment_lineno(tree, function.__code__.co_firstlineno - 1)
-    module = compile(tree, function.__code__.co_filename, "exec")
-    codes = [c for c in module.co_consts if isinstance(c, types.CodeType) and c.co_name == function.__name__]
-    return codes[0] if len(codes) == 1 else None
+    as_read = _function_code(compile(tree, function.__code__.co_filename, "exec"), fn.name)
+    if as_read is None or _instructions(as_read) != _instructions(function.__code__):
+        return None
+    fn.body = [_Rewrite(fn.args.args[0].arg, site).visit(s) for s in fn.body]
+    ast.fix_missing_locations(tree)
+    return _function_code(compile(tree, function.__code__.co_filename, "exec"), fn.name)
 
 
 def _fused_weight(norm: torch.nn.Module, rule: str, like: torch.Tensor):
@@ -165,18 +241,31 @@ def _fused_weight(norm: torch.nn.Module, rule: str, like: torch.Tensor):
         return rule == WEIGHT_AS_IS, None
     if not isinstance(weight, torch.Tensor) or weight.shape != (like.shape[-1],) or weight.device != like.device:
         return False, None
+    if torch.is_grad_enabled() and weight.requires_grad:  # head_norm_rope has no backward
+        return False, None
     if rule == WEIGHT_PLUS_ONE:
-        if torch.is_grad_enabled() and weight.requires_grad:
-            return False, None
         return True, _offset_weight(norm, like.dtype)
     return weight.dtype == like.dtype, weight
 
 
-def head_norm_rotate_half_rope(original: Callable, rule: str, norm_types: Tuple[type, type]) -> Callable:
-    """The rotation the rewritten forward calls: ``(q_norm, k_norm, q, k, cos, sin, ...)``,
-    one ``kiln.head_norm_rope`` where it computes what ``q_norm(q)``, ``k_norm(k)`` and then
-    ``original`` compute (norms of the classes classified, with ``rule``; no hooks on them; one
-    eps; a table and layout ``kiln.rope`` takes; no graph to record), else those calls."""
+def _runs_as_classified(norm: torch.nn.Module, forward: Callable) -> bool:
+    """Whether the norm computes what was classified: its class's forward is still the one
+    probed and its instance forward is its own or kiln's, with no hook around it."""
+    if type(norm).forward is not forward or any_hooks(norm):
+        return False
+    own = norm.__dict__.get("forward")
+    state = replace.state_of(norm)
+    return own is None or (state is not None and own is state.patched)
+
+
+def head_norm_rotate_half_rope(original: Callable, rule: str, norm_forwards: Tuple[Callable, Callable]) -> Callable:
+    """The rotation the rewritten forward calls: ``(q_norm, k_norm, q_transposed,
+    k_transposed, q, k, cos, sin, ...)``, one ``kiln.head_norm_rope`` where it computes what the
+    norms and then ``original`` compute (norms whose class forwards are ``norm_forwards``,
+    weighed by ``rule``, unwrapped, of one eps; a table and layout ``kiln.rope`` takes; no
+    graph to record), else those calls, each norm on its result's layout before the transpose
+    the forward applied after it (so hooks see what they saw, and a transpose that moved the
+    last dimension is undone)."""
     rotate = rotate_half_rope(original)
     names = _parameters(original)
     positional_ok = names[4:5] == ["unsqueeze_dim"]
@@ -186,8 +275,7 @@ def head_norm_rotate_half_rope(original: Callable, rule: str, norm_types: Tuple[
         if len(args) + len(kwargs) > 1 or (args and not positional_ok) \
                 or (kwargs and not (keyword_ok and "unsqueeze_dim" in kwargs)):
             return None
-        if type(q_norm) is not norm_types[0] or type(k_norm) is not norm_types[1] \
-                or any_hooks(q_norm) or any_hooks(k_norm):
+        if not (_runs_as_classified(q_norm, norm_forwards[0]) and _runs_as_classified(k_norm, norm_forwards[1])):
             return None
         layout = rope_layout(q, k, cos, sin, kwargs.get("unsqueeze_dim", args[0] if args else 1))
         if layout is None or not kiln_can_take(q, k, cos, sin):
@@ -198,10 +286,12 @@ def head_norm_rotate_half_rope(original: Callable, rule: str, norm_types: Tuple[
             return None
         return layout, q_weight, k_weight
 
-    def apply_head_norms_and_rotary_pos_emb(q_norm, k_norm, q, k, cos, sin, *args, **kwargs):
+    def apply_head_norms_and_rotary_pos_emb(q_norm, k_norm, q_transposed, k_transposed, q, k, cos, sin,
+                                            *args, **kwargs):
         fused = fused_arguments(q_norm, k_norm, q, k, cos, sin, args, kwargs)
         if fused is None:
-            return rotate(q_norm(q), k_norm(k), cos, sin, *args, **kwargs)
+            return rotate(_normed(q_norm, q, q_transposed), _normed(k_norm, k, k_transposed), cos, sin,
+                          *args, **kwargs)
         layout, q_weight, k_weight = fused
         return rope_ops.head_norm_rope(q, k, q_weight, k_weight, cos, sin, norm_eps(q_norm, q), layout=layout)
 
@@ -209,8 +299,12 @@ def head_norm_rotate_half_rope(original: Callable, rule: str, norm_types: Tuple[
     return apply_head_norms_and_rotary_pos_emb
 
 
-# One kiln copy per (class forward, weight rule, norm classes), shared by every patched
-# attention of that class.
+def _normed(norm: torch.nn.Module, x: torch.Tensor, transposed: bool) -> torch.Tensor:
+    return norm(x.transpose(1, 2)).transpose(1, 2) if transposed else norm(x)
+
+
+# One kiln copy per (class forward, weight rule, norm class forwards), shared by every
+# patched attention of that class.
 _FUSED_COPIES: "weakref.WeakKeyDictionary[types.FunctionType, dict]" = weakref.WeakKeyDictionary()
 
 
@@ -219,7 +313,7 @@ def _module_scope(function: types.FunctionType, index: int) -> dict:
     registered in ``sys.modules``: torch.compile finds a function's globals again by its
     module's name, and under the original's name it would look for the fused rotation in
     transformers' module, where it is not."""
-    name = f"{__name__}.copies.{function.__module__}.{function.__qualname__}.{index}"
+    name = f"{__name__}.copies.{function.__module__}.{function.__qualname__}.{id(function):x}.{index}"
     module = types.ModuleType(name)
     own = ("__name__", "__spec__", "__loader__")
     module.__dict__.update({k: v for k, v in function.__globals__.items() if k not in own})
@@ -228,12 +322,12 @@ def _module_scope(function: types.FunctionType, index: int) -> dict:
 
 
 def with_head_norm_rope(function: types.FunctionType, rule: str,
-                        norm_types: Tuple[type, type]) -> Optional[types.FunctionType]:
+                        norm_forwards: Tuple[Callable, Callable]) -> Optional[types.FunctionType]:
     """The forward with its norms and rotation as :func:`head_norm_rotate_half_rope`, or None
     where its source is not written so. Like :func:`.rope_attention.with_kiln_rope`'s copy it
     reads a snapshot of its module's globals."""
     copies = _FUSED_COPIES.setdefault(function, {})
-    key = (rule, norm_types)
+    key = (rule, norm_forwards)
     if key not in copies:
         code = rewritten_code(function)
         copy = None
@@ -241,7 +335,7 @@ def with_head_norm_rope(function: types.FunctionType, rule: str,
             scope = _module_scope(function, len(copies))
             rope = function.__globals__[ROPE_GLOBAL]
             scope[ROPE_GLOBAL] = rotate_half_rope(rope)
-            scope[FUSED_GLOBAL] = head_norm_rotate_half_rope(rope, rule, norm_types)
+            scope[FUSED_GLOBAL] = head_norm_rotate_half_rope(rope, rule, norm_forwards)
             copy = types.FunctionType(code, scope, function.__name__, function.__defaults__)
             copy.__kwdefaults__ = function.__kwdefaults__
             copy.__qualname__, copy.__doc__ = function.__qualname__, function.__doc__
@@ -264,9 +358,11 @@ def _norm_rule(module: torch.nn.Module) -> Optional[str]:
     return rules.pop() if len(rules) == 1 else None
 
 
-def _probe_disagrees(module: torch.nn.Module, fused: Callable, original_rope: Callable) -> Optional[str]:
-    """None when ``fused`` computes what the norms' own forwards and then ``original_rope``
-    compute on random probes (fp32 and bf16, random norm weights of the probe's dtype); else why."""
+def _probe_disagrees(module: torch.nn.Module, rule: str, original_rope: Callable) -> Optional[str]:
+    """None when ``kiln.head_norm_rope`` with the attention's norms' weights entered by
+    ``rule`` computes what the norms' own forwards (not their hooks) and then ``original_rope``
+    compute on random probes (fp32 and bf16, random norm weights of the probe's dtype); else
+    why not."""
     norms = [getattr(module, attr) for attr in NORMS]
     weights = [getattr(n, "weight", None) for n in norms]
     dim = weights[0].shape[0] if isinstance(weights[0], torch.Tensor) else getattr(module, "head_dim", None)
@@ -289,7 +385,10 @@ def _probe_disagrees(module: torch.nn.Module, fused: Callable, original_rope: Ca
             try:
                 expected = original_rope(replace.original_forward(norms[0])(q),
                                          replace.original_forward(norms[1])(k), cos, sin)
-                actual = fused(norms[0], norms[1], q, k, cos, sin)
+                (q_ok, q_weight), (k_ok, k_weight) = (_fused_weight(n, rule, q) for n in norms)
+                if not (q_ok and k_ok):
+                    return f"its norms' weights do not fit kiln.head_norm_rope on a {dtype} probe"
+                actual = rope_ops.head_norm_rope(q, k, q_weight, k_weight, cos, sin, norm_eps(norms[0], q))
             except Exception as e:
                 return f"a {dtype} probe fails ({type(e).__name__}: {e})"
         for e, a in zip(expected, actual):
@@ -309,11 +408,9 @@ def fuse(module: torch.nn.Module, match: detect.Match) -> detect.Match:
     if rule is None:
         return match
     function = type(module).forward
-    norm_types = (type(module.q_norm), type(module.k_norm))
-    copy = with_head_norm_rope(function, rule, norm_types)
-    if copy is None:
-        return match
-    if _probe_disagrees(module, copy.__globals__[FUSED_GLOBAL], function.__globals__[ROPE_GLOBAL]) is not None:
+    norm_forwards = (type(module.q_norm).forward, type(module.k_norm).forward)
+    copy = with_head_norm_rope(function, rule, norm_forwards)
+    if copy is None or _probe_disagrees(module, rule, function.__globals__[ROPE_GLOBAL]) is not None:
         return match
 
     def factory(module: torch.nn.Module, original: Callable) -> Callable:
