@@ -109,6 +109,16 @@ def flux_prologue(x, weight, cos, sin, eps, dtype):
                                       cos, sin).transpose(1, 2)
 
 
+def transformers_qk(batch, heads_q, heads_k, seq, dim, dtype, heads_inner, device="cuda", generator=None):
+    """Random q [B, Hq, S, D] and k [B, Hk, S, D] of `dtype`: with heads_inner as transformers'
+    attentions hand them over (views of [B, S, H, D] projections), else contiguous."""
+    def one(heads):
+        shape = (batch, seq, heads, dim) if heads_inner else (batch, heads, seq, dim)
+        x = torch.randn(*shape, device=device, generator=generator).to(dtype)
+        return x.transpose(1, 2) if heads_inner else x
+    return one(heads_q), one(heads_k)
+
+
 def llama_cos_sin(batch, seq, dim, base=10000.0, positions=None):
     """LlamaRotaryEmbedding's table (fp32): cat(freqs, freqs) of inv_freq x positions."""
     inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))

@@ -10,7 +10,8 @@ import torch
 import kiln
 from pinned_tune import run_child
 from reference import assert_close_to
-from rope_reference import flux_prologue, hf_apply_rotary_pos_emb, llama_cos_sin, rms_norm_per_head
+from rope_reference import (flux_prologue, hf_apply_rotary_pos_emb, llama_cos_sin, rms_norm_per_head,
+                            transformers_qk)
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("heuristic_tuning")]
 
@@ -38,12 +39,7 @@ def test_qwen3_prologue_grid(dtype, shape, weighted, heads_inner):
     """Qwen3-8B's prefill and a decode batch of 64, odd head counts and head dims; q and k as
     transformers hands them over ([B, S, H, D] memory viewed as [B, H, S, D]) and contiguous."""
     b, hq, hk, s, d = shape
-    if heads_inner:
-        q = torch.randn(b, s, hq, d, device="cuda").to(dtype).transpose(1, 2)
-        k = torch.randn(b, s, hk, d, device="cuda").to(dtype).transpose(1, 2)
-    else:
-        q = torch.randn(b, hq, s, d, device="cuda").to(dtype)
-        k = torch.randn(b, hk, s, d, device="cuda").to(dtype)
+    q, k = transformers_qk(b, hq, hk, s, d, dtype, heads_inner)
     wq, wk = weights(d, dtype, weighted)
     cos, sin = llama_cos_sin(b, s, d, base=1e6, positions=torch.randint(0, 32768, (b, s)))
     cos, sin = cos.cuda().to(dtype), sin.cuda().to(dtype)
@@ -132,7 +128,8 @@ import torch
 import kiln
 from pinned_tune import check_every_pinned_config
 from reference import assert_close_to
-from rope_reference import flux_prologue, hf_apply_rotary_pos_emb, llama_cos_sin, rms_norm_per_head
+from rope_reference import (flux_prologue, hf_apply_rotary_pos_emb, llama_cos_sin, rms_norm_per_head,
+                            transformers_qk)
 
 cache = pathlib.Path(sys.argv[1])
 gen = torch.Generator(device="cuda").manual_seed(7)
@@ -144,11 +141,7 @@ def poison():
 
 def half_split(heads_inner, heads_q, heads_k, weighted=True):
     # 2 x 33 tokens: every config's last CTA partial. Heads inner: transformers' views.
-    shape = lambda h: (2, 33, h, 64) if heads_inner else (2, h, 33, 64)
-    q = torch.randn(*shape(heads_q), device="cuda", generator=gen).bfloat16()
-    k = torch.randn(*shape(heads_k), device="cuda", generator=gen).bfloat16()
-    if heads_inner:
-        q, k = q.transpose(1, 2), k.transpose(1, 2)
+    q, k = transformers_qk(2, heads_q, heads_k, 33, 64, torch.bfloat16, heads_inner, generator=gen)
     w = [(1 + 0.3 * torch.randn(64, device="cuda", generator=gen)).bfloat16() if weighted else None
          for _ in range(2)]
     cos, sin = llama_cos_sin(2, 33, 64, positions=torch.randint(0, 4096, (2, 33)))

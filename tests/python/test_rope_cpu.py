@@ -10,7 +10,7 @@ import kiln
 from reference import TOLERANCE, assert_close_to
 from rope_reference import (diffusers_apply_rotary_emb, gpt_oss_apply_rotary_pos_emb,
                             hf_apply_rotary_pos_emb, llama_cos_sin, ltx_apply_rotary_emb,
-                            ltx_video_table, rms_norm_across_heads)
+                            ltx_video_table, rms_norm_across_heads, transformers_qk)
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 def assert_video_close(out, ref, dtype, cos, x):
@@ -136,9 +136,7 @@ def gpt_oss_cos_sin(batch, seq, dim, dtype=torch.float32):
 def test_half_table_matches_gpt_oss(dtype, seq, table_fp32, heads_inner):
     """A table of rotary_dim / 2 angles (GPT-OSS's) against GPT-OSS's formula, on q and k as
     transformers hands them over ([B, S, H, D] memory) and contiguous."""
-    q = torch.randn(2, seq, 4, 64).transpose(1, 2) if heads_inner else torch.randn(2, 4, seq, 64)
-    k = torch.randn(2, seq, 2, 64).transpose(1, 2) if heads_inner else torch.randn(2, 2, seq, 64)
-    q, k = q.to(dtype), k.to(dtype)
+    q, k = transformers_qk(2, 4, 2, seq, 64, dtype, heads_inner, device="cpu")
     cos, sin = gpt_oss_cos_sin(2, seq, 64, torch.float32 if table_fp32 else dtype)
     q_out, k_out = kiln.rope(q, k, cos, sin, rotary_dim=64)
     q_ref, k_ref = gpt_oss_apply_rotary_pos_emb(q, k, cos, sin)

@@ -8,7 +8,7 @@ import kiln
 from reference import assert_close_to
 from rope_reference import (diffusers_apply_rotary_emb, gpt_oss_apply_rotary_pos_emb,
                             hf_apply_rotary_pos_emb, llama_cos_sin, ltx_apply_rotary_emb,
-                            ltx_video_table, rms_norm_across_heads)
+                            ltx_video_table, rms_norm_across_heads, transformers_qk)
 from test_rope_cpu import assert_video_close, gpt_oss_cos_sin, video_reference
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("heuristic_tuning")]
@@ -50,12 +50,7 @@ def test_half_table_grid(dtype, shape, table_fp32, heads_inner):
     odd head counts and a head dim of 80), on q and k as transformers hands them over and
     contiguous."""
     b, hq, hk, s, d = shape
-    if heads_inner:
-        q = torch.randn(b, s, hq, d, device="cuda").to(dtype).transpose(1, 2)
-        k = torch.randn(b, s, hk, d, device="cuda").to(dtype).transpose(1, 2)
-    else:
-        q = torch.randn(b, hq, s, d, device="cuda").to(dtype)
-        k = torch.randn(b, hk, s, d, device="cuda").to(dtype)
+    q, k = transformers_qk(b, hq, hk, s, d, dtype, heads_inner)
     cos, sin = gpt_oss_cos_sin(b, s, d, torch.float32 if table_fp32 else dtype)
     cos, sin = cos.cuda(), sin.cuda()
     poison(q.shape, dtype)

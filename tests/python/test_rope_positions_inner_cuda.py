@@ -34,7 +34,7 @@ import kiln
 from pinned_tune import check_every_pinned_config
 from reference import assert_close_to
 from rope_reference import (diffusers_apply_rotary_emb, hf_apply_rotary_pos_emb, llama_cos_sin,
-                            ltx_apply_rotary_emb)
+                            ltx_apply_rotary_emb, transformers_qk)
 
 cache = pathlib.Path(sys.argv[1])
 gen = torch.Generator(device="cuda").manual_seed(5)
@@ -47,12 +47,7 @@ def poison():
 def half_split(heads_inner, heads_q=5, heads_k=3):
     # 2 x 33 tokens x (5 + 3) heads: the last panel of each config is partial. Heads inner:
     # [2, 5, 33, 64] and [2, 3, 33, 64] views of [B, S, H, D] data, heads contiguous.
-    if heads_inner:
-        q = torch.randn(2, 33, heads_q, 64, device="cuda", generator=gen).bfloat16().transpose(1, 2)
-        k = torch.randn(2, 33, heads_k, 64, device="cuda", generator=gen).bfloat16().transpose(1, 2)
-    else:
-        q = torch.randn(2, heads_q, 33, 64, device="cuda", generator=gen).bfloat16()
-        k = torch.randn(2, heads_k, 33, 64, device="cuda", generator=gen).bfloat16()
+    q, k = transformers_qk(2, heads_q, heads_k, 33, 64, torch.bfloat16, heads_inner, generator=gen)
     cos, sin = llama_cos_sin(2, 33, 64, positions=torch.randint(0, 4096, (2, 33)))
     cos, sin = cos.cuda().bfloat16(), sin.cuda().bfloat16()
     q_ref, k_ref = hf_apply_rotary_pos_emb(q, k, cos, sin)

@@ -282,9 +282,10 @@ def head_norm_rotate_half_rope(original: Callable, rule: str, norm_forwards: Tup
             return None
         q_ok, q_weight = _fused_weight(q_norm, rule, q)
         k_ok, k_weight = _fused_weight(k_norm, rule, q)
-        if not (q_ok and k_ok) or norm_eps(q_norm, q) != norm_eps(k_norm, q):
+        eps = norm_eps(q_norm, q)
+        if not (q_ok and k_ok) or eps != norm_eps(k_norm, q):
             return None
-        return layout, q_weight, k_weight
+        return layout, q_weight, k_weight, eps
 
     def apply_head_norms_and_rotary_pos_emb(q_norm, k_norm, q_transposed, k_transposed, q, k, cos, sin,
                                             *args, **kwargs):
@@ -292,8 +293,8 @@ def head_norm_rotate_half_rope(original: Callable, rule: str, norm_forwards: Tup
         if fused is None:
             return rotate(_normed(q_norm, q, q_transposed), _normed(k_norm, k, k_transposed), cos, sin,
                           *args, **kwargs)
-        layout, q_weight, k_weight = fused
-        return rope_ops.head_norm_rope(q, k, q_weight, k_weight, cos, sin, norm_eps(q_norm, q), layout=layout)
+        layout, q_weight, k_weight, eps = fused
+        return rope_ops.head_norm_rope(q, k, q_weight, k_weight, cos, sin, eps, layout=layout)
 
     apply_head_norms_and_rotary_pos_emb.__wrapped__ = original
     return apply_head_norms_and_rotary_pos_emb
@@ -370,11 +371,7 @@ def _probe_disagrees(module: torch.nn.Module, rule: str, original_rope: Callable
         return f"its head dim {dim!r} is not even"
     g = torch.Generator().manual_seed(0)
     for dtype in (torch.float32, torch.bfloat16):
-        q = torch.randn(2, 4, 5, dim, generator=g) + 0.5
-        k = torch.randn(2, 2, 5, dim, generator=g) - 0.5
-        angles = torch.rand(2, 5, dim // 2, generator=g) * 20.0
-        emb = torch.cat((angles, angles), dim=-1)
-        q, k, cos, sin = [t.to(dtype) for t in (q, k, emb.cos(), emb.sin())]
+        q, k, cos, sin = rope_attention.probe(dtype, g, dim=dim)
         swaps = [detect._Swapped(n, params={"weight": 0.3 * torch.randn(dim, generator=g).to(dtype)})
                  for n, w in zip(norms, weights) if isinstance(w, torch.Tensor)]
         with torch.no_grad(), contextlib.ExitStack() as stack:

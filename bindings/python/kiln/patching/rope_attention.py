@@ -126,13 +126,13 @@ def candidate(module: torch.nn.Module) -> bool:
         and uses_rope_global(type(module).forward)
 
 
-def _probe(dtype: torch.dtype, generator: torch.Generator, half_table: bool):
+def probe(dtype: torch.dtype, generator: torch.Generator, half_table: bool = False, dim: int = 8):
     """q [B, H, S, D], k with fewer heads (grouped-query attention), and cos/sin as
     transformers' rotary embeddings make them: [B, S, D], each angle used for both halves,
     or (``half_table``, GPT-OSS's) [B, S, D / 2], each angle once."""
-    q = torch.randn(2, 4, 5, 8, generator=generator)
-    k = torch.randn(2, 2, 5, 8, generator=generator)
-    angles = torch.rand(2, 5, 4, generator=generator) * 20.0
+    q = torch.randn(2, 4, 5, dim, generator=generator)
+    k = torch.randn(2, 2, 5, dim, generator=generator)
+    angles = torch.rand(2, 5, dim // 2, generator=generator) * 20.0
     emb = angles if half_table else torch.cat((angles, angles), dim=-1)
     return [t.to(dtype) for t in (q, k, emb.cos(), emb.sin())]
 
@@ -144,7 +144,7 @@ def _compare(function: Callable, half_table: bool):
     generator = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for dtype in (torch.float32, torch.bfloat16):
-            q, k, cos, sin = _probe(dtype, generator, half_table)
+            q, k, cos, sin = probe(dtype, generator, half_table)
             try:
                 expected = function(q, k, cos, sin)
             except Exception as e:
