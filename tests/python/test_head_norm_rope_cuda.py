@@ -9,7 +9,7 @@ import torch
 
 import kiln
 from pinned_tune import run_child
-from reference import assert_close_to
+from reference import TOLERANCE, assert_close_to
 from rope_reference import (flux_prologue, hf_apply_rotary_pos_emb, llama_cos_sin, rms_norm_per_head,
                             transformers_qk)
 
@@ -22,6 +22,28 @@ def poison():
     torch.cuda.synchronize()
     junk = torch.full((8 << 20,), float("nan"), device="cuda")
     del junk
+
+
+def assert_close_after_rounded_norm(out, ref, normed, dtype):
+    """assert_close_to, plus what the op's first rounding may carry. The normalised head is
+    rounded to the data's dtype before the rotation, as the norm module's output is; where the
+    exact value lies next to a rounding boundary, the kernel's fp32 normalisation may round it
+    the other way from the fp64 reference: one ulp of the head's largest normalised value
+    (``normed``, the reference's, shaped as ``out``), which the rotation (|cos| + |sin| <= 1.5)
+    carries into the output. In fp16 that ulp alone passes assert_close_to's bound for heads
+    whose values reach 2."""
+    assert out.shape == ref.shape == normed.shape, (out.shape, ref.shape, normed.shape)
+    if dtype == torch.float32:
+        assert_close_to(out, ref, dtype)
+        return
+    assert not torch.isnan(out).any(), "output has NaN (unwritten or poisoned elements)"
+    _, exponent = torch.frexp(normed.double().abs().amax(-1, keepdim=True))
+    ulp = torch.finfo(dtype).eps * torch.pow(2.0, exponent.double() - 1)
+    scale = ref.abs().clamp_min(1.0)
+    excess = ((out.double() - ref).abs() - 1.5 * ulp) / scale
+    worst = excess.max().item()
+    assert worst <= TOLERANCE[dtype], \
+        f"max relative error beyond the norm's rounding {worst:.3e} > {TOLERANCE[dtype]:.1e}"
 
 
 def weights(d, dtype, weighted):
@@ -43,13 +65,13 @@ def test_qwen3_prologue_grid(dtype, shape, weighted, heads_inner):
     wq, wk = weights(d, dtype, weighted)
     cos, sin = llama_cos_sin(b, s, d, base=1e6, positions=torch.randint(0, 32768, (b, s)))
     cos, sin = cos.cuda().to(dtype), sin.cuda().to(dtype)
-    q_ref, k_ref = hf_apply_rotary_pos_emb(rms_norm_per_head(q, wq, 1e-6, dtype),
-                                           rms_norm_per_head(k, wk, 1e-6, dtype), cos, sin)
+    q_normed, k_normed = rms_norm_per_head(q, wq, 1e-6, dtype), rms_norm_per_head(k, wk, 1e-6, dtype)
+    q_ref, k_ref = hf_apply_rotary_pos_emb(q_normed, k_normed, cos, sin)
     poison()
     q_out, k_out = kiln.head_norm_rope(q, k, wq, wk, cos, sin)
     assert q_out.stride() == q.stride()
-    assert_close_to(q_out, q_ref, dtype)
-    assert_close_to(k_out, k_ref, dtype)
+    assert_close_after_rounded_norm(q_out, q_ref, q_normed, dtype)
+    assert_close_after_rounded_norm(k_out, k_ref, k_normed, dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -72,8 +94,8 @@ def test_flux_prologue(dtype, shape, flat):
         q_out, k_out = q_out.unflatten(2, (h, d)), k_out.unflatten(2, (h, d))
     else:
         q_out, k_out = kiln.head_norm_rope(q, k, wq, wk, cos, sin, interleaved=True, layout="bshd")
-    assert_close_to(q_out, q_ref, dtype)
-    assert_close_to(k_out, k_ref, dtype)
+    assert_close_after_rounded_norm(q_out, q_ref, rms_norm_per_head(q, wq, 1e-6, dtype), dtype)
+    assert_close_after_rounded_norm(k_out, k_ref, rms_norm_per_head(k, wk, 1e-6, dtype), dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -86,12 +108,12 @@ def test_partial_rotary_and_in_place(dtype, rotary_dim):
     wq, wk = weights(128, dtype, True)
     cos, sin = llama_cos_sin(2, 37, rotary_dim)
     cos, sin = cos.cuda(), sin.cuda()
-    q_ref, k_ref = hf_apply_rotary_pos_emb(rms_norm_per_head(q, wq, 1e-5, dtype),
-                                           rms_norm_per_head(k, wk, 1e-5, dtype), cos, sin)
+    q_normed, k_normed = rms_norm_per_head(q, wq, 1e-5, dtype), rms_norm_per_head(k, wk, 1e-5, dtype)
+    q_ref, k_ref = hf_apply_rotary_pos_emb(q_normed, k_normed, cos, sin)
     poison()
     q_out, k_out = kiln.head_norm_rope(q, k, wq, wk, cos, sin, eps=1e-5)
-    assert_close_to(q_out, q_ref, dtype)
-    assert_close_to(k_out, k_ref, dtype)
+    assert_close_after_rounded_norm(q_out, q_ref, q_normed, dtype)
+    assert_close_after_rounded_norm(k_out, k_ref, k_normed, dtype)
     q2, k2 = q.clone(), k.clone()
     kiln.head_norm_rope_(q2, k2, wq, wk, cos, sin, eps=1e-5)
     assert torch.equal(q2, q_out) and torch.equal(k2, k_out)
