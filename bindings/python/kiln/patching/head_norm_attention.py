@@ -26,10 +26,6 @@ heads, as OLMo 2's, a norm in a branch, a forward without source) keeps the forw
 
 import ast
 import contextlib
-import dis
-import inspect
-import sys
-import textwrap
 import types
 import weakref
 from dataclasses import dataclass
@@ -38,8 +34,8 @@ from typing import Callable, Optional, Tuple
 import torch
 
 from .. import rope_ops
-from . import detect, forwards, replace, rope_attention
-from .forwards import _offset_weight, any_hooks, kiln_can_take, norm_eps
+from . import detect, forwards, replace, rope_attention, source_rewrite
+from .forwards import _offset_weight, kiln_can_take, norm_eps
 from .rope_attention import ROPE_GLOBAL, rope_layout, rotate_half_rope, _parameters
 
 FUSED_GLOBAL = "_kiln_head_norms_and_rotary_pos_emb"
@@ -49,12 +45,6 @@ NORMS = ("q_norm", "k_norm")
 # nn.RMSNorm, a norm without weight), or as 1 + weight (Gemma's).
 WEIGHT_AS_IS = "weight"
 WEIGHT_PLUS_ONE = "1 + weight"
-
-
-def _is_norm_call(node: ast.AST, self_name: str, attr: str) -> bool:
-    return (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == attr
-            and isinstance(node.func.value, ast.Name) and node.func.value.id == self_name
-            and len(node.args) == 1 and not node.keywords and not isinstance(node.args[0], ast.Starred))
 
 
 def _is_rope_call(node: ast.AST) -> bool:
@@ -70,46 +60,6 @@ def _swaps_heads_and_positions(node: ast.AST) -> Optional[ast.AST]:
     return node.func.value if sorted(d for d in dims if isinstance(d, int)) == [1, 2] else None
 
 
-def _names_in(node: ast.AST) -> set:
-    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
-
-
-def _opaque(fn: ast.FunctionDef) -> bool:
-    """Whether the forward could reach a value by another way than its names in its own
-    statements (a closure, a scope's dictionary, a global declaration, an assignment inside an
-    expression), or has a name a recompilation outside its class would not mangle."""
-    for node in ast.walk(fn):
-        if node is not fn and isinstance(node, (ast.Lambda, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef,
-                                                ast.Global, ast.Nonlocal, ast.NamedExpr)):
-            return True
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) \
-                and node.func.id in ("locals", "vars", "globals", "eval", "exec"):
-            return True
-        name = node.attr if isinstance(node, ast.Attribute) else node.id if isinstance(node, ast.Name) else ""
-        if name.startswith("__") and not name.endswith("__"):
-            return True
-    return False
-
-
-def _writes_in_place(statement: ast.stmt) -> bool:
-    """Whether a statement may change a tensor it does not bind: anything but ``names = value``,
-    or a value that calls an in-place method (``x.mul_(...)``) or writes to ``out=``."""
-    if not isinstance(statement, ast.Assign):
-        return True
-    for target in statement.targets:
-        names = target.elts if isinstance(target, ast.Tuple) else [target]
-        if not all(isinstance(n, ast.Name) for n in names):
-            return True
-    for node in ast.walk(statement.value):
-        if isinstance(node, ast.Call):
-            if any(k.arg == "out" for k in node.keywords):
-                return True
-            if isinstance(node.func, ast.Attribute) and node.func.attr.endswith("_") \
-                    and not node.func.attr.endswith("__"):
-                return True
-    return False
-
-
 @dataclass(frozen=True)
 class _Site:
     """Where the norms and the rotation are: the names the norms' results are bound to, and
@@ -123,10 +73,8 @@ def _find_site(fn: ast.FunctionDef) -> Optional[_Site]:
     is the whole value of a statement of the body binding one name (at most transposed first);
     the rotation rebinds both names from them and reads them nowhere else; no statement
     between a norm and the rotation reads that name or may change a tensor in place."""
-    if not fn.args.args or _opaque(fn):
-        return None
     self_name = fn.args.args[0].arg
-    calls = {attr: [n for n in ast.walk(fn) if _is_norm_call(n, self_name, attr)] for attr in NORMS}
+    calls = {attr: [n for n in ast.walk(fn) if source_rewrite.is_self_call(n, self_name, attr)] for attr in NORMS}
     ropes = [n for n in ast.walk(fn) if _is_rope_call(n)]
     if any(len(found) != 1 for found in calls.values()) or len(ropes) != 1:
         return None
@@ -142,7 +90,7 @@ def _find_site(fn: ast.FunctionDef) -> Optional[_Site]:
     if not (isinstance(target, ast.Tuple) and [getattr(e, "id", None) for e in target.elts] == list(names)):
         return None
     others = rope.args[2:] + [k.value for k in rope.keywords]
-    if any(set(names) & _names_in(node) for node in others):
+    if any(set(names) & source_rewrite.names_in(node) for node in others):
         return None
     transposed = []
     for attr, name in zip(NORMS, names):
@@ -153,7 +101,7 @@ def _find_site(fn: ast.FunctionDef) -> Optional[_Site]:
         if len(at) != 1 or at[0] >= rope_at[0]:
             return None
         between = fn.body[at[0] + 1:rope_at[0]]
-        if any(name in _names_in(s) or _writes_in_place(s) for s in between):
+        if any(name in source_rewrite.names_in(s) or source_rewrite.writes_in_place(s) for s in between):
             return None
         transposed.append(fn.body[at[0]].value is not call)
     return _Site(names, tuple(transposed))
@@ -168,7 +116,7 @@ class _Rewrite(ast.NodeTransformer):
 
     def visit_Call(self, node: ast.Call):
         self.generic_visit(node)
-        if any(_is_norm_call(node, self.self_name, attr) for attr in NORMS):
+        if any(source_rewrite.is_self_call(node, self.self_name, attr) for attr in NORMS):
             return node.args[0]
         if _is_rope_call(node):
             modules = [ast.Attribute(value=ast.Name(id=self.self_name, ctx=ast.Load()), attr=attr, ctx=ast.Load())
@@ -179,58 +127,22 @@ class _Rewrite(ast.NodeTransformer):
         return node
 
 
-def _instructions(code: types.CodeType) -> list:
-    """The code's instructions and their arguments, but for what the compiler decides from the
-    module around the function (a method call on an imported name loads it as an attribute)
-    and for jump offsets, which those decisions move."""
-    shape = []
-    for ins in dis.get_instructions(code):
-        if ins.opname == "EXTENDED_ARG":
-            continue
-        jump = ins.opcode in dis.hasjrel or ins.opcode in dis.hasjabs
-        arg = None if jump or isinstance(ins.argval, types.CodeType) else ins.argval
-        shape.append(("LOAD_ATTR" if ins.opname == "LOAD_METHOD" else ins.opname, arg))
-    return shape
-
-
-def _function_code(module: types.CodeType, name: str) -> Optional[types.CodeType]:
-    codes = [c for c in module.co_consts if isinstance(c, types.CodeType) and c.co_name == name]
-    return codes[0] if len(codes) == 1 else None
-
-
 def rewritten_code(function: types.FunctionType) -> Optional[types.CodeType]:
     """The code of ``function`` with its norms handed to the rotation, or None where the
     forward is not written as the module's docstring describes, has no source, or its source
     no longer compiles to the code that runs (a file changed since it was imported)."""
-    if function.__code__.co_freevars:  # super() or a closure: the recompiled code would lack its cells
+    parsed = source_rewrite.parsed_forward(function)
+    if parsed is None:
         return None
-    try:
-        source = textwrap.dedent(inspect.getsource(function))
-        tree = ast.parse(source)
-    except (OSError, TypeError, SyntaxError):
-        return None
-    if len(tree.body) != 1 or not isinstance(tree.body[0], ast.FunctionDef):
-        return None
-    fn = tree.body[0]
-    if fn.name != function.__name__ or fn.decorator_list:
-        return None
+    tree, fn = parsed
     site = _find_site(fn)
     if site is None:
         return None
-    # Defaults and annotations come from the original function object, not from evaluating
-    # them again.
-    for arg in fn.args.posonlyargs + fn.args.args + fn.args.kwonlyargs + [fn.args.vararg, fn.args.kwarg]:
-        if arg is not None:
-            arg.annotation = None
-    fn.returns, fn.args.defaults = None, []
-    fn.args.kw_defaults = [None] * len(fn.args.kwonlyargs)
-    ast.increment_lineno(tree, function.__code__.co_firstlineno - 1)
-    as_read = _function_code(compile(tree, function.__code__.co_filename, "exec"), fn.name)
-    if as_read is None or _instructions(as_read) != _instructions(function.__code__):
-        return None
-    fn.body = [_Rewrite(fn.args.args[0].arg, site).visit(s) for s in fn.body]
-    ast.fix_missing_locations(tree)
-    return _function_code(compile(tree, function.__code__.co_filename, "exec"), fn.name)
+
+    def edit(fn: ast.FunctionDef) -> None:
+        fn.body = [_Rewrite(fn.args.args[0].arg, site).visit(s) for s in fn.body]
+
+    return source_rewrite.recompiled(function, tree, fn, edit)
 
 
 def _fused_weight(norm: torch.nn.Module, rule: str, like: torch.Tensor):
@@ -246,16 +158,6 @@ def _fused_weight(norm: torch.nn.Module, rule: str, like: torch.Tensor):
     if rule == WEIGHT_PLUS_ONE:
         return True, _offset_weight(norm, like.dtype)
     return weight.dtype == like.dtype, weight
-
-
-def _runs_as_classified(norm: torch.nn.Module, forward: Callable) -> bool:
-    """Whether the norm computes what was classified: its class's forward is still the one
-    probed and its instance forward is its own or kiln's, with no hook around it."""
-    if type(norm).forward is not forward or any_hooks(norm):
-        return False
-    own = norm.__dict__.get("forward")
-    state = replace.state_of(norm)
-    return own is None or (state is not None and own is state.patched)
 
 
 def head_norm_rotate_half_rope(original: Callable, rule: str, norm_forwards: Tuple[Callable, Callable]) -> Callable:
@@ -275,7 +177,7 @@ def head_norm_rotate_half_rope(original: Callable, rule: str, norm_forwards: Tup
         if len(args) + len(kwargs) > 1 or (args and not positional_ok) \
                 or (kwargs and not (keyword_ok and "unsqueeze_dim" in kwargs)):
             return None
-        if not (_runs_as_classified(q_norm, norm_forwards[0]) and _runs_as_classified(k_norm, norm_forwards[1])):
+        if not (replace.runs_as_classified(q_norm, norm_forwards[0]) and replace.runs_as_classified(k_norm, norm_forwards[1])):
             return None
         layout = rope_layout(q, k, cos, sin, kwargs.get("unsqueeze_dim", args[0] if args else 1))
         if layout is None or not kiln_can_take(q, k, cos, sin):
@@ -309,19 +211,6 @@ def _normed(norm: torch.nn.Module, x: torch.Tensor, transposed: bool) -> torch.T
 _FUSED_COPIES: "weakref.WeakKeyDictionary[types.FunctionType, dict]" = weakref.WeakKeyDictionary()
 
 
-def _module_scope(function: types.FunctionType, index: int) -> dict:
-    """A snapshot of ``function``'s module globals as the namespace of a module of its own,
-    registered in ``sys.modules``: torch.compile finds a function's globals again by its
-    module's name, and under the original's name it would look for the fused rotation in
-    transformers' module, where it is not."""
-    name = f"{__name__}.copies.{function.__module__}.{function.__qualname__}.{id(function):x}.{index}"
-    module = types.ModuleType(name)
-    own = ("__name__", "__spec__", "__loader__")
-    module.__dict__.update({k: v for k, v in function.__globals__.items() if k not in own})
-    sys.modules[name] = module
-    return module.__dict__
-
-
 def with_head_norm_rope(function: types.FunctionType, rule: str,
                         norm_forwards: Tuple[Callable, Callable]) -> Optional[types.FunctionType]:
     """The forward with its norms and rotation as :func:`head_norm_rotate_half_rope`, or None
@@ -333,13 +222,11 @@ def with_head_norm_rope(function: types.FunctionType, rule: str,
         code = rewritten_code(function)
         copy = None
         if code is not None:
-            scope = _module_scope(function, len(copies))
+            scope = source_rewrite.module_scope(function, f"head-norms-{len(copies)}")
             rope = function.__globals__[ROPE_GLOBAL]
             scope[ROPE_GLOBAL] = rotate_half_rope(rope)
             scope[FUSED_GLOBAL] = head_norm_rotate_half_rope(rope, rule, norm_forwards)
-            copy = types.FunctionType(code, scope, function.__name__, function.__defaults__)
-            copy.__kwdefaults__ = function.__kwdefaults__
-            copy.__qualname__, copy.__doc__ = function.__qualname__, function.__doc__
+            copy = source_rewrite.function_from(code, scope, function)
         copies[key] = copy
     return copies[key]
 
@@ -407,7 +294,13 @@ def fuse(module: torch.nn.Module, match: detect.Match) -> detect.Match:
     function = type(module).forward
     norm_forwards = (type(module.q_norm).forward, type(module.k_norm).forward)
     copy = with_head_norm_rope(function, rule, norm_forwards)
-    if copy is None or _probe_disagrees(module, rule, function.__globals__[ROPE_GLOBAL]) is not None:
+    if copy is None:
+        return match
+    rope = function.__globals__[ROPE_GLOBAL]
+    keys = [detect.forward_key(norm, replace.original_forward(norm)) for norm in (module.q_norm, module.k_norm)]
+    head_dim = getattr(module, "head_dim", None)
+    key = ("head_norm_rope", rule, rope, *keys, head_dim) if all(keys) and isinstance(head_dim, int) else None
+    if detect.remembered(key, lambda: _probe_disagrees(module, rule, rope)) is not None:
         return match
 
     def factory(module: torch.nn.Module, original: Callable) -> Callable:

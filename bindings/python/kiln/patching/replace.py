@@ -44,6 +44,17 @@ def original_forward(module: torch.nn.Module) -> Callable:
     return state.original if isinstance(state, PatchState) else inner_forward(module)
 
 
+def runs_as_classified(module: torch.nn.Module, forward: Callable) -> bool:
+    """Whether a module another patch calls computes what was classified: its class's forward
+    is still ``forward`` (the one probed) and its instance forward is its own or kiln's, with
+    no hook around it."""
+    if type(module).forward is not forward or forwards.any_hooks(module):
+        return False
+    own = module.__dict__.get("forward")
+    state = state_of(module)
+    return own is None or (isinstance(state, PatchState) and own is state.patched)
+
+
 def install(module: torch.nn.Module, original: Callable, patched: Callable, kind: str, op: str) -> None:
     attr = _HOOKED if _HOOKED in module.__dict__ else "forward"
     module.__dict__[attr] = patched
