@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import kiln
-from kiln import ops as kiln_ops, activation_ops, rope_ops
+from kiln import ops as kiln_ops, activation_ops, norm_ops, rope_ops
 
 transformers = pytest.importorskip("transformers", reason="transformers is not installed")
 
@@ -67,22 +67,28 @@ MLP_OP = {"llama": "swiglu", "mistral": "swiglu", "qwen2": "swiglu", "qwen3": "s
 ARCHS = list(NORMS_PER_LAYER)
 # Whose per-head q/k norms and rotation run as one head_norm_rope where no graph is recorded.
 HEAD_NORMS = {"qwen3", "gemma3"}
+# The norm each decoder layer's forward calls on the sum of the residual add just before it
+# (one fused_add_rms_norm a layer).
+FUSED_ADD_NORM = {"llama": "post_attention_layernorm", "mistral": "post_attention_layernorm",
+                  "qwen2": "post_attention_layernorm", "qwen3": "post_attention_layernorm",
+                  "gemma": "post_attention_layernorm", "gemma3": "pre_feedforward_layernorm"}
 
 
 def rotations_per_layer(arch):
-    """(rms_norm calls, kiln.rope calls, head_norm_rope calls) a layer makes without autograd."""
+    """(rms_norm calls, kiln.rope calls, head_norm_rope calls) a layer makes without autograd
+    (and one fused_add_rms_norm call besides)."""
     if arch in HEAD_NORMS:
-        return NORMS_PER_LAYER[arch] - 2, 0, 1
-    return NORMS_PER_LAYER[arch], 1, 0
+        return NORMS_PER_LAYER[arch] - 3, 0, 1
+    return NORMS_PER_LAYER[arch] - 1, 1, 0
 
 
 class _Counter:
     """Counts the calls of the kiln op wrappers the patched forwards use."""
 
     def __init__(self, monkeypatch):
-        self.calls = {"rms_norm": 0, "swiglu": 0, "geglu": 0, "rope": 0, "head_norm_rope": 0}
+        self.calls = {"rms_norm": 0, "swiglu": 0, "geglu": 0, "rope": 0, "head_norm_rope": 0, "fused_add_rms_norm": 0}
         for module, name in ((kiln_ops, "rms_norm"), (activation_ops, "swiglu"), (activation_ops, "geglu"),
-                             (rope_ops, "rope"), (rope_ops, "head_norm_rope")):
+                             (rope_ops, "rope"), (rope_ops, "head_norm_rope"), (norm_ops, "fused_add_rms_norm")):
             monkeypatch.setattr(module, name, self._wrap(name, getattr(module, name)))
 
     def _wrap(self, name, fn):
@@ -103,7 +109,10 @@ def test_report_lists_norms_mlps_and_ropes(arch):
     assert len(norms) == 2 * NORMS_PER_LAYER[arch] + 1
     assert sorted(r.path for r in mlps) == ["model.layers.0.mlp", "model.layers.1.mlp"]
     assert sorted(r.path for r in ropes) == ["model.layers.0.self_attn", "model.layers.1.self_attn"]
-    assert len(report.replaced) == len(norms) + len(mlps) + len(ropes)
+    layers = [r for r in report.replaced if r.op == "fused_add_rms_norm"]
+    assert sorted(r.path for r in layers) == ["model.layers.0", "model.layers.1"]
+    assert all(r.kind == "residual add + rms_norm (in the layer's forward)" for r in layers)
+    assert len(report.replaced) == len(norms) + len(mlps) + len(ropes) + len(layers)
     assert "model.norm" in {r.path for r in norms}
     expected_kind = "Gemma" if arch.startswith("gemma") else "Llama"
     assert all(expected_kind in r.kind for r in norms)
@@ -127,6 +136,7 @@ def test_fp32_patched_agrees_and_uses_kiln(arch, monkeypatch):
     assert counter.calls[MLP_OP[arch]] == layers
     assert counter.calls["rope"] == layers * ropes  # q and k of a layer in one call
     assert counter.calls["head_norm_rope"] == layers * head_norm_ropes
+    assert counter.calls["fused_add_rms_norm"] == layers
     assert actual.dtype == expected.dtype
     torch.testing.assert_close(actual, expected, rtol=1e-4, atol=1e-4)
 
@@ -141,6 +151,7 @@ def test_bf16_patched_is_as_close_to_fp32_as_the_original(arch, monkeypatch):
     patched = _logits(model, _ids())
     assert counter.calls["rms_norm"] > 0 and counter.calls[MLP_OP[arch]] > 0
     assert counter.calls["rope" if arch not in HEAD_NORMS else "head_norm_rope"] > 0
+    assert counter.calls["fused_add_rms_norm"] == 2
     assert patched.dtype == torch.bfloat16
     err_original = (original.double() - truth).abs().max().item()
     err_patched = (patched.double() - truth).abs().max().item()
@@ -180,7 +191,7 @@ def test_patch_twice_is_idempotent():
 def test_ops_filter_and_bad_ops():
     model = _model("llama")
     report = kiln.patch(model, ops=["rms_norm"])
-    assert {r.op for r in report.replaced} == {"rms_norm"}
+    assert {r.op for r in report.replaced} == {"rms_norm", "fused_add_rms_norm"}
     left = {l.path: l.reason for l in report.left}
     assert sorted(left) == ["model.layers.0.mlp", "model.layers.0.self_attn", "model.layers.1.mlp",
                             "model.layers.1.self_attn"]
@@ -209,7 +220,7 @@ def test_training_through_the_patched_model(arch):
         loss = model(ids).logits.float().pow(2).mean()
         loss.backward()
     names = {event.name for event in prof.events()}
-    assert "kiln::rms_norm_backward" in names
+    assert "kiln::rms_norm_backward" in names and "kiln::fused_add_rms_norm_backward" in names
     assert f"kiln::{MLP_OP[arch]}_backward" in names
     assert "kiln::rope_backward" in names
     torch.testing.assert_close(loss, expected_loss, rtol=1e-5, atol=1e-6)
@@ -379,9 +390,9 @@ def test_patched_inside_an_accelerate_hook(order, monkeypatch):
     actual = _logits(model, ids)
     assert hook.calls == 1  # the hook still runs around the module
     assert norm._old_forward is norm.__dict__["_kiln_patch"].patched  # the patch is inside it
-    assert counter.calls["rms_norm"] == 5
+    assert counter.calls["rms_norm"] == 3 and counter.calls["fused_add_rms_norm"] == 2
     torch.testing.assert_close(actual, expected, rtol=1e-4, atol=1e-4)
-    assert kiln.unpatch(model) == 9
+    assert kiln.unpatch(model) == 11
     assert "_kiln_patch" not in norm.__dict__ and norm._old_forward.__func__ is type(norm).forward
     assert torch.equal(_logits(model, ids), expected)
     assert hook.calls == 2
@@ -419,10 +430,12 @@ def test_cpu_offload_hooks(order, monkeypatch):
     else:
         report = kiln.patch(model)
         accelerate.cpu_offload(model, execution_device=torch.device("cpu"))
-    assert len(report.replaced) == 9 and report.left == []
+    assert len(report.replaced) == 11 and report.left == []
     counter = _Counter(monkeypatch)
     actual = _logits(model, ids)
     assert counter.calls["rms_norm"] == 5 and counter.calls["swiglu"] == 2 and counter.calls["rope"] == 2
+    # A hooked norm (the offload brings its weight in) is called as a module after the add.
+    assert counter.calls["fused_add_rms_norm"] == 0
     torch.testing.assert_close(actual, expected, rtol=1e-4, atol=1e-4)
     kiln.unpatch(model)
     assert torch.equal(_logits(model, ids), expected)

@@ -21,13 +21,14 @@ def test_bf16_cuda_patched_is_as_close_to_fp32_as_the_original(arch, monkeypatch
         original = model(ids).logits
         report = kiln.patch(model)
         rope = "head_norm_rope" if arch in HEAD_NORMS else "rope"
-        assert {r.op for r in report.replaced} == {"rms_norm", MLP_OP[arch], rope} and report.left == []
+        assert {r.op for r in report.replaced} == {"rms_norm", MLP_OP[arch], rope, "fused_add_rms_norm"}
+        assert report.left == []
         counter = _Counter(monkeypatch)  # after the patch, whose probes call the ops too
         patched = model(ids).logits
     # q and k reach kiln.rope as the attention makes them: transposed views of the projections.
     _, ropes, head_norm_ropes = rotations_per_layer(arch)
     assert counter.calls["rope"] == 2 * ropes and counter.calls["head_norm_rope"] == 2 * head_norm_ropes
-    assert counter.calls[MLP_OP[arch]] == 2
+    assert counter.calls[MLP_OP[arch]] == 2 and counter.calls["fused_add_rms_norm"] == 2
     err_original = (original.double() - truth).abs().max().item()
     err_patched = (patched.double() - truth).abs().max().item()
     assert err_patched <= 1.5 * err_original + 1e-2, (err_patched, err_original)
@@ -50,10 +51,11 @@ def test_patched_model_compiles_fullgraph(arch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("arch", sorted(HEAD_NORMS))
-def test_head_norm_model_replays_from_a_cuda_graph(arch, monkeypatch):
-    """The fused q/k norms and rotation are captured with the rest of the forward, and the
-    replay gives what the patched model gives outside the graph."""
+@pytest.mark.parametrize("arch", sorted(HEAD_NORMS) + ["llama"])
+def test_patched_model_replays_from_a_cuda_graph(arch, monkeypatch):
+    """The fused q/k norms and rotation, and each layer's residual add and norm, are captured
+    with the rest of the forward, and the replay gives what the patched model gives outside
+    the graph."""
     ids = _ids().cuda()
     model = _model(arch, torch.bfloat16).cuda()
     kiln.patch(model)
@@ -70,7 +72,9 @@ def test_head_norm_model_replays_from_a_cuda_graph(arch, monkeypatch):
         with torch.cuda.graph(graph):
             # No cache: Gemma 3's sliding-window cache copies from the host when first filled.
             captured = model(ids, use_cache=False).logits
-        assert counter.calls["head_norm_rope"] == 2 and counter.calls["rope"] == 0
+        heads = 2 if arch in HEAD_NORMS else 0
+        assert counter.calls["head_norm_rope"] == heads and counter.calls["rope"] == 2 - heads
+        assert counter.calls["fused_add_rms_norm"] == 2
         captured.zero_()
         graph.replay()
         torch.cuda.synchronize()

@@ -12,7 +12,9 @@ multiply become ``kiln.swiglu`` / ``kiln.geglu``; the projections stay), and tra
 attentions whose forward calls ``apply_rotary_pos_emb`` (q and k rotated by one
 ``kiln.rope``, see :mod:`.rope_attention`; where the forward RMS-normalises each head of q
 and k right before, as Qwen3's and Gemma 3's do, norms and rotation as one
-``kiln.head_norm_rope``, see :mod:`.head_norm_attention`). For diffusion
+``kiln.head_norm_rope``, see :mod:`.head_norm_attention`), and decoder layers that add a
+block's output to the residual stream and RMS-normalise the sum (one
+``kiln.fused_add_rms_norm``, see :mod:`.residual_norm_layer`). For diffusion
 transformers (see :mod:`.detect_dit`): LTX-Video's attention processor (q/k RMSNorm and RoPE
 as one ``kiln.rms_norm_rope``, its rotary embedding tagged with the grid so the angles are
 computed in the kernel, and its tables built only if something reads them), its block's
@@ -27,7 +29,7 @@ from typing import Iterable, Optional
 
 import torch
 
-from . import detect, detect_dit, head_norm_attention, ltx, ltx_chain, replace, rope_attention
+from . import detect, detect_dit, head_norm_attention, ltx, ltx_chain, replace, residual_norm_layer, rope_attention
 from .report import Left, PatchReport, Replaced
 
 OPS = ("rms_norm", "layer_norm", "gelu", "swiglu", "geglu", "rms_norm_rope", "rope", "adaln")
@@ -55,6 +57,13 @@ def patch(model: torch.nn.Module, ops: Optional[Iterable[str]] = None) -> PatchR
         raise TypeError(f"kiln.patch: model: expected a torch.nn.Module, got {type(model).__name__}")
     chosen = _check_ops(ops)
     report = PatchReport()
+    with detect.probing_once():
+        _patch_modules(model, chosen, report)
+    ltx_chain.link(model, _is_patched_ltx_block)
+    return report
+
+
+def _patch_modules(model: torch.nn.Module, chosen: frozenset, report: PatchReport) -> None:
     for path, module in model.named_modules():
         state = replace.state_of(module)
         if state is not None:
@@ -70,6 +79,8 @@ def patch(model: torch.nn.Module, ops: Optional[Iterable[str]] = None) -> PatchR
             classify = detect.classify_gelu
         elif rope_attention.candidate(module):
             classify = rope_attention.classify
+        elif residual_norm_layer.candidate(module):
+            classify = residual_norm_layer.classify
         else:
             continue
         cls = type(module).__name__
@@ -84,8 +95,6 @@ def patch(model: torch.nn.Module, ops: Optional[Iterable[str]] = None) -> PatchR
         else:
             replace.install(module, original, result.factory(module, original), result.kind, result.op)
             report.replaced.append(Replaced(path, result.kind, result.op))
-    ltx_chain.link(model, _is_patched_ltx_block)
-    return report
 
 
 def _is_patched_ltx_block(module: torch.nn.Module) -> bool:

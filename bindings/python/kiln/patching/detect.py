@@ -13,6 +13,7 @@ rounding before the weight multiply, ``nn.RMSNorm``'s single rounding) are told 
 the same way.
 """
 
+import contextlib
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Tuple, Union
 
@@ -155,7 +156,81 @@ def _normalized_shape(module: torch.nn.Module) -> Optional[Tuple[int, ...]]:
     return None
 
 
+# What was found in the current kiln.patch call, by what it depends on: every layer of a model
+# holds norms of one class and state, probed once instead of once a layer (and a norm another
+# patch reads, a layer's or an attention's, is not probed again when the walk reaches it).
+_FOUND: Optional[dict] = None
+
+# What every module holds for torch itself (hooks, children, flags): a probe calls the forward
+# directly, so none of it but ``training`` enters what the forward computes.
+_MODULE_INTERNALS = frozenset(torch.nn.Module().__dict__) - {"training", "_parameters", "_buffers"}
+_OWN_FORWARDS = frozenset(("forward", "_old_forward"))
+
+
+@contextlib.contextmanager
+def probing_once():
+    """Within the block, :func:`remembered` keeps what it computes (nothing a probe depends on
+    changes while kiln.patch walks the model)."""
+    global _FOUND
+    outer, _FOUND = _FOUND, {}
+    try:
+        yield
+    finally:
+        _FOUND = outer
+
+
+def state_key(module: torch.nn.Module) -> Optional[tuple]:
+    """What a leaf module's forward can read of itself but the values of the weight and bias
+    a probe swaps for its own: its class, its parameters' dtypes, shapes and devices, and its
+    other attributes where they are plain values; None where it holds anything else (a buffer,
+    another parameter, an object, a hook of accelerate's)."""
+    items = []
+    for name, value in module.__dict__.items():
+        if name in _MODULE_INTERNALS or name in _OWN_FORWARDS or name.startswith("_kiln"):
+            continue
+        if name == "_buffers":
+            if value:
+                return None
+        elif name == "_parameters":
+            if set(value) - {"weight", "bias"}:
+                return None
+            items.append((name, tuple(sorted((n, None if t is None else (t.dtype, tuple(t.shape), t.device.type))
+                                             for n, t in value.items()))))
+        elif value is None or isinstance(value, (bool, int, float, str)):
+            items.append((name, value))
+        elif isinstance(value, (tuple, list)) and all(isinstance(v, (bool, int, float, str)) for v in value):
+            items.append((name, tuple(value)))
+        else:
+            return None
+    return type(module), tuple(items)
+
+
+def remembered(key: Optional[tuple], compute: Callable):
+    """``compute()``, or what it gave for ``key`` earlier in this kiln.patch call (a None key
+    is computed every time)."""
+    if _FOUND is None or key is None:
+        return compute()
+    if key not in _FOUND:
+        _FOUND[key] = compute()
+    return _FOUND[key]
+
+
+def forward_key(module: torch.nn.Module, forward: Callable) -> Optional[tuple]:
+    """What a probe of ``forward`` (the module's own, bound to it) depends on, as a key; None
+    where it is another function or the module holds what :func:`state_key` cannot tell."""
+    state = state_key(module)
+    if getattr(forward, "__self__", None) is not module or state is None:
+        return None
+    return forward.__func__, state
+
+
 def classify_norm(module: torch.nn.Module, original: Callable) -> Union[Match, NoMatch]:
+    """What the norm computes, as a Match of kiln's variants or a NoMatch saying why none."""
+    key = forward_key(module, original)
+    return remembered(key and ("norm", key), lambda: _classify_norm(module, original))
+
+
+def _classify_norm(module: torch.nn.Module, original: Callable) -> Union[Match, NoMatch]:
     weight = getattr(module, "weight", None)
     bias = getattr(module, "bias", None)
     if bias is not None and not (isinstance(bias, torch.Tensor) and bias.dim() == 1):

@@ -1,0 +1,296 @@
+"""kiln.patch's decoder-layer rewrite (:mod:`kiln.patching.residual_norm_layer`): a residual
+add followed by an RMSNorm of the sum becomes one kiln.fused_add_rms_norm (CPU).
+
+The patched layers of transformers' models are checked against the unpatched ones in
+test_patch_cpu.py (every architecture, fp32 and bf16, training, accelerate's hooks); here:
+which forwards are rewritten, what the call does where kiln's op would not compute what the
+module does, gradient checkpointing, torch.compile, and that a model's norms are probed once.
+"""
+
+import functools
+
+import pytest
+import torch
+
+import kiln
+from kiln import norm_ops
+from kiln.patching import detect, residual_norm_layer
+
+transformers = pytest.importorskip("transformers", reason="transformers is not installed")
+from transformers.models.llama.modeling_llama import LlamaRMSNorm  # noqa: E402
+
+HIDDEN = 48
+
+
+class _Block(torch.nn.Module):
+    """A decoder layer's second half as transformers writes it."""
+
+    def __init__(self, norm=None):
+        super().__init__()
+        self.proj = torch.nn.Linear(HIDDEN, HIDDEN)
+        self.post_attention_layernorm = norm if norm is not None else LlamaRMSNorm(HIDDEN, eps=1e-5)
+        with torch.no_grad():
+            weight = getattr(self.post_attention_layernorm, "weight", None)
+            if weight is not None:
+                weight.copy_(1.0 + 0.3 * torch.randn(HIDDEN))
+
+    def forward(self, hidden_states, residual):
+        hidden_states = residual + hidden_states
+        residual = hidden_states
+        hidden_states = self.post_attention_layernorm(hidden_states)
+        hidden_states = self.proj(hidden_states)
+        return residual + hidden_states
+
+
+class _SumFirst(_Block):
+    def forward(self, hidden_states, residual):
+        hidden_states = hidden_states + residual
+        residual = hidden_states
+        hidden_states = self.post_attention_layernorm(hidden_states)
+        return residual + self.proj(hidden_states)
+
+
+class _InABranch(_Block):
+    def forward(self, hidden_states, residual, fuse=True):
+        if fuse:
+            hidden_states = residual + hidden_states
+            residual = hidden_states
+            hidden_states = self.post_attention_layernorm(hidden_states)
+        return residual + self.proj(hidden_states)
+
+
+class _Apart(_Block):
+    """A statement between the add and the norm."""
+
+    def forward(self, hidden_states, residual):
+        hidden_states = residual + hidden_states
+        residual = hidden_states
+        hidden_states = hidden_states * 2
+        hidden_states = self.post_attention_layernorm(hidden_states)
+        return residual + self.proj(hidden_states)
+
+
+class _OtherTarget(_Block):
+    def forward(self, hidden_states, residual):
+        hidden_states = residual + hidden_states
+        residual = hidden_states
+        normed = self.post_attention_layernorm(hidden_states)
+        return residual + self.proj(normed) + hidden_states
+
+
+class _Cloned(_Block):
+    def forward(self, hidden_states, residual):
+        hidden_states = residual + hidden_states
+        residual = hidden_states.clone()
+        hidden_states = self.post_attention_layernorm(hidden_states)
+        return residual + self.proj(hidden_states)
+
+
+class _Closure(_Block):
+    def forward(self, hidden_states, residual):
+        hidden_states = residual + hidden_states
+        residual = hidden_states
+        hidden_states = self.post_attention_layernorm(hidden_states)
+        return (lambda: residual + self.proj(hidden_states))()
+
+
+class _Decorated(_Block):
+    @torch.no_grad()
+    def forward(self, hidden_states, residual):
+        hidden_states = residual + hidden_states
+        residual = hidden_states
+        hidden_states = self.post_attention_layernorm(hidden_states)
+        return residual + self.proj(hidden_states)
+
+
+def _inputs(dtype=torch.float32, rows=(2, 5), seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return tuple(torch.randn(*rows, HIDDEN, generator=g).to(dtype) for _ in range(2))
+
+
+def _count(monkeypatch):
+    counts = {"fused_add_rms_norm": 0}
+    op = norm_ops.fused_add_rms_norm
+
+    def counted(*args, **kwargs):
+        counts["fused_add_rms_norm"] += 1
+        return op(*args, **kwargs)
+
+    monkeypatch.setattr(norm_ops, "fused_add_rms_norm", counted)
+    return counts
+
+
+def _patched_and_original(block, inputs, monkeypatch):
+    with torch.no_grad():
+        expected = block(*inputs)
+        report = kiln.patch(block)
+        counts = _count(monkeypatch)
+        actual = block(*inputs)
+    return report, counts["fused_add_rms_norm"], actual, expected
+
+
+@pytest.mark.parametrize("cls", [_Block, _SumFirst, _InABranch])
+def test_add_then_norm_is_one_fused_call(cls, monkeypatch):
+    torch.manual_seed(0)
+    block = cls()
+    report, fused, actual, expected = _patched_and_original(block, _inputs(), monkeypatch)
+    assert ("", "fused_add_rms_norm") in [(r.path, r.op) for r in report.replaced]
+    assert fused == 1
+    torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-5)
+    assert kiln.unpatch(block) == 2  # the layer and its norm
+    assert "forward" not in block.__dict__
+
+
+@pytest.mark.parametrize("cls", [_Apart, _OtherTarget, _Cloned, _Closure, _Decorated])
+def test_other_forwards_are_not_rewritten(cls, monkeypatch):
+    torch.manual_seed(0)
+    block = cls()
+    report, fused, actual, expected = _patched_and_original(block, _inputs(), monkeypatch)
+    assert [r.op for r in report.replaced] == ["rms_norm"] and report.left == []
+    assert fused == 0
+    torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_a_layer_norm_after_the_add_is_left_with_a_reason():
+    block = _Block(torch.nn.LayerNorm(HIDDEN))
+    report = kiln.patch(block)
+    assert [(r.path, r.op) for r in report.replaced] == [("post_attention_layernorm", "layer_norm")]
+    assert [(l.path, l.reason) for l in report.left] == [("", "post_attention_layernorm: it is not an RMSNorm")]
+
+
+@pytest.mark.parametrize("norm", [
+    lambda: torch.nn.RMSNorm(HIDDEN, eps=1e-6),
+    lambda: torch.nn.RMSNorm(HIDDEN, elementwise_affine=False),
+    lambda: __import__("transformers").models.gemma.modeling_gemma.GemmaRMSNorm(HIDDEN, eps=1e-6),
+])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_norm_rules(norm, dtype, monkeypatch):
+    torch.manual_seed(0)
+    block = _Block(norm()).to(dtype)
+    report, fused, actual, expected = _patched_and_original(block, _inputs(dtype), monkeypatch)
+    assert fused == 1
+    assert actual.dtype == expected.dtype
+    # The layer's projection sums HIDDEN products of values a norm's rounding moved by an ulp.
+    tol = 1e-5 if dtype == torch.float32 else 8 * torch.finfo(dtype).eps
+    torch.testing.assert_close(actual, expected, rtol=tol, atol=tol)
+
+
+def _calls_the_module(block, inputs, monkeypatch):
+    """(fused_add_rms_norm calls, calls of the norm module) of one patched call, which must
+    give what the unpatched block gives."""
+    expected = block(*inputs)
+    kiln.patch(block)
+    counts = _count(monkeypatch)
+    seen = []
+    hook = block.post_attention_layernorm.register_forward_pre_hook(lambda module, args: seen.append(args[0]))
+    actual = block(*inputs)
+    hook.remove()
+    torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-5)
+    return counts["fused_add_rms_norm"], len(seen)
+
+
+def test_a_hooked_norm_is_called_as_a_module(monkeypatch):
+    with torch.no_grad():
+        assert _calls_the_module(_Block(), _inputs(), monkeypatch) == (0, 1)
+
+
+@pytest.mark.parametrize("case", ["two dtypes", "broadcast", "weight of another dtype", "instance forward"])
+def test_calls_kiln_cannot_take_run_the_add_and_the_module(case, monkeypatch):
+    block = _Block()
+    hidden, residual = _inputs()
+    if case == "two dtypes":
+        hidden = hidden.to(torch.bfloat16)
+    elif case == "broadcast":
+        residual = residual[:, :1]
+    elif case == "weight of another dtype":
+        block.post_attention_layernorm.to(torch.bfloat16)  # Llama's rule: an fp32 output
+    with torch.no_grad():
+        expected = block(hidden, residual)
+        kiln.patch(block)
+        if case == "instance forward":
+            norm = block.post_attention_layernorm
+            norm.forward = functools.partial(LlamaRMSNorm.forward, norm)
+        counts = _count(monkeypatch)
+        actual = block(hidden, residual)
+    assert counts["fused_add_rms_norm"] == 0
+    assert actual.dtype == expected.dtype
+    torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_training_gives_the_original_gradients(monkeypatch):
+    torch.manual_seed(0)
+    block = _Block()
+    hidden, residual = (t.requires_grad_() for t in _inputs())
+    block(hidden, residual).pow(2).sum().backward()
+    expected = [p.grad.clone() for p in block.parameters()] + [hidden.grad.clone(), residual.grad.clone()]
+    block.zero_grad()
+    hidden.grad = residual.grad = None
+    kiln.patch(block)
+    counts = _count(monkeypatch)
+    block(hidden, residual).pow(2).sum().backward()
+    assert counts["fused_add_rms_norm"] == 1
+    actual = [p.grad for p in block.parameters()] + [hidden.grad, residual.grad]
+    for a, e in zip(actual, expected):
+        torch.testing.assert_close(a, e, rtol=1e-4, atol=1e-5)
+
+
+def _llama(layers=2, seed=0):
+    torch.manual_seed(seed)
+    config = transformers.LlamaConfig(hidden_size=64, intermediate_size=96, num_hidden_layers=layers,
+                                      num_attention_heads=4, num_key_value_heads=2, vocab_size=128)
+    model = transformers.LlamaForCausalLM(config)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.add_(0.2 * torch.randn_like(p))
+    return model
+
+
+def test_gradient_checkpointing_keeps_checkpointing(monkeypatch):
+    """transformers' checkpointing layers (a wrapper around the class's forward in some
+    versions, a __call__ of their own in others) still recompute the patched forward in the
+    backward, and the gradients are the original's."""
+    model = _llama().train()
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    ids = torch.randint(0, 128, (2, 7), generator=torch.Generator().manual_seed(1))
+    model(ids, use_cache=False).logits.pow(2).mean().backward()
+    expected = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    kiln.patch(model)
+    counts = _count(monkeypatch)
+    model(ids, use_cache=False).logits.pow(2).mean().backward()
+    assert counts["fused_add_rms_norm"] == 4  # each layer's forward, then again in the backward
+    for n, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, expected[n], rtol=1e-4, atol=1e-6, msg=n)
+
+
+def test_compiles_to_one_graph_with_the_fused_ops():
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    torch._dynamo.reset()
+    model = _llama().eval()
+    kiln.patch(model)
+    ids = torch.randint(0, 128, (2, 7), generator=torch.Generator().manual_seed(1))
+    counter = CompileCounterWithBackend("aot_eager")
+    with torch.no_grad():
+        eager = model(ids).logits
+        compiled = torch.compile(model, fullgraph=True, backend=counter)(ids).logits
+    assert counter.frame_count == 1
+    targets = [str(n.target) for g in counter.graphs for n in g.graph.nodes]
+    assert targets.count("kiln.fused_add_rms_norm.default") == 2
+    torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-5)
+
+
+def test_a_models_norms_are_probed_once(monkeypatch):
+    """Every layer's norms are of one class and state: one classification for all of them,
+    one probe of fused_add_rms_norm; a norm of another eps gets its own."""
+    model = _llama(layers=6)
+    model.model.layers[3].post_attention_layernorm.variance_epsilon = 1e-3
+    classified, probed = [], []
+    classify, probe = detect._classify_norm, residual_norm_layer.probe_disagrees
+    monkeypatch.setattr(detect, "_classify_norm", lambda m, o: classified.append(m) or classify(m, o))
+    monkeypatch.setattr(residual_norm_layer, "probe_disagrees", lambda n, r: probed.append(n) or probe(n, r))
+    report = kiln.patch(model)
+    assert sum(r.op == "fused_add_rms_norm" for r in report.replaced) == 6
+    assert len(classified) == 2 and len(probed) == 2
+    assert model.model.layers[3].post_attention_layernorm in classified
