@@ -3,8 +3,10 @@ widths (hidden 4096, MLP 14336, 32 query and 8 key/value heads, vocabulary 12825
 theta 500000) and fewer layers (--layers, default 4), random weights, bf16; or, with
 --model qwen3, Qwen3ForCausalLM with Qwen3-8B's (hidden 4096, MLP 12288, 32 and 8 heads of
 128, vocabulary 151936, RoPE theta 1000000, and an RMSNorm of each head of q and k before
-RoPE, which kiln.patch runs with the rotation as one head_norm_rope: a fifth setting,
-eager + kiln with the head norms apart, times kiln's patch without that fusion). Cases:
+RoPE, which kiln.patch runs with the rotation as one head_norm_rope). Settings of eager +
+kiln without one of the patch's fusions (--apart: the layers' residual add and norm as one
+fused_add_rms_norm, the head norms and RoPE as one head_norm_rope) time what each fusion
+gives. Cases:
 prefill of 2 x 2048 tokens (one forward over the prompt, logits of the last token, as
 generate computes them), and one decode step at batch 1 and 32 after 2048 cached tokens
 (a StaticCache, replayed from a CUDA graph). Four settings each: eager, eager + kiln
@@ -13,7 +15,8 @@ setting: median time, speedup over its baseline, the first call's time (compile,
 and the logits' relative error against the unpatched eager logits.
 
 Usage: python bench/llama.py [--out DIR] [--model llama|qwen3] [--quick] [--layers N] [--cases prefill,decode1,decode32]
-       [--settings eager,compile,eager+kiln,compile+kiln] [--device cuda|cpu] [--tiny]
+       [--settings eager,compile,eager+kiln,compile+kiln] [--apart residual-norms,head-norms] [--device cuda|cpu]
+       [--tiny]
 Writes DIR/<model>-<date>-<device>.json and .md; prints the table last. --device cpu with
 --tiny is a smoke run (no CUDA graphs there); the CI tests build the same pieces."""
 
@@ -62,6 +65,27 @@ def head_norms_apart(kiln):
         finally:
             head_norm_attention.fuse = fuse
     return patch
+
+
+def residual_norms_apart(kiln):
+    """kiln.patch with each decoder layer's residual add and the norm after it left as
+    separate ops (the add in torch, the norm as kiln.rms_norm: the patch before the layers'
+    forwards were rewritten for one fused_add_rms_norm)."""
+    from kiln.patching import residual_norm_layer
+
+    def patch(model):
+        candidate = residual_norm_layer.candidate
+        residual_norm_layer.candidate = lambda module: False
+        try:
+            return kiln.patch(model)
+        finally:
+            residual_norm_layer.candidate = candidate
+    return patch
+
+
+# What a fifth setting leaves out of kiln's patch, by name (bench/llama.py --apart).
+APART = {"head-norms": ("eager+kiln, head norms apart", head_norms_apart),
+         "residual-norms": ("eager+kiln, residual norms apart", residual_norms_apart)}
 
 
 def build_model(config, device="cuda", dtype=torch.bfloat16, seed=0):
@@ -131,6 +155,9 @@ def parse_args(argv=None):
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     parser.add_argument("--tiny", action="store_true", help="the tiny config of the CI tests")
     parser.add_argument("--tag", default="", help="appended to the output file names")
+    parser.add_argument("--apart", default=None,
+                        help=f"comma-separated among {sorted(APART)}: eager + kiln without that fusion, as a "
+                             "setting of its own (default: residual-norms, and head-norms for qwen3)")
     return parser.parse_args(argv)
 
 
@@ -155,7 +182,12 @@ def main(argv=None):
     started = time.perf_counter()
     config = llama_config(layers, args.tiny, args.model)
     model = build_model(config, args.device)
-    variants = {"eager+kiln, head norms apart": head_norms_apart(kiln)} if args.model == "qwen3" else None
+    apart = args.apart.split(",") if args.apart is not None else \
+        ["residual-norms"] + (["head-norms"] if args.model == "qwen3" else [])
+    unknown = sorted(set(a for a in apart if a) - set(APART))
+    if unknown:
+        raise SystemExit(f"llama: --apart: expected names among {sorted(APART)}, got {unknown}")
+    variants = {APART[a][0]: APART[a][1](kiln) for a in apart if a} or None
     billions = sum(p.numel() for p in model.parameters()) / 1e9
     print(f"{MODELS[args.model][2]}-shaped decoder: {layers} layers, {billions:.2f}B "
           f"parameters, built in {time.perf_counter() - started:.1f} s", flush=True)

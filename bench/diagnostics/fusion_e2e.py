@@ -1,13 +1,16 @@
-"""The Qwen3-8B-shaped decoder of bench/llama.py (--model qwen3), patched two ways side by side:
-with each attention's q/k norms and rotation as one head_norm_rope, and with them apart (the
-norms as kiln.rms_norm, then kiln.rope). The end-to-end bench times its settings one after
-the other, and their medians move by a few percent between runs, more than the difference
-expected here (about 20 us a layer). So both models, same weights, are captured in CUDA graphs
-(prefill without cache and a decode step) and the replays alternate, A B A B, each timed with
-CUDA events; then one forward of each under the profiler sums the GPU time of the kernels
-that differ.
+"""One fusion of kiln.patch, end to end: the decoder of bench/llama.py patched two ways side
+by side, with the fusion and without it. --fusion residual-norms: each layer's residual add
+and the norm after it as one kiln.fused_add_rms_norm, or the add in torch and kiln.rms_norm;
+--fusion head-norms (Qwen3 only): each attention's q/k norms and rotation as one
+kiln.head_norm_rope, or kiln.rms_norm on q, on k, then kiln.rope. The end-to-end bench times
+its settings one after the other, and their medians move by a few percent between runs, more
+than the difference expected here (tens of us a layer). So both models, same weights, are
+captured in CUDA graphs (prefill without cache and a decode step) and the replays alternate,
+A B A B, each timed with CUDA events; then one forward of each under the profiler sums the
+GPU time of the kernels that differ.
 
-Usage: python bench/diagnostics/head_norm_e2e.py [--layers N] [--rounds N] [--out DIR] [--tag TAG]"""
+Usage: python bench/diagnostics/fusion_e2e.py [--fusion residual-norms|head-norms] [--model llama|qwen3]
+       [--layers N] [--rounds N] [--decode-batches 1,32] [--out DIR] [--tag TAG]"""
 
 import argparse
 import os
@@ -58,32 +61,46 @@ def kernel_times(fn):
     return found
 
 
+FUSIONS = {
+    "residual-norms": ("each layer's residual add and the norm after it as one kiln.fused_add_rms_norm",
+                       "the add in torch, then kiln.rms_norm"),
+    "head-norms": ("q/k norms and RoPE as one kiln.head_norm_rope", "kiln.rms_norm on q, on k, then kiln.rope"),
+}
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser()
+    parser.add_argument("--fusion", default="residual-norms", choices=sorted(FUSIONS))
+    parser.add_argument("--model", default=None, choices=sorted(llama.MODELS),
+                        help="default: qwen3 for head-norms, llama otherwise")
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=60)
+    parser.add_argument("--decode-batches", default="32")
     parser.add_argument("--out", default="bench/results")
     parser.add_argument("--tag", default="")
     args = parser.parse_args(argv)
+    model_name = args.model or ("qwen3" if args.fusion == "head-norms" else "llama")
     kiln = common.fresh_kiln(1024)
     env = common.model_environment("cuda")
-    config = llama.llama_config(args.layers, model="qwen3")
+    config = llama.llama_config(args.layers, model=model_name)
     models = {"fused": llama.build_model(config), "apart": llama.build_model(config)}
     kiln.patch(models["fused"])
-    llama.head_norms_apart(kiln)(models["apart"])
+    llama.APART[args.fusion][1](kiln)(models["apart"])
     prompt = llama.prefill_inputs(config, *llama.PREFILL)
-    lines = [f"Qwen3-8B-shaped decoder ({args.layers} layers), bf16, {env['device']} ({env['sm']}), {env['date']}, "
-             f"torch {env['versions']['torch']}, transformers {env['versions'].get('transformers', '-')}. "
-             "fused: q/k norms and RoPE as one kiln.head_norm_rope; apart: kiln.rms_norm on q, on k, then "
-             f"kiln.rope. CUDA graph replays alternated over {args.rounds} rounds, median ms.", "",
+    fused, apart = FUSIONS[args.fusion]
+    lines = [f"{llama.MODELS[model_name][2]}-shaped decoder ({args.layers} layers), bf16, {env['device']} "
+             f"({env['sm']}), {env['date']}, torch {env['versions']['torch']}, transformers "
+             f"{env['versions'].get('transformers', '-')}. fused: {fused}; apart: {apart}. CUDA graph replays "
+             f"alternated over {args.rounds} rounds, median ms.", "",
              "| case | fused ms | apart ms | apart / fused | max abs diff of the logits |",
              "| --- | --- | --- | --- | --- |"]
     profiles = {}
     with torch.no_grad():
         cases = {"prefill 2x2048": {name: (lambda m=m: m(**prompt).logits) for name, m in models.items()}}
-        states = {name: llama.decode_state(m, 32, llama.PAST) for name, m in models.items()}
-        cases["decode, batch 32, 2048 past"] = {name: (lambda s=states[name], m=m: s[2](m))
-                                                for name, m in models.items()}
+        for batch in (int(b) for b in args.decode_batches.split(",") if b):
+            states = {name: llama.decode_state(m, batch, llama.PAST) for name, m in models.items()}
+            cases[f"decode, batch {batch}, {llama.PAST} past"] = {name: (lambda s=states[name], m=m: s[2](m))
+                                                                  for name, m in models.items()}
         for case, fns in cases.items():
             captured = {name: graphed(kiln, fn) for name, fn in fns.items()}
             medians = alternate({name: g for name, (g, _) in captured.items()}, args.rounds)
@@ -99,12 +116,12 @@ def main(argv=None):
         totals = {m: sum(t for _, t in by_model[m].values()) for m in by_model}
         for name in names:
             f, a = by_model["fused"].get(name, (0, 0.0)), by_model["apart"].get(name, (0, 0.0))
-            if f[0] != a[0] or "kiln" in name or "rope" in name or "norm" in name:
+            if f[0] != a[0] or "kiln" in name or "rope" in name or "norm" in name or "add" in name:
                 lines.append(f"| {case} | {name[:60]} | {f[0]}, {f[1]:.1f} | {a[0]}, {a[1]:.1f} |")
         lines.append(f"| {case} | all kernels | {totals['fused']:.1f} us | {totals['apart']:.1f} us |")
     text = "\n".join(lines)
     os.makedirs(args.out, exist_ok=True)
-    name = f"head-norm-e2e-{common.stamp(env)}{args.tag}-diagnostics.md"
+    name = f"{args.fusion}-e2e-{model_name}-{common.stamp(env)}{args.tag}-diagnostics.md"
     with open(os.path.join(args.out, name), "w") as f:
         f.write(text + "\n")
     print(text)

@@ -201,7 +201,9 @@ def test_llama_bench_smoke_run(tmp_path):
     for case in doc["cases"]:
         err = case["settings"]["eager+kiln"]["error_vs_eager"]
         assert err["finite"] and err["max_rel"] < 5e-2
-        assert case["patch"]["replaced"] == {"rms_norm": 5, "swiglu": 2, "rope": 2}
+        assert case["patch"]["replaced"] == {"rms_norm": 5, "swiglu": 2, "rope": 2, "fused_add_rms_norm": 2}
+        apart = case["settings"]["eager+kiln, residual norms apart"]
+        assert apart["error_vs_eager"]["finite"] and apart["error_vs_eager"]["max_rel"] < 5e-2
     assert doc_path.with_suffix(".md").exists()
 
 
@@ -216,7 +218,7 @@ def test_qwen3_config_has_qwen3_8b_widths():
 
 def test_qwen3_bench_smoke_run_times_the_head_norms_both_ways(tmp_path):
     out = _smoke("llama.py", tmp_path, "--model", "qwen3", "--past", "24", "--prefill", "2x16", "--layers", "2",
-                 "--cases", "prefill,decode1")
+                 "--cases", "prefill,decode1", "--apart", "head-norms")
     assert "Qwen3-8B-shaped decoder" in out and "| prefill | 2x16 | eager+kiln, head norms apart |" in out
     [doc_path] = [p for p in tmp_path.glob("qwen3-*.json") if "partial" not in p.name]
     doc = json.loads(doc_path.read_text())
@@ -226,7 +228,8 @@ def test_qwen3_bench_smoke_run_times_the_head_norms_both_ways(tmp_path):
             assert record["error_vs_eager"]["finite"] and record["error_vs_eager"]["max_rel"] < 5e-2
         assert apart["speedup_vs"] == "eager"
         # The q/k norms stay patched as norms (the path that records a graph calls them).
-        assert case["patch"]["replaced"] == {"rms_norm": 9, "swiglu": 2, "head_norm_rope": 2}
+        assert case["patch"]["replaced"] == {"rms_norm": 9, "swiglu": 2, "head_norm_rope": 2, "fused_add_rms_norm": 2}
+        assert "eager+kiln, residual norms apart" not in case["settings"]
 
 
 # ---- the examples -----------------------------------------------------------------------
@@ -241,10 +244,10 @@ def _example(*args):
 
 def test_llama_example_tiny():
     out = _example("llama.py", "--tiny", "--new-tokens", "6")
-    assert "kiln.patch: 9 replaced, 0 left" in out
+    assert "kiln.patch: 11 replaced, 0 left" in out
     # fp32 on the CPU: the patched model's greedy tokens are the unpatched model's.
     assert "comparison: 6/6 greedy tokens equal" in out
-    assert "kiln.unpatch: 9 modules restored" in out
+    assert "kiln.unpatch: 11 modules restored" in out
 
 
 def test_llama_example_from_checkpoint(tmp_path):
@@ -252,7 +255,7 @@ def test_llama_example_from_checkpoint(tmp_path):
                                       num_attention_heads=4, num_key_value_heads=2, vocab_size=96)
     transformers.LlamaForCausalLM(config).save_pretrained(tmp_path)
     out = _example("llama.py", str(tmp_path), "--new-tokens", "3")
-    assert "1 layers, hidden 64" in out and "kiln.patch: 5 replaced, 0 left" in out
+    assert "1 layers, hidden 64" in out and "kiln.patch: 6 replaced, 0 left" in out
     assert "comparison: 3/3 greedy tokens equal" in out
 
 
