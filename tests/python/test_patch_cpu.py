@@ -439,3 +439,42 @@ def test_cpu_offload_hooks(order, monkeypatch):
     torch.testing.assert_close(actual, expected, rtol=1e-4, atol=1e-4)
     kiln.unpatch(model)
     assert torch.equal(_logits(model, ids), expected)
+
+
+# ---- what a probe must not trip on ------------------------------------------------------
+
+
+class _BufferWeightNorm(torch.nn.Module):
+    """An RMSNorm whose weight is a buffer (a frozen, exported or quantised model's)."""
+
+    def __init__(self, hidden):
+        super().__init__()
+        self.register_buffer("weight", torch.randn(hidden))
+        self.eps = 1e-6
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+def test_a_weight_kept_as_a_buffer_is_probed_where_it_is_kept():
+    model = torch.nn.Sequential(_BufferWeightNorm(24))
+    weight = model[0].weight
+    x = torch.randn(3, 24)
+    with torch.no_grad():
+        expected = model(x)
+        report = kiln.patch(model)
+        actual = model(x)
+    assert [(r.path, r.op) for r in report.replaced] == [("0", "rms_norm")]
+    assert model[0]._buffers["weight"] is weight and "weight" not in model[0]._parameters
+    torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_a_default_device_set_by_the_caller_does_not_reach_the_probes():
+    model = _model("llama")
+    torch.set_default_device("meta")
+    try:
+        report = kiln.patch(model)
+    finally:
+        torch.set_default_device(None)
+    assert report.left == [] and len(report.replaced) == 11
+    assert torch.empty(1).device.type == "cpu"

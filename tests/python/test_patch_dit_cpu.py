@@ -423,6 +423,23 @@ def test_flux_patched_agrees_and_unpatch_restores(dtype, monkeypatch):
     assert torch.equal(_flux_out(model, inputs), expected)
 
 
+def test_flux_head_norms_join_the_rotation_only_with_rms_norm_in_ops(monkeypatch):
+    """ops=["rope"]: the attention's per-head q/k norms stay torch's own (as in transformers'
+    attentions), and kiln rotates q and k."""
+    model = _flux(torch.float32)
+    inputs = _flux_inputs(torch.float32)
+    expected = _flux_out(model, inputs)
+    report = kiln.patch(model, ops=["rope"])
+    kinds = {r.path: r.kind for r in report.replaced}
+    assert kinds == {"transformer_blocks.0.attn": "flux attention (rope of q and k)",
+                     "single_transformer_blocks.0.attn": "flux attention (rope of q and k)",
+                     "single_transformer_blocks.1.attn": "flux attention (rope of q and k)"}
+    counter = Counter(monkeypatch)
+    actual = _flux_out(model, inputs)
+    assert counter.used() == {"rope": 3}
+    _agree(actual, expected, torch.float32)
+
+
 def test_flux_trains_through_kiln(monkeypatch):
     """AdaLN and RoPE have backward formulas: with grad enabled FLUX's patched norms and
     attention stay on kiln, and loss and gradients match diffusers'."""

@@ -57,7 +57,9 @@ def patch(model: torch.nn.Module, ops: Optional[Iterable[str]] = None) -> PatchR
         raise TypeError(f"kiln.patch: model: expected a torch.nn.Module, got {type(model).__name__}")
     chosen = _check_ops(ops)
     report = PatchReport()
-    with detect.probing_once():
+    # The probes are CPU tensors made without a device: a default device set by the caller
+    # (torch.set_default_device("cuda")) is not theirs.
+    with detect.probing_once(), torch.device("cpu"):
         _patch_modules(model, chosen, report)
     ltx_chain.link(model, _is_patched_ltx_block)
     return report
@@ -113,7 +115,11 @@ def _patch_dit(path: str, module: torch.nn.Module, chosen: frozenset, report: Pa
     cls = type(module).__name__
     processor = classify in (detect_dit.classify_ltx_attention, detect_dit.classify_flux_attention)
     original = module.processor if processor else replace.inner_forward(module)
-    result = classify(module, original)
+    if classify is detect_dit.classify_flux_attention:
+        # The head norms join the rotation only where rms_norm is patched too, as in transformers' attentions.
+        result = classify(module, original, fuse_norms="rms_norm" in chosen)
+    else:
+        result = classify(module, original)
     if isinstance(result, detect.NoMatch):
         report.left.append(Left(path, cls, result.reason))
     elif result.family not in chosen:

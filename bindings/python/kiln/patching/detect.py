@@ -104,24 +104,39 @@ def _compare_one(original: Callable, candidate: Callable, x: torch.Tensor, scale
 
 
 class _Swapped:
-    """Temporarily replaces a module's parameters or children (restored on exit)."""
+    """Temporarily replaces a module's parameters or children (restored on exit). A "parameter"
+    the module keeps as a buffer or a plain attribute is swapped where it is kept."""
 
     def __init__(self, module: torch.nn.Module, params: Dict[str, torch.Tensor] = None,
                  children: Dict[str, torch.nn.Module] = None):
         self.module, self.params, self.children = module, params or {}, children or {}
 
+    def _home(self, name: str) -> dict:
+        for home in (self.module._parameters, self.module._buffers):
+            if name in home:
+                return home
+        return self.module.__dict__
+
     def __enter__(self):
-        self.saved_params = {k: self.module._parameters[k] for k in self.params}
+        self.saved_params = [(home, k, home.get(k, _ABSENT)) for k in self.params for home in (self._home(k),)]
         self.saved_children = {k: self.module._modules[k] for k in self.children}
-        for k, v in self.params.items():
-            self.module._parameters[k] = torch.nn.Parameter(v, requires_grad=False)
+        for home, k, _ in self.saved_params:
+            v = self.params[k]
+            home[k] = torch.nn.Parameter(v, requires_grad=False) if home is self.module._parameters else v
         self.module._modules.update(self.children)
         return self
 
     def __exit__(self, *exc):
-        self.module._parameters.update(self.saved_params)
+        for home, k, v in self.saved_params:
+            if v is _ABSENT:
+                home.pop(k, None)
+            else:
+                home[k] = v
         self.module._modules.update(self.saved_children)
         return False
+
+
+_ABSENT = object()
 
 
 # Tried in this order: the first whose replacement agrees on every probe is taken. The

@@ -315,7 +315,9 @@ def classify_ltx_block(module: torch.nn.Module, original: Callable) -> Union[Dit
 # ---- FLUX ------------------------------------------------------------------------------
 
 
-def classify_flux_attention(module: torch.nn.Module, processor) -> Union[DitMatch, NoMatch]:
+def classify_flux_attention(module: torch.nn.Module, processor, fuse_norms: bool = True) -> Union[DitMatch, NoMatch]:
+    """kiln's processor for a FLUX attention, with the per-head q/k norms in its launches where
+    they are RMSNorms (and ``fuse_norms``: kiln.patch's ops include ``rms_norm``)."""
     g = torch.Generator().manual_seed(0)
     head_dim = getattr(module, "head_dim", None)
     if not isinstance(head_dim, int) or head_dim % 2:
@@ -343,7 +345,7 @@ def classify_flux_attention(module: torch.nn.Module, processor) -> Union[DitMatc
     calls = [((module, x), dict(encoder_hidden_states=enc, image_rotary_emb=rope))]
     norms = ("norm_q", "norm_k") + (("norm_added_q", "norm_added_k") if joint else ())
     # Where the per-head q/k norms are RMSNorms, they and the rotation are one launch a stream.
-    fuse = all(not isinstance(_rms_norm_child(module, name), NoMatch) for name in norms)
+    fuse = fuse_norms and all(not isinstance(_rms_norm_child(module, name), NoMatch) for name in norms)
     why = None
     for fuse_norms in ((True, False) if fuse else (False,)):
         patched = flux.FluxAttnProcessor(processor, fuse_norms=fuse_norms)
