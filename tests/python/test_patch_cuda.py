@@ -8,7 +8,7 @@ import kiln
 
 transformers = pytest.importorskip("transformers", reason="transformers is not installed")
 
-from test_patch_cpu import ARCHS, HEAD_NORMS, MLP_OP, _Counter, _ids, _model, rotations_per_layer  # noqa: E402
+from test_patch_cpu import ARCHS, HEAD_NORMS, MLP_OP, _Counter, _ids, _model, rotations_per_layer, seams  # noqa: E402
 
 
 @pytest.mark.gpu
@@ -28,7 +28,7 @@ def test_bf16_cuda_patched_is_as_close_to_fp32_as_the_original(arch, monkeypatch
     # q and k reach kiln.rope as the attention makes them: transposed views of the projections.
     _, ropes, head_norm_ropes = rotations_per_layer(arch)
     assert counter.calls["rope"] == 2 * ropes and counter.calls["head_norm_rope"] == 2 * head_norm_ropes
-    assert counter.calls[MLP_OP[arch]] == 2 and counter.calls["fused_add_rms_norm"] == 2
+    assert counter.calls[MLP_OP[arch]] == 2 and counter.calls["fused_add_rms_norm"] == 2 + seams(2)
     err_original = (original.double() - truth).abs().max().item()
     err_patched = (patched.double() - truth).abs().max().item()
     assert err_patched <= 1.5 * err_original + 1e-2, (err_patched, err_original)
@@ -74,7 +74,7 @@ def test_patched_model_replays_from_a_cuda_graph(arch, monkeypatch):
             captured = model(ids, use_cache=False).logits
         heads = 2 if arch in HEAD_NORMS else 0
         assert counter.calls["head_norm_rope"] == heads and counter.calls["rope"] == 2 - heads
-        assert counter.calls["fused_add_rms_norm"] == 2
+        assert counter.calls["fused_add_rms_norm"] == 2 + seams(2)
         captured.zero_()
         graph.replay()
         torch.cuda.synchronize()

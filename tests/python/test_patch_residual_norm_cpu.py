@@ -151,11 +151,13 @@ def test_other_forwards_are_not_rewritten(cls, monkeypatch):
     torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-5)
 
 
-def test_a_layer_norm_after_the_add_is_left_with_a_reason():
+def test_a_layer_norm_after_the_add_leaves_the_layer_alone():
+    """kiln has no fused add for a LayerNorm: the layer (CLIP's, Whisper's) is not a candidate,
+    so the report does not list it."""
     block = _Block(torch.nn.LayerNorm(HIDDEN))
     report = kiln.patch(block)
     assert [(r.path, r.op) for r in report.replaced] == [("post_attention_layernorm", "layer_norm")]
-    assert [(l.path, l.reason) for l in report.left] == [("", "post_attention_layernorm: it is not an RMSNorm")]
+    assert report.left == []
 
 
 @pytest.mark.parametrize("norm", [
@@ -294,3 +296,131 @@ def test_a_models_norms_are_probed_once(monkeypatch):
     assert sum(r.op == "fused_add_rms_norm" for r in report.replaced) == 6
     assert len(classified) == 2 and len(probed) == 2
     assert model.model.layers[3].post_attention_layernorm in classified
+
+
+# ---- the seam between consecutive layers ----------------------------------------------
+
+
+class _Layer(torch.nn.Module):
+    """A decoder layer as transformers writes it: its input norm first, its last residual add
+    returned."""
+
+    def __init__(self):
+        super().__init__()
+        self.input_layernorm = LlamaRMSNorm(HIDDEN, eps=1e-5)
+        self.attn = torch.nn.Linear(HIDDEN, HIDDEN)
+        self.post_attention_layernorm = LlamaRMSNorm(HIDDEN, eps=1e-5)
+        self.mlp = torch.nn.Linear(HIDDEN, HIDDEN)
+        with torch.no_grad():
+            for norm in (self.input_layernorm, self.post_attention_layernorm):
+                norm.weight.copy_(1.0 + 0.3 * torch.randn(HIDDEN))
+
+    def forward(self, hidden_states):
+        residual = hidden_states
+        hidden_states = self.input_layernorm(hidden_states)
+        hidden_states = self.attn(hidden_states)
+        hidden_states = residual + hidden_states
+        residual = hidden_states
+        hidden_states = self.post_attention_layernorm(hidden_states)
+        hidden_states = self.mlp(hidden_states)
+        hidden_states = residual + hidden_states
+        return hidden_states
+
+
+class _Stack(torch.nn.Module):
+    def __init__(self, layers=3):
+        super().__init__()
+        torch.manual_seed(0)
+        self.layers = torch.nn.ModuleList(_Layer() for _ in range(layers))
+
+    def forward(self, hidden_states):
+        for layer in self.layers:
+            hidden_states = layer(hidden_states)
+        return hidden_states
+
+
+def _count_ops(monkeypatch):
+    from kiln import ops as kiln_ops
+
+    counts = {"fused_add_rms_norm": 0, "rms_norm": 0}
+    for module, name in ((norm_ops, "fused_add_rms_norm"), (kiln_ops, "rms_norm")):
+        def counted(*args, _op=getattr(module, name), _name=name, **kwargs):
+            counts[_name] += 1
+            return _op(*args, **kwargs)
+
+        monkeypatch.setattr(module, name, counted)
+    return counts
+
+
+def test_each_layer_hands_its_input_norm_to_the_next(monkeypatch):
+    model = _Stack()
+    x = _inputs()[0]
+    with torch.no_grad():
+        expected = model(x)
+        kiln.patch(model)
+        counts = _count_ops(monkeypatch)
+        actual = model(x)
+    # Three layers' add-then-norm triples, two seams; only the first layer's input norm alone.
+    assert counts == {"fused_add_rms_norm": 5, "rms_norm": 1}
+    torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-5)
+    kiln.unpatch(model)
+    with torch.no_grad():
+        assert torch.equal(model(x), expected)
+
+
+def _by_hand(model, x, between):
+    """The stack's layers called one by one, ``between(i, h)`` giving layer i's input."""
+    h = x
+    for i, layer in enumerate(model.layers):
+        h = layer(between(i, h))
+    return h
+
+
+@pytest.mark.parametrize("case", ["changed in place", "another tensor", "norm weight changed",
+                                  "hook on the next layer", "a layer skipped"])
+def test_a_layer_takes_only_rows_made_of_its_very_input(case, monkeypatch):
+    model = _Stack()
+    x = _inputs()[0]
+
+    def between(i, h):
+        if i == 1 and case == "changed in place":
+            return h.mul_(1.5)
+        if i == 1 and case == "another tensor":
+            return h * 1.0
+        if i == 1 and case == "norm weight changed":
+            model.layers[1].input_layernorm.weight.mul_(1.5)
+        return h
+
+    def run():
+        if case == "a layer skipped":
+            return model.layers[2](model.layers[0](x))
+        return _by_hand(model, x, between)
+
+    with torch.no_grad():
+        state = {n: p.clone() for n, p in model.named_parameters()}
+        expected = run()
+        for n, p in model.named_parameters():
+            p.copy_(state[n])
+        kiln.patch(model)
+        if case == "hook on the next layer":
+            model.layers[1].register_forward_pre_hook(lambda module, args: None)
+        counts = _count_ops(monkeypatch)
+        actual = run()
+    # Besides the first layer's, layer 1's input norm (layer 2's where layer 1 is skipped).
+    assert counts["rms_norm"] == 2
+    torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_no_seams_where_autograd_records(monkeypatch):
+    model = _Stack()
+    x = _inputs()[0].requires_grad_()
+    model(x).sum().backward()
+    expected = [p.grad.clone() for p in model.parameters()] + [x.grad.clone()]
+    model.zero_grad()
+    x.grad = None
+    kiln.patch(model)
+    counts = _count_ops(monkeypatch)
+    model(x).sum().backward()
+    assert counts == {"fused_add_rms_norm": 3, "rms_norm": 3}
+    for a, e in zip([p.grad for p in model.parameters()] + [x.grad], expected):
+        torch.testing.assert_close(a, e, rtol=1e-4, atol=1e-5)

@@ -25,11 +25,13 @@ kiln ops have no backward (LTX-Video's fused seams) calls the original where it 
 an autograd graph.
 """
 
+import contextlib
 from typing import Iterable, Optional
 
 import torch
 
-from . import detect, detect_dit, head_norm_attention, ltx, ltx_chain, replace, residual_norm_layer, rope_attention
+from . import (detect, detect_dit, head_norm_attention, ltx, ltx_chain, replace, residual_norm_chain, residual_norm_layer,
+               rope_attention)
 from .report import Left, PatchReport, Replaced
 
 OPS = ("rms_norm", "layer_norm", "gelu", "swiglu", "geglu", "rms_norm_rope", "rope", "adaln")
@@ -58,10 +60,13 @@ def patch(model: torch.nn.Module, ops: Optional[Iterable[str]] = None) -> PatchR
     chosen = _check_ops(ops)
     report = PatchReport()
     # The probes are CPU tensors made without a device: a default device set by the caller
-    # (torch.set_default_device("cuda")) is not theirs.
-    with detect.probing_once(), torch.device("cpu"):
+    # (torch.set_default_device("cuda")) is not theirs. (Only then: the device's mode sees
+    # every torch call the probes make, and slows them severalfold.)
+    on_cpu = torch.get_default_device().type == "cpu"
+    with detect.probing_once(), contextlib.nullcontext() if on_cpu else torch.device("cpu"):
         _patch_modules(model, chosen, report)
     ltx_chain.link(model, _is_patched_ltx_block)
+    residual_norm_chain.link(model)
     return report
 
 
@@ -139,6 +144,7 @@ def unpatch(model: torch.nn.Module) -> int:
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"kiln.unpatch: model: expected a torch.nn.Module, got {type(model).__name__}")
     ltx_chain.unlink(model)
+    residual_norm_chain.unlink(model)
     return sum(replace.uninstall(module, path) for path, module in model.named_modules())
 
 

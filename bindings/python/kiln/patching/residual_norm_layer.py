@@ -21,6 +21,12 @@ norm module called on it alone and rebinding it), the forward passes
 forward (Llama's rule, Gemma's ``1 + weight``, ``nn.RMSNorm``, diffusers') a probe of
 ``fused_add_rms_norm`` agrees with. A LayerNorm after the add (CLIP's, Whisper's) is left as
 it is: kiln has no fused add for it.
+
+Where the forward also starts by normalising its input (``residual = hidden_states``,
+``hidden_states = self.input_layernorm(hidden_states)``, its first two statements) and ends by
+returning its last residual add, consecutive layers of a model hand the next layer's first norm
+over the seam between them (:mod:`.residual_norm_chain`): the add and that norm in one
+``fused_add_rms_norm`` too.
 """
 
 import ast
@@ -33,10 +39,12 @@ from typing import Callable, Dict, Optional, Tuple
 import torch
 
 from .. import norm_ops
-from . import detect, forwards, replace, source_rewrite
+from . import detect, forwards, replace, residual_norm_chain, source_rewrite
 from .forwards import _offset_weight, kiln_can_take, norm_eps
 
 FUSED_GLOBAL = "_kiln_residual_add_and_rms_norm"
+ENTRY_GLOBAL = "_kiln_first_rms_norm"
+EXIT_GLOBAL = "_kiln_last_residual_add"
 
 # How the norm's weight enters fused_add_rms_norm: as it is, or as 1 + weight (Gemma's).
 WEIGHT_AS_IS = "weight"
@@ -46,25 +54,44 @@ KIND = "residual add + rms_norm (in the layer's forward)"
 
 
 def candidate(module: torch.nn.Module) -> bool:
-    """A module with a norm among its children whose class's forward is written with an
-    add-then-norm triple of one of them (what the triple's norm computes is :func:`classify`'s
-    to find)."""
-    children = {name for name, child in module.named_children() if detect.norm_candidate(child)}
-    return bool(children) and bool(children & _site_norms(type(module).forward))
+    """A module whose class's forward is written with an add-then-norm triple (or starts with a
+    norm and ends with an add) of a child that is an RMSNorm."""
+    sites = _sites_of(type(module).forward)
+    names = sites.triples | ({sites.entry} if sites.entry is not None and sites.exit else set())
+    for name in names:
+        norm = getattr(module, name, None)
+        if isinstance(norm, torch.nn.Module) and detect.norm_candidate(norm) and _rule(norm) is not None:
+            return True
+    return False
 
 
-# The norms a class forward has add-then-norm triples for, found once per forward.
-_SITE_NORMS: "weakref.WeakKeyDictionary[types.FunctionType, frozenset]" = weakref.WeakKeyDictionary()
+@dataclass(frozen=True)
+class Sites:
+    """What a forward is written with: the norms of its add-then-norm triples, the norm its
+    body starts with (as the seam's receiving end), and whether it ends with a residual add it
+    returns (the seam's giving end)."""
+    triples: frozenset = frozenset()
+    entry: Optional[str] = None
+    exit: bool = False
 
 
-def _site_norms(function) -> frozenset:
+# Found once per class forward.
+_SITES: "weakref.WeakKeyDictionary[types.FunctionType, Sites]" = weakref.WeakKeyDictionary()
+
+
+def _sites_of(function) -> Sites:
     if not isinstance(function, types.FunctionType):
-        return frozenset()
-    if function not in _SITE_NORMS:
+        return Sites()
+    if function not in _SITES:
         parts = source_rewrite.editable(function)
         parsed = source_rewrite.parsed_forward(parts[0]) if parts is not None else None
-        _SITE_NORMS[function] = frozenset(find_sites(parsed[1])) if parsed is not None else frozenset()
-    return _SITE_NORMS[function]
+        if parsed is None:
+            _SITES[function] = Sites()
+        else:
+            fn = parsed[1]
+            entry = _entry_site(fn)
+            _SITES[function] = Sites(frozenset(find_sites(fn)), entry and entry[2], _exit_site(fn) is not None)
+    return _SITES[function]
 
 
 @dataclass(frozen=True)
@@ -146,23 +173,90 @@ def _fused_statement(site: _Site, self_name: str) -> ast.stmt:
     return ast.copy_location(ast.Assign(targets=[target], value=call), site.statements[site.at])
 
 
-def rewritten_code(function: types.FunctionType, norms: frozenset) -> Optional[types.CodeType]:
+def _first_statement(fn: ast.FunctionDef) -> int:
+    """Where the body starts, past a docstring."""
+    first = fn.body[0]
+    is_doc = isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str)
+    return 1 if is_doc else 0
+
+
+def _entry_site(fn: ast.FunctionDef) -> Optional[Tuple[str, str, str]]:
+    """(residual, hidden, norm) where the body starts ``residual = hidden`` and
+    ``hidden = self.<norm>(hidden)``, else None."""
+    at = _first_statement(fn)
+    pair = [_assigned(s) for s in fn.body[at:at + 2]]
+    if len(pair) != 2 or None in pair:
+        return None
+    (residual, value), (hidden, call) = pair
+    if _name(value) != hidden or residual == hidden:
+        return None
+    if not source_rewrite.is_self_call(call, fn.args.args[0].arg) or _name(call.args[0]) != hidden:
+        return None
+    return residual, hidden, call.func.attr
+
+
+def _exit_site(fn: ast.FunctionDef) -> Optional[Tuple[str, str, str]]:
+    """(total, left, right) where the body ends ``total = left + right`` and ``return total``,
+    else None."""
+    if len(fn.body) < 2:
+        return None
+    last = fn.body[-1]
+    add = _assigned(fn.body[-2])
+    if not (isinstance(last, ast.Return) and add is not None and isinstance(add[1], ast.BinOp)
+            and isinstance(add[1].op, ast.Add)):
+        return None
+    total, left, right = add[0], _name(add[1].left), _name(add[1].right)
+    if left is None or right is None or _name(last.value) != total:
+        return None
+    return total, left, right
+
+
+def _call(function: str, args: list) -> ast.Call:
+    return ast.Call(func=ast.Name(id=function, ctx=ast.Load()), args=args, keywords=[])
+
+
+def _load(name: str) -> ast.Name:
+    return ast.Name(id=name, ctx=ast.Load())
+
+
+def _store(*names: str) -> ast.expr:
+    targets = [ast.Name(id=n, ctx=ast.Store()) for n in names]
+    return targets[0] if len(targets) == 1 else ast.Tuple(elts=targets, ctx=ast.Store())
+
+
+def rewritten_code(function: types.FunctionType, norms: frozenset, seam: bool = False) -> Optional[types.CodeType]:
     """The code of ``function`` with each add-then-norm triple of a norm named in ``norms``
-    as one call of the fused global, or None where there is none, or the forward fails
+    as one call of the fused global and, with ``seam``, its first norm and its last add as the
+    seam's calls; or None where there is nothing to edit, or the forward fails
     :func:`.source_rewrite.parsed_forward`'s checks or no longer matches its source."""
     parsed = source_rewrite.parsed_forward(function)
     if parsed is None:
         return None
     tree, fn = parsed
     sites = [s for name, found in find_sites(fn).items() if name in norms for s in found]
-    if not sites:
+    entry, exit_ = (_entry_site(fn), _exit_site(fn)) if seam else (None, None)
+    if seam and (entry is None or exit_ is None):
+        return None
+    if not sites and not seam:
         return None
     self_name = fn.args.args[0].arg
 
     def edit(fn: ast.FunctionDef) -> None:
+        if seam:
+            total, left, right = exit_
+            fn.body[-2] = ast.copy_location(
+                ast.Assign(targets=[_store(total)], value=_call(EXIT_GLOBAL, [_load(self_name), _load(left),
+                                                                               _load(right)])), fn.body[-2])
         # From the last, so that an earlier index is not moved by a later edit of its list.
         for site in sorted(sites, key=lambda s: s.at, reverse=True):
             site.statements[site.at:site.at + 3] = [_fused_statement(site, self_name)]
+        if seam:
+            residual, hidden, norm = entry
+            at = _first_statement(fn)
+            norm_module = ast.Attribute(value=_load(self_name), attr=norm, ctx=ast.Load())
+            fn.body[at:at + 2] = [ast.copy_location(
+                ast.Assign(targets=[_store(residual, hidden)],
+                           value=_call(ENTRY_GLOBAL, [_load(self_name), norm_module, _load(hidden)])), fn.body[at])]
 
     return source_rewrite.recompiled(function, tree, fn, edit)
 
@@ -211,26 +305,54 @@ def residual_add_and_rms_norm(rules: Dict[Callable, str]) -> Callable:
     return residual_add_and_norm
 
 
-# One kiln copy per (class forward, fused norms and their rules), shared by every layer of
+def first_rms_norm(layer: torch.nn.Module, norm: torch.nn.Module, hidden):
+    """The seam's receiving end: ``(hidden, norm(hidden))``, the norm's rows taken from the
+    layer before where it handed them over for this very tensor."""
+    handed = residual_norm_chain.take(layer, norm, hidden) if isinstance(hidden, torch.Tensor) else None
+    return hidden, (norm(hidden) if handed is None else handed)
+
+
+def last_residual_add(layer: torch.nn.Module, left, right):
+    """The seam's giving end: ``left + right``, computed with the next layer's first norm of it
+    in one ``kiln.fused_add_rms_norm`` where that layer may take it (:mod:`.residual_norm_chain`)
+    and no graph is recorded."""
+    found = residual_norm_chain.receiver(layer)
+    if found is not None and isinstance(left, torch.Tensor) and isinstance(right, torch.Tensor) \
+            and left.shape == right.shape and left.dim() > 0 and kiln_can_take(left, right):
+        nxt, norm, entry = found
+        weight = getattr(norm, "weight", None)
+        if not (torch.is_grad_enabled() and isinstance(weight, torch.Tensor) and weight.requires_grad):
+            ok, fused_weight = _fused_weight(norm, entry.rule, left)
+            if ok:
+                normed, total = norm_ops.fused_add_rms_norm(left, right, fused_weight, norm_eps(norm, left))
+                residual_norm_chain.hand_over(layer, nxt, norm, total, normed)
+                return total
+    return left + right
+
+
+# One kiln copy per (class forward, fused norms and their rules, seam), shared by every layer of
 # that class.
 _COPIES: "weakref.WeakKeyDictionary[types.FunctionType, dict]" = weakref.WeakKeyDictionary()
 
 
-def with_fused_residual_norms(function: types.FunctionType,
-                              norms: Dict[str, Tuple[Callable, str]]) -> Optional[types.FunctionType]:
+def with_fused_residual_norms(function: types.FunctionType, norms: Dict[str, Tuple[Callable, str]],
+                              seam: bool = False) -> Optional[types.FunctionType]:
     """The forward with the add-then-norm triples of ``norms`` (attribute name -> the norm's
-    class forward and rule) as :func:`residual_add_and_rms_norm`, or None where its source
-    is not written so."""
+    class forward and rule) as :func:`residual_add_and_rms_norm` and, with ``seam``, its first
+    norm and last add as :func:`first_rms_norm` and :func:`last_residual_add`; or None where its
+    source is not written so."""
     copies = _COPIES.setdefault(function, {})
-    key = frozenset(norms.items())
+    key = (frozenset(norms.items()), seam)
     if key not in copies:
         parts = source_rewrite.editable(function)
-        code = rewritten_code(parts[0], frozenset(norms)) if parts is not None else None
+        code = rewritten_code(parts[0], frozenset(norms), seam) if parts is not None else None
         copy = None
         if code is not None:
             inner, around = parts
             scope = source_rewrite.module_scope(inner, f"residual-norms-{len(copies)}")
             scope[FUSED_GLOBAL] = residual_add_and_rms_norm(dict(norms.values()))
+            scope[ENTRY_GLOBAL] = first_rms_norm
+            scope[EXIT_GLOBAL] = last_residual_add
             copy = around(source_rewrite.function_from(code, scope, inner))
         copies[key] = copy
     return copies[key]
@@ -273,32 +395,45 @@ def probe_disagrees(norm: torch.nn.Module, rule: str) -> Optional[str]:
     return None
 
 
+def _fusable_rule(module: torch.nn.Module, name: str) -> Tuple[Optional[str], Optional[str]]:
+    """(the rule the named norm's weight enters fused_add_rms_norm by, None) where a probe
+    agrees, else (None, why not)."""
+    norm = getattr(module, name, None)
+    if not isinstance(norm, torch.nn.Module) or not detect.norm_candidate(norm):
+        return None, f"{name} is not a norm"
+    rule = _rule(norm)
+    if rule is None:
+        return None, f"{name}: it is not an RMSNorm"
+    key = detect.forward_key(norm, replace.original_forward(norm))
+    why = detect.remembered(key and ("fused_add_rms_norm", rule, key), lambda: probe_disagrees(norm, rule))
+    return (None, f"{name}: {why}") if why is not None else (rule, None)
+
+
 def classify(module: torch.nn.Module, original: Callable):
-    """A Match whose forward fuses the layer's add-then-norm triples, or a NoMatch saying why
-    not."""
+    """A Match whose forward fuses the layer's add-then-norm triples (and its seams with the
+    layers beside it), or a NoMatch saying why not."""
     function = type(module).forward
     if getattr(original, "__func__", None) is not function:
         return detect.NoMatch("layer", "its forward is not its class's own")
-    sites = _site_norms(function)
+    sites = _sites_of(function)
     norms, reasons = {}, []
-    for name in sorted(sites):
-        norm = getattr(module, name, None)
-        if not isinstance(norm, torch.nn.Module) or not detect.norm_candidate(norm):
-            reasons.append(f"{name} is not a norm")
-            continue
-        rule = _rule(norm)
-        key = detect.forward_key(norm, replace.original_forward(norm))
-        why = "it is not an RMSNorm" if rule is None else detect.remembered(
-            key and ("fused_add_rms_norm", rule, key), lambda: probe_disagrees(norm, rule))
-        if why is not None:
-            reasons.append(f"{name}: {why}")
-            continue
-        norms[name] = (type(norm).forward, rule)
-    copy = with_fused_residual_norms(function, norms) if norms else None
+    for name in sorted(sites.triples):
+        rule, why = _fusable_rule(module, name)
+        if rule is None:
+            reasons.append(why)
+        else:
+            norms[name] = (type(getattr(module, name)).forward, rule)
+    entry = None
+    if sites.entry is not None and sites.exit:
+        rule, why = _fusable_rule(module, sites.entry)
+        if rule is not None:
+            entry = residual_norm_chain.Entry(sites.entry, type(getattr(module, sites.entry)).forward, rule)
+    copy = with_fused_residual_norms(function, norms, entry is not None) if norms or entry else None
     if copy is None:
         return detect.NoMatch("layer", "; ".join(reasons) or "its forward no longer matches its source")
 
     def factory(module: torch.nn.Module, original: Callable) -> Callable:
+        residual_norm_chain.register(module, entry)
         return copy.__get__(module)
 
     return detect.Match(KIND, "fused_add_rms_norm", factory, family="rms_norm")

@@ -1,0 +1,144 @@
+"""The seam between consecutive decoder layers: layer i ends with its last residual add,
+
+    hidden_states = residual + hidden_states
+    return hidden_states
+
+and layer i + 1 starts by normalising that sum,
+
+    residual = hidden_states
+    hidden_states = self.input_layernorm(hidden_states)
+
+Where kiln rewrote both (:mod:`.residual_norm_layer`), layer i computes the sum and layer
+i + 1's norm of it in one ``kiln.fused_add_rms_norm`` and hands the normalised rows over;
+layer i + 1 takes them only if it is called with that very sum, unchanged, and its norm is the
+one they were made with, weight unchanged; it computes its own otherwise.
+
+A chain is a run of consecutive rewritten layers in one ``nn.ModuleList``, linked by
+:func:`link` when the model is patched. No hand-over happens while compiling (Inductor fuses
+the add and the norm itself), where autograd records (a checkpointed layer's recomputation
+would hand over to no one), or where a hook runs around the next layer or its norm; at most one
+is held at a time, and any layer of the chain that starts clears it.
+"""
+
+import weakref
+from dataclasses import dataclass
+from typing import Callable, Optional, Tuple
+
+import torch
+
+from . import replace
+from .forwards import any_hooks
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A layer's first norm: its attribute, the class forward that was probed, and the rule
+    its weight enters fused_add_rms_norm by."""
+    norm: str
+    forward: Callable
+    rule: str
+
+
+@dataclass
+class _HandOver:
+    receiver: torch.nn.Module
+    norm: torch.nn.Module
+    total: torch.Tensor
+    versions: Tuple[int, ...]
+    weight: Optional[torch.Tensor]
+    normed: torch.Tensor
+
+
+class _Chain:
+    def __init__(self, layers):
+        self.layers = [weakref.ref(layer) for layer in layers]
+        self.held: Optional[_HandOver] = None
+
+
+_CHAINS: "weakref.WeakKeyDictionary[torch.nn.Module, tuple]" = weakref.WeakKeyDictionary()  # layer -> (chain, index)
+_ENTRIES: "weakref.WeakKeyDictionary[torch.nn.Module, Entry]" = weakref.WeakKeyDictionary()
+
+
+def register(layer: torch.nn.Module, entry: Optional[Entry]) -> None:
+    """Records the patched layer's first norm (None: it starts otherwise, and takes nothing)."""
+    if entry is None:
+        _ENTRIES.pop(layer, None)
+    else:
+        _ENTRIES[layer] = entry
+
+
+def link(model: torch.nn.Module) -> None:
+    """Chains the runs of consecutive patched layers with a first norm in each ModuleList of
+    ``model``."""
+    for modules in model.modules():
+        if not isinstance(modules, torch.nn.ModuleList):
+            continue
+        run = []
+        for m in list(modules) + [None]:
+            if m is not None and m in _ENTRIES and replace.state_of(m) is not None:
+                run.append(m)
+                continue
+            if len(run) > 1:
+                chain = _Chain(run)
+                for i, layer in enumerate(run):
+                    _CHAINS[layer] = (chain, i)
+            run = []
+
+
+def unlink(model: torch.nn.Module) -> None:
+    for m in model.modules():
+        _CHAINS.pop(m, None)
+        _ENTRIES.pop(m, None)
+
+
+def _weight_version(weight) -> Tuple[int, ...]:
+    return (weight._version,) if isinstance(weight, torch.Tensor) else ()
+
+
+def receiver(layer: torch.nn.Module) -> Optional[Tuple[torch.nn.Module, torch.nn.Module, Entry]]:
+    """(the next layer of ``layer``'s chain, its first norm, what is known of that norm), where
+    a hand-over to it may happen now: not compiling, the next layer still patched and called
+    without hooks, its norm running as probed."""
+    if torch.compiler.is_compiling():
+        return None
+    found = _CHAINS.get(layer)
+    if found is None:
+        return None
+    chain, i = found
+    nxt = chain.layers[i + 1]() if i + 1 < len(chain.layers) else None
+    entry = _ENTRIES.get(nxt) if nxt is not None else None
+    state = replace.state_of(nxt) if nxt is not None else None
+    if entry is None or not isinstance(state, replace.PatchState) or replace.inner_forward(nxt) is not state.patched \
+            or any_hooks(nxt):
+        return None
+    norm = getattr(nxt, entry.norm, None)
+    if not isinstance(norm, torch.nn.Module) or not replace.runs_as_classified(norm, entry.forward):
+        return None
+    return nxt, norm, entry
+
+
+def hand_over(layer: torch.nn.Module, nxt: torch.nn.Module, norm: torch.nn.Module, total: torch.Tensor,
+              normed: torch.Tensor) -> None:
+    weight = getattr(norm, "weight", None)
+    _CHAINS[layer][0].held = _HandOver(nxt, norm, total, (total._version,) + _weight_version(weight), weight,
+                                       normed)
+
+
+def take(layer: torch.nn.Module, norm: torch.nn.Module, hidden: torch.Tensor) -> Optional[torch.Tensor]:
+    """The rows of ``norm(hidden)`` handed over to ``layer``, if they were made of this very
+    tensor, unchanged, by this norm with this weight, unchanged; clears what the chain holds
+    either way."""
+    found = _CHAINS.get(layer)
+    if found is None or torch.compiler.is_compiling():
+        return None
+    chain = found[0]
+    held, chain.held = chain.held, None
+    if held is None or held.receiver is not layer or held.norm is not norm or held.total is not hidden:
+        return None
+    weight = getattr(norm, "weight", None)
+    if weight is not held.weight or (hidden._version,) + _weight_version(weight) != held.versions:
+        return None
+    entry = _ENTRIES.get(layer)
+    if entry is None or not replace.runs_as_classified(norm, entry.forward):
+        return None
+    return held.normed
