@@ -480,3 +480,38 @@ def test_the_ops_filter_knows_it_as_rope():
     report = kiln.patch(model, ops=["rope"])
     assert {r.op for r in report.replaced} == {"rope"}
     kiln.unpatch(model)
+
+
+class _FlagNorm(torch.nn.Module):
+    """An RMSNorm whose instances differ in their rule: 1 + weight (Gemma's) or weight."""
+
+    def __init__(self, dim, eps, unit_offset=False):
+        super().__init__()
+        self.variance_epsilon, self.unit_offset = eps, unit_offset
+        self.weight = torch.nn.Parameter(torch.zeros(dim))
+
+    def forward(self, x):
+        y = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+        return (y * (1.0 + self.weight.float() if self.unit_offset else self.weight.float())).type_as(x)
+
+
+def test_a_head_norm_set_in_place_of_the_probed_one_is_called_as_a_module(monkeypatch):
+    """A norm set after the patch in place of the probed one, of the same class but another
+    rule, is not taken for it."""
+    module = _Attention(norm=_FlagNorm)
+    x, cos, sin = _inputs(torch.float32)
+    kiln.patch(module)
+    counts = _count(monkeypatch)
+    with torch.no_grad():
+        module(x, cos, sin)
+    assert counts == {"head_norm_rope": 1, "rope": 0}
+    replacement = _FlagNorm(HEAD_DIM, 1e-6, unit_offset=True)
+    replacement.load_state_dict(module.q_norm.state_dict())
+    module.q_norm = replacement
+    with torch.no_grad():
+        actual = module(x, cos, sin)
+        kiln.unpatch(module)
+        expected = module(x, cos, sin)
+    assert counts == {"head_norm_rope": 1, "rope": 1}
+    for a, e in zip(actual, expected):
+        torch.testing.assert_close(a, e, rtol=1e-5, atol=1e-5)

@@ -14,7 +14,10 @@ from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
+import torch.autograd.forward_ad as _forward_ad
 import torch.nn.modules.module as _module_hooks
+
+_functorch_stack = torch._C._functorch.peek_interpreter_stack
 
 from .. import activation_ops, norm_ops, ops
 
@@ -22,12 +25,22 @@ _KILN_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _KILN_DEVICES = ("cpu", "cuda")
 
 
+def _transformed() -> bool:
+    """Whether a forward-mode AD level or a torch.func transform (jvp, grad, vmap) is active:
+    kiln's ops have no forward derivatives and their autograd functions refuse functorch's
+    wrapped tensors, so the originals run there."""
+    if torch.compiler.is_compiling():
+        return False
+    return _forward_ad._current_level >= 0 or _functorch_stack() is not None
+
+
 def kiln_can_take(*tensors: torch.Tensor, differentiable: bool = False) -> bool:
     """Whether one kiln call may take these tensors: floating dtypes kiln has kernels for,
-    a device it runs on, one dtype and one device for all, and (unless the ops the caller
-    uses are ``differentiable``) no graph to record."""
+    a device it runs on, one dtype and one device for all, no forward-mode AD or torch.func
+    transform, and (unless the ops the caller uses are ``differentiable``) no graph to
+    record."""
     dtype, device = tensors[0].dtype, tensors[0].device
-    if dtype not in _KILN_DTYPES or device.type not in _KILN_DEVICES:
+    if dtype not in _KILN_DTYPES or device.type not in _KILN_DEVICES or _transformed():
         return False
     for t in tensors:
         if t.dtype != dtype or t.device != device:

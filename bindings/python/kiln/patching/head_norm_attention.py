@@ -34,7 +34,7 @@ from typing import Callable, Optional, Tuple
 import torch
 
 from .. import rope_ops
-from . import detect, forwards, replace, rope_attention, source_rewrite
+from . import detect, forwards, probed, replace, rope_attention, source_rewrite
 from .forwards import _offset_weight, kiln_can_take, norm_eps
 from .rope_attention import ROPE_GLOBAL, rope_layout, rotate_half_rope, _parameters
 
@@ -177,7 +177,7 @@ def head_norm_rotate_half_rope(original: Callable, rule: str, norm_forwards: Tup
         if len(args) + len(kwargs) > 1 or (args and not positional_ok) \
                 or (kwargs and not (keyword_ok and "unsqueeze_dim" in kwargs)):
             return None
-        if not (replace.runs_as_classified(q_norm, norm_forwards[0]) and replace.runs_as_classified(k_norm, norm_forwards[1])):
+        if probed.rule_of(q_norm) != rule or probed.rule_of(k_norm) != rule:
             return None
         layout = rope_layout(q, k, cos, sin, kwargs.get("unsqueeze_dim", args[0] if args else 1))
         if layout is None or not kiln_can_take(q, k, cos, sin):
@@ -215,7 +215,7 @@ def with_head_norm_rope(function: types.FunctionType, rule: str,
                         norm_forwards: Tuple[Callable, Callable]) -> Optional[types.FunctionType]:
     """The forward with its norms and rotation as :func:`head_norm_rotate_half_rope`, or None
     where its source is not written so. Like :func:`.rope_attention.with_kiln_rope`'s copy it
-    reads a snapshot of its module's globals."""
+    reads a snapshot of its module's globals, brought up to date at each call."""
     copies = _FUSED_COPIES.setdefault(function, {})
     key = (rule, norm_forwards)
     if key not in copies:
@@ -224,11 +224,14 @@ def with_head_norm_rope(function: types.FunctionType, rule: str,
         if code is not None:
             scope = source_rewrite.module_scope(function, f"head-norms-{len(copies)}")
             rope = function.__globals__[ROPE_GLOBAL]
-            scope[ROPE_GLOBAL] = rotate_half_rope(rope)
-            scope[FUSED_GLOBAL] = head_norm_rotate_half_rope(rope, rule, norm_forwards)
-            copy = source_rewrite.function_from(code, scope, function)
+            own = {ROPE_GLOBAL: rotate_half_rope(rope), FUSED_GLOBAL: head_norm_rotate_half_rope(rope, rule, norm_forwards)}
+            copy = source_rewrite.function_from(code, scope, function), scope, own
         copies[key] = copy
-    return copies[key]
+    if copies[key] is None:
+        return None
+    copy, scope, own = copies[key]
+    source_rewrite.refresh(scope, function, own)
+    return copy
 
 
 def _norm_rule(module: torch.nn.Module) -> Optional[str]:
@@ -304,6 +307,8 @@ def fuse(module: torch.nn.Module, match: detect.Match) -> detect.Match:
         return match
 
     def factory(module: torch.nn.Module, original: Callable) -> Callable:
+        for norm in (module.q_norm, module.k_norm):
+            probed.remember(norm, rule)
         return copy.__get__(module)
 
     return detect.Match("per-head q/k rms_norm + rope (in the attention's forward)", "head_norm_rope", factory,

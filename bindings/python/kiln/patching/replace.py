@@ -26,6 +26,9 @@ class PatchState:
     patched: Callable
     kind: str
     op: str
+    # The module had no forward of its own: unpatched, it runs its class's forward again,
+    # whatever that is by then (FSDP2 swaps a module's class for a subclass of its own).
+    class_forward: bool = False
 
 
 def inner_forward(module: torch.nn.Module) -> Callable:
@@ -57,8 +60,9 @@ def runs_as_classified(module: torch.nn.Module, forward: Callable) -> bool:
 
 def install(module: torch.nn.Module, original: Callable, patched: Callable, kind: str, op: str) -> None:
     attr = _HOOKED if _HOOKED in module.__dict__ else "forward"
+    class_forward = attr == "forward" and "forward" not in module.__dict__ and _is_class_forward(module, original)
     module.__dict__[attr] = patched
-    module.__dict__[_STATE] = PatchState(original, patched, kind, op)
+    module.__dict__[_STATE] = PatchState(original, patched, kind, op, class_forward)
 
 
 @dataclass(frozen=True)
@@ -106,6 +110,7 @@ def uninstall(module: torch.nn.Module, path: str) -> bool:
     if state is None:
         return False
     module.__dict__.pop(forwards.OFFSET_CACHE, None)
+    module.__dict__.pop("_kiln_probed", None)  # probed.py's mark, for a fused op of another module
     if isinstance(state, ProcessorState):
         return _uninstall_processor(module, state, path)
     restored = False
@@ -113,7 +118,7 @@ def uninstall(module: torch.nn.Module, path: str) -> bool:
         module.__dict__[_HOOKED] = state.original
         restored = True
     if module.__dict__.get("forward") is state.patched:
-        if _is_class_forward(module, state.original):
+        if state.class_forward or _is_class_forward(module, state.original):
             del module.__dict__["forward"]  # the class's own forward again, as before
         else:
             module.__dict__["forward"] = state.original

@@ -16,27 +16,35 @@ one they were made with, weight unchanged; it computes its own otherwise.
 A chain is a run of consecutive rewritten layers in one ``nn.ModuleList``, linked by
 :func:`link` when the model is patched. No hand-over happens while compiling (Inductor fuses
 the add and the norm itself), where autograd records (a checkpointed layer's recomputation
-would hand over to no one), or where a hook runs around the next layer or its norm; at most one
-is held at a time, and any layer of the chain that starts clears it.
+would hand over to no one), for inference tensors (which keep no version to show a change), or
+where a hook runs around either layer or the norm; at most one is held at a time, and any layer
+of the chain that starts clears it.
 """
 
 import weakref
 from dataclasses import dataclass
-from typing import Callable, Optional, Tuple
+from typing import Optional, Tuple
 
 import torch
 
 from . import replace
+from .probed import rule_of
 from .forwards import any_hooks
+
+
+def versions(*tensors) -> Optional[Tuple[int, ...]]:
+    """The tensors' version counters (None where there is no tensor), or None where one has
+    none to read (an inference tensor: an in-place change to it would go unseen)."""
+    try:
+        return tuple(t._version if isinstance(t, torch.Tensor) else -1 for t in tensors)
+    except RuntimeError:
+        return None
 
 
 @dataclass(frozen=True)
 class Entry:
-    """A layer's first norm: its attribute, the class forward that was probed, and the rule
-    its weight enters fused_add_rms_norm by."""
+    """A layer's first norm, by its attribute's name."""
     norm: str
-    forward: Callable
-    rule: str
 
 
 @dataclass
@@ -91,14 +99,11 @@ def unlink(model: torch.nn.Module) -> None:
         _ENTRIES.pop(m, None)
 
 
-def _weight_version(weight) -> Tuple[int, ...]:
-    return (weight._version,) if isinstance(weight, torch.Tensor) else ()
-
-
-def receiver(layer: torch.nn.Module) -> Optional[Tuple[torch.nn.Module, torch.nn.Module, Entry]]:
-    """(the next layer of ``layer``'s chain, its first norm, what is known of that norm), where
-    a hand-over to it may happen now: not compiling, the next layer still patched and called
-    without hooks, its norm running as probed."""
+def receiver(layer: torch.nn.Module) -> Optional[Tuple[torch.nn.Module, torch.nn.Module, str]]:
+    """(the next layer of ``layer``'s chain, its first norm, the rule of that norm's weight),
+    where a hand-over to it may happen now: not compiling, no hook on either layer (one on
+    ``layer`` may change its output), the next layer still patched, its norm running as
+    probed."""
     if torch.compiler.is_compiling():
         return None
     found = _CHAINS.get(layer)
@@ -109,36 +114,39 @@ def receiver(layer: torch.nn.Module) -> Optional[Tuple[torch.nn.Module, torch.nn
     entry = _ENTRIES.get(nxt) if nxt is not None else None
     state = replace.state_of(nxt) if nxt is not None else None
     if entry is None or not isinstance(state, replace.PatchState) or replace.inner_forward(nxt) is not state.patched \
-            or any_hooks(nxt):
+            or any_hooks(nxt) or any_hooks(layer):
         return None
     norm = getattr(nxt, entry.norm, None)
-    if not isinstance(norm, torch.nn.Module) or not replace.runs_as_classified(norm, entry.forward):
-        return None
-    return nxt, norm, entry
+    rule = rule_of(norm)
+    return None if rule is None else (nxt, norm, rule)
 
 
 def hand_over(layer: torch.nn.Module, nxt: torch.nn.Module, norm: torch.nn.Module, total: torch.Tensor,
-              normed: torch.Tensor) -> None:
+              normed: torch.Tensor) -> bool:
+    """Holds ``normed`` for ``nxt``; False where the sum's or the weight's changes could not be
+    seen (inference tensors), and nothing is held."""
     weight = getattr(norm, "weight", None)
-    _CHAINS[layer][0].held = _HandOver(nxt, norm, total, (total._version,) + _weight_version(weight), weight,
-                                       normed)
+    seen = versions(total, weight)
+    if seen is None:
+        return False
+    _CHAINS[layer][0].held = _HandOver(nxt, norm, total, seen, weight, normed)
+    return True
 
 
 def take(layer: torch.nn.Module, norm: torch.nn.Module, hidden: torch.Tensor) -> Optional[torch.Tensor]:
     """The rows of ``norm(hidden)`` handed over to ``layer``, if they were made of this very
     tensor, unchanged, by this norm with this weight, unchanged; clears what the chain holds
     either way."""
+    if torch.compiler.is_compiling():
+        return None
     found = _CHAINS.get(layer)
-    if found is None or torch.compiler.is_compiling():
+    if found is None:
         return None
     chain = found[0]
     held, chain.held = chain.held, None
     if held is None or held.receiver is not layer or held.norm is not norm or held.total is not hidden:
         return None
     weight = getattr(norm, "weight", None)
-    if weight is not held.weight or (hidden._version,) + _weight_version(weight) != held.versions:
-        return None
-    entry = _ENTRIES.get(layer)
-    if entry is None or not replace.runs_as_classified(norm, entry.forward):
+    if weight is not held.weight or versions(hidden, weight) != held.versions or rule_of(norm) is None:
         return None
     return held.normed

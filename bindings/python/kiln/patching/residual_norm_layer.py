@@ -39,8 +39,9 @@ from typing import Callable, Dict, Optional, Tuple
 import torch
 
 from .. import norm_ops
-from . import detect, forwards, replace, residual_norm_chain, source_rewrite
+from . import detect, forwards, probed, replace, residual_norm_chain, source_rewrite
 from .forwards import _offset_weight, kiln_can_take, norm_eps
+from .probed import rule_of
 
 FUSED_GLOBAL = "_kiln_residual_add_and_rms_norm"
 ENTRY_GLOBAL = "_kiln_first_rms_norm"
@@ -276,33 +277,19 @@ def _fused_weight(norm: torch.nn.Module, rule: str, like: torch.Tensor):
     return weight.dtype == like.dtype, weight
 
 
-def residual_add_and_rms_norm(rules: Dict[Callable, str]) -> Callable:
-    """The call the rewritten forward makes: ``(norm, left, right) -> (norm(left + right),
-    left + right)``, as one ``kiln.fused_add_rms_norm`` where the norm's class forward is one
-    of ``rules`` (weighed by its rule), unwrapped, and the addends are tensors of one shape,
-    dtype and device kiln takes; else the add and the module."""
-
-    def fused(norm, left, right):
-        if not (isinstance(left, torch.Tensor) and isinstance(right, torch.Tensor)) or left.shape != right.shape:
-            return None
-        rule = rules.get(type(norm).forward)
-        if rule is None or not replace.runs_as_classified(norm, type(norm).forward):
-            return None
-        if left.dim() == 0 or not kiln_can_take(left, right, differentiable=True):
-            return None
+def residual_add_and_rms_norm(norm, left, right):
+    """The call the rewritten forward makes for an add-then-norm triple: ``(norm(left + right),
+    left + right)``, as one ``kiln.fused_add_rms_norm`` where the norm is one a probe agreed
+    with when its layer was patched, running as probed (weighed by its rule), and the addends
+    are tensors of one shape, dtype and device kiln takes; else the add and the module."""
+    rule = rule_of(norm)
+    if rule is not None and isinstance(left, torch.Tensor) and isinstance(right, torch.Tensor) \
+            and left.shape == right.shape and left.dim() > 0 and kiln_can_take(left, right, differentiable=True):
         ok, weight = _fused_weight(norm, rule, left)
-        if not ok:
-            return None
-        return norm_ops.fused_add_rms_norm(left, right, weight, norm_eps(norm, left))
-
-    def residual_add_and_norm(norm, left, right):
-        out = fused(norm, left, right)
-        if out is None:
-            total = left + right
-            return norm(total), total
-        return out
-
-    return residual_add_and_norm
+        if ok:
+            return norm_ops.fused_add_rms_norm(left, right, weight, norm_eps(norm, left))
+    total = left + right
+    return norm(total), total
 
 
 def first_rms_norm(layer: torch.nn.Module, norm: torch.nn.Module, hidden):
@@ -318,11 +305,12 @@ def last_residual_add(layer: torch.nn.Module, left, right):
     and no graph is recorded."""
     found = residual_norm_chain.receiver(layer)
     if found is not None and isinstance(left, torch.Tensor) and isinstance(right, torch.Tensor) \
-            and left.shape == right.shape and left.dim() > 0 and kiln_can_take(left, right):
-        nxt, norm, entry = found
+            and left.shape == right.shape and left.dim() > 0 and not left.is_inference() \
+            and kiln_can_take(left, right):
+        nxt, norm, rule = found
         weight = getattr(norm, "weight", None)
         if not (torch.is_grad_enabled() and isinstance(weight, torch.Tensor) and weight.requires_grad):
-            ok, fused_weight = _fused_weight(norm, entry.rule, left)
+            ok, fused_weight = _fused_weight(norm, rule, left)
             if ok:
                 normed, total = norm_ops.fused_add_rms_norm(left, right, fused_weight, norm_eps(norm, left))
                 residual_norm_chain.hand_over(layer, nxt, norm, total, normed)
@@ -330,32 +318,33 @@ def last_residual_add(layer: torch.nn.Module, left, right):
     return left + right
 
 
-# One kiln copy per (class forward, fused norms and their rules, seam), shared by every layer of
-# that class.
+# One kiln copy per (class forward, fused norms, seam), shared by every layer of that class.
 _COPIES: "weakref.WeakKeyDictionary[types.FunctionType, dict]" = weakref.WeakKeyDictionary()
+_OWN_GLOBALS = {FUSED_GLOBAL: residual_add_and_rms_norm, ENTRY_GLOBAL: first_rms_norm, EXIT_GLOBAL: last_residual_add}
 
 
-def with_fused_residual_norms(function: types.FunctionType, norms: Dict[str, Tuple[Callable, str]],
+def with_fused_residual_norms(function: types.FunctionType, norms: frozenset,
                               seam: bool = False) -> Optional[types.FunctionType]:
-    """The forward with the add-then-norm triples of ``norms`` (attribute name -> the norm's
-    class forward and rule) as :func:`residual_add_and_rms_norm` and, with ``seam``, its first
-    norm and last add as :func:`first_rms_norm` and :func:`last_residual_add`; or None where its
-    source is not written so."""
+    """The forward with the add-then-norm triples of the norms named in ``norms`` as
+    :func:`residual_add_and_rms_norm` and, with ``seam``, its first norm and last add as
+    :func:`first_rms_norm` and :func:`last_residual_add`; or None where its source is not
+    written so. The copy's globals are brought up to date with its module's at each call."""
     copies = _COPIES.setdefault(function, {})
-    key = (frozenset(norms.items()), seam)
+    key = (norms, seam)
     if key not in copies:
         parts = source_rewrite.editable(function)
-        code = rewritten_code(parts[0], frozenset(norms), seam) if parts is not None else None
+        code = rewritten_code(parts[0], norms, seam) if parts is not None else None
         copy = None
         if code is not None:
             inner, around = parts
             scope = source_rewrite.module_scope(inner, f"residual-norms-{len(copies)}")
-            scope[FUSED_GLOBAL] = residual_add_and_rms_norm(dict(norms.values()))
-            scope[ENTRY_GLOBAL] = first_rms_norm
-            scope[EXIT_GLOBAL] = last_residual_add
-            copy = around(source_rewrite.function_from(code, scope, inner))
+            copy = around(source_rewrite.function_from(code, scope, inner)), scope, inner
         copies[key] = copy
-    return copies[key]
+    if copies[key] is None:
+        return None
+    copy, scope, inner = copies[key]
+    source_rewrite.refresh(scope, inner, _OWN_GLOBALS)
+    return copy
 
 
 def _rule(norm: torch.nn.Module) -> Optional[str]:
@@ -416,24 +405,37 @@ def classify(module: torch.nn.Module, original: Callable):
     if getattr(original, "__func__", None) is not function:
         return detect.NoMatch("layer", "its forward is not its class's own")
     sites = _sites_of(function)
-    norms, reasons = {}, []
+    rules, reasons = {}, []
     for name in sorted(sites.triples):
         rule, why = _fusable_rule(module, name)
         if rule is None:
             reasons.append(why)
         else:
-            norms[name] = (type(getattr(module, name)).forward, rule)
+            rules[name] = rule
     entry = None
     if sites.entry is not None and sites.exit:
         rule, why = _fusable_rule(module, sites.entry)
         if rule is not None:
-            entry = residual_norm_chain.Entry(sites.entry, type(getattr(module, sites.entry)).forward, rule)
-    copy = with_fused_residual_norms(function, norms, entry is not None) if norms or entry else None
+            entry = residual_norm_chain.Entry(sites.entry)
+            rules.setdefault(sites.entry, rule)
+    triples = frozenset(rules) & sites.triples
+    copy = with_fused_residual_norms(function, triples, entry is not None) if triples or entry else None
     if copy is None:
         return detect.NoMatch("layer", "; ".join(reasons) or "its forward no longer matches its source")
 
     def factory(module: torch.nn.Module, original: Callable) -> Callable:
+        for name, rule in rules.items():
+            probed.remember(getattr(module, name), rule)
         residual_norm_chain.register(module, entry)
-        return copy.__get__(module)
+        fused = copy.__get__(module)
+
+        def forward(*args, **kwargs):
+            if type(module).forward is not function:
+                # The class changed since (FSDP2's fully_shard makes a subclass, whose forward
+                # transformers wraps again): its forward, as the module would run unpatched.
+                return type(module).forward(module, *args, **kwargs)
+            return fused(*args, **kwargs)
+
+        return forward
 
     return detect.Match(KIND, "fused_add_rms_norm", factory, family="rms_norm")

@@ -18,6 +18,7 @@ import torch
 
 from .. import rope_ops
 from .detect import Match, NoMatch, _agree
+from . import source_rewrite
 from .forwards import kiln_can_take
 
 ROPE_GLOBAL = "apply_rotary_pos_emb"
@@ -104,10 +105,12 @@ _KILN_COPIES: "weakref.WeakKeyDictionary[types.FunctionType, types.FunctionType]
 def with_kiln_rope(function: types.FunctionType, half_table: bool = False) -> types.FunctionType:
     """A copy of ``function`` whose global ``apply_rotary_pos_emb`` is kiln's (made once per
     function; a class's rotary function takes one table form). The copy reads a snapshot of
-    the function's module globals: names rebound in that module later are not seen (objects
-    mutated in place, like transformers' attention registry, are)."""
+    the function's module globals, brought up to date at each call (a name rebound in that
+    module after the last kiln.patch is not seen; objects mutated in place, like transformers'
+    attention registry, are)."""
     copy = _KILN_COPIES.get(function)
     if copy is not None:
+        source_rewrite.refresh(copy.__globals__, function, {ROPE_GLOBAL: copy.__globals__[ROPE_GLOBAL]})
         return copy
     scope = dict(function.__globals__)
     scope[ROPE_GLOBAL] = rotate_half_rope(function.__globals__[ROPE_GLOBAL], half_table)

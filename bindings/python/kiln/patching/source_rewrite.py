@@ -173,6 +173,14 @@ def module_scope(function: types.FunctionType, tag: str) -> dict:
     return module.__dict__
 
 
+def refresh(scope: dict, function: types.FunctionType, own: dict) -> None:
+    """Brings a copy's snapshot of ``function``'s module globals up to date (a name rebound
+    there since), with the copy's ``own`` names kept."""
+    skipped = ("__name__", "__spec__", "__loader__")
+    scope.update({k: v for k, v in function.__globals__.items() if k not in skipped})
+    scope.update(own)
+
+
 def function_from(code: types.CodeType, scope: dict, like: types.FunctionType) -> types.FunctionType:
     """A function of ``code`` reading ``scope``, with ``like``'s defaults, names and doc."""
     copy = types.FunctionType(code, scope, like.__name__, like.__defaults__)
