@@ -485,3 +485,28 @@ def test_a_default_device_set_by_the_caller_does_not_reach_the_probes():
         torch.set_default_device(None)
     assert report.left == [] and len(report.replaced) == 11
     assert torch.empty(1).device.type == "cpu"
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "gemma3"])
+def test_a_deep_copy_of_a_patched_model_computes_with_its_own_weights(arch, monkeypatch):
+    """An EMA or reference copy (copy.deepcopy) of a patched model: each patched forward of the
+    copy is made for the copy, so changing the copy's weights changes the copy's output alone,
+    and it still runs kiln's ops."""
+    import copy
+
+    model = _model(arch)
+    ids = _ids()
+    kiln.patch(model)
+    before = _logits(model, ids)
+    twin = copy.deepcopy(model)
+    with torch.no_grad():
+        for name, p in twin.named_parameters():
+            if "norm" in name:
+                p.mul_(-1.5)
+    counter = _Counter(monkeypatch)
+    actual = _logits(twin, ids)
+    assert counter.calls["rms_norm"] > 0 and counter.calls["fused_add_rms_norm"] > 0
+    assert torch.equal(_logits(model, ids), before)
+    kiln.unpatch(twin)
+    assert all("forward" not in m.__dict__ for m in twin.modules())
+    torch.testing.assert_close(actual, _logits(twin, ids), rtol=1e-4, atol=1e-4)

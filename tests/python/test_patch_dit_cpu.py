@@ -519,3 +519,24 @@ def test_ltx_vae_channel_norms(monkeypatch):
         _agree(actual, expected, torch.float32)
         kiln.unpatch(vae)
         assert torch.equal(vae(x).sample, expected)
+
+
+@pytest.mark.parametrize("family", ["ltx", "flux"])
+def test_a_deep_copy_of_a_patched_transformer_computes_with_its_own_weights(family):
+    """The patched blocks' and AdaLN modules' forwards of a copy (copy.deepcopy: an EMA copy
+    of the transformer) are made for the copy."""
+    import copy
+
+    build, make_inputs, out = (_ltx, _ltx_inputs, _ltx_out) if family == "ltx" else (_flux, _flux_inputs, _flux_out)
+    model = build(torch.float32)
+    inputs = make_inputs(torch.float32)
+    kiln.patch(model)
+    before = out(model, inputs)
+    twin = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in twin.parameters():
+            p.mul_(1.1)
+    actual = out(twin, inputs)
+    assert torch.equal(out(model, inputs), before)
+    kiln.unpatch(twin)
+    _agree(actual, out(twin, inputs), torch.float32)

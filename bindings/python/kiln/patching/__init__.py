@@ -100,7 +100,7 @@ def _patch_modules(model: torch.nn.Module, chosen: frozenset, report: PatchRepor
         elif (result.family or result.op) not in chosen:
             report.left.append(Left(path, cls, f"computes {result.kind}; {result.family or result.op} is not in ops"))
         else:
-            replace.install(module, original, result.factory(module, original), result.kind, result.op)
+            replace.install(module, original, result.factory, result.kind, result.op)
             report.replaced.append(Replaced(path, result.kind, result.op))
 
 
@@ -133,7 +133,7 @@ def _patch_dit(path: str, module: torch.nn.Module, chosen: frozenset, report: Pa
         if result.target == "processor":
             replace.install_processor(module, result.factory(original), result.kind, result.op)
         else:
-            replace.install(module, original, result.factory(module, original), result.kind, result.op)
+            replace.install(module, original, result.factory, result.kind, result.op)
         report.replaced.append(Replaced(path, result.kind, result.op))
     return True
 

@@ -306,9 +306,12 @@ def fuse(module: torch.nn.Module, match: detect.Match) -> detect.Match:
     if detect.remembered(key, lambda: _probe_disagrees(module, rule, rope)) is not None:
         return match
 
+    # Marked here, not in the factory, which also makes a deep copy's forward before the copy
+    # has its attributes (the copy's norms carry the marks over).
+    for norm in (module.q_norm, module.k_norm):
+        probed.remember(norm, rule)
+
     def factory(module: torch.nn.Module, original: Callable) -> Callable:
-        for norm in (module.q_norm, module.k_norm):
-            probed.remember(norm, rule)
         return copy.__get__(module)
 
     return detect.Match("per-head q/k rms_norm + rope (in the attention's forward)", "head_norm_rope", factory,

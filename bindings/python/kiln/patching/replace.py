@@ -8,9 +8,10 @@ and inputs around it. A hook added after the patch takes the patched forward as 
 ``_old_forward`` the same way, and ``unpatch`` finds it there.
 """
 
+import copy
 import warnings
-from dataclasses import dataclass
-from typing import Callable
+from dataclasses import dataclass, replace as _with
+from typing import Callable, Optional
 
 import torch
 
@@ -29,6 +30,22 @@ class PatchState:
     # The module had no forward of its own: unpatched, it runs its class's forward again,
     # whatever that is by then (FSDP2 swaps a module's class for a subclass of its own).
     class_forward: bool = False
+    # What made ``patched``: (module, original forward) -> patched forward.
+    factory: Optional[Callable] = None
+
+    def __deepcopy__(self, memo):
+        """A deep copy of a patched module (an EMA or reference copy of a model) gets a patched
+        forward made for the copy: the original's reads the original's weights. The state
+        comes before the forward in the module's dictionary (see :func:`install`), so the
+        copy's forward is this one, found in ``memo``."""
+        original = copy.deepcopy(self.original, memo)
+        module = getattr(original, "__self__", None)
+        if self.factory is None or not isinstance(module, torch.nn.Module):
+            return _with(self, original=original, patched=copy.deepcopy(self.patched, memo))
+        # The copy's attributes are not there yet: a factory reads them at call time only.
+        patched = self.factory(module, original)
+        memo[id(self.patched)] = patched
+        return _with(self, original=original, patched=patched)
 
 
 def inner_forward(module: torch.nn.Module) -> Callable:
@@ -58,11 +75,15 @@ def runs_as_classified(module: torch.nn.Module, forward: Callable) -> bool:
     return own is None or (isinstance(state, PatchState) and own is state.patched)
 
 
-def install(module: torch.nn.Module, original: Callable, patched: Callable, kind: str, op: str) -> None:
+def install(module: torch.nn.Module, original: Callable, factory: Callable, kind: str, op: str) -> None:
+    """Sets ``factory(module, original)`` as the module's (inner) forward."""
     attr = _HOOKED if _HOOKED in module.__dict__ else "forward"
     class_forward = attr == "forward" and "forward" not in module.__dict__ and _is_class_forward(module, original)
+    patched = factory(module, original)
+    # The state before the forward in the dictionary, which a deep copy walks in order.
+    module.__dict__.pop(attr, None)
+    module.__dict__[_STATE] = PatchState(original, patched, kind, op, class_forward, factory)
     module.__dict__[attr] = patched
-    module.__dict__[_STATE] = PatchState(original, patched, kind, op, class_forward)
 
 
 @dataclass(frozen=True)

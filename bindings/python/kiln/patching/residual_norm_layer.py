@@ -423,9 +423,12 @@ def classify(module: torch.nn.Module, original: Callable):
     if copy is None:
         return detect.NoMatch("layer", "; ".join(reasons) or "its forward no longer matches its source")
 
+    # Marked here, not in the factory, which also makes a deep copy's forward before the copy
+    # has its attributes (the copy's norms carry the marks over).
+    for name, rule in rules.items():
+        probed.remember(getattr(module, name), rule)
+
     def factory(module: torch.nn.Module, original: Callable) -> Callable:
-        for name, rule in rules.items():
-            probed.remember(getattr(module, name), rule)
         residual_norm_chain.register(module, entry)
         fused = copy.__get__(module)
 
