@@ -35,16 +35,13 @@ import torch
 
 from .. import rope_ops
 from . import detect, forwards, probed, replace, rope_attention, source_rewrite
-from .forwards import _offset_weight, kiln_can_take, norm_eps
+from .forwards import kiln_can_take, norm_eps
 from .rope_attention import ROPE_GLOBAL, rope_layout, rotate_half_rope, _parameters
 
 FUSED_GLOBAL = "_kiln_head_norms_and_rotary_pos_emb"
 NORMS = ("q_norm", "k_norm")
 
-# How a norm's weight enters head_norm_rope: as it is (Llama's and Qwen3's rule, torch's
-# nn.RMSNorm, a norm without weight), or as 1 + weight (Gemma's).
-WEIGHT_AS_IS = "weight"
-WEIGHT_PLUS_ONE = "1 + weight"
+WEIGHT_AS_IS, WEIGHT_PLUS_ONE = probed.WEIGHT_AS_IS, probed.WEIGHT_PLUS_ONE
 
 
 def _is_rope_call(node: ast.AST) -> bool:
@@ -145,21 +142,6 @@ def rewritten_code(function: types.FunctionType) -> Optional[types.CodeType]:
     return source_rewrite.recompiled(function, tree, fn, edit)
 
 
-def _fused_weight(norm: torch.nn.Module, rule: str, like: torch.Tensor):
-    """(True, the [D] weight head_norm_rope takes, or None) for a norm of ``like``'s rows, or
-    (False, None) where head_norm_rope would not compute what the norm does."""
-    weight = getattr(norm, "weight", None)
-    if weight is None:
-        return rule == WEIGHT_AS_IS, None
-    if not isinstance(weight, torch.Tensor) or weight.shape != (like.shape[-1],) or weight.device != like.device:
-        return False, None
-    if torch.is_grad_enabled() and weight.requires_grad:  # head_norm_rope has no backward
-        return False, None
-    if rule == WEIGHT_PLUS_ONE:
-        return True, _offset_weight(norm, like.dtype)
-    return weight.dtype == like.dtype, weight
-
-
 def head_norm_rotate_half_rope(original: Callable, rule: str, norm_forwards: Tuple[Callable, Callable]) -> Callable:
     """The rotation the rewritten forward calls: ``(q_norm, k_norm, q_transposed,
     k_transposed, q, k, cos, sin, ...)``, one ``kiln.head_norm_rope`` where it computes what the
@@ -182,8 +164,8 @@ def head_norm_rotate_half_rope(original: Callable, rule: str, norm_forwards: Tup
         layout = rope_layout(q, k, cos, sin, kwargs.get("unsqueeze_dim", args[0] if args else 1))
         if layout is None or not kiln_can_take(q, k, cos, sin):
             return None
-        q_ok, q_weight = _fused_weight(q_norm, rule, q)
-        k_ok, k_weight = _fused_weight(k_norm, rule, q)
+        q_ok, q_weight = probed.fused_weight(q_norm, rule, q, differentiable=False)
+        k_ok, k_weight = probed.fused_weight(k_norm, rule, q, differentiable=False)
         eps = norm_eps(q_norm, q)
         if not (q_ok and k_ok) or eps != norm_eps(k_norm, q):
             return None
@@ -217,21 +199,17 @@ def with_head_norm_rope(function: types.FunctionType, rule: str,
     where its source is not written so. Like :func:`.rope_attention.with_kiln_rope`'s copy it
     reads a snapshot of its module's globals, brought up to date at each call."""
     copies = _FUSED_COPIES.setdefault(function, {})
-    key = (rule, norm_forwards)
-    if key not in copies:
+
+    def make():
         code = rewritten_code(function)
-        copy = None
-        if code is not None:
-            scope = source_rewrite.module_scope(function, f"head-norms-{len(copies)}")
-            rope = function.__globals__[ROPE_GLOBAL]
-            own = {ROPE_GLOBAL: rotate_half_rope(rope), FUSED_GLOBAL: head_norm_rotate_half_rope(rope, rule, norm_forwards)}
-            copy = source_rewrite.function_from(code, scope, function), scope, own
-        copies[key] = copy
-    if copies[key] is None:
-        return None
-    copy, scope, own = copies[key]
-    source_rewrite.refresh(scope, function, own)
-    return copy
+        if code is None:
+            return None
+        scope = source_rewrite.module_scope(function, f"head-norms-{len(copies)}")
+        rope = function.__globals__[ROPE_GLOBAL]
+        own = {ROPE_GLOBAL: rotate_half_rope(rope), FUSED_GLOBAL: head_norm_rotate_half_rope(rope, rule, norm_forwards)}
+        return source_rewrite.function_from(code, scope, function), scope, function, own
+
+    return source_rewrite.kept(copies, (rule, norm_forwards), make)
 
 
 def _norm_rule(module: torch.nn.Module) -> Optional[str]:
@@ -243,9 +221,10 @@ def _norm_rule(module: torch.nn.Module) -> Optional[str]:
         if not isinstance(norm, torch.nn.Module) or not detect.norm_candidate(norm):
             return None
         result = detect.classify_norm(norm, replace.original_forward(norm))
-        if isinstance(result, detect.NoMatch) or result.op != "rms_norm":
+        rule = probed.rule_of_match(result)
+        if rule is None:
             return None
-        rules.add(WEIGHT_PLUS_ONE if result.factory is forwards.rms_norm_offset else WEIGHT_AS_IS)
+        rules.add(rule)
     return rules.pop() if len(rules) == 1 else None
 
 
@@ -272,7 +251,7 @@ def _probe_disagrees(module: torch.nn.Module, rule: str, original_rope: Callable
             try:
                 expected = original_rope(replace.original_forward(norms[0])(q),
                                          replace.original_forward(norms[1])(k), cos, sin)
-                (q_ok, q_weight), (k_ok, k_weight) = (_fused_weight(n, rule, q) for n in norms)
+                (q_ok, q_weight), (k_ok, k_weight) = (probed.fused_weight(n, rule, q, differentiable=False) for n in norms)
                 if not (q_ok and k_ok):
                     return f"its norms' weights do not fit kiln.head_norm_rope on a {dtype} probe"
                 actual = rope_ops.head_norm_rope(q, k, q_weight, k_weight, cos, sin, norm_eps(norms[0], q))

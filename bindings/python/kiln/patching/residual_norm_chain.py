@@ -28,12 +28,13 @@ from typing import Optional, Tuple
 import torch
 
 from . import replace
-from .probed import rule_of
 from .forwards import any_hooks
+from .hand_over import Chains
+from .probed import rule_of
 
 
 def versions(*tensors) -> Optional[Tuple[int, ...]]:
-    """The tensors' version counters (None where there is no tensor), or None where one has
+    """The tensors' version counters (-1 where there is no tensor), or None where one has
     none to read (an inference tensor: an in-place change to it would go unseen)."""
     try:
         return tuple(t._version if isinstance(t, torch.Tensor) else -1 for t in tensors)
@@ -49,7 +50,6 @@ class Entry:
 
 @dataclass
 class _HandOver:
-    receiver: torch.nn.Module
     norm: torch.nn.Module
     total: torch.Tensor
     versions: Tuple[int, ...]
@@ -57,13 +57,7 @@ class _HandOver:
     normed: torch.Tensor
 
 
-class _Chain:
-    def __init__(self, layers):
-        self.layers = [weakref.ref(layer) for layer in layers]
-        self.held: Optional[_HandOver] = None
-
-
-_CHAINS: "weakref.WeakKeyDictionary[torch.nn.Module, tuple]" = weakref.WeakKeyDictionary()  # layer -> (chain, index)
+_CHAINS = Chains()
 _ENTRIES: "weakref.WeakKeyDictionary[torch.nn.Module, Entry]" = weakref.WeakKeyDictionary()
 
 
@@ -78,24 +72,12 @@ def register(layer: torch.nn.Module, entry: Optional[Entry]) -> None:
 def link(model: torch.nn.Module) -> None:
     """Chains the runs of consecutive patched layers with a first norm in each ModuleList of
     ``model``."""
-    for modules in model.modules():
-        if not isinstance(modules, torch.nn.ModuleList):
-            continue
-        run = []
-        for m in list(modules) + [None]:
-            if m is not None and m in _ENTRIES and replace.state_of(m) is not None:
-                run.append(m)
-                continue
-            if len(run) > 1:
-                chain = _Chain(run)
-                for i, layer in enumerate(run):
-                    _CHAINS[layer] = (chain, i)
-            run = []
+    _CHAINS.link(model, lambda m: m in _ENTRIES and replace.state_of(m) is not None)
 
 
 def unlink(model: torch.nn.Module) -> None:
+    _CHAINS.unlink(model)
     for m in model.modules():
-        _CHAINS.pop(m, None)
         _ENTRIES.pop(m, None)
 
 
@@ -104,16 +86,12 @@ def receiver(layer: torch.nn.Module) -> Optional[Tuple[torch.nn.Module, torch.nn
     where a hand-over to it may happen now: not compiling, no hook on either layer (one on
     ``layer`` may change its output), the next layer still patched, its norm running as
     probed."""
-    if torch.compiler.is_compiling():
-        return None
-    found = _CHAINS.get(layer)
-    if found is None:
-        return None
-    chain, i = found
-    nxt = chain.layers[i + 1]() if i + 1 < len(chain.layers) else None
+    nxt = _CHAINS.successor(layer)
     entry = _ENTRIES.get(nxt) if nxt is not None else None
-    state = replace.state_of(nxt) if nxt is not None else None
-    if entry is None or not isinstance(state, replace.PatchState) or replace.inner_forward(nxt) is not state.patched \
+    if entry is None:
+        return None
+    state = replace.state_of(nxt)
+    if not isinstance(state, replace.PatchState) or replace.inner_forward(nxt) is not state.patched \
             or any_hooks(nxt) or any_hooks(layer):
         return None
     norm = getattr(nxt, entry.norm, None)
@@ -129,7 +107,7 @@ def hand_over(layer: torch.nn.Module, nxt: torch.nn.Module, norm: torch.nn.Modul
     seen = versions(total, weight)
     if seen is None:
         return False
-    _CHAINS[layer][0].held = _HandOver(nxt, norm, total, seen, weight, normed)
+    _CHAINS.hold(layer, nxt, _HandOver(norm, total, seen, weight, normed))
     return True
 
 
@@ -137,14 +115,8 @@ def take(layer: torch.nn.Module, norm: torch.nn.Module, hidden: torch.Tensor) ->
     """The rows of ``norm(hidden)`` handed over to ``layer``, if they were made of this very
     tensor, unchanged, by this norm with this weight, unchanged; clears what the chain holds
     either way."""
-    if torch.compiler.is_compiling():
-        return None
-    found = _CHAINS.get(layer)
-    if found is None:
-        return None
-    chain = found[0]
-    held, chain.held = chain.held, None
-    if held is None or held.receiver is not layer or held.norm is not norm or held.total is not hidden:
+    held = _CHAINS.take(layer)
+    if held is None or held.norm is not norm or held.total is not hidden:
         return None
     weight = getattr(norm, "weight", None)
     if weight is not held.weight or versions(hidden, weight) != held.versions or rule_of(norm) is None:

@@ -40,16 +40,13 @@ import torch
 
 from .. import norm_ops
 from . import detect, forwards, probed, replace, residual_norm_chain, source_rewrite
-from .forwards import _offset_weight, kiln_can_take, norm_eps
+from .forwards import kiln_can_take, norm_eps
 from .probed import rule_of
 
 FUSED_GLOBAL = "_kiln_residual_add_and_rms_norm"
 ENTRY_GLOBAL = "_kiln_first_rms_norm"
 EXIT_GLOBAL = "_kiln_last_residual_add"
 
-# How the norm's weight enters fused_add_rms_norm: as it is, or as 1 + weight (Gemma's).
-WEIGHT_AS_IS = "weight"
-WEIGHT_PLUS_ONE = "1 + weight"
 
 KIND = "residual add + rms_norm (in the layer's forward)"
 
@@ -262,21 +259,6 @@ def rewritten_code(function: types.FunctionType, norms: frozenset, seam: bool = 
     return source_rewrite.recompiled(function, tree, fn, edit)
 
 
-def _fused_weight(norm: torch.nn.Module, rule: str, like: torch.Tensor):
-    """(True, the weight fused_add_rms_norm takes, or None) for a norm of ``like``'s rows, or
-    (False, None) where fused_add_rms_norm would not compute what the norm does."""
-    weight = getattr(norm, "weight", None)
-    if weight is None:
-        return rule == WEIGHT_AS_IS, None
-    if not isinstance(weight, torch.Tensor) or weight.shape != (like.shape[-1],) or weight.device != like.device:
-        return False, None
-    if rule == WEIGHT_PLUS_ONE:
-        if torch.is_grad_enabled() and weight.requires_grad:  # in the graph, so the weight gets its gradient
-            return True, (1.0 + weight.float()).to(like.dtype)
-        return True, _offset_weight(norm, like.dtype)
-    return weight.dtype == like.dtype, weight
-
-
 def residual_add_and_rms_norm(norm, left, right):
     """The call the rewritten forward makes for an add-then-norm triple: ``(norm(left + right),
     left + right)``, as one ``kiln.fused_add_rms_norm`` where the norm is one a probe agreed
@@ -285,7 +267,7 @@ def residual_add_and_rms_norm(norm, left, right):
     rule = rule_of(norm)
     if rule is not None and isinstance(left, torch.Tensor) and isinstance(right, torch.Tensor) \
             and left.shape == right.shape and left.dim() > 0 and kiln_can_take(left, right, differentiable=True):
-        ok, weight = _fused_weight(norm, rule, left)
+        ok, weight = probed.fused_weight(norm, rule, left, differentiable=True)
         if ok:
             return norm_ops.fused_add_rms_norm(left, right, weight, norm_eps(norm, left))
     total = left + right
@@ -310,7 +292,7 @@ def last_residual_add(layer: torch.nn.Module, left, right):
         nxt, norm, rule = found
         weight = getattr(norm, "weight", None)
         if not (torch.is_grad_enabled() and isinstance(weight, torch.Tensor) and weight.requires_grad):
-            ok, fused_weight = _fused_weight(norm, rule, left)
+            ok, fused_weight = probed.fused_weight(norm, rule, left, differentiable=True)
             if ok:
                 normed, total = norm_ops.fused_add_rms_norm(left, right, fused_weight, norm_eps(norm, left))
                 residual_norm_chain.hand_over(layer, nxt, norm, total, normed)
@@ -330,28 +312,21 @@ def with_fused_residual_norms(function: types.FunctionType, norms: frozenset,
     :func:`first_rms_norm` and :func:`last_residual_add`; or None where its source is not
     written so. The copy's globals are brought up to date with its module's at each call."""
     copies = _COPIES.setdefault(function, {})
-    key = (norms, seam)
-    if key not in copies:
+
+    def make():
         parts = source_rewrite.editable(function)
         code = rewritten_code(parts[0], norms, seam) if parts is not None else None
-        copy = None
-        if code is not None:
-            inner, around = parts
-            scope = source_rewrite.module_scope(inner, f"residual-norms-{len(copies)}")
-            copy = around(source_rewrite.function_from(code, scope, inner)), scope, inner
-        copies[key] = copy
-    if copies[key] is None:
-        return None
-    copy, scope, inner = copies[key]
-    source_rewrite.refresh(scope, inner, _OWN_GLOBALS)
-    return copy
+        if code is None:
+            return None
+        inner, around = parts
+        scope = source_rewrite.module_scope(inner, f"residual-norms-{len(copies)}")
+        return around(source_rewrite.function_from(code, scope, inner)), scope, inner, _OWN_GLOBALS
+
+    return source_rewrite.kept(copies, (norms, seam), make)
 
 
 def _rule(norm: torch.nn.Module) -> Optional[str]:
-    result = detect.classify_norm(norm, replace.original_forward(norm))
-    if isinstance(result, detect.NoMatch) or result.op != "rms_norm":
-        return None
-    return WEIGHT_PLUS_ONE if result.factory is forwards.rms_norm_offset else WEIGHT_AS_IS
+    return probed.rule_of_match(detect.classify_norm(norm, replace.original_forward(norm)))
 
 
 def probe_disagrees(norm: torch.nn.Module, rule: str) -> Optional[str]:
@@ -371,7 +346,7 @@ def probe_disagrees(norm: torch.nn.Module, rule: str) -> Optional[str]:
             try:
                 total = left + right
                 expected = original(total)
-                ok, fused_weight = _fused_weight(norm, rule, left)
+                ok, fused_weight = probed.fused_weight(norm, rule, left, differentiable=True)
                 if not ok:
                     return f"its weight does not fit kiln.fused_add_rms_norm on a {dtype} probe"
                 actual = norm_ops.fused_add_rms_norm(left, right, fused_weight, norm_eps(norm, left))

@@ -181,6 +181,19 @@ def refresh(scope: dict, function: types.FunctionType, own: dict) -> None:
     scope.update(own)
 
 
+def kept(copies: dict, key, make: Callable[[], Optional[tuple]]) -> Optional[types.FunctionType]:
+    """The copy ``copies`` keeps under ``key``, made by ``make()`` the first time (None, or
+    (the copy, its scope, the function whose module globals the scope snapshots, the copy's own
+    names in it)); its scope brought up to date (:func:`refresh`) at each call."""
+    if key not in copies:
+        copies[key] = make()
+    if copies[key] is None:
+        return None
+    copy, scope, function, own = copies[key]
+    refresh(scope, function, own)
+    return copy
+
+
 def function_from(code: types.CodeType, scope: dict, like: types.FunctionType) -> types.FunctionType:
     """A function of ``code`` reading ``scope``, with ``like``'s defaults, names and doc."""
     copy = types.FunctionType(code, scope, like.__name__, like.__defaults__)
