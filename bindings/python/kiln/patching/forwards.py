@@ -28,10 +28,12 @@ _KILN_DEVICES = ("cpu", "cuda")
 def _transformed() -> bool:
     """Whether a forward-mode AD level or a torch.func transform (jvp, grad, vmap) is active:
     kiln's ops have no forward derivatives and their autograd functions refuse functorch's
-    wrapped tensors, so the originals run there."""
-    if torch.compiler.is_compiling():
-        return False
-    return _forward_ad._current_level >= 0 or _functorch_stack() is not None
+    wrapped tensors, so the originals run there. Tracing for torch.compile can run under a
+    functorch interpreter of its own, which is not one of those (and is asked about last:
+    is_compiling is the dearest of the three reads)."""
+    if _forward_ad._current_level >= 0:
+        return True
+    return _functorch_stack() is not None and not torch.compiler.is_compiling()
 
 
 def kiln_can_take(*tensors: torch.Tensor, differentiable: bool = False) -> bool:

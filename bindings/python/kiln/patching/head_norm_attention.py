@@ -142,11 +142,11 @@ def rewritten_code(function: types.FunctionType) -> Optional[types.CodeType]:
     return source_rewrite.recompiled(function, tree, fn, edit)
 
 
-def head_norm_rotate_half_rope(original: Callable, rule: str, norm_forwards: Tuple[Callable, Callable]) -> Callable:
+def head_norm_rotate_half_rope(original: Callable, rule: str) -> Callable:
     """The rotation the rewritten forward calls: ``(q_norm, k_norm, q_transposed,
     k_transposed, q, k, cos, sin, ...)``, one ``kiln.head_norm_rope`` where it computes what the
-    norms and then ``original`` compute (norms whose class forwards are ``norm_forwards``,
-    weighed by ``rule``, unwrapped, of one eps; a table and layout ``kiln.rope`` takes; no
+    norms and then ``original`` compute (the norms the patch probed, running as probed,
+    weighed by ``rule``, of one eps; a table and layout ``kiln.rope`` takes; no
     graph to record), else those calls, each norm on its result's layout before the transpose
     the forward applied after it (so hooks see what they saw, and a transpose that moved the
     last dimension is undone)."""
@@ -193,8 +193,7 @@ def _normed(norm: torch.nn.Module, x: torch.Tensor, transposed: bool) -> torch.T
 _FUSED_COPIES: "weakref.WeakKeyDictionary[types.FunctionType, dict]" = weakref.WeakKeyDictionary()
 
 
-def with_head_norm_rope(function: types.FunctionType, rule: str,
-                        norm_forwards: Tuple[Callable, Callable]) -> Optional[types.FunctionType]:
+def with_head_norm_rope(function: types.FunctionType, rule: str) -> Optional[types.FunctionType]:
     """The forward with its norms and rotation as :func:`head_norm_rotate_half_rope`, or None
     where its source is not written so. Like :func:`.rope_attention.with_kiln_rope`'s copy it
     reads a snapshot of its module's globals, brought up to date at each call."""
@@ -206,10 +205,10 @@ def with_head_norm_rope(function: types.FunctionType, rule: str,
             return None
         scope = source_rewrite.module_scope(function, f"head-norms-{len(copies)}")
         rope = function.__globals__[ROPE_GLOBAL]
-        own = {ROPE_GLOBAL: rotate_half_rope(rope), FUSED_GLOBAL: head_norm_rotate_half_rope(rope, rule, norm_forwards)}
+        own = {ROPE_GLOBAL: rotate_half_rope(rope), FUSED_GLOBAL: head_norm_rotate_half_rope(rope, rule)}
         return source_rewrite.function_from(code, scope, function), scope, function, own
 
-    return source_rewrite.kept(copies, (rule, norm_forwards), make)
+    return source_rewrite.kept(copies, rule, make)
 
 
 def _norm_rule(module: torch.nn.Module) -> Optional[str]:
@@ -274,8 +273,7 @@ def fuse(module: torch.nn.Module, match: detect.Match) -> detect.Match:
     if rule is None:
         return match
     function = type(module).forward
-    norm_forwards = (type(module.q_norm).forward, type(module.k_norm).forward)
-    copy = with_head_norm_rope(function, rule, norm_forwards)
+    copy = with_head_norm_rope(function, rule)
     if copy is None:
         return match
     rope = function.__globals__[ROPE_GLOBAL]

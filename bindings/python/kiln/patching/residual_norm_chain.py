@@ -42,12 +42,6 @@ def versions(*tensors) -> Optional[Tuple[int, ...]]:
         return None
 
 
-@dataclass(frozen=True)
-class Entry:
-    """A layer's first norm, by its attribute's name."""
-    norm: str
-
-
 @dataclass
 class _HandOver:
     norm: torch.nn.Module
@@ -58,11 +52,13 @@ class _HandOver:
 
 
 _CHAINS = Chains()
-_ENTRIES: "weakref.WeakKeyDictionary[torch.nn.Module, Entry]" = weakref.WeakKeyDictionary()
+# layer -> the attribute name of the norm its forward starts with
+_ENTRIES: "weakref.WeakKeyDictionary[torch.nn.Module, str]" = weakref.WeakKeyDictionary()
 
 
-def register(layer: torch.nn.Module, entry: Optional[Entry]) -> None:
-    """Records the patched layer's first norm (None: it starts otherwise, and takes nothing)."""
+def register(layer: torch.nn.Module, entry: Optional[str]) -> None:
+    """Records the attribute name of the patched layer's first norm (None: it starts
+    otherwise, and takes nothing)."""
     if entry is None:
         _ENTRIES.pop(layer, None)
     else:
@@ -94,7 +90,7 @@ def receiver(layer: torch.nn.Module) -> Optional[Tuple[torch.nn.Module, torch.nn
     if not isinstance(state, replace.PatchState) or replace.inner_forward(nxt) is not state.patched \
             or any_hooks(nxt) or any_hooks(layer):
         return None
-    norm = getattr(nxt, entry.norm, None)
+    norm = getattr(nxt, entry, None)
     rule = rule_of(norm)
     return None if rule is None else (nxt, norm, rule)
 

@@ -391,7 +391,7 @@ def classify(module: torch.nn.Module, original: Callable):
     if sites.entry is not None and sites.exit:
         rule, why = _fusable_rule(module, sites.entry)
         if rule is not None:
-            entry = residual_norm_chain.Entry(sites.entry)
+            entry = sites.entry
             rules.setdefault(sites.entry, rule)
     triples = frozenset(rules) & sites.triples
     copy = with_fused_residual_norms(function, triples, entry is not None) if triples or entry else None
