@@ -3,10 +3,13 @@ widths (hidden 4096, MLP 14336, 32 query and 8 key/value heads, vocabulary 12825
 theta 500000) and fewer layers (--layers, default 4), random weights, bf16; or, with
 --model qwen3, Qwen3ForCausalLM with Qwen3-8B's (hidden 4096, MLP 12288, 32 and 8 heads of
 128, vocabulary 151936, RoPE theta 1000000, and an RMSNorm of each head of q and k before
-RoPE, which kiln.patch runs with the rotation as one head_norm_rope). Settings of eager +
+RoPE, which kiln.patch runs with the rotation as one head_norm_rope); or, with --model
+phi4-mini, Phi3ForCausalLM with Phi-4-mini's (hidden 3072, MLP 8192 from one packed gate_up
+projection, 24 and 8 heads of 128 from one packed qkv projection, RoPE on the first 96 columns
+of each head, vocabulary 200064, tied embeddings). Settings of eager +
 kiln without one of the patch's fusions (--apart: the layers' residual add and norm as one
-fused_add_rms_norm, the head norms and RoPE as one head_norm_rope) time what each fusion
-gives. Cases:
+fused_add_rms_norm, the head norms and RoPE as one head_norm_rope, the packed gate_up
+projection's activation as one swiglu, the attention's RoPE) time what each gives. Cases:
 prefill of 2 x 2048 tokens (one forward over the prompt, logits of the last token, as
 generate computes them), and one decode step at batch 1 and 32 after 2048 cached tokens
 (a StaticCache, replayed from a CUDA graph). Four settings each: eager, eager + kiln
@@ -14,7 +17,7 @@ generate computes them), and one decode step at batch 1 and 32 after 2048 cached
 setting: median time, speedup over its baseline, the first call's time (compile, JIT),
 and the logits' relative error against the unpatched eager logits.
 
-Usage: python bench/llama.py [--out DIR] [--model llama|qwen3] [--quick] [--layers N] [--cases prefill,decode1,decode32]
+Usage: python bench/llama.py [--out DIR] [--model llama|qwen3|phi4-mini] [--quick] [--layers N] [--cases prefill,decode1,decode32]
        [--settings eager,compile,eager+kiln,compile+kiln] [--apart residual-norms,head-norms] [--device cuda|cpu]
        [--tiny]
 Writes DIR/<model>-<date>-<device>.json and .md; prints the table last. --device cpu with
@@ -38,7 +41,13 @@ TINY = dict(hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key
 QWEN3_8B = dict(hidden_size=4096, intermediate_size=12288, num_attention_heads=32, num_key_value_heads=8,
                 head_dim=128, vocab_size=151936, rope_theta=1000000.0, rms_norm_eps=1e-6,
                 max_position_embeddings=8192, tie_word_embeddings=False)
-MODELS = {"llama": ("LlamaConfig", LLAMA3_8B, "Llama-3-8B"), "qwen3": ("Qwen3Config", QWEN3_8B, "Qwen3-8B")}
+PHI4_MINI = dict(hidden_size=3072, intermediate_size=8192, num_attention_heads=24, num_key_value_heads=8,
+                 vocab_size=200064, rope_theta=10000.0, partial_rotary_factor=0.75, rms_norm_eps=1e-5,
+                 max_position_embeddings=8192, tie_word_embeddings=True, pad_token_id=199999)
+MODELS = {"llama": ("LlamaConfig", LLAMA3_8B, "Llama-3-8B"), "qwen3": ("Qwen3Config", QWEN3_8B, "Qwen3-8B"),
+          "phi4-mini": ("Phi3Config", PHI4_MINI, "Phi-4-mini")}
+# The tiny config's widths as each model's family needs them.
+TINY_EXTRA = {"qwen3": dict(head_dim=16), "phi4-mini": dict(partial_rotary_factor=0.75, pad_token_id=0)}
 PREFILL = (2, 2048)  # batch, tokens
 PAST = 2048  # tokens in the cache before the decode step
 CASES = ["prefill", "decode1", "decode32"]
@@ -48,7 +57,7 @@ def llama_config(layers=4, tiny=False, model="llama"):
     import transformers
 
     config_class, widths, _ = MODELS[model]
-    tiny_widths = dict(TINY, head_dim=16) if model == "qwen3" else TINY
+    tiny_widths = dict(TINY, **TINY_EXTRA.get(model, {}))
     return getattr(transformers, config_class)(**(tiny_widths if tiny else widths), num_hidden_layers=layers)
 
 
@@ -67,25 +76,48 @@ def head_norms_apart(kiln):
     return patch
 
 
+def candidates_apart(kiln, pattern):
+    """kiln.patch with the modules of one of kiln.patching's patterns (its module's
+    ``candidate``) left as they are."""
+    import importlib
+
+    found = importlib.import_module(f"kiln.patching.{pattern}")
+
+    def patch(model):
+        candidate = found.candidate
+        found.candidate = lambda module: False
+        try:
+            return kiln.patch(model)
+        finally:
+            found.candidate = candidate
+    return patch
+
+
 def residual_norms_apart(kiln):
     """kiln.patch with each decoder layer's residual add and the norm after it left as
     separate ops (the add in torch, the norm as kiln.rms_norm: the patch before the layers'
     forwards were rewritten for one fused_add_rms_norm)."""
-    from kiln.patching import residual_norm_layer
+    return candidates_apart(kiln, "residual_norm_layer")
 
-    def patch(model):
-        candidate = residual_norm_layer.candidate
-        residual_norm_layer.candidate = lambda module: False
-        try:
-            return kiln.patch(model)
-        finally:
-            residual_norm_layer.candidate = candidate
-    return patch
+
+def packed_gates_apart(kiln):
+    """kiln.patch with packed gate_up MLPs left to torch (chunk, activation and multiply)."""
+    return candidates_apart(kiln, "packed_gate")
+
+
+def rope_apart(kiln):
+    """kiln.patch with the attentions' RoPE left to transformers' formula."""
+    return candidates_apart(kiln, "rope_attention")
 
 
 # What a fifth setting leaves out of kiln's patch, by name (bench/llama.py --apart).
 APART = {"head-norms": ("eager+kiln, head norms apart", head_norms_apart),
-         "residual-norms": ("eager+kiln, residual norms apart", residual_norms_apart)}
+         "residual-norms": ("eager+kiln, residual norms apart", residual_norms_apart),
+         "packed-gates": ("eager+kiln, packed gates apart", packed_gates_apart),
+         "rope": ("eager+kiln, rope apart", rope_apart)}
+# What each model's run sets apart where --apart is not given.
+DEFAULT_APART = {"llama": ["residual-norms"], "qwen3": ["residual-norms", "head-norms"],
+                 "phi4-mini": ["residual-norms", "packed-gates", "rope"]}
 
 
 def build_model(config, device="cuda", dtype=torch.bfloat16, seed=0):
@@ -157,7 +189,8 @@ def parse_args(argv=None):
     parser.add_argument("--tag", default="", help="appended to the output file names")
     parser.add_argument("--apart", default=None,
                         help=f"comma-separated among {sorted(APART)}: eager + kiln without that fusion, as a "
-                             "setting of its own (default: residual-norms, and head-norms for qwen3)")
+                             "setting of its own (default: residual-norms, and head-norms for qwen3, packed-gates "
+                             "and rope for phi4-mini)")
     return parser.parse_args(argv)
 
 
@@ -182,8 +215,7 @@ def main(argv=None):
     started = time.perf_counter()
     config = llama_config(layers, args.tiny, args.model)
     model = build_model(config, args.device)
-    apart = args.apart.split(",") if args.apart is not None else \
-        ["residual-norms"] + (["head-norms"] if args.model == "qwen3" else [])
+    apart = args.apart.split(",") if args.apart is not None else DEFAULT_APART[args.model]
     unknown = sorted(set(a for a in apart if a) - set(APART))
     if unknown:
         raise SystemExit(f"llama: --apart: expected names among {sorted(APART)}, got {unknown}")

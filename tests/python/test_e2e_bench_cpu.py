@@ -232,6 +232,43 @@ def test_qwen3_bench_smoke_run_times_the_head_norms_both_ways(tmp_path):
         assert "eager+kiln, residual norms apart" not in case["settings"]
 
 
+def test_phi4_mini_config_has_its_widths():
+    llama = load_bench("llama")
+    config = llama.llama_config(4, model="phi4-mini")
+    assert type(config).__name__ == "Phi3Config"
+    assert (config.hidden_size, config.intermediate_size, config.vocab_size) == (3072, 8192, 200064)
+    assert (config.num_attention_heads, config.num_key_value_heads) == (24, 8)
+    assert config.rope_parameters["partial_rotary_factor"] == 0.75
+    model = llama.build_model(config, device="meta")
+    assert model.model.layers[0].mlp.gate_up_proj.weight.shape == (2 * 8192, 3072)
+    assert model.model.rotary_emb.inv_freq.shape == (48,)  # 96 of each head's 128 columns rotated
+
+
+def test_phi4_mini_bench_smoke_run_sets_each_new_pattern_apart(tmp_path):
+    out = _smoke("llama.py", tmp_path, "--model", "phi4-mini", "--past", "24", "--prefill", "2x16", "--layers", "2",
+                 "--cases", "prefill")
+    assert "Phi-4-mini-shaped decoder" in out
+    [doc_path] = [p for p in tmp_path.glob("phi4-mini-*.json") if "partial" not in p.name]
+    [case] = json.loads(doc_path.read_text())["cases"]
+    assert case["patch"]["replaced"] == {"rms_norm": 5, "swiglu": 2, "rope": 2, "fused_add_rms_norm": 2}
+    for name in ("eager+kiln", "eager+kiln, residual norms apart", "eager+kiln, packed gates apart",
+                 "eager+kiln, rope apart"):
+        err = case["settings"][name]["error_vs_eager"]
+        assert err["finite"] and err["max_rel"] < 5e-2, name
+
+
+@needs_diffusers
+def test_gated_feed_forward_bench_smoke_run(tmp_path):
+    out = _smoke("gated_feed_forward.py", tmp_path)
+    assert "| tiny geglu | geglu | 32 x 128 | 2x16 | eager+kiln |" in out
+    [doc_path] = tmp_path.glob("gated-feed-forward-*.json")
+    doc = json.loads(doc_path.read_text())
+    assert [c["patch"]["replaced"] for c in doc["cases"]] == [{"geglu": 1}, {"swiglu": 1}]
+    for case in doc["cases"]:
+        err = case["settings"]["eager+kiln"]["error_vs_eager"]
+        assert err["finite"] and err["max_rel"] < 5e-2
+
+
 # ---- the examples -----------------------------------------------------------------------
 
 

@@ -35,6 +35,14 @@ def _config(arch):
         return transformers.GemmaForCausalLM, transformers.GemmaConfig(**common, head_dim=16)
     if arch == "gemma3":
         return transformers.Gemma3ForCausalLM, transformers.Gemma3TextConfig(**common, head_dim=16)
+    if arch == "phi3":
+        # One packed gate_up projection, one qkv projection, RoPE on half of each head (Phi-4-mini
+        # rotates three quarters), dropout around each block's output.
+        return transformers.Phi3ForCausalLM, transformers.Phi3Config(**common, pad_token_id=0,
+                                                                     partial_rotary_factor=0.5)
+    if arch == "glm4":
+        # One packed gate_up projection, interleaved RoPE on half of each head, four norms a layer.
+        return transformers.Glm4ForCausalLM, transformers.Glm4Config(**common, head_dim=16, pad_token_id=0)
     raise AssertionError(arch)
 
 
@@ -61,9 +69,9 @@ def _logits(model, ids):
 
 # Qwen3 and Gemma 3 also have a q_norm and a k_norm per layer (Gemma 3 four norms around
 # its attention and MLP besides).
-NORMS_PER_LAYER = {"llama": 2, "mistral": 2, "qwen2": 2, "qwen3": 4, "gemma": 2, "gemma3": 6}
+NORMS_PER_LAYER = {"llama": 2, "mistral": 2, "qwen2": 2, "qwen3": 4, "gemma": 2, "gemma3": 6, "phi3": 2, "glm4": 4}
 MLP_OP = {"llama": "swiglu", "mistral": "swiglu", "qwen2": "swiglu", "qwen3": "swiglu", "gemma": "geglu",
-          "gemma3": "geglu"}
+          "gemma3": "geglu", "phi3": "swiglu", "glm4": "swiglu"}
 ARCHS = list(NORMS_PER_LAYER)
 # Whose per-head q/k norms and rotation run as one head_norm_rope where no graph is recorded.
 HEAD_NORMS = {"qwen3", "gemma3"}
@@ -71,7 +79,8 @@ HEAD_NORMS = {"qwen3", "gemma3"}
 # (one fused_add_rms_norm a layer).
 FUSED_ADD_NORM = {"llama": "post_attention_layernorm", "mistral": "post_attention_layernorm",
                   "qwen2": "post_attention_layernorm", "qwen3": "post_attention_layernorm",
-                  "gemma": "post_attention_layernorm", "gemma3": "pre_feedforward_layernorm"}
+                  "gemma": "post_attention_layernorm", "gemma3": "pre_feedforward_layernorm",
+                  "phi3": "post_attention_layernorm", "glm4": "post_attention_layernorm"}
 
 
 def rotations_per_layer(arch):
@@ -210,7 +219,7 @@ def test_ops_filter_and_bad_ops():
         kiln.patch("model")
 
 
-@pytest.mark.parametrize("arch", ["llama", "gemma", "qwen3", "gemma3"])
+@pytest.mark.parametrize("arch", ["llama", "gemma", "qwen3", "gemma3", "phi3", "glm4"])
 def test_training_through_the_patched_model(arch):
     """The norms and gated MLPs use ops with backward formulas: with grad enabled the patched
     model runs kiln's ops and their backward ops, and the loss and every parameter's
@@ -448,6 +457,32 @@ def test_cpu_offload_hooks(order, monkeypatch):
     assert torch.equal(_logits(model, ids), expected)
 
 
+@needs_accelerate
+def test_a_deep_copy_under_accelerate_hooks_computes_with_its_own_weights(monkeypatch):
+    """copy.deepcopy of a patched model whose modules carry accelerate's hooks (an EMA copy
+    of an offloaded or dispatched model): the copy's hooks and patched forwards are its own."""
+    import copy
+
+    model = _model("llama")
+    ids = _ids()
+    accelerate_hooks.add_hook_to_module(model.model.layers[0].input_layernorm, _CountingHook())
+    accelerate_hooks.add_hook_to_module(model.model.layers[1], _CountingHook())
+    kiln.patch(model)
+    before = _logits(model, ids)
+    twin = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in twin.parameters():
+            p.mul_(1.01)
+    counter = _Counter(monkeypatch)
+    actual = _logits(twin, ids)
+    assert counter.calls["rms_norm"] > 0 and counter.calls["fused_add_rms_norm"] > 0
+    hooks = twin.model.layers[1]._hf_hook, model.model.layers[1]._hf_hook
+    assert hooks[0] is not hooks[1] and [h.calls for h in hooks] == [2, 1]  # the copy's began at 1
+    assert torch.equal(_logits(model, ids), before) and not torch.allclose(actual, before)
+    kiln.unpatch(twin)
+    torch.testing.assert_close(actual, _logits(twin, ids), rtol=1e-4, atol=1e-4)
+
+
 # ---- what a probe must not trip on ------------------------------------------------------
 
 
@@ -485,6 +520,30 @@ def test_a_default_device_set_by_the_caller_does_not_reach_the_probes():
         torch.set_default_device(None)
     assert report.left == [] and len(report.replaced) == 11
     assert torch.empty(1).device.type == "cpu"
+
+
+@pytest.mark.parametrize("module", ["llama_norm", "torch_rms_norm", "layer_norm", "mlp"])
+def test_a_jagged_nested_batch_runs_the_original(module, monkeypatch):
+    """kiln's ops take dense rows: a nested tensor of jagged sequences goes to the original
+    forward, which handles it, rather than failing in kiln's op."""
+    from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm
+
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(hidden_size=24, intermediate_size=40, num_attention_heads=2)
+    made = {"llama_norm": lambda: LlamaRMSNorm(24), "torch_rms_norm": lambda: torch.nn.RMSNorm(24),
+            "layer_norm": lambda: torch.nn.LayerNorm(24), "mlp": lambda: LlamaMLP(config)}[module]()
+    model = torch.nn.Sequential(made)
+    nested = torch.nested.nested_tensor([torch.randn(3, 24), torch.randn(5, 24)], layout=torch.jagged)
+    dense = torch.randn(4, 24)
+    with torch.no_grad():
+        expected = model(nested)
+        assert len(kiln.patch(model).replaced) == 1
+        counter = _Counter(monkeypatch)
+        actual = model(nested)
+        assert sum(counter.calls.values()) == 0
+        assert actual.is_nested and torch.equal(actual.values(), expected.values())
+        model(dense)  # a dense batch still reaches kiln
+        assert sum(counter.calls.values()) == (0 if module == "layer_norm" else 1)
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3", "gemma3"])

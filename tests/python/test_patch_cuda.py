@@ -38,7 +38,7 @@ def test_bf16_cuda_patched_is_as_close_to_fp32_as_the_original(arch, monkeypatch
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("arch", ["llama", "gemma", "qwen3", "gemma3"])
+@pytest.mark.parametrize("arch", ["llama", "gemma", "qwen3", "gemma3", "phi3", "glm4"])
 def test_patched_model_compiles_fullgraph(arch):
     torch._dynamo.reset()
     ids = _ids().cuda()
@@ -51,7 +51,7 @@ def test_patched_model_compiles_fullgraph(arch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("arch", sorted(HEAD_NORMS) + ["llama"])
+@pytest.mark.parametrize("arch", sorted(HEAD_NORMS) + ["llama", "phi3", "glm4"])
 def test_patched_model_replays_from_a_cuda_graph(arch, monkeypatch):
     """The fused q/k norms and rotation, and each layer's residual add and norm, are captured
     with the rest of the forward, and the replay gives what the patched model gives outside
@@ -81,3 +81,30 @@ def test_patched_model_replays_from_a_cuda_graph(arch, monkeypatch):
     scale = eager.abs().max().item()
     assert (captured - eager).abs().max().item() <= 1e-3 * scale
     kiln.unpatch(model)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("activation, op", [("geglu", "geglu"), ("swiglu", "swiglu")])
+@pytest.mark.parametrize("tokens", [1, 333])
+def test_diffusers_gated_feed_forward_on_the_gpu(activation, op, tokens, monkeypatch):
+    """diffusers' GEGLU / SwiGLU feed-forward (Stable Diffusion's, SDXL's, Mochi's) in bf16: one
+    kiln call on the packed projection, as close to the fp32 module as diffusers' own result."""
+    attention = pytest.importorskip("diffusers.models.attention", reason="diffusers is not installed")
+    from kiln import activation_ops
+
+    torch.manual_seed(0)
+    model = attention.FeedForward(320, activation_fn=activation).cuda().eval()
+    x = torch.randn(2, tokens, 320, device="cuda")
+    with torch.no_grad():
+        truth = model(x).double()
+        model = model.bfloat16()
+        original = model(x.bfloat16())
+        assert [r.op for r in kiln.patch(model).replaced] == [op]
+        calls = []
+        real = getattr(activation_ops, op)
+        monkeypatch.setattr(activation_ops, op, lambda *a, **k: calls.append(a[1:]) or real(*a, **k))
+        patched = model(x.bfloat16())
+    assert len(calls) == 1 and patched.dtype == torch.bfloat16
+    err_original = (original.double() - truth).abs().max().item()
+    err_patched = (patched.double() - truth).abs().max().item()
+    assert err_patched <= 1.5 * err_original + 1e-3, (err_patched, err_original)

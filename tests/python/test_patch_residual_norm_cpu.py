@@ -59,6 +59,30 @@ class _InABranch(_Block):
         return residual + self.proj(hidden_states)
 
 
+class _DropoutAddend(_Block):
+    """Phi-3's: the block's output passes a dropout on its way to the residual stream."""
+
+    def __init__(self):
+        super().__init__()
+        self.resid_attn_dropout = torch.nn.Dropout(0.25)
+
+    def forward(self, hidden_states, residual):
+        hidden_states = residual + self.resid_attn_dropout(hidden_states)
+        residual = hidden_states
+        hidden_states = self.post_attention_layernorm(hidden_states)
+        return residual + self.proj(hidden_states)
+
+
+class _ResidualSecond(_Block):
+    """The sum in a third name, the residual added second."""
+
+    def forward(self, hidden_states, residual):
+        total = self.proj(hidden_states) * 0.5 + residual
+        residual = total
+        total = self.post_attention_layernorm(total)
+        return residual + total
+
+
 class _Apart(_Block):
     """A statement between the add and the norm."""
 
@@ -129,16 +153,41 @@ def _patched_and_original(block, inputs, monkeypatch):
     return report, counts["fused_add_rms_norm"], actual, expected
 
 
-@pytest.mark.parametrize("cls", [_Block, _SumFirst, _InABranch])
+@pytest.mark.parametrize("cls", [_Block, _SumFirst, _InABranch, _DropoutAddend, _ResidualSecond])
 def test_add_then_norm_is_one_fused_call(cls, monkeypatch):
     torch.manual_seed(0)
-    block = cls()
+    block = cls().eval()  # _DropoutAddend's dropout draws no mask
     report, fused, actual, expected = _patched_and_original(block, _inputs(), monkeypatch)
     assert ("", "fused_add_rms_norm") in [(r.path, r.op) for r in report.replaced]
     assert fused == 1
     torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-5)
     assert kiln.unpatch(block) == 2  # the layer and its norm
     assert "forward" not in block.__dict__
+
+
+def test_an_addend_expression_runs_as_written_in_training(monkeypatch):
+    """The addend is evaluated where the add stood: in training mode Phi-3's dropout draws the
+    same mask from the same generator state, so the fused call gives the original's sum and
+    gradients."""
+    torch.manual_seed(0)
+    block = _DropoutAddend().train()
+    h, r = (t.requires_grad_(True) for t in _inputs())
+    torch.manual_seed(7)
+    expected = block(h, r)
+    expected.pow(2).mean().backward()
+    grads = [t.grad.clone() for t in (h, r, block.post_attention_layernorm.weight)]
+    for t in (h, r, block.post_attention_layernorm.weight):
+        t.grad = None
+    kiln.patch(block)
+    counts = _count(monkeypatch)
+    torch.manual_seed(7)
+    actual = block(h, r)
+    actual.pow(2).mean().backward()
+    assert counts["fused_add_rms_norm"] == 1
+    torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-5)
+    for got, want in zip((h.grad, r.grad, block.post_attention_layernorm.weight.grad), grads):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
+    kiln.unpatch(block)
 
 
 @pytest.mark.parametrize("cls", [_Apart, _OtherTarget, _Cloned, _Closure, _Decorated])

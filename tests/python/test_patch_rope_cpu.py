@@ -3,6 +3,7 @@ resolved to kiln.rope), on the CPU: what is replaced, what is left and why, and 
 module-level function every other model shares is untouched."""
 
 import functools
+import importlib
 
 import pytest
 import torch
@@ -51,7 +52,7 @@ def test_other_rotary_formula_is_left_with_the_reason():
     report = kiln.patch(_InterleavedAttention())
     assert report.replaced == []
     assert len(report.left) == 1 and report.left[0].path == ""
-    assert "apply_rotary_pos_emb is not rotate_half RoPE" in report.left[0].reason
+    assert "apply_rotary_pos_emb is neither rotate_half nor interleaved RoPE" in report.left[0].reason
 
 
 def test_forward_wrapped_by_something_else_is_left():
@@ -123,7 +124,9 @@ def test_fp32_table_with_half_q_keeps_the_formula(monkeypatch):
 
 @pytest.mark.parametrize("arch, op, absent", [("llama", "rope", "head_norm_rope"),
                                               ("qwen3", "head_norm_rope", "rope"),
-                                              ("gemma3", "head_norm_rope", "rope")])
+                                              ("gemma3", "head_norm_rope", "rope"),
+                                              ("phi3", "rope", "head_norm_rope"),
+                                              ("glm4", "rope", "head_norm_rope")])
 def test_compiled_patched_model_has_kiln_rope_in_one_graph(arch, op, absent):
     """Qwen3's and Gemma 3's q/k norms join the rotation in head_norm_rope (see
     test_patch_head_norm_cpu.py); Llama's attention has none."""
@@ -196,12 +199,94 @@ def test_gpt_oss_half_tables_reach_kiln(monkeypatch):
     kiln.unpatch(model)
 
 
-def test_half_table_layout_takes_only_its_own_width():
+def test_each_table_form_takes_only_its_own_width():
     q, k = torch.randn(1, 2, 3, 8), torch.randn(1, 1, 3, 8)
-    full, half = torch.randn(1, 3, 8), torch.randn(1, 3, 4)
-    assert rope_attention.rope_layout(q, k, half, half, 1, half_table=True) == "bhsd"
-    assert rope_attention.rope_layout(q, k, full, full, 1, half_table=True) is None
-    assert rope_attention.rope_layout(q, k, half, half, 1) is None
+    tables = {w: torch.randn(1, 3, w) for w in (2, 3, 4, 6, 8, 10)}
+
+    def widths(form):
+        return [w for w, t in tables.items() if rope_attention.rope_layout(q, k, t, t, 1, form) == "bhsd"]
+
+    assert widths("full") == [8]
+    assert widths("half") == [4]
+    assert widths("partial") == [2, 4, 6, 8]  # even, at most the head
+    assert widths("interleaved") == [2, 4, 6, 8]
+
+
+def _count_rope_calls(monkeypatch):
+    """(layout, interleaved, table width, rotary_dim) of each kiln.rope call."""
+    calls = []
+    original = rope_ops.rope
+
+    def counted(q, k, cos, sin, interleaved=False, rotary_dim=-1, layout="bhsd", head_dim=-1):
+        calls.append((layout, interleaved, cos.shape[-1], rotary_dim))
+        return original(q, k, cos, sin, interleaved, rotary_dim, layout, head_dim)
+
+    monkeypatch.setattr(rope_ops, "rope", counted)
+    return calls
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_phi3_rotates_the_first_columns_of_each_head_with_kiln(dtype, monkeypatch):
+    """Phi-3's apply_rotary_pos_emb rotates the table's width of each head and passes the rest
+    (partial_rotary_factor; Phi-4-mini's is 0.75): one kiln.rope with rotary_dim the table's."""
+    model = _model("phi3", dtype)
+    ids = _ids()
+    expected = _logits(model, ids)
+    report = kiln.patch(model)
+    ropes = [r for r in report.replaced if r.op == "rope"]
+    assert [r.path for r in ropes] == ["model.layers.0.self_attn", "model.layers.1.self_attn"]
+    assert all("the first rotary_dim columns" in r.kind and "rotate_half" in r.kind for r in ropes)
+    calls = _count_rope_calls(monkeypatch)
+    actual = _logits(model, ids)
+    assert calls == [("bhsd", False, 8, -1)] * 2  # heads of 16, half of them rotated
+    tol = 1e-5 if dtype == torch.float32 else 0.05 * expected.abs().max().item()
+    torch.testing.assert_close(actual, expected, rtol=tol, atol=tol)
+    kiln.unpatch(model)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_glm4_interleaved_pairs_reach_kiln(dtype, monkeypatch):
+    """GLM's apply_rotary_pos_emb rotates adjacent pairs of the first columns, each by an angle
+    of the table's first half: kiln.rope interleaved, with that half as a table of one angle
+    a pair."""
+    model = _model("glm4", dtype)
+    ids = _ids()
+    expected = _logits(model, ids)
+    report = kiln.patch(model)
+    ropes = [r for r in report.replaced if r.op == "rope"]
+    assert len(ropes) == 2 and all("interleaved pairs" in r.kind for r in ropes)
+    calls = _count_rope_calls(monkeypatch)
+    actual = _logits(model, ids)
+    assert calls == [("bhsd", True, 4, 8)] * 2
+    tol = 1e-5 if dtype == torch.float32 else 0.05 * expected.abs().max().item()
+    torch.testing.assert_close(actual, expected, rtol=tol, atol=tol)
+    kiln.unpatch(model)
+
+
+@pytest.mark.parametrize("arch", ["phi3", "glm4"])
+@pytest.mark.parametrize("unsqueeze_dim", [1, 2])
+@pytest.mark.parametrize("rotated", [16, 8, 6])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_partial_replacements_match_the_formula(arch, unsqueeze_dim, rotated, dtype, monkeypatch):
+    """Phi-3's and GLM's functions against kiln on fresh random q, k and tables in each
+    layout, rotating all of a head, half, or an odd count of pairs; against the formula in fp64."""
+    module = importlib.import_module(f"transformers.models.{arch}.modeling_{arch}")
+    form = "partial" if arch == "phi3" else "interleaved"
+    g = torch.Generator().manual_seed(rotated)
+    heads_first = unsqueeze_dim == 1
+    q = torch.randn((2, 4, 7, 16) if heads_first else (2, 7, 4, 16), generator=g).to(dtype)
+    k = torch.randn((2, 2, 7, 16) if heads_first else (2, 7, 2, 16), generator=g).to(dtype)
+    angles = torch.rand(2, 7, rotated // 2, generator=g) * 30
+    cos, sin = [f(torch.cat((angles, angles), -1)).to(dtype) for f in (torch.cos, torch.sin)]
+    calls = _count_rope_calls(monkeypatch)
+    actual = rope_attention.rotate_half_rope(module.apply_rotary_pos_emb, form)(q, k, cos, sin,
+                                                                               unsqueeze_dim=unsqueeze_dim)
+    expected = module.apply_rotary_pos_emb(q.double(), k.double(), cos.double(), sin.double(), unsqueeze_dim)
+    assert len(calls) == 1 and calls[0][:2] == ("bhsd" if heads_first else "bshd", form == "interleaved")
+    tol = 1e-6 if dtype == torch.float32 else 2**-7
+    for a, e in zip(actual, expected):
+        assert a.dtype == dtype and a.shape == e.shape
+        torch.testing.assert_close(a.double(), e, rtol=tol, atol=tol)
 
 
 def test_compiled_gpt_oss_has_kiln_rope_in_one_graph():

@@ -8,7 +8,9 @@ affine parameters), diffusers' ``GELU`` (``gelu(proj(x))``: the activation becom
 ``kiln.gelu``, the projection stays; on CUDA, without autograd, the tanh form goes into the
 projection's cuBLASLt epilogue instead) and gated MLPs
 ``down_proj(act_fn(gate_proj(x)) * up_proj(x))`` with SiLU or GELU (the activation and
-multiply become ``kiln.swiglu`` / ``kiln.geglu``; the projections stay), and transformers'
+multiply become ``kiln.swiglu`` / ``kiln.geglu``; the projections stay), the same with gate
+and up packed in one projection (Phi-3's and GLM-4's ``gate_up_proj``, diffusers' ``GEGLU``
+and ``SwiGLU``: the op reads the packed tensor, see :mod:`.packed_gate`), and transformers'
 attentions whose forward calls ``apply_rotary_pos_emb`` (q and k rotated by one
 ``kiln.rope``, see :mod:`.rope_attention`; where the forward RMS-normalises each head of q
 and k right before, as Qwen3's and Gemma 3's do, norms and rotation as one
@@ -30,8 +32,8 @@ from typing import Iterable, Optional
 
 import torch
 
-from . import (detect, detect_dit, head_norm_attention, ltx, ltx_chain, replace, residual_norm_chain, residual_norm_layer,
-               rope_attention)
+from . import (detect, detect_dit, head_norm_attention, ltx, ltx_chain, packed_gate, replace, residual_norm_chain,
+               residual_norm_layer, rope_attention)
 from .report import Left, PatchReport, Replaced
 
 OPS = ("rms_norm", "layer_norm", "gelu", "swiglu", "geglu", "rms_norm_rope", "rope", "adaln")
@@ -82,6 +84,8 @@ def _patch_modules(model: torch.nn.Module, chosen: frozenset, report: PatchRepor
             classify = detect.classify_norm
         elif detect.mlp_candidate(module):
             classify = detect.classify_mlp
+        elif packed_gate.candidate(module):
+            classify = packed_gate.classify
         elif detect.gelu_candidate(module):
             classify = detect.classify_gelu
         elif rope_attention.candidate(module):

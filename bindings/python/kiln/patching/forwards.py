@@ -38,11 +38,16 @@ def _transformed() -> bool:
 
 def kiln_can_take(*tensors: torch.Tensor, differentiable: bool = False) -> bool:
     """Whether one kiln call may take these tensors: floating dtypes kiln has kernels for,
-    a device it runs on, one dtype and one device for all, no forward-mode AD or torch.func
-    transform, and (unless the ops the caller uses are ``differentiable``) no graph to
-    record."""
-    dtype, device = tensors[0].dtype, tensors[0].device
-    if dtype not in _KILN_DTYPES or device.type not in _KILN_DEVICES or _transformed():
+    a device it runs on, one dtype and one device for all, none nested (kiln's ops take
+    dense rows; the original modules handle jagged batches), no forward-mode AD or
+    torch.func transform, and (unless the ops the caller uses are ``differentiable``) no
+    graph to record."""
+    first = tensors[0]
+    dtype, device = first.dtype, first.device
+    # A nested operand comes with a nested first one (the activations the call is about),
+    # so the first alone is asked: each question costs every patched call.
+    if dtype not in _KILN_DTYPES or device.type not in _KILN_DEVICES or first.is_nested \
+            or _transformed():
         return False
     for t in tensors:
         if t.dtype != dtype or t.device != device:

@@ -15,8 +15,9 @@ add and the norm module compute, and otherwise the add and the module itself (ho
 and all).
 
 The edit is made only where the three statements are written so (one after the other, in any
-block of the forward: the sum bound to one of its two names, the other name rebound to it, the
-norm module called on it alone and rebinding it), the forward passes
+block of the forward: the sum of the residual's name and any expression, such as Phi-3's
+``residual + self.resid_attn_dropout(hidden_states)``, bound to a name, the residual's name
+rebound to it, the norm module called on it alone and rebinding it), the forward passes
 :func:`.source_rewrite.parsed_forward`'s checks, and the norm module is an RMSNorm whose
 forward (Llama's rule, Gemma's ``1 + weight``, ``nn.RMSNorm``, diffusers') a probe of
 ``fused_add_rms_norm`` agrees with. A LayerNorm after the add (CLIP's, Whisper's) is left as
@@ -95,12 +96,13 @@ def _sites_of(function) -> Sites:
 @dataclass(frozen=True)
 class _Site:
     """Three statements to fuse: ``total = left + right``, ``other = total``,
-    ``total = self.<norm>(total)``."""
+    ``total = self.<norm>(total)``, where one addend is the name ``other`` and the other is any
+    expression (the block's output, or Phi-3's ``self.resid_attn_dropout(hidden_states)``)."""
     statements: list  # the statement list holding them
     at: int  # the first one's index there
     norm: str
-    left: str
-    right: str
+    left: ast.expr
+    right: ast.expr
     total: str
     other: str
 
@@ -125,16 +127,15 @@ def _site_at(statements: list, i: int, self_name: str) -> Optional[_Site]:
     total, value = first
     if not (isinstance(value, ast.BinOp) and isinstance(value.op, ast.Add)):
         return None
-    left, right = _name(value.left), _name(value.right)
-    if left is None or right is None or left == right or total not in (left, right):
-        return None
-    other = right if total == left else left
-    if second[0] != other or _name(second[1]) != total:
+    # The fused call binds (total, other) to (norm(sum), sum), as the three statements do,
+    # and evaluates the addends in their order: any expression but the residual's name.
+    other = second[0]
+    if other == total or _name(second[1]) != total or other not in (_name(value.left), _name(value.right)):
         return None
     name, call = third
     if name != total or not source_rewrite.is_self_call(call, self_name) or _name(call.args[0]) != total:
         return None
-    return _Site(statements, i, call.func.attr, left, right, total, other)
+    return _Site(statements, i, call.func.attr, value.left, value.right, total, other)
 
 
 def _statement_lists(fn: ast.FunctionDef):
@@ -163,9 +164,7 @@ def find_sites(fn: ast.FunctionDef) -> Dict[str, list]:
 
 def _fused_statement(site: _Site, self_name: str) -> ast.stmt:
     norm = ast.Attribute(value=ast.Name(id=self_name, ctx=ast.Load()), attr=site.norm, ctx=ast.Load())
-    call = ast.Call(func=ast.Name(id=FUSED_GLOBAL, ctx=ast.Load()),
-                    args=[norm, ast.Name(id=site.left, ctx=ast.Load()), ast.Name(id=site.right, ctx=ast.Load())],
-                    keywords=[])
+    call = ast.Call(func=ast.Name(id=FUSED_GLOBAL, ctx=ast.Load()), args=[norm, site.left, site.right], keywords=[])
     target = ast.Tuple(elts=[ast.Name(id=site.total, ctx=ast.Store()), ast.Name(id=site.other, ctx=ast.Store())],
                        ctx=ast.Store())
     return ast.copy_location(ast.Assign(targets=[target], value=call), site.statements[site.at])
@@ -193,9 +192,9 @@ def _entry_site(fn: ast.FunctionDef) -> Optional[Tuple[str, str, str]]:
     return residual, hidden, call.func.attr
 
 
-def _exit_site(fn: ast.FunctionDef) -> Optional[Tuple[str, str, str]]:
-    """(total, left, right) where the body ends ``total = left + right`` and ``return total``,
-    else None."""
+def _exit_site(fn: ast.FunctionDef) -> Optional[Tuple[str, ast.expr, ast.expr]]:
+    """(total, left, right) where the body ends ``total = left + right`` (each addend any
+    expression) and ``return total``, else None."""
     if len(fn.body) < 2:
         return None
     last = fn.body[-1]
@@ -203,10 +202,10 @@ def _exit_site(fn: ast.FunctionDef) -> Optional[Tuple[str, str, str]]:
     if not (isinstance(last, ast.Return) and add is not None and isinstance(add[1], ast.BinOp)
             and isinstance(add[1].op, ast.Add)):
         return None
-    total, left, right = add[0], _name(add[1].left), _name(add[1].right)
-    if left is None or right is None or _name(last.value) != total:
+    total = add[0]
+    if _name(last.value) != total:
         return None
-    return total, left, right
+    return total, add[1].left, add[1].right
 
 
 def _call(function: str, args: list) -> ast.Call:
@@ -243,8 +242,8 @@ def rewritten_code(function: types.FunctionType, norms: frozenset, seam: bool = 
         if seam:
             total, left, right = exit_
             fn.body[-2] = ast.copy_location(
-                ast.Assign(targets=[_store(total)], value=_call(EXIT_GLOBAL, [_load(self_name), _load(left),
-                                                                               _load(right)])), fn.body[-2])
+                ast.Assign(targets=[_store(total)], value=_call(EXIT_GLOBAL, [_load(self_name), left, right])),
+                fn.body[-2])
         # From the last, so that an earlier index is not moved by a later edit of its list.
         for site in sorted(sites, key=lambda s: s.at, reverse=True):
             site.statements[site.at:site.at + 3] = [_fused_statement(site, self_name)]

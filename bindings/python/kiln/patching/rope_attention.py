@@ -24,29 +24,52 @@ from .forwards import kiln_can_take
 ROPE_GLOBAL = "apply_rotary_pos_emb"
 
 
-def rope_layout(q, k, cos, sin, unsqueeze_dim, half_table=False) -> Optional[str]:
+# The table forms kiln takes from an ``apply_rotary_pos_emb`` (each told apart on a probe):
+# "full", transformers' usual [.., D] table, each angle for both halves; "partial", the same
+# table narrower than D, rotating the first columns only (Phi-3's partial_rotary_factor); "half",
+# GPT-OSS's [.., D / 2], each angle once; "interleaved", GLM's: pairs of adjacent columns
+# rotated by the first half of a [.., R] table (R <= D).
+FORMS = ("full", "partial", "half", "interleaved")
+
+
+def rope_layout(q, k, cos, sin, unsqueeze_dim, form="full") -> Optional[str]:
     """kiln.rope's layout for transformers' ``apply_rotary_pos_emb`` arguments (1: q of
-    ``[B, H, S, D]``, 2: ``[B, S, H, D]``; cos/sin ``[B, S, D]`` or ``[S, D]``, or with
-    ``half_table`` GPT-OSS's ``[B, S, D / 2]``), or None where kiln would not compute the same
-    thing with the same output dtype. cos and sin must have q's dtype: the formula promotes a
-    bf16 q times an fp32 table to fp32, and kiln returns q's dtype."""
+    ``[B, H, S, D]``, 2: ``[B, S, H, D]``; cos/sin ``[B, S, W]`` or ``[S, W]`` with W as the
+    table ``form`` has it), or None where kiln would not compute the same thing with the
+    same output dtype. cos and sin must have q's dtype: the formula promotes a bf16 q times an
+    fp32 table to fp32, and kiln returns q's dtype."""
     layout = {1: "bhsd", 2: "bshd"}.get(unsqueeze_dim)
     if layout is None or not all(isinstance(t, torch.Tensor) for t in (q, k, cos, sin)):
         return None
     if q.dim() != 4 or k.dim() != 4 or cos.dim() not in (2, 3) or cos.shape != sin.shape:
         return None
-    width = q.shape[-1] // 2 if half_table else q.shape[-1]
-    if cos.shape[-1] != width or k.shape[-1] != q.shape[-1] or q.shape[-1] % 2:
+    d, width = q.shape[-1], cos.shape[-1]
+    if k.shape[-1] != d or d % 2:
         return None
-    if not kiln_can_take(q, k, cos, sin, differentiable=True):
+    if form == "full":
+        fits = width == d
+    elif form == "half":
+        fits = 2 * width == d
+    else:  # partial or interleaved: the table's width is the rotated columns'
+        fits = 0 < width <= d and width % 2 == 0
+    if not fits or not kiln_can_take(q, k, cos, sin, differentiable=True):
         return None
     return layout
 
 
-def rotate_half_rope(original: Callable, half_table: bool = False) -> Callable:
+def _unsqueeze_dim(args: tuple, kwargs: dict, positional_ok: bool, keyword_ok: bool) -> Optional[int]:
+    """The ``unsqueeze_dim`` of a call's arguments after (q, k, cos, sin), or None where they
+    are anything else."""
+    if len(args) + len(kwargs) > 1 or (args and not positional_ok) \
+            or (kwargs and not (keyword_ok and "unsqueeze_dim" in kwargs)):
+        return None
+    return kwargs.get("unsqueeze_dim", args[0] if args else 1)
+
+
+def rotate_half_rope(original: Callable, form: str = "full") -> Callable:
     """``apply_rotary_pos_emb`` as one kiln.rope launch for q and k where :func:`rope_layout`
-    allows, the ``original`` function otherwise (other signatures included). ``half_table``:
-    the original takes GPT-OSS's tables, one angle a rotation pair, and so does kiln."""
+    allows, the ``original`` function otherwise (other signatures included). ``form``: the
+    table form the original takes (:data:`FORMS`), and so does kiln."""
 
     # An argument after (q, k, cos, sin) is read only where the original gives it that
     # meaning (older versions took position_ids fifth).
@@ -58,26 +81,39 @@ def rotate_half_rope(original: Callable, half_table: bool = False) -> Callable:
     # on what the traced path reads, and it finds this function through the model's module
     # globals, where the name is the original's (whose closure has no such cell).
     def apply_rotary_pos_emb(q, k, cos, sin, *args, **kwargs):
-        if len(args) + len(kwargs) > 1 or (args and not positional_ok) \
-                or (kwargs and not (keyword_ok and "unsqueeze_dim" in kwargs)):
-            return original(q, k, cos, sin, *args, **kwargs)
-        unsqueeze_dim = kwargs.get("unsqueeze_dim", args[0] if args else 1)
-        layout = rope_layout(q, k, cos, sin, unsqueeze_dim)
+        unsqueeze_dim = _unsqueeze_dim(args, kwargs, positional_ok, keyword_ok)
+        layout = None if unsqueeze_dim is None else rope_layout(q, k, cos, sin, unsqueeze_dim)
         if layout is None:
             return original(q, k, cos, sin, *args, **kwargs)
         return rope_ops.rope(q, k, cos, sin, layout=layout)
 
-    def apply_rotary_pos_emb_half_table(q, k, cos, sin, *args, **kwargs):
-        if len(args) + len(kwargs) > 1 or (args and not positional_ok) \
-                or (kwargs and not (keyword_ok and "unsqueeze_dim" in kwargs)):
+    def apply_rotary_pos_emb_partial(q, k, cos, sin, *args, **kwargs):
+        unsqueeze_dim = _unsqueeze_dim(args, kwargs, positional_ok, keyword_ok)
+        layout = None if unsqueeze_dim is None else rope_layout(q, k, cos, sin, unsqueeze_dim, "partial")
+        if layout is None:
             return original(q, k, cos, sin, *args, **kwargs)
-        unsqueeze_dim = kwargs.get("unsqueeze_dim", args[0] if args else 1)
-        layout = rope_layout(q, k, cos, sin, unsqueeze_dim, half_table=True)
+        return rope_ops.rope(q, k, cos, sin, layout=layout)  # rotary_dim: the table's width
+
+    def apply_rotary_pos_emb_half_table(q, k, cos, sin, *args, **kwargs):
+        unsqueeze_dim = _unsqueeze_dim(args, kwargs, positional_ok, keyword_ok)
+        layout = None if unsqueeze_dim is None else rope_layout(q, k, cos, sin, unsqueeze_dim, "half")
         if layout is None:
             return original(q, k, cos, sin, *args, **kwargs)
         return rope_ops.rope(q, k, cos, sin, rotary_dim=q.shape[-1], layout=layout)
 
-    replacement = apply_rotary_pos_emb_half_table if half_table else apply_rotary_pos_emb
+    def apply_rotary_pos_emb_interleaved(q, k, cos, sin, *args, **kwargs):
+        unsqueeze_dim = _unsqueeze_dim(args, kwargs, positional_ok, keyword_ok)
+        layout = None if unsqueeze_dim is None else rope_layout(q, k, cos, sin, unsqueeze_dim, "interleaved")
+        if layout is None:
+            return original(q, k, cos, sin, *args, **kwargs)
+        # GLM's table holds each pair's angle in its first half (the second repeats it).
+        rotary_dim = cos.shape[-1]
+        half = rotary_dim // 2
+        return rope_ops.rope(q, k, cos[..., :half], sin[..., :half], interleaved=True, rotary_dim=rotary_dim,
+                             layout=layout)
+
+    replacement = {"full": apply_rotary_pos_emb, "partial": apply_rotary_pos_emb_partial,
+                   "half": apply_rotary_pos_emb_half_table, "interleaved": apply_rotary_pos_emb_interleaved}[form]
     replacement.__wrapped__ = original
     return replacement
 
@@ -102,7 +138,7 @@ def uses_rope_global(function: object) -> bool:
 _KILN_COPIES: "weakref.WeakKeyDictionary[types.FunctionType, types.FunctionType]" = weakref.WeakKeyDictionary()
 
 
-def with_kiln_rope(function: types.FunctionType, half_table: bool = False) -> types.FunctionType:
+def with_kiln_rope(function: types.FunctionType, form: str = "full") -> types.FunctionType:
     """A copy of ``function`` whose global ``apply_rotary_pos_emb`` is kiln's (made once per
     function; a class's rotary function takes one table form). The copy reads a snapshot of
     the function's module globals, brought up to date at each call (a name rebound in that
@@ -113,7 +149,7 @@ def with_kiln_rope(function: types.FunctionType, half_table: bool = False) -> ty
         source_rewrite.refresh(copy.__globals__, function, {ROPE_GLOBAL: copy.__globals__[ROPE_GLOBAL]})
         return copy
     scope = dict(function.__globals__)
-    scope[ROPE_GLOBAL] = rotate_half_rope(function.__globals__[ROPE_GLOBAL], half_table)
+    scope[ROPE_GLOBAL] = rotate_half_rope(function.__globals__[ROPE_GLOBAL], form)
     copy = types.FunctionType(function.__code__, scope, function.__name__, function.__defaults__,
                               function.__closure__)
     copy.__kwdefaults__ = function.__kwdefaults__
@@ -123,31 +159,32 @@ def with_kiln_rope(function: types.FunctionType, half_table: bool = False) -> ty
 
 
 def candidate(module: torch.nn.Module) -> bool:
-    """An attention (``q_proj`` and ``k_proj`` children) whose class forward calls a
-    global ``apply_rotary_pos_emb``."""
-    return all(isinstance(getattr(module, n, None), torch.nn.Module) for n in ("q_proj", "k_proj")) \
-        and uses_rope_global(type(module).forward)
+    """A module (an attention: Llama's with ``q_proj`` and ``k_proj``, Phi-3's with one
+    ``qkv_proj``) whose class forward calls a global ``apply_rotary_pos_emb``."""
+    return uses_rope_global(type(module).forward)
 
 
-def probe(dtype: torch.dtype, generator: torch.Generator, half_table: bool = False, dim: int = 8):
+def probe(dtype: torch.dtype, generator: torch.Generator, form: str = "full", dim: int = 8):
     """q [B, H, S, D], k with fewer heads (grouped-query attention), and cos/sin as
-    transformers' rotary embeddings make them: [B, S, D], each angle used for both halves,
-    or (``half_table``, GPT-OSS's) [B, S, D / 2], each angle once."""
+    transformers' rotary embeddings make them for the table ``form`` (:data:`FORMS`): [B, S, W],
+    W = D, or D / 2 for the partial and interleaved forms, each angle used for both halves; or
+    (half, GPT-OSS's) [B, S, D / 2], each angle once."""
     q = torch.randn(2, 4, 5, dim, generator=generator)
     k = torch.randn(2, 2, 5, dim, generator=generator)
-    angles = torch.rand(2, 5, dim // 2, generator=generator) * 20.0
-    emb = angles if half_table else torch.cat((angles, angles), dim=-1)
+    rotated = dim if form in ("full", "half") else dim // 2
+    angles = torch.rand(2, 5, rotated // 2, generator=generator) * 20.0
+    emb = angles if form == "half" else torch.cat((angles, angles), dim=-1)
     return [t.to(dtype) for t in (q, k, emb.cos(), emb.sin())]
 
 
-def _compare(function: Callable, half_table: bool):
+def _compare(function: Callable, form: str):
     """None when ``function`` computes what kiln.rope computes on random probes of the table
     form (fp32 and bf16); else (whether the function itself failed on the probe, the reason)."""
-    replacement = rotate_half_rope(function, half_table)
+    replacement = rotate_half_rope(function, form)
     generator = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for dtype in (torch.float32, torch.bfloat16):
-            q, k, cos, sin = probe(dtype, generator, half_table)
+            q, k, cos, sin = probe(dtype, generator, form)
             try:
                 expected = function(q, k, cos, sin)
             except Exception as e:
@@ -161,32 +198,47 @@ def _compare(function: Callable, half_table: bool):
             for e, a in zip(expected, actual):
                 why = _agree(e, a)
                 if why is not None:
-                    return False, (f"its apply_rotary_pos_emb is not rotate_half RoPE: on a {dtype} "
-                                   f"probe kiln.rope {why}")
+                    return False, f"on a {dtype} probe kiln.rope {why}"
     return None
 
 
 def classify(module: torch.nn.Module, original: Callable):
     """A Match when the module's global ``apply_rotary_pos_emb`` computes what kiln.rope
-    computes on a random probe (fp32 and bf16) with transformers' usual [.., D] tables or,
-    where it fails on those, with GPT-OSS's [.., D / 2] ones; else a NoMatch with the reason."""
+    computes on random probes (fp32 and bf16) of one of the table forms (:data:`FORMS`): the
+    usual one, and then whether it also rotates the first columns only given a narrower table;
+    where it fails on those, GPT-OSS's; where it computes something else, GLM's interleaved
+    pairs. Else a NoMatch with the reason."""
     if getattr(original, "__func__", None) is not type(module).forward \
             or getattr(original, "__self__", None) is not module:
         return NoMatch("rope", "its forward is not its class's own (something else wraps it)")
     function = type(module).forward.__globals__[ROPE_GLOBAL]
-    mismatch = _compare(function, half_table=False)
+    mismatch = _compare(function, "full")
     if mismatch is None:
+        if _compare(function, "partial") is None:
+            return Match("rope (rotate_half, the first rotary_dim columns, in the attention's forward)", "rope",
+                         partial_factory)
         return Match("rope (rotate_half, in the attention's forward)", "rope", factory)
     failed_on_probe, reason = mismatch
-    if failed_on_probe and _compare(function, half_table=True) is None:
+    if failed_on_probe and _compare(function, "half") is None:
         return Match("rope (rotate_half, one angle a pair, in the attention's forward)", "rope",
                      half_table_factory)
-    return NoMatch("rope", reason)
+    if _compare(function, "interleaved") is None:
+        return Match("rope (interleaved pairs, the first rotary_dim columns, in the attention's forward)", "rope",
+                     interleaved_factory)
+    return NoMatch("rope", f"its apply_rotary_pos_emb is neither rotate_half nor interleaved RoPE: {reason}")
 
 
 def factory(module: torch.nn.Module, original: Callable) -> Callable:
     return with_kiln_rope(type(module).forward).__get__(module)
 
 
+def partial_factory(module: torch.nn.Module, original: Callable) -> Callable:
+    return with_kiln_rope(type(module).forward, "partial").__get__(module)
+
+
 def half_table_factory(module: torch.nn.Module, original: Callable) -> Callable:
-    return with_kiln_rope(type(module).forward, half_table=True).__get__(module)
+    return with_kiln_rope(type(module).forward, "half").__get__(module)
+
+
+def interleaved_factory(module: torch.nn.Module, original: Callable) -> Callable:
+    return with_kiln_rope(type(module).forward, "interleaved").__get__(module)

@@ -1,0 +1,135 @@
+"""Gated activations whose gate and up halves come out of one projection.
+
+transformers' packed MLPs (Phi-3 and Phi-4, GLM and GLM-4, Dia: ``gate, up =
+gate_up_proj(x).chunk(2, dim=-1)``, then ``down_proj(up * activation_fn(gate))``) and
+diffusers' ``GEGLU`` and ``SwiGLU`` (``h, gate = proj(x).chunk(2, dim=-1)``, then
+``h * act(gate)``: the feed-forward of Stable Diffusion's and SDXL's transformer blocks, and
+of Mochi's) split the projection's output into two strided views and run the activation and
+the multiply as two kernels over them. kiln's ``swiglu`` and ``geglu`` read the packed
+tensor as it is, with the order of its halves a parameter, so the split, the activation and
+the multiply become one call; the projections stay the module's own.
+
+A module is a candidate by its attributes (a ``gate_up_proj`` and a ``down_proj`` child and
+an ``activation_fn`` or ``act_fn``; or a ``proj`` Linear and a ``gelu`` or ``activation``
+but no ``approximate``, which is diffusers' ``GELU``) and is matched by what its forward
+computes on a random probe, each order of the halves tried (:mod:`.detect`).
+"""
+
+from dataclasses import dataclass
+from typing import Callable, Optional, Union
+
+import torch
+
+from .. import activation_ops
+from . import detect
+from .forwards import _single_tensor_call, kiln_can_take
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where a module keeps its packed gate."""
+
+    proj: str  # the projection whose output holds both halves
+    down: Optional[str]  # the projection applied to the product, where the module has one
+    activation: str  # the attribute that applies the activation to the gate
+
+
+def layout_of(module: torch.nn.Module) -> Optional[Layout]:
+    if _child(module, "gate_up_proj") and _child(module, "down_proj"):
+        for name in ("activation_fn", "act_fn"):
+            if callable(getattr(module, name, None)):
+                return Layout("gate_up_proj", "down_proj", name)
+        return None
+    if isinstance(getattr(module, "proj", None), torch.nn.Linear) and not hasattr(module, "approximate"):
+        for name in ("gelu", "activation"):
+            if callable(getattr(module, name, None)):
+                return Layout("proj", None, name)
+    return None
+
+
+def _child(module: torch.nn.Module, name: str) -> bool:
+    return isinstance(getattr(module, name, None), torch.nn.Module)
+
+
+def candidate(module: torch.nn.Module) -> bool:
+    return layout_of(module) is not None
+
+
+_OPS = {"silu": ("swiglu", "none"), "gelu_tanh": ("geglu", "tanh"), "gelu": ("geglu", "none")}
+
+
+def packed_gate(layout: Layout, activation: str, up_first: bool) -> Callable:
+    """The replacement forward's factory: ``activation`` is a key of
+    ``forwards.ACTIVATIONS``; ``up_first`` says the projection's first half is up."""
+    op, approximate = _OPS[activation]
+
+    def factory(module: torch.nn.Module, original: Callable) -> Callable:
+        def forward(*args, **kwargs):
+            if not _single_tensor_call(args, kwargs):
+                return original(*args, **kwargs)
+            packed = getattr(module, layout.proj)(args[0])
+            if packed.shape[-1] % 2 == 0 and kiln_can_take(packed, differentiable=True):
+                if op == "swiglu":
+                    hidden = activation_ops.swiglu(packed, None, up_first)
+                else:
+                    hidden = activation_ops.geglu(packed, None, approximate, up_first)
+            else:
+                first, second = packed.chunk(2, dim=-1)
+                gate, up = (second, first) if up_first else (first, second)
+                hidden = up * getattr(module, layout.activation)(gate)
+            return hidden if layout.down is None else getattr(module, layout.down)(hidden)
+
+        return forward
+
+    return factory
+
+
+def _kind(layout: Layout, activation: str, up_first: bool) -> str:
+    op, approximate = _OPS[activation]
+    form = " (tanh)" if approximate == "tanh" else ""
+    if layout.down is not None:
+        return f"mlp {op}{form}, one gate_up projection"
+    return f"{op}{form}, one projection ({'up' if up_first else 'gate'} first)"
+
+
+def classify(module: torch.nn.Module, original: Callable) -> Union[detect.Match, detect.NoMatch]:
+    layout = layout_of(module)
+    act_fn = getattr(module, layout.activation)
+    activation = detect._identify_activation(act_fn)
+    if activation is None:
+        return detect.NoMatch("gated projection", f"its {layout.activation} ({type(act_fn).__name__}) is not "
+                                                  "SiLU or GELU on a probe")
+    proj = getattr(module, layout.proj)
+    weight = getattr(proj, "weight", None)
+    dtype = weight.dtype if isinstance(weight, torch.Tensor) and weight.is_floating_point() else torch.float32
+    generator = torch.Generator().manual_seed(0)
+
+    def linear(n_in, n_out, like):
+        layer = torch.nn.Linear(n_in, n_out, bias=getattr(like, "bias", None) is not None)
+        with torch.no_grad():
+            layer.weight.copy_(torch.randn(n_out, n_in, generator=generator) / n_in ** 0.5)
+            if layer.bias is not None:
+                layer.bias.copy_(torch.randn(n_out, generator=generator))
+        return layer.to(dtype).requires_grad_(False)
+
+    hidden, inner = 24, 40
+    children = {layout.proj: linear(hidden, 2 * inner, proj)}
+    if layout.down is not None:
+        children[layout.down] = linear(inner, hidden, getattr(module, layout.down))
+    dtypes = (dtype,) + tuple(d for d in detect._PROBE_DTYPES if d != dtype)
+    inputs = detect._probe_inputs(hidden, dtypes, generator)
+    # A down projection sums many rounded products: the bound scales with the output's size.
+    scale_of = (lambda out: out.abs().max().item()) if layout.down is not None else (lambda out: 0.0)
+    reasons = []
+    with torch.no_grad(), detect._Swapped(module, children=children):
+        for up_first in (False, True):
+            factory = packed_gate(layout, activation, up_first)
+            why = detect._compare(original, factory(module, original), inputs, scale_of=scale_of)
+            if why is None:
+                return detect.Match(_kind(layout, activation, up_first), _OPS[activation][0], factory)
+            if why.startswith("its forward fails"):
+                return detect.NoMatch("gated projection", why)
+            reasons.append(why)
+    product = "up * act(gate)" if layout.down is None else f"{layout.down}(up * act(gate))"
+    return detect.NoMatch("gated projection", f"does not compute {product} of {layout.proj}(x)'s halves, gate first "
+                                              f"({reasons[0]}) or up first ({reasons[1]})")

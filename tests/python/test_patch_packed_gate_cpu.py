@@ -1,0 +1,227 @@
+"""kiln.patch of gated activations whose gate and up come out of one projection (CPU):
+diffusers' GEGLU and SwiGLU (up first) and transformers' packed MLPs (Phi-3's and GLM-4's
+``gate_up_proj``, gate first) become one kiln.swiglu / kiln.geglu of the packed tensor. The
+whole-model checks of Phi-3 and GLM-4 are in test_patch_cpu.py."""
+
+import copy
+
+import pytest
+import torch
+
+import kiln
+from kiln import activation_ops
+
+from graph_model import calls_of, compile_capturing
+
+diffusers_attention = pytest.importorskip("diffusers.models.attention", reason="diffusers is not installed")
+transformers = pytest.importorskip("transformers", reason="transformers is not installed")
+from transformers.models.phi3.modeling_phi3 import Phi3MLP  # noqa: E402
+
+DIM = 48
+
+
+class _Calls:
+    """(op, up given, up_first, approximate) of each kiln.swiglu / kiln.geglu call."""
+
+    def __init__(self, monkeypatch):
+        self.calls = []
+        swiglu, geglu = activation_ops.swiglu, activation_ops.geglu
+
+        def counted_swiglu(gate, up=None, up_first=False, out=None):
+            self.calls.append(("swiglu", up is not None, up_first, None))
+            return swiglu(gate, up, up_first, out)
+
+        def counted_geglu(gate, up=None, approximate="tanh", up_first=False):
+            self.calls.append(("geglu", up is not None, up_first, approximate))
+            return geglu(gate, up, approximate, up_first)
+
+        monkeypatch.setattr(activation_ops, "swiglu", counted_swiglu)
+        monkeypatch.setattr(activation_ops, "geglu", counted_geglu)
+
+
+def _feed_forward(activation, dtype=torch.float32, seed=0):
+    torch.manual_seed(seed)
+    return diffusers_attention.FeedForward(DIM, activation_fn=activation).eval().to(dtype)
+
+
+def _x(dtype=torch.float32, shape=(2, 7), seed=1):
+    return torch.randn(*shape, DIM, generator=torch.Generator().manual_seed(seed)).to(dtype)
+
+
+def _phi3_mlp(hidden_act, dtype=torch.float32):
+    config = transformers.Phi3Config(hidden_size=DIM, intermediate_size=80, num_attention_heads=4,
+                                     hidden_act=hidden_act, pad_token_id=0)
+    torch.manual_seed(0)
+    return Phi3MLP(config).eval().to(dtype)
+
+
+@pytest.mark.parametrize("activation, op, approximate", [("geglu", "geglu", "none"), ("swiglu", "swiglu", None)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("shape", [(1, 1), (2, 7), (3, 129)])
+def test_diffusers_gated_projection_is_one_kiln_call(activation, op, approximate, dtype, shape, monkeypatch):
+    model = _feed_forward(activation, dtype)
+    x = _x(dtype, shape)
+    with torch.no_grad():
+        expected = model(x)
+        truth = _feed_forward(activation, torch.float64)(x.double())
+    report = kiln.patch(model)
+    assert [(r.path, r.op) for r in report.replaced] == [("net.0", op)] and report.left == []
+    assert report.replaced[0].kind == f"{op}, one projection (up first)"
+    calls = _Calls(monkeypatch)
+    with torch.no_grad():
+        actual = model(x)
+    assert calls.calls == [(op, False, True, approximate)]
+    assert actual.dtype == dtype and actual.shape == expected.shape
+    if dtype == torch.float32:
+        torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-5)
+    else:
+        # kiln rounds the product once where diffusers rounds the activation first: as close to
+        # the fp64 module as diffusers' own result, to a rounding of the output.
+        err_kiln = (actual.double() - truth).abs().max().item()
+        err_original = (expected.double() - truth).abs().max().item()
+        assert err_kiln <= 1.5 * err_original + 1e-3, (err_kiln, err_original)
+    assert kiln.unpatch(model) == 1
+    with torch.no_grad():
+        assert torch.equal(model(x), expected)
+
+
+@pytest.mark.parametrize("hidden_act, op, approximate", [("silu", "swiglu", None),
+                                                         ("gelu_pytorch_tanh", "geglu", "tanh"),
+                                                         ("gelu", "geglu", "none")])
+def test_packed_gate_up_mlp_is_one_kiln_call(hidden_act, op, approximate, monkeypatch):
+    mlp = _phi3_mlp(hidden_act)
+    x = _x()
+    with torch.no_grad():
+        expected = mlp(x)
+    report = kiln.patch(mlp)
+    tanh = " (tanh)" if approximate == "tanh" else ""
+    assert [(r.path, r.kind, r.op) for r in report.replaced] == [("", f"mlp {op}{tanh}, one gate_up projection", op)]
+    calls = _Calls(monkeypatch)
+    with torch.no_grad():
+        actual = mlp(x)
+    assert calls.calls == [(op, False, False, approximate)]  # gate first
+    torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-5)
+    kiln.unpatch(mlp)
+
+
+class _GateFirst(torch.nn.Module):
+    """A diffusers-style gated projection written the other way round."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(DIM, 64)
+        self.activation = torch.nn.SiLU()
+
+    def forward(self, x):
+        gate, up = self.proj(x).chunk(2, dim=-1)
+        return self.activation(gate) * up
+
+
+def test_the_order_of_the_halves_is_found_on_the_probe(monkeypatch):
+    module = _GateFirst()
+    x = _x()
+    with torch.no_grad():
+        expected = module(x)
+    report = kiln.patch(module)
+    assert report.replaced[0].kind == "swiglu, one projection (gate first)"
+    calls = _Calls(monkeypatch)
+    with torch.no_grad():
+        torch.testing.assert_close(module(x), expected, rtol=1e-5, atol=1e-5)
+    assert calls.calls == [("swiglu", False, False, None)]
+
+
+class _Relu(_GateFirst):
+    def __init__(self):
+        super().__init__()
+        self.activation = torch.nn.ReLU()
+
+
+class _Halves(_GateFirst):
+    """Adds its halves: a packed projection, but no gated activation."""
+
+    def forward(self, x):
+        a, b = self.proj(x).chunk(2, dim=-1)
+        return self.activation(a) + b
+
+
+def test_other_computations_are_left_with_the_reason():
+    assert kiln.patch(_Relu()).left[0].reason == "its activation (ReLU) is not SiLU or GELU on a probe"
+    reason = kiln.patch(_Halves()).left[0].reason
+    assert reason.startswith("does not compute up * act(gate) of proj(x)'s halves, gate first (on a torch.float32 "
+                             "probe the replacement differs")
+    # diffusers' "linear-silu" applies the activation to the whole projection: no halves.
+    report = kiln.patch(_feed_forward("linear-silu"))
+    assert report.replaced == [] and "gives torch.float32 (3, 5, 40) where the original gives" in report.left[0].reason
+    # diffusers' GELU (its own pattern, kept) and ApproximateGELU (x * sigmoid(1.702 x)) are not candidates.
+    assert [r.kind for r in kiln.patch(_feed_forward("gelu-approximate")).replaced] == ["gelu (tanh)"]
+    report = kiln.patch(_feed_forward("geglu-approximate"))
+    assert report.replaced == [] and report.left == []
+
+
+def test_inputs_kiln_does_not_take_run_the_original(monkeypatch):
+    model = _feed_forward("geglu").double()
+    kiln.patch(model)
+    calls = _Calls(monkeypatch)
+    x = _x(torch.float64)
+    with torch.no_grad():
+        actual = model(x)
+        kiln.unpatch(model)
+        expected = model(x)
+    assert calls.calls == [] and torch.equal(actual, expected)
+
+
+def test_ops_filter():
+    report = kiln.patch(_feed_forward("geglu"), ops=["swiglu"])
+    assert report.replaced == [] and report.left[0].reason == (
+        "computes geglu, one projection (up first); geglu is not in ops")
+    assert [r.op for r in kiln.patch(_feed_forward("swiglu"), ops=["swiglu"]).replaced] == ["swiglu"]
+
+
+@pytest.mark.parametrize("activation", ["geglu", "swiglu"])
+def test_training_through_the_packed_gate(activation):
+    """kiln's swiglu and geglu have backward formulas for the packed form: the projection's
+    and the input's gradients match the original's."""
+    model = _feed_forward(activation)
+    x = _x().requires_grad_(True)
+    model(x).pow(2).mean().backward()
+    expected = {name: p.grad.clone() for name, p in model.named_parameters()}
+    expected_x = x.grad.clone()
+    model.zero_grad()
+    x.grad = None
+    kiln.patch(model)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        model(x).pow(2).mean().backward()
+    assert f"kiln::{activation}_backward" in {event.name for event in prof.events()}
+    torch.testing.assert_close(x.grad, expected_x, rtol=1e-5, atol=1e-6)
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, expected[name], rtol=1e-5, atol=1e-6, msg=name)
+    kiln.unpatch(model)
+
+
+def test_compiled_feed_forward_has_kiln_geglu_in_one_graph():
+    model = _feed_forward("geglu")
+    x = _x()
+    with torch.no_grad():
+        expected = model(x)
+    kiln.patch(model)
+    compiled, graphs = compile_capturing(model)
+    with torch.no_grad():
+        actual = compiled(x)
+    torch._dynamo.reset()
+    assert len(graphs) == 1 and len(calls_of(graphs, torch.ops.kiln.geglu.default)) == 1
+    torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-5)
+    kiln.unpatch(model)
+
+
+def test_a_deep_copy_computes_with_its_own_projection():
+    model = _feed_forward("geglu")
+    kiln.patch(model)
+    twin = copy.deepcopy(model)
+    with torch.no_grad():
+        twin.net[0].proj.weight.mul_(-1.0)
+    x = _x()
+    with torch.no_grad():
+        patched = twin(x)
+        kiln.unpatch(twin)
+        assert torch.equal(twin(x), patched)
+        assert not torch.allclose(model(x), patched)
