@@ -363,6 +363,15 @@ def stamp(env):
     return f"{env['date']}-{env['device'].replace(' ', '_')}"
 
 
+def write_diagnostics(out, name, env, tag, table):
+    """Writes a diagnostic's printed table to OUT/<name>-<stamp>[-tag]-diagnostics.md and
+    prints it."""
+    path = os.path.join(out, f"{name}-{stamp(env)}{f'-{tag}' if tag else ''}-diagnostics.md")
+    with open(path, "w") as f:
+        f.write(table + "\n")
+    print(table)
+
+
 # ---- whole-model benchmarks (bench/ltx_video.py, bench/llama.py) -----------------------
 
 

@@ -67,10 +67,7 @@ def main():
                      f"{100 * us['copy'] / us['kiln']:.0f}% (max rel err {error:.1e}) |")
         print(lines[-1], flush=True)
     table = "\n".join(lines)
-    stamp = common.stamp(env) + (f"-{args.tag}" if args.tag else "")
-    with open(os.path.join(args.out, f"packed-gate-kernels-{stamp}-diagnostics.md"), "w") as f:
-        f.write(table + "\n")
-    print(table)
+    common.write_diagnostics(args.out, "packed-gate-kernels", env, args.tag, table)
 
 
 if __name__ == "__main__":

@@ -61,10 +61,7 @@ def main():
     for name, us in host.items():
         lines.append(f"| {name} | {us:.1f} | {us / host['x.add(x)']:.2f} |")
     table = "\n".join(lines)
-    stamp = common.stamp(env) + (f"-{args.tag}" if args.tag else "")
-    with open(os.path.join(args.out, f"rope-host-{stamp}-diagnostics.md"), "w") as f:
-        f.write(table + "\n")
-    print(table)
+    common.write_diagnostics(args.out, "rope-host", env, args.tag, table)
 
 
 if __name__ == "__main__":

@@ -289,6 +289,24 @@ def _classify_norm(module: torch.nn.Module, original: Callable) -> Union[Match, 
     return NoMatch("norm", f"does not compute an RMSNorm: {reasons[-2]}; nor a LayerNorm: {reasons[-1]}")
 
 
+def probe_dtype(projection: torch.nn.Module) -> torch.dtype:
+    """The dtype a probe gives a projection's stand-in: its weight's, where it is a float."""
+    weight = getattr(projection, "weight", None)
+    return weight.dtype if isinstance(weight, torch.Tensor) and weight.is_floating_point() else torch.float32
+
+
+def probe_linear(n_in: int, n_out: int, like: torch.nn.Module, dtype: torch.dtype,
+                 generator: torch.Generator) -> torch.nn.Linear:
+    """A small random ``nn.Linear`` standing in for the projection ``like`` on a probe, with a
+    bias where it has one."""
+    layer = torch.nn.Linear(n_in, n_out, bias=getattr(like, "bias", None) is not None)
+    with torch.no_grad():
+        layer.weight.copy_(torch.randn(n_out, n_in, generator=generator) / n_in ** 0.5)
+        if layer.bias is not None:
+            layer.bias.copy_(torch.randn(n_out, generator=generator))
+    return layer.to(dtype).requires_grad_(False)
+
+
 def gelu_candidate(module: torch.nn.Module) -> bool:
     """diffusers' ``GELU``: a ``proj`` child, an ``approximate`` of F.gelu's and a
     ``gelu`` method."""
@@ -298,16 +316,10 @@ def gelu_candidate(module: torch.nn.Module) -> bool:
 
 def classify_gelu(module: torch.nn.Module, original: Callable) -> Union[Match, NoMatch]:
     proj = module.proj
-    weight = getattr(proj, "weight", None)
-    dtype = weight.dtype if isinstance(weight, torch.Tensor) and weight.is_floating_point() else torch.float32
+    dtype = probe_dtype(proj)
     generator = torch.Generator().manual_seed(0)
     n_in, n_out = 24, 40
-    probe_proj = torch.nn.Linear(n_in, n_out, bias=getattr(proj, "bias", None) is not None)
-    with torch.no_grad():
-        probe_proj.weight.copy_(torch.randn(n_out, n_in, generator=generator) / n_in ** 0.5)
-        if probe_proj.bias is not None:
-            probe_proj.bias.copy_(torch.randn(n_out, generator=generator))
-    probe_proj = probe_proj.to(dtype).requires_grad_(False)
+    probe_proj = probe_linear(n_in, n_out, proj, dtype, generator)
     dtypes = (dtype,) + tuple(d for d in _PROBE_DTYPES if d != dtype)
     inputs = _probe_inputs(n_in, dtypes, generator)
     factory = forwards.gelu_after_proj
@@ -343,21 +355,12 @@ def classify_mlp(module: torch.nn.Module, original: Callable) -> Union[Match, No
     act = _identify_activation(module.act_fn)
     if act is None:
         return NoMatch("mlp", f"its act_fn ({type(module.act_fn).__name__}) is not SiLU or GELU on a probe")
-    gate = getattr(module.gate_proj, "weight", None)
-    dtype = gate.dtype if isinstance(gate, torch.Tensor) and gate.is_floating_point() else torch.float32
+    dtype = probe_dtype(module.gate_proj)
     generator = torch.Generator().manual_seed(0)
-
-    def linear(n_in, n_out, like):
-        layer = torch.nn.Linear(n_in, n_out, bias=getattr(like, "bias", None) is not None)
-        with torch.no_grad():
-            layer.weight.copy_(torch.randn(n_out, n_in, generator=generator) / n_in ** 0.5)
-            if layer.bias is not None:
-                layer.bias.copy_(torch.randn(n_out, generator=generator))
-        return layer.to(dtype).requires_grad_(False)
-
     hidden, inner = 24, 40
-    children = {"gate_proj": linear(hidden, inner, module.gate_proj), "up_proj": linear(hidden, inner, module.up_proj),
-                "down_proj": linear(inner, hidden, module.down_proj)}
+    children = {name: probe_linear(n_in, n_out, getattr(module, name), dtype, generator)
+                for name, n_in, n_out in (("gate_proj", hidden, inner), ("up_proj", hidden, inner),
+                                          ("down_proj", inner, hidden))}
     dtypes = (dtype,) + tuple(d for d in _PROBE_DTYPES if d != dtype)
     inputs = _probe_inputs(hidden, dtypes, generator)
     kind, op = _MLP_OPS[act]

@@ -100,22 +100,12 @@ def classify(module: torch.nn.Module, original: Callable) -> Union[detect.Match,
         return detect.NoMatch("gated projection", f"its {layout.activation} ({type(act_fn).__name__}) is not "
                                                   "SiLU or GELU on a probe")
     proj = getattr(module, layout.proj)
-    weight = getattr(proj, "weight", None)
-    dtype = weight.dtype if isinstance(weight, torch.Tensor) and weight.is_floating_point() else torch.float32
+    dtype = detect.probe_dtype(proj)
     generator = torch.Generator().manual_seed(0)
-
-    def linear(n_in, n_out, like):
-        layer = torch.nn.Linear(n_in, n_out, bias=getattr(like, "bias", None) is not None)
-        with torch.no_grad():
-            layer.weight.copy_(torch.randn(n_out, n_in, generator=generator) / n_in ** 0.5)
-            if layer.bias is not None:
-                layer.bias.copy_(torch.randn(n_out, generator=generator))
-        return layer.to(dtype).requires_grad_(False)
-
     hidden, inner = 24, 40
-    children = {layout.proj: linear(hidden, 2 * inner, proj)}
+    children = {layout.proj: detect.probe_linear(hidden, 2 * inner, proj, dtype, generator)}
     if layout.down is not None:
-        children[layout.down] = linear(inner, hidden, getattr(module, layout.down))
+        children[layout.down] = detect.probe_linear(inner, hidden, getattr(module, layout.down), dtype, generator)
     dtypes = (dtype,) + tuple(d for d in detect._PROBE_DTYPES if d != dtype)
     inputs = detect._probe_inputs(hidden, dtypes, generator)
     # A down projection sums many rounded products: the bound scales with the output's size.
