@@ -269,6 +269,18 @@ def test_gated_feed_forward_bench_smoke_run(tmp_path):
         assert err["finite"] and err["max_rel"] < 5e-2
 
 
+@needs_diffusers
+def test_sdxl_unet_bench_smoke_run(tmp_path):
+    out = _smoke("sdxl_unet.py", tmp_path)
+    assert "| eager+kiln |" in out
+    [doc_path] = tmp_path.glob("sdxl-unet-*.json")
+    doc = json.loads(doc_path.read_text())
+    # Each transformer block's three LayerNorms and its GEGLU; the GroupNorms are left, as such.
+    assert doc["patch"]["replaced"] == {"layer_norm": 33, "geglu": 11}
+    err = doc["settings"]["eager+kiln"]["error_vs_eager"]
+    assert err["finite"] and err["max_rel"] < 5e-2
+
+
 # ---- the examples -----------------------------------------------------------------------
 
 

@@ -359,6 +359,12 @@ def test_norms_computing_something_else_are_left_with_a_reason():
     assert all(l.cls == "Halved" for l in report.left)
 
 
+def test_a_group_norm_is_left_as_one():
+    report = kiln.patch(torch.nn.Sequential(torch.nn.GroupNorm(4, 32), torch.nn.GroupNorm(1, 32, affine=False)))
+    assert report.replaced == [] and [l.reason for l in report.left] == [
+        "it normalises groups of channels (a GroupNorm); kiln's norms take the last dimension"] * 2
+
+
 def test_mlp_with_another_activation_is_left():
     from transformers.models.llama.modeling_llama import LlamaMLP
 

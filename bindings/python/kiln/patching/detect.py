@@ -253,6 +253,8 @@ def _classify_norm(module: torch.nn.Module, original: Callable) -> Union[Match, 
     eps = getattr(module, "variance_epsilon", getattr(module, "eps", None))
     if eps is not None and not isinstance(eps, (int, float)):
         return NoMatch("norm", f"its eps is a {type(eps).__name__}, not a number")
+    if isinstance(getattr(module, "num_groups", None), int):
+        return NoMatch("norm", "it normalises groups of channels (a GroupNorm); kiln's norms take the last dimension")
     shape = _normalized_shape(module)
     if shape is not None and len(shape) != 1:
         return NoMatch("norm", f"it normalises over the last {len(shape)} dimensions; kiln's norms take the last one")
