@@ -225,3 +225,77 @@ def test_a_deep_copy_computes_with_its_own_projection():
         kiln.unpatch(twin)
         assert torch.equal(twin(x), patched)
         assert not torch.allclose(model(x), patched)
+
+
+class _ClampedGateUp(torch.nn.Module):
+    """GPT-OSS's and MiniMax's limited SwiGLU: gate and up clamped before the product."""
+
+    def __init__(self):
+        super().__init__()
+        self.gate_up_proj = torch.nn.Linear(DIM, 80)
+        self.down_proj = torch.nn.Linear(40, DIM)
+        self.act_fn = torch.nn.SiLU()
+
+    def forward(self, x):
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(self.act_fn(gate.clamp(max=7.0)) * up.clamp(-7.0, 7.0))
+
+
+class _DropoutInside(_ClampedGateUp):
+    def __init__(self):
+        super().__init__()
+        self.dropout = torch.nn.Dropout(0.5)
+
+    def forward(self, x):
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(self.dropout(self.act_fn(gate) * up))
+
+
+def test_what_a_unit_sized_probe_cannot_see_is_left():
+    """A clamp past the values a unit-sized probe reaches (gelu_10's at 10, a limited SwiGLU's at
+    7), and a dropout that only training mode applies, each leave the module as it is."""
+    reason = kiln.patch(_phi3_mlp("gelu_10")).left[0].reason
+    assert reason == "its activation_fn (ClippedGELUActivation) is not SiLU or GELU on a probe"
+    reason = kiln.patch(_ClampedGateUp()).left[0].reason
+    assert reason.startswith("does not compute down_proj(up * act(gate)) of gate_up_proj(x)'s halves")
+    reason = kiln.patch(_DropoutInside().eval()).left[0].reason
+    assert reason == ("it holds dropout besides its projections and activation, which its forward may apply where "
+                      "kiln's would not")
+
+
+@pytest.mark.parametrize("module", ["packed", "gated"])
+@pytest.mark.parametrize("change", ["hook", "replaced"])
+def test_an_activation_changed_after_the_patch_runs_as_changed(module, change, monkeypatch):
+    """A hook on the activation, or another activation set in its place, after kiln.patch: the
+    module computes with it, as the original would, instead of the probed one."""
+    if module == "packed":
+        mlp, attr = _phi3_mlp("silu"), "activation_fn"
+    else:
+        from transformers.models.llama.modeling_llama import LlamaMLP
+
+        torch.manual_seed(0)
+        mlp, attr = LlamaMLP(transformers.LlamaConfig(hidden_size=DIM, intermediate_size=80,
+                                                      num_attention_heads=4)).eval(), "act_fn"
+    x = _x()
+    assert len(kiln.patch(mlp).replaced) == 1
+    if change == "hook":
+        getattr(mlp, attr).register_forward_hook(lambda m, args, out: out * 0.5)
+    else:
+        setattr(mlp, attr, torch.nn.ReLU())
+    calls = _Calls(monkeypatch)
+    with torch.no_grad():
+        patched = mlp(x)
+        kiln.unpatch(mlp)
+        expected = mlp(x)
+    assert calls.calls == [] and torch.equal(patched, expected)
+
+
+def test_a_deep_copy_keeps_its_own_activation_mark(monkeypatch):
+    """The copy's mark names the copy's activation: the copy still reaches kiln."""
+    mlp = _phi3_mlp("silu")
+    kiln.patch(mlp)
+    twin = copy.deepcopy(mlp)
+    calls = _Calls(monkeypatch)
+    with torch.no_grad():
+        twin(_x())
+    assert calls.calls == [("swiglu", False, False, None)]

@@ -212,6 +212,49 @@ def test_each_table_form_takes_only_its_own_width():
     assert widths("interleaved") == [2, 4, 6, 8]
 
 
+def test_a_two_dimensional_table_lines_up_with_the_positions_only_in_bshd():
+    """[S, D] unsqueezed at 1 meets q's heads, not its positions: the formula's own business."""
+    q, k, table = torch.randn(1, 3, 3, 8), torch.randn(1, 3, 3, 8), torch.randn(3, 8)
+    assert rope_attention.rope_layout(q, k, table, table, 1) is None
+    assert rope_attention.rope_layout(q, k, table, table, 2) == "bshd"
+
+
+def _rope_of_q_alone(q, k=None, cos=None, sin=None, unsqueeze_dim=1):
+    """A function that also rotates q alone (an indexer's), k optional."""
+    cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
+    q_out = q * cos + modeling_llama.rotate_half(q) * sin
+    return q_out if k is None else (q_out, k * cos + modeling_llama.rotate_half(k) * sin)
+
+
+class _Indexer(torch.nn.Module):
+    """Rotates q alone, passing the tables by name: only (q, k, cos, sin) calls reach kiln."""
+
+    def forward(self, q, k, cos, sin):
+        alone = apply_rotary_pos_emb(q, cos=cos, sin=sin)
+        both = apply_rotary_pos_emb(q, k, cos, sin)
+        return alone, both
+
+
+def test_calls_of_another_form_run_the_original(monkeypatch):
+    module_globals = _Indexer.forward.__globals__
+    monkeypatch.setitem(module_globals, "apply_rotary_pos_emb", _rope_of_q_alone)
+    indexer = _Indexer()
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(1, 2, 3, 8, generator=g), torch.randn(1, 1, 3, 8, generator=g)
+    angles = torch.rand(1, 3, 4, generator=g) * 10
+    cos, sin = torch.cat((angles, angles), -1).cos(), torch.cat((angles, angles), -1).sin()
+    expected = indexer(q, k, cos, sin)
+    report = kiln.patch(indexer)
+    assert [r.op for r in report.replaced] == ["rope"]
+    calls = _count_rope(monkeypatch)
+    actual = indexer(q, k, cos, sin)
+    assert calls == ["bhsd"]  # the (q, k, cos, sin) call only
+    torch.testing.assert_close(actual[0], expected[0], rtol=0, atol=0)
+    for a, e in zip(actual[1], expected[1]):
+        torch.testing.assert_close(a, e, rtol=1e-6, atol=1e-6)
+    kiln.unpatch(indexer)
+
+
 def _count_rope_calls(monkeypatch):
     """(layout, interleaved, table width, rotary_dim) of each kiln.rope call."""
     calls = []

@@ -67,6 +67,12 @@ def _probe_inputs(hidden: int, dtypes, generator: torch.Generator) -> List[torch
     return [base.to(d) for d in dtypes]
 
 
+def with_large_values(inputs: List[torch.Tensor]) -> List[torch.Tensor]:
+    """The probe inputs and the first of them 30 times over: projected, its values reach well
+    past a clamp a gated forward may apply (GPT-OSS's at 7), which unit-sized values never do."""
+    return inputs + [inputs[0] * 30.0]
+
+
 def _compare(original: Callable, candidate: Callable, inputs: List[torch.Tensor],
              scale_of=lambda out: 0.0) -> Optional[str]:
     """None when the candidate agrees with the original on every probe input the original
@@ -338,7 +344,9 @@ def mlp_candidate(module: torch.nn.Module) -> bool:
 
 
 def _identify_activation(act_fn: Callable) -> Optional[str]:
-    t = torch.linspace(-6.0, 6.0, 97)
+    # Large values as well: a clipped activation (gelu_10, a clamped SwiGLU's) agrees with its
+    # plain form only up to its limit.
+    t = torch.cat((torch.linspace(-6.0, 6.0, 97), torch.tensor([-1e3, -100.0, -20.0, -10.0, 10.0, 20.0, 100.0, 1e3])))
     with torch.no_grad():
         try:
             out = act_fn(t)
@@ -353,7 +361,21 @@ def _identify_activation(act_fn: Callable) -> Optional[str]:
 _MLP_OPS = {"silu": ("mlp swiglu", "swiglu"), "gelu_tanh": ("mlp geglu (tanh)", "geglu"), "gelu": ("mlp geglu", "geglu")}
 
 
+def other_children(module: torch.nn.Module, own: tuple) -> Optional[str]:
+    """Why a module holding children besides ``own`` (its projections and activation) is left,
+    or None: its forward may apply them where the replacement would not (a dropout in training,
+    where the probe, run in eval mode, sees none)."""
+    others = sorted(name for name, _ in module.named_children() if name not in own)
+    if not others:
+        return None
+    return (f"it holds {', '.join(others)} besides its projections and activation, which its forward may "
+            "apply where kiln's would not")
+
+
 def classify_mlp(module: torch.nn.Module, original: Callable) -> Union[Match, NoMatch]:
+    others = other_children(module, ("gate_proj", "up_proj", "down_proj", "act_fn"))
+    if others:
+        return NoMatch("mlp", others)
     act = _identify_activation(module.act_fn)
     if act is None:
         return NoMatch("mlp", f"its act_fn ({type(module.act_fn).__name__}) is not SiLU or GELU on a probe")
@@ -364,7 +386,7 @@ def classify_mlp(module: torch.nn.Module, original: Callable) -> Union[Match, No
                 for name, n_in, n_out in (("gate_proj", hidden, inner), ("up_proj", hidden, inner),
                                           ("down_proj", inner, hidden))}
     dtypes = (dtype,) + tuple(d for d in _PROBE_DTYPES if d != dtype)
-    inputs = _probe_inputs(hidden, dtypes, generator)
+    inputs = with_large_values(_probe_inputs(hidden, dtypes, generator))
     kind, op = _MLP_OPS[act]
     factory = forwards.gated_mlp(act)
     # The down projection sums many rounded products: the bound scales with the output's size.
@@ -372,4 +394,5 @@ def classify_mlp(module: torch.nn.Module, original: Callable) -> Union[Match, No
         why = _compare(original, factory(module, original), inputs, scale_of=lambda out: out.abs().max().item())
     if why is not None:
         return NoMatch("mlp", f"does not compute down_proj(act_fn(gate_proj(x)) * up_proj(x)): {why}")
+    forwards.remember_activation(module, "act_fn")
     return Match(kind, op, factory)

@@ -315,15 +315,40 @@ def gated_mlp(act: str) -> Callable:
             x = args[0]
             gate = module.gate_proj(x)
             up = module.up_proj(x)
-            if gate.shape == up.shape and kiln_can_take(gate, up, differentiable=True):
+            act_fn = module.act_fn
+            if gate.shape == up.shape and runs_probed_activation(module, act_fn) \
+                    and kiln_can_take(gate, up, differentiable=True):
                 hidden = fuse(gate, up)
             else:
-                hidden = module.act_fn(gate) * up
+                hidden = act_fn(gate) * up
             return module.down_proj(hidden)
 
         return forward
 
     return factory
+
+
+ACTIVATION_MARK = "_kiln_activation"
+
+
+def remember_activation(module: torch.nn.Module, attr: str) -> None:
+    """Marks on the module the activation its probe identified (its ``attr``: a module, or a
+    method of the module itself), for :func:`runs_probed_activation`. Kept on the module: a
+    deep copy copies the mark with it, pointing at the copy's own activation."""
+    act = getattr(module, attr)
+    module.__dict__[ACTIVATION_MARK] = act.__func__ if getattr(act, "__self__", None) is module else act
+
+
+def runs_probed_activation(module: torch.nn.Module, now: Callable) -> bool:
+    """Whether ``now``, the module's activation read at call time, is the one marked: the same
+    module, with no hook and no forward of its own set since, or the same method of the module
+    (a bound method is made anew at each read)."""
+    probed = module.__dict__.get(ACTIVATION_MARK)
+    if probed is None:
+        return False
+    if now is probed:
+        return not (isinstance(now, torch.nn.Module) and ("forward" in now.__dict__ or any_hooks(now)))
+    return getattr(now, "__self__", None) is module and getattr(now, "__func__", None) is probed
 
 
 # The activations a gated MLP's act_fn is recognised as, by what it computes.

@@ -36,7 +36,7 @@ import torch
 from .. import rope_ops
 from . import detect, forwards, probed, replace, rope_attention, source_rewrite
 from .forwards import kiln_can_take, norm_eps
-from .rope_attention import ROPE_GLOBAL, rope_layout, rotate_half_rope, _parameters
+from .rope_attention import ROPE_GLOBAL, _parameters, _rope_call, rope_layout, rotate_half_rope
 
 FUSED_GLOBAL = "_kiln_head_norms_and_rotary_pos_emb"
 NORMS = ("q_norm", "k_norm")
@@ -156,12 +156,10 @@ def head_norm_rotate_half_rope(original: Callable, rule: str) -> Callable:
     keyword_ok = "unsqueeze_dim" in names
 
     def fused_arguments(q_norm, k_norm, q, k, cos, sin, args, kwargs):
-        if len(args) + len(kwargs) > 1 or (args and not positional_ok) \
-                or (kwargs and not (keyword_ok and "unsqueeze_dim" in kwargs)):
+        call = _rope_call((q, k, cos, sin) + args, kwargs, positional_ok, keyword_ok)
+        if call is None or probed.rule_of(q_norm) != rule or probed.rule_of(k_norm) != rule:
             return None
-        if probed.rule_of(q_norm) != rule or probed.rule_of(k_norm) != rule:
-            return None
-        layout = rope_layout(q, k, cos, sin, kwargs.get("unsqueeze_dim", args[0] if args else 1))
+        layout = rope_layout(*call)
         if layout is None or not kiln_can_take(q, k, cos, sin):
             return None
         q_ok, q_weight = probed.fused_weight(q_norm, rule, q, differentiable=False)

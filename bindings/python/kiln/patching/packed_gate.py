@@ -22,7 +22,7 @@ import torch
 
 from .. import activation_ops
 from . import detect
-from .forwards import _single_tensor_call, kiln_can_take
+from .forwards import _single_tensor_call, kiln_can_take, remember_activation, runs_probed_activation
 
 
 @dataclass(frozen=True)
@@ -68,7 +68,8 @@ def packed_gate(layout: Layout, activation: str, up_first: bool) -> Callable:
             if not _single_tensor_call(args, kwargs):
                 return original(*args, **kwargs)
             packed = getattr(module, layout.proj)(args[0])
-            if packed.shape[-1] % 2 == 0 and kiln_can_take(packed, differentiable=True):
+            if packed.shape[-1] % 2 == 0 and runs_probed_activation(module, getattr(module, layout.activation)) \
+                    and kiln_can_take(packed, differentiable=True):
                 if op == "swiglu":
                     hidden = activation_ops.swiglu(packed, None, up_first)
                 else:
@@ -94,6 +95,9 @@ def _kind(layout: Layout, activation: str, up_first: bool) -> str:
 
 def classify(module: torch.nn.Module, original: Callable) -> Union[detect.Match, detect.NoMatch]:
     layout = layout_of(module)
+    others = detect.other_children(module, (layout.proj, layout.down, layout.activation))
+    if others:
+        return detect.NoMatch("gated projection", others)
     act_fn = getattr(module, layout.activation)
     activation = detect._identify_activation(act_fn)
     if activation is None:
@@ -107,7 +111,7 @@ def classify(module: torch.nn.Module, original: Callable) -> Union[detect.Match,
     if layout.down is not None:
         children[layout.down] = detect.probe_linear(inner, hidden, getattr(module, layout.down), dtype, generator)
     dtypes = (dtype,) + tuple(d for d in detect._PROBE_DTYPES if d != dtype)
-    inputs = detect._probe_inputs(hidden, dtypes, generator)
+    inputs = detect.with_large_values(detect._probe_inputs(hidden, dtypes, generator))
     # A down projection sums many rounded products: the bound scales with the output's size.
     scale_of = (lambda out: out.abs().max().item()) if layout.down is not None else (lambda out: 0.0)
     reasons = []
@@ -116,6 +120,7 @@ def classify(module: torch.nn.Module, original: Callable) -> Union[detect.Match,
             factory = packed_gate(layout, activation, up_first)
             why = detect._compare(original, factory(module, original), inputs, scale_of=scale_of)
             if why is None:
+                remember_activation(module, layout.activation)
                 return detect.Match(_kind(layout, activation, up_first), _OPS[activation][0], factory)
             if why.startswith("its forward fails"):
                 return detect.NoMatch("gated projection", why)

@@ -41,7 +41,10 @@ def rope_layout(q, k, cos, sin, unsqueeze_dim, form="full") -> Optional[str]:
     layout = {1: "bhsd", 2: "bshd"}.get(unsqueeze_dim)
     if layout is None or not all(isinstance(t, torch.Tensor) for t in (q, k, cos, sin)):
         return None
-    if q.dim() != 4 or k.dim() != 4 or cos.dim() not in (2, 3) or cos.shape != sin.shape:
+    # A [S, W] table unsqueezed at 1 lines its positions up with q's heads, not its positions:
+    # kiln would compute what the caller meant, not what the formula does.
+    if q.dim() != 4 or k.dim() != 4 or cos.dim() not in ((2, 3) if layout == "bshd" else (3,)) \
+            or cos.shape != sin.shape:
         return None
     d, width = q.shape[-1], cos.shape[-1]
     if k.shape[-1] != d or d % 2:
@@ -57,13 +60,18 @@ def rope_layout(q, k, cos, sin, unsqueeze_dim, form="full") -> Optional[str]:
     return layout
 
 
-def _unsqueeze_dim(args: tuple, kwargs: dict, positional_ok: bool, keyword_ok: bool) -> Optional[int]:
-    """The ``unsqueeze_dim`` of a call's arguments after (q, k, cos, sin), or None where they
-    are anything else."""
-    if len(args) + len(kwargs) > 1 or (args and not positional_ok) \
+def _rope_call(args: tuple, kwargs: dict, positional_ok: bool, keyword_ok: bool) -> Optional[tuple]:
+    """(q, k, cos, sin, unsqueeze_dim) of a call written ``(q, k, cos, sin)``, with at most an
+    ``unsqueeze_dim`` after them where the original gives it that meaning; None for any other
+    call (one passing k or the tables by name, or leaving k out, as an indexer rotating q
+    alone does)."""
+    if len(args) < 4:
+        return None
+    rest = args[4:]
+    if len(rest) + len(kwargs) > 1 or (rest and not positional_ok) \
             or (kwargs and not (keyword_ok and "unsqueeze_dim" in kwargs)):
         return None
-    return kwargs.get("unsqueeze_dim", args[0] if args else 1)
+    return args[0], args[1], args[2], args[3], kwargs.get("unsqueeze_dim", rest[0] if rest else 1)
 
 
 def rotate_half_rope(original: Callable, form: str = "full") -> Callable:
@@ -80,33 +88,37 @@ def rotate_half_rope(original: Callable, form: str = "full") -> Callable:
     # The table form is spelled in code, not read from this closure: torch.compile guards
     # on what the traced path reads, and it finds this function through the model's module
     # globals, where the name is the original's (whose closure has no such cell).
-    def apply_rotary_pos_emb(q, k, cos, sin, *args, **kwargs):
-        unsqueeze_dim = _unsqueeze_dim(args, kwargs, positional_ok, keyword_ok)
-        layout = None if unsqueeze_dim is None else rope_layout(q, k, cos, sin, unsqueeze_dim)
+    def apply_rotary_pos_emb(*args, **kwargs):
+        call = _rope_call(args, kwargs, positional_ok, keyword_ok)
+        layout = None if call is None else rope_layout(*call)
         if layout is None:
-            return original(q, k, cos, sin, *args, **kwargs)
+            return original(*args, **kwargs)
+        q, k, cos, sin, _ = call
         return rope_ops.rope(q, k, cos, sin, layout=layout)
 
-    def apply_rotary_pos_emb_partial(q, k, cos, sin, *args, **kwargs):
-        unsqueeze_dim = _unsqueeze_dim(args, kwargs, positional_ok, keyword_ok)
-        layout = None if unsqueeze_dim is None else rope_layout(q, k, cos, sin, unsqueeze_dim, "partial")
+    def apply_rotary_pos_emb_partial(*args, **kwargs):
+        call = _rope_call(args, kwargs, positional_ok, keyword_ok)
+        layout = None if call is None else rope_layout(*call, "partial")
         if layout is None:
-            return original(q, k, cos, sin, *args, **kwargs)
+            return original(*args, **kwargs)
+        q, k, cos, sin, _ = call
         return rope_ops.rope(q, k, cos, sin, layout=layout)  # rotary_dim: the table's width
 
-    def apply_rotary_pos_emb_half_table(q, k, cos, sin, *args, **kwargs):
-        unsqueeze_dim = _unsqueeze_dim(args, kwargs, positional_ok, keyword_ok)
-        layout = None if unsqueeze_dim is None else rope_layout(q, k, cos, sin, unsqueeze_dim, "half")
+    def apply_rotary_pos_emb_half_table(*args, **kwargs):
+        call = _rope_call(args, kwargs, positional_ok, keyword_ok)
+        layout = None if call is None else rope_layout(*call, "half")
         if layout is None:
-            return original(q, k, cos, sin, *args, **kwargs)
+            return original(*args, **kwargs)
+        q, k, cos, sin, _ = call
         return rope_ops.rope(q, k, cos, sin, rotary_dim=q.shape[-1], layout=layout)
 
-    def apply_rotary_pos_emb_interleaved(q, k, cos, sin, *args, **kwargs):
-        unsqueeze_dim = _unsqueeze_dim(args, kwargs, positional_ok, keyword_ok)
-        layout = None if unsqueeze_dim is None else rope_layout(q, k, cos, sin, unsqueeze_dim, "interleaved")
+    def apply_rotary_pos_emb_interleaved(*args, **kwargs):
+        call = _rope_call(args, kwargs, positional_ok, keyword_ok)
+        layout = None if call is None else rope_layout(*call, "interleaved")
         if layout is None:
-            return original(q, k, cos, sin, *args, **kwargs)
+            return original(*args, **kwargs)
         # GLM's table holds each pair's angle in its first half (the second repeats it).
+        q, k, cos, sin, _ = call
         rotary_dim = cos.shape[-1]
         half = rotary_dim // 2
         return rope_ops.rope(q, k, cos[..., :half], sin[..., :half], interleaved=True, rotary_dim=rotary_dim,
