@@ -495,6 +495,27 @@ def compile_blocks(blocks):
     return compile_
 
 
+def model_settings(text, script):
+    """The settings named in a --settings value, or an exit naming the unknown ones."""
+    settings = text.split(",")
+    unknown = sorted(set(settings) - set(SETTINGS))
+    if unknown:
+        raise SystemExit(f"{script}: --settings: expected names among {list(SETTINGS)}, got {unknown}")
+    return settings
+
+
+def add_module_bench_arguments(parser):
+    """The arguments of a bench of one module's settings (bench/gated_feed_forward.py,
+    bench/sdxl_unet.py)."""
+    parser.add_argument("--out", default="bench/results")
+    parser.add_argument("--quick", action="store_true", help="fewer reps")
+    parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    parser.add_argument("--tiny", action="store_true", help="tiny shapes of the same structure (a CPU smoke run)")
+    parser.add_argument("--reps", type=int, default=None)
+    parser.add_argument("--tag", default="", help="appended to the output file names")
+    parser.add_argument("--settings", default=",".join(SETTINGS))
+
+
 def run_model_settings(model, call, kiln, *, settings=SETTINGS, warmup=2, reps=10, graphs=False, log=print,
                        compile_fn=compile_model, warmup_s=1.0, variants=None):
     """The four settings of an end-to-end benchmark on one model and one input: `eager`

@@ -46,18 +46,9 @@ def build(activation, dim, inner, bias, device="cuda", dtype=torch.bfloat16, see
 
 def main(argv=None):
     parser = argparse.ArgumentParser()
-    parser.add_argument("--out", default="bench/results")
-    parser.add_argument("--quick", action="store_true", help="fewer reps")
-    parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
-    parser.add_argument("--tiny", action="store_true", help="tiny shapes (a CPU smoke run)")
-    parser.add_argument("--reps", type=int, default=None)
-    parser.add_argument("--tag", default="", help="appended to the output file names")
-    parser.add_argument("--settings", default=",".join(common.SETTINGS))
+    common.add_module_bench_arguments(parser)
     args = parser.parse_args(argv)
-    settings = args.settings.split(",")
-    unknown = sorted(set(settings) - set(common.SETTINGS))
-    if unknown:
-        raise SystemExit(f"gated_feed_forward: --settings: expected names among {list(common.SETTINGS)}, got {unknown}")
+    settings = common.model_settings(args.settings, "gated_feed_forward")
     kiln = common.fresh_kiln(1024)
     env = common.model_environment(args.device)
     reps = args.reps or (5 if args.quick else 20)

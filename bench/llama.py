@@ -199,10 +199,7 @@ def main(argv=None):
     kiln = common.fresh_kiln(1024)
     layers = args.layers if args.layers is not None else (2 if args.quick else 4)
     cases = args.cases.split(",") if args.cases else (["prefill", "decode32"] if args.quick else CASES)
-    settings = args.settings.split(",")
-    unknown = sorted(set(settings) - set(common.SETTINGS))
-    if unknown:
-        raise SystemExit(f"llama: --settings: expected names among {list(common.SETTINGS)}, got {unknown}")
+    settings = common.model_settings(args.settings, "llama")
     bad = [c for c in cases if c != "prefill" and not (c.startswith("decode") and c[6:].isdigit())]
     if bad:
         raise SystemExit(f"llama: --cases: expected prefill or decodeN, got {bad}")

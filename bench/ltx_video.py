@@ -109,10 +109,7 @@ def main(argv=None):
     kiln = common.fresh_kiln(1024)
     frames_list = [int(v) for v in args.frames.split(",")] if args.frames else ([49] if args.quick else FRAMES)
     layers = args.layers if args.layers is not None else (4 if args.quick and not args.tiny else None)
-    settings = args.settings.split(",")
-    unknown = sorted(set(settings) - set(common.SETTINGS))
-    if unknown:
-        raise SystemExit(f"ltx_video: --settings: expected names among {list(common.SETTINGS)}, got {unknown}")
+    settings = common.model_settings(args.settings, "ltx_video")
     reps = args.reps or (3 if args.quick else 10)
     warmup = 1 if args.quick else 2
     height, width = (64, 96) if args.tiny else (HEIGHT, WIDTH)

@@ -67,18 +67,9 @@ def repeated_blocks(model):
 
 def main(argv=None):
     parser = argparse.ArgumentParser()
-    parser.add_argument("--out", default="bench/results")
-    parser.add_argument("--quick", action="store_true", help="fewer reps")
-    parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
-    parser.add_argument("--tiny", action="store_true", help="a tiny UNet of the same structure (a CPU smoke run)")
-    parser.add_argument("--reps", type=int, default=None)
-    parser.add_argument("--tag", default="", help="appended to the output file names")
-    parser.add_argument("--settings", default=",".join(common.SETTINGS))
+    common.add_module_bench_arguments(parser)
     args = parser.parse_args(argv)
-    settings = args.settings.split(",")
-    unknown = sorted(set(settings) - set(common.SETTINGS))
-    if unknown:
-        raise SystemExit(f"sdxl_unet: --settings: expected names among {list(common.SETTINGS)}, got {unknown}")
+    settings = common.model_settings(args.settings, "sdxl_unet")
     kiln = common.fresh_kiln(1024)
     env = common.model_environment(args.device)
     started = time.perf_counter()

@@ -87,7 +87,9 @@ def rotate_half_rope(original: Callable, form: str = "full") -> Callable:
 
     # The table form is spelled in code, not read from this closure: torch.compile guards
     # on what the traced path reads, and it finds this function through the model's module
-    # globals, where the name is the original's (whose closure has no such cell).
+    # globals, where the name is the original's (whose closure has no such cell). Each form's
+    # body is written out: torch.compile (2.11) fails with an internal TypeError tracing one
+    # helper given the call's args and kwargs.
     def apply_rotary_pos_emb(*args, **kwargs):
         call = _rope_call(args, kwargs, positional_ok, keyword_ok)
         layout = None if call is None else rope_layout(*call)
