@@ -299,3 +299,18 @@ def test_a_deep_copy_keeps_its_own_activation_mark(monkeypatch):
     with torch.no_grad():
         twin(_x())
     assert calls.calls == [("swiglu", False, False, None)]
+
+
+def test_the_probes_run_kilns_ops(monkeypatch):
+    """What a probe compares with the original is kiln's call, not the fallback formula: for the
+    packed gates and for the gated MLPs of two projections alike."""
+    from transformers.models.llama.modeling_llama import LlamaMLP
+
+    calls = _Calls(monkeypatch)
+    assert len(kiln.patch(_feed_forward("geglu")).replaced) == 1
+    assert ("geglu", False, True, "none") in calls.calls
+    calls.calls.clear()
+    torch.manual_seed(0)
+    llama = LlamaMLP(transformers.LlamaConfig(hidden_size=DIM, intermediate_size=80, num_attention_heads=4))
+    assert len(kiln.patch(llama).replaced) == 1
+    assert ("swiglu", True, False, None) in calls.calls

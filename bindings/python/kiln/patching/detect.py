@@ -389,10 +389,11 @@ def classify_mlp(module: torch.nn.Module, original: Callable) -> Union[Match, No
     inputs = with_large_values(_probe_inputs(hidden, dtypes, generator))
     kind, op = _MLP_OPS[act]
     factory = forwards.gated_mlp(act)
+    forwards.remember_activation(module, "act_fn")  # the replacement runs kiln's op only for it
     # The down projection sums many rounded products: the bound scales with the output's size.
     with torch.no_grad(), _Swapped(module, children=children):
         why = _compare(original, factory(module, original), inputs, scale_of=lambda out: out.abs().max().item())
     if why is not None:
+        forwards.forget_activation(module)
         return NoMatch("mlp", f"does not compute down_proj(act_fn(gate_proj(x)) * up_proj(x)): {why}")
-    forwards.remember_activation(module, "act_fn")
     return Match(kind, op, factory)

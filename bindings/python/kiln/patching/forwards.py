@@ -339,6 +339,10 @@ def remember_activation(module: torch.nn.Module, attr: str) -> None:
     module.__dict__[ACTIVATION_MARK] = act.__func__ if getattr(act, "__self__", None) is module else act
 
 
+def forget_activation(module: torch.nn.Module) -> None:
+    module.__dict__.pop(ACTIVATION_MARK, None)
+
+
 def runs_probed_activation(module: torch.nn.Module, now: Callable) -> bool:
     """Whether ``now``, the module's activation read at call time, is the one marked: the same
     module, with no hook and no forward of its own set since, or the same method of the module

@@ -22,7 +22,8 @@ import torch
 
 from .. import activation_ops
 from . import detect
-from .forwards import _single_tensor_call, kiln_can_take, remember_activation, runs_probed_activation
+from .forwards import (_single_tensor_call, forget_activation, kiln_can_take, remember_activation,
+                       runs_probed_activation)
 
 
 @dataclass(frozen=True)
@@ -115,16 +116,19 @@ def classify(module: torch.nn.Module, original: Callable) -> Union[detect.Match,
     # A down projection sums many rounded products: the bound scales with the output's size.
     scale_of = (lambda out: out.abs().max().item()) if layout.down is not None else (lambda out: 0.0)
     reasons = []
+    remember_activation(module, layout.activation)  # the replacement runs kiln's op only for it
     with torch.no_grad(), detect._Swapped(module, children=children):
         for up_first in (False, True):
             factory = packed_gate(layout, activation, up_first)
             why = detect._compare(original, factory(module, original), inputs, scale_of=scale_of)
             if why is None:
-                remember_activation(module, layout.activation)
                 return detect.Match(_kind(layout, activation, up_first), _OPS[activation][0], factory)
-            if why.startswith("its forward fails"):
-                return detect.NoMatch("gated projection", why)
             reasons.append(why)
+            if why.startswith("its forward fails"):
+                break
+    forget_activation(module)
+    if len(reasons) == 1:
+        return detect.NoMatch("gated projection", reasons[0])
     product = "up * act(gate)" if layout.down is None else f"{layout.down}(up * act(gate))"
     return detect.NoMatch("gated projection", f"does not compute {product} of {layout.proj}(x)'s halves, gate first "
                                               f"({reasons[0]}) or up first ({reasons[1]})")

@@ -132,7 +132,7 @@ def uninstall(module: torch.nn.Module, path: str) -> bool:
         return False
     module.__dict__.pop(forwards.OFFSET_CACHE, None)
     module.__dict__.pop("_kiln_probed", None)  # probed.py's mark, for a fused op of another module
-    module.__dict__.pop(forwards.ACTIVATION_MARK, None)
+    forwards.forget_activation(module)
     if isinstance(state, ProcessorState):
         return _uninstall_processor(module, state, path)
     restored = False
