@@ -495,6 +495,18 @@ def compile_blocks(blocks):
     return compile_
 
 
+ERRORS = "max_rel = max|out - eager| / max|eager|, mean_rel = mean|out - eager| / mean|eager|"
+
+
+def write_results(out, stem, env, tag, document, table):
+    """Writes a bench's record to OUT/<stem>-<stamp><tag>.json (with how its errors are
+    measured) and its table to the .md beside it."""
+    path = os.path.join(out, f"{stem}-{stamp(env)}{tag}")
+    write_json(path + ".json", {**document, "errors": ERRORS})
+    with open(path + ".md", "w") as f:
+        f.write(table + "\n")
+
+
 def model_settings(text, script):
     """The settings named in a --settings value, or an exit naming the unknown ones."""
     settings = text.split(",")

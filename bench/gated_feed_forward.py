@@ -64,13 +64,9 @@ def main(argv=None):
         results.append({"name": name, "activation": activation, "dim": dim, "inner": inner or 4 * dim,
                         "bias": bias, "batch": batch, "tokens": tokens, "settings": records,
                         "patch": common.patch_summary(report)})
-    stamp = common.stamp(env) + args.tag
-    common.write_json(os.path.join(args.out, f"gated-feed-forward-{stamp}.json"),
-                      {"environment": env, "dtype": "bf16", "cases": results,
-                       "errors": "max_rel = max|out - eager| / max|eager|, mean_rel = mean|out - eager| / mean|eager|"})
     table = markdown(env, results)
-    with open(os.path.join(args.out, f"gated-feed-forward-{stamp}.md"), "w") as f:
-        f.write(table + "\n")
+    common.write_results(args.out, "gated-feed-forward", env, args.tag,
+                         {"environment": env, "dtype": "bf16", "cases": results}, table)
     print(f"total {time.perf_counter() - started:.0f} s")
     print(table)
     return results

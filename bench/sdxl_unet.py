@@ -82,13 +82,9 @@ def main(argv=None):
         compile_fn=common.compile_blocks(repeated_blocks(model)))
     document = {"environment": env, "config": dict(model.config), "dtype": "bf16", "batch": 2,
                 "latent": [model.config.sample_size] * 2, "text_tokens": 77, "settings": records,
-                "patch": common.patch_summary(report),
-                "errors": "max_rel = max|out - eager| / max|eager|, mean_rel = mean|out - eager| / mean|eager|"}
-    stamp = common.stamp(env) + args.tag
-    common.write_json(os.path.join(args.out, f"sdxl-unet-{stamp}.json"), document)
+                "patch": common.patch_summary(report)}
     table = markdown(env, document)
-    with open(os.path.join(args.out, f"sdxl-unet-{stamp}.md"), "w") as f:
-        f.write(table + "\n")
+    common.write_results(args.out, "sdxl-unet", env, args.tag, document, table)
     print(f"total {time.perf_counter() - started:.0f} s")
     print(table)
     return document

@@ -338,8 +338,12 @@ def classify_gelu(module: torch.nn.Module, original: Callable) -> Union[Match, N
     return Match("gelu (tanh)" if module.approximate == "tanh" else "gelu", "gelu", factory)
 
 
+def has_child(module: torch.nn.Module, name: str) -> bool:
+    return isinstance(getattr(module, name, None), torch.nn.Module)
+
+
 def mlp_candidate(module: torch.nn.Module) -> bool:
-    return all(isinstance(getattr(module, n, None), torch.nn.Module) for n in ("gate_proj", "up_proj", "down_proj")) \
+    return all(has_child(module, n) for n in ("gate_proj", "up_proj", "down_proj")) \
         and callable(getattr(module, "act_fn", None))
 
 

@@ -36,7 +36,7 @@ class Layout:
 
 
 def layout_of(module: torch.nn.Module) -> Optional[Layout]:
-    if _child(module, "gate_up_proj") and _child(module, "down_proj"):
+    if detect.has_child(module, "gate_up_proj") and detect.has_child(module, "down_proj"):
         for name in ("activation_fn", "act_fn"):
             if callable(getattr(module, name, None)):
                 return Layout("gate_up_proj", "down_proj", name)
@@ -46,10 +46,6 @@ def layout_of(module: torch.nn.Module) -> Optional[Layout]:
             if callable(getattr(module, name, None)):
                 return Layout("proj", None, name)
     return None
-
-
-def _child(module: torch.nn.Module, name: str) -> bool:
-    return isinstance(getattr(module, name, None), torch.nn.Module)
 
 
 def candidate(module: torch.nn.Module) -> bool:
