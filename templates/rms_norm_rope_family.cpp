@@ -23,6 +23,15 @@ constexpr std::array<int, 5> kCtaThreads = {64, 128, 256, 512, 1024};
 constexpr int kRegisterOverhead = 40;
 constexpr int kMaxRegistersPerThread = 255;
 constexpr std::int64_t kTargetElementsPerThread = 32;  // q and k together
+bool video(const Problem& problem) {
+  return (problem.flags & kRmsNormRopeVideo) != 0;
+}
+
+// The columns of a token's table row: one angle a column, or one a pair of a head.
+std::int64_t table_width(const Problem& problem) {
+  return problem.aux == 0 ? problem.hidden : problem.aux / 2;
+}
+
 std::optional<ArgumentError> problem_error(const Problem& problem) {
   if (problem.op != Op::rms_norm_rope) {
     return ArgumentError("rms_norm_rope", "problem", "op rms_norm_rope",
@@ -42,15 +51,15 @@ std::optional<ArgumentError> problem_error(const Problem& problem) {
     return ArgumentError("rms_norm_rope", "flags", "video (1) or table-fp32 (2), not both",
                          std::to_string(problem.flags));
   }
-  if (problem.aux != 0) {
-    return ArgumentError("rms_norm_rope", "aux", "0 (the rotation spans the row)",
+  if (problem.aux != 0 && (problem.aux < 2 || problem.aux % 2 != 0 ||
+                           problem.hidden % problem.aux != 0 || video(problem))) {
+    return ArgumentError("rms_norm_rope", "aux",
+                         "0 (a table of the whole row, or coordinates) or, with a table, an even "
+                         "head dim dividing the width " +
+                             std::to_string(problem.hidden),
                          std::to_string(problem.aux));
   }
   return std::nullopt;
-}
-
-bool video(const Problem& problem) {
-  return (problem.flags & kRmsNormRopeVideo) != 0;
 }
 
 std::int64_t elements_per_thread(const Problem& problem, const Config& config) {
@@ -140,6 +149,10 @@ std::string RmsNormRopeFamily::invalid_reason(const Problem& problem, const Conf
   if ((problem.hidden * element) % vec != 0) {
     return "a row of " + std::to_string(problem.hidden) + " elements is not whole " +
            std::to_string(vec) + "-byte vectors";
+  }
+  if (problem.aux != 0 && (problem.aux * element) % vec != 0) {
+    return "vec_bytes " + std::to_string(vec) + " would straddle two heads of " +
+           std::to_string(problem.aux) + " elements";
   }
   const int tpr = config.threads_per_row;
   if (!one_of(kThreadsPerRow, tpr)) {
@@ -262,7 +275,8 @@ std::string RmsNormRopeFamily::name_expression(const Problem& problem, const Con
          ", " + std::to_string(config.vec_bytes) + ", " + std::to_string(config.threads_per_row) +
          ", " + std::to_string(config.cta_threads) + ", " + (video(problem) ? "true" : "false") +
          ", " + (persistent_grid_of(config) > 0 ? "true" : "false") + ", " +
-         std::to_string(min_ctas_of(config)) + ">";
+         std::to_string(min_ctas_of(config)) +
+         (problem.aux != 0 ? ", " + std::to_string(problem.aux) : std::string()) + ">";
 }
 
 LaunchGeometry RmsNormRopeFamily::geometry(const Problem& problem, const Config& config,
@@ -289,8 +303,8 @@ std::vector<BufferSpec> RmsNormRopeFamily::buffers(const Problem& problem,
   specs.push_back({"k_weight", problem.dtype, w, false});
   if (!video(problem)) {
     const DType table = (problem.flags & kRmsNormRopeTableF32) ? DType::f32 : problem.dtype;
-    specs.push_back({"cos", table, rows * w, false});
-    specs.push_back({"sin", table, rows * w, false});
+    specs.push_back({"cos", table, rows * table_width(problem), false});
+    specs.push_back({"sin", table, rows * table_width(problem), false});
   }
   specs.push_back({"q_out", problem.dtype, rows * w, true});
   specs.push_back({"k_out", problem.dtype, rows * w, true});
@@ -323,9 +337,13 @@ std::vector<std::byte> RmsNormRopeFamily::pack_params(
   params.rows = rows;
   set_seq_len(params, std::max<std::int64_t>(rows, 1));
   for (long long* strides : {params.q_strides, params.k_strides, params.q_out_strides,
-                             params.k_out_strides, params.cos_strides, params.sin_strides}) {
+                             params.k_out_strides}) {
     strides[0] = rows * w;
     strides[1] = w;
+  }
+  for (long long* strides : {params.cos_strides, params.sin_strides}) {
+    strides[0] = rows * table_width(problem);
+    strides[1] = table_width(problem);
   }
   params.eps = kDefaultEps;
   if (video(problem)) {
@@ -344,7 +362,7 @@ std::int64_t RmsNormRopeFamily::bytes_moved(const Problem& problem, std::int64_t
   std::int64_t bytes = (4 * rows + 2) * problem.hidden * element;
   if (!video(problem)) {
     const std::int64_t table = (problem.flags & kRmsNormRopeTableF32) ? 4 : element;
-    bytes += 2 * rows * problem.hidden * table;
+    bytes += 2 * rows * table_width(problem) * table;
   }
   return bytes;
 }

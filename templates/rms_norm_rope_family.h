@@ -2,7 +2,9 @@
 // templates/kiln/rms_norm_rope.cuh (LTX-Video's attention prologue). Problem::hidden is
 // the width of q and k rows (heads x head dim: the norm spans all heads, the rotation the
 // whole row). A row is one token (its q row and its k row). Angles from a cos/sin table or,
-// with kRmsNormRopeVideo, from the token's video coordinates.
+// with kRmsNormRopeVideo, from the token's video coordinates. Problem::aux is 0 where a table
+// row holds an angle for each column, or the head dim D where it holds D / 2, one for each
+// rotation pair of a head, the same for every head (Wan's).
 // Tunables: vec_bytes, threads_per_row, cta_threads and extra["grid"]: N > 0 launches a
 // persistent grid of N CTAs (SM count x resident CTAs, or twice that) whose threads load
 // their next token's q and k while they normalise and rotate the current one;

@@ -122,7 +122,7 @@ void check_rms_norm_rope(const at::Tensor& q, const at::Tensor& k, const at::Ten
                          const at::Tensor& k_weight, const std::optional<at::Tensor>& cos,
                          const std::optional<at::Tensor>& sin, at::OptionalIntArrayRef grid,
                          std::optional<at::ArrayRef<double>> scale, at::IntArrayRef base_sizes,
-                         at::IntArrayRef patch_sizes);
+                         at::IntArrayRef patch_sizes, std::int64_t head_dim);
 
 using TensorPair = std::tuple<at::Tensor, at::Tensor>;
 
@@ -190,12 +190,12 @@ TensorPair rms_norm_rope_cpu(const at::Tensor& q, const at::Tensor& k, const at:
                              const std::optional<at::Tensor>& cos,
                              const std::optional<at::Tensor>& sin, at::OptionalIntArrayRef grid,
                              std::optional<at::ArrayRef<double>> scale, at::IntArrayRef base_sizes,
-                             at::IntArrayRef patch_sizes, double theta);
+                             at::IntArrayRef patch_sizes, double theta, std::int64_t head_dim);
 TensorPair rms_norm_rope_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& q_weight,
                               const at::Tensor& k_weight, double eps,
                               const std::optional<at::Tensor>& cos,
                               const std::optional<at::Tensor>& sin, at::OptionalIntArrayRef grid,
                               std::optional<at::ArrayRef<double>> scale, at::IntArrayRef base_sizes,
-                              at::IntArrayRef patch_sizes, double theta);
+                              at::IntArrayRef patch_sizes, double theta, std::int64_t head_dim);
 
 }  // namespace kiln::torch_ops

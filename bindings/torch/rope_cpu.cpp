@@ -185,7 +185,7 @@ void check_rms_norm_rope(const at::Tensor& q, const at::Tensor& k, const at::Ten
                          const at::Tensor& k_weight, const std::optional<at::Tensor>& cos,
                          const std::optional<at::Tensor>& sin, at::OptionalIntArrayRef grid,
                          std::optional<at::ArrayRef<double>> scale, at::IntArrayRef base_sizes,
-                         at::IntArrayRef patch_sizes) {
+                         at::IntArrayRef patch_sizes, std::int64_t head_dim) {
   const std::string op = "rms_norm_rope";
   kiln_dtype(op, "q", q);
   if (k.scalar_type() != q.scalar_type()) {
@@ -207,11 +207,29 @@ void check_rms_norm_rope(const at::Tensor& q, const at::Tensor& k, const at::Ten
   if (cos.has_value() != sin.has_value())
     fail_value(op, "sin", "given together with cos", "only one of them");
   if (grid) check_video_args(op, *grid, scale, base_sizes, patch_sizes, q.size(1));
-  if (cos && cos->size(-1) != q.size(2)) {
+  if (head_dim != -1) {
+    if (grid) fail_value(op, "head_dim", "-1 with a video grid", std::to_string(head_dim));
+    if (head_dim < 2 || head_dim % 2 != 0 || q.size(2) % head_dim != 0) {
+      fail_value(op, "head_dim",
+                 "-1 or an even divisor of q's width " + std::to_string(q.size(2)),
+                 std::to_string(head_dim));
+    }
+    if (cos && cos->size(-1) != head_dim / 2) {
+      fail_value(op, "cos",
+                 "a last dimension of head_dim / 2 = " + std::to_string(head_dim / 2) +
+                     " (one angle a rotation pair of each head)",
+                 shape_text(*cos));
+    }
+  } else if (cos && cos->size(-1) != q.size(2)) {
     fail_value(op, "cos",
                "a last dimension of q's width " + std::to_string(q.size(2)) +
                    " (the rotation spans the row)",
                shape_text(*cos));
+  }
+  if (cos) {
+    // The table's positions, batch, dtype and device, checked under this op's name.
+    rope_shape(op, q, k, *cos, *sin, true, head_dim, "bshd", head_dim == -1 ? q.size(2) : head_dim,
+               "q", "k");
   }
 }
 
@@ -220,8 +238,9 @@ TensorPair rms_norm_rope_cpu(const at::Tensor& q, const at::Tensor& k, const at:
                              const std::optional<at::Tensor>& cos,
                              const std::optional<at::Tensor>& sin, at::OptionalIntArrayRef grid,
                              std::optional<at::ArrayRef<double>> scale, at::IntArrayRef base_sizes,
-                             at::IntArrayRef patch_sizes, double theta) {
-  check_rms_norm_rope(q, k, q_weight, k_weight, cos, sin, grid, scale, base_sizes, patch_sizes);
+                             at::IntArrayRef patch_sizes, double theta, std::int64_t head_dim) {
+  check_rms_norm_rope(q, k, q_weight, k_weight, cos, sin, grid, scale, base_sizes, patch_sizes,
+                      head_dim);
   require_cpu("rms_norm_rope", q);
   const auto norm = [&](const at::Tensor& x, const at::Tensor& w) {
     const at::Tensor xf = x.to(at::kFloat);
@@ -235,7 +254,7 @@ TensorPair rms_norm_rope_cpu(const at::Tensor& q, const at::Tensor& k, const at:
     c = *cos;
     s = *sin;
   }
-  return rope_cpu(norm(q, q_weight), norm(k, k_weight), c, s, true, -1, "bshd", -1);
+  return rope_cpu(norm(q, q_weight), norm(k, k_weight), c, s, true, head_dim, "bshd", head_dim);
 }
 
 }  // namespace kiln::torch_ops

@@ -380,9 +380,10 @@ TensorPair rms_norm_rope_cuda(const at::Tensor& q, const at::Tensor& k, const at
                               const std::optional<at::Tensor>& cos,
                               const std::optional<at::Tensor>& sin, at::OptionalIntArrayRef grid,
                               std::optional<at::ArrayRef<double>> scale, at::IntArrayRef base_sizes,
-                              at::IntArrayRef patch_sizes, double theta) {
+                              at::IntArrayRef patch_sizes, double theta, std::int64_t head_dim) {
   const std::string op = "rms_norm_rope";
-  check_rms_norm_rope(q, k, q_weight, k_weight, cos, sin, grid, scale, base_sizes, patch_sizes);
+  check_rms_norm_rope(q, k, q_weight, k_weight, cos, sin, grid, scale, base_sizes, patch_sizes,
+                      head_dim);
   require_cuda(op, q);
   const std::uint32_t pair = pair_bytes(q, /*interleaved=*/true);
   const at::Tensor qc = pair_aligned(last_dim_contiguous(q), pair);
@@ -416,7 +417,11 @@ TensorPair rms_norm_rope_cuda(const at::Tensor& q, const at::Tensor& k, const at
       TORCH_CHECK_VALUE(false, error.what());
     }
   } else {
-    const RopeOperands r = rope_operands(op, q, k, *cos, *sin, true, -1, "bshd", width);
+    // A table of each head's pairs ([.., S, head_dim / 2]) or of the whole row.
+    const RopeOperands r = head_dim == -1
+                               ? rope_operands(op, q, k, *cos, *sin, true, -1, "bshd", width)
+                               : rope_operands(op, q, k, *cos, *sin, true, head_dim, "bshd", head_dim);
+    problem.aux = head_dim == -1 ? 0 : head_dim;
     cos3 = pair_aligned(r.cos3, pair);
     sin3 = pair_aligned(r.sin3, pair);
     problem.flags = cos3.scalar_type() == at::kFloat ? kRmsNormRopeTableF32 : 0u;

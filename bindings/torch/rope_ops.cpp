@@ -19,7 +19,7 @@ TORCH_LIBRARY_FRAGMENT(kiln, m) {
       "rms_norm_rope(Tensor q, Tensor k, Tensor q_weight, Tensor k_weight, float eps=1e-05, "
       "Tensor? cos=None, Tensor? sin=None, int[]? grid=None, "
       "float[]? rope_interpolation_scale=None, int[] base_sizes=[20, 2048, 2048], "
-      "int[] patch_sizes=[1, 1], float theta=10000.0) -> (Tensor, Tensor)");
+      "int[] patch_sizes=[1, 1], float theta=10000.0, int head_dim=-1) -> (Tensor, Tensor)");
   m.def(
       "head_norm_rope(Tensor q, Tensor k, Tensor? q_weight, Tensor? k_weight, Tensor cos, "
       "Tensor sin, float eps=1e-06, bool interleaved=False, int rotary_dim=-1, "

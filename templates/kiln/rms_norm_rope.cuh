@@ -4,6 +4,11 @@
 // whole width with cos/sin from a table row (TABLE = float or T) or computed from the
 // token's video coordinates (VIDEO). Math in fp32.
 //
+// HEAD_DIM = 0: a table row holds one angle a column of the row (LTX-Video's). HEAD_DIM = D:
+// it holds D / 2 angles, one a rotation pair of a head, the same for every head of D columns
+// (Wan's tables, read at the columns its rotation reads); the family keeps a vector inside one
+// head.
+//
 // A token's q row and k row are split among THREADS_PER_ROW threads, each holding its
 // vectors of both in registers through the reductions (as loaded, so 16-bit data takes half
 // the registers of floats, which keeps more tokens in flight per SM), so q and k are read
@@ -32,7 +37,7 @@ namespace kiln {
 // MIN_CTAS > 0 asks ptxas for registers few enough that an SM holds that many CTAs (the
 // family offers it to the one-pass kernel that parks its angles); 0 leaves ptxas its choice.
 template <typename T, typename TABLE, int WIDTH, int VEC_BYTES, int THREADS_PER_ROW,
-          int CTA_THREADS, bool VIDEO, bool PREFETCH, int MIN_CTAS>
+          int CTA_THREADS, bool VIDEO, bool PREFETCH, int MIN_CTAS, int HEAD_DIM = 0>
 __global__ void __launch_bounds__(CTA_THREADS, MIN_CTAS) rms_norm_rope(const RmsNormRopeParams p) {
   begin_dependent_grid();
   constexpr int kVec = VEC_BYTES / static_cast<int>(sizeof(T));
@@ -44,6 +49,8 @@ __global__ void __launch_bounds__(CTA_THREADS, MIN_CTAS) rms_norm_rope(const Rms
   static_assert(kVec >= 2 && kVec % 2 == 0, "interleaved pairs must not straddle vectors");
   static_assert(WIDTH % kVec == 0, "rows must be made of whole vectors");
   static_assert(CTA_THREADS % THREADS_PER_ROW == 0, "rows must tile the CTA");
+  static_assert(HEAD_DIM == 0 || (!VIDEO && HEAD_DIM % kVec == 0 && WIDTH % HEAD_DIM == 0),
+                "a table of each head's pairs: vectors inside one head of the row");
 
   const int lane = static_cast<int>(threadIdx.x) % THREADS_PER_ROW;
   const int row_in_cta = static_cast<int>(threadIdx.x) / THREADS_PER_ROW;
@@ -145,6 +152,16 @@ __global__ void __launch_bounds__(CTA_THREADS, MIN_CTAS) rms_norm_rope(const Rms
           }
           c[2 * i + 1] = c[2 * i];
           s[2 * i + 1] = s[2 * i];
+        }
+      } else if constexpr (HEAD_DIM > 0) {
+        const int angle = (column % HEAD_DIM) / 2;
+        float half_c[kVec / 2], half_s[kVec / 2];
+        load_table<TABLE, kVec / 2, VEC_BYTES / 2>(cos_row + angle, half_c);
+        load_table<TABLE, kVec / 2, VEC_BYTES / 2>(sin_row + angle, half_s);
+#pragma unroll
+        for (int i = 0; i < kVec; ++i) {
+          c[i] = half_c[i / 2];
+          s[i] = half_s[i / 2];
         }
       } else {
         load_table<TABLE, kVec, VEC_BYTES>(cos_row + column, c);

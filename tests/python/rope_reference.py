@@ -5,7 +5,9 @@ source:
   form of it (cos/sin [B, S, D / 2], each pair's angle once);
 - diffusers: ``apply_rotary_emb(x, (cos, sin), use_real=True, use_real_unbind_dim=-1)``
   (interleaved pairs) and LTX-Video's ``apply_rotary_emb`` on [B, S, C];
-- diffusers' ``LTXVideoRotaryPosEmbed.forward`` (the video table) in fp64."""
+- diffusers' ``LTXVideoRotaryPosEmbed.forward`` (the video table) in fp64;
+- the rotation inside diffusers' ``WanAttnProcessor.__call__`` (cos at even columns, sin at
+  odd ones of [.., S, 1, D] tables)."""
 
 import math
 
@@ -83,6 +85,27 @@ def ltx_video_table(batch, dim, num_frames, height, width, rope_interpolation_sc
         cos = torch.cat([torch.ones_like(cos[:, :, : dim % 6]), cos], dim=-1)
         sin = torch.cat([torch.zeros_like(cos[:, :, : dim % 6]), sin], dim=-1)
     return cos, sin
+
+
+def wan_apply_rotary_emb(x, cos, sin, heads):
+    """x [B, S, H * D] split into heads, each rotated in interleaved pairs (2j, 2j + 1) by
+    cos[..., 2j] and sin[..., 2j + 1] of cos/sin [B or 1, S, 1, D], as Wan's processor does;
+    returned as [B, S, H * D] in fp64."""
+    x = x.double().unflatten(2, (heads, -1))
+    cos, sin = cos.double()[..., 0::2], sin.double()[..., 1::2]
+    x1, x2 = x[..., 0::2], x[..., 1::2]
+    out = torch.empty_like(x)
+    out[..., 0::2] = x1 * cos - x2 * sin
+    out[..., 1::2] = x1 * sin + x2 * cos
+    return out.flatten(2)
+
+
+def unrelated_cos_sin(batch, seq, dim, device="cpu"):
+    """fp32 [B, S, 1, D] cos and sin tables of an angle drawn for each column of each, so no
+    column's value follows from another's (a kernel reading the wrong column is caught), yet
+    of unit size as rotation tables are."""
+    angles = 2 * math.pi * torch.rand(2, batch, seq, 1, dim, device=device)
+    return angles[0].cos(), angles[1].sin()
 
 
 def rms_norm_across_heads(x, weight, eps, dtype):

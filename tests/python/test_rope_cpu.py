@@ -8,7 +8,7 @@ import torch
 
 import kiln
 from reference import TOLERANCE, assert_close_to
-from rope_reference import (diffusers_apply_rotary_emb, gpt_oss_apply_rotary_pos_emb,
+from rope_reference import (unrelated_cos_sin, wan_apply_rotary_emb, diffusers_apply_rotary_emb, gpt_oss_apply_rotary_pos_emb,
                             hf_apply_rotary_pos_emb, llama_cos_sin, ltx_apply_rotary_emb,
                             ltx_video_table, rms_norm_across_heads, transformers_qk)
 
@@ -281,6 +281,49 @@ def test_rms_norm_rope_matches_ltx_attention(dtype, video):
         q_out, k_out = kiln.rms_norm_rope(q, k, wq, wk, 1e-5, cos.float(), sin.float())
         assert_close_to(q_out, q_ref, dtype)
         assert_close_to(k_out, k_ref, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("table", ["heads axis", "batch", "positions"])
+def test_rms_norm_rope_head_tables_match_wan_attention(dtype, table):
+    """Wan's q/k norms across heads, then its rotation of each head from [.., S, 1, D] tables,
+    given as head_dim / 2 columns (cos at even columns, sin at odd ones); the tables here
+    differ at every column, so only those columns give Wan's result."""
+    heads, d, s = 3, 12, 7
+    q = (torch.randn(2, s, heads * d) * 3).to(dtype)
+    k = (torch.randn(2, s, heads * d) + 0.5).to(dtype)
+    wq = (1 + 0.2 * torch.randn(heads * d)).to(dtype)
+    wk = (1 + 0.2 * torch.randn(heads * d)).to(dtype)
+    cos, sin = unrelated_cos_sin(2, s, d)
+    q_ref = wan_apply_rotary_emb(rms_norm_across_heads(q, wq, 1e-6, dtype), cos, sin, heads)
+    k_ref = wan_apply_rotary_emb(rms_norm_across_heads(k, wk, 1e-6, dtype), cos, sin, heads)
+    cos_half, sin_half = cos[..., 0::2], sin[..., 1::2]
+    if table == "batch":
+        cos_half, sin_half = cos_half.squeeze(2), sin_half.squeeze(2)
+    elif table == "positions":
+        q, k, q_ref, k_ref = q[:1], k[:1], q_ref[:1], k_ref[:1]
+        cos_half, sin_half = cos_half[0, :, 0], sin_half[0, :, 0]
+    q_out, k_out = kiln.rms_norm_rope(q, k, wq, wk, 1e-6, cos_half, sin_half, head_dim=d)
+    assert_close_to(q_out, q_ref, dtype)
+    assert_close_to(k_out, k_ref, dtype)
+
+
+def test_rms_norm_rope_head_dim_bad_inputs():
+    q = torch.randn(1, 5, 24)
+    w = torch.ones(24)
+    half = torch.randn(5, 4)
+    with pytest.raises(ValueError, match=r"kiln\.rms_norm_rope: head_dim: expected -1 or an even divisor "
+                                         r"of q's width 24, got 5"):
+        kiln.rms_norm_rope(q, q, w, w, 1e-6, half, half, head_dim=5)
+    with pytest.raises(ValueError, match=r"kiln\.rms_norm_rope: head_dim: expected -1 or an even divisor"):
+        kiln.rms_norm_rope(q, q, w, w, 1e-6, half, half, head_dim=16)
+    with pytest.raises(ValueError, match=r"kiln\.rms_norm_rope: cos: expected a last dimension of head_dim / 2 "
+                                         r"= 4 \(one angle a rotation pair of each head\), got \[5, 8\]"):
+        kiln.rms_norm_rope(q, q, w, w, 1e-6, torch.randn(5, 8), torch.randn(5, 8), head_dim=8)
+    with pytest.raises(ValueError, match=r"kiln\.rms_norm_rope: head_dim: expected -1 with a video grid, got 8"):
+        kiln.rms_norm_rope(torch.randn(1, 6, 24), torch.randn(1, 6, 24), w, w, grid=(1, 2, 3), head_dim=8)
+    with pytest.raises(ValueError, match=r"kiln\.rms_norm_rope: cos: expected a table for 5 positions"):
+        kiln.rms_norm_rope(q, q, w, w, 1e-6, torch.randn(6, 4), torch.randn(6, 4), head_dim=8)
 
 
 # --- bad inputs -------------------------------------------------------------------------

@@ -8,7 +8,8 @@ import kiln
 from reference import assert_close_to
 from rope_reference import (diffusers_apply_rotary_emb, gpt_oss_apply_rotary_pos_emb,
                             hf_apply_rotary_pos_emb, llama_cos_sin, ltx_apply_rotary_emb,
-                            ltx_video_table, rms_norm_across_heads, transformers_qk)
+                            ltx_video_table, rms_norm_across_heads, transformers_qk,
+                            unrelated_cos_sin, wan_apply_rotary_emb)
 from test_rope_cpu import assert_video_close, gpt_oss_cos_sin, video_reference
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("heuristic_tuning")]
@@ -158,6 +159,33 @@ def test_ltx_table_rope_3d_and_fused(dtype, frames, height, width, dim):
     assert_video_close(k_fv.cpu(), kn_ref.cpu(), dtype, cos, kn.cpu())
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("batch,seq,heads,d", [(1, 1560, 40, 128), (2, 333, 12, 128), (1, 1, 12, 128),
+                                               (3, 17, 5, 80), (2, 9, 6, 12)])
+@pytest.mark.parametrize("table_fp32", [True, False])
+def test_wan_rms_norm_rope_grid(dtype, batch, seq, heads, d, table_fp32):
+    """Wan's prologue (Wan 2.1 14B's 40 heads and 1.3B's 12 heads of 128, one token, odd head
+    counts and sequence lengths, head dims of 80 and 12): the norms across heads and each
+    head's rotation from head_dim / 2 columns of tables that differ at every column, against
+    the fp64 formula, output memory poisoned first."""
+    q = (torch.randn(batch, seq, heads * d, device="cuda") * 3).to(dtype)
+    k = (torch.randn(batch, seq, heads * d, device="cuda") + 0.5).to(dtype)
+    wq = (1 + 0.2 * torch.randn(heads * d, device="cuda")).to(dtype)
+    wk = (1 + 0.2 * torch.randn(heads * d, device="cuda")).to(dtype)
+    cos, sin = unrelated_cos_sin(1, seq, d, device="cuda")
+    if not table_fp32:
+        cos, sin = cos.to(dtype), sin.to(dtype)
+    q_ref = wan_apply_rotary_emb(rms_norm_across_heads(q, wq, 1e-6, dtype), cos, sin, heads)
+    k_ref = wan_apply_rotary_emb(rms_norm_across_heads(k, wk, 1e-6, dtype), cos, sin, heads)
+    poison(q.shape, dtype)
+    q_out, k_out = kiln.rms_norm_rope(q, k, wq, wk, 1e-6, cos[..., 0::2], sin[..., 1::2], head_dim=d)
+    assert_close_to(q_out, q_ref, dtype)
+    assert_close_to(k_out, k_ref, dtype)
+    cpu = kiln.rms_norm_rope(q.cpu(), k.cpu(), wq.cpu(), wk.cpu(), 1e-6, cos[..., 0::2].cpu(),
+                             sin[..., 1::2].cpu(), head_dim=d)
+    assert_close_to(q_out.cpu(), cpu[0].double(), dtype)
+
+
 def test_tuned_kernels_agree_with_the_heuristic():
     kiln.configure(tune="fast")
     try:
@@ -173,6 +201,13 @@ def test_tuned_kernels_agree_with_the_heuristic():
         a, _ = kiln.rope_3d(v, v, 7, 16, 24, (0.32, 32, 32))
         b, _ = kiln.rms_norm_rope(v, v, w, w, grid=(7, 16, 24), rope_interpolation_scale=(0.32, 32, 32))
         assert not torch.isnan(a).any() and not torch.isnan(b).any()
+        # Wan's: 40 heads of 128, each head's pairs from an fp32 table (tuned, against fp64).
+        x = torch.randn(1, 2048, 5120, device="cuda", dtype=torch.bfloat16)
+        wx = (1 + 0.2 * torch.randn(5120, device="cuda")).bfloat16()
+        cos, sin = unrelated_cos_sin(1, 2048, 128, device="cuda")
+        wan_q, _ = kiln.rms_norm_rope(x, x, wx, wx, 1e-6, cos[..., 0::2], sin[..., 1::2], head_dim=128)
+        wan_ref = wan_apply_rotary_emb(rms_norm_across_heads(x, wx, 1e-6, torch.bfloat16), cos, sin, 40)
+        assert_close_to(wan_q, wan_ref, torch.bfloat16)
         assert kiln.stats()["tunes"] >= 1
     finally:
         kiln.configure(tune="off")

@@ -79,8 +79,8 @@ def _rope_3d_fake(q, k, grid, rope_interpolation_scale=None, base_sizes=(20, 204
 @torch.library.register_fake("kiln::rms_norm_rope")
 def _rms_norm_rope_fake(q, k, q_weight, k_weight, eps=1e-5, cos=None, sin=None, grid=None,
                         rope_interpolation_scale=None, base_sizes=(20, 2048, 2048),
-                        patch_sizes=(1, 1), theta=10000.0):
-    _same_device("rope_3d", q, k=k)
+                        patch_sizes=(1, 1), theta=10000.0, head_dim=-1):
+    _same_device("rms_norm_rope", q, k=k)
     torch._check(q.dim() == 3 and k.shape == q.shape,
                  lambda: f"kiln.rms_norm_rope: k: expected q's shape {list(q.shape)}, got {list(k.shape)}")
     return q.new_empty(q.shape), k.new_empty(k.shape)

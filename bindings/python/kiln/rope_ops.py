@@ -111,13 +111,17 @@ def rms_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor,
                   rope_interpolation_scale: Optional[Sequence[float]] = None,
                   base_num_frames: int = 20, base_height: int = 2048, base_width: int = 2048,
                   patch_size_t: int = 1, patch_size: int = 1,
-                  theta: float = 10000.0) -> Tuple[torch.Tensor, torch.Tensor]:
-    """LTX-Video's attention prologue in one kernel: ``norm_q(q)``, ``norm_k(k)`` (RMSNorm
-    across all heads, width C, with weights) then interleaved RoPE over the whole row, for
-    q and k [B, S, C]. Angles from ``cos``/``sin`` ([S, C] or [B or 1, S, C]) or, with
+                  theta: float = 10000.0, head_dim: int = -1) -> Tuple[torch.Tensor, torch.Tensor]:
+    """LTX-Video's and Wan's attention prologue in one kernel: ``norm_q(q)``, ``norm_k(k)``
+    (RMSNorm across all heads, width C, with weights) then interleaved RoPE, for q and k
+    [B, S, C]. Angles from ``cos``/``sin`` ([S, C] or [B or 1, S, C]: one a column, the
+    rotation spanning the row, as LTX-Video's tables), or, with ``head_dim=D``, tables of
+    D / 2 columns ([S, D/2], [B or 1, S, D/2] or [B or 1, S, 1, D/2]), one angle a rotation
+    pair of each head of D columns, the same for every head: Wan's rotation of its [.., D]
+    tables is this op given ``cos[..., 0::2]`` and ``sin[..., 1::2]``. Or, with
     ``grid=(num_frames, height, width)``, computed as ``rope_3d`` does. The normalised
     values are rounded to q's dtype before the rotation, as the separate norm's output is."""
     scale, base, patch = _video_args(rope_interpolation_scale, base_num_frames, base_height,
                                      base_width, patch_size_t, patch_size)
     return _rms_norm_rope(q, k, q_weight, k_weight, eps, cos, sin,
-                          None if grid is None else list(grid), scale, base, patch, theta)
+                          None if grid is None else list(grid), scale, base, patch, theta, head_dim)

@@ -31,6 +31,10 @@ TEST_CASE("every fast-tune candidate of the RoPE families compiles for sm_75, sm
       Problem{Op::rope, DType::f32, 128, kRopeHeadNorm | kRopePositionsInner, 16, 64},
       Problem{Op::rope_3d, DType::bf16, 2048, 0u, 16},
       Problem{Op::rms_norm_rope, DType::bf16, 2048, kRmsNormRopeVideo, 16},
+      // Wan's prologue: 40 heads of 128 normalised across heads, each head's pairs from an fp32
+      // table of 64 angles; and a head dim of 12 (vectors of 4 bf16) from a bf16 table.
+      Problem{Op::rms_norm_rope, DType::bf16, 5120, kRmsNormRopeTableF32, 16, 128},
+      Problem{Op::rms_norm_rope, DType::bf16, 72, 0u, 16, 12},
   };
   std::vector<CompileRequest> requests;
   for (int sm : {75, 80, 90}) {

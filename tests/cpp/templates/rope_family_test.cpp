@@ -405,6 +405,38 @@ TEST_CASE("rms_norm_rope vectors always hold whole pairs") {
   CHECK_THROWS_AS(f.check(both), kiln::ArgumentError);
 }
 
+TEST_CASE("rms_norm_rope with a table of each head's pairs (aux = head dim)") {
+  const DeviceTraits device = DeviceTraits::for_arch(90);
+  const kiln::Family& f = kiln::family(Op::rms_norm_rope);
+  // Vectors stay inside one head: 12 bf16 take 4 or 8 bytes, never 16.
+  const Problem wan_small{Op::rms_norm_rope, DType::bf16, 72, 0u, 16, 12};
+  const auto configs = f.space(wan_small, device);
+  REQUIRE_FALSE(configs.empty());
+  for (const Config& c : configs) CHECK(12 * 2 % c.vec_bytes == 0);
+  Config sixteen = configs.front();
+  sixteen.vec_bytes = 16;
+  CHECK(f.invalid_reason(wan_small, sixteen, device) ==
+        "vec_bytes 16 would straddle two heads of 12 elements");
+  // The head dim reaches the kernel's name; the table is head_dim / 2 angles a token.
+  const Problem wan{Op::rms_norm_rope, DType::bf16, 5120, kiln::kRmsNormRopeTableF32, 16, 128};
+  const Config c = f.heuristic(wan, device);
+  CHECK(f.name_expression(wan, c).ends_with(", 128>"));
+  const Problem ltx{Op::rms_norm_rope, DType::bf16, 5120, kiln::kRmsNormRopeTableF32, 16};
+  const std::string ltx_name = f.name_expression(ltx, c);
+  CHECK(f.name_expression(wan, c) == ltx_name.substr(0, ltx_name.size() - 1) + ", 128>");
+  const auto specs = f.buffers(wan, 10);
+  CHECK(specs[4].name == "cos");
+  CHECK(specs[4].elements == 10 * 64);
+  CHECK(f.bytes_moved(wan, 10) == (4 * 10 + 2) * 5120 * 2 + 2 * 10 * 64 * 4);
+  // An odd head dim, one that does not divide the row, or a head dim with coordinates.
+  for (const Problem& bad : {Problem{Op::rms_norm_rope, DType::bf16, 5120, 0u, 16, 127},
+                             Problem{Op::rms_norm_rope, DType::bf16, 5120, 0u, 16, 96},
+                             Problem{Op::rms_norm_rope, DType::bf16, 5120, kiln::kRmsNormRopeVideo, 16, 128}}) {
+    CHECK_THROWS_WITH_AS(f.check(bad), doctest::Contains("an even head dim dividing the width 5120"),
+                         kiln::ArgumentError);
+  }
+}
+
 TEST_CASE("rms_norm_rope takes fewer than 2^31 tokens (the kernel divides in 32 bits)") {
   const kiln::Family& f = kiln::family(Op::rms_norm_rope);
   const Problem p{Op::rms_norm_rope, DType::bf16, 2048, kiln::kRmsNormRopeVideo, 16};

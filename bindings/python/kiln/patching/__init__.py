@@ -122,9 +122,10 @@ def _patch_dit(path: str, module: torch.nn.Module, chosen: frozenset, report: Pa
     else:
         return False
     cls = type(module).__name__
-    processor = classify in (detect_dit.classify_ltx_attention, detect_dit.classify_flux_attention)
+    processor = classify in (detect_dit.classify_ltx_attention, detect_dit.classify_flux_attention,
+                             detect_dit.classify_wan_attention)
     original = module.processor if processor else replace.inner_forward(module)
-    if classify is detect_dit.classify_flux_attention:
+    if classify in (detect_dit.classify_flux_attention, detect_dit.classify_wan_attention):
         # The head norms join the rotation only where rms_norm is patched too, as in transformers' attentions.
         result = classify(module, original, fuse_norms="rms_norm" in chosen)
     else:

@@ -19,7 +19,7 @@ from typing import Callable, Dict, Optional, Union
 
 import torch
 
-from . import detect, flux, ltx, ltx_rope, replace
+from . import detect, flux, ltx, ltx_rope, replace, wan
 from .. import rope_ops
 from .detect import NoMatch, _Swapped
 
@@ -54,6 +54,11 @@ def ltx_attention_candidate(module: torch.nn.Module) -> bool:
 
 def flux_attention_candidate(module: torch.nn.Module) -> bool:
     return _processor_call(module) == "FluxAttnProcessor.__call__"
+
+
+def wan_attention_candidate(module: torch.nn.Module) -> bool:
+    # Wan's cross-attentions are called without tables: their processor computes what it did.
+    return _processor_call(module) == "WanAttnProcessor.__call__" and not getattr(module, "is_cross_attention", False)
 
 
 def ltx_block_candidate(module: torch.nn.Module) -> bool:
@@ -362,6 +367,55 @@ def classify_flux_attention(module: torch.nn.Module, processor, fuse_norms: bool
     return DitMatch("flux attention (rope of q and k)", "rope", "rope", flux.FluxAttnProcessor, target="processor")
 
 
+# ---- Wan -------------------------------------------------------------------------------
+
+
+def classify_wan_attention(module: torch.nn.Module, processor, fuse_norms: bool = True) -> Union[DitMatch, NoMatch]:
+    """kiln's processor for a Wan self-attention, with the q/k norms in its launch where they
+    are RMSNorms kiln computes (and ``fuse_norms``: kiln.patch's ops include ``rms_norm``),
+    probed with tables whose cos and sin are unrelated at every column, so that it agrees
+    only by reading the columns diffusers reads."""
+    heads = getattr(module, "heads", None)
+    to_q = getattr(module, "to_q", None)
+    inner = getattr(to_q, "out_features", None)
+    if not isinstance(heads, int) or not isinstance(inner, int) or heads <= 0 or inner % heads \
+            or (inner // heads) % 2:
+        return NoMatch("attention", f"its heads ({heads!r}) do not split its width {inner!r} into even head dims")
+    head_dim = inner // heads
+    g = torch.Generator().manual_seed(0)
+    inner_kv = getattr(getattr(module, "to_k", None), "out_features", inner)
+    children: Dict[str, torch.nn.Module] = {}
+    if getattr(module, "fused_projections", False):
+        children["to_qkv"] = _linear(_PROBE_DIM, inner + 2 * inner_kv, g)
+    else:
+        children.update(to_q=_linear(_PROBE_DIM, inner, g), to_k=_linear(_PROBE_DIM, inner_kv, g),
+                        to_v=_linear(_PROBE_DIM, inner_kv, g))
+    swaps = [_Swapped(module, children=children), _Swapped(module.to_out, children={"0": _linear(inner, _PROBE_DIM, g)})]
+    s = 6
+    x = torch.randn(2, s, _PROBE_DIM, generator=g)
+    calls = []
+    for batch in (1, 2):
+        cos = torch.randn(batch, s, 1, head_dim, generator=g)
+        sin = torch.randn(batch, s, 1, head_dim, generator=g)
+        calls.append(((module, x), dict(rotary_emb=(cos, sin))))
+    calls.append(((module, x), {}))
+    fuse = fuse_norms and all(not isinstance(_rms_norm_child(module, name), NoMatch) for name in ("norm_q", "norm_k"))
+    why = None
+    for fuse_norms in ((True, False) if fuse else (False,)):
+        g.manual_seed(1)
+        with torch.no_grad(), _LocalAttention(processor), \
+                _Stack(swaps + _norm_weights(module, ("norm_q", "norm_k"), g)):
+            why = _compare_calls(processor, wan.WanAttnProcessor(processor, fuse_norms=fuse_norms), calls)
+        if why is None:
+            break
+    if why is not None:
+        return NoMatch("attention", f"does not compute Wan's attention as kiln's processor does: {why}")
+    if fuse_norms:
+        return DitMatch("wan attention (q/k rms_norm + rope)", "rms_norm_rope", "rope",
+                        functools.partial(wan.WanAttnProcessor, fuse_norms=True), target="processor")
+    return DitMatch("wan attention (rope of q and k)", "rope", "rope", wan.WanAttnProcessor, target="processor")
+
+
 def classify_adaln(module: torch.nn.Module, original: Callable) -> Union[DitMatch, NoMatch]:
     nm = module.norm
     result = detect.classify_norm(nm, replace.original_forward(nm))
@@ -408,6 +462,7 @@ CANDIDATES = (
     (video_rope_candidate, classify_video_rope),
     (ltx_attention_candidate, classify_ltx_attention),
     (flux_attention_candidate, classify_flux_attention),
+    (wan_attention_candidate, classify_wan_attention),
     (ltx_block_candidate, classify_ltx_block),
     (adaln_candidate, classify_adaln),
 )

@@ -1,0 +1,236 @@
+"""kiln.patch on diffusers' Wan transformer (Wan 2.1 / 2.2): its self-attentions normalise and
+rotate q and k in one kiln call (kiln.rms_norm_rope; with autograd, the norm modules and one
+kiln.rope), reading the columns of diffusers' tables that diffusers' own rotation reads (cos at
+even columns, sin at odd ones), and everything agrees with the unpatched model."""
+
+import pytest
+import torch
+
+import kiln
+from kiln.patching import wan
+
+diffusers = pytest.importorskip("diffusers", reason="diffusers is not installed")
+from diffusers.models.transformers.transformer_wan import WanAttnProcessor  # noqa: E402
+
+from graph_model import calls_of, compile_capturing  # noqa: E402
+from test_patch_dit_cpu import Counter, _agree, _instance_forwards, _loss_grads, _processors  # noqa: E402
+
+LAYERS = 2
+
+
+def _wan(dtype, device="cpu", **config):
+    torch.manual_seed(0)
+    model = diffusers.WanTransformer3DModel(
+        patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=4, out_channels=4,
+        text_dim=16, freq_dim=16, ffn_dim=32, num_layers=LAYERS, cross_attn_norm=True, rope_max_seq_len=32,
+        **config).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.add_(0.2 * torch.randn_like(p))
+    return model.to(device=device, dtype=dtype)
+
+
+def _wan_inputs(dtype, device="cpu", batch=2):
+    g = torch.Generator().manual_seed(3)
+    return dict(hidden_states=torch.randn(batch, 4, 3, 8, 6, generator=g).to(device, dtype),
+                timestep=torch.tensor([500, 300][:batch]).to(device),
+                encoder_hidden_states=torch.randn(batch, 7, 16, generator=g).to(device, dtype), return_dict=False)
+
+
+def _wan_out(model, inputs):
+    with torch.no_grad():
+        return model(**inputs)[0]
+
+
+def _attention_paths(report):
+    return sorted(r.path for r in report.replaced if r.op in ("rope", "rms_norm_rope"))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_wan_patched_agrees_and_unpatch_restores(dtype, monkeypatch):
+    model = _wan(dtype)
+    inputs = _wan_inputs(dtype)
+    processors = _processors(model)
+    expected = _wan_out(model, inputs)
+    report = kiln.patch(model)
+    # The self-attentions; the cross-attentions (called without tables) keep diffusers' processor.
+    assert _attention_paths(report) == [f"blocks.{i}.attn1" for i in range(LAYERS)]
+    assert {r.kind for r in report.replaced if r.path.endswith("attn1")} == {"wan attention (q/k rms_norm + rope)"}
+    assert report.left == []
+    counter = Counter(monkeypatch)
+    actual = _wan_out(model, inputs)
+    assert counter.used()["rms_norm_rope"] == LAYERS and "rope" not in counter.used()
+    # The cross-attentions' q/k norms are kiln's too, as norm modules.
+    assert counter.used()["rms_norm"] == 2 * LAYERS
+    _agree(actual, expected, dtype)
+    assert kiln.unpatch(model) == len(report.replaced)
+    assert _processors(model) == processors and _instance_forwards(model) == []
+    assert all(type(p) is WanAttnProcessor for p in processors.values())
+    assert torch.equal(_wan_out(model, inputs), expected)
+
+
+@pytest.mark.parametrize("ops", [None, ["rope"]])
+@pytest.mark.parametrize("batch_table", [1, 2])
+def test_wan_rotation_reads_diffusers_columns_of_any_table(batch_table, ops, monkeypatch):
+    """Tables whose cos and sin are unrelated at every column (not the duplicated pairs
+    diffusers builds): the patched processor agrees only by reading the columns diffusers'
+    rotation reads, fused with the norms or not (ops without rms_norm)."""
+    model = _wan(torch.float32)
+    attn = model.blocks[0].attn1
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(2, 9, 24, generator=g)
+    table = (torch.randn(batch_table, 9, 1, 12, generator=g), torch.randn(batch_table, 9, 1, 12, generator=g))
+    with torch.no_grad():
+        expected = attn(x, None, None, table)
+        kiln.patch(model, ops=ops)
+        counter = Counter(monkeypatch)
+        actual = attn(x, None, None, table)
+    assert counter.used() == ({"rms_norm_rope": 1} if ops is None else {"rope": 1})
+    _agree(actual, expected, torch.float32)
+
+
+def test_wan_half_tables_are_made_once_a_forward(monkeypatch):
+    """Every block of a forward receives the same tables: their half tables are copied once,
+    and again only for new tables or tables changed in place."""
+    model = _wan(torch.float32)
+    inputs = _wan_inputs(torch.float32)
+    expected = _wan_out(model, inputs)
+    kiln.patch(model)
+    made = []
+    real = wan._halves
+    monkeypatch.setattr(wan, "_halves", lambda cos, sin: made.append(1) or real(cos, sin))
+    _agree(_wan_out(model, inputs), expected, torch.float32)
+    assert len(made) == 1
+    _wan_out(model, inputs)
+    assert len(made) == 2
+    attn = model.blocks[0].attn1
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(2, 9, 24, generator=g)
+    cos, sin = torch.randn(1, 9, 1, 12, generator=g), torch.randn(1, 9, 1, 12, generator=g)
+    with torch.no_grad():
+        before = attn(x, None, None, (cos, sin))
+        cos.mul_(-1)
+        after = attn(x, None, None, (cos, sin))
+        kiln.unpatch(model)
+        truth = attn(x, None, None, (cos, sin))
+    assert len(made) == 4 and not torch.equal(before, after)
+    _agree(after, truth, torch.float32)
+
+
+def test_wan_trains_through_kiln(monkeypatch):
+    """kiln.rope and kiln.rms_norm have backward formulas (rms_norm_rope has none): with grad
+    enabled the norms run as modules and the rotation as kiln.rope, and loss and gradients
+    match diffusers'."""
+    model = _wan(torch.float32)
+    inputs = _wan_inputs(torch.float32)
+    expected, grads = _loss_grads(model, inputs)
+    kiln.patch(model)
+    counter = Counter(monkeypatch)
+    actual = model(**inputs)[0]
+    assert counter.used()["rope"] == LAYERS and counter.used()["rms_norm"] == 4 * LAYERS
+    assert "rms_norm_rope" not in counter.used()
+    _agree(actual, expected, torch.float32)
+    actual.pow(2).mean().backward()
+    params = dict(model.named_parameters())
+    for name, grad in grads.items():
+        torch.testing.assert_close(params[name].grad, grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_wan_fused_projections():
+    model = _wan(torch.float32)
+    for block in model.blocks:
+        block.attn1.fuse_projections()
+        block.attn2.fuse_projections()
+    inputs = _wan_inputs(torch.float32)
+    expected = _wan_out(model, inputs)
+    report = kiln.patch(model)
+    assert _attention_paths(report) == [f"blocks.{i}.attn1" for i in range(LAYERS)]
+    _agree(_wan_out(model, inputs), expected, torch.float32)
+
+
+def test_wan_image_to_video_cross_attention_is_kept():
+    """Wan's I2V model: the image context's own keys and values in the cross-attentions, which
+    keep diffusers' processor; the self-attentions are patched."""
+    model = _wan(torch.float32, image_dim=8, added_kv_proj_dim=24)
+    inputs = _wan_inputs(torch.float32)
+    inputs["encoder_hidden_states"] = torch.randn(2, 512, 16)
+    inputs["encoder_hidden_states_image"] = torch.randn(2, 3, 8)
+    expected = _wan_out(model, inputs)
+    report = kiln.patch(model)
+    assert _attention_paths(report) == [f"blocks.{i}.attn1" for i in range(LAYERS)]
+    _agree(_wan_out(model, inputs), expected, torch.float32)
+
+
+def test_wan_ops_filter_leaves_the_attention():
+    model = _wan(torch.float32)
+    report = kiln.patch(model, ops=["rms_norm"])
+    left = {r.path: r.reason for r in report.left}
+    assert left["blocks.0.attn1"] == "computes wan attention (q/k rms_norm + rope); rope is not in ops"
+    assert _attention_paths(report) == []
+
+
+def test_wan_norms_other_than_rms_norm_keep_the_modules(monkeypatch):
+    """A q norm that is not an RMSNorm kiln computes (here a LayerNorm): the norms stay the
+    modules, and kiln rotates."""
+    model = _wan(torch.float32)
+    for block in model.blocks:
+        block.attn1.norm_q = torch.nn.LayerNorm(24, eps=1e-6)
+    inputs = _wan_inputs(torch.float32)
+    expected = _wan_out(model, inputs)
+    report = kiln.patch(model)
+    assert {r.kind for r in report.replaced if r.path.endswith("attn1")} == {"wan attention (rope of q and k)"}
+    counter = Counter(monkeypatch)
+    _agree(_wan_out(model, inputs), expected, torch.float32)
+    assert counter.used()["rope"] == LAYERS and "rms_norm_rope" not in counter.used()
+
+
+def test_wan_hooked_norm_keeps_the_module(monkeypatch):
+    """A hook on a q/k norm (it may change the norm's output) keeps the norm a module call."""
+    model = _wan(torch.float32)
+    inputs = _wan_inputs(torch.float32)
+    kiln.patch(model)
+    for block in model.blocks:
+        block.attn1.norm_k.register_forward_hook(lambda m, args, out: out * 2)
+    counter = Counter(monkeypatch)
+    actual = _wan_out(model, inputs)
+    assert counter.used()["rope"] == LAYERS and "rms_norm_rope" not in counter.used()
+    kiln.unpatch(model)
+    _agree(actual, _wan_out(model, inputs), torch.float32)
+
+
+def test_wan_attention_computing_another_rotation_is_left():
+    """A processor of the same name that rotates by another formula fails the probe."""
+    model = _wan(torch.float32)
+
+    class WanAttnProcessor:  # noqa: N801 - the name the candidate test reads
+        def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None,
+                     rotary_emb=None):
+            q = attn.to_q(hidden_states)
+            if rotary_emb is not None:
+                q = q * rotary_emb[0].flatten(2)[..., :1]
+            return attn.to_out[0](q)
+
+    WanAttnProcessor.__module__ = "diffusers.models.transformers.transformer_wan"
+    WanAttnProcessor.__call__.__qualname__ = "WanAttnProcessor.__call__"
+    model.blocks[0].attn1.set_processor(WanAttnProcessor())
+    report = kiln.patch(model)
+    left = {r.path: r.reason for r in report.left}
+    assert left["blocks.0.attn1"].startswith("does not compute Wan's attention as kiln's processor does")
+    assert _attention_paths(report) == ["blocks.1.attn1"]
+
+
+def test_wan_whole_model_compile():
+    """torch.compile of the whole patched model traces kiln.rms_norm_rope once a block (no
+    graph break), the half tables sliced inside the graph."""
+    model = _wan(torch.float32)
+    inputs = _wan_inputs(torch.float32)
+    expected = _wan_out(model, inputs)
+    kiln.patch(model)
+    compiled, graphs = compile_capturing(model)
+    with torch.no_grad():
+        actual = compiled(**inputs)[0]
+    torch._dynamo.reset()
+    assert len(graphs) == 1 and len(calls_of(graphs, torch.ops.kiln.rms_norm_rope.default)) == LAYERS
+    _agree(actual, expected, torch.float32)
+    kiln.unpatch(model)
