@@ -106,7 +106,8 @@ std::string flag_names(std::uint32_t flags) {
                                 {kNormInPlace, "in-place (8)"},
                                 {kNormTable, "table (16)"},
                                 {kNormPerToken, "per-token (32)"},
-                                {kNormRowLoop, "row loop (64)"}});
+                                {kNormRowLoop, "row loop (64)"},
+                                {kNormTableF32, "fp32 table (128)"}});
 }
 
 // The share of a row split's lane-steps that hold a vector of the row: 1 when the row's
@@ -135,9 +136,10 @@ std::uint32_t NormFamily::allowed_flags() const {
     case Op::layer_norm:
       return kNormWeight | kNormBias | kNormRowLoop;
     case Op::adaln:
-      return kNormWeight | kNormLayer | kNormTable | kNormPerToken | kNormRowLoop;
+      return kNormWeight | kNormLayer | kNormTable | kNormTableF32 | kNormPerToken | kNormRowLoop;
     case Op::gated_adaln:
-      return kNormWeight | kNormLayer | kNormTable | kNormPerToken | kNormInPlace | kNormRowLoop;
+      return kNormWeight | kNormLayer | kNormTable | kNormTableF32 | kNormPerToken | kNormInPlace |
+             kNormRowLoop;
     default:
       return 0;
   }
@@ -183,6 +185,10 @@ unsigned norm_features(const Problem& problem) {
       }
       if (has(problem, kNormTable)) {
         f |= NormFeature::table;
+        // fp32 rows beside fp32 x are x's dtype: the same kernel as without the flag.
+        if (has(problem, kNormTableF32) && problem.dtype != DType::f32) {
+          f |= NormFeature::table_f32;
+        }
       }
       if (!has(problem, kNormPerToken)) {
         f |= NormFeature::per_sample;
@@ -234,6 +240,10 @@ NormArgBytes pack_norm_args(unsigned features, const NormParams& params) {
 namespace {
 
 std::optional<ArgumentError> problem_error(const NormFamily& family, const Problem& problem) {
+  if (has(problem, kNormTableF32) && !has(problem, kNormTable)) {
+    return ArgumentError(std::string(family.name()), "flags",
+                         "fp32 table (128) only with table (16)", flag_names(problem.flags));
+  }
   return norm_problem_error(family, problem, family.allowed_flags(), flag_names);
 }
 
@@ -722,11 +732,12 @@ std::vector<BufferSpec> norm_buffers(const NormFamily& family, const Problem& pr
     specs.push_back({"shift", t, mod_rows * d, false});
   }
   if ((f & NormFeature::table) != 0) {
+    const DType table = (f & NormFeature::table_f32) != 0 ? DType::f32 : t;
     if ((f & NormFeature::gate) != 0) {
-      specs.push_back({"table_gate", t, d, false});
+      specs.push_back({"table_gate", table, d, false});
     }
-    specs.push_back({"table_scale", t, d, false});
-    specs.push_back({"table_shift", t, d, false});
+    specs.push_back({"table_scale", table, d, false});
+    specs.push_back({"table_shift", table, d, false});
   }
   if ((f & NormFeature::weight) != 0) {
     specs.push_back({"weight", t, d, false});
@@ -825,11 +836,11 @@ std::vector<std::byte> NormFamily::pack_params(const Problem& problem, std::int6
 }
 
 std::int64_t NormFamily::bytes_moved(const Problem& problem, std::int64_t rows) const {
-  std::int64_t elements = 0;
+  std::int64_t bytes = 0;
   for (const BufferSpec& spec : norm_buffers(*this, problem, rows)) {
-    elements += spec.elements;
+    bytes += spec.elements * static_cast<std::int64_t>(dtype_size(spec.dtype));
   }
-  return elements * static_cast<std::int64_t>(dtype_size(problem.dtype));
+  return bytes;
 }
 
 std::span<const std::string_view> NormFamily::row_forms() const {

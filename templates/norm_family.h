@@ -42,6 +42,8 @@ inline constexpr std::uint32_t kNormPerToken = 32u;  // adaln ops: operands are 
 // Set by the host for a call of more rows than one pass of a grid covers
 // (NormFamily::needs_row_loop), never by the tuner: its threads loop over the rows.
 inline constexpr std::uint32_t kNormRowLoop = 64u;
+// adaln ops with kNormTable: the table rows are fp32 for 16-bit x (Wan's scale_shift_table).
+inline constexpr std::uint32_t kNormTableF32 = 128u;
 
 class NormFamily : public Family {
  public:

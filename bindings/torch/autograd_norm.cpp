@@ -10,6 +10,7 @@
 #include "bindings/torch/norm.h"
 #include "bindings/torch/norm_backward.h"
 #include "bindings/torch/rms_norm.h"
+#include "bindings/torch/tensor_checks.h"
 
 namespace kiln::torch_ops {
 namespace {
@@ -195,6 +196,14 @@ at::Tensor adaln_autograd(const at::Tensor& x, const at::Tensor& scale, const at
     const at::AutoDispatchBelowADInplaceOrView below;
     return kiln_op<adaln_cpu>("kiln::adaln")
         .call(x, scale, shift, weight, eps, norm, table_scale, table_shift);
+  }
+  // The backward kernels take table rows of x's dtype only.
+  if (table_scale.has_value() && table_scale->scalar_type() != x.scalar_type()) {
+    fail_type("adaln", "table_scale",
+              "dtype " + dtype_text(x.scalar_type()) +
+                  " (as x) where autograd records the call (fp32 table rows beside 16-bit x "
+                  "have no backward)",
+              dtype_text(table_scale->scalar_type()));
   }
   return AdaLnFunction::apply(x, scale, shift, weight, eps, norm, table_scale, table_shift);
 }

@@ -153,11 +153,28 @@ DType check_adaln(const AdaLnArgs& args) {
   }
 
   if (has_tables(args)) {
+    // Table rows of x's dtype, or fp32 rows (diffusers keeps some scale_shift_tables in fp32),
+    // all of one dtype.
+    const at::Tensor& first = args.table_scale->has_value() ? **args.table_scale : x;
+    const bool f32_rows = first.scalar_type() == at::kFloat;
     auto need = [&](const std::string& name, const std::optional<at::Tensor>& table) {
       if (!table.has_value()) {
         fail_value(op, name, "a [D] table row, since other table rows are given", "None");
       }
-      check_parameter(op, name, *table, x);
+      if (f32_rows && table->scalar_type() != at::kFloat) {
+        fail_type(op, name, "dtype float32 (as table_scale)", dtype_text(table->scalar_type()));
+      }
+      if (!f32_rows || x.scalar_type() == at::kFloat) {
+        check_parameter(op, name, *table, x);
+        return;
+      }
+      if (table->device() != x.device()) {
+        fail_value(op, name, "device " + x.device().str() + " (as x)", table->device().str());
+      }
+      if (table->dim() != 1 || table->size(0) != x.size(-1)) {
+        fail_value(op, name, "shape [" + std::to_string(x.size(-1)) + "] (x's last dimension)",
+                   shape_text(*table));
+      }
     };
     if (args.table_gate != nullptr) {
       need("table_gate", *args.table_gate);

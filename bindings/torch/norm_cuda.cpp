@@ -54,13 +54,21 @@ NormModulation modulation(const at::Tensor& m, std::vector<at::Tensor>& keep, Al
   return result;
 }
 
+// A table row's address; fp32 rows beside 16-bit x (table_f32) are 16-byte aligned, copied
+// where they are not, and so do not narrow the vectors.
 const void* table_row(const std::optional<at::Tensor>& table, std::vector<at::Tensor>& keep,
-                      Alignment& align) {
+                      Alignment& align, bool table_f32) {
   if (!table) {
     return nullptr;
   }
   keep.push_back(table->contiguous());
-  align.address(keep.back().data_ptr());
+  if (table->scalar_type() == at::kFloat && table_f32 &&
+      reinterpret_cast<std::uintptr_t>(keep.back().data_ptr()) % 16 != 0) {
+    // The kernel reads an fp32 row 16 bytes at a time whatever x's alignment (a fresh
+    // allocation is aligned; the row is D floats).
+    keep.back() = keep.back().clone();
+  }
+  if (!table_f32) align.address(keep.back().data_ptr());
   return keep.back().data_ptr();
 }
 
@@ -243,12 +251,14 @@ at::Tensor run_adaln(const AdaLnArgs& args, double eps, at::Tensor* sum) {
     p.weight = keep.back().data_ptr();
     align.address(p.weight);
   }
+  const bool table_f32 = has_tables(args) && (*args.table_scale)->scalar_type() == at::kFloat &&
+                        dtype != DType::f32;
   if (has_tables(args)) {
     if (args.table_gate != nullptr) {
-      p.gate.table = table_row(*args.table_gate, keep, align);
+      p.gate.table = table_row(*args.table_gate, keep, align, table_f32);
     }
-    p.scale.table = table_row(*args.table_scale, keep, align);
-    p.shift.table = table_row(*args.table_shift, keep, align);
+    p.scale.table = table_row(*args.table_scale, keep, align, table_f32);
+    p.shift.table = table_row(*args.table_shift, keep, align, table_f32);
   }
   align.address(p.out);
   align.address(p.x);
@@ -264,6 +274,9 @@ at::Tensor run_adaln(const AdaLnArgs& args, double eps, at::Tensor* sum) {
   }
   if (has_tables(args)) {
     flags |= kNormTable;
+  }
+  if (table_f32) {
+    flags |= kNormTableF32;
   }
   if (per_token) {
     flags |= kNormPerToken;

@@ -7,6 +7,9 @@
 //       | s * rsqrt(mean(s^2) + eps)              (RMSNorm)
 //   out = T(((n * weight) + bias) * (1 + scale) + shift)   (each factor where present)
 //
+// gate, scale and shift each add their table row where FEATURES has table; the rows are of T,
+// or fp32 with table_f32.
+//
 // all math in fp32. The sum is rounded to T before it is normalised, so out is exactly the
 // norm of the stored residual stream, as the eager composition computes it.
 //
@@ -35,6 +38,42 @@ namespace kiln {
 template <int VEC_BYTES, int STEPS, bool PRESENT>
 struct RawVectors {
   Raw<VEC_BYTES> v[PRESENT ? STEPS : 1];
+};
+
+// A vector of a table row: as loaded where its elements are T (TABLE_F32 false), else
+// kVec floats, loaded 16 bytes at a time (or the whole vector where that is narrower).
+template <typename T, int VEC_BYTES, bool TABLE_F32>
+struct TableVector {
+  using Element = T;
+  static constexpr int kVec = VEC_BYTES / static_cast<int>(sizeof(T));
+  Raw<VEC_BYTES> raw;
+
+  __device__ __forceinline__ static TableVector load(const void* base, int col) {
+    return {load_global_nc<VEC_BYTES>(static_cast<const T*>(base) + col)};
+  }
+  __device__ __forceinline__ float operator[](int i) const { return get_element<T>(raw, i); }
+};
+
+template <typename T, int VEC_BYTES>
+struct TableVector<T, VEC_BYTES, true> {
+  using Element = float;
+  static constexpr int kVec = VEC_BYTES / static_cast<int>(sizeof(T));
+  static constexpr int kChunk = kVec * 4 < 16 ? kVec * 4 : 16;
+  static constexpr int kPerChunk = kChunk / 4;
+  float v[kVec];
+
+  __device__ __forceinline__ static TableVector load(const void* base, int col) {
+    TableVector t;
+    const float* source = static_cast<const float*>(base) + col;
+#pragma unroll
+    for (int chunk = 0; chunk < kVec / kPerChunk; ++chunk) {
+      const Raw<kChunk> r = load_global_nc<kChunk>(source + chunk * kPerChunk);
+#pragma unroll
+      for (int i = 0; i < kPerChunk; ++i) t.v[chunk * kPerChunk + i] = __uint_as_float(r.words[i]);
+    }
+    return t;
+  }
+  __device__ __forceinline__ float operator[](int i) const { return v[i]; }
 };
 
 // The row-dependent inputs of one row, as loaded (raw, so 16-bit data takes half the
@@ -77,6 +116,9 @@ struct NormRow {
   static constexpr bool kInPlace = (F & NormFeature::in_place) != 0;
   static constexpr bool kSum = (F & (NormFeature::residual | NormFeature::gate)) != 0;
   static constexpr bool kTable = (F & NormFeature::table) != 0;
+  static constexpr bool kTableF32 = kTable && (F & NormFeature::table_f32) != 0;
+  using TableVec = TableVector<T, VEC_BYTES, kTableF32>;
+  using TableT = typename TableVec::Element;
   static constexpr bool kPerSample = (F & NormFeature::per_sample) != 0;
   // Per-token scale and shift rows are streams of the row; per-sample ones come with the
   // per-column operands (Columns).
@@ -150,14 +192,18 @@ struct NormRow {
   // The per-column operands of one step, and per-sample modulation rows, which every row of
   // a sample reads again just as every row reads the per-column ones.
   struct Columns {
-    Raw<VEC_BYTES> weight, bias, table_gate, table_scale, table_shift, gate, scale, shift;
+    Raw<VEC_BYTES> weight, bias, gate, scale, shift;
+    TableVec table_gate, table_scale, table_shift;
   };
   static constexpr int kSampleStreams = kPerSample ? ((F & NormFeature::gate) != 0 ? 3 : 0) +
                                                          ((F & NormFeature::modulate) != 0 ? 2 : 0)
                                                    : 0;
+  // (an fp32 table row counts for as many streams as its vectors take T-vectors' registers)
   static constexpr int kColumnStreams =
       ((F & NormFeature::weight) != 0 ? 1 : 0) + ((F & NormFeature::bias) != 0 ? 1 : 0) +
-      (kTable ? ((F & NormFeature::gate) != 0 ? 3 : 2) : 0) + kSampleStreams;
+      (kTable ? ((F & NormFeature::gate) != 0 ? 3 : 2) * (kTableF32 ? 4 / static_cast<int>(sizeof(T)) : 1)
+              : 0) +
+      kSampleStreams;
   // When they fit in a few registers, every step's per-column operands are loaded with the
   // row, so their first (L2 or DRAM) latency overlaps the row's instead of following the
   // reduction step by step: what a single row, or the first row of a CTA, waits on. Wider
@@ -185,11 +231,11 @@ struct NormRow {
     if constexpr ((F & NormFeature::weight) != 0) c.weight = column_operand(p.weight, col);
     if constexpr ((F & NormFeature::bias) != 0) c.bias = column_operand(p.bias, col);
     if constexpr (kTable && (F & NormFeature::gate) != 0) {
-      c.table_gate = column_operand(p.gate.table, col);
+      c.table_gate = TableVec::load(p.gate.table, col);
     }
     if constexpr (kTable && (F & NormFeature::modulate) != 0) {
-      c.table_scale = column_operand(p.scale.table, col);
-      c.table_shift = column_operand(p.shift.table, col);
+      c.table_scale = TableVec::load(p.scale.table, col);
+      c.table_shift = TableVec::load(p.shift.table, col);
     }
     if constexpr (kPerSample && (F & NormFeature::gate) != 0) {
       c.gate = sample_operand(p.gate, sample, col);
@@ -206,7 +252,7 @@ struct NormRow {
   __device__ __forceinline__ static Raw<VEC_BYTES> sum_vector(const Raw<VEC_BYTES>& x,
                                                               const Raw<VEC_BYTES>& second,
                                                               const Raw<VEC_BYTES>& gate,
-                                                              const Raw<VEC_BYTES>& table_gate) {
+                                                              const TableVec& table_gate) {
     Raw<VEC_BYTES> sum = x;
 #pragma unroll
     for (int i = 0; i < kVec; ++i) {
@@ -215,7 +261,7 @@ struct NormRow {
         value += get_element<T>(second, i);
       } else {
         float g = get_element<T>(gate, i);
-        if constexpr (kTable) g += get_element<T>(table_gate, i);
+        if constexpr (kTable) g += table_gate[i];
         value += get_element<T>(second, i) * g;
       }
       set_element<T>(sum, i, value);
@@ -239,8 +285,8 @@ struct NormRow {
         float a = get_element<T>(mod_scale, i);
         float b = get_element<T>(mod_shift, i);
         if constexpr (kTable) {
-          a += get_element<T>(c.table_scale, i);
-          b += get_element<T>(c.table_shift, i);
+          a += c.table_scale[i];
+          b += c.table_shift[i];
         }
         n = n * (1.0f + a) + b;
       }
@@ -282,13 +328,13 @@ struct NormRow {
 #pragma unroll
         for (int w = 0; w < (VEC_BYTES < 4 ? 1 : VEC_BYTES / 4); ++w) values[step].words[w] = 0u;
         if (present) {
-          Raw<VEC_BYTES> table_gate;
+          TableVec table_gate;
           Raw<VEC_BYTES> gate_row;  // the gate's vector (streamed, or a per-sample row's)
           if constexpr ((F & NormFeature::gate) != 0) {
             const int col = column(step, lane);
             if constexpr (kTable) {
               table_gate = kEarlyColumns ? early[kEarlyColumns ? step : 0].table_gate
-                                         : column_operand(p.gate.table, col);
+                                         : TableVec::load(p.gate.table, col);
             }
             if constexpr (kPerSample) {
               gate_row = kEarlyColumns ? early[kEarlyColumns ? step : 0].gate
@@ -392,7 +438,7 @@ struct NormRow {
     const T* second;      // the residual, or y
     T* sum;               // the fused ops' stored sum row
     const T* gate;        // gated_adaln's gate row (the token's, or the sample's)
-    const T* table_gate;  // and its table row
+    const TableT* table_gate;  // and its table row
     const T* again;       // the second read: the stored sum row, or x
     const T* scale;       // the modulation rows (the token's, or the sample's)
     const T* shift;
@@ -412,7 +458,7 @@ struct NormRow {
       s.again = s.sum;
     }
     if constexpr (kTable && (F & NormFeature::gate) != 0) {
-      s.table_gate = static_cast<const T*>(p.gate.table) + first;
+      s.table_gate = static_cast<const TableT*>(p.gate.table) + first;
     }
     return s;
   }
@@ -456,13 +502,13 @@ struct NormRow {
       const Raw<VEC_BYTES> x = load_input<VEC_BYTES, kInPlace>(s.x + offset);
       Raw<VEC_BYTES> second;
       Raw<VEC_BYTES> gate;
-      Raw<VEC_BYTES> table_gate;
+      TableVec table_gate;
       if constexpr ((F & NormFeature::residual) != 0) {
         second = load_input<VEC_BYTES, kInPlace>(s.second + offset);
       } else {
         second = load_global_nc<VEC_BYTES>(s.second + offset);
         gate = modulation_vector(s.gate + offset);
-        if constexpr (kTable) table_gate = column_operand(s.table_gate, offset);
+        if constexpr (kTable) table_gate = TableVec::load(s.table_gate, offset);
       }
       const Raw<VEC_BYTES> sum = sum_vector(x, second, gate, table_gate);
       store_global<VEC_BYTES, L2Priority::evict_last>(s.sum + offset, sum);
@@ -488,10 +534,10 @@ struct NormRow {
       const Raw<VEC_BYTES> second =
           load_global<VEC_BYTES>(static_cast<const T*>(p.second) + row * p.second_row_stride);
       Raw<VEC_BYTES> gate;
-      Raw<VEC_BYTES> table_gate;
+      TableVec table_gate;
       if constexpr ((F & NormFeature::gate) != 0) {
         gate = load_global<VEC_BYTES>(modulation_row<T>(p.gate, batch, token));
-        if constexpr (kTable) table_gate = load_global<VEC_BYTES>(p.gate.table);
+        if constexpr (kTable) table_gate = TableVec::load(p.gate.table, 0);
       }
       v = sum_vector(v, second, gate, table_gate);
     }
@@ -771,11 +817,11 @@ struct NormRow {
           Raw<VEC_BYTES> v = load_shared<VEC_BYTES>(slot(kX, step));
           const Raw<VEC_BYTES> second = load_shared<VEC_BYTES>(slot(kSecond, step));
           Raw<VEC_BYTES> gate_row;
-          Raw<VEC_BYTES> table_gate;
+          TableVec table_gate;
           if constexpr ((F & NormFeature::gate) != 0) {
             gate_row = kPerSample ? sample_operand(p.gate, sample, col)
                                   : load_shared<VEC_BYTES>(slot(kGate, step));
-            if constexpr (kTable) table_gate = column_operand(p.gate.table, col);
+            if constexpr (kTable) table_gate = TableVec::load(p.gate.table, col);
           }
           v = sum_vector(v, second, gate_row, table_gate);
           store_global<VEC_BYTES>(sum_row + col, v);

@@ -27,6 +27,9 @@ struct NormFeature {
   // by the host only for such calls; every other launch without a persistent grid is one
   // pass, with no loop's bookkeeping in its registers.
   static constexpr unsigned row_loop = 512u;
+  // The table rows are fp32 where x is a 16-bit type (diffusers' fp32 scale_shift_table, as
+  // Wan keeps it, added to x's-dtype operands in fp32).
+  static constexpr unsigned table_f32 = 1024u;
 };
 
 // A modulation operand (scale, shift or gate) of shape [B, T or 1, D]: element (b, t, i) is

@@ -1,4 +1,4 @@
-"""The seam between consecutive patched LTX-Video blocks (kiln/patching/ltx_chain.py): block
+"""The seam between consecutive patched LTX-Video blocks (kiln/patching/dit_block_chain.py): block
 i's last residual and block i + 1's norm1 AdaLN in one gated_adaln, the norm handed over.
 Block i + 1 must take it only for the very h and temb it was computed from, unchanged; a
 hook on the next block, a compiled region or a block patched alone gets no hand-over."""

@@ -66,15 +66,17 @@ def modulation(b, t, d, per_token, dtype, gen):
 @pytest.mark.parametrize("hidden", [7, 64, 2048])
 @pytest.mark.parametrize("per_token", [False, True])
 @pytest.mark.parametrize("norm", ["rms", "layer"])
-@pytest.mark.parametrize("tables", [False, True])
+@pytest.mark.parametrize("tables", [False, True, "fp32"])
 def test_adaln_and_gated_adaln(dtype, hidden, per_token, norm, tables):
-    gen = torch.Generator().manual_seed(hidden + per_token * 10 + tables)
+    gen = torch.Generator().manual_seed(hidden + per_token * 10 + (2 if tables == "fp32" else tables))
     b, t = 2, 5
     x = rand(b, t, hidden, dtype=dtype, gen=gen, offset=1.0)
     y = rand(b, t, hidden, dtype=dtype, gen=gen)
     scale, shift, gate = (modulation(b, t, hidden, per_token, dtype, gen) for _ in range(3))
     w = rand(hidden, dtype=dtype, gen=gen) if norm == "rms" else None
-    tg, ts, tsh = (rand(hidden, dtype=dtype, gen=gen) if tables else None for _ in range(3))
+    # "fp32": table rows in fp32 whatever x's dtype (Wan's scale_shift_table), added in fp32.
+    table_dtype = torch.float32 if tables == "fp32" else dtype
+    tg, ts, tsh = (rand(hidden, dtype=table_dtype, gen=gen) if tables else None for _ in range(3))
 
     out = kiln.adaln(x, scale, shift, w, 1e-6, norm, ts, tsh)
     assert out.dtype == dtype and out.shape == x.shape
@@ -85,6 +87,26 @@ def test_adaln_and_gated_adaln(dtype, hidden, per_token, norm, tables):
     assert h2.dtype == dtype and out2.dtype == dtype
     assert_close_to(h2, ref_h2, dtype)
     assert_close_to(out2, ref_out2, dtype)
+
+
+def test_fp32_table_rows_bad_inputs():
+    """Table rows are all of x's dtype or all fp32; fp32 rows beside 16-bit x have no backward,
+    which a call that records one is told before it runs."""
+    x = torch.randn(2, 3, 8).bfloat16()
+    m = torch.randn(2, 1, 8).bfloat16()
+    rows = torch.randn(3, 8)
+    with pytest.raises(TypeError, match=r"kiln\.adaln: table_shift: expected dtype float32 \(as table_scale\), "
+                                        r"got bfloat16"):
+        kiln.adaln(x, m, m, None, 1e-6, "layer", rows[0], rows[1].bfloat16())
+    with pytest.raises(TypeError, match=r"kiln\.gated_adaln: table_gate: expected dtype float32 \(as table_scale\)"):
+        kiln.gated_adaln(x, x, m, m, m, None, 1e-6, "layer", rows[2].bfloat16(), rows[0], rows[1])
+    with pytest.raises(ValueError, match=r"kiln\.adaln: table_scale: expected shape \[8\] \(x's last dimension\), got \[9\]"):
+        kiln.adaln(x, m, m, None, 1e-6, "layer", torch.randn(9), torch.randn(9))
+    with pytest.raises(TypeError, match=r"kiln\.adaln: table_scale: expected dtype bfloat16 \(as x\) where autograd "
+                                        r"records the call \(fp32 table rows beside 16-bit x have no backward\), got float32"):
+        kiln.adaln(x.requires_grad_(), m, m, None, 1e-6, "layer", rows[0], rows[1])
+    with pytest.raises(TypeError, match=r"kiln\.adaln: table_scale: expected dtype bfloat16 \(as x\), got float16"):
+        kiln.adaln(x.detach(), m, m, None, 1e-6, "layer", rows[0].half(), rows[1].half())
 
 
 def test_ltx_table_form_matches_the_materialised_sum():

@@ -124,6 +124,36 @@ def test_adaln_grid(dtype, hidden):
         assert_close_to(out2, ref_out2, dtype)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("hidden", [33, 1536, 4545, 5120])
+@pytest.mark.parametrize("per_token", [False, True])
+def test_adaln_fp32_table_rows(dtype, hidden, per_token):
+    """Wan's seams: temb's rows of x's dtype plus fp32 table rows, added in fp32; LayerNorm;
+    rows of 1, 128 and 2688 tokens. One set of rows starts 4 bytes past a 16-byte boundary (a
+    slice of a flat buffer), which the op must not read as if aligned."""
+    gen = torch.Generator(device="cuda").manual_seed(hidden + per_token)
+    flat = torch.randn(7 * hidden + 1, device="cuda", generator=gen) * 0.3
+    for table in (flat[: 6 * hidden].view(6, hidden), flat[1: 6 * hidden + 1].view(6, hidden)):
+        for t in (1, 128, 2688):
+            b = 2
+            x = rand(b, t, hidden, dtype=dtype, gen=gen, offset=0.5)
+            y = rand(b, t, hidden, dtype=dtype, gen=gen)
+            temb = rand(b, t if per_token else 1, 6, hidden, dtype=dtype, gen=gen, scale=0.3)
+            shift, scale, gate = temb[:, :, 0], temb[:, :, 1], temb[:, :, 2]
+            poison_allocator(x.shape, dtype)
+            out = kiln.adaln(x, scale, shift, None, 1e-6, "layer", table[1], table[0])
+            assert out.dtype == dtype
+            assert_close_to(out, adaln_fp64(x, scale, shift, None, 1e-6, "layer", table[1], table[0]), dtype)
+            poison_allocator(x.shape, dtype)
+            args = (gate, scale, shift, None, 1e-6, "layer", table[2], table[1], table[0])
+            h2, out2 = kiln.gated_adaln(x, y, *args)
+            ref_h2, _ = gated_adaln_fp64(x, y, *args)
+            assert_close_to(h2, ref_h2, dtype)
+            # out normalises h2 as returned (an element of h2 an ulp off the fp64 sum's rounding
+            # moves out by that ulp times rstd * (1 + scale)).
+            assert_close_to(out2, adaln_fp64(h2, scale, shift, None, 1e-6, "layer", table[1], table[0]), dtype)
+
+
 def test_adaln_many_samples():
     """A row's sample is a multiply-high by the magic of T: many samples of odd and power-of-two
     token counts, per sample and per token, against fp64."""
@@ -215,6 +245,10 @@ def test_tuned_kernels_are_correct(tmp_path):
                 x3 = x.reshape(1, rows, hidden)
                 m = rand(1, rows, hidden, dtype=dtype, gen=gen, scale=0.3)
                 assert_close_to(kiln.adaln(x3, m, m), adaln_fp64(x3, m, m), dtype)
+                # Wan's: fp32 table rows beside 16-bit rows.
+                rows_f32 = torch.randn(2, hidden, device="cuda", generator=gen) * 0.3
+                assert_close_to(kiln.adaln(x3, m, m, None, 1e-6, "layer", rows_f32[0], rows_f32[1]),
+                                adaln_fp64(x3, m, m, None, 1e-6, "layer", rows_f32[0], rows_f32[1]), dtype)
         assert list(tmp_path.rglob("*.json")), "tuning results were not stored"
     finally:
         kiln.configure(cache_dir=before["cache_dir"], tune=before["tune_mode"])

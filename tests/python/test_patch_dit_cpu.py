@@ -92,7 +92,7 @@ def _instance_forwards(model):
 # ---- LTX-Video -------------------------------------------------------------------------
 
 # Two blocks: block 0 ends with one gated_adaln that also computes block 1's norm1 AdaLN
-# (handed over, ltx_chain.py), so one adaln, three gated_adaln, one in-place residual.
+# (handed over, dit_block_chain.py), so one adaln, three gated_adaln, one in-place residual.
 LTX_FUSED = {"rms_norm_rope": 2, "rms_norm_rope grid": 2, "rms_norm": 4, "adaln": 1, "gated_adaln": 3,
              "gated_residual": 2, "gated_residual_": 1, "gelu": 2, "layer_norm": 1}
 

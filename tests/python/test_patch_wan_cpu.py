@@ -19,6 +19,8 @@ LAYERS = 2
 
 
 def _wan(dtype, device="cpu", **config):
+    """A tiny Wan transformer in `dtype`, with what diffusers' loader keeps in fp32 (the
+    rotary tables, the time embedder, the modulation tables, the norms' parameters) in fp32."""
     torch.manual_seed(0)
     model = diffusers.WanTransformer3DModel(
         patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=4, out_channels=4,
@@ -26,9 +28,14 @@ def _wan(dtype, device="cpu", **config):
         **config).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if "norm" in name:
+            if "norm" in name or "scale_shift_table" in name:
                 p.add_(0.2 * torch.randn_like(p))
-    return model.to(device=device, dtype=dtype)
+    model = model.to(device=device)
+    for name, module in model.named_modules():
+        if not any(k in name.split(".") for k in model._keep_in_fp32_modules):
+            for tensor in list(module.parameters(recurse=False)) + list(module.buffers(recurse=False)):
+                tensor.data = tensor.data.to(dtype)
+    return model
 
 
 def _wan_inputs(dtype, device="cpu", batch=2):
@@ -57,12 +64,15 @@ def test_wan_patched_agrees_and_unpatch_restores(dtype, monkeypatch):
     # The self-attentions; the cross-attentions (called without tables) keep diffusers' processor.
     assert _attention_paths(report) == [f"blocks.{i}.attn1" for i in range(LAYERS)]
     assert {r.kind for r in report.replaced if r.path.endswith("attn1")} == {"wan attention (q/k rms_norm + rope)"}
+    assert {r.path: r.op for r in report.replaced if r.path.count(".") == 1} == {
+        f"blocks.{i}": "adaln + gated_adaln" for i in range(LAYERS)}
     assert report.left == []
     counter = Counter(monkeypatch)
     actual = _wan_out(model, inputs)
-    assert counter.used()["rms_norm_rope"] == LAYERS and "rope" not in counter.used()
-    # The cross-attentions' q/k norms are kiln's too, as norm modules.
-    assert counter.used()["rms_norm"] == 2 * LAYERS
+    # Block 0's norm1 AdaLN; two gated_adaln a block, and block 0's last residual with block
+    # 1's norm1 (handed over); block 1's last residual as diffusers writes it.
+    assert counter.used() == {"rms_norm_rope": LAYERS, "rms_norm": 2 * LAYERS, "adaln": 1,
+                              "gated_adaln": 2 * LAYERS + LAYERS - 1, "gelu": LAYERS, "layer_norm": 1}
     _agree(actual, expected, dtype)
     assert kiln.unpatch(model) == len(report.replaced)
     assert _processors(model) == processors and _instance_forwards(model) == []
@@ -220,11 +230,13 @@ def test_wan_attention_computing_another_rotation_is_left():
     assert _attention_paths(report) == ["blocks.1.attn1"]
 
 
-def test_wan_whole_model_compile():
-    """torch.compile of the whole patched model traces kiln.rms_norm_rope once a block (no
-    graph break), the half tables sliced inside the graph."""
-    model = _wan(torch.float32)
-    inputs = _wan_inputs(torch.float32)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_wan_whole_model_compile(dtype):
+    """torch.compile of the whole patched model traces kiln.rms_norm_rope once a block and the
+    seams (no graph break; in bf16 with the fp32 modulation tables, through the fakes), the
+    half tables sliced inside the graph."""
+    model = _wan(dtype)
+    inputs = _wan_inputs(dtype)
     expected = _wan_out(model, inputs)
     kiln.patch(model)
     compiled, graphs = compile_capturing(model)
@@ -232,5 +244,87 @@ def test_wan_whole_model_compile():
         actual = compiled(**inputs)[0]
     torch._dynamo.reset()
     assert len(graphs) == 1 and len(calls_of(graphs, torch.ops.kiln.rms_norm_rope.default)) == LAYERS
-    _agree(actual, expected, torch.float32)
+    # No hand-over while compiling: each block's norm1 AdaLN is its own.
+    assert len(calls_of(graphs, torch.ops.kiln.adaln.default)) == LAYERS
+    assert len(calls_of(graphs, torch.ops.kiln.gated_adaln.default)) == 2 * LAYERS
+    _agree(actual, expected, dtype)
     kiln.unpatch(model)
+
+
+# ---- the block seams ---------------------------------------------------------------------
+
+
+def test_wan_per_token_modulation(monkeypatch):
+    """Wan 2.2's per-token timesteps (temb [B, S, 6, D]): the seams read per-token operands."""
+    model = _wan(torch.bfloat16)
+    inputs = _wan_inputs(torch.bfloat16)
+    inputs["timestep"] = torch.randint(0, 1000, (2, 3 * 4 * 3))
+    expected = _wan_out(model, inputs)
+    kiln.patch(model)
+    counter = Counter(monkeypatch)
+    actual = _wan_out(model, inputs)
+    assert counter.used()["adaln"] == 1 and counter.used()["gated_adaln"] == 2 * LAYERS + LAYERS - 1
+    _agree(actual, expected, torch.bfloat16)
+
+
+def test_wan_block_trains_through_diffusers_seams(monkeypatch):
+    """gated_adaln has no backward and the fp32 table rows none either: with grad enabled the
+    blocks run diffusers' forward, and loss and gradients match."""
+    model = _wan(torch.float32)
+    inputs = _wan_inputs(torch.float32)
+    expected, grads = _loss_grads(model, inputs)
+    kiln.patch(model)
+    counter = Counter(monkeypatch)
+    actual = model(**inputs)[0]
+    assert "adaln" not in counter.used() and "gated_adaln" not in counter.used()
+    _agree(actual, expected, torch.float32)
+    actual.pow(2).mean().backward()
+    params = dict(model.named_parameters())
+    for name, grad in grads.items():
+        torch.testing.assert_close(params[name].grad, grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_wan_norm2_changed_after_patch_is_read_again():
+    """norm2's weight and bias reach the fused seam as table rows kept between calls; a weight
+    changed in place (a LoRA merge, a loaded state dict) is read again."""
+    model = _wan(torch.float32)
+    inputs = _wan_inputs(torch.float32)
+    kiln.patch(model)
+    _wan_out(model, inputs)
+    with torch.no_grad():
+        for block in model.blocks:
+            block.norm2.weight.mul_(1.5)
+            block.norm2.bias.add_(0.25)
+    actual = _wan_out(model, inputs)
+    kiln.unpatch(model)
+    _agree(actual, _wan_out(model, inputs), torch.float32)
+
+
+def test_wan_hook_on_the_next_block_stops_the_hand_over(monkeypatch):
+    """A forward pre-hook on block 1 may change its input: block 0 then ends with diffusers'
+    residual formula and block 1 normalises its own input."""
+    model = _wan(torch.float32)
+    inputs = _wan_inputs(torch.float32)
+    model.blocks[1].register_forward_pre_hook(lambda m, args: (args[0] * 1.25,) + tuple(args[1:]))
+    expected = _wan_out(model, inputs)
+    kiln.patch(model)
+    counter = Counter(monkeypatch)
+    actual = _wan_out(model, inputs)
+    assert counter.used()["adaln"] == LAYERS and counter.used()["gated_adaln"] == 2 * LAYERS
+    _agree(actual, expected, torch.float32)
+
+
+def test_wan_block_without_a_cross_attention_norm_is_left():
+    model = _wan(torch.float32)
+    model.blocks[0].norm2 = torch.nn.Identity()
+    report = kiln.patch(model)
+    left = {r.path: r.reason for r in report.left}
+    assert left["blocks.0"] == "its norm2 is not a LayerNorm over the hidden size"
+    assert "blocks.1" in {r.path for r in report.replaced}
+
+
+def test_wan_block_ops_filter():
+    model = _wan(torch.float32)
+    report = kiln.patch(model, ops=["rope", "rms_norm"])
+    left = {r.path: r.reason for r in report.left}
+    assert left["blocks.0"] == "computes wan block (adaln, gated residual + norm seams); adaln is not in ops"

@@ -1,6 +1,7 @@
 """kiln.patch on Wan transformers on a GPU in bf16: the patched model must be as close to the
 fp32 model as the unpatched bf16 one is (a tiny model, and one default-size Wan 2.1 1.3B block
-with its fp32 tables), in eager calls, under torch.compile and replayed from a CUDA graph."""
+with its fp32 rotary and modulation tables), in eager calls, under torch.compile and replayed
+from a CUDA graph."""
 
 import copy
 
@@ -28,6 +29,8 @@ def test_wan_tiny_bf16_cuda(monkeypatch):
     counter = Counter(monkeypatch)
     patched = _wan_out(model, inputs)
     assert counter.calls["rms_norm_rope"] == LAYERS and counter.calls["rope"] == 0
+    # The seams with the fp32 modulation tables diffusers keeps (_wan keeps them in fp32).
+    assert counter.calls["adaln"] == 1 and counter.calls["gated_adaln"] == 3 * LAYERS - 1
     _as_close_as_the_original(patched, original, truth)
     kiln.unpatch(model)
     assert torch.equal(_wan_out(model, inputs), original)
@@ -61,13 +64,16 @@ def test_wan_default_size_block_bf16_cuda(monkeypatch):
 
     truth = run(block, torch.float32)
     block = copy.deepcopy(block).to(torch.bfloat16)
-    block.scale_shift_table.data = block.scale_shift_table.data.float()
+    # As diffusers' loader keeps them.
+    for tensor in (block.scale_shift_table, block.norm2.weight, block.norm2.bias):
+        tensor.data = tensor.data.float()
     original = run(block, torch.bfloat16)
     report = kiln.patch(block)
     assert {r.path: r.op for r in report.replaced}["attn1"] == "rms_norm_rope"
     counter = Counter(monkeypatch)
     patched = run(block, torch.bfloat16)
     assert counter.calls["rms_norm_rope"] == 1
+    assert counter.calls["adaln"] == 1 and counter.calls["gated_adaln"] == 2
     _as_close_as_the_original(patched, original, truth)
     monkeypatch.undo()
     torch._dynamo.reset()

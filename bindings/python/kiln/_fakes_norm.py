@@ -72,12 +72,31 @@ def _layer_norm_fake(x, weight=None, bias=None, eps=1e-5):
     return x.new_empty(x.shape)
 
 
+def _check_table_rows(op, rows, x):
+    """Table rows of x's dtype, or all fp32 (as diffusers keeps some scale_shift_tables)."""
+    given = [(name, p) for name, p in rows if p is not None]
+    if given and given[0][1].dtype == torch.float32 and x.dtype != torch.float32:
+        for name, p in given:
+            _check_device(op, name, p, x)
+            torch._check_value(
+                p.dim() == 1 and p.shape[0] == x.shape[-1],
+                lambda: f"kiln.{op}: {name}: expected shape [{x.shape[-1]}], got {list(p.shape)}",
+            )
+            torch._check_type(
+                p.dtype == torch.float32,
+                lambda: f"kiln.{op}: {name}: expected dtype torch.float32 (as table_scale), got {p.dtype}",
+            )
+        return
+    for name, p in given:
+        _check_parameter(op, name, p, x)
+
+
 @torch.library.register_fake("kiln::adaln")
 def _adaln_fake(x, scale, shift, weight=None, eps=1e-6, norm="rms", table_scale=None, table_shift=None):
     for name, m in (("scale", scale), ("shift", shift)):
         _check_modulation("adaln", name, m, x)
-    for name, p in (("weight", weight), ("table_scale", table_scale), ("table_shift", table_shift)):
-        _check_parameter("adaln", name, p, x)
+    _check_parameter("adaln", "weight", weight, x)
+    _check_table_rows("adaln", (("table_scale", table_scale), ("table_shift", table_shift)), x)
     return x.new_empty(x.shape)
 
 
@@ -88,6 +107,7 @@ def _gated_adaln_fake(
     _check_like("gated_adaln", "y", y, h)
     for name, m in (("gate", gate), ("scale", scale), ("shift", shift)):
         _check_modulation("gated_adaln", name, m, h)
-    for name, p in (("weight", weight), ("table_gate", table_gate), ("table_scale", table_scale), ("table_shift", table_shift)):
-        _check_parameter("gated_adaln", name, p, h)
+    _check_parameter("gated_adaln", "weight", weight, h)
+    _check_table_rows("gated_adaln", (("table_scale", table_scale), ("table_shift", table_shift),
+                                      ("table_gate", table_gate)), h)
     return h.new_empty(h.shape), h.new_empty(h.shape)

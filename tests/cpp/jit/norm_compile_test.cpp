@@ -51,6 +51,11 @@ TEST_CASE("the norm ops compile for sm_75, sm_80 and sm_90") {
              {Op::gated_adaln, DType::bf16, 2048, kNormLayer | kNormTable | kNormPerToken, 16},
              {Op::rms_norm, DType::bf16, 8192, kNormWeight, 16},
              {Op::gated_adaln, DType::bf16, 14848, kNormLayer | kNormTable | kNormPerToken, 16},
+             // Wan's seams: fp32 table rows beside bf16 and fp16 rows, per sample and per token.
+             {Op::adaln, DType::bf16, 5120, kNormLayer | kNormTable | kNormTableF32, 16},
+             {Op::gated_adaln, DType::f16, 1536,
+              kNormLayer | kNormTable | kNormTableF32 | kNormPerToken, 16},
+             {Op::gated_adaln, DType::bf16, 4545, kNormLayer | kNormTable | kNormTableF32, 2},
          }) {
       const Family& fam = family(problem.op);
       requests.push_back({&fam, problem, fam.heuristic(problem, traits), sm, BinaryFormat::cubin});

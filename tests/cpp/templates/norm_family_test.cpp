@@ -37,9 +37,9 @@ TEST_CASE("each norm op is registered and accepts only its own flags") {
           "flags: expected only weight (1), in-place (8), row loop (64), got bias (2)"),
       ArgumentError);
   // A bit no norm op takes is named by value, not dropped from the message.
-  const Problem unknown_bit{Op::adaln, DType::bf16, 4096, kNormPerToken | 128u, 16};
+  const Problem unknown_bit{Op::adaln, DType::bf16, 4096, kNormPerToken | 256u, 16};
   CHECK_THROWS_WITH_AS(family(Op::adaln).check(unknown_bit),
-                       doctest::Contains("got per-token (32), unknown bits 128"), ArgumentError);
+                       doctest::Contains("got per-token (32), unknown bits 256"), ArgumentError);
   const Problem table_on_layer{Op::layer_norm, DType::bf16, 4096, kNormTable, 16};
   CHECK_THROWS_AS(family(Op::layer_norm).check(table_on_layer), ArgumentError);
   const Problem too_wide{Op::adaln, DType::bf16, 65537, 0, 16};
@@ -73,6 +73,34 @@ TEST_CASE("flags map to kernel features") {
         family(Op::gated_adaln).name_expression(gated, config));
   const Problem plain{Op::rms_norm, DType::bf16, 64, kNormWeight, 16};
   CHECK((norm_family(Op::rms_norm).features(plain) & NormFeature::per_sample) == 0);
+}
+
+TEST_CASE("fp32 table rows beside 16-bit x (Wan's scale_shift_table)") {
+  const Family& fam = family(Op::gated_adaln);
+  const Problem wan{Op::gated_adaln, DType::bf16, 256, kNormLayer | kNormTable | kNormTableF32, 16};
+  CHECK(norm_family(Op::gated_adaln).features(wan) ==
+        (NormFeature::gate | NormFeature::modulate | NormFeature::layer | NormFeature::table |
+         NormFeature::table_f32 | NormFeature::per_sample));
+  // With fp32 x the rows are x's dtype: the kernel without the flag.
+  Problem f32 = wan;
+  f32.dtype = DType::f32;
+  CHECK((norm_family(Op::gated_adaln).features(f32) & NormFeature::table_f32) == 0);
+  // The rows are fp32 buffers, 4 bytes an element in the bytes moved.
+  for (const BufferSpec& spec : fam.buffers(wan, 10)) {
+    CHECK(spec.dtype == (spec.name.starts_with("table_") ? DType::f32 : DType::bf16));
+  }
+  CHECK(fam.bytes_moved(wan, 10) == (4 * 10 * 256 + 3 * 256) * 2 + 3 * 256 * 4);
+  const Config config = fam.heuristic(wan, DeviceTraits::for_arch(90));
+  Problem bf16_rows = wan;
+  bf16_rows.flags &= ~kNormTableF32;
+  CHECK(fam.name_expression(wan, config) != fam.name_expression(bf16_rows, config));
+  // Only with table rows, and only for the adaln ops.
+  Problem no_table = wan;
+  no_table.flags &= ~kNormTable;
+  CHECK_THROWS_WITH_AS(fam.check(no_table), doctest::Contains("fp32 table (128) only with table (16)"),
+                       ArgumentError);
+  const Problem ln{Op::layer_norm, DType::bf16, 256, kNormTableF32, 16};
+  CHECK_THROWS_AS(family(Op::layer_norm).check(ln), ArgumentError);
 }
 
 TEST_CASE("the space is valid, canonical, and holds one-pass and persistent configs") {

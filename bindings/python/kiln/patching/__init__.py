@@ -21,19 +21,20 @@ transformers (see :mod:`.detect_dit`): LTX-Video's attention processor (q/k RMSN
 as one ``kiln.rms_norm_rope``, its rotary embedding tagged with the grid so the angles are
 computed in the kernel, and its tables built only if something reads them), its block's
 AdaLN and gated-residual seams (``kiln.adaln``, ``kiln.gated_residual``,
-``kiln.gated_adaln``, also across consecutive blocks: see :mod:`.ltx_chain`), FLUX's attention processor (q and k rotated
+``kiln.gated_adaln``, also across consecutive blocks: see :mod:`.dit_block_chain`), FLUX's attention processor (q and k rotated
 by one ``kiln.rope``) and diffusers' AdaLN modules (``kiln.adaln``). A patched forward whose
 kiln ops have no backward (LTX-Video's fused seams) calls the original where it would record
 an autograd graph.
 """
 
 import contextlib
+import functools
 from typing import Iterable, Optional
 
 import torch
 
-from . import (detect, detect_dit, head_norm_attention, ltx, ltx_chain, packed_gate, replace, residual_norm_chain,
-               residual_norm_layer, rope_attention)
+from . import (detect, detect_dit, dit_block_chain, head_norm_attention, ltx, packed_gate, replace,
+               residual_norm_chain, residual_norm_layer, rope_attention, wan_block)
 from .report import Left, PatchReport, Replaced
 
 OPS = ("rms_norm", "layer_norm", "gelu", "swiglu", "geglu", "rms_norm_rope", "rope", "adaln")
@@ -67,7 +68,8 @@ def patch(model: torch.nn.Module, ops: Optional[Iterable[str]] = None) -> PatchR
     on_cpu = torch.get_default_device().type == "cpu"
     with detect.probing_once(), contextlib.nullcontext() if on_cpu else torch.device("cpu"):
         _patch_modules(model, chosen, report)
-    ltx_chain.link(model, _is_patched_ltx_block)
+    for block_ops in (ltx.BLOCK_OPS, wan_block.BLOCK_OPS):
+        dit_block_chain.link(model, functools.partial(_is_patched_block, block_ops=block_ops))
     residual_norm_chain.link(model)
     return report
 
@@ -108,9 +110,9 @@ def _patch_modules(model: torch.nn.Module, chosen: frozenset, report: PatchRepor
             report.replaced.append(Replaced(path, result.kind, result.op))
 
 
-def _is_patched_ltx_block(module: torch.nn.Module) -> bool:
+def _is_patched_block(module: torch.nn.Module, block_ops: str) -> bool:
     state = replace.state_of(module)
-    return isinstance(state, replace.PatchState) and state.op == ltx.BLOCK_OPS
+    return isinstance(state, replace.PatchState) and state.op == block_ops
 
 
 def _patch_dit(path: str, module: torch.nn.Module, chosen: frozenset, report: PatchReport) -> bool:
@@ -148,7 +150,7 @@ def unpatch(model: torch.nn.Module) -> int:
     many. The model computes bit for bit what it did before the patch."""
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"kiln.unpatch: model: expected a torch.nn.Module, got {type(model).__name__}")
-    ltx_chain.unlink(model)
+    dit_block_chain.unlink(model)
     residual_norm_chain.unlink(model)
     return sum(replace.uninstall(module, path) for path, module in model.named_modules())
 

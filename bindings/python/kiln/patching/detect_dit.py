@@ -19,7 +19,7 @@ from typing import Callable, Dict, Optional, Union
 
 import torch
 
-from . import detect, flux, ltx, ltx_rope, replace, wan
+from . import detect, flux, ltx, ltx_rope, replace, wan, wan_block
 from .. import rope_ops
 from .detect import NoMatch, _Swapped
 
@@ -59,6 +59,13 @@ def flux_attention_candidate(module: torch.nn.Module) -> bool:
 def wan_attention_candidate(module: torch.nn.Module) -> bool:
     # Wan's cross-attentions are called without tables: their processor computes what it did.
     return _processor_call(module) == "WanAttnProcessor.__call__" and not getattr(module, "is_cross_attention", False)
+
+
+def wan_block_candidate(module: torch.nn.Module) -> bool:
+    table = getattr(module, "scale_shift_table", None)
+    return all(isinstance(getattr(module, n, None), torch.nn.Module)
+               for n in ("norm1", "norm2", "norm3", "attn1", "attn2", "ffn")) \
+        and isinstance(table, torch.Tensor) and table.dim() == 3
 
 
 def ltx_block_candidate(module: torch.nn.Module) -> bool:
@@ -416,6 +423,62 @@ def classify_wan_attention(module: torch.nn.Module, processor, fuse_norms: bool 
     return DitMatch("wan attention (rope of q and k)", "rope", "rope", wan.WanAttnProcessor, target="processor")
 
 
+class _WanProbeAttention(torch.nn.Module):
+    """A stand-in for a Wan attention (called with its arguments by position): elementwise,
+    but every argument changes its output."""
+
+    def __init__(self, dim: int, g: torch.Generator):
+        super().__init__()
+        self.w = torch.randn(dim, generator=g)
+        self.b = torch.randn(dim, generator=g)
+
+    def forward(self, hidden_states, encoder_hidden_states=None, attention_mask=None, rotary_emb=None):
+        y = torch.tanh(hidden_states * self.w + self.b)
+        if encoder_hidden_states is not None:
+            y = y + encoder_hidden_states.mean(1, keepdim=True) * self.b
+        if rotary_emb is not None:
+            y = y + rotary_emb
+        return y
+
+
+def classify_wan_block(module: torch.nn.Module, original: Callable) -> Union[DitMatch, NoMatch]:
+    table = module.scale_shift_table
+    if tuple(table.shape[:2]) != (1, 6):
+        return NoMatch("block", f"its scale_shift_table is {list(table.shape)}, not Wan's [1, 6, D]")
+    d = table.shape[2]
+    for name in ("norm1", "norm2", "norm3"):
+        norm = getattr(module, name)
+        if not isinstance(norm, torch.nn.LayerNorm) or tuple(norm.normalized_shape) != (d,):
+            return NoMatch("block", f"its {name} is not a LayerNorm over the hidden size")
+    for name in ("norm1", "norm3"):
+        if getattr(module, name).weight is not None:
+            return NoMatch("block", f"its {name} has parameters; Wan's modulated norms have none")
+    params = inspect.signature(original).parameters
+    needed = ("hidden_states", "encoder_hidden_states", "temb", "rotary_emb")
+    if tuple(params) != needed:
+        return NoMatch("block", f"its forward takes {tuple(params)}, not Wan's block arguments {needed}")
+    g = torch.Generator().manual_seed(0)
+    children = {"attn1": _WanProbeAttention(d, g), "attn2": _WanProbeAttention(d, g), "ffn": _ProbeFF(d, g)}
+    h = torch.randn(2, 5, d, generator=g) + 0.5
+    enc = torch.randn(2, 3, d, generator=g)
+    rope = 0.1 * torch.randn(d, generator=g)
+    calls = [((h, enc, torch.randn(2, 6, d, generator=g), rope), {}),
+             ((h, enc, torch.randn(2, 5, 6, d, generator=g), rope), {})]
+    params = {"scale_shift_table": torch.randn(1, 6, d, generator=g) / d ** 0.5}
+    swaps = [_Swapped(module, params=params, children=children)]
+    norm2 = module.norm2
+    if norm2.weight is not None:
+        swaps.append(_Swapped(norm2, params={"weight": 1 + 0.3 * torch.randn(d, generator=g)}
+                              | ({"bias": 0.3 * torch.randn(d, generator=g)} if norm2.bias is not None else {})))
+    patched = wan_block.wan_block(module, original)
+    with torch.no_grad(), _Stack(swaps):
+        why = _compare_calls(original, patched, calls)
+    if why is not None:
+        return NoMatch("block", f"does not compute Wan's block seams: {why}")
+    return DitMatch("wan block (adaln, gated residual + norm seams)", wan_block.BLOCK_OPS, "adaln",
+                    wan_block.wan_block)
+
+
 def classify_adaln(module: torch.nn.Module, original: Callable) -> Union[DitMatch, NoMatch]:
     nm = module.norm
     result = detect.classify_norm(nm, replace.original_forward(nm))
@@ -464,5 +527,6 @@ CANDIDATES = (
     (flux_attention_candidate, classify_flux_attention),
     (wan_attention_candidate, classify_wan_attention),
     (ltx_block_candidate, classify_ltx_block),
+    (wan_block_candidate, classify_wan_block),
     (adaln_candidate, classify_adaln),
 )

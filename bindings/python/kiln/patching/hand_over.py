@@ -1,6 +1,6 @@
 """Runs of consecutive modules in a model's ``nn.ModuleList``s (the blocks or layers a model
 calls one after the other) where each may hand a result it computed for the next one over:
-:mod:`.ltx_chain` (LTX-Video's blocks) and :mod:`.residual_norm_chain` (decoder layers).
+:mod:`.dit_block_chain` (LTX-Video's and Wan's blocks) and :mod:`.residual_norm_chain` (decoder layers).
 
 At most one result is held a chain, and the next module of the chain that looks for one
 clears it, whether it takes it or not. Nothing is handed over while compiling: each compiled

@@ -14,7 +14,7 @@ from typing import Callable, Optional
 import torch
 
 from .. import activation_ops, norm_ops, ops, rope_ops
-from . import ltx_chain, ltx_mask
+from . import dit_block_chain, ltx_mask
 from .forwards import kiln_can_take, norm_eps, recording_a_graph, signature_kept
 
 BLOCK_OPS = "adaln + gated_residual + gated_adaln"
@@ -161,7 +161,7 @@ def ltx_block(module: torch.nn.Module, original: Callable) -> Callable:
       ``kiln.gated_adaln`` (gate 0 + 1: the add is exact, as diffusers' is);
     * ``h + ff * gate_mlp`` -> ``kiln.gated_residual_`` into the fresh h; or, where the next
       block of the model is patched too, one ``kiln.gated_adaln`` with that block's norm1
-      AdaLN, whose output is handed over to it (ltx_chain.py).
+      AdaLN, whose output is handed over to it (dit_block_chain.py).
 
     The attentions and the feed-forward are the module's own, called as diffusers calls
     them. kiln rounds each seam once where diffusers rounds after every elementwise op
@@ -191,7 +191,7 @@ def ltx_block(module: torch.nn.Module, original: Callable) -> Callable:
         # view per index would cost more host time than the rest of the seams).
         shift_msa, scale_msa, _, shift_mlp, scale_mlp, _ = ada.unbind(2)
         rows = table.unbind(0)
-        norm_h = ltx_chain.take(module, h, temb)
+        norm_h = dit_block_chain.take(module, h, temb)
         if norm_h is None:
             norm_h = norm_ops.adaln(h, scale_msa, shift_msa, w1, norm_eps(module.norm1, h),
                                     "rms", rows[1], rows[0])
@@ -213,7 +213,7 @@ def ltx_block(module: torch.nn.Module, original: Callable) -> Callable:
                                              norm_eps(module.norm2, h), "rms", one, rows[4], rows[3])
         ff_out = module.ff(norm_h)
         if ff_out.shape == h.shape and kiln_can_take(h, ff_out, gate_mlp):
-            nxt = ltx_chain.successor(module)
+            nxt = dit_block_chain.successor(module)
             if nxt is not None:
                 handed = _hand_over(module, nxt, h, ff_out, gate_mlp, scale_msa, shift_msa, temb, zero[0, 0])
                 if handed is not None:
@@ -240,5 +240,5 @@ def _hand_over(module, nxt, h, ff_out, gate_mlp, scale, shift, temb, zero_row) -
     h, norm_h = norm_ops.gated_adaln(h, ff_out, gate_mlp, scale, shift,
                                      weights[0] if weights else None, norm_eps(norm, h), "rms",
                                      zero_row, table[1], table[0])
-    ltx_chain.hand_over(module, nxt, h, temb, norm_h)
+    dit_block_chain.hand_over(module, nxt, h, temb, norm_h)
     return h

@@ -1,5 +1,6 @@
-"""The seam between consecutive LTX-Video blocks: block i ends with ``h + ff * gate_mlp``
-and block i + 1 starts with the AdaLN of that h (its norm1, modulated). Where kiln patched
+"""The seam between consecutive diffusion-transformer blocks (LTX-Video's, Wan's): block i
+ends with ``h + ff * gate_mlp`` and block i + 1 starts with the AdaLN of that h (its norm1,
+modulated). Where kiln patched
 both, block i computes the two in one ``kiln.gated_adaln`` pass (h and ff read once, where
 the two kernels read h twice) and hands the normalised output over; block i + 1 takes it
 only if it is called with that very h and temb, unchanged, and computes its own otherwise.
