@@ -336,8 +336,8 @@ std::vector<std::byte> RmsNormRopeFamily::pack_params(
   params.k_out = pointer(expected - 1);
   params.rows = rows;
   set_seq_len(params, std::max<std::int64_t>(rows, 1));
-  for (long long* strides : {params.q_strides, params.k_strides, params.q_out_strides,
-                             params.k_out_strides}) {
+  for (long long* strides :
+       {params.q_strides, params.k_strides, params.q_out_strides, params.k_out_strides}) {
     strides[0] = rows * w;
     strides[1] = w;
   }

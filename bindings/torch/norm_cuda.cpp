@@ -251,8 +251,8 @@ at::Tensor run_adaln(const AdaLnArgs& args, double eps, at::Tensor* sum) {
     p.weight = keep.back().data_ptr();
     align.address(p.weight);
   }
-  const bool table_f32 = has_tables(args) && (*args.table_scale)->scalar_type() == at::kFloat &&
-                        dtype != DType::f32;
+  const bool table_f32 =
+      has_tables(args) && (*args.table_scale)->scalar_type() == at::kFloat && dtype != DType::f32;
   if (has_tables(args)) {
     if (args.table_gate != nullptr) {
       p.gate.table = table_row(*args.table_gate, keep, align, table_f32);

@@ -210,8 +210,7 @@ void check_rms_norm_rope(const at::Tensor& q, const at::Tensor& k, const at::Ten
   if (head_dim != -1) {
     if (grid) fail_value(op, "head_dim", "-1 with a video grid", std::to_string(head_dim));
     if (head_dim < 2 || head_dim % 2 != 0 || q.size(2) % head_dim != 0) {
-      fail_value(op, "head_dim",
-                 "-1 or an even divisor of q's width " + std::to_string(q.size(2)),
+      fail_value(op, "head_dim", "-1 or an even divisor of q's width " + std::to_string(q.size(2)),
                  std::to_string(head_dim));
     }
     if (cos && cos->size(-1) != head_dim / 2) {

@@ -418,9 +418,9 @@ TensorPair rms_norm_rope_cuda(const at::Tensor& q, const at::Tensor& k, const at
     }
   } else {
     // A table of each head's pairs ([.., S, head_dim / 2]) or of the whole row.
-    const RopeOperands r = head_dim == -1
-                               ? rope_operands(op, q, k, *cos, *sin, true, -1, "bshd", width)
-                               : rope_operands(op, q, k, *cos, *sin, true, head_dim, "bshd", head_dim);
+    const RopeOperands r =
+        head_dim == -1 ? rope_operands(op, q, k, *cos, *sin, true, -1, "bshd", width)
+                       : rope_operands(op, q, k, *cos, *sin, true, head_dim, "bshd", head_dim);
     problem.aux = head_dim == -1 ? 0 : head_dim;
     cos3 = pair_aligned(r.cos3, pair);
     sin3 = pair_aligned(r.sin3, pair);

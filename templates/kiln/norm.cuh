@@ -73,7 +73,9 @@ struct TableVector<T, VEC_BYTES, true> {
     }
     return t;
   }
-  __device__ __forceinline__ float operator[](int i) const { return v[i]; }
+  __device__ __forceinline__ float operator[](int i) const {
+    return v[i];
+  }
 };
 
 // The row-dependent inputs of one row, as loaded (raw, so 16-bit data takes half the
@@ -201,7 +203,8 @@ struct NormRow {
   // (an fp32 table row counts for as many streams as its vectors take T-vectors' registers)
   static constexpr int kColumnStreams =
       ((F & NormFeature::weight) != 0 ? 1 : 0) + ((F & NormFeature::bias) != 0 ? 1 : 0) +
-      (kTable ? ((F & NormFeature::gate) != 0 ? 3 : 2) * (kTableF32 ? 4 / static_cast<int>(sizeof(T)) : 1)
+      (kTable ? ((F & NormFeature::gate) != 0 ? 3 : 2) *
+                    (kTableF32 ? 4 / static_cast<int>(sizeof(T)) : 1)
               : 0) +
       kSampleStreams;
   // When they fit in a few registers, every step's per-column operands are loaded with the
@@ -434,13 +437,13 @@ struct NormRow {
   // 64-bit multiply-add, and they and the row's sample came before the first load (SASS,
   // sm_90, adaln per-token v16.t128.c128.reread=1: first load at instruction 76).
   struct LaneStreams {
-    const T* x;           // the first read: x
-    const T* second;      // the residual, or y
-    T* sum;               // the fused ops' stored sum row
-    const T* gate;        // gated_adaln's gate row (the token's, or the sample's)
+    const T* x;                // the first read: x
+    const T* second;           // the residual, or y
+    T* sum;                    // the fused ops' stored sum row
+    const T* gate;             // gated_adaln's gate row (the token's, or the sample's)
     const TableT* table_gate;  // and its table row
-    const T* again;       // the second read: the stored sum row, or x
-    const T* scale;       // the modulation rows (the token's, or the sample's)
+    const T* again;            // the second read: the stored sum row, or x
+    const T* scale;            // the modulation rows (the token's, or the sample's)
     const T* shift;
     T* out;
   };

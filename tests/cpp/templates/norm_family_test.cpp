@@ -97,8 +97,8 @@ TEST_CASE("fp32 table rows beside 16-bit x (Wan's scale_shift_table)") {
   // Only with table rows, and only for the adaln ops.
   Problem no_table = wan;
   no_table.flags &= ~kNormTable;
-  CHECK_THROWS_WITH_AS(fam.check(no_table), doctest::Contains("fp32 table (128) only with table (16)"),
-                       ArgumentError);
+  CHECK_THROWS_WITH_AS(fam.check(no_table),
+                       doctest::Contains("fp32 table (128) only with table (16)"), ArgumentError);
   const Problem ln{Op::layer_norm, DType::bf16, 256, kNormTableF32, 16};
   CHECK_THROWS_AS(family(Op::layer_norm).check(ln), ArgumentError);
 }
