@@ -78,23 +78,13 @@ def inputs(model, shape, device="cuda", seed=1):
                 return_dict=False)
 
 
-def wan_rotation(x, cos, sin):
-    """The rotation inside diffusers' WanAttnProcessor.__call__ (x [B, S, H, D], tables
-    [1, S, 1, D])."""
-    x1, x2 = x.unflatten(-1, (-1, 2)).unbind(-1)
-    c = cos[..., 0::2]
-    s = sin[..., 1::2]
-    out = torch.empty_like(x)
-    out[..., 0::2] = x1 * c - x2 * s
-    out[..., 1::2] = x1 * s + x2 * c
-    return out.type_as(x)
-
-
 def prologue_case(heads, shape, head_dim=128):
     """The attention prologue of one Wan self-attention for latents of `shape`, each contender
     a zero-argument call."""
     import kiln
     from diffusers.models.transformers.transformer_wan import WanRotaryPosEmbed
+    # diffusers' rotation, as written inside WanAttnProcessor.__call__ (kiln's fallback copy).
+    from kiln.patching.wan import diffusers_rotation
 
     c = heads * head_dim
     seq = shape[2] * (shape[3] // 2) * (shape[4] // 2)
@@ -114,7 +104,7 @@ def prologue_case(heads, shape, head_dim=128):
     def eager():
         qn = norm_q(q).unflatten(2, (heads, -1))
         kn = norm_k(k).unflatten(2, (heads, -1))
-        return wan_rotation(qn, cos, sin), wan_rotation(kn, cos, sin)
+        return diffusers_rotation(qn, cos, sin), diffusers_rotation(kn, cos, sin)
 
     compiled = torch.compile(eager, dynamic=False)
     wq, wk = norm_q.weight, norm_k.weight

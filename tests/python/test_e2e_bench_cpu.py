@@ -287,10 +287,11 @@ def test_wan_bench_smoke_run(tmp_path):
     assert "| eager+kiln |" in out
     [doc_path] = tmp_path.glob("wan-1.3b-*.json")
     doc = json.loads(doc_path.read_text())
-    # Each block's self-attention (its q/k norms and rotation in one launch), both attentions'
-    # q/k norms as modules (the self-attention's run with autograd), three LayerNorms and the
-    # GELU; the output norm.
-    assert doc["patch"]["replaced"] == {"rms_norm_rope": 2, "rms_norm": 8, "layer_norm": 7, "gelu": 2}
+    # Each block's seams and self-attention (its q/k norms and rotation in one launch), both
+    # attentions' q/k norms as modules (the self-attention's run with autograd), three LayerNorms
+    # (the seams' fallback) and the GELU; the output norm.
+    assert doc["patch"]["replaced"] == {"adaln + gated_adaln": 2, "rms_norm_rope": 2, "rms_norm": 8,
+                                        "layer_norm": 7, "gelu": 2}
     err = doc["settings"]["eager+kiln"]["error_vs_eager"]
     assert err["finite"] and err["max_rel"] < 5e-2
 

@@ -24,7 +24,8 @@ def _check_like(op, name, t, x):
     )
 
 
-def _check_parameter(op, name, p, x):
+def _check_parameter(op, name, p, x, dtype=None, like="x"):
+    """A [D] row of x's dtype (or `dtype`, as `like`'s) on x's device."""
     if p is None:
         return
     _check_device(op, name, p, x)
@@ -32,9 +33,10 @@ def _check_parameter(op, name, p, x):
         p.dim() == 1 and p.shape[0] == x.shape[-1],
         lambda: f"kiln.{op}: {name}: expected shape [{x.shape[-1]}], got {list(p.shape)}",
     )
+    expected = x.dtype if dtype is None else dtype
     torch._check_type(
-        p.dtype == x.dtype,
-        lambda: f"kiln.{op}: {name}: expected dtype {x.dtype} (as x), got {p.dtype}",
+        p.dtype == expected,
+        lambda: f"kiln.{op}: {name}: expected dtype {expected} (as {like}), got {p.dtype}",
     )
 
 
@@ -75,20 +77,9 @@ def _layer_norm_fake(x, weight=None, bias=None, eps=1e-5):
 def _check_table_rows(op, rows, x):
     """Table rows of x's dtype, or all fp32 (as diffusers keeps some scale_shift_tables)."""
     given = [(name, p) for name, p in rows if p is not None]
-    if given and given[0][1].dtype == torch.float32 and x.dtype != torch.float32:
-        for name, p in given:
-            _check_device(op, name, p, x)
-            torch._check_value(
-                p.dim() == 1 and p.shape[0] == x.shape[-1],
-                lambda: f"kiln.{op}: {name}: expected shape [{x.shape[-1]}], got {list(p.shape)}",
-            )
-            torch._check_type(
-                p.dtype == torch.float32,
-                lambda: f"kiln.{op}: {name}: expected dtype torch.float32 (as table_scale), got {p.dtype}",
-            )
-        return
+    f32 = given and given[0][1].dtype == torch.float32 and x.dtype != torch.float32
     for name, p in given:
-        _check_parameter(op, name, p, x)
+        _check_parameter(op, name, p, x, torch.float32 if f32 else None, "table_scale" if f32 else "x")
 
 
 @torch.library.register_fake("kiln::adaln")

@@ -11,7 +11,7 @@ from typing import Callable, Optional
 import torch
 
 from .. import norm_ops, rope_ops
-from .forwards import argument_binder, kiln_can_take, norm_eps, signature_kept
+from .forwards import SharedAttentionSettings, argument_binder, kiln_can_take, norm_eps, signature_kept
 
 # chunk count, the emb argument's name, the order of the chunks, what is returned after x.
 ADALN_LAYOUTS = {
@@ -65,7 +65,7 @@ def adaln_module(layout: str, norm: str) -> Callable:
 
 
 @signature_kept
-class FluxAttnProcessor:
+class FluxAttnProcessor(SharedAttentionSettings):
     """diffusers' ``FluxAttnProcessor.__call__`` with the two ``apply_rotary_emb`` calls as
     one ``kiln.rope`` (interleaved pairs, [B, S, H, D]); everything else is diffusers'."""
 
@@ -78,21 +78,6 @@ class FluxAttnProcessor:
         self._apply_rotary_emb = module.apply_rotary_emb
         self._dispatch = module.dispatch_attention_fn
 
-    @property
-    def _attention_backend(self):
-        return getattr(self.original, "_attention_backend", None)
-
-    @_attention_backend.setter
-    def _attention_backend(self, value):
-        self.original._attention_backend = value
-
-    @property
-    def _parallel_config(self):
-        return getattr(self.original, "_parallel_config", None)
-
-    @_parallel_config.setter
-    def _parallel_config(self, value):
-        self.original._parallel_config = value
 
     @staticmethod
     def _table(query, key, image_rotary_emb, text: int = 0):

@@ -65,6 +65,28 @@ def recording_a_graph(like: torch.Tensor) -> bool:
     return torch.compiler.is_compiling() or (like.is_cuda and torch.cuda.is_current_stream_capturing())
 
 
+class SharedAttentionSettings:
+    """For a processor kiln installs in place of ``self.original``: diffusers sets the attention
+    backend and the parallel settings on every processor of a model; set on either processor,
+    both see them."""
+
+    @property
+    def _attention_backend(self):
+        return getattr(self.original, "_attention_backend", None)
+
+    @_attention_backend.setter
+    def _attention_backend(self, value):
+        self.original._attention_backend = value
+
+    @property
+    def _parallel_config(self):
+        return getattr(self.original, "_parallel_config", None)
+
+    @_parallel_config.setter
+    def _parallel_config(self, value):
+        self.original._parallel_config = value
+
+
 def signature_kept(cls: type) -> type:
     """diffusers' attention modules read their processor's ``__call__`` signature on every
     call (to drop keyword arguments it does not take); set on the function once, inspect

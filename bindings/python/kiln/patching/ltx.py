@@ -15,7 +15,7 @@ import torch
 
 from .. import activation_ops, norm_ops, ops, rope_ops
 from . import dit_block_chain, ltx_mask
-from .forwards import kiln_can_take, norm_eps, recording_a_graph, signature_kept
+from .forwards import SharedAttentionSettings, kiln_can_take, norm_eps, recording_a_graph, signature_kept
 
 BLOCK_OPS = "adaln + gated_residual + gated_adaln"
 
@@ -45,7 +45,7 @@ def _weight(norm: torch.nn.Module, like: torch.Tensor, cache: dict) -> Optional[
 
 
 @signature_kept
-class LTXAttnProcessor:
+class LTXAttnProcessor(SharedAttentionSettings):
     """diffusers' ``LTXVideoAttnProcessor.__call__`` with ``norm_q``, ``norm_k`` and both
     ``apply_rotary_emb`` calls as one ``kiln.rms_norm_rope`` (angles from the grid where
     the rotary embedding carries one, else from diffusers' cos/sin), and the two norms of
@@ -59,21 +59,6 @@ class LTXAttnProcessor:
         self._apply_rotary_emb = module.apply_rotary_emb
         self._dispatch = module.dispatch_attention_fn
 
-    @property
-    def _attention_backend(self):
-        return getattr(self.original, "_attention_backend", None)
-
-    @_attention_backend.setter
-    def _attention_backend(self, value):
-        self.original._attention_backend = value
-
-    @property
-    def _parallel_config(self):
-        return getattr(self.original, "_parallel_config", None)
-
-    @_parallel_config.setter
-    def _parallel_config(self, value):
-        self.original._parallel_config = value
 
     def _norms(self, attn, query, key, image_rotary_emb):
         """``norm_q(query)``, ``norm_k(key)`` then the rotation, as kiln calls where they can."""

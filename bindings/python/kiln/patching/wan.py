@@ -17,7 +17,7 @@ from typing import Optional
 import torch
 
 from .. import rope_ops
-from .forwards import any_hooks, kiln_can_take, norm_eps, recording_a_graph, signature_kept
+from .forwards import SharedAttentionSettings, any_hooks, kiln_can_take, norm_eps, recording_a_graph, signature_kept
 
 
 class _HalfTables:
@@ -47,7 +47,7 @@ def _halves(cos: torch.Tensor, sin: torch.Tensor):
 _HALF_TABLES = _HalfTables()
 
 
-def _rotate_as_diffusers(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+def diffusers_rotation(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """diffusers' rotation inside ``WanAttnProcessor.__call__``, for the calls kiln does not take."""
     x1, x2 = x.unflatten(-1, (-1, 2)).unbind(-1)
     c = cos[..., 0::2]
@@ -74,7 +74,7 @@ def _rotate(query: torch.Tensor, key: torch.Tensor, rotary_emb):
         cos_half, sin_half = _HALF_TABLES.get(cos, sin)
         return rope_ops.rope(query, key, cos_half, sin_half, interleaved=True,
                              rotary_dim=query.shape[3], layout="bshd")
-    return _rotate_as_diffusers(query, cos, sin), _rotate_as_diffusers(key, cos, sin)
+    return diffusers_rotation(query, cos, sin), diffusers_rotation(key, cos, sin)
 
 
 def _norms_and_rotation(attn, query: torch.Tensor, key: torch.Tensor, rotary_emb):
@@ -101,7 +101,7 @@ def _norms_and_rotation(attn, query: torch.Tensor, key: torch.Tensor, rotary_emb
 
 
 @signature_kept
-class WanAttnProcessor:
+class WanAttnProcessor(SharedAttentionSettings):
     """diffusers' ``WanAttnProcessor.__call__`` with q and k normalised and rotated in one
     ``kiln.rms_norm_rope`` (``fuse_norms``) or rotated in one ``kiln.rope``; the projections,
     image-context attention (I2V) and attention backend are diffusers' (the backend and
@@ -116,21 +116,6 @@ class WanAttnProcessor:
         self._added_kv = module._get_added_kv_projections
         self._dispatch = module.dispatch_attention_fn
 
-    @property
-    def _attention_backend(self):
-        return getattr(self.original, "_attention_backend", None)
-
-    @_attention_backend.setter
-    def _attention_backend(self, value):
-        self.original._attention_backend = value
-
-    @property
-    def _parallel_config(self):
-        return getattr(self.original, "_parallel_config", None)
-
-    @_parallel_config.setter
-    def _parallel_config(self, value):
-        self.original._parallel_config = value
 
     def __call__(self, attn, hidden_states: torch.Tensor, encoder_hidden_states: Optional[torch.Tensor] = None,
                  attention_mask: Optional[torch.Tensor] = None, rotary_emb=None) -> torch.Tensor:
