@@ -100,6 +100,20 @@ def wan_apply_rotary_emb(x, cos, sin, heads):
     return out.flatten(2)
 
 
+def assert_norm_rope_close(out, ref, normed, dtype):
+    """A fused norm + rotation against the fp64 rotation of the norm rounded to `dtype`
+    (`normed`): one rounding of the output (relative to max(1, |ref|)), plus where the kernel's
+    fp32 norm rounds to the neighbouring value of `dtype`, that ulp carried through the
+    rotation (|cos|, |sin| <= 1): eps(dtype) times the pair's |x| + |y|."""
+    from reference import TOLERANCE
+
+    assert out.shape == ref.shape and not torch.isnan(out).any()
+    pair = normed.double().abs().unflatten(-1, (-1, 2)).sum(-1).repeat_interleave(2, -1)
+    allowed = TOLERANCE[dtype] * ref.abs().clamp_min(1.0) + torch.finfo(dtype).eps * pair
+    excess = ((out.double() - ref).abs() - allowed).max().item()
+    assert excess <= 0, f"error exceeds one rounding plus the norm's ulp by {excess:.3e}"
+
+
 def unrelated_cos_sin(batch, seq, dim, device="cpu"):
     """fp32 [B, S, 1, D] cos and sin tables of an angle drawn for each column of each, so no
     column's value follows from another's (a kernel reading the wrong column is caught), yet

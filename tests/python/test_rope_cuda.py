@@ -9,7 +9,7 @@ from reference import assert_close_to
 from rope_reference import (diffusers_apply_rotary_emb, gpt_oss_apply_rotary_pos_emb,
                             hf_apply_rotary_pos_emb, llama_cos_sin, ltx_apply_rotary_emb,
                             ltx_video_table, rms_norm_across_heads, transformers_qk,
-                            unrelated_cos_sin, wan_apply_rotary_emb)
+                            assert_norm_rope_close, unrelated_cos_sin, wan_apply_rotary_emb)
 from test_rope_cpu import assert_video_close, gpt_oss_cos_sin, video_reference
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("heuristic_tuning")]
@@ -175,15 +175,16 @@ def test_wan_rms_norm_rope_grid(dtype, batch, seq, heads, d, table_fp32):
     cos, sin = unrelated_cos_sin(1, seq, d, device="cuda")
     if not table_fp32:
         cos, sin = cos.to(dtype), sin.to(dtype)
-    q_ref = wan_apply_rotary_emb(rms_norm_across_heads(q, wq, 1e-6, dtype), cos, sin, heads)
-    k_ref = wan_apply_rotary_emb(rms_norm_across_heads(k, wk, 1e-6, dtype), cos, sin, heads)
+    qn, kn = rms_norm_across_heads(q, wq, 1e-6, dtype), rms_norm_across_heads(k, wk, 1e-6, dtype)
+    q_ref = wan_apply_rotary_emb(qn, cos, sin, heads)
+    k_ref = wan_apply_rotary_emb(kn, cos, sin, heads)
     poison(q.shape, dtype)
     q_out, k_out = kiln.rms_norm_rope(q, k, wq, wk, 1e-6, cos[..., 0::2], sin[..., 1::2], head_dim=d)
-    assert_close_to(q_out, q_ref, dtype)
-    assert_close_to(k_out, k_ref, dtype)
+    assert_norm_rope_close(q_out, q_ref, qn, dtype)
+    assert_norm_rope_close(k_out, k_ref, kn, dtype)
     cpu = kiln.rms_norm_rope(q.cpu(), k.cpu(), wq.cpu(), wk.cpu(), 1e-6, cos[..., 0::2].cpu(),
                              sin[..., 1::2].cpu(), head_dim=d)
-    assert_close_to(q_out.cpu(), cpu[0].double(), dtype)
+    assert_norm_rope_close(q_out.cpu(), cpu[0].double(), qn.cpu(), dtype)
 
 
 def test_tuned_kernels_agree_with_the_heuristic():
@@ -206,8 +207,8 @@ def test_tuned_kernels_agree_with_the_heuristic():
         wx = (1 + 0.2 * torch.randn(5120, device="cuda")).bfloat16()
         cos, sin = unrelated_cos_sin(1, 2048, 128, device="cuda")
         wan_q, _ = kiln.rms_norm_rope(x, x, wx, wx, 1e-6, cos[..., 0::2], sin[..., 1::2], head_dim=128)
-        wan_ref = wan_apply_rotary_emb(rms_norm_across_heads(x, wx, 1e-6, torch.bfloat16), cos, sin, 40)
-        assert_close_to(wan_q, wan_ref, torch.bfloat16)
+        xn = rms_norm_across_heads(x, wx, 1e-6, torch.bfloat16)
+        assert_norm_rope_close(wan_q, wan_apply_rotary_emb(xn, cos, sin, 40), xn, torch.bfloat16)
         assert kiln.stats()["tunes"] >= 1
     finally:
         kiln.configure(tune="off")
