@@ -328,3 +328,17 @@ def test_wan_block_ops_filter():
     report = kiln.patch(model, ops=["rope", "rms_norm"])
     left = {r.path: r.reason for r in report.left}
     assert left["blocks.0"] == "computes wan block (adaln, gated residual + norm seams); adaln is not in ops"
+
+
+def test_wan_norm2_replaced_after_patch_is_read_again():
+    """A norm2 parameter replaced by a new tensor (not changed in place) is read again."""
+    model = _wan(torch.float32)
+    inputs = _wan_inputs(torch.float32)
+    kiln.patch(model)
+    _wan_out(model, inputs)
+    for block in model.blocks:
+        block.norm2.weight = torch.nn.Parameter(block.norm2.weight.detach() * 0.5, requires_grad=False)
+        block.norm2.bias = torch.nn.Parameter(block.norm2.bias.detach() - 0.5, requires_grad=False)
+    actual = _wan_out(model, inputs)
+    kiln.unpatch(model)
+    _agree(actual, _wan_out(model, inputs), torch.float32)

@@ -51,10 +51,14 @@ def _norm2_rows(module: torch.nn.Module, like: torch.Tensor, table: torch.Tensor
 
     if recording_a_graph(like):
         return make()
-    key = tuple((id(t), t._version) if isinstance(t, torch.Tensor) else None for t in (weight, bias))
-    key += (d, table.dtype, like.device)
-    if cache.get("key") != key:
-        cache["key"], cache["rows"] = key, make()
+    # The parameters themselves are held and compared by identity (an id alone could be a
+    # replaced parameter's, reused), with their version counters for in-place changes.
+    params = (weight, bias)
+    versions = tuple(t._version if isinstance(t, torch.Tensor) else None for t in params)
+    held = cache.get("params")
+    if held is None or any(a is not b for a, b in zip(held, params)) or cache["versions"] != versions \
+            or cache["key"] != (d, table.dtype, like.device):
+        cache.update(params=params, versions=versions, key=(d, table.dtype, like.device), rows=make())
     return cache["rows"]
 
 
