@@ -51,11 +51,12 @@ std::optional<ArgumentError> problem_error(const Problem& problem) {
     return ArgumentError("rms_norm_rope", "flags", "video (1) or table-fp32 (2), not both",
                          std::to_string(problem.flags));
   }
-  if (problem.aux != 0 && (problem.aux < 2 || problem.aux % 2 != 0 ||
+  // A head dim in fours: a vector's pairs of q and of the half table's row stay whole.
+  if (problem.aux != 0 && (problem.aux < 4 || problem.aux % 4 != 0 ||
                            problem.hidden % problem.aux != 0 || video(problem))) {
     return ArgumentError("rms_norm_rope", "aux",
-                         "0 (a table of the whole row, or coordinates) or, with a table, an even "
-                         "head dim dividing the width " +
+                         "0 (a table of the whole row, or coordinates) or, with a table, a head "
+                         "dim in multiples of 4 dividing the width " +
                              std::to_string(problem.hidden),
                          std::to_string(problem.aux));
   }

@@ -198,7 +198,8 @@ at::Tensor adaln_autograd(const at::Tensor& x, const at::Tensor& scale, const at
         .call(x, scale, shift, weight, eps, norm, table_scale, table_shift);
   }
   // The backward kernels take table rows of x's dtype only.
-  if (table_scale.has_value() && table_scale->scalar_type() != x.scalar_type()) {
+  if (table_scale.has_value() && table_scale->scalar_type() == at::kFloat &&
+      x.scalar_type() != at::kFloat) {
     fail_type("adaln", "table_scale",
               "dtype " + dtype_text(x.scalar_type()) +
                   " (as x) where autograd records the call (fp32 table rows beside 16-bit x "

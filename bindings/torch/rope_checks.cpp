@@ -24,6 +24,13 @@ at::Tensor table_view(const at::Tensor& t, bool bhsd) {
   return t.dim() == 4 ? t.squeeze(bhsd ? 1 : 2) : t;
 }
 
+// The table shapes a layout takes, as error messages name them (the heads axis where the
+// layout has it).
+std::string table_forms(const std::string& layout) {
+  return layout == "bhsd" ? "[S, R], [B, S, R] or [B, 1, S, R]"
+                          : "[S, R], [B, S, R] or [B, S, 1, R]";
+}
+
 }  // namespace
 
 at::Tensor rope_view(const at::Tensor& x, const std::string& layout, std::int64_t head_dim) {
@@ -60,7 +67,10 @@ RopeShape rope_shape(const std::string& op, const at::Tensor& q, const at::Tenso
   check_same_device(op, "sin", sin, q, q_arg);
   for (const auto& [arg, table] : {std::pair{"cos", &cos}, std::pair{"sin", &sin}}) {
     if (table->scalar_type() != at::kFloat && table->scalar_type() != q.scalar_type()) {
-      fail_type(op, arg, "dtype float32 or " + dtype_text(q.scalar_type()) + " (as " + q_arg + ")",
+      fail_type(op, arg,
+                q.scalar_type() == at::kFloat
+                    ? "dtype float32 (as " + q_arg + ")"
+                    : "dtype float32 or " + dtype_text(q.scalar_type()) + " (as " + q_arg + ")",
                 dtype_text(table->scalar_type()));
     }
   }
@@ -87,7 +97,7 @@ RopeShape rope_shape(const std::string& op, const at::Tensor& q, const at::Tenso
     }
   }
   if (cos.dim() < 2) {
-    fail_value(op, "cos", "[S, R], [B, S, R] or [B, 1, S, R]", shape_text(cos));
+    fail_value(op, "cos", table_forms(layout), shape_text(cos));
   }
   const std::int64_t table_width = cos.size(-1);
   if (shape.flat) {
@@ -144,7 +154,7 @@ RopeShape rope_shape(const std::string& op, const at::Tensor& q, const at::Tenso
   shape.angles = shape.half_table ? shape.rotary_dim / 2 : shape.rotary_dim;
   for (const auto& [arg, t] : {std::pair{"cos", &cos}, std::pair{"sin", &sin}}) {
     if (t->dim() > 4) {
-      fail_value(op, arg, "[S, R], [B, S, R] or [B, 1, S, R] (2 to 4 dimensions)", shape_text(*t));
+      fail_value(op, arg, table_forms(layout) + " (2 to 4 dimensions)", shape_text(*t));
     }
     const std::int64_t heads_axis = shape.bhsd ? 1 : 2;
     if (t->dim() == 4 && t->size(heads_axis) != 1) {

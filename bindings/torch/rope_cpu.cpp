@@ -209,8 +209,10 @@ void check_rms_norm_rope(const at::Tensor& q, const at::Tensor& k, const at::Ten
   if (grid) check_video_args(op, *grid, scale, base_sizes, patch_sizes, q.size(1));
   if (head_dim != -1) {
     if (grid) fail_value(op, "head_dim", "-1 with a video grid", std::to_string(head_dim));
-    if (head_dim < 2 || head_dim % 2 != 0 || q.size(2) % head_dim != 0) {
-      fail_value(op, "head_dim", "-1 or an even divisor of q's width " + std::to_string(q.size(2)),
+    // A multiple of 4: the kernel's vectors hold whole pairs of q and of the half table's rows.
+    if (head_dim < 4 || head_dim % 4 != 0 || q.size(2) % head_dim != 0) {
+      fail_value(op, "head_dim",
+                 "-1 or a multiple of 4 dividing q's width " + std::to_string(q.size(2)),
                  std::to_string(head_dim));
     }
     if (cos && cos->size(-1) != head_dim / 2) {

@@ -123,6 +123,20 @@ def test_ltx_patched_agrees_and_unpatch_restores(dtype, monkeypatch):
     assert torch.equal(_ltx_out(model, inputs), expected)
 
 
+def test_ltx_under_inference_mode(monkeypatch):
+    """Inference tensors keep no version counter: the blocks hand nothing over (each
+    normalises its own input) and the fused seams still run."""
+    model = _ltx(torch.float32)
+    inputs = _ltx_inputs(torch.float32)
+    expected = _ltx_out(model, inputs)
+    kiln.patch(model)
+    counter = Counter(monkeypatch)
+    with torch.inference_mode():
+        actual = model(**inputs)[0]
+    assert counter.used()["adaln"] == 2 and counter.used()["gated_adaln"] == 2
+    _agree(actual, expected, torch.float32)
+
+
 def test_ltx_table_rope_when_coords_are_given(monkeypatch):
     """With video_coords the rotary embedding has no grid: the diffusers tables are read."""
     dtype = torch.float32

@@ -13,6 +13,11 @@ diffusers = pytest.importorskip("diffusers", reason="diffusers is not installed"
 from diffusers.models.transformers.transformer_wan import WanAttnProcessor  # noqa: E402
 
 from graph_model import calls_of, compile_capturing  # noqa: E402
+
+try:
+    import accelerate
+except ImportError:
+    accelerate = None
 from test_patch_dit_cpu import Counter, _agree, _instance_forwards, _loss_grads, _processors  # noqa: E402
 
 LAYERS = 2
@@ -31,10 +36,10 @@ def _wan(dtype, device="cpu", **config):
             if "norm" in name or "scale_shift_table" in name:
                 p.add_(0.2 * torch.randn_like(p))
     model = model.to(device=device)
-    for name, module in model.named_modules():
+    # As diffusers' loader decides: by the parameter's or buffer's full name.
+    for name, tensor in list(model.named_parameters()) + list(model.named_buffers()):
         if not any(k in name.split(".") for k in model._keep_in_fp32_modules):
-            for tensor in list(module.parameters(recurse=False)) + list(module.buffers(recurse=False)):
-                tensor.data = tensor.data.to(dtype)
+            tensor.data = tensor.data.to(dtype)
     return model
 
 
@@ -342,3 +347,89 @@ def test_wan_norm2_replaced_after_patch_is_read_again():
     actual = _wan_out(model, inputs)
     kiln.unpatch(model)
     _agree(actual, _wan_out(model, inputs), torch.float32)
+
+
+def test_wan_under_inference_mode(monkeypatch):
+    """Inference tensors keep no version counter: no hand-over between blocks and no half
+    tables kept between calls, and the fused seams still run."""
+    model = _wan(torch.bfloat16)
+    inputs = _wan_inputs(torch.bfloat16)
+    expected = _wan_out(model, inputs)
+    kiln.patch(model)
+    counter = Counter(monkeypatch)
+    with torch.inference_mode():
+        actual = model(**inputs)[0]
+    assert counter.used()["rms_norm_rope"] == LAYERS
+    assert counter.used()["adaln"] == LAYERS and counter.used()["gated_adaln"] == 2 * LAYERS
+    _agree(actual, expected, torch.bfloat16)
+
+
+def test_wan_cross_attention_lora_trains_through_diffusers_seams():
+    """Training only attn2 (a LoRA on the cross-attention) of a bf16 model with fp32 tables:
+    the blocks run diffusers' forward, and the gradients match."""
+    model = _wan(torch.bfloat16).requires_grad_(False)
+    for block in model.blocks:
+        block.attn2.to_q.weight.requires_grad_(True)
+    inputs = _wan_inputs(torch.bfloat16)
+    expected, grads = _loss_grads(model, inputs)
+    kiln.patch(model)
+    actual = model(**inputs)[0]
+    _agree(actual, expected, torch.bfloat16)
+    actual.float().pow(2).mean().backward()
+    params = dict(model.named_parameters())
+    assert grads
+    for name, grad in grads.items():
+        torch.testing.assert_close(params[name].grad, grad, rtol=2e-2, atol=1e-3, msg=name)
+
+
+def test_wan_cast_whole_to_bf16_keeps_norm2_exact():
+    """A model cast whole to bf16 (tables and norm2 too, which diffusers warns of but runs):
+    norm2's small weights reach the seam exactly (its rows are fp32), so the patched model
+    agrees with diffusers' as closely as with fp32 tables."""
+    model = _wan(torch.float32)
+    with torch.no_grad():
+        for block in model.blocks:
+            block.norm2.weight.copy_(0.01 + 0.04 * torch.rand(24))
+    model = model.to(torch.bfloat16)
+    inputs = _wan_inputs(torch.bfloat16)
+    expected = _wan_out(model, inputs)
+    kiln.patch(model)
+    actual = _wan_out(model, inputs)
+    scale = expected.double().abs().max().item()
+    assert (actual.double() - expected.double()).abs().max().item() <= 4 * 2**-8 * scale
+
+
+@pytest.mark.skipif(accelerate is None, reason="accelerate is not installed")
+def test_wan_sequential_cpu_offload():
+    """accelerate's cpu_offload after the patch leaves each leaf's weights on the meta device
+    until its hook runs: the blocks, which would read norm2's weight without calling it, run
+    diffusers' forward, and the output is the unpatched one."""
+    model = _wan(torch.float32)
+    inputs = _wan_inputs(torch.float32)
+    expected = _wan_out(model, inputs)
+    kiln.patch(model)
+    accelerate.cpu_offload(model, execution_device=torch.device("cpu"))
+    _agree(_wan_out(model, inputs), expected, torch.float32)
+
+
+def test_wan_hook_on_a_norm_after_patch_runs(monkeypatch):
+    model = _wan(torch.float32)
+    inputs = _wan_inputs(torch.float32)
+    kiln.patch(model)
+    calls = []
+    model.blocks[0].norm3.register_forward_hook(lambda m, args, out: calls.append(1) or out * 2)
+    actual = _wan_out(model, inputs)
+    assert calls == [1]
+    kiln.unpatch(model)
+    _agree(actual, _wan_out(model, inputs), torch.float32)
+
+
+def test_wan_half_tables_go_with_their_forward():
+    """The half tables are kept only while their source tables live."""
+    import gc
+
+    model = _wan(torch.float32)
+    kiln.patch(model)
+    _wan_out(model, _wan_inputs(torch.float32))
+    gc.collect()
+    assert wan._HALF_TABLES.entry is None

@@ -312,11 +312,16 @@ def test_rms_norm_rope_head_dim_bad_inputs():
     q = torch.randn(1, 5, 24)
     w = torch.ones(24)
     half = torch.randn(5, 4)
-    with pytest.raises(ValueError, match=r"kiln\.rms_norm_rope: head_dim: expected -1 or an even divisor "
-                                         r"of q's width 24, got 5"):
+    with pytest.raises(ValueError, match=r"kiln\.rms_norm_rope: head_dim: expected -1 or a multiple of 4 "
+                                         r"dividing q's width 24, got 5"):
         kiln.rms_norm_rope(q, q, w, w, 1e-6, half, half, head_dim=5)
-    with pytest.raises(ValueError, match=r"kiln\.rms_norm_rope: head_dim: expected -1 or an even divisor"):
+    with pytest.raises(ValueError, match=r"kiln\.rms_norm_rope: head_dim: expected -1 or a multiple of 4"):
         kiln.rms_norm_rope(q, q, w, w, 1e-6, half, half, head_dim=16)
+    # Pairs of angles a vector: a head dim of 6 (3 angles) is refused on every device alike.
+    with pytest.raises(ValueError, match=r"kiln\.rms_norm_rope: head_dim: expected -1 or a multiple of 4"):
+        kiln.rms_norm_rope(q, q, w, w, 1e-6, torch.randn(5, 3), torch.randn(5, 3), head_dim=6)
+    with pytest.raises(ValueError, match=r"kiln\.rms_norm_rope: cos: expected \[S, R\], \[B, S, R\] or \[B, S, 1, R\]"):
+        kiln.rms_norm_rope(q, q, w, w, 1e-6, torch.randn(4), torch.randn(4), head_dim=8)
     with pytest.raises(ValueError, match=r"kiln\.rms_norm_rope: cos: expected a last dimension of head_dim / 2 "
                                          r"= 4 \(one angle a rotation pair of each head\), got \[5, 8\]"):
         kiln.rms_norm_rope(q, q, w, w, 1e-6, torch.randn(5, 8), torch.randn(5, 8), head_dim=8)

@@ -428,13 +428,13 @@ TEST_CASE("rms_norm_rope with a table of each head's pairs (aux = head dim)") {
   CHECK(specs[4].name == "cos");
   CHECK(specs[4].elements == 10 * 64);
   CHECK(f.bytes_moved(wan, 10) == (4 * 10 + 2) * 5120 * 2 + 2 * 10 * 64 * 4);
-  // An odd head dim, one that does not divide the row, or a head dim with coordinates.
+  // A head dim not in fours, one that does not divide the row, or a head dim with coordinates.
   for (const Problem& bad :
        {Problem{Op::rms_norm_rope, DType::bf16, 5120, 0u, 16, 127},
         Problem{Op::rms_norm_rope, DType::bf16, 5120, 0u, 16, 96},
         Problem{Op::rms_norm_rope, DType::bf16, 5120, kiln::kRmsNormRopeVideo, 16, 128}}) {
     CHECK_THROWS_WITH_AS(f.check(bad),
-                         doctest::Contains("an even head dim dividing the width 5120"),
+                         doctest::Contains("a head dim in multiples of 4 dividing the width 5120"),
                          kiln::ArgumentError);
   }
 }

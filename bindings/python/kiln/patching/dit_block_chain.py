@@ -41,9 +41,14 @@ def unlink(model: torch.nn.Module) -> None:
     _CHAINS.unlink(model)
 
 
-def successor(block: torch.nn.Module) -> Optional[torch.nn.Module]:
-    """The next block of ``block``'s chain, where a hand-over to it may happen now."""
+def successor(block: torch.nn.Module, h: torch.Tensor, temb: torch.Tensor) -> Optional[torch.nn.Module]:
+    """The next block of ``block``'s chain, where a hand-over of this h and temb to it may
+    happen now: not for inference tensors (``torch.inference_mode``), which keep no version
+    counter to show that they were not changed in between."""
     if torch.compiler.is_compiling():
+        return None
+    if h.is_inference() or temb.is_inference():
+        _CHAINS.drop(block)
         return None
     nxt = _CHAINS.successor(block)
     if nxt is None or replace.state_of(nxt) is None or any_hooks(nxt):

@@ -198,7 +198,7 @@ def ltx_block(module: torch.nn.Module, original: Callable) -> Callable:
                                              norm_eps(module.norm2, h), "rms", one, rows[4], rows[3])
         ff_out = module.ff(norm_h)
         if ff_out.shape == h.shape and kiln_can_take(h, ff_out, gate_mlp):
-            nxt = dit_block_chain.successor(module)
+            nxt = dit_block_chain.successor(module, h, temb)
             if nxt is not None:
                 handed = _hand_over(module, nxt, h, ff_out, gate_mlp, scale_msa, shift_msa, temb, zero[0, 0])
                 if handed is not None:

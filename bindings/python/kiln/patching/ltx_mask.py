@@ -21,14 +21,15 @@ class PreparedMasks:
     processor makes it in every block, from the one mask the transformer made for the
     forward (a copy per head each time). The last one is kept for the next block: for the
     very same mask tensor (weakly held), both unchanged, the same module class, head count
-    and lengths. Neither kept nor taken where a graph is recorded, and not kept under
-    autograd."""
+    and lengths. Neither kept nor taken where a graph is recorded or for an inference tensor,
+    and not kept under autograd."""
 
     def __init__(self):
         self._kept = None
 
     def __call__(self, attn, mask: torch.Tensor, sequence_length: int, batch_size: int) -> torch.Tensor:
-        if recording_a_graph(mask):
+        # Inference tensors keep no version counter to show the mask unchanged.
+        if recording_a_graph(mask) or mask.is_inference():
             return _made(attn, mask, sequence_length, batch_size)
         method = getattr(attn.prepare_attention_mask, "__func__", None)
         key = (method, attn.heads, sequence_length, batch_size)

@@ -12,6 +12,7 @@ Everything else is diffusers' code, called in diffusers' order.
 """
 
 import sys
+import weakref
 from typing import Optional
 
 import torch
@@ -23,21 +24,31 @@ from .forwards import SharedAttentionSettings, any_hooks, kiln_can_take, norm_ep
 class _HalfTables:
     """The half tables of the last (cos, sin) seen: every block of one forward receives the
     same tensors, so the slices are copied once a forward, not once a block. The sources are
-    held, so their memory is not reused by tables that would match by address."""
+    referred to weakly, so that the entry goes with them (no table outlives its forward, and
+    a new table at a dead one's address is no match), and an entry is one tuple, replaced
+    whole, so that a thread never reads another thread's halves with its own sources."""
 
     def __init__(self):
-        self.source = None
-        self.halves = None
+        self.entry = None  # (weak cos, weak sin, their versions, the halves)
 
     def get(self, cos: torch.Tensor, sin: torch.Tensor):
-        if recording_a_graph(cos):
+        # Inference tensors keep no version counter: an in-place change would go unseen.
+        if recording_a_graph(cos) or cos.is_inference() or sin.is_inference():
             return _halves(cos, sin)
-        s = self.source
-        if s is not None and s[0] is cos and s[1] is sin and s[2] == (cos._version, sin._version):
-            return self.halves
-        self.halves = _halves(cos, sin)
-        self.source = (cos, sin, (cos._version, sin._version))
-        return self.halves
+        versions = (cos._version, sin._version)
+        entry = self.entry
+        if entry is not None and entry[0]() is cos and entry[1]() is sin and entry[2] == versions:
+            return entry[3]
+        halves = _halves(cos, sin)
+        entry = None
+
+        def forget(_):
+            if self.entry is entry:
+                self.entry = None
+
+        entry = (weakref.ref(cos, forget), weakref.ref(sin, forget), versions, halves)
+        self.entry = entry
+        return halves
 
 
 def _halves(cos: torch.Tensor, sin: torch.Tensor):
@@ -92,7 +103,7 @@ def _norms_and_rotation(attn, query: torch.Tensor, key: torch.Tensor, rotary_emb
     head_dim = query.shape[2] // heads
     eps = norm_eps(norms[0], query)
     heads_view = query.unflatten(2, (heads, head_dim))
-    if (head_dim % 2 or eps != norm_eps(norms[1], key) or not _table_fits(cos, heads_view)
+    if (head_dim % 4 or eps != norm_eps(norms[1], key) or not _table_fits(cos, heads_view)
             or not _table_fits(sin, heads_view) or cos.dtype != sin.dtype):
         return None
     cos_half, sin_half = _HALF_TABLES.get(cos, sin)

@@ -13,11 +13,11 @@ fp32) plus temb's rows, each elementwise step a kernel over the whole hidden sta
   normalised output is handed over to that block (dit_block_chain.py); at the last block,
   diffusers' formula.
 
-kiln reads the fp32 table rows beside temb's rows of h's dtype and adds them in fp32, as
-diffusers does, and rounds each seam's outputs once, as diffusers' ``.type_as(h)`` does. The
-attentions and the feed-forward are the module's own, called as diffusers calls them. Anything
-else (autograd, other dtypes or shapes, a norm2 that is not a LayerNorm) runs diffusers'
-forward.
+kiln reads the table rows in fp32 (whatever the table's dtype) beside temb's rows of h's dtype
+and adds them in fp32, as diffusers does, and rounds each seam's outputs once, as diffusers'
+``.type_as(h)`` does. The attentions and the feed-forward are the module's own, called as
+diffusers calls them. Anything else (autograd, other dtypes or shapes, a norm2 that is not a
+LayerNorm, hooks on the norms) runs diffusers' forward.
 """
 
 from typing import Callable, Optional
@@ -26,57 +26,50 @@ import torch
 
 from .. import norm_ops
 from . import dit_block_chain
-from .forwards import kiln_can_take, norm_eps, recording_a_graph
+from .forwards import any_hooks, kiln_can_take, norm_eps, recording_a_graph
 
 BLOCK_OPS = "adaln + gated_adaln"
 
 
-def _table_rows(table: torch.Tensor):
-    """The six [D] rows of a [1, 6, D] scale_shift_table."""
-    return table[0].unbind(0)
+def _kept(cache: dict, name: str, sources: tuple, like: torch.Tensor, make: Callable):
+    """``make()``, kept in ``cache[name]`` while ``sources`` (tensors, held and compared by
+    identity: an id alone could be a replaced parameter's, reused) keep their version counters;
+    made afresh where a graph is recorded or a source is an inference tensor (no counter)."""
+    if recording_a_graph(like) or any(t.is_inference() for t in sources if isinstance(t, torch.Tensor)):
+        return make()
+    versions = tuple(t._version if isinstance(t, torch.Tensor) else None for t in sources)
+    key = (like.shape[-1], like.dtype, like.device)
+    held = cache.get(name)
+    if held is None or held[2] != key or held[1] != versions or any(a is not b for a, b in zip(held[0], sources)):
+        held = (sources, versions, key, make())
+        cache[name] = held
+    return held[3]
 
 
-def _norm2_rows(module: torch.nn.Module, like: torch.Tensor, table: torch.Tensor, cache: dict):
-    """norm2's weight and bias as table rows of the table's dtype: ``weight - 1`` (the kernel
-    adds 1) and the bias, zeros where the norm has none. Kept while the parameters are
-    unchanged; made afresh where a graph is recorded."""
+def _rows(module: torch.nn.Module, h: torch.Tensor, cache: dict):
+    """The fp32 table rows the seams read: the scale_shift_table's six, norm2's weight - 1 (the
+    kernel adds the 1 back) and bias (zeros where it has none), a zero and a one row. fp32
+    whatever the table's and the weights' dtypes: diffusers adds its table to temb in fp32
+    (``table + temb.float()``) and norm2 multiplies by its weight in fp32 (FP32LayerNorm), so
+    a 16-bit table or weight is read exactly and nothing is rounded that diffusers keeps."""
+    table = module.scale_shift_table
     norm = module.norm2
     weight, bias = getattr(norm, "weight", None), getattr(norm, "bias", None)
-    d = like.shape[-1]
+    d = h.shape[-1]
 
     def make():
-        scale = weight.to(table.dtype) - 1 if isinstance(weight, torch.Tensor) else table.new_zeros(d)
-        shift = bias.to(table.dtype) if isinstance(bias, torch.Tensor) else table.new_zeros(d)
-        return scale, shift
+        rows = table[0].float().unbind(0)
+        scale = weight.float() - 1 if isinstance(weight, torch.Tensor) else rows[0].new_zeros(d)
+        shift = bias.float() if isinstance(bias, torch.Tensor) else rows[0].new_zeros(d)
+        return rows, scale, shift, rows[0].new_ones(d)
 
-    if recording_a_graph(like):
-        return make()
-    # The parameters themselves are held and compared by identity (an id alone could be a
-    # replaced parameter's, reused), with their version counters for in-place changes.
-    params = (weight, bias)
-    versions = tuple(t._version if isinstance(t, torch.Tensor) else None for t in params)
-    held = cache.get("params")
-    if held is None or any(a is not b for a, b in zip(held, params)) or cache["versions"] != versions \
-            or cache["key"] != (d, table.dtype, like.device):
-        cache.update(params=params, versions=versions, key=(d, table.dtype, like.device), rows=make())
-    return cache["rows"]
+    return _kept(cache, "rows", (table, weight, bias), h, make)
 
 
-def _constants(cache: dict, h: torch.Tensor, table: torch.Tensor):
-    """A [B, 1, D] zero operand of h's dtype, a zero and a one row of the table's dtype."""
+def _zero_operand(h: torch.Tensor, cache: dict) -> torch.Tensor:
+    """A [B, 1, D] zero modulation operand of h's dtype."""
     b, d = h.shape[0], h.shape[-1]
-
-    def make():
-        return h.new_zeros(1, 1, d), table.new_zeros(d), table.new_ones(d)
-
-    if recording_a_graph(h):
-        zero, zero_row, one_row = make()
-    else:
-        key = (d, h.dtype, table.dtype, h.device)
-        if cache.get("key") != key:
-            cache["key"], cache["values"] = key, make()
-        zero, zero_row, one_row = cache["values"]
-    return zero.expand(b, 1, d), zero_row, one_row
+    return _kept(cache, "zero", (), h, lambda: h.new_zeros(1, 1, d)).expand(b, 1, d)
 
 
 def _operands(temb: torch.Tensor, h: torch.Tensor):
@@ -91,45 +84,48 @@ def _operands(temb: torch.Tensor, h: torch.Tensor):
 
 
 def _fits(module: torch.nn.Module, h, temb) -> bool:
+    """Whether the fused seams compute what the block does for these inputs: h [B, S, D] and
+    temb of one kiln dtype and device, the table and norm2's parameters on that device (not
+    left on the meta device by sequential offload), no hook on the norms (one may change their
+    outputs or move their weights), and no autograd graph to record (gated_adaln has no
+    backward, nor do fp32 table rows beside 16-bit rows)."""
     table = module.scale_shift_table
     if not (isinstance(h, torch.Tensor) and isinstance(temb, torch.Tensor) and h.dim() == 3
             and isinstance(table, torch.Tensor) and table.shape == (1, 6, h.shape[-1])
-            and table.device == h.device and table.dtype in (torch.float32, h.dtype)):
+            and table.device == h.device and kiln_can_take(h, temb)):
         return False
-    norm2 = module.norm2
-    params = [p for p in (getattr(norm2, "weight", None), getattr(norm2, "bias", None)) if p is not None]
+    norms = (module.norm1, module.norm2, module.norm3)
+    params = [p for p in (getattr(norms[1], "weight", None), getattr(norms[1], "bias", None)) if p is not None]
     # norm1 and norm3 are LayerNorms without parameters (the probe checked), as Wan's are.
-    plain = all(getattr(getattr(module, n), "weight", None) is None for n in ("norm1", "norm3"))
-    return (plain and isinstance(norm2, torch.nn.LayerNorm) and all(p.shape == (h.shape[-1],) for p in params)
-            and kiln_can_take(h, temb) and not (torch.is_grad_enabled() and any(p.requires_grad for p in params)))
+    if any(getattr(n, "weight", None) is not None for n in (norms[0], norms[2])) \
+            or not isinstance(norms[1], torch.nn.LayerNorm) or any(any_hooks(n) for n in norms) \
+            or any(p.shape != (h.shape[-1],) or p.device != h.device for p in params):
+        return False
+    return not (torch.is_grad_enabled() and any(p.requires_grad for p in module.parameters()))
 
 
 def wan_block(module: torch.nn.Module, original: Callable) -> Callable:
     """``WanTransformerBlock.forward`` with its seams fused (see the module's docstring)."""
-    constants, norm2_rows = {}, {}
+    cache = {}
 
     # diffusers' own signature (the probe checked the names), so no argument binding runs
     # per call.
     def forward(hidden_states, encoder_hidden_states, temb, rotary_emb):
         h = hidden_states
-        if not _fits(module, h, temb):
-            return original(hidden_states, encoder_hidden_states, temb, rotary_emb)
-        ops = _operands(temb, h)
+        ops = _operands(temb, h) if _fits(module, h, temb) else None
         if ops is None:
             return original(hidden_states, encoder_hidden_states, temb, rotary_emb)
         shift_msa, scale_msa, gate_msa, c_shift_msa, c_scale_msa, c_gate_msa = ops
-        table = module.scale_shift_table
-        rows = _table_rows(table)
-        zero, zero_row, one_row = _constants(constants, h, table)
+        rows, w2, b2, one_row = _rows(module, h, cache)
+        zero = _zero_operand(h, cache)
 
         norm_h = dit_block_chain.take(module, h, temb)
         if norm_h is None:
             norm_h = norm_ops.adaln(h, scale_msa, shift_msa, None, norm_eps(module.norm1, h), "layer",
                                     rows[1], rows[0])
         attn_out = module.attn1(norm_h, None, None, rotary_emb)
-        w2, b2 = _norm2_rows(module, h, table, norm2_rows)
         if attn_out.shape != h.shape or not kiln_can_take(h, attn_out):
-            return _rest_as_diffusers(module, h, attn_out, encoder_hidden_states, ops, table)
+            return _rest_as_diffusers(module, h, attn_out, encoder_hidden_states, ops)
         h, norm_h = norm_ops.gated_adaln(h, attn_out, gate_msa, zero, zero, None, norm_eps(module.norm2, h),
                                          "layer", rows[2], w2, b2)
         attn_out = module.attn2(norm_h, encoder_hidden_states, None, None)
@@ -142,9 +138,9 @@ def wan_block(module: torch.nn.Module, original: Callable) -> Callable:
                                              norm_eps(module.norm3, h), "layer", one_row, rows[4], rows[3])
         ff_out = module.ffn(norm_h)
         if ff_out.shape == h.shape and kiln_can_take(h, ff_out):
-            nxt = dit_block_chain.successor(module)
+            nxt = dit_block_chain.successor(module, h, temb)
             if nxt is not None:
-                handed = _hand_over(module, nxt, h, ff_out, c_gate_msa, rows[5], ops, temb)
+                handed = _hand_over(module, nxt, h, ff_out, c_gate_msa, rows[5], ops, temb, cache)
                 if handed is not None:
                     return handed
         return (h.float() + ff_out.float() * (rows[5] + c_gate_msa.float())).type_as(h)
@@ -152,10 +148,10 @@ def wan_block(module: torch.nn.Module, original: Callable) -> Callable:
     return forward
 
 
-def _rest_as_diffusers(module, h, attn_out, encoder_hidden_states, ops, table):
+def _rest_as_diffusers(module, h, attn_out, encoder_hidden_states, ops):
     """The block after attn1, as diffusers computes it (an attention output kiln cannot take)."""
-    _, _, gate_msa, c_shift_msa, c_scale_msa, c_gate_msa = [
-        table[0, i] + op.float() for i, op in enumerate(ops)]
+    table = module.scale_shift_table
+    _, _, gate_msa, c_shift_msa, c_scale_msa, c_gate_msa = [table[0, i] + op.float() for i, op in enumerate(ops)]
     h = (h.float() + attn_out * gate_msa).type_as(h)
     norm_h = module.norm2(h.float()).type_as(h)
     h = h + module.attn2(norm_h, encoder_hidden_states, None, None)
@@ -164,16 +160,17 @@ def _rest_as_diffusers(module, h, attn_out, encoder_hidden_states, ops, table):
     return (h.float() + ff_out.float() * c_gate_msa).type_as(h)
 
 
-def _hand_over(module, nxt, h, ff_out, c_gate_msa, gate_row, ops, temb) -> Optional[torch.Tensor]:
+def _hand_over(module, nxt, h, ff_out, c_gate_msa, gate_row, ops, temb, cache) -> Optional[torch.Tensor]:
     """``h + ff_out * c_gate_msa`` and the next block's norm1 AdaLN of it in one pass (from
-    the same temb, as that block would compute it); the normalised output is handed over and
-    the new h returned. None where the next block's parameters do not fit."""
+    the same temb, as that block would compute it, its table rows in fp32); the normalised
+    output is handed over and the new h returned. None where the next block's parameters do
+    not fit."""
     table = getattr(nxt, "scale_shift_table", None)
     norm = getattr(nxt, "norm1", None)
     if not isinstance(table, torch.Tensor) or table.shape != module.scale_shift_table.shape \
-            or table.dtype != gate_row.dtype or table.device != h.device or norm is None:
+            or table.device != h.device or norm is None:
         return None
-    rows = _table_rows(table)
+    rows = _kept(cache, "next", (table,), h, lambda: table[0].float().unbind(0))
     shift, scale = ops[0], ops[1]
     h, norm_h = norm_ops.gated_adaln(h, ff_out, c_gate_msa, scale, shift, None, norm_eps(norm, h), "layer",
                                      gate_row, rows[1], rows[0])
