@@ -507,6 +507,22 @@ def write_results(out, stem, env, tag, document, table):
         f.write(table + "\n")
 
 
+def settings_table(document):
+    """The settings rows of a model bench's table (bench/sdxl_unet.py, bench/wan.py): time,
+    host time, speedup, errors against eager and first call a setting, then what kiln.patch
+    replaced and left."""
+    lines = ["| setting | ms | host ms | speedup | max rel err | mean rel err | first call s |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    for name, s in document["settings"].items():
+        err = s.get("error_vs_eager")
+        speedup = f"{s['speedup']:.2f}x vs {s['speedup_vs']}" if "speedup" in s else "-"
+        errs = f"{err['max_rel']:.2e} | {err['mean_rel']:.2e}" if err else "- | -"
+        lines.append(f"| {name} | {s['ms']:.3f} | {host_cell(s)} | {speedup} | {errs} | {s['first_call_s']:.1f} |")
+    if document["patch"]:
+        lines += ["", f"kiln.patch: replaced {document['patch']['replaced']}, left {document['patch']['left']}"]
+    return lines
+
+
 def model_settings(text, script):
     """The settings named in a --settings value, or an exit naming the unknown ones."""
     settings = text.split(",")

@@ -218,16 +218,7 @@ def markdown(env, document, args):
         "speedup of eager+kiln over eager and of compile+kiln over compile (compiled by block); "
         f"{common.ERRORS}; first call = the compile or kiln's JIT and tuning.",
         "",
-        "| setting | ms | host ms | speedup | max rel err | mean rel err | first call s |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
-    ]
-    for name, s in document["settings"].items():
-        err = s.get("error_vs_eager")
-        speedup = f"{s['speedup']:.2f}x vs {s['speedup_vs']}" if "speedup" in s else "-"
-        errs = f"{err['max_rel']:.2e} | {err['mean_rel']:.2e}" if err else "- | -"
-        lines.append(f"| {name} | {s['ms']:.3f} | {common.host_cell(s)} | {speedup} | {errs} | {s['first_call_s']:.1f} |")
-    if document["patch"]:
-        lines += ["", f"kiln.patch: replaced {document['patch']['replaced']}, left {document['patch']['left']}"]
+    ] + common.settings_table(document)
     if "prologue" in document:
         rows = document["prologue"]["rows"]
         lines += [""] + prologue_table(document["prologue"]["copy_gbs"], rows)

@@ -423,22 +423,11 @@ def classify_wan_attention(module: torch.nn.Module, processor, fuse_norms: bool 
     return DitMatch("wan attention (rope of q and k)", "rope", "rope", wan.WanAttnProcessor, target="processor")
 
 
-class _WanProbeAttention(torch.nn.Module):
-    """A stand-in for a Wan attention (called with its arguments by position): elementwise,
-    but every argument changes its output."""
-
-    def __init__(self, dim: int, g: torch.Generator):
-        super().__init__()
-        self.w = torch.randn(dim, generator=g)
-        self.b = torch.randn(dim, generator=g)
+class _WanProbeAttention(_ProbeMixer):
+    """_ProbeMixer called as Wan's blocks call their attentions: the mask before the rotation."""
 
     def forward(self, hidden_states, encoder_hidden_states=None, attention_mask=None, rotary_emb=None):
-        y = torch.tanh(hidden_states * self.w + self.b)
-        if encoder_hidden_states is not None:
-            y = y + encoder_hidden_states.mean(1, keepdim=True) * self.b
-        if rotary_emb is not None:
-            y = y + rotary_emb
-        return y
+        return super().forward(hidden_states, encoder_hidden_states, rotary_emb, attention_mask)
 
 
 def classify_wan_block(module: torch.nn.Module, original: Callable) -> Union[DitMatch, NoMatch]:
