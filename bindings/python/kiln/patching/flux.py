@@ -78,7 +78,6 @@ class FluxAttnProcessor(SharedAttentionSettings):
         self._apply_rotary_emb = module.apply_rotary_emb
         self._dispatch = module.dispatch_attention_fn
 
-
     @staticmethod
     def _table(query, key, image_rotary_emb, text: int = 0):
         """(cos, sin) kiln's rotation reads as they are for q and k [B, S, H, D] of `text` +

@@ -59,7 +59,6 @@ class LTXAttnProcessor(SharedAttentionSettings):
         self._apply_rotary_emb = module.apply_rotary_emb
         self._dispatch = module.dispatch_attention_fn
 
-
     def _norms(self, attn, query, key, image_rotary_emb):
         """``norm_q(query)``, ``norm_k(key)`` then the rotation, as kiln calls where they can."""
         wq, wk = _weight(attn.norm_q, query, self._ones), _weight(attn.norm_k, key, self._ones)

@@ -127,7 +127,6 @@ class WanAttnProcessor(SharedAttentionSettings):
         self._added_kv = module._get_added_kv_projections
         self._dispatch = module.dispatch_attention_fn
 
-
     def __call__(self, attn, hidden_states: torch.Tensor, encoder_hidden_states: Optional[torch.Tensor] = None,
                  attention_mask: Optional[torch.Tensor] = None, rotary_emb=None) -> torch.Tensor:
         encoder_hidden_states_img = None
