@@ -169,3 +169,24 @@ def test_opcheck():
     ]
     for op, args in cases:
         torch.library.opcheck(op, args)
+
+
+def test_fakes_refuse_what_the_table_rows_checks_refuse():
+    """Under torch.compile the fakes give the ops' own errors for table rows: one row alone,
+    or rows of two dtypes."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        x = torch.empty(2, 3, 8, dtype=torch.bfloat16)
+        m = torch.empty(2, 1, 8, dtype=torch.bfloat16)
+        rows = torch.empty(3, 8)
+        with pytest.raises(ValueError, match=r"kiln\.adaln: table_scale: expected a \[D\] table row, since other "
+                                             r"table rows are given, got None"):
+            torch.ops.kiln.adaln(x, m, m, None, 1e-6, "layer", None, rows[0])
+        with pytest.raises(ValueError, match=r"kiln\.gated_adaln: table_scale: expected a \[D\] table row"):
+            torch.ops.kiln.gated_adaln(x, x, m, m, m, None, 1e-6, "layer", rows[0].bfloat16(), None, None)
+        with pytest.raises(TypeError, match=r"kiln\.gated_adaln: table_gate: expected dtype torch\.float32 "
+                                            r"\(as table_scale\)"):
+            torch.ops.kiln.gated_adaln(x, x, m, m, m, None, 1e-6, "layer", rows[0].bfloat16(), rows[1], rows[2])
+        out = torch.ops.kiln.gated_adaln(x, x, m, m, m, None, 1e-6, "layer", rows[0], rows[1], rows[2])
+        assert out[0].shape == x.shape and out[1].dtype == torch.bfloat16

@@ -417,3 +417,23 @@ def test_fakes_trace_under_compile():
     a, b, c, d = f(q, k, cos, sin, v, w)
     assert a.shape == q.shape and b.shape == k.shape and c.shape == d.shape == v.shape
     torch.testing.assert_close(c, kiln.rope_3d(v, v, 3, 4, 5, (0.32, 32, 32))[0])
+
+
+def test_rms_norm_rope_fake_checks_head_dim_and_tables():
+    """Under torch.compile the fake gives the op's own errors for head_dim and the table's width."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        q = torch.empty(1, 5, 24)
+        w = torch.empty(24)
+        with pytest.raises(ValueError, match=r"kiln\.rms_norm_rope: head_dim: expected -1 or a multiple of 4 "
+                                             r"dividing q's width 24, got 6"):
+            torch.ops.kiln.rms_norm_rope(q, q, w, w, 1e-6, torch.empty(5, 3), torch.empty(5, 3), head_dim=6)
+        with pytest.raises(ValueError, match=r"kiln\.rms_norm_rope: cos: expected a last dimension of head_dim / 2 "
+                                             r"= 4 \(one angle a rotation pair of each head\), got \[5, 8\]"):
+            torch.ops.kiln.rms_norm_rope(q, q, w, w, 1e-6, torch.empty(5, 8), torch.empty(5, 8), head_dim=8)
+        with pytest.raises(ValueError, match=r"kiln\.rms_norm_rope: cos: expected a last dimension of q's width 24"):
+            torch.ops.kiln.rms_norm_rope(q, q, w, w, 1e-6, torch.empty(5, 8), torch.empty(5, 8))
+        out, _ = torch.ops.kiln.rms_norm_rope(q, q, w, w, 1e-6, torch.empty(1, 5, 1, 4), torch.empty(1, 5, 1, 4),
+                                              head_dim=8)
+        assert out.shape == q.shape

@@ -75,10 +75,15 @@ def _layer_norm_fake(x, weight=None, bias=None, eps=1e-5):
 
 
 def _check_table_rows(op, rows, x):
-    """Table rows of x's dtype, or all fp32 (as diffusers keeps some scale_shift_tables)."""
-    given = [(name, p) for name, p in rows if p is not None]
-    f32 = given and given[0][1].dtype == torch.float32 and x.dtype != torch.float32
-    for name, p in given:
+    """Table rows (in the order the ops check them) all given or none, of x's dtype or all
+    fp32 as table_scale is (diffusers keeps some scale_shift_tables in fp32)."""
+    if all(p is None for _, p in rows):
+        return
+    reference = dict(rows)["table_scale"]
+    f32 = reference is not None and reference.dtype == torch.float32 and x.dtype != torch.float32
+    for name, p in rows:
+        torch._check_value(p is not None, lambda: f"kiln.{op}: {name}: expected a [D] table row, since other "
+                                                  "table rows are given, got None")
         _check_parameter(op, name, p, x, torch.float32 if f32 else None, "table_scale" if f32 else "x")
 
 
@@ -99,6 +104,6 @@ def _gated_adaln_fake(
     for name, m in (("gate", gate), ("scale", scale), ("shift", shift)):
         _check_modulation("gated_adaln", name, m, h)
     _check_parameter("gated_adaln", "weight", weight, h)
-    _check_table_rows("gated_adaln", (("table_scale", table_scale), ("table_shift", table_shift),
-                                      ("table_gate", table_gate)), h)
+    _check_table_rows("gated_adaln", (("table_gate", table_gate), ("table_scale", table_scale),
+                                      ("table_shift", table_shift)), h)
     return h.new_empty(h.shape), h.new_empty(h.shape)

@@ -80,7 +80,22 @@ def _rope_3d_fake(q, k, grid, rope_interpolation_scale=None, base_sizes=(20, 204
 def _rms_norm_rope_fake(q, k, q_weight, k_weight, eps=1e-5, cos=None, sin=None, grid=None,
                         rope_interpolation_scale=None, base_sizes=(20, 2048, 2048),
                         patch_sizes=(1, 1), theta=10000.0, head_dim=-1):
-    _same_device("rms_norm_rope", q, k=k)
+    _same_device("rms_norm_rope", q, k=k, cos=cos, sin=sin)
     torch._check(q.dim() == 3 and k.shape == q.shape,
                  lambda: f"kiln.rms_norm_rope: k: expected q's shape {list(q.shape)}, got {list(k.shape)}")
+    # The table checks the ops make, so a call they refuse is refused while tracing too.
+    width = q.shape[-1]
+    if head_dim != -1:
+        torch._check_value(grid is None, lambda: f"kiln.rms_norm_rope: head_dim: expected -1 with a video grid, "
+                                                 f"got {head_dim}")
+        torch._check_value(head_dim >= 4 and head_dim % 4 == 0 and width % head_dim == 0,
+                           lambda: f"kiln.rms_norm_rope: head_dim: expected -1 or a multiple of 4 dividing q's "
+                                   f"width {width}, got {head_dim}")
+    if cos is not None:
+        angles = width if head_dim == -1 else head_dim // 2
+        torch._check_value(cos.shape[-1] == angles,
+                           lambda: "kiln.rms_norm_rope: cos: expected a last dimension of "
+                                   + (f"q's width {width} (the rotation spans the row)" if head_dim == -1 else
+                                      f"head_dim / 2 = {angles} (one angle a rotation pair of each head)")
+                                   + f", got {list(cos.shape)}")
     return q.new_empty(q.shape), k.new_empty(k.shape)
