@@ -327,6 +327,21 @@ def classify_ltx_block(module: torch.nn.Module, original: Callable) -> Union[Dit
 # ---- FLUX ------------------------------------------------------------------------------
 
 
+def _fused_or_plain(module, processor, processor_cls, calls, swaps, norms, g: torch.Generator, fuse_norms: bool):
+    """(why the probe failed or None, whether the norms are fused) for kiln's processor of an
+    attention whose q/k norms may join its rotation: fused first where ``fuse_norms`` and the
+    norms are RMSNorms one kiln call computes, else (or where that fails) the norms apart."""
+    fuse = fuse_norms and all(not isinstance(_rms_norm_child(module, name), NoMatch) for name in norms)
+    why = None
+    for fused in ((True, False) if fuse else (False,)):
+        g.manual_seed(1)
+        with torch.no_grad(), _LocalAttention(processor), _Stack(swaps + _norm_weights(module, norms, g)):
+            why = _compare_calls(processor, processor_cls(processor, fuse_norms=fused), calls)
+        if why is None:
+            return None, fused
+    return why, False
+
+
 def classify_flux_attention(module: torch.nn.Module, processor, fuse_norms: bool = True) -> Union[DitMatch, NoMatch]:
     """kiln's processor for a FLUX attention, with the per-head q/k norms in its launches where
     they are RMSNorms (and ``fuse_norms``: kiln.patch's ops include ``rms_norm``)."""
@@ -357,15 +372,7 @@ def classify_flux_attention(module: torch.nn.Module, processor, fuse_norms: bool
     calls = [((module, x), dict(encoder_hidden_states=enc, image_rotary_emb=rope))]
     norms = ("norm_q", "norm_k") + (("norm_added_q", "norm_added_k") if joint else ())
     # Where the per-head q/k norms are RMSNorms, they and the rotation are one launch a stream.
-    fuse = fuse_norms and all(not isinstance(_rms_norm_child(module, name), NoMatch) for name in norms)
-    why = None
-    for fuse_norms in ((True, False) if fuse else (False,)):
-        patched = flux.FluxAttnProcessor(processor, fuse_norms=fuse_norms)
-        g.manual_seed(1)
-        with torch.no_grad(), _LocalAttention(processor), _Stack(swaps + _norm_weights(module, norms, g)):
-            why = _compare_calls(processor, patched, calls)
-        if why is None:
-            break
+    why, fuse_norms = _fused_or_plain(module, processor, flux.FluxAttnProcessor, calls, swaps, norms, g, fuse_norms)
     if why is not None:
         return NoMatch("attention", f"does not compute FLUX's attention as kiln's processor does: {why}")
     if fuse_norms:
@@ -406,15 +413,8 @@ def classify_wan_attention(module: torch.nn.Module, processor, fuse_norms: bool 
         sin = torch.randn(batch, s, 1, head_dim, generator=g)
         calls.append(((module, x), dict(rotary_emb=(cos, sin))))
     calls.append(((module, x), {}))
-    fuse = fuse_norms and all(not isinstance(_rms_norm_child(module, name), NoMatch) for name in ("norm_q", "norm_k"))
-    why = None
-    for fuse_norms in ((True, False) if fuse else (False,)):
-        g.manual_seed(1)
-        with torch.no_grad(), _LocalAttention(processor), \
-                _Stack(swaps + _norm_weights(module, ("norm_q", "norm_k"), g)):
-            why = _compare_calls(processor, wan.WanAttnProcessor(processor, fuse_norms=fuse_norms), calls)
-        if why is None:
-            break
+    why, fuse_norms = _fused_or_plain(module, processor, wan.WanAttnProcessor, calls, swaps, ("norm_q", "norm_k"),
+                                      g, fuse_norms)
     if why is not None:
         return NoMatch("attention", f"does not compute Wan's attention as kiln's processor does: {why}")
     if fuse_norms:
