@@ -1,7 +1,9 @@
-"""The autotuner's own benchmark: a `full` and a `fast` tune of the same problems (RMSNorm with
-a weight and SwiGLU, hidden 4096, bf16, over the benchmark grid's row counts), each on a fresh
-cache, then the three configs that result per problem (heuristic, fast winner, full winner)
-timed side by side through the ops, in one process.
+"""The autotuner's own benchmark: a `full` and a `fast` tune of the same problems (by default
+RMSNorm with a weight and SwiGLU, hidden 4096, bf16, over the benchmark grid's row counts; `--ops`
+takes any forward op, shaped as `make_call` says), each on a fresh cache, then the three
+configs that result per problem (heuristic, fast winner, full winner) timed side by side
+through the ops, in one process. The heuristic is what a cache filled offline (`kiln prewarm`
+without a GPU) serves under `KILN_TUNE=off`.
 
 What it records, per op and row count:
 - the tune itself: candidates measured, tune time (the tuner's clock) and the cold first call
@@ -13,6 +15,7 @@ The full tune's report goes beside it as JSON and HTML (`kiln report`), with the
 bandwidth kiln measured on the device.
 
 Usage: python bench/tuning.py [--out DIR] [--quick] [--ops rms_norm,swiglu] [--hidden 4096]
+                             [--rows 128,8192] [--tag -name]
 Writes DIR/tuning-<date>-<device>.{json,md} and DIR/tune-report-<date>-<device>.{json,html}."""
 
 import argparse
@@ -33,17 +36,58 @@ QUICK_ROWS = [128, 8192]
 FAST_WITHIN = 0.03  # the issue's bar: fast's winner within 3% of full's
 
 
+HEAD_DIM = 128  # the RoPE ops' head dim (Llama, Wan, FLUX)
+
+
 def make_call(kiln, op, rows, hidden):
-    def r(*shape):
-        return torch.randn(shape, device="cuda", dtype=torch.bfloat16)
+    """One call of `op` on `rows` tokens of width `hidden`, bf16, shaped as the models call it:
+    the norms and activations [rows, hidden] ([1, rows, hidden] for the DiT ops, their
+    modulation per sample); rope Llama's half-split [1, hidden/128, rows, 128] q and k with a
+    bf16 table; rms_norm_rope Wan's ([1, rows, hidden] q and k, each head's pairs from fp32
+    half tables)."""
+    def r(*shape, dtype=torch.bfloat16):
+        return torch.randn(shape, device="cuda", dtype=dtype)
 
     if op == "rms_norm":
         x, w = r(rows, hidden), r(hidden)
         return lambda: kiln.rms_norm(x, w, 1e-6)
-    if op == "swiglu":
+    if op == "fused_add_rms_norm":
+        x, residual, w = r(rows, hidden), r(rows, hidden), r(hidden)
+        return lambda: kiln.fused_add_rms_norm(x, residual, w, 1e-6)
+    if op == "layer_norm":
+        x = r(rows, hidden)
+        return lambda: kiln.layer_norm(x, None, None, 1e-6)
+    if op == "adaln":
+        x, scale, shift = r(1, rows, hidden), r(1, 1, hidden), r(1, 1, hidden)
+        return lambda: kiln.adaln(x, scale, shift)
+    if op == "gated_adaln":
+        h, y = r(1, rows, hidden), r(1, rows, hidden)
+        gate, scale, shift = r(1, 1, hidden), r(1, 1, hidden), r(1, 1, hidden)
+        return lambda: kiln.gated_adaln(h, y, gate, scale, shift)
+    if op == "rope":
+        heads = hidden // HEAD_DIM
+        q, k = r(1, heads, rows, HEAD_DIM), r(1, heads, rows, HEAD_DIM)
+        cos, sin = r(rows, HEAD_DIM), r(rows, HEAD_DIM)
+        return lambda: kiln.rope(q, k, cos, sin)
+    if op == "rms_norm_rope":
+        q, k, qw, kw = r(1, rows, hidden), r(1, rows, hidden), r(hidden), r(hidden)
+        cos = r(rows, HEAD_DIM // 2, dtype=torch.float32)
+        sin = r(rows, HEAD_DIM // 2, dtype=torch.float32)
+        return lambda: kiln.rms_norm_rope(q, k, qw, kw, 1e-6, cos, sin, head_dim=HEAD_DIM)
+    if op in ("swiglu", "geglu"):
         gate, up = r(rows, hidden), r(rows, hidden)
-        return lambda: kiln.swiglu(gate, up)
-    raise SystemExit(f"bench/tuning.py: --ops: expected rms_norm or swiglu, got {op!r}")
+        return lambda: getattr(kiln, op)(gate, up)
+    if op == "gelu":
+        x = r(rows, hidden)
+        return lambda: kiln.gelu(x)
+    if op == "gated_residual":
+        h, y, gate = r(1, rows, hidden), r(1, rows, hidden), r(1, 1, hidden)
+        return lambda: kiln.gated_residual(h, y, gate)
+    raise SystemExit(f"bench/tuning.py: --ops: expected some of {', '.join(OPS)}, got {op!r}")
+
+
+OPS = ["rms_norm", "fused_add_rms_norm", "layer_norm", "adaln", "gated_adaln", "rope",
+       "rms_norm_rope", "swiglu", "geglu", "gelu", "gated_residual"]
 
 
 def tune_all(kiln, mode, ops, rows_list, hidden):
@@ -62,12 +106,22 @@ def tune_all(kiln, mode, ops, rows_list, hidden):
     return cache, cold
 
 
-def results_by_key(report):
-    """(op, bucket) -> the report's result for it (one device)."""
-    out = {}
+def results_by_key(report, rows_list):
+    """(op, rows) -> the report's result for that call (one device). An op's buckets count
+    the rows its family counts (RoPE's are head rows), so each op's results are matched to
+    the row counts in order."""
+    by_op = {}
     for device in report["devices"]:
         for result in device["results"]:
-            out[(result["op"], result["bucket_rows"])] = result
+            by_op.setdefault(result["op"], []).append(result)
+    out = {}
+    for op, results in by_op.items():
+        results.sort(key=lambda result: result["bucket_rows"])
+        if len(results) != len(rows_list):
+            raise SystemExit(f"bench/tuning.py: {op}: {len(results)} tune results for "
+                             f"{len(rows_list)} row counts")
+        for rows, result in zip(sorted(rows_list), results):
+            out[(op, rows)] = result
     return out
 
 
@@ -115,22 +169,21 @@ def time_configs(kiln, caches, op, rows, hidden):
     return {label: statistics.median(values) for label, values in samples.items()}
 
 
-def bucket_of(rows):
-    bucket = 1
-    while bucket < rows and bucket < (1 << 16):
-        bucket *= 2
-    return bucket
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="bench/results/latest")
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--ops", default="rms_norm,swiglu")
+    parser.add_argument("--ops", default="rms_norm,swiglu",
+                        help=f"comma-separated, of: {','.join(OPS)}")
+    parser.add_argument("--rows", default=None,
+                        help="comma-separated row counts (default: the benchmark grid's)")
     parser.add_argument("--hidden", type=int, default=4096)
+    parser.add_argument("--tag", default="", help="appended to the output files' names")
     args = parser.parse_args()
     ops = [op for op in args.ops.split(",") if op]
     rows_list = QUICK_ROWS if args.quick else ROWS
+    if args.rows:
+        rows_list = [int(v) for v in args.rows.split(",")]
 
     kiln = common.fresh_kiln()
     env = common.environment()
@@ -142,13 +195,14 @@ def main():
     heuristic_cache = tempfile.mkdtemp(prefix="kiln-tune-heuristic-")
     full = json.loads(kiln.report("json", cache_dir=full_cache))
     fast = json.loads(kiln.report("json", cache_dir=fast_cache))
-    full_results, fast_results = results_by_key(full), results_by_key(fast)
+    full_results = results_by_key(full, rows_list)
+    fast_results = results_by_key(fast, rows_list)
 
     rows_out = []
     for op in ops:
         for rows in rows_list:
-            bucket = bucket_of(rows)
-            f, q = full_results[(op, bucket)], fast_results[(op, bucket)]
+            f, q = full_results[(op, rows)], fast_results[(op, rows)]
+            bucket = f["bucket_rows"]
             fast_in_full = candidate_us(f, q["winner"])
             timed = time_configs(kiln, {"heuristic": heuristic_cache, "fast": fast_cache,
                                         "full": full_cache}, op, rows, args.hidden)
@@ -175,7 +229,7 @@ def main():
                 "copy_bandwidth_gbs_kiln": next(iter(full["devices"]), {}).get(
                     "copy_bandwidth_gbs"),
                 "fast_within": FAST_WITHIN, "rows": rows_out}
-    tag = common.stamp(env) + ("-quick" if args.quick else "")
+    tag = common.stamp(env) + ("-quick" if args.quick else "") + args.tag
     common.write_json(os.path.join(args.out, f"tuning-{tag}.json"), document)
     with open(os.path.join(args.out, f"tune-report-{tag}.json"), "w") as f:
         f.write(kiln.report("json", cache_dir=full_cache))

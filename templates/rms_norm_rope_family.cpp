@@ -23,6 +23,8 @@ constexpr std::array<int, 5> kCtaThreads = {64, 128, 256, 512, 1024};
 constexpr int kRegisterOverhead = 40;
 constexpr int kMaxRegistersPerThread = 255;
 constexpr std::int64_t kTargetElementsPerThread = 32;  // q and k together
+// The most the heuristic holds to give every thread of a row the same number of vectors.
+constexpr std::int64_t kMaxEvenElementsPerThread = 48;
 bool video(const Problem& problem) {
   return (problem.flags & kRmsNormRopeVideo) != 0;
 }
@@ -234,13 +236,47 @@ std::vector<Config> RmsNormRopeFamily::space(const Problem& problem,
   return configs;
 }
 
-// The widest vector, then the narrowest split holding at most kTargetElementsPerThread of
-// q and k together (the row-kernel rule RMSNorm uses), one token per CTA of 128..512
-// threads (an H200's full tune of [2, 8064, 2048] with coordinates, persistent grids: 74.2
-// us at one token per CTA, 76.7 at two, 80.1 at four; one token per CTA was fastest in one
-// pass and with a table too). One pass, registers as ptxas chooses: the fast search
-// measures this shape's persistent grids and its min_ctas form next (which spills on some
-// shapes, so only a measurement can choose it).
+// The heuristic's threads per row for vectors of `vec` bytes (see heuristic()).
+int split_for(const Problem& problem, int vec) {
+  const std::int64_t vectors = problem.hidden * std::int64_t(dtype_size(problem.dtype)) / vec;
+  Config config;
+  config.vec_bytes = vec;
+  int best = 0;
+  std::int64_t best_idle = 0;   // idle lanes of the last step
+  std::int64_t best_lanes = 1;  // lanes over all steps
+  std::int64_t best_held = 0;
+  for (int tpr : kThreadsPerRow) {  // narrowest first: each thread holds fewer than the last
+    if (tpr != kThreadsPerRow.front() && tpr > vectors) break;
+    config.threads_per_row = tpr;
+    const std::int64_t held = elements_per_thread(problem, config);
+    if (held > kMaxEvenElementsPerThread) continue;
+    const std::int64_t lanes = ceil_div(vectors, std::int64_t{tpr}) * tpr;
+    const std::int64_t idle = lanes - vectors;
+    // idle / lanes against best_idle / best_lanes, exactly.
+    const bool more_even = idle * best_lanes < best_idle * lanes;
+    const bool as_even = idle * best_lanes == best_idle * lanes;
+    if (best == 0 || more_even || (as_even && best_held > kTargetElementsPerThread)) {
+      best = tpr;
+      best_idle = idle;
+      best_lanes = lanes;
+      best_held = held;
+    }
+  }
+  return best != 0 ? best : kThreadsPerRow.back();
+}
+
+// The widest vector, then the split that leaves the fewest of a row's threads idle in its
+// last step, among those holding at most kMaxEvenElementsPerThread of q and k together; of
+// equally even splits, the narrowest holding at most kTargetElementsPerThread (the row-kernel
+// rule RMSNorm uses). A split whose last step runs part-empty idles those lanes for the
+// whole token: Wan's 1536-wide rows (192 16-byte vectors) ran 1.12-1.13x faster on 64 threads
+// (3 vectors each) than on 128 (a second step half idle), and 5120 (640 vectors) 1.30-1.35x
+// faster on 256 than on 512 (H200, full tunes, `bench/tuning.py --ops rms_norm_rope`). One
+// token per CTA of 128..512 threads (an H200's full tune of [2, 8064, 2048] with
+// coordinates, persistent grids: 74.2 us at one token per CTA, 76.7 at two, 80.1 at four;
+// one token per CTA was fastest in one pass and with a table too). One pass, registers as
+// ptxas chooses: the fast search measures this shape's persistent grids and its min_ctas
+// form next (which spills on some shapes, so only a measurement can choose it).
 Config RmsNormRopeFamily::heuristic(const Problem& problem, const DeviceTraits& device) const {
   const std::vector<Config> configs = space(problem, device);
   if (configs.empty()) {
@@ -250,10 +286,7 @@ Config RmsNormRopeFamily::heuristic(const Problem& problem, const DeviceTraits& 
   const int vec = configs.front().vec_bytes;
   Config target;
   target.vec_bytes = vec;
-  for (int tpr : kThreadsPerRow) {
-    target.threads_per_row = tpr;
-    if (elements_per_thread(problem, target) <= kTargetElementsPerThread) break;
-  }
+  target.threads_per_row = split_for(problem, vec);
   target.cta_threads = std::clamp(target.threads_per_row, 128, 512);
   const Config* best = nullptr;
   auto distance = [&](const Config& c) {
