@@ -471,6 +471,24 @@ def test_flux_trains_through_kiln(monkeypatch):
         torch.testing.assert_close(params[name].grad, grad, rtol=1e-4, atol=1e-6, msg=name)
 
 
+def test_flux_text_key_projection_alone_trains_through_kiln():
+    """Only the joint attention's add_k_proj trains, so only the text stream's keys record a
+    graph: the per-head norms and rotation must not run in place on them (head_norm_rope_
+    has no backward), and the gradient matches diffusers'."""
+    model = _flux(torch.float32).requires_grad_(False)
+    model.transformer_blocks[0].attn.add_k_proj.weight.requires_grad_(True)
+    inputs = _flux_inputs(torch.float32)
+    expected, grads = _loss_grads(model, inputs)
+    kiln.patch(model)
+    actual = model(**inputs)[0]
+    _agree(actual, expected, torch.float32)
+    actual.pow(2).mean().backward()
+    params = dict(model.named_parameters())
+    assert list(grads) == ["transformer_blocks.0.attn.add_k_proj.weight"]
+    for name, grad in grads.items():
+        torch.testing.assert_close(params[name].grad, grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
 def test_flux_adaln_with_affine_norm_is_left():
     from diffusers.models.normalization import AdaLayerNormContinuous
 

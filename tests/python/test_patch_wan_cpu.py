@@ -382,6 +382,24 @@ def test_wan_cross_attention_lora_trains_through_diffusers_seams():
         torch.testing.assert_close(params[name].grad, grad, rtol=2e-2, atol=1e-3, msg=name)
 
 
+def test_wan_fine_tune_of_a_later_block_trains_through_diffusers_seams():
+    """Only block 1's scale_shift_table trains: block 0, which records nothing itself, must
+    not hand block 1's table rows to its gated_adaln (no backward), and the gradient reaches
+    the table as diffusers' does."""
+    model = _wan(torch.float32).requires_grad_(False)
+    model.blocks[1].scale_shift_table.requires_grad_(True)
+    inputs = _wan_inputs(torch.float32)
+    expected, grads = _loss_grads(model, inputs)
+    kiln.patch(model)
+    actual = model(**inputs)[0]
+    _agree(actual, expected, torch.float32)
+    actual.pow(2).mean().backward()
+    params = dict(model.named_parameters())
+    assert list(grads) == ["blocks.1.scale_shift_table"]
+    torch.testing.assert_close(params["blocks.1.scale_shift_table"].grad,
+                               grads["blocks.1.scale_shift_table"], rtol=1e-4, atol=1e-7)
+
+
 def test_wan_cast_whole_to_bf16_keeps_norm2_exact():
     """A model cast whole to bf16 (tables and norm2 too, which diffusers warns of but runs):
     norm2's small weights reach the seam exactly (its rows are fp32), so the patched model

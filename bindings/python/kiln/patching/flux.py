@@ -99,7 +99,7 @@ class FluxAttnProcessor(SharedAttentionSettings):
         return (self._apply_rotary_emb(query, image_rotary_emb, sequence_dim=1),
                 self._apply_rotary_emb(key, image_rotary_emb, sequence_dim=1))
 
-    def _fused_norms(self, attn, query, key, encoder_query, image_rotary_emb):
+    def _fused_norms(self, attn, query, key, encoder_query, encoder_key, image_rotary_emb):
         """(weights, eps, table) for one ``kiln.head_norm_rope`` per stream where it computes
         what the norms and the rotation compute (the norms' weights of q's dtype or none, one
         eps, a table kiln reads, no graph to record), else None."""
@@ -113,8 +113,9 @@ class FluxAttnProcessor(SharedAttentionSettings):
         if table is None or any(w is not None and not isinstance(w, torch.Tensor) for w in weights):
             return None
         given = [w for w in weights if w is not None]
-        streams = (query, key) if encoder_query is None else (query, key, encoder_query)
-        if not kiln_can_take(*streams, *given) or any(w.shape != (query.shape[3],) for w in given):
+        streams = (query, key) if encoder_query is None else (query, key, encoder_query, encoder_key)
+        if not kiln_can_take(*streams, *given) or any(w.shape != (query.shape[3],) for w in given) \
+                or (torch.is_grad_enabled() and any(t.requires_grad for t in table)):
             return None
         eps = {norm_eps(n, query) for n in norms}
         if len(eps) != 1:
@@ -147,7 +148,8 @@ class FluxAttnProcessor(SharedAttentionSettings):
             encoder_query = encoder_query.unflatten(-1, (-1, attn.head_dim))
             encoder_key = encoder_key.unflatten(-1, (-1, attn.head_dim))
             encoder_value = encoder_value.unflatten(-1, (-1, attn.head_dim))
-        fused = self._fused_norms(attn, query, key, encoder_query if joint else None, image_rotary_emb)
+        fused = self._fused_norms(attn, query, key, encoder_query if joint else None,
+                                  encoder_key if joint else None, image_rotary_emb)
         if fused is None:
             query = attn.norm_q(query)
             key = attn.norm_k(key)

@@ -167,8 +167,11 @@ def _hand_over(module, nxt, h, ff_out, c_gate_msa, gate_row, ops, temb, cache) -
     not fit."""
     table = getattr(nxt, "scale_shift_table", None)
     norm = getattr(nxt, "norm1", None)
+    # The next block's table rows go into this block's gated_adaln, which has no backward:
+    # where that table trains (a fine-tune of later blocks only), nothing is handed over.
     if not isinstance(table, torch.Tensor) or table.shape != module.scale_shift_table.shape \
-            or table.device != h.device or norm is None:
+            or table.device != h.device or norm is None \
+            or (table.requires_grad and torch.is_grad_enabled()):
         return None
     rows = _kept(cache, "next", (table,), h, lambda: table[0].float().unbind(0))
     shift, scale = ops[0], ops[1]
