@@ -23,12 +23,15 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
+#include <iterator>
 #include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <tuple>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "bindings/torch/activation.h"
@@ -56,6 +59,18 @@ bool requires_grad(const std::optional<at::Tensor>& t) {
 }
 template <typename T>
 bool requires_grad(const T& /*not a tensor*/) {
+  return false;
+}
+
+// Whether a forward-mode AD tangent rides on the argument (torch.autograd.forward_ad).
+bool has_tangent(const at::Tensor& t) {
+  return t.defined() && t._fw_grad(/*level=*/0).defined();
+}
+bool has_tangent(const std::optional<at::Tensor>& t) {
+  return t && has_tangent(*t);
+}
+template <typename T>
+bool has_tangent(const T& /*not a tensor*/) {
   return false;
 }
 
@@ -104,25 +119,38 @@ void bump_version(const at::Tensor& t) {
 template <typename T>
 void bump_version(const T& /*not a tensor*/) {}
 
-// What to use instead where a gradient is wanted.
+// What computes the same with a backward, where a gradient is wanted.
 std::string instead(std::string_view op) {
   if (op.ends_with("_backward")) {
     return "double backward through kiln's ops is not supported";
   }
-  if (op == "rope_") {
-    return "kiln.rope has a backward";
+  static constexpr std::array<std::pair<std::string_view, std::string_view>, 11> kInstead{{
+      {"rope_", "kiln.rope has a backward"},
+      {"fused_add_rms_norm_", "kiln.fused_add_rms_norm has a backward"},
+      {"rms_norm.out", "kiln.rms_norm without out= has a backward"},
+      {"swiglu.out", "kiln.swiglu without out= has a backward"},
+      {"gated_residual", "h + y * gate in torch ops has one"},
+      {"gated_residual_", "h + y * gate in torch ops has one"},
+      {"head_norm_rope", "kiln.rms_norm over each head, then kiln.rope, have backward passes"},
+      {"head_norm_rope_", "kiln.rms_norm over each head, then kiln.rope, have backward passes"},
+      {"rms_norm_rope", "kiln.rms_norm of q and of k, then kiln.rope, have backward passes"},
+      {"gated_adaln", "the gated residual in torch ops, then kiln.adaln, have backward passes"},
+      {"rope_3d", "kiln.rope with diffusers' LTX-Video table has a backward"},
+  }};
+  for (const auto& [name, text] : kInstead) {
+    if (name == op) {
+      return std::string(text);
+    }
   }
-  if (op == "fused_add_rms_norm_") {
-    return "kiln.fused_add_rms_norm has a backward";
-  }
-  if (op == "rms_norm.out") {
-    return "kiln.rms_norm has a backward";
-  }
-  if (op == "swiglu.out") {
-    return "kiln.swiglu has a backward";
-  }
-  return "kiln.rms_norm, fused_add_rms_norm, layer_norm, adaln, rope, swiglu, geglu and gelu "
-         "have backward passes";
+  return "kiln's differentiable ops have backward passes";
+}
+
+// "y requires" / "q, k require": the arguments marked, and the verb agreeing with them.
+template <typename Marks>
+std::string with_verb(const std::string& names, const Marks& marks, std::string_view one,
+                      std::string_view many) {
+  const auto count = std::count(std::begin(marks), std::end(marks), true);
+  return names + " " + std::string(count == 1 ? one : many);
 }
 
 // The op `Name`, whose kernels have the C++ signature `Signature`.
@@ -163,8 +191,6 @@ struct NoBackward<Name, Return(Args...)> {
     return names_where(wants);
   }
 
-  static std::string written_names() { return names_where(written()); }
-
   template <typename Marks>
   static std::string names_where(const Marks& marks) {
     const std::vector<c10::Argument>& arguments = op().schema().arguments();
@@ -178,14 +204,20 @@ struct NoBackward<Name, Return(Args...)> {
   }
 
   static Return autograd(c10::DispatchKeySet keys, Args... args) {
+    // As torch's own ops without a forward derivative: a tangent is refused, never dropped.
+    if ((has_tangent(args) || ...)) {
+      const std::array<bool, sizeof...(Args)> tangents{has_tangent(args)...};
+      TORCH_CHECK_NOT_IMPLEMENTED(false, "kiln.", Name.view(),
+                                  " has no forward-mode derivative, but ",
+                                  with_verb(names_where(tangents), tangents, "carries", "carry"),
+                                  " a tangent (torch.autograd.forward_ad, torch.func.jvp)");
+    }
     const bool records = at::GradMode::is_enabled() && (requires_grad(args) || ...);
     // kiln's schemas that return nothing are the in-place and out= forms.
     if constexpr (std::is_void_v<Return>) {
-      TORCH_CHECK(!records, "kiln.", Name.view(), " writes ", written_names(),
-                  " in place and has no backward, but autograd records this call (",
-                  wanting_grad(args...),
-                  " requires grad): call it under torch.no_grad() or torch.inference_mode(); ",
-                  instead(Name.view()), ".");
+      if (records) {
+        refuse_recorded_write(args...);
+      }
       const at::AutoDispatchBelowAutograd below;
       op().redispatch(keys & c10::after_autograd_keyset, args...);
     } else {
@@ -195,6 +227,31 @@ struct NoBackward<Name, Return(Args...)> {
       }
       return recorded(keys, args...);
     }
+  }
+
+  // An in-place or out= call that autograd would record: refused before anything is written.
+  // Where a written tensor is itself in a graph, no_grad would cut it out of it silently, so
+  // only the form with a backward is offered.
+  [[noreturn]] static void refuse_recorded_write(const Args&... args) {
+    const std::array<bool, sizeof...(Args)> wanting{requires_grad(args)...};
+    std::array<bool, sizeof...(Args)> written_wanting{};
+    for (std::size_t i = 0; i < wanting.size(); ++i) {
+      written_wanting[i] = wanting[i] && written()[i];
+    }
+    const std::string head = "kiln." + std::string(Name.view()) + " writes " +
+                             names_where(written()) + " in place and has no backward, but ";
+    if (std::find(written_wanting.begin(), written_wanting.end(), true) != written_wanting.end()) {
+      TORCH_CHECK(false, head,
+                  with_verb(names_where(written_wanting), written_wanting, "requires", "require"),
+                  " grad: writing in place would cut it from its graph; ", instead(Name.view()),
+                  ".");
+    }
+    TORCH_CHECK(false, head, "autograd records this call (",
+                with_verb(names_where(wanting), wanting, "requires", "require"),
+                " grad): call it under torch.no_grad() or torch.inference_mode() where no "
+                "gradient is wanted; ",
+                instead(Name.view()), ".");
+    std::abort();  // unreachable: TORCH_CHECK(false) throws
   }
 
   // A recorded call: the outputs' backward raises, naming the inputs that wanted a gradient.

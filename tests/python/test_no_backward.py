@@ -140,19 +140,73 @@ def test_a_saved_tensor_overwritten_in_place_is_caught_by_autograd(device):
         product.sum().backward()
 
 
+WRITTEN = {"fused_add_rms_norm_": "x, residual", "gated_residual_": "h", "rope_": "q, k",
+           "head_norm_rope_": "q, k", "rms_norm.out": "out", "swiglu.out": "out"}
+
+
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("index,arg", [(0, "x"), (0, "weight"), (1, "gate"), (2, "q"), (3, "k"),
-                                       (4, "weight"), (5, "up")])
+@pytest.mark.parametrize("index,arg", [(0, "weight"), (1, "gate"), (4, "weight"), (5, "up")])
 def test_in_place_forms_refuse_a_recorded_call(device, index, arg):
+    """Only an input the op does not write requires grad: no_grad is the way out."""
     op, written, call = inplace_calls(device, {arg})[index]
-    names = {"fused_add_rms_norm_": "x, residual", "gated_residual_": "h", "rope_": "q, k",
-             "head_norm_rope_": "q, k", "rms_norm.out": "out", "swiglu.out": "out"}[op]
     values = [t.detach().clone() for t in written]
-    with pytest.raises(RuntimeError, match=rf"kiln\.{op} writes {names} in place and has no "
+    with pytest.raises(RuntimeError, match=rf"kiln\.{op} writes {WRITTEN[op]} in place and has no "
                                            rf"backward, but autograd records this call \({arg} "
-                                           rf"requires grad\)"):
+                                           rf"requires grad\): call it under torch\.no_grad\(\)"):
         call()
     for t, v in zip(written, values):
         assert torch.equal(t.detach(), v), "a refused call must write nothing"
     with torch.no_grad():
         call()  # the same call runs where nothing records
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("index,arg,instead", [
+    (0, "x", r"kiln\.fused_add_rms_norm has a backward"),
+    (1, "h", r"h \+ y \* gate in torch ops has one"),
+    (2, "q", r"kiln\.rope has a backward"),
+    (3, "k", r"kiln\.rms_norm over each head, then kiln\.rope, have backward passes")])
+def test_in_place_forms_refuse_to_write_a_tensor_in_a_graph(device, index, arg, instead):
+    """The written tensor itself requires grad: no_grad would silently cut it from its graph,
+    so the error offers only a form with a backward."""
+    op, written, call = inplace_calls(device, {arg})[index]
+    with pytest.raises(RuntimeError, match=rf"kiln\.{op} writes {WRITTEN[op]} in place and has no "
+                                           rf"backward, but {arg} requires grad: writing in place "
+                                           rf"would cut it from its graph; {instead}\.$"):
+        call()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_forward_ad_tangent_is_refused_not_dropped(device):
+    """As torch's own ops without a forward derivative: a tangent raises NotImplementedError
+    naming the op and the argument, for forward_ad and torch.func.jvp alike."""
+    import torch.autograd.forward_ad as fwAD
+
+    h, y, gate = rand(device, 2, 3, 16), rand(device, 2, 3, 16), rand(device, 2, 1, 16)
+    message = r"kiln\.{} has no forward-mode derivative, but {} a tangent"
+    with fwAD.dual_level():
+        dual = fwAD.make_dual(y, torch.ones_like(y))
+        with pytest.raises(NotImplementedError, match=message.format("gated_residual", "y carries")):
+            kiln.gated_residual(h, dual, gate)
+        dual_h = fwAD.make_dual(h.clone(), torch.ones_like(h))
+        with pytest.raises(NotImplementedError, match=message.format("gated_residual_", "h carries")):
+            kiln.gated_residual_(dual_h, y, gate)
+    with pytest.raises(NotImplementedError, match=message.format("gated_residual", "y carries")):
+        torch.func.jvp(lambda t: kiln.gated_residual(h, t, gate), (y,), (torch.ones_like(y),))
+
+
+def test_under_compile_a_recorded_call_fails_while_compiling():
+    """AOTAutograd traces the backward while compiling, so there the error comes at compile
+    time (as for torch's own ops without a derivative); under no_grad the compiled call runs
+    and agrees with eager."""
+    def f(h, y, gate):
+        return kiln.gated_residual(h, y, gate)
+
+    h, y, gate = rand("cpu", 2, 3, 16), rand("cpu", 2, 3, 16, grad=True), rand("cpu", 2, 1, 16)
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match=r"kiln\.gated_residual has no backward"):
+        torch.compile(f, backend="aot_eager", fullgraph=True)(h, y, gate)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        compiled = torch.compile(f, backend="aot_eager", fullgraph=True)(h, y, gate)
+        assert torch.equal(compiled, f(h, y, gate))

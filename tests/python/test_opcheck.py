@@ -14,7 +14,9 @@ from kiln._inductor import kiln_overloads
 
 ops = torch.ops.kiln
 LAYOUTS = ("contiguous", "permuted", "sliced")
-# test_autograd_registration is left out: kiln's ops have no backward yet.
+# test_autograd_registration is left out: no input here requires grad, so it would check
+# nothing. The autograd kernels (a backward, or one that refuses to record) are tested with
+# inputs that do: test_autograd_*.py, test_norm_backward_*.py and test_no_backward.py.
 UTILS = ("test_schema", "test_faketensor", "test_aot_dispatch_dynamic")
 
 
