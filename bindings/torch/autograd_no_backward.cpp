@@ -10,8 +10,9 @@
 // kernels run each call below autograd on every device; where autograd records, a functional
 // op's outputs get a node that raises at backward, naming the op and the inputs that wanted a
 // gradient (as torch's own ops without a derivative do), and an in-place or out= form is
-// refused at once. The written tensors' versions are bumped at ADInplaceOrView, which also
-// runs under inference mode for ordinary tensors.
+// refused at once; a forward-mode tangent is refused too, never dropped. The written tensors'
+// versions are bumped at ADInplaceOrView, which also runs under inference mode for ordinary
+// tensors.
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/csrc/autograd/VariableTypeUtils.h>

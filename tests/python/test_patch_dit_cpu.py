@@ -76,6 +76,19 @@ def _loss_grads(model, inputs):
     return expected, grads
 
 
+def _assert_one_parameter_trains_as_diffusers(model, inputs, name, rtol=1e-4, atol=1e-6):
+    """`name` alone requires grad (fp32 model): the patched model's output and that
+    parameter's gradient match the unpatched model's."""
+    expected, grads = _loss_grads(model, inputs)
+    kiln.patch(model)
+    actual = model(**inputs)[0]
+    _agree(actual, expected, torch.float32)
+    actual.pow(2).mean().backward()
+    assert list(grads) == [name]
+    torch.testing.assert_close(dict(model.named_parameters())[name].grad, grads[name],
+                               rtol=rtol, atol=atol)
+
+
 def _processors(model):
     return {n: m.processor for n, m in model.named_modules() if hasattr(m, "processor")}
 
@@ -477,16 +490,8 @@ def test_flux_text_key_projection_alone_trains_through_kiln():
     has no backward), and the gradient matches diffusers'."""
     model = _flux(torch.float32).requires_grad_(False)
     model.transformer_blocks[0].attn.add_k_proj.weight.requires_grad_(True)
-    inputs = _flux_inputs(torch.float32)
-    expected, grads = _loss_grads(model, inputs)
-    kiln.patch(model)
-    actual = model(**inputs)[0]
-    _agree(actual, expected, torch.float32)
-    actual.pow(2).mean().backward()
-    params = dict(model.named_parameters())
-    assert list(grads) == ["transformer_blocks.0.attn.add_k_proj.weight"]
-    for name, grad in grads.items():
-        torch.testing.assert_close(params[name].grad, grad, rtol=1e-4, atol=1e-6, msg=name)
+    _assert_one_parameter_trains_as_diffusers(model, _flux_inputs(torch.float32),
+                                              "transformer_blocks.0.attn.add_k_proj.weight")
 
 
 def test_flux_adaln_with_affine_norm_is_left():
