@@ -246,10 +246,14 @@ int split_for(const Problem& problem, int vec) {
   std::int64_t best_lanes = 1;  // lanes over all steps
   std::int64_t best_held = 0;
   for (int tpr : kThreadsPerRow) {  // narrowest first: each thread holds fewer than the last
-    if (tpr != kThreadsPerRow.front() && tpr > vectors) break;
+    if (tpr != kThreadsPerRow.front() && tpr > vectors) {
+      break;
+    }
     config.threads_per_row = tpr;
     const std::int64_t held = elements_per_thread(problem, config);
-    if (held > kMaxEvenElementsPerThread) continue;
+    if (held > kMaxEvenElementsPerThread) {
+      continue;
+    }
     const std::int64_t lanes = ceil_div(vectors, std::int64_t{tpr}) * tpr;
     const std::int64_t idle = lanes - vectors;
     // idle / lanes against best_idle / best_lanes, exactly.
@@ -269,9 +273,10 @@ int split_for(const Problem& problem, int vec) {
 // last step, among those holding at most kMaxEvenElementsPerThread of q and k together; of
 // equally even splits, the narrowest holding at most kTargetElementsPerThread (the row-kernel
 // rule RMSNorm uses). A split whose last step runs part-empty idles those lanes for the
-// whole token: Wan's 1536-wide rows (192 16-byte vectors) ran 1.12-1.13x faster on 64 threads
-// (3 vectors each) than on 128 (a second step half idle), and 5120 (640 vectors) 1.30-1.35x
-// faster on 256 than on 512 (H200, full tunes, `bench/tuning.py --ops rms_norm_rope`). One
+// whole token: at Wan 14B's 5120 wide (640 16-byte vectors) 512 threads a row (a second step
+// a quarter full) took 475.6 us for 32768 tokens and 256 threads (3 steps, the last half
+// full) 396.4; at 1536 (192 vectors) 128 threads (a second step half full) 121.1 us and 64
+// (3 vectors each) 114.0 (H200, `bench/tuning.py --ops rms_norm_rope`, BENCHMARKS.md). One
 // token per CTA of 128..512 threads (an H200's full tune of [2, 8064, 2048] with
 // coordinates, persistent grids: 74.2 us at one token per CTA, 76.7 at two, 80.1 at four;
 // one token per CTA was fastest in one pass and with a table too). One pass, registers as
