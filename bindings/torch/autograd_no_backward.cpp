@@ -37,6 +37,7 @@
 
 #include "bindings/torch/activation.h"
 #include "bindings/torch/activation_backward.h"
+#include "bindings/torch/autograd_support.h"
 #include "bindings/torch/norm.h"
 #include "bindings/torch/norm_backward.h"
 #include "bindings/torch/rope.h"
@@ -52,27 +53,14 @@ struct OpName {
   std::string_view view() const { return {text, N - 1}; }
 };
 
-bool requires_grad(const at::Tensor& t) {
-  return t.defined() && t.requires_grad();
-}
-bool requires_grad(const std::optional<at::Tensor>& t) {
-  return t && requires_grad(*t);
-}
+// Whether an argument of any type requires grad (only a tensor can).
 template <typename T>
-bool requires_grad(const T& /*not a tensor*/) {
-  return false;
-}
-
-// Whether a forward-mode AD tangent rides on the argument (torch.autograd.forward_ad).
-bool has_tangent(const at::Tensor& t) {
-  return t.defined() && t._fw_grad(/*level=*/0).defined();
-}
-bool has_tangent(const std::optional<at::Tensor>& t) {
-  return t && has_tangent(*t);
-}
-template <typename T>
-bool has_tangent(const T& /*not a tensor*/) {
-  return false;
+bool argument_requires_grad(const T& argument) {
+  if constexpr (std::is_same_v<T, at::Tensor> || std::is_same_v<T, std::optional<at::Tensor>>) {
+    return requires_grad(argument);
+  } else {
+    return false;
+  }
 }
 
 void add_tensor(std::vector<at::Tensor>& to, const at::Tensor& t) {
@@ -188,7 +176,7 @@ struct NoBackward<Name, Return(Args...)> {
 
   // The names of the arguments that require grad: "h, y".
   static std::string wanting_grad(const Args&... args) {
-    const std::array<bool, sizeof...(Args)> wants{requires_grad(args)...};
+    const std::array<bool, sizeof...(Args)> wants{argument_requires_grad(args)...};
     return names_where(wants);
   }
 
@@ -205,15 +193,8 @@ struct NoBackward<Name, Return(Args...)> {
   }
 
   static Return autograd(c10::DispatchKeySet keys, Args... args) {
-    // As torch's own ops without a forward derivative: a tangent is refused, never dropped.
-    if ((has_tangent(args) || ...)) {
-      const std::array<bool, sizeof...(Args)> tangents{has_tangent(args)...};
-      TORCH_CHECK_NOT_IMPLEMENTED(false, "kiln.", Name.view(),
-                                  " has no forward-mode derivative, but ",
-                                  with_verb(names_where(tangents), tangents, "carries", "carry"),
-                                  " a tangent (torch.autograd.forward_ad, torch.func.jvp)");
-    }
-    const bool records = at::GradMode::is_enabled() && (requires_grad(args) || ...);
+    refuse_tangents(op(), args...);
+    const bool records = at::GradMode::is_enabled() && (argument_requires_grad(args) || ...);
     // kiln's schemas that return nothing are the in-place and out= forms.
     if constexpr (std::is_void_v<Return>) {
       if (records) {
@@ -234,7 +215,7 @@ struct NoBackward<Name, Return(Args...)> {
   // Where a written tensor is itself in a graph, no_grad would cut it out of it silently, so
   // only the form with a backward is offered.
   [[noreturn]] static void refuse_recorded_write(const Args&... args) {
-    const std::array<bool, sizeof...(Args)> wanting{requires_grad(args)...};
+    const std::array<bool, sizeof...(Args)> wanting{argument_requires_grad(args)...};
     std::array<bool, sizeof...(Args)> written_wanting{};
     for (std::size_t i = 0; i < wanting.size(); ++i) {
       written_wanting[i] = wanting[i] && written()[i];

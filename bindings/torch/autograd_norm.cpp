@@ -38,6 +38,7 @@ struct RmsNormFunction : torch::autograd::Function<RmsNormFunction> {
 
 at::Tensor rms_norm_autograd(const at::Tensor& x, const std::optional<at::Tensor>& weight,
                              double eps) {
+  refuse_tangents(kiln_op<rms_norm_cpu>("kiln::rms_norm"), x, weight, eps);
   if (!records_grad(x, weight)) {
     const at::AutoDispatchBelowADInplaceOrView below;
     return kiln_op<rms_norm_cpu>("kiln::rms_norm").call(x, weight, eps);
@@ -92,6 +93,8 @@ struct FusedAddRmsNormFunction : torch::autograd::Function<FusedAddRmsNormFuncti
 std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm_autograd(
     const at::Tensor& x, const at::Tensor& residual, const std::optional<at::Tensor>& weight,
     double eps) {
+  refuse_tangents(kiln_op<fused_add_rms_norm_cpu>("kiln::fused_add_rms_norm"), x, residual, weight,
+                  eps);
   if (!records_grad(x, residual, weight)) {
     const at::AutoDispatchBelowADInplaceOrView below;
     return kiln_op<fused_add_rms_norm_cpu>("kiln::fused_add_rms_norm")
@@ -126,6 +129,7 @@ struct LayerNormFunction : torch::autograd::Function<LayerNormFunction> {
 
 at::Tensor layer_norm_autograd(const at::Tensor& x, const std::optional<at::Tensor>& weight,
                                const std::optional<at::Tensor>& bias, double eps) {
+  refuse_tangents(kiln_op<layer_norm_cpu>("kiln::layer_norm"), x, weight, bias, eps);
   if (!records_grad(x, weight, bias)) {
     const at::AutoDispatchBelowADInplaceOrView below;
     return kiln_op<layer_norm_cpu>("kiln::layer_norm").call(x, weight, bias, eps);
@@ -192,6 +196,8 @@ at::Tensor adaln_autograd(const at::Tensor& x, const at::Tensor& scale, const at
                           const std::optional<at::Tensor>& weight, double eps,
                           c10::string_view norm, const std::optional<at::Tensor>& table_scale,
                           const std::optional<at::Tensor>& table_shift) {
+  refuse_tangents(kiln_op<adaln_cpu>("kiln::adaln"), x, scale, shift, weight, eps, norm,
+                  table_scale, table_shift);
   if (!records_grad(x, scale, shift, weight, table_scale, table_shift)) {
     const at::AutoDispatchBelowADInplaceOrView below;
     return kiln_op<adaln_cpu>("kiln::adaln")

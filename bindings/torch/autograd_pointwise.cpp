@@ -49,6 +49,8 @@ struct RopeFunction : torch::autograd::Function<RopeFunction> {
 TensorPair rope_autograd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
                          const at::Tensor& sin, bool interleaved, std::int64_t rotary_dim,
                          std::string_view layout, std::int64_t head_dim) {
+  // cos and sin are constants to RoPE's derivatives, forward as backward.
+  refuse_tangents(kiln_op<rope_cpu>("kiln::rope"), q, k);
   if (!records_grad(q, k)) {
     const at::AutoDispatchBelowADInplaceOrView below;
     return kiln_op<rope_cpu>("kiln::rope")
@@ -92,6 +94,7 @@ struct SwigluFunction : torch::autograd::Function<SwigluFunction> {
 
 at::Tensor swiglu_autograd(const at::Tensor& gate, const std::optional<at::Tensor>& up,
                            bool up_first) {
+  refuse_tangents(kiln_op<swiglu_cpu>("kiln::swiglu"), gate, up);
   if (!records_grad(gate, up)) {
     const at::AutoDispatchBelowADInplaceOrView below;
     return kiln_op<swiglu_cpu>("kiln::swiglu").call(gate, up, up_first);
@@ -122,6 +125,7 @@ struct GegluFunction : torch::autograd::Function<GegluFunction> {
 
 at::Tensor geglu_autograd(const at::Tensor& gate, const std::optional<at::Tensor>& up,
                           c10::string_view approximate, bool up_first) {
+  refuse_tangents(kiln_op<geglu_cpu>("kiln::geglu"), gate, up);
   if (!records_grad(gate, up)) {
     const at::AutoDispatchBelowADInplaceOrView below;
     return kiln_op<geglu_cpu>("kiln::geglu").call(gate, up, approximate, up_first);
@@ -152,6 +156,7 @@ struct GeluFunction : torch::autograd::Function<GeluFunction> {
 
 at::Tensor gelu_autograd(const at::Tensor& x, const std::optional<at::Tensor>& bias,
                          c10::string_view approximate) {
+  refuse_tangents(kiln_op<gelu_cpu>("kiln::gelu"), x, bias);
   if (!records_grad(x, bias)) {
     const at::AutoDispatchBelowADInplaceOrView below;
     return kiln_op<gelu_cpu>("kiln::gelu").call(x, bias, approximate);

@@ -12,6 +12,7 @@
 #include <initializer_list>
 #include <optional>
 #include <type_traits>
+#include <vector>
 
 namespace kiln::torch_ops {
 
@@ -23,6 +24,30 @@ inline bool requires_grad(const at::Tensor& t) {
 }
 inline bool requires_grad(const std::optional<at::Tensor>& t) {
   return t.has_value() && requires_grad(*t);
+}
+
+// Whether a forward-mode AD tangent rides on the argument (torch.autograd.forward_ad,
+// torch.func.jvp).
+inline bool has_tangent(const at::Tensor& t) {
+  return t.defined() && t._fw_grad(/*level=*/0).defined();
+}
+inline bool has_tangent(const std::optional<at::Tensor>& t) {
+  return t.has_value() && has_tangent(*t);
+}
+template <typename T>
+bool has_tangent(const T& /*not a tensor*/) {
+  return false;
+}
+
+// kiln's ops have no forward-mode derivatives. As torch's own ops without one, a tangent
+// raises NotImplementedError naming the op and the arguments carrying it (`args` in the
+// schema's order), rather than the output coming back without one.
+[[noreturn]] void fail_tangents(const c10::OperatorHandle& op, const std::vector<bool>& carrying);
+template <typename... Args>
+void refuse_tangents(const c10::OperatorHandle& op, const Args&... args) {
+  if ((has_tangent(args) || ...)) {
+    fail_tangents(op, {has_tangent(args)...});
+  }
 }
 
 // Whether autograd must record this call: grad mode is on and some input requires grad.

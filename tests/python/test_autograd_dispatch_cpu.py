@@ -73,3 +73,49 @@ def test_call_with_grad_records_kiln_backward(name, call):
     first = out[0] if isinstance(out, (tuple, list)) else out
     assert first.requires_grad
     assert "Function" in first.grad_fn.name() and "kiln" in first.grad_fn.name()
+
+
+def tangent_calls(dual):
+    """(name, the argument given the tangent, call) for every op with an autograd formula;
+    `dual(t)` gives t a forward-mode tangent."""
+    x, w, b = r(4, 16), r(16), r(16)
+    x3, scale, shift = r(2, 3, 16), r(2, 1, 16), r(2, 3, 16)
+    q, k = r(1, 2, 5, 8), r(1, 1, 5, 8)
+    cos, sin = torch.randn(5, 8), torch.randn(5, 8)
+    residual, up = r(4, 16), r(4, 16)
+    return [
+        ("rms_norm", "weight", lambda: kiln.rms_norm(x, dual(w))),
+        ("fused_add_rms_norm", "residual", lambda: kiln.fused_add_rms_norm(x, dual(residual), w)),
+        ("layer_norm", "x", lambda: kiln.layer_norm(dual(x), w, b)),
+        ("adaln", "scale", lambda: kiln.adaln(x3, dual(scale), shift)),
+        ("rope", "k", lambda: kiln.rope(q, dual(k), cos, sin)),
+        ("swiglu", "up", lambda: kiln.swiglu(x, dual(up))),
+        ("geglu", "gate", lambda: kiln.geglu(dual(x), up)),
+        ("gelu", "bias", lambda: kiln.gelu(x, dual(b))),
+    ]
+
+
+@pytest.mark.parametrize("index", range(8))
+def test_a_forward_ad_tangent_is_refused_not_dropped(index):
+    """The backward formulas are reverse-mode only: a tangent on an input raises
+    NotImplementedError naming the op and the argument, as torch's own ops without a forward
+    derivative do, instead of the output coming back without one."""
+    import torch.autograd.forward_ad as fwAD
+
+    with fwAD.dual_level():
+        name, arg, call = tangent_calls(lambda t: fwAD.make_dual(t, torch.ones_like(t)))[index]
+        with pytest.raises(NotImplementedError,
+                           match=rf"kiln\.{name} has no forward-mode derivative, but {arg} "
+                                 rf"carries a tangent"):
+            call()
+
+
+def test_rope_takes_a_tangent_on_its_table_as_a_constant():
+    """cos and sin are constants to RoPE's derivatives (its backward gives them none): a
+    tangent on them alone is not refused, and q's output carries no tangent."""
+    import torch.autograd.forward_ad as fwAD
+
+    q, k, cos, sin = r(1, 2, 5, 8), r(1, 1, 5, 8), torch.randn(5, 8), torch.randn(5, 8)
+    with fwAD.dual_level():
+        q_out, _ = kiln.rope(q, k, fwAD.make_dual(cos, torch.ones_like(cos)), sin)
+        assert fwAD.unpack_dual(q_out).tangent is None

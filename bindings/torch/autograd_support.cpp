@@ -1,0 +1,36 @@
+// The out-of-line half of autograd_support.h: the forward-mode refusal's message.
+#include "bindings/torch/autograd_support.h"
+
+#include <c10/util/Exception.h>
+
+#include <cstddef>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+namespace kiln::torch_ops {
+
+void fail_tangents(const c10::OperatorHandle& op, const std::vector<bool>& carrying) {
+  const std::vector<c10::Argument>& arguments = op.schema().arguments();
+  std::string names;
+  std::size_t count = 0;
+  for (std::size_t i = 0; i < carrying.size() && i < arguments.size(); ++i) {
+    if (carrying[i]) {
+      names += (names.empty() ? "" : ", ") + arguments[i].name();
+      ++count;
+    }
+  }
+  std::string op_name = op.schema().name();
+  if (op_name.starts_with("kiln::")) {
+    op_name = op_name.substr(6);
+  }
+  if (!op.schema().overload_name().empty()) {
+    op_name += "." + op.schema().overload_name();
+  }
+  TORCH_CHECK_NOT_IMPLEMENTED(false, "kiln.", op_name, " has no forward-mode derivative, but ",
+                              names, count == 1 ? " carries" : " carry",
+                              " a tangent (torch.autograd.forward_ad, torch.func.jvp)");
+  std::abort();  // unreachable: TORCH_CHECK_NOT_IMPLEMENTED(false) throws
+}
+
+}  // namespace kiln::torch_ops
