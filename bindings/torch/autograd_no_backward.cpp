@@ -25,7 +25,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
-#include <iterator>
 #include <memory>
 #include <optional>
 #include <string>
@@ -134,14 +133,6 @@ std::string instead(std::string_view op) {
   return "kiln's differentiable ops have backward passes";
 }
 
-// "y requires" / "q, k require": the arguments marked, and the verb agreeing with them.
-template <typename Marks>
-std::string with_verb(const std::string& names, const Marks& marks, std::string_view one,
-                      std::string_view many) {
-  const auto count = std::count(std::begin(marks), std::end(marks), true);
-  return names + " " + std::string(count == 1 ? one : many);
-}
-
 // The op `Name`, whose kernels have the C++ signature `Signature`.
 template <OpName Name, typename Signature>
 struct NoBackward;
@@ -176,20 +167,7 @@ struct NoBackward<Name, Return(Args...)> {
 
   // The names of the arguments that require grad: "h, y".
   static std::string wanting_grad(const Args&... args) {
-    const std::array<bool, sizeof...(Args)> wants{argument_requires_grad(args)...};
-    return names_where(wants);
-  }
-
-  template <typename Marks>
-  static std::string names_where(const Marks& marks) {
-    const std::vector<c10::Argument>& arguments = op().schema().arguments();
-    std::string names;
-    for (std::size_t i = 0; i < arguments.size(); ++i) {
-      if (marks[i]) {
-        names += (names.empty() ? "" : ", ") + arguments[i].name();
-      }
-    }
-    return names;
+    return argument_names(op(), {argument_requires_grad(args)...});
   }
 
   static Return autograd(c10::DispatchKeySet keys, Args... args) {
@@ -215,21 +193,21 @@ struct NoBackward<Name, Return(Args...)> {
   // Where a written tensor is itself in a graph, no_grad would cut it out of it silently, so
   // only the form with a backward is offered.
   [[noreturn]] static void refuse_recorded_write(const Args&... args) {
-    const std::array<bool, sizeof...(Args)> wanting{argument_requires_grad(args)...};
-    std::array<bool, sizeof...(Args)> written_wanting{};
+    const std::vector<bool> wanting{argument_requires_grad(args)...};
+    std::vector<bool> written_wanting(wanting.size());
     for (std::size_t i = 0; i < wanting.size(); ++i) {
       written_wanting[i] = wanting[i] && written()[i];
     }
     const std::string head = "kiln." + std::string(Name.view()) + " writes " +
-                             names_where(written()) + " in place and has no backward, but ";
+                             argument_names(op(), written()) +
+                             " in place and has no backward, but ";
     if (std::find(written_wanting.begin(), written_wanting.end(), true) != written_wanting.end()) {
-      TORCH_CHECK(false, head,
-                  with_verb(names_where(written_wanting), written_wanting, "requires", "require"),
+      TORCH_CHECK(false, head, argument_names(op(), written_wanting, "requires", "require"),
                   " grad: writing in place would cut it from its graph; ", instead(Name.view()),
                   ".");
     }
     TORCH_CHECK(false, head, "autograd records this call (",
-                with_verb(names_where(wanting), wanting, "requires", "require"),
+                argument_names(op(), wanting, "requires", "require"),
                 " grad): call it under torch.no_grad() or torch.inference_mode() where no "
                 "gradient is wanted; ",
                 instead(Name.view()), ".");

@@ -3,6 +3,7 @@
 
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdlib>
 #include <string>
@@ -10,16 +11,24 @@
 
 namespace kiln::torch_ops {
 
-void fail_tangents(const c10::OperatorHandle& op, const std::vector<bool>& carrying) {
+std::string argument_names(const c10::OperatorHandle& op, const std::vector<bool>& marks) {
   const std::vector<c10::Argument>& arguments = op.schema().arguments();
   std::string names;
-  std::size_t count = 0;
-  for (std::size_t i = 0; i < carrying.size() && i < arguments.size(); ++i) {
-    if (carrying[i]) {
+  for (std::size_t i = 0; i < marks.size() && i < arguments.size(); ++i) {
+    if (marks[i]) {
       names += (names.empty() ? "" : ", ") + arguments[i].name();
-      ++count;
     }
   }
+  return names;
+}
+
+std::string argument_names(const c10::OperatorHandle& op, const std::vector<bool>& marks,
+                           std::string_view one, std::string_view many) {
+  const auto count = std::count(marks.begin(), marks.end(), true);
+  return argument_names(op, marks) + " " + std::string(count == 1 ? one : many);
+}
+
+void fail_tangents(const c10::OperatorHandle& op, const std::vector<bool>& carrying) {
   std::string op_name = op.schema().name();
   if (op_name.starts_with("kiln::")) {
     op_name = op_name.substr(6);
@@ -28,7 +37,7 @@ void fail_tangents(const c10::OperatorHandle& op, const std::vector<bool>& carry
     op_name += "." + op.schema().overload_name();
   }
   TORCH_CHECK_NOT_IMPLEMENTED(false, "kiln.", op_name, " has no forward-mode derivative, but ",
-                              names, count == 1 ? " carries" : " carry",
+                              argument_names(op, carrying, "carries", "carry"),
                               " a tangent (torch.autograd.forward_ad, torch.func.jvp)");
   std::abort();  // unreachable: TORCH_CHECK_NOT_IMPLEMENTED(false) throws
 }

@@ -11,6 +11,8 @@
 #include <cstddef>
 #include <initializer_list>
 #include <optional>
+#include <string>
+#include <string_view>
 #include <type_traits>
 #include <vector>
 
@@ -38,6 +40,12 @@ template <typename T>
 bool has_tangent(const T& /*not a tensor*/) {
   return false;
 }
+
+// The names of the op's arguments that `marks` marks, in the schema's order ("h, y"), and
+// the same followed by the verb agreeing with them ("y requires" / "q, k require").
+std::string argument_names(const c10::OperatorHandle& op, const std::vector<bool>& marks);
+std::string argument_names(const c10::OperatorHandle& op, const std::vector<bool>& marks,
+                           std::string_view one, std::string_view many);
 
 // kiln's ops have no forward-mode derivatives. As torch's own ops without one, a tangent
 // raises NotImplementedError naming the op and the arguments carrying it (`args` in the
