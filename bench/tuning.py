@@ -21,6 +21,7 @@ Writes DIR/tuning-<date>-<device>.{json,md} and DIR/tune-report-<date>-<device>.
 import argparse
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -125,6 +126,25 @@ def results_by_key(report, rows_list):
     return out
 
 
+def row_blind_heuristic(kiln, problem):
+    """The family's heuristic for calls of any row count (what a prewarm record serves past its
+    row ranges, and every bucket before those ranges existed), as `kiln compile` gives it."""
+    arch = kiln.device_info(0)["arch"]
+    return kiln.compile(problem["op"], problem["dtype"], problem["hidden"], arch=arch,
+                        flags=problem["flags"], align=problem["align"], aux=problem.get("aux", 0),
+                        format="ptx")["config"]
+
+
+def pinned_copy(kiln, full_cache, result, config_key):
+    """A copy of the full tune's cache whose result for `result`'s bucket is pinned to
+    `config_key` (one of the full tune's measured candidates)."""
+    copy = tempfile.mkdtemp(prefix="kiln-tune-pinned-")
+    shutil.copytree(full_cache, copy, dirs_exist_ok=True)
+    kiln.tune_pin(problem=result["problem_key"], bucket=result["bucket_rows"],
+                  config=config_key, cache_dir=copy)
+    return copy
+
+
 def candidate_us(result, config_key):
     for candidate in result["candidates"]:
         if candidate["config"] == config_key and candidate["status"] == "ok":
@@ -204,8 +224,11 @@ def main():
             f, q = full_results[(op, rows)], fast_results[(op, rows)]
             bucket = f["bucket_rows"]
             fast_in_full = candidate_us(f, q["winner"])
-            timed = time_configs(kiln, {"heuristic": heuristic_cache, "fast": fast_cache,
-                                        "full": full_cache}, op, rows, args.hidden)
+            caches = {"heuristic": heuristic_cache, "fast": fast_cache, "full": full_cache}
+            row_blind = row_blind_heuristic(kiln, f["problem"])
+            if row_blind != f["heuristic"]:
+                caches["row_blind"] = pinned_copy(kiln, full_cache, f, row_blind)
+            timed = time_configs(kiln, caches, op, rows, args.hidden)
             rows_out.append({
                 "op": op, "rows": rows, "bucket": bucket,
                 "full": {"winner": f["winner"], "candidates": len(f["candidates"]),
@@ -219,6 +242,9 @@ def main():
                          "speedup_over_heuristic": q["speedup_over_heuristic"]},
                 "fast_over_full_in_tune": (fast_in_full / f["winner_median_us"]
                                            if fast_in_full else None),
+                "heuristic": f["heuristic"],
+                "row_blind_heuristic": {"config": row_blind,
+                                        "us_in_full_tune": candidate_us(f, row_blind)},
                 "op_call_us": timed,
                 "fast_over_full_op_call": timed["fast"] / timed["full"],
                 "tuned_speedup_op_call": timed["heuristic"] / timed["full"],
@@ -249,6 +275,15 @@ def fmt(value, digits=2, suffix=""):
     return "n/a" if value is None else f"{value:.{digits}f}{suffix}"
 
 
+def row_blind_cell(row):
+    """The row-blind heuristic's op-call time over the row-aware one's, where they differ."""
+    blind = row.get("row_blind_heuristic", {})
+    us = row["op_call_us"].get("row_blind")
+    if us is None:
+        return "same" if blind else "n/a"
+    return f"`{blind['config']}`, {fmt(us)}, {us / row['op_call_us']['heuristic']:.2f}x"
+
+
 def markdown(document):
     env = document["environment"]
     lines = [
@@ -259,12 +294,14 @@ def markdown(document):
         f" (torch copy_: {fmt(document['copy_bandwidth_gbs_torch'], 0)} GB/s).",
         "",
         "fast/full: the fast winner's median over the full winner's, inside the full tune and as"
-        " op calls side by side (1.00 = same speed); tuned: heuristic over full winner.",
+        " op calls side by side (1.00 = same speed); tuned: heuristic over full winner. The"
+        " heuristic is the family's for the rows' bucket; where the family's heuristic for any"
+        " row count differs, its op-call time beside it (the last column).",
         "",
         "| op | rows | full: configs, tune s, cold s | fast: configs, tune s, cold s "
         "| full winner | fast winner | fast/full (tune) | fast/full (op) | tuned x (tune) "
-        "| tuned x (op) | op us: heur / fast / full |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| tuned x (op) | op us: heur / fast / full | row-blind heuristic: config, us, over heur |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in document["rows"]:
         f, q, t = r["full"], r["fast"], r["op_call_us"]
@@ -274,7 +311,8 @@ def markdown(document):
             f"{fmt(q['cold_s'])} | `{f['winner']}` | `{q['winner']}` | "
             f"{fmt(r['fast_over_full_in_tune'], 3)} | {fmt(r['fast_over_full_op_call'], 3)} | "
             f"{fmt(f['speedup_over_heuristic'])}x | {fmt(r['tuned_speedup_op_call'])}x | "
-            f"{fmt(t['heuristic'])} / {fmt(t['fast'])} / {fmt(t['full'])} |")
+            f"{fmt(t['heuristic'])} / {fmt(t['fast'])} / {fmt(t['full'])} | "
+            f"{row_blind_cell(r)} |")
     worst = max((r["fast_over_full_in_tune"] or 0) for r in document["rows"])
     ok = worst <= 1 + document["fast_within"]
     lines += ["", f"Worst fast/full inside the full tune: {worst:.3f} "

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <deque>
 #include <mutex>
 #include <thread>
 
@@ -13,7 +14,9 @@
 #include "jit/compiler.h"
 #include "jit/nvrtc.h"
 #include "jit/specialisation.h"
+#include "jit/tuning_record.h"
 #include "templates/family.h"
+#include "tuner/tuner.h"
 
 #ifndef KILN_VERSION
 #define KILN_VERSION "unknown"
@@ -35,34 +38,120 @@ std::string describe(const PrewarmTarget& target) {
   return target.problem.key() + " sm_" + std::to_string(target.sm);
 }
 
-// Writes the record unless an identical winner is already there (a re-run of the same
-// prewarm rewrites nothing).
-void store_prewarm_record(TuningDb& db, const PrewarmTarget& target, const Config& config,
-                          const CompiledKernel& kernel) {
+// Writes the record unless an identical one is already there (a re-run of the same prewarm
+// rewrites nothing).
+void store_prewarm_record(TuningDb& db, const PrewarmTarget& target,
+                          const nlohmann::json& document) {
   const std::string device = prewarm_device(target.sm);
   const std::string problem_key = target.problem.key();
   if (auto existing = db.load(device, problem_key, kPrewarmBucket)) {
-    try {
-      if (existing->at("winner").get<Config>() == config) {
-        return;
-      }
-    } catch (const std::exception&) {
-      // unreadable winner: overwrite it
+    if (existing->value("winner", nlohmann::json()) == document.at("winner") &&
+        existing->value("by_rows", nlohmann::json()) ==
+            document.value("by_rows", nlohmann::json())) {
+      return;
     }
   }
+  db.store(device, problem_key, kPrewarmBucket, document);
+}
+
+struct BinaryCounts {
+  std::size_t compiled = 0;
+  std::size_t reused = 0;
+};
+
+// Compiles the target's heuristic config, and its heuristic for the row buckets where that
+// differs, each binary once, and writes the record naming them.
+BinaryCounts prewarm_target(const PrewarmTarget& target, BinaryStore& store, TuningDb& db) {
+  const Family& fam = family(target.problem.op);
+  fam.check(target.problem);
+  if (target.sm < 75) {
+    throw ArgumentError("prewarm", "arch", "sm_75 or newer", "sm_" + std::to_string(target.sm));
+  }
+  BinaryCounts counts;
+  std::deque<std::pair<Config, CompiledKernel>> binaries;  // row ranges may share a config
+  const auto compiled_for = [&](const Config& config) -> const CompiledKernel& {
+    for (const auto& [done, kernel] : binaries) {
+      if (done == config) {
+        return kernel;
+      }
+    }
+    Expected<CompiledKernel> compiled =
+        compile({&fam, target.problem, config, target.sm, BinaryFormat::cubin}, &store);
+    if (!compiled) {
+      throw compiled.error();
+    }
+    ++(compiled->from_cache ? counts.reused : counts.compiled);
+    return binaries.emplace_back(config, std::move(compiled.value())).second;
+  };
+  const DeviceTraits traits = DeviceTraits::for_arch(target.sm);
+  const Config row_blind = fam.heuristic(target.problem, traits);
+  const CompiledKernel& kernel = compiled_for(row_blind);
   nlohmann::json document = {
       {"source", "prewarm"},
       {"problem", target.problem},
       {"arch", "sm_" + std::to_string(target.sm)},
-      {"winner", config},
+      {"winner", row_blind},
       {"binary_key", kernel.key},
       {"name_expression", kernel.name_expression},
       {"versions", {{"kiln", KILN_VERSION}, {"nvrtc", nvrtc().version_string()}}},
   };
-  db.store(device, problem_key, kPrewarmBucket, document);
+  for (const auto& [up_to_rows, config] : prewarm_row_configs(fam, target.problem, traits)) {
+    document["by_rows"].push_back(
+        {{"up_to_rows", up_to_rows}, {"winner", config}, {"binary_key", compiled_for(config).key}});
+  }
+  store_prewarm_record(db, target, document);
+  return counts;
 }
 
 }  // namespace
+
+std::vector<std::pair<std::int64_t, Config>> prewarm_row_configs(const Family& family,
+                                                                 const Problem& problem,
+                                                                 const DeviceTraits& device) {
+  const Config row_blind = family.heuristic(problem, device);
+  std::vector<std::pair<std::int64_t, Config>> ranges;
+  std::size_t differing = 0;  // ranges up to the last one whose config is not row_blind
+  for (std::int64_t bucket = 1; bucket <= kSmallestLargestBucket; bucket *= 2) {
+    Config config = family.heuristic_for_rows(problem, device, bucket);
+    if (!ranges.empty() && ranges.back().second == config) {
+      ranges.back().first = bucket;
+    } else {
+      ranges.emplace_back(bucket, std::move(config));
+    }
+    if (!(ranges.back().second == row_blind)) {
+      differing = ranges.size();
+    }
+  }
+  ranges.resize(differing);
+  return ranges;
+}
+
+std::optional<Config> usable_prewarm_config(const nlohmann::json& record, const Family& family,
+                                            const Problem& problem, const DeviceTraits& device,
+                                            std::int64_t bucket, std::string& why) {
+  std::optional<Config> for_rows;
+  try {
+    for (const auto& range : record.value("by_rows", nlohmann::json::array())) {
+      if (bucket <= range.at("up_to_rows").get<std::int64_t>()) {
+        for_rows = range.at("winner").get<Config>();
+        break;
+      }
+    }
+  } catch (const std::exception& error) {
+    why = std::string("unreadable by_rows: ") + error.what();
+    return std::nullopt;
+  }
+  if (!for_rows) {
+    return usable_winner(record, family, problem, device, why);
+  }
+  why = family.invalid_reason(problem, *for_rows, device);
+  if (!why.empty()) {
+    why = "its config for rows <= " + std::to_string(bucket) + ", " + for_rows->key() +
+          ", is no longer valid: " + why;
+    return std::nullopt;
+  }
+  return for_rows;
+}
 
 std::string prewarm_device(int sm) {
   return "prewarm-sm_" + std::to_string(sm);
@@ -175,23 +264,9 @@ PrewarmSummary prewarm(const std::vector<PrewarmTarget>& targets, BinaryStore& s
     for (std::size_t i = next++; i < targets.size(); i = next++) {
       const PrewarmTarget& target = targets[i];
       std::string failure;
-      bool reused = false;
+      BinaryCounts counts;
       try {
-        const Family& fam = family(target.problem.op);
-        fam.check(target.problem);
-        if (target.sm < 75) {
-          throw ArgumentError("prewarm", "arch", "sm_75 or newer",
-                              "sm_" + std::to_string(target.sm));
-        }
-        const CompileRequest request{
-            &fam, target.problem, fam.heuristic(target.problem, DeviceTraits::for_arch(target.sm)),
-            target.sm, BinaryFormat::cubin};
-        Expected<CompiledKernel> compiled = compile(request, &store);
-        if (!compiled) {
-          throw compiled.error();
-        }
-        reused = compiled->from_cache;
-        store_prewarm_record(db, target, request.config, compiled.value());
+        counts = prewarm_target(target, store, db);
       } catch (const Error& error) {
         failure = describe(target) + ": " + error.message();
       } catch (const std::exception& error) {
@@ -202,7 +277,8 @@ PrewarmSummary prewarm(const std::vector<PrewarmTarget>& targets, BinaryStore& s
         ++summary.failed;
         summary.failures.push_back(std::move(failure));
       } else {
-        ++(reused ? summary.reused : summary.compiled);
+        summary.compiled += counts.compiled;
+        summary.reused += counts.reused;
       }
       ++done;
       if (options.progress) {

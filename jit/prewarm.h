@@ -6,6 +6,10 @@
 // the same compile path the runtime uses, so the binary key is the one a GPU process of that
 // arch computes (same NVRTC, same sources). It also writes a *prewarm record*: a tuning-db
 // document under the pseudo-device "prewarm-sm_XX" (row bucket 0) whose winner is that config.
+// Where the family's heuristic for a row bucket differs (the norms' latency config for calls
+// of at most one row per SM), that config is compiled too, and the record's "by_rows" names
+// it: ranges of row buckets ascending, each {"up_to_rows", "winner", "binary_key"}; buckets
+// past the last range take "winner".
 //
 // What a GPU process then does on its first call of a problem (jit/runtime.cpp): a tuning
 // result for its own device wins; else a prewarm record for its arch that is valid on the
@@ -19,7 +23,9 @@
 #include <filesystem>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json_fwd.hpp>
@@ -40,6 +46,20 @@ struct PrewarmTarget {
 // The tuning-db device folder holding prewarm records for an arch: "prewarm-sm_90".
 std::string prewarm_device(int sm);
 inline constexpr std::int64_t kPrewarmBucket = 0;
+
+// A record's "by_rows": the family's heuristic for the row buckets from 1, as ranges of
+// buckets with one config each (the largest bucket of the range, the config), ascending, up to
+// the last range whose config differs from the row-blind heuristic; empty where none does.
+std::vector<std::pair<std::int64_t, Config>> prewarm_row_configs(const Family& family,
+                                                                 const Problem& problem,
+                                                                 const DeviceTraits& device);
+
+// The config a prewarm record gives calls of row bucket `bucket` (its "by_rows" range for the
+// bucket, else its "winner"), when readable and still valid for the problem on the device;
+// nullopt otherwise, with `why` saying what was wrong.
+std::optional<Config> usable_prewarm_config(const nlohmann::json& record, const Family& family,
+                                            const Problem& problem, const DeviceTraits& device,
+                                            std::int64_t bucket, std::string& why);
 
 // A KILN_RECORD manifest line: the problem's fields (aux always present) and "arch".
 nlohmann::json manifest_record(const Problem& problem, int sm);
@@ -64,9 +84,10 @@ std::vector<PrewarmTarget> targets_from_manifest(const ManifestRead& manifest,
                                                  std::vector<std::string>& notes);
 
 struct PrewarmSummary {
+  // Binaries (a target has one per distinct config its records name).
   std::size_t compiled = 0;
   std::size_t reused = 0;  // the binary was already in the store
-  std::size_t failed = 0;
+  std::size_t failed = 0;  // targets
   double seconds = 0;
   std::vector<std::string> failures;  // one line each: the specialisation and why
 };

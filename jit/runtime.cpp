@@ -212,20 +212,24 @@ struct Runtime::Impl {
     };
 
     heuristic_only = true;
-    // A pre-warmed fleet: the config whose binary `kiln prewarm` stored for this arch serves
-    // at once, so the request path neither tunes nor compiles (see jit/prewarm.h).
+    // A pre-warmed fleet: the config whose binary `kiln prewarm` stored for this arch and
+    // row bucket serves at once, so the request path neither tunes nor compiles (see
+    // jit/prewarm.h).
     if (use_prewarm && !stale) {
       if (auto record = db.load(prewarm_device(info.sm()), problem_key, kPrewarmBucket)) {
         std::string why;
-        if (auto config = usable_winner(*record, family, key.problem, traits, why)) {
+        if (auto config =
+                usable_prewarm_config(*record, family, key.problem, traits, key.bucket, why)) {
           from_prewarm = true;
           return *config;
         }
         log::info("kiln: prewarm record for " + where(key) + " not used: " + why);
       }
     }
-    const Config heuristic = family.heuristic(key.problem, traits);
-    if (settings.tune_mode == TuneMode::off) return fallback(heuristic);
+    Config heuristic = family.heuristic_for_rows(key.problem, traits, key.bucket);
+    if (settings.tune_mode == TuneMode::off) {
+      return fallback(heuristic);
+    }
     if (settings.cache_mode == CacheMode::strict) {
       // A strict fleet never compiles; its prewarmed heuristic binary is what it has.
       log::info("kiln: KILN_CACHE=strict and no tuning result for " + where(key) +
@@ -233,7 +237,9 @@ struct Runtime::Impl {
       return heuristic;
     }
     // Never tune inside a capture (jit/capture_policy.h).
-    if (capturing) return fallback(heuristic);
+    if (capturing) {
+      return fallback(heuristic);
+    }
     try {
       GpuEvaluator evaluator(info, store);
       // Timed on the call's own rows, as Triton's autotuner times the call that misses its key:
@@ -278,14 +284,20 @@ struct Runtime::Impl {
 
   // Readies `kernel` inside a CUDA graph capture without compiling: its config's function
   // from memory (another bucket) or its binary from the store, else the same for the family's
-  // heuristic config (switching `kernel` to it). Returns the binary to load, or nullopt when
-  // `kernel.function` was set from memory. Neither present is an error naming the fix.
+  // heuristic for the bucket, then for its row-blind heuristic (what a prewarm compiles for
+  // every bucket), switching `kernel` to the one found. Returns the binary to load, or nullopt
+  // when `kernel.function` was set from memory. None present is an error naming the fix.
   std::optional<CompiledKernel> ready_in_capture(const TableKey& key, Kernel& kernel,
                                                  const DeviceInfo& info, BinaryStore* store) {
     const Config chosen = kernel.config;
-    const Config heuristic = kernel.family->heuristic(key.problem, info.traits());
+    const Config heuristic =
+        kernel.family->heuristic_for_rows(key.problem, info.traits(), key.bucket);
     std::vector<Config> candidates{chosen};
-    if (!(heuristic == chosen)) candidates.push_back(heuristic);
+    for (const Config& config : {heuristic, kernel.family->heuristic(key.problem, info.traits())}) {
+      if (std::find(candidates.begin(), candidates.end(), config) == candidates.end()) {
+        candidates.push_back(config);
+      }
+    }
     for (const Config& config : candidates) {
       if (!(config == chosen)) {
         log::info("kiln: " + where(key) + " first seen during a CUDA graph capture: config " +
@@ -304,9 +316,13 @@ struct Runtime::Impl {
                                    BinaryFormat::cubin};
       if (auto stored = find_stored(request, store)) return stored;
     }
-    throw Error(capture_miss_message(key.problem, key.bucket, key.device,
-                                     "is neither loaded nor in the binary store (config " +
-                                         chosen.key() + ", heuristic " + heuristic.key() + ")"));
+    std::string tried = chosen.key();
+    for (std::size_t i = 1; i < candidates.size(); ++i) {
+      tried += ", heuristic " + candidates[i].key();
+    }
+    throw Error(
+        capture_miss_message(key.problem, key.bucket, key.device,
+                             "is neither loaded nor in the binary store (config " + tried + ")"));
   }
 };
 

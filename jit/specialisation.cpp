@@ -4,6 +4,7 @@
 #include <string>
 
 #include "templates/rms_norm_family.h"
+#include "tuner/tuner.h"
 
 namespace kiln::jit {
 
@@ -49,6 +50,9 @@ CompileRequest make_compile_request(const SpecialisationSpec& spec) {
   request.sm = spec.sm;
   request.format = spec.format;
   request.family->check(request.problem);
+  if (spec.rows && *spec.rows < 1) {
+    throw ArgumentError("compile", "rows", "at least 1", std::to_string(*spec.rows));
+  }
   const DeviceTraits traits = DeviceTraits::for_arch(spec.sm);
   if (spec.config) {
     const std::string why = request.family->invalid_reason(request.problem, *spec.config, traits);
@@ -57,7 +61,10 @@ CompileRequest make_compile_request(const SpecialisationSpec& spec) {
     }
     request.config = *spec.config;
   } else {
-    request.config = request.family->heuristic(request.problem, traits);
+    request.config = spec.rows ? request.family->heuristic_for_rows(
+                                     request.problem, traits,
+                                     row_bucket(*request.family, request.problem, *spec.rows))
+                               : request.family->heuristic(request.problem, traits);
   }
   return request;
 }

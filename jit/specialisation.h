@@ -25,6 +25,9 @@ struct SpecialisationSpec {
   int sm = 90;
   BinaryFormat format = BinaryFormat::cubin;
   std::optional<Config> config;  // the family's heuristic for the arch when absent
+  // The row bucket that heuristic is for (Family::heuristic_for_rows); its row-blind one when
+  // absent.
+  std::optional<std::int64_t> rows;
 };
 
 // Validates every field (ArgumentError naming the field otherwise) and fills a request.

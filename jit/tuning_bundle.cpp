@@ -51,6 +51,16 @@ std::string prewarm_reason(const json& document, const std::string& device,
                            const std::string& problem, std::int64_t bucket) {
   const auto stored_problem = document.at("problem").get<Problem>();
   document.at("winner").get<Config>();
+  std::int64_t last = 0;
+  for (const auto& range : document.value("by_rows", json::array())) {
+    range.at("winner").get<Config>();
+    const auto up_to = range.at("up_to_rows").get<std::int64_t>();
+    if (up_to <= last) {
+      return "by_rows: expected ranges of rows ascending from 1, got up_to_rows " +
+             std::to_string(up_to) + " after " + std::to_string(last);
+    }
+    last = up_to;
+  }
   const std::string arch = document.at("arch").get<std::string>();
   if (device != "prewarm-" + arch) {
     return "device: expected \"prewarm-" + arch + "\" for a prewarm record, got \"" + device + "\"";

@@ -57,15 +57,16 @@ class Family {
   // Why `config` is invalid for the problem on the target; empty when it is valid.
   virtual std::string invalid_reason(const Problem& problem, const Config& config,
                                      const DeviceTraits& device) const = 0;
-  // A good config without measuring: used with KILN_TUNE=off, under graph capture, and as
-  // the reference every tuned candidate must agree with.
+  // A good config without measuring, for calls of any row count: what a prewarm record
+  // serves past its row buckets (jit/prewarm.h) and what a compile without rows uses.
   virtual Config heuristic(const Problem& problem, const DeviceTraits& device) const = 0;
-  // Where a fast search tuning for `rows` rows (a row bucket; 0 when unknown) starts: the
-  // heuristic by default. A family whose best layout differs by row count (a few rows are
-  // latency-bound, many are bandwidth-bound) starts nearer to it; the result must be in
-  // space().
-  virtual Config search_start(const Problem& problem, const DeviceTraits& device,
-                              std::int64_t /*rows*/) const {
+  // A good config without measuring for calls of `rows` rows (a row bucket): what
+  // KILN_TUNE=off and a graph capture use, where a fast search starts, and the reference every
+  // tuned candidate must agree with. The heuristic by default; a family whose best layout
+  // differs by row count (a few rows are latency-bound, many are bandwidth-bound) answers
+  // nearer to it. The result must be in space().
+  virtual Config heuristic_for_rows(const Problem& problem, const DeviceTraits& device,
+                                    std::int64_t /*rows*/) const {
     return heuristic(problem, device);
   }
 

@@ -43,6 +43,11 @@ constexpr double kBetterBalance = 0.1;
 // 4544-5120), the fastest configs hold 8-16 elements a thread (5.6 us at 512 threads a row
 // against 9.4 us at 64).
 constexpr std::int64_t kLatencyElementsPerThread = 16;
+// gated_adaln loads five operands for each element (x, y, and the gate, scale and shift rows)
+// and writes two: at 1 and 128 rows its best configs on an H200 hold 8 elements a thread
+// (2048, 4096 and 5120 wide; bench/results/tuning-2026-11-30-NVIDIA_H200-rows-*), and 16
+// took 1.13-1.34x their time.
+constexpr std::int64_t kGatedLatencyElementsPerThread = 8;
 
 // The extras that keep a row elsewhere than in registers (NormFamily::row_forms).
 constexpr const char* kRereadExtra = "reread";
@@ -645,13 +650,15 @@ Config NormFamily::heuristic(const Problem& problem, const DeviceTraits& device)
 
 // A call of no more rows than SMs is one wave of one row per SM: its time is one row's
 // latency, which more threads per row (fewer steps each) shorten.
-Config NormFamily::search_start(const Problem& problem, const DeviceTraits& device,
-                                std::int64_t rows) const {
-  if (rows > device.sm_count) {
+Config NormFamily::heuristic_for_rows(const Problem& problem, const DeviceTraits& device,
+                                      std::int64_t rows) const {
+  if (rows < 1 || rows > device.sm_count) {
     return heuristic(problem, device);
   }
   const std::vector<Config> configs = valid_space(problem, device);
-  Config target = split_for(problem, configs.front().vec_bytes, kLatencyElementsPerThread);
+  const bool gated = (features(problem) & NormFeature::gate) != 0;
+  Config target = split_for(problem, configs.front().vec_bytes,
+                            gated ? kGatedLatencyElementsPerThread : kLatencyElementsPerThread);
   target.cta_threads = target.threads_per_row;
   return nearest_one_pass(configs, target, 0);
 }

@@ -61,8 +61,9 @@ class NormFamily : public Family {
   std::string invalid_reason(const Problem& problem, const Config& config,
                              const DeviceTraits& device) const override;
   Config heuristic(const Problem& problem, const DeviceTraits& device) const override;
-  Config search_start(const Problem& problem, const DeviceTraits& device,
-                      std::int64_t rows) const override;
+  // At most one row per SM: the latency config (a finer split, one row a CTA).
+  Config heuristic_for_rows(const Problem& problem, const DeviceTraits& device,
+                            std::int64_t rows) const override;
 
   std::string name_expression(const Problem& problem, const Config& config) const override;
   LaunchGeometry geometry(const Problem& problem, const Config& config,

@@ -21,11 +21,12 @@ std::vector<Config> distinct_in_order(const std::vector<Config>& configs) {
   return distinct;
 }
 
-// The family's starting point for the rows' bucket (the heuristic when rows are unknown).
+// The family's heuristic for the rows' bucket (its row-blind one when rows are unknown).
 Config search_start(const Family& family, const Problem& problem, const DeviceTraits& device,
                     std::int64_t rows, const std::vector<Config>& space) {
-  Config start = rows > 0 ? family.search_start(problem, device, row_bucket(family, problem, rows))
-                          : family.heuristic(problem, device);
+  Config start = rows > 0
+                     ? family.heuristic_for_rows(problem, device, row_bucket(family, problem, rows))
+                     : family.heuristic(problem, device);
   if (std::find(space.begin(), space.end(), start) == space.end()) {
     throw Error("kiln." + std::string(family.name()) + " tuner: the search start " + start.key() +
                 " for " + problem.key() + " is not in the family's space (of " +

@@ -67,7 +67,7 @@ void from_json(const nlohmann::json& j, TuneResult& result);
 
 // The candidates a mode measures: `full` is the whole space; `fast` keeps at most
 // `fast_budget` configs, first the family's search start for the rows' bucket
-// (Family::search_start: the heuristic unless the family knows better for that many rows),
+// (Family::heuristic_for_rows: the heuristic unless the family knows better for that many rows),
 // then configs chosen to span vector widths and thread counts around it. Deterministic.
 // `rows` (fast mode only): the rows being tuned for; its row bucket picks the start and
 // drives the pruning of configs that leave SMs idle (tuner/pruning.h). 0 means unknown: the

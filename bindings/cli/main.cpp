@@ -54,6 +54,7 @@ struct CompileOptions {
   std::string format = "ptx";
   int vec_bytes = 0, threads_per_row = 0, cta_threads = 0;
   std::vector<std::string> extra;  // NAME=VALUE family tunables
+  std::optional<std::int64_t> rows;
   std::string output;
 };
 
@@ -65,8 +66,8 @@ int run_compile(const CompileOptions& options) {
   spec.weight = !options.no_weight;
   spec.flags = options.flags;
   spec.align = options.align;
-  spec.flags = options.flags;
   spec.aux = options.aux;
+  spec.rows = options.rows;
   spec.format =
       options.format == "cubin" ? kiln::jit::BinaryFormat::cubin : kiln::jit::BinaryFormat::ptx;
   spec.sm = options.arch == "native" ? kiln::jit::Runtime::get().device(0).sm()
@@ -142,6 +143,8 @@ int main(int argc, char** argv) {
   compile->add_option("--threads-per-row", options.threads_per_row, "Config: threads per row");
   compile->add_option("--cta-threads", options.cta_threads, "Config: threads per CTA");
   compile->add_option("--extra", options.extra, "Config: family tunables, NAME=VALUE");
+  compile->add_option("--rows", options.rows,
+                      "Without a config: the heuristic for calls of this many rows");
   compile->add_option("-o,--output", options.output, "Output file (default: stdout)");
 
   const kiln::cli::Runner prewarm = kiln::cli::add_prewarm_command(app);

@@ -48,7 +48,8 @@ py::dict device_dict(const jit::DeviceInfo& info) {
 py::dict compile_one(const std::string& op, const std::string& dtype, std::int64_t hidden,
                      const std::string& arch, bool weight, const std::string& format,
                      std::uint32_t align, const py::object& config,
-                     std::optional<std::uint32_t> flags) {
+                     std::optional<std::uint32_t> flags, std::optional<std::int64_t> rows,
+                     std::int64_t aux) {
   if (format != "ptx" && format != "cubin") {
     throw ArgumentError("compile", "format", "ptx or cubin", "'" + format + "'");
   }
@@ -59,6 +60,8 @@ py::dict compile_one(const std::string& op, const std::string& dtype, std::int64
   spec.weight = weight;
   spec.flags = flags;
   spec.align = align;
+  spec.rows = rows;
+  spec.aux = aux;
   spec.sm = jit::parse_arch(arch);
   spec.format = format == "ptx" ? jit::BinaryFormat::ptx : jit::BinaryFormat::cubin;
   if (!config.is_none()) {
@@ -221,7 +224,8 @@ PYBIND11_MODULE(_C, m) {
         [](int ordinal) { return device_dict(kiln::jit::Runtime::get().device(ordinal)); });
   m.def("compile", &compile_one, py::arg("op"), py::arg("dtype"), py::arg("hidden"),
         py::arg("arch"), py::arg("weight") = true, py::arg("format") = "ptx", py::arg("align") = 16,
-        py::arg("config") = py::none(), py::arg("flags") = py::none());
+        py::arg("config") = py::none(), py::arg("flags") = py::none(), py::arg("rows") = py::none(),
+        py::arg("aux") = 0);
   m.def("settings", &settings_dict);
   m.def("set_settings", &set_settings, py::arg("cache_dir") = py::none(),
         py::arg("cache_mode") = py::none(), py::arg("tune_mode") = py::none(),

@@ -18,15 +18,18 @@ FIRST_CALLS = """
 import json, torch, kiln
 worst = 0.0
 for dtype, hidden in ((torch.bfloat16, 4096), (torch.float16, 2000)):
-    x = torch.randn(37, hidden, device="cuda", dtype=dtype)
-    w = torch.randn(hidden, device="cuda", dtype=dtype)
-    y = kiln.rms_norm(x, w, 1e-6)
-    x64, w64 = x.double(), w.double()
-    ref = x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + 1e-6) * w64
-    worst = max(worst, ((y.double() - ref).abs() / (ref.abs() + 1)).max().item())
+    # 37 rows: fewer than the SMs, served the record's range for them; 1000: its winner.
+    for rows in (37, 1000):
+        x = torch.randn(rows, hidden, device="cuda", dtype=dtype)
+        w = torch.randn(hidden, device="cuda", dtype=dtype)
+        y = kiln.rms_norm(x, w, 1e-6)
+        x64, w64 = x.double(), w.double()
+        ref = x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + 1e-6) * w64
+        worst = max(worst, ((y.double() - ref).abs() / (ref.abs() + 1)).max().item())
 torch.cuda.synchronize()
 s = kiln.stats()
-print(json.dumps({**s, "worst": worst}))
+kernels = kiln._C.loaded_kernels()
+print(json.dumps({**s, "worst": worst, "kernels": kernels}))
 """
 
 
@@ -37,7 +40,9 @@ def test_cache_prewarmed_without_gpu_serves_first_gpu_call_with_zero_compiles(tm
     cache = tmp_path / "cache"
     code, warmed, err = run_kiln(PREWARM.format(arch=arch), cache, {"CUDA_VISIBLE_DEVICES": ""})
     assert code == 0, err
-    assert warmed["compiled"] == 8 and warmed["failed"] == 0, warmed
+    # 2 dtypes x 2 sizes x with and without weight, each its heuristic and its config for
+    # calls of at most one row per SM
+    assert warmed["compiled"] == 16 and warmed["failed"] == 0, warmed
 
     manifest = tmp_path / "recorded.jsonl"
     code, stats, err = run_kiln(FIRST_CALLS, cache, {"KILN_CACHE": mode, "KILN_TUNE": "fast",
@@ -46,8 +51,19 @@ def test_cache_prewarmed_without_gpu_serves_first_gpu_call_with_zero_compiles(tm
     print(f"first GPU calls from a cache prewarmed with no GPU ({mode}): {stats}")
     assert stats["nvrtc_compiles"] == 0 and stats["compiles"] == 0
     assert stats["tunes"] == 0
-    assert stats["binary_hits"] == 2
+    assert stats["binary_hits"] == 4
     assert stats["worst"] < 2e-2
+    assert len(stats["kernels"]) == 4
+    for kernel in stats["kernels"]:
+        assert kernel["from_prewarm"] and kernel["heuristic_only"], kernel
+        _, dtype, hidden, flags, align = kernel["problem"].split(".")  # rms_norm.bf16.h4096.f1.a16
+        expected = kiln.compile("rms_norm", dtype, int(hidden[1:]), arch=arch, flags=int(flags[1:]),
+                                align=int(align[1:]), rows=kernel["rows_bucket"])["config"]
+        assert kernel["config"] == expected, kernel
+    for problem in {k["problem"] for k in stats["kernels"]}:
+        by_bucket = {k["rows_bucket"]: k["config"] for k in stats["kernels"]
+                     if k["problem"] == problem}
+        assert by_bucket[64] != by_bucket[1024], by_bucket
     records = [json.loads(line) for line in manifest.read_text().splitlines()]
     assert {(r["dtype"], r["hidden"], r["arch"]) for r in records} == {
         ("bf16", 4096, arch), ("fp16", 2000, arch)}
@@ -89,3 +105,29 @@ def test_prewarm_tune_stores_what_the_first_call_uses(tmp_path):
     assert stats["tunes"] == 0 and stats["compiles"] == 0
     assert stats["tuning_hits"] == 1
     assert stats["worst"] < 2e-2
+
+
+TUNING_OFF_CALLS = """
+import json, torch, kiln
+w = torch.randn(5120, device="cuda", dtype=torch.bfloat16)
+for rows in (1, 128, 4096):
+    kiln.rms_norm(torch.randn(rows, 5120, device="cuda", dtype=torch.bfloat16), w, 1e-6)
+torch.cuda.synchronize()
+print(json.dumps({"kernels": kiln._C.loaded_kernels(), "tunes": kiln.stats()["tunes"]}))
+"""
+
+
+@pytest.mark.gpu
+def test_tuning_off_serves_the_heuristic_for_the_calls_rows(tmp_path):
+    """KILN_TUNE=off: calls of at most one row per SM get the norms' latency config, larger
+    calls the heuristic for any row count, as `kiln compile --rows` names them."""
+    arch = kiln.device_info(0)["arch"]
+    code, result, err = run_kiln(TUNING_OFF_CALLS, tmp_path / "cache", {"KILN_TUNE": "off"})
+    assert code == 0, err
+    assert result["tunes"] == 0
+    configs = {k["rows_bucket"]: k["config"] for k in result["kernels"]}
+    assert sorted(configs) == [1, 128, 4096]
+    for bucket, config in configs.items():
+        assert config == kiln.compile("rms_norm", "bf16", 5120, arch=arch, rows=bucket)["config"]
+    assert configs[1] == configs[128] != configs[4096]
+    assert configs[4096] == kiln.compile("rms_norm", "bf16", 5120, arch=arch)["config"]

@@ -24,15 +24,18 @@ def device_info(device: int = 0) -> dict:
 
 def compile(op: str = "rms_norm", dtype: str = "bf16", hidden: int = 4096, arch: str = "sm_90",
             weight: bool = True, format: str = "ptx", align: int = 16,
-            config: Optional[dict] = None, flags: Optional[int] = None) -> dict:
+            config: Optional[dict] = None, flags: Optional[int] = None,
+            rows: Optional[int] = None, aux: int = 0) -> dict:
     """Compile one specialisation with NVRTC (no GPU needed), through the disk cache.
 
     Returns a dict with the binary (PTX text or cubin bytes), its cache key, the kernel's
     name expression and lowered name, the config used (the family's heuristic unless
     ``config`` gives vec_bytes, threads_per_row and cta_threads, plus the family's extra
-    tunables), and the compile time. ``flags`` sets the problem's family bits (see the
-    family's header); without it, ``weight`` gives rms_norm's."""
-    return _C.compile(op, dtype, hidden, arch, weight, format, align, config, flags)
+    tunables; with ``rows``, the heuristic for calls of that many rows, as ``KILN_TUNE=off``
+    serves them), and the compile time. ``flags`` sets the problem's family bits (see the
+    family's header); without it, ``weight`` gives rms_norm's. ``aux``: the problem's second
+    size where its family has one (RoPE's rotary dim)."""
+    return _C.compile(op, dtype, hidden, arch, weight, format, align, config, flags, rows, aux)
 
 
 def settings() -> dict:

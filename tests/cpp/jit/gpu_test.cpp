@@ -405,6 +405,17 @@ TEST_CASE("GPU: in a graph capture a kernel comes from the store, untuned, never
   CHECK(runtime.stats().compiles == stored.compiles);
   TuningDb db(dir.path(), CacheMode::rw);
   CHECK_FALSE(db.load(runtime.device(0).fingerprint(), problem.key(), 64));
+
+  // 64 rows are under one row per SM: with the bucket's own heuristic stored too, that one.
+  const Config for_rows = fam.heuristic_for_rows(problem, runtime.device(0).traits(), rows);
+  REQUIRE_FALSE(for_rows == heuristic);
+  REQUIRE(
+      jit::compile({&fam, problem, for_rows, runtime.device(0).sm(), BinaryFormat::cubin}, &store));
+  runtime.forget_kernels();
+  const RuntimeStats both = runtime.stats();
+  REQUIRE_MESSAGE(capture(kernel).empty(), "capture with both binaries stored failed");
+  CHECK(kernel->config == for_rows);
+  CHECK(runtime.stats().compiles == both.compiles);
 }
 
 }  // namespace kiln::jit

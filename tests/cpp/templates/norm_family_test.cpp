@@ -156,6 +156,45 @@ TEST_CASE("the row forms the fast search tries at diagonal neighbours are flags 
   CHECK(family(Op::swiglu).row_forms().empty());
 }
 
+TEST_CASE("calls of at most one row per SM get the latency config; more rows the heuristic") {
+  const DeviceTraits h200 = DeviceTraits::for_arch(90);
+  for (Op op : {Op::rms_norm, Op::fused_add_rms_norm, Op::layer_norm, Op::adaln, Op::gated_adaln}) {
+    const NormFamily& fam = norm_family(op);
+    for (std::int64_t hidden : {1536, 2048, 4096, 5120, 8192, 14848}) {
+      CAPTURE(op_name(op));
+      CAPTURE(hidden);
+      const Problem problem{op, DType::bf16, hidden, 0, 16};
+      const Config row_blind = fam.heuristic(problem, h200);
+      // Unknown rows and more rows than SMs: the row-blind heuristic.
+      CHECK(fam.heuristic_for_rows(problem, h200, 0) == row_blind);
+      CHECK(fam.heuristic_for_rows(problem, h200, 256) == row_blind);
+      CHECK(fam.heuristic_for_rows(problem, h200, 4096) == row_blind);
+      // One row a CTA, split finer: a thread holds at most 16 of the row's elements (8 for
+      // gated_adaln's five operands, where a split of 1024 threads gets there), where the
+      // heuristic's hold up to 32 and share a CTA between rows. The H200 full tunes' best at 1 and
+      // 128 rows are of this shape (bench/results/tuning-2026-11-30-NVIDIA_H200-*rows-*).
+      const Config latency = fam.heuristic_for_rows(problem, h200, 128);
+      CHECK(fam.heuristic_for_rows(problem, h200, 1) == latency);
+      CHECK(latency.cta_threads == latency.threads_per_row);
+      CHECK(latency.threads_per_row > row_blind.threads_per_row);
+      const std::int64_t held = NormFamily::elements_per_thread(problem, latency);
+      // (14848 is 1856 vectors: no split of at most 1024 threads gives one each)
+      CHECK(held <= (op == Op::gated_adaln && hidden <= 8192 ? 8 : 16));
+      CHECK(fam.invalid_reason(problem, latency, h200).empty());
+    }
+  }
+  // The row count is against the device's SMs: 128 rows on an A100's 108 are more than one
+  // wave of single rows.
+  const DeviceTraits a100 = DeviceTraits::for_arch(80);
+  const Problem llama{Op::rms_norm, DType::bf16, 4096, kNormWeight, 16};
+  CHECK(family(Op::rms_norm).heuristic_for_rows(llama, a100, 128) ==
+        family(Op::rms_norm).heuristic(llama, a100));
+  CHECK(family(Op::rms_norm).heuristic_for_rows(llama, a100, 64).threads_per_row == 256);
+  // Widths whose vectors a power of two does not split evenly take the whole-warp split.
+  const Problem wan{Op::adaln, DType::bf16, 5120, 0, 16};
+  CHECK(family(Op::adaln).heuristic_for_rows(wan, h200, 1).key() == "v16.t320.c320");
+}
+
 TEST_CASE("invalid configs say why") {
   const DeviceTraits traits = DeviceTraits::for_arch(90);
   const Family& fam = family(Op::layer_norm);

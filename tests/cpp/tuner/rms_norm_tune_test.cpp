@@ -45,8 +45,9 @@ TEST_CASE("rms_norm: fast candidates are few, unique, the search start first, wi
           REQUIRE(!chosen.empty());
           CHECK(chosen.size() <= 8);
           CHECK(chosen.front() ==
-                (rows > 0 ? family.search_start(problem, device, row_bucket(family, problem, rows))
-                          : family.heuristic(problem, device)));
+                (rows > 0
+                     ? family.heuristic_for_rows(problem, device, row_bucket(family, problem, rows))
+                     : family.heuristic(problem, device)));
           std::set<std::string> keys;
           for (const Config& config : chosen) {
             CHECK(keys.insert(config.key()).second);

@@ -1,0 +1,109 @@
+// A prewarm record's row ranges: which buckets get a config of their own, which config a
+// call of a bucket is served, and what an import accepts. No GPU, no NVRTC.
+#include <doctest/doctest.h>
+
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "jit/prewarm.h"
+#include "jit/tuning_bundle.h"
+#include "jit_test_support.h"
+#include "templates/norm_family.h"
+#include "templates/rms_norm_family.h"
+
+namespace kiln::jit {
+namespace {
+
+using nlohmann::json;
+
+const Problem kLlamaNorm{Op::rms_norm, DType::bf16, 4096, kRmsNormHasWeight, 16};
+
+// The record `kiln prewarm` writes for `problem`, less its binary keys and versions.
+json record_for(const Problem& problem, int sm) {
+  const Family& fam = family(problem.op);
+  const DeviceTraits traits = DeviceTraits::for_arch(sm);
+  json record = {{"source", "prewarm"},
+                 {"problem", problem},
+                 {"arch", "sm_" + std::to_string(sm)},
+                 {"winner", fam.heuristic(problem, traits)}};
+  for (const auto& [up_to_rows, config] : prewarm_row_configs(fam, problem, traits)) {
+    record["by_rows"].push_back({{"up_to_rows", up_to_rows}, {"winner", config}});
+  }
+  return record;
+}
+
+}  // namespace
+
+TEST_CASE("prewarm ranges: the norms' latency config up to one row per SM of the arch") {
+  const Family& fam = family(Op::rms_norm);
+  for (const auto& [sm, last_bucket] : {std::pair{90, 128}, {80, 64}, {75, 32}}) {
+    CAPTURE(sm);
+    const DeviceTraits traits = DeviceTraits::for_arch(sm);
+    const auto ranges = prewarm_row_configs(fam, kLlamaNorm, traits);
+    REQUIRE(ranges.size() == 1);
+    CHECK(ranges.front().first == last_bucket);
+    CHECK(ranges.front().second == fam.heuristic_for_rows(kLlamaNorm, traits, 1));
+    CHECK_FALSE(ranges.front().second == fam.heuristic(kLlamaNorm, traits));
+  }
+  // A family whose heuristic does not depend on rows has no ranges.
+  const Problem swiglu{Op::swiglu, DType::bf16, 14336, 0, 16};
+  CHECK(prewarm_row_configs(family(Op::swiglu), swiglu, DeviceTraits::for_arch(90)).empty());
+}
+
+TEST_CASE("prewarm record: a call's bucket picks its range, past the ranges the winner") {
+  const Family& fam = family(Op::rms_norm);
+  const DeviceTraits h200 = DeviceTraits::for_arch(90);
+  const json record = record_for(kLlamaNorm, 90);
+  std::string why;
+  for (std::int64_t bucket : {1, 2, 64, 128}) {
+    CAPTURE(bucket);
+    CHECK(usable_prewarm_config(record, fam, kLlamaNorm, h200, bucket, why) ==
+          fam.heuristic_for_rows(kLlamaNorm, h200, bucket));
+  }
+  for (std::int64_t bucket : {256, 4096, 65536}) {
+    CAPTURE(bucket);
+    CHECK(usable_prewarm_config(record, fam, kLlamaNorm, h200, bucket, why) ==
+          fam.heuristic(kLlamaNorm, h200));
+  }
+  // A record written before ranges existed serves its winner at every bucket.
+  json old = record;
+  old.erase("by_rows");
+  CHECK(usable_prewarm_config(old, fam, kLlamaNorm, h200, 1, why) ==
+        fam.heuristic(kLlamaNorm, h200));
+}
+
+TEST_CASE("prewarm record: a range that is unreadable or no longer valid is not used") {
+  const Family& fam = family(Op::rms_norm);
+  const DeviceTraits h200 = DeviceTraits::for_arch(90);
+  json record = record_for(kLlamaNorm, 90);
+  std::string why;
+  json torn = record;
+  torn["by_rows"][0].erase("up_to_rows");
+  CHECK_FALSE(usable_prewarm_config(torn, fam, kLlamaNorm, h200, 1, why));
+  CHECK(test::contains(why, "unreadable by_rows"));
+  json invalid = record;
+  invalid["by_rows"][0]["winner"]["threads_per_row"] = 3;
+  CHECK_FALSE(usable_prewarm_config(invalid, fam, kLlamaNorm, h200, 1, why));
+  CHECK(test::contains(why, "no longer valid"));
+  // The range's config is not the winner's: past the range the winner still serves.
+  CHECK(usable_prewarm_config(invalid, fam, kLlamaNorm, h200, 1024, why) ==
+        fam.heuristic(kLlamaNorm, h200));
+}
+
+TEST_CASE("prewarm record: an import checks the ranges") {
+  json entry = {{"device", "prewarm-sm_90"},
+                {"problem", kLlamaNorm.key()},
+                {"bucket", kPrewarmBucket},
+                {"document", record_for(kLlamaNorm, 90)}};
+  CHECK(invalid_entry_reason(entry) == "");
+  json repeated = entry;
+  repeated["document"]["by_rows"].push_back(repeated["document"]["by_rows"][0]);
+  CHECK(
+      test::contains(invalid_entry_reason(repeated), "by_rows: expected ranges of rows ascending"));
+  json torn = entry;
+  torn["document"]["by_rows"][0].erase("winner");
+  CHECK(invalid_entry_reason(torn) != "");
+}
+
+}  // namespace kiln::jit
