@@ -128,11 +128,18 @@ def results_by_key(report, rows_list):
 
 def row_blind_heuristic(kiln, problem):
     """The family's heuristic for calls of any row count (what a prewarm record serves past its
-    row ranges, and every bucket before those ranges existed), as `kiln compile` gives it."""
-    arch = kiln.device_info(0)["arch"]
-    return kiln.compile(problem["op"], problem["dtype"], problem["hidden"], arch=arch,
-                        flags=problem["flags"], align=problem["align"], aux=problem.get("aux", 0),
-                        format="ptx")["config"]
+    row ranges, and every bucket before those ranges existed), as `kiln compile` gives it for
+    this GPU. Its PTX goes to a scratch cache, not to one of the caches being timed."""
+    settings = kiln.settings()
+    scratch = tempfile.mkdtemp(prefix="kiln-tune-scratch-")
+    kiln.configure(cache_dir=scratch)
+    try:
+        return kiln.compile(problem["op"], problem["dtype"], problem["hidden"], arch="native",
+                            flags=problem["flags"], align=problem["align"],
+                            aux=problem.get("aux", 0), format="ptx")["config"]
+    finally:
+        kiln.configure(cache_dir=settings["cache_dir"])
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def pinned_copy(kiln, full_cache, result, config_key):
@@ -226,9 +233,12 @@ def main():
             fast_in_full = candidate_us(f, q["winner"])
             caches = {"heuristic": heuristic_cache, "fast": fast_cache, "full": full_cache}
             row_blind = row_blind_heuristic(kiln, f["problem"])
-            if row_blind != f["heuristic"]:
+            # Pinned only where the full tune measured it (a candidate that failed is refused).
+            if row_blind != f["heuristic"] and candidate_us(f, row_blind) is not None:
                 caches["row_blind"] = pinned_copy(kiln, full_cache, f, row_blind)
             timed = time_configs(kiln, caches, op, rows, args.hidden)
+            if "row_blind" in caches:
+                shutil.rmtree(caches["row_blind"], ignore_errors=True)
             rows_out.append({
                 "op": op, "rows": rows, "bucket": bucket,
                 "full": {"winner": f["winner"], "candidates": len(f["candidates"]),

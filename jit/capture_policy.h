@@ -8,8 +8,10 @@
 // replay.
 //
 //   heuristic (default)  the kernel comes from the binary store: the tuned config's binary
-//                        (tuning result, else prewarm record), else the family heuristic
-//                        config's; no binary in the store is an error naming the op and fix.
+//                        (tuning result, else prewarm record), else the family's heuristic
+//                        for the call's row bucket, else its row-blind heuristic (what older
+//                        prewarms left); no binary in the store is an error naming the op and
+//                        fix.
 //   error                a kernel not already loaded by this process is an error: a capture
 //                        uses exactly the kernels a warm-up chose, never a fallback.
 #pragma once

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cache/error.h"
+#include "cache/log.h"
 #include "cache/tuning_db.h"
 #include "jit/compiler.h"
 #include "jit/nvrtc.h"
@@ -54,20 +55,23 @@ void store_prewarm_record(TuningDb& db, const PrewarmTarget& target,
   db.store(device, problem_key, kPrewarmBucket, document);
 }
 
-struct BinaryCounts {
+struct TargetOutcome {
   std::size_t compiled = 0;
   std::size_t reused = 0;
+  // A row range whose config did not compile: left out of the record, whose other configs
+  // still serve (its buckets take the next range's config, or the winner).
+  std::vector<std::string> range_failures;
 };
 
 // Compiles the target's heuristic config, and its heuristic for the row buckets where that
 // differs, each binary once, and writes the record naming them.
-BinaryCounts prewarm_target(const PrewarmTarget& target, BinaryStore& store, TuningDb& db) {
+TargetOutcome prewarm_target(const PrewarmTarget& target, BinaryStore& store, TuningDb& db) {
   const Family& fam = family(target.problem.op);
   fam.check(target.problem);
   if (target.sm < 75) {
     throw ArgumentError("prewarm", "arch", "sm_75 or newer", "sm_" + std::to_string(target.sm));
   }
-  BinaryCounts counts;
+  TargetOutcome counts;
   std::deque<std::pair<Config, CompiledKernel>> binaries;  // row ranges may share a config
   const auto compiled_for = [&](const Config& config) -> const CompiledKernel& {
     for (const auto& [done, kernel] : binaries) {
@@ -96,8 +100,15 @@ BinaryCounts prewarm_target(const PrewarmTarget& target, BinaryStore& store, Tun
       {"versions", {{"kiln", KILN_VERSION}, {"nvrtc", nvrtc().version_string()}}},
   };
   for (const auto& [up_to_rows, config] : prewarm_row_configs(fam, target.problem, traits)) {
-    document["by_rows"].push_back(
-        {{"up_to_rows", up_to_rows}, {"winner", config}, {"binary_key", compiled_for(config).key}});
+    try {
+      document["by_rows"].push_back({{"up_to_rows", up_to_rows},
+                                     {"winner", config},
+                                     {"binary_key", compiled_for(config).key}});
+    } catch (const Error& error) {
+      counts.range_failures.push_back(
+          describe(target) + ": its config for rows <= " + std::to_string(up_to_rows) + ", " +
+          config.key() + " (left out of its record): " + error.message());
+    }
   }
   store_prewarm_record(db, target, document);
   return counts;
@@ -129,28 +140,40 @@ std::vector<std::pair<std::int64_t, Config>> prewarm_row_configs(const Family& f
 std::optional<Config> usable_prewarm_config(const nlohmann::json& record, const Family& family,
                                             const Problem& problem, const DeviceTraits& device,
                                             std::int64_t bucket, std::string& why) {
-  std::optional<Config> for_rows;
+  Config winner;
+  std::optional<Config> for_rows;  // the record's range for the bucket
+  std::vector<Config> compiled;    // every config the record names a binary for
   try {
+    winner = record.at("winner").get<Config>();
+    compiled.push_back(winner);
     for (const auto& range : record.value("by_rows", nlohmann::json::array())) {
-      if (bucket <= range.at("up_to_rows").get<std::int64_t>()) {
-        for_rows = range.at("winner").get<Config>();
-        break;
+      compiled.push_back(range.at("winner").get<Config>());
+      if (!for_rows && bucket <= range.at("up_to_rows").get<std::int64_t>()) {
+        for_rows = compiled.back();
       }
     }
   } catch (const std::exception& error) {
-    why = std::string("unreadable by_rows: ") + error.what();
+    why = std::string("unreadable record: ") + error.what();
     return std::nullopt;
   }
-  if (!for_rows) {
-    return usable_winner(record, family, problem, device, why);
+  // The ranges were drawn with the arch's typical SM count (DeviceTraits::for_arch); a GPU of
+  // the arch with another count draws the line elsewhere, and gets its own heuristic for the
+  // bucket wherever the record compiled it.
+  const Config own = family.heuristic_for_rows(problem, device, bucket);
+  if (std::find(compiled.begin(), compiled.end(), own) != compiled.end() &&
+      family.invalid_reason(problem, own, device).empty()) {
+    return own;
   }
-  why = family.invalid_reason(problem, *for_rows, device);
-  if (!why.empty()) {
-    why = "its config for rows <= " + std::to_string(bucket) + ", " + for_rows->key() +
-          ", is no longer valid: " + why;
-    return std::nullopt;
+  if (for_rows) {
+    const std::string invalid = family.invalid_reason(problem, *for_rows, device);
+    if (invalid.empty()) {
+      return for_rows;
+    }
+    log::info("kiln: prewarm record for " + problem.key() +
+              ": its config for rows <= " + std::to_string(bucket) + ", " + for_rows->key() +
+              ", is no longer valid (" + invalid + "); trying its winner");
   }
-  return for_rows;
+  return usable_winner(record, family, problem, device, why);
 }
 
 std::string prewarm_device(int sm) {
@@ -264,7 +287,7 @@ PrewarmSummary prewarm(const std::vector<PrewarmTarget>& targets, BinaryStore& s
     for (std::size_t i = next++; i < targets.size(); i = next++) {
       const PrewarmTarget& target = targets[i];
       std::string failure;
-      BinaryCounts counts;
+      TargetOutcome counts;
       try {
         counts = prewarm_target(target, store, db);
       } catch (const Error& error) {
@@ -273,12 +296,16 @@ PrewarmSummary prewarm(const std::vector<PrewarmTarget>& targets, BinaryStore& s
         failure = describe(target) + ": " + error.what();
       }
       std::lock_guard lock(mutex);
-      if (!failure.empty()) {
+      summary.compiled += counts.compiled;
+      summary.reused += counts.reused;
+      if (!failure.empty() || !counts.range_failures.empty()) {
         ++summary.failed;
+      }
+      if (!failure.empty()) {
         summary.failures.push_back(std::move(failure));
-      } else {
-        summary.compiled += counts.compiled;
-        summary.reused += counts.reused;
+      }
+      for (std::string& range : counts.range_failures) {
+        summary.failures.push_back(std::move(range));
       }
       ++done;
       if (options.progress) {

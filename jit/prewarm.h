@@ -54,9 +54,11 @@ std::vector<std::pair<std::int64_t, Config>> prewarm_row_configs(const Family& f
                                                                  const Problem& problem,
                                                                  const DeviceTraits& device);
 
-// The config a prewarm record gives calls of row bucket `bucket` (its "by_rows" range for the
-// bucket, else its "winner"), when readable and still valid for the problem on the device;
-// nullopt otherwise, with `why` saying what was wrong.
+// The config a prewarm record gives calls of row bucket `bucket` on `device`: the family's
+// heuristic for the bucket on the device where the record names its binary, else the record's
+// "by_rows" range for the bucket, else its "winner"; each only when still valid for the
+// problem on the device. nullopt when none is (or the record is unreadable), with `why`
+// saying what was wrong.
 std::optional<Config> usable_prewarm_config(const nlohmann::json& record, const Family& family,
                                             const Problem& problem, const DeviceTraits& device,
                                             std::int64_t bucket, std::string& why);
@@ -87,7 +89,7 @@ struct PrewarmSummary {
   // Binaries (a target has one per distinct config its records name).
   std::size_t compiled = 0;
   std::size_t reused = 0;  // the binary was already in the store
-  std::size_t failed = 0;  // targets
+  std::size_t failed = 0;  // targets with a config that did not compile
   double seconds = 0;
   std::vector<std::string> failures;  // one line each: the specialisation and why
 };

@@ -227,14 +227,24 @@ struct Runtime::Impl {
       }
     }
     Config heuristic = family.heuristic_for_rows(key.problem, traits, key.bucket);
-    if (settings.tune_mode == TuneMode::off) {
-      return fallback(heuristic);
-    }
     if (settings.cache_mode == CacheMode::strict) {
-      // A strict fleet never compiles; its prewarmed heuristic binary is what it has.
+      // A strict fleet never compiles (nor tunes): the bucket's heuristic where its binary is
+      // stored, else the row-blind heuristic's (what older prewarms and `kiln compile` without
+      // rows left).
+      const Config row_blind = family.heuristic(key.problem, traits);
+      const auto stored = [&](const Config& config) {
+        return find_stored({&family, key.problem, config, info.sm(), BinaryFormat::cubin}, store)
+            .has_value();
+      };
+      if (!(row_blind == heuristic) && !stored(heuristic) && stored(row_blind)) {
+        heuristic = row_blind;
+      }
       log::info("kiln: KILN_CACHE=strict and no tuning result for " + where(key) +
                 ": using the heuristic config " + heuristic.key());
       return heuristic;
+    }
+    if (settings.tune_mode == TuneMode::off) {
+      return fallback(heuristic);
     }
     // Never tune inside a capture (jit/capture_policy.h).
     if (capturing) {
@@ -318,7 +328,9 @@ struct Runtime::Impl {
     }
     std::string tried = chosen.key();
     for (std::size_t i = 1; i < candidates.size(); ++i) {
-      tried += ", heuristic " + candidates[i].key();
+      tried += (candidates[i] == heuristic ? ", heuristic for rows<=" + std::to_string(key.bucket)
+                                           : std::string(", row-blind heuristic")) +
+               " " + candidates[i].key();
     }
     throw Error(
         capture_miss_message(key.problem, key.bucket, key.device,

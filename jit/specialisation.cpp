@@ -53,7 +53,11 @@ CompileRequest make_compile_request(const SpecialisationSpec& spec) {
   if (spec.rows && *spec.rows < 1) {
     throw ArgumentError("compile", "rows", "at least 1", std::to_string(*spec.rows));
   }
-  const DeviceTraits traits = DeviceTraits::for_arch(spec.sm);
+  if (spec.rows && spec.config) {
+    throw ArgumentError("compile", "rows", "no row count with a config (rows pick a heuristic)",
+                        std::to_string(*spec.rows));
+  }
+  const DeviceTraits traits = spec.traits.value_or(DeviceTraits::for_arch(spec.sm));
   if (spec.config) {
     const std::string why = request.family->invalid_reason(request.problem, *spec.config, traits);
     if (!why.empty()) {

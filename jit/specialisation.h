@@ -26,8 +26,11 @@ struct SpecialisationSpec {
   BinaryFormat format = BinaryFormat::cubin;
   std::optional<Config> config;  // the family's heuristic for the arch when absent
   // The row bucket that heuristic is for (Family::heuristic_for_rows); its row-blind one when
-  // absent.
+  // absent. Not with `config`.
   std::optional<std::int64_t> rows;
+  // The target GPU's own traits (its SM count draws the heuristic's row lines); the arch's
+  // typical ones (DeviceTraits::for_arch) when absent.
+  std::optional<DeviceTraits> traits;
 };
 
 // Validates every field (ArgumentError naming the field otherwise) and fills a request.

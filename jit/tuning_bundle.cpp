@@ -51,9 +51,14 @@ std::string prewarm_reason(const json& document, const std::string& device,
                            const std::string& problem, std::int64_t bucket) {
   const auto stored_problem = document.at("problem").get<Problem>();
   document.at("winner").get<Config>();
+  const json by_rows = document.value("by_rows", json::array());
+  if (!by_rows.is_array()) {
+    return "by_rows: expected an array of row ranges, got " + std::string(by_rows.type_name());
+  }
   std::int64_t last = 0;
-  for (const auto& range : document.value("by_rows", json::array())) {
+  for (const auto& range : by_rows) {
     range.at("winner").get<Config>();
+    range.at("binary_key").get<std::string>();
     const auto up_to = range.at("up_to_rows").get<std::int64_t>();
     if (up_to <= last) {
       return "by_rows: expected ranges of rows ascending from 1, got up_to_rows " +

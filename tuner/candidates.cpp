@@ -21,43 +21,40 @@ std::vector<Config> distinct_in_order(const std::vector<Config>& configs) {
   return distinct;
 }
 
-// The family's heuristic for the rows' bucket (its row-blind one when rows are unknown).
-Config search_start(const Family& family, const Problem& problem, const DeviceTraits& device,
-                    std::int64_t rows, const std::vector<Config>& space) {
-  Config start = rows > 0
-                     ? family.heuristic_for_rows(problem, device, row_bucket(family, problem, rows))
-                     : family.heuristic(problem, device);
-  if (std::find(space.begin(), space.end(), start) == space.end()) {
-    throw Error("kiln." + std::string(family.name()) + " tuner: the search start " + start.key() +
-                " for " + problem.key() + " is not in the family's space (of " +
+// The reference config, checked to be one of the family's own: every tuned candidate is
+// checked against its output, a tune that fails falls back to it, and a fast search starts
+// from it.
+Config checked_reference(const Family& family, const Problem& problem, const DeviceTraits& device,
+                         std::int64_t rows, const std::vector<Config>& space) {
+  Config reference = reference_config(family, problem, device, rows);
+  if (std::find(space.begin(), space.end(), reference) == space.end()) {
+    throw Error("kiln." + std::string(family.name()) + " tuner: the heuristic config " +
+                reference.key() + " for " + problem.key() + " is not in the family's space (of " +
                 std::to_string(space.size()) + " configs)");
   }
-  return start;
+  return reference;
 }
 
 }  // namespace
 
+Config reference_config(const Family& family, const Problem& problem, const DeviceTraits& device,
+                        std::int64_t rows) {
+  return rows > 0 ? family.heuristic_for_rows(problem, device, row_bucket(family, problem, rows))
+                  : family.heuristic(problem, device);
+}
+
 std::vector<Config> candidates(const Family& family, const Problem& problem,
                                const DeviceTraits& device, TuneMode mode, std::size_t fast_budget,
                                std::int64_t rows) {
-  Config heuristic = family.heuristic(problem, device);
   if (mode == TuneMode::off) {
-    return {heuristic};
+    return {reference_config(family, problem, device, rows)};
   }
-
   std::vector<Config> space = distinct_in_order(family.space(problem, device));
-  // Every tuned candidate is checked against the heuristic's output, and a tune that fails
-  // falls back to it, so it has to be a config the family itself calls valid.
-  if (std::find(space.begin(), space.end(), heuristic) == space.end()) {
-    throw Error("kiln." + std::string(family.name()) + " tuner: the heuristic config " +
-                heuristic.key() + " for " + problem.key() + " is not in the family's space (of " +
-                std::to_string(space.size()) + " configs)");
-  }
+  const Config start = checked_reference(family, problem, device, rows, space);
   if (mode == TuneMode::full) {
     return space;
   }
 
-  const Config start = search_start(family, problem, device, rows, space);
   std::vector<Config> pool = prune_static(family, problem, device, rows, space, start);
   std::vector<Config> ordered = order_around(start, pool);
   // The start is always measured, so a budget of 0 still means one candidate.
@@ -70,7 +67,7 @@ std::vector<Config> refinement_candidates(const Family& family, const Problem& p
                                           const Config& best, const std::vector<Config>& measured,
                                           std::size_t budget) {
   const std::vector<Config> space = distinct_in_order(family.space(problem, device));
-  const Config start = search_start(family, problem, device, rows, space);
+  const Config start = checked_reference(family, problem, device, rows, space);
   const std::vector<Config> pool = prune_static(family, problem, device, rows, space, start);
   std::vector<Config> ordered = refine_around(best, pool, measured, family.row_forms());
   ordered.resize(std::min(ordered.size(), budget));

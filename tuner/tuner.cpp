@@ -113,9 +113,7 @@ TuneResult tune(const Family& family, const Problem& problem, std::int64_t rows,
   result.problem = problem;
   result.bucket_rows = row_bucket(family, problem, rows);
   result.mode = mode;
-  // What KILN_TUNE=off serves this bucket: the reference the candidates are checked against.
-  result.heuristic = rows > 0 ? family.heuristic_for_rows(problem, device, result.bucket_rows)
-                              : family.heuristic(problem, device);
+  result.heuristic = reference_config(family, problem, device, rows);
   if (mode == TuneMode::off) {
     result.winner = result.heuristic;
     result.reason = "tuning off: heuristic";

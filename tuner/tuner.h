@@ -65,13 +65,18 @@ struct TuneResult {
 void to_json(nlohmann::json& j, const TuneResult& result);
 void from_json(const nlohmann::json& j, TuneResult& result);
 
-// The candidates a mode measures: `full` is the whole space; `fast` keeps at most
-// `fast_budget` configs, first the family's search start for the rows' bucket
-// (Family::heuristic_for_rows: the heuristic unless the family knows better for that many rows),
-// then configs chosen to span vector widths and thread counts around it. Deterministic.
-// `rows` (fast mode only): the rows being tuned for; its row bucket picks the start and
-// drives the pruning of configs that leave SMs idle (tuner/pruning.h). 0 means unknown: the
-// heuristic, and no such pruning.
+// The heuristic for the bucket of `rows` rows (Family::heuristic_for_rows), or the row-blind
+// one when `rows` is 0: what KILN_TUNE=off serves those rows, the config every tuned
+// candidate is checked against, and where a fast search starts.
+Config reference_config(const Family& family, const Problem& problem, const DeviceTraits& device,
+                        std::int64_t rows);
+
+// The candidates a mode measures: `off` reference_config() alone; `full` the whole space;
+// `fast` at most `fast_budget` configs, first reference_config(), then configs chosen to span
+// vector widths and thread counts around it. Deterministic. `rows`: the rows being tuned for;
+// its row bucket picks the reference and, in fast mode, drives the pruning of configs that
+// leave SMs idle (tuner/pruning.h). 0 means unknown: the row-blind heuristic, and no such
+// pruning.
 std::vector<Config> candidates(const Family& family, const Problem& problem,
                                const DeviceTraits& device, TuneMode mode,
                                std::size_t fast_budget = kFastBudget, std::int64_t rows = 0);

@@ -206,6 +206,12 @@ def test_cli_prewarm_and_cache_commands(tmp_path):
     assert "compiled 32, reused 0" in run("prewarm", "--op", "rms_norm", "--dtype", "bf16,fp16",
                                           "--hidden", "2048", "--arch", "sm_80,sm_90",
                                           "--training", env_cache=tmp_path / "t").stdout
+    # `kiln compile --rows` names the heuristic those rows get, as kiln.compile(rows=) does
+    compiled = run("compile", "--op", "rms_norm", "--hidden", "4096", "--arch", "sm_90",
+                   "--rows", "8", env_cache=tmp_path / "compile")
+    assert compiled.returncode == 0, compiled.stderr
+    expected = kiln.compile("rms_norm", "bf16", 4096, arch="sm_90", rows=8)["config"]
+    assert f"config {expected} " in compiled.stderr + compiled.stdout
     stats = json.loads(run("cache", "stats", "--json").stdout)
     assert stats["compiles"] == 16 and stats["binaries"] == 16
     assert "16 binaries" in run("cache", "ls").stdout

@@ -32,7 +32,8 @@ def compile(op: str = "rms_norm", dtype: str = "bf16", hidden: int = 4096, arch:
     name expression and lowered name, the config used (the family's heuristic unless
     ``config`` gives vec_bytes, threads_per_row and cta_threads, plus the family's extra
     tunables; with ``rows``, the heuristic for calls of that many rows, as ``KILN_TUNE=off``
-    serves them), and the compile time. ``flags`` sets the problem's family bits (see the
+    serves them), and the compile time. ``arch="native"``: the GPU's own arch, and its SM
+    count for the heuristic (otherwise the arch's typical part's). ``flags`` sets the problem's family bits (see the
     family's header); without it, ``weight`` gives rms_norm's. ``aux``: the problem's second
     size where its family has one (RoPE's rotary dim)."""
     return _C.compile(op, dtype, hidden, arch, weight, format, align, config, flags, rows, aux)
@@ -55,8 +56,8 @@ def configure(cache_dir: Optional[str] = None, cache: Optional[str] = None,
 
     ``capture``: what a kernel first needed while a CUDA graph is being captured may use.
     Nothing is ever compiled or tuned inside a capture; ``"heuristic"`` (default) loads the
-    tuned config's binary from the cache, else the heuristic config's, and raises if neither
-    is cached; ``"error"`` raises for any kernel this process has not loaded before the
+    tuned config's binary from the cache, else the heuristic config's for the call's rows, else
+    the heuristic's for any row count, and raises if none is cached; ``"error"`` raises for any kernel this process has not loaded before the
     capture (so a capture uses exactly what :func:`kiln.warmup` readied).
 
     ``pdl``: ``"on"`` (default) launches kiln's kernels with programmatic dependent launch on
@@ -89,8 +90,10 @@ def prewarm(ops: Union[str, Sequence[str]] = (), dtypes: Union[str, Sequence[str
     ``kiln prewarm``): ops x dtypes x hidden sizes x archs, the ops of a Hugging Face
     ``config`` (a config.json path), and/or the specialisations of a ``manifest`` recorded with
     KILN_RECORD. With ``training``, the backward kernels of those ops too (``--training``).
-    Returns the counts (compiled, reused, failed), the time, and notes (ops whose family is
-    not registered are skipped with a note)."""
+    Returns the counts (compiled and reused: binaries, a norm having two, its heuristic and its
+    config for calls of at most one row per SM; failed: specialisations with a config that did
+    not compile), the failures, the time, and notes (ops whose family is not registered are
+    skipped with a note)."""
     hiddens = [hidden] if isinstance(hidden, int) else [int(h) for h in hidden]
     return _C.prewarm(_names(ops), _names(dtypes), hiddens, _names(archs), config, manifest,
                       int(jobs), bool(training))

@@ -406,9 +406,13 @@ TEST_CASE("GPU: in a graph capture a kernel comes from the store, untuned, never
   TuningDb db(dir.path(), CacheMode::rw);
   CHECK_FALSE(db.load(runtime.device(0).fingerprint(), problem.key(), 64));
 
-  // 64 rows are under one row per SM: with the bucket's own heuristic stored too, that one.
+  // 64 rows are at most one row per SM on GPUs of 64 SMs or more: with the bucket's own
+  // heuristic stored too, that one.
   const Config for_rows = fam.heuristic_for_rows(problem, runtime.device(0).traits(), rows);
-  REQUIRE_FALSE(for_rows == heuristic);
+  if (for_rows == heuristic) {
+    REQUIRE(runtime.device(0).sm_count < rows);
+    return;
+  }
   REQUIRE(
       jit::compile({&fam, problem, for_rows, runtime.device(0).sm(), BinaryFormat::cubin}, &store));
   runtime.forget_kernels();

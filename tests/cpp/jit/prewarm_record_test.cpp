@@ -19,7 +19,7 @@ using nlohmann::json;
 
 const Problem kLlamaNorm{Op::rms_norm, DType::bf16, 4096, kRmsNormHasWeight, 16};
 
-// The record `kiln prewarm` writes for `problem`, less its binary keys and versions.
+// The record `kiln prewarm` writes for `problem`, with placeholder binary keys and no versions.
 json record_for(const Problem& problem, int sm) {
   const Family& fam = family(problem.op);
   const DeviceTraits traits = DeviceTraits::for_arch(sm);
@@ -28,7 +28,8 @@ json record_for(const Problem& problem, int sm) {
                  {"arch", "sm_" + std::to_string(sm)},
                  {"winner", fam.heuristic(problem, traits)}};
   for (const auto& [up_to_rows, config] : prewarm_row_configs(fam, problem, traits)) {
-    record["by_rows"].push_back({{"up_to_rows", up_to_rows}, {"winner", config}});
+    record["by_rows"].push_back(
+        {{"up_to_rows", up_to_rows}, {"winner", config}, {"binary_key", "0123456789abcdef"}});
   }
   return record;
 }
@@ -73,7 +74,7 @@ TEST_CASE("prewarm record: a call's bucket picks its range, past the ranges the 
         fam.heuristic(kLlamaNorm, h200));
 }
 
-TEST_CASE("prewarm record: a range that is unreadable or no longer valid is not used") {
+TEST_CASE("prewarm record: an unreadable one is not used; an invalid range gives way") {
   const Family& fam = family(Op::rms_norm);
   const DeviceTraits h200 = DeviceTraits::for_arch(90);
   json record = record_for(kLlamaNorm, 90);
@@ -81,14 +82,33 @@ TEST_CASE("prewarm record: a range that is unreadable or no longer valid is not 
   json torn = record;
   torn["by_rows"][0].erase("up_to_rows");
   CHECK_FALSE(usable_prewarm_config(torn, fam, kLlamaNorm, h200, 1, why));
-  CHECK(test::contains(why, "unreadable by_rows"));
+  CHECK(test::contains(why, "unreadable record"));
+  // A range whose config the family no longer takes: its winner, whose binary is there too.
   json invalid = record;
   invalid["by_rows"][0]["winner"]["threads_per_row"] = 3;
-  CHECK_FALSE(usable_prewarm_config(invalid, fam, kLlamaNorm, h200, 1, why));
-  CHECK(test::contains(why, "no longer valid"));
-  // The range's config is not the winner's: past the range the winner still serves.
-  CHECK(usable_prewarm_config(invalid, fam, kLlamaNorm, h200, 1024, why) ==
+  CHECK(usable_prewarm_config(invalid, fam, kLlamaNorm, h200, 1, why) ==
         fam.heuristic(kLlamaNorm, h200));
+  json none_valid = invalid;
+  none_valid["winner"]["threads_per_row"] = 3;
+  CHECK_FALSE(usable_prewarm_config(none_valid, fam, kLlamaNorm, h200, 1, why));
+  CHECK(test::contains(why, "no longer valid"));
+}
+
+TEST_CASE("prewarm record: a GPU with another SM count gets its own heuristic where compiled") {
+  const Family& fam = family(Op::rms_norm);
+  const json record = record_for(kLlamaNorm, 90);  // ranges drawn for 132 SMs
+  std::string why;
+  DeviceTraits pcie = DeviceTraits::for_arch(90);
+  pcie.sm_count = 114;  // an H100 PCIe: 128 rows are more than one wave of single rows
+  CHECK(usable_prewarm_config(record, fam, kLlamaNorm, pcie, 128, why) ==
+        fam.heuristic(kLlamaNorm, pcie));
+  CHECK(usable_prewarm_config(record, fam, kLlamaNorm, pcie, 64, why) ==
+        fam.heuristic_for_rows(kLlamaNorm, pcie, 64));
+  DeviceTraits larger = DeviceTraits::for_arch(90);
+  larger.sm_count = 300;  // its own heuristic for 256 rows is the latency config, compiled
+  CHECK(usable_prewarm_config(record, fam, kLlamaNorm, larger, 256, why) ==
+        fam.heuristic_for_rows(kLlamaNorm, larger, 256));
+  CHECK_FALSE(fam.heuristic_for_rows(kLlamaNorm, larger, 256) == fam.heuristic(kLlamaNorm, larger));
 }
 
 TEST_CASE("prewarm record: an import checks the ranges") {
@@ -104,6 +124,12 @@ TEST_CASE("prewarm record: an import checks the ranges") {
   json torn = entry;
   torn["document"]["by_rows"][0].erase("winner");
   CHECK(invalid_entry_reason(torn) != "");
+  json keyless = entry;
+  keyless["document"]["by_rows"][0].erase("binary_key");
+  CHECK(invalid_entry_reason(keyless) != "");
+  json not_a_list = entry;
+  not_a_list["document"]["by_rows"] = not_a_list["document"]["by_rows"][0];
+  CHECK(test::contains(invalid_entry_reason(not_a_list), "by_rows: expected an array"));
 }
 
 }  // namespace kiln::jit
