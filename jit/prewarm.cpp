@@ -45,7 +45,8 @@ void store_prewarm_record(TuningDb& db, const PrewarmTarget& target,
                           const nlohmann::json& document) {
   const std::string device = prewarm_device(target.sm);
   const std::string problem_key = target.problem.key();
-  if (auto existing = db.load(device, problem_key, kPrewarmBucket)) {
+  if (auto existing = db.load(device, problem_key, kPrewarmBucket);
+      existing && existing->is_object()) {
     if (existing->value("winner", nlohmann::json()) == document.at("winner") &&
         existing->value("by_rows", nlohmann::json()) ==
             document.value("by_rows", nlohmann::json())) {
