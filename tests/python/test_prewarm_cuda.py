@@ -72,15 +72,18 @@ def test_cache_prewarmed_without_gpu_serves_first_gpu_call_with_zero_compiles(tm
         ("bf16", 4096, arch), ("fp16", 2000, arch)}
 
 
-TUNED_FIRST_CALL = """
+# One bf16 rms_norm call of {rows} x 4096 in a fresh process: its statistics, the kernels it
+# loaded, and its error against fp64.
+ONE_CALL = """
 import json, torch, kiln
-x = torch.randn(1024, 4096, device="cuda", dtype=torch.bfloat16)
+x = torch.randn({rows}, 4096, device="cuda", dtype=torch.bfloat16)
 w = torch.randn(4096, device="cuda", dtype=torch.bfloat16)
 y = kiln.rms_norm(x, w, 1e-6)
 x64, w64 = x.double(), w.double()
 ref = x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + 1e-6) * w64
 torch.cuda.synchronize()
-print(json.dumps({**kiln.stats(), "worst": ((y.double() - ref).abs() / (ref.abs() + 1)).max().item()}))
+print(json.dumps({{**kiln.stats(), "kernels": kiln._C.loaded_kernels(),
+                  "worst": ((y.double() - ref).abs() / (ref.abs() + 1)).max().item()}}))
 """
 
 
@@ -102,7 +105,7 @@ def test_prewarm_tune_stores_what_the_first_call_uses(tmp_path):
     assert done.returncode == 0, done.stderr
     print(done.stdout, done.stderr)
     assert list((cache / "v1" / "tune").rglob("rms_norm.bf16.h4096.*.json")), "no tuning result stored"
-    code, stats, err = run_kiln(TUNED_FIRST_CALL, cache, {"KILN_TUNE": "fast"})
+    code, stats, err = run_kiln(ONE_CALL.format(rows=1024), cache, {"KILN_TUNE": "fast"})
     assert code == 0, err
     print(f"first call after prewarm --tune: {stats}")
     assert stats["tunes"] == 0 and stats["compiles"] == 0
@@ -138,19 +141,6 @@ def test_tuning_off_serves_the_heuristic_for_the_calls_rows(tmp_path):
     assert (configs[128] == configs[1]) == one_wave
 
 
-STRICT_CALL = """
-import json, torch, kiln
-x = torch.randn(8, 4096, device="cuda", dtype=torch.bfloat16)
-w = torch.randn(4096, device="cuda", dtype=torch.bfloat16)
-y = kiln.rms_norm(x, w, 1e-6)
-x64, w64 = x.double(), w.double()
-ref = x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + 1e-6) * w64
-torch.cuda.synchronize()
-print(json.dumps({**kiln.stats(), "kernels": kiln._C.loaded_kernels(),
-                  "worst": ((y.double() - ref).abs() / (ref.abs() + 1)).max().item()}))
-"""
-
-
 @pytest.mark.gpu
 def test_strict_cache_with_only_the_row_blind_binary_serves_it(tmp_path):
     """A cache holding only the row-blind heuristic's binary (a `kiln compile` without rows, or
@@ -165,7 +155,8 @@ def test_strict_cache_with_only_the_row_blind_binary_serves_it(tmp_path):
     finally:
         kiln.configure(cache_dir=before["cache_dir"])
     assert own != row_blind
-    code, result, err = run_kiln(STRICT_CALL, cache, {"KILN_CACHE": "strict", "KILN_TUNE": "off"})
+    code, result, err = run_kiln(ONE_CALL.format(rows=8), cache,
+                                 {"KILN_CACHE": "strict", "KILN_TUNE": "off"})
     assert code == 0, err
     assert result["compiles"] == 0 and result["nvrtc_compiles"] == 0 and result["binary_hits"] == 1
     (kernel,) = result["kernels"]
