@@ -141,12 +141,10 @@ std::vector<std::pair<std::int64_t, Config>> prewarm_row_configs(const Family& f
 std::optional<Config> usable_prewarm_config(const nlohmann::json& record, const Family& family,
                                             const Problem& problem, const DeviceTraits& device,
                                             std::int64_t bucket, std::string& why) {
-  Config winner;
   std::optional<Config> for_rows;  // the record's range for the bucket
   std::vector<Config> compiled;    // every config the record names a binary for
   try {
-    winner = record.at("winner").get<Config>();
-    compiled.push_back(winner);
+    compiled.push_back(record.at("winner").get<Config>());
     for (const auto& range : record.value("by_rows", nlohmann::json::array())) {
       compiled.push_back(range.at("winner").get<Config>());
       if (!for_rows && bucket <= range.at("up_to_rows").get<std::int64_t>()) {

@@ -56,6 +56,19 @@ std::string where(const TableKey& key) {
          std::to_string(key.device);
 }
 
+// The heuristics a call of row bucket `bucket` may be served without tuning or, where their
+// binaries are stored, without compiling, in order: the family's for the bucket, then its
+// row-blind one (what a prewarm compiles for every bucket, and older prewarms and `kiln
+// compile` without rows left). One entry where they agree.
+std::vector<Config> fallback_heuristics(const Family& family, const Problem& problem,
+                                        const DeviceTraits& traits, std::int64_t bucket) {
+  std::vector<Config> heuristics{family.heuristic_for_rows(problem, traits, bucket)};
+  if (Config row_blind = family.heuristic(problem, traits); !(row_blind == heuristics.front())) {
+    heuristics.push_back(std::move(row_blind));
+  }
+  return heuristics;
+}
+
 }  // namespace
 
 Settings Settings::from_env() {
@@ -226,22 +239,20 @@ struct Runtime::Impl {
         log::info("kiln: prewarm record for " + where(key) + " not used: " + why);
       }
     }
-    Config heuristic = family.heuristic_for_rows(key.problem, traits, key.bucket);
+    const std::vector<Config> heuristics =
+        fallback_heuristics(family, key.problem, traits, key.bucket);
+    const Config& heuristic = heuristics.front();
     if (settings.cache_mode == CacheMode::strict) {
-      // A strict fleet never compiles (nor tunes): the bucket's heuristic where its binary is
-      // stored, else the row-blind heuristic's (what older prewarms and `kiln compile` without
-      // rows left).
-      const Config row_blind = family.heuristic(key.problem, traits);
-      const auto stored = [&](const Config& config) {
-        return find_stored({&family, key.problem, config, info.sm(), BinaryFormat::cubin}, store)
+      // A strict fleet never compiles (nor tunes): the first heuristic whose binary is stored,
+      // else the bucket's (whose compile then names what is missing).
+      const auto stored = std::find_if(heuristics.begin(), heuristics.end(), [&](const Config& c) {
+        return find_stored({&family, key.problem, c, info.sm(), BinaryFormat::cubin}, store)
             .has_value();
-      };
-      if (!(row_blind == heuristic) && !stored(heuristic) && stored(row_blind)) {
-        heuristic = row_blind;
-      }
+      });
+      const Config& chosen = stored == heuristics.end() ? heuristic : *stored;
       log::info("kiln: KILN_CACHE=strict and no tuning result for " + where(key) +
-                ": using the heuristic config " + heuristic.key());
-      return heuristic;
+                ": using the heuristic config " + chosen.key());
+      return chosen;
     }
     if (settings.tune_mode == TuneMode::off) {
       return fallback(heuristic);
@@ -300,11 +311,11 @@ struct Runtime::Impl {
   std::optional<CompiledKernel> ready_in_capture(const TableKey& key, Kernel& kernel,
                                                  const DeviceInfo& info, BinaryStore* store) {
     const Config chosen = kernel.config;
-    const Config heuristic =
-        kernel.family->heuristic_for_rows(key.problem, info.traits(), key.bucket);
+    const std::vector<Config> heuristics =
+        fallback_heuristics(*kernel.family, key.problem, info.traits(), key.bucket);
     std::vector<Config> candidates{chosen};
-    for (const Config& config : {heuristic, kernel.family->heuristic(key.problem, info.traits())}) {
-      if (std::find(candidates.begin(), candidates.end(), config) == candidates.end()) {
+    for (const Config& config : heuristics) {
+      if (!(config == chosen)) {
         candidates.push_back(config);
       }
     }
@@ -328,8 +339,9 @@ struct Runtime::Impl {
     }
     std::string tried = chosen.key();
     for (std::size_t i = 1; i < candidates.size(); ++i) {
-      tried += (candidates[i] == heuristic ? ", heuristic for rows<=" + std::to_string(key.bucket)
-                                           : std::string(", row-blind heuristic")) +
+      tried += (candidates[i] == heuristics.front()
+                    ? ", heuristic for rows<=" + std::to_string(key.bucket)
+                    : std::string(", row-blind heuristic")) +
                " " + candidates[i].key();
     }
     throw Error(

@@ -3,6 +3,7 @@
 #include <charconv>
 #include <string>
 
+#include "jit/runtime.h"
 #include "templates/rms_norm_family.h"
 #include "tuner/tuner.h"
 
@@ -23,6 +24,17 @@ int parse_arch(std::string_view text) {
     throw ArgumentError("compile", "arch", "an arch such as sm_90", "'" + std::string(text) + "'");
   }
   return sm;
+}
+
+void set_target_arch(SpecialisationSpec& spec, std::string_view arch) {
+  if (arch == "native") {
+    const DeviceInfo& device = Runtime::get().device(0);
+    spec.sm = device.sm();
+    spec.traits = device.traits();
+  } else {
+    spec.sm = parse_arch(arch);
+    spec.traits.reset();
+  }
 }
 
 CompileRequest make_compile_request(const SpecialisationSpec& spec) {

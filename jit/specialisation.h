@@ -33,6 +33,10 @@ struct SpecialisationSpec {
   std::optional<DeviceTraits> traits;
 };
 
+// Sets `spec`'s target from an arch name: "sm_90" (or "90", "sm90"), or "native", the first
+// GPU's arch and its own traits (its SM count draws the heuristic's row lines).
+void set_target_arch(SpecialisationSpec& spec, std::string_view arch);
+
 // Validates every field (ArgumentError naming the field otherwise) and fills a request.
 CompileRequest make_compile_request(const SpecialisationSpec& spec);
 

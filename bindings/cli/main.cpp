@@ -70,13 +70,7 @@ int run_compile(const CompileOptions& options) {
   spec.rows = options.rows;
   spec.format =
       options.format == "cubin" ? kiln::jit::BinaryFormat::cubin : kiln::jit::BinaryFormat::ptx;
-  if (options.arch == "native") {
-    const kiln::jit::DeviceInfo& device = kiln::jit::Runtime::get().device(0);
-    spec.sm = device.sm();
-    spec.traits = device.traits();
-  } else {
-    spec.sm = kiln::jit::parse_arch(options.arch);
-  }
+  kiln::jit::set_target_arch(spec, options.arch);
   if (options.vec_bytes || options.threads_per_row || options.cta_threads) {
     if (!(options.vec_bytes && options.threads_per_row && options.cta_threads)) {
       throw kiln::ArgumentError("compile", "config",

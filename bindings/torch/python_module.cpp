@@ -62,13 +62,7 @@ py::dict compile_one(const std::string& op, const std::string& dtype, std::int64
   spec.align = align;
   spec.rows = rows;
   spec.aux = aux;
-  if (arch == "native") {  // the GPU's own arch and SM count
-    const jit::DeviceInfo& device = jit::Runtime::get().device(0);
-    spec.sm = device.sm();
-    spec.traits = device.traits();
-  } else {
-    spec.sm = jit::parse_arch(arch);
-  }
+  jit::set_target_arch(spec, arch);
   spec.format = format == "ptx" ? jit::BinaryFormat::ptx : jit::BinaryFormat::cubin;
   if (!config.is_none()) {
     const auto items = config.cast<py::dict>();
