@@ -142,6 +142,10 @@ struct Scratch {
         }
       }
     }
+    // A copy from pageable memory may return before its DMA lands, and the evaluator's
+    // non-blocking stream does not wait on the default stream the copies ran on: without
+    // this, a first launch could read inputs still being written.
+    check(d.cuStreamSynchronize(nullptr), "cuStreamSynchronize", "filling the inputs");
     params = family.pack_params(problem, rows, addresses);
   }
 

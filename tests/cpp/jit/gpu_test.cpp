@@ -86,6 +86,9 @@ void check_rms_norm_on_gpu(const Problem& problem, std::int64_t rows, Launch&& l
     check(driver().cuMemcpyHtoD(addresses.back(), host.back().data(), host.back().size()),
           "cuMemcpyHtoD", "test input");
   }
+  // The copies' DMA may still run when a pageable cuMemcpyHtoD returns, and the test's
+  // stream is non-blocking: wait for the default stream they ran on.
+  check(driver().cuStreamSynchronize(nullptr), "cuStreamSynchronize", "test input");
   const std::vector<std::byte> params = fam.pack_params(problem, rows, addresses);
   launch(params.data());
 
