@@ -308,6 +308,27 @@ def test_gemma_offset_weight_follows_weight_changes():
     torch.testing.assert_close(second, expected, rtol=4 * 2**-8, atol=4 * 2**-8)
 
 
+def test_gemma_offset_weight_follows_new_data():
+    """``weight.data = ...`` gives the same tensor new storage without moving its version
+    counter (model loaders and adapter merges do this): the kept 1 + weight is remade."""
+    from transformers.models.gemma.modeling_gemma import GemmaRMSNorm
+
+    norm = GemmaRMSNorm(40, eps=1e-6).to(torch.bfloat16)
+    x = torch.randn(3, 40).to(torch.bfloat16)
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(40))
+        kiln.patch(norm)
+        first = norm(x)
+        version = norm.weight._version
+        norm.weight.data = torch.randn(40).to(torch.bfloat16)
+        assert norm.weight._version == version
+        second = norm(x)
+        kiln.unpatch(norm)
+        expected = norm(x)
+    assert not torch.allclose(first.float(), second.float())
+    torch.testing.assert_close(second, expected, rtol=4 * 2**-8, atol=4 * 2**-8)
+
+
 def test_gemma_offset_weight_of_another_tensor_is_not_taken():
     """1 + weight is kept for the weight tensor it was made of: a weight replaced by another
     tensor of the same version (which may sit at the freed one's address, as the probes'

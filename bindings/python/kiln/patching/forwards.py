@@ -280,13 +280,16 @@ OFFSET_CACHE = "_kiln_offset_weight"
 
 def _offset_weight(module: torch.nn.Module, dtype: torch.dtype) -> torch.Tensor:
     """``(1 + weight.float())`` in ``dtype``, kept between calls and made again when the
-    weight changes (in place: its version counter moves; or replaced: another tensor, told
-    apart by identity, since a new tensor may take the freed one's address)."""
+    weight changes: in place (its version counter moves), given new data through
+    ``weight.data = ...`` (which moves no counter, but the address changes), or replaced
+    (another tensor, told apart by identity, since a new tensor may take the freed one's
+    address). An in-place write through ``weight.data`` moves neither, as autograd does not
+    see it either: the README says how to drop what is kept after one."""
     weight = module.weight
     if recording_a_graph(weight):  # a tensor made there is filled only when the graph runs
         return (1.0 + weight.float()).to(dtype)
     try:
-        key = (weight._version, weight.device, dtype)
+        key = (weight._version, weight.data_ptr(), weight.device, dtype)
     except RuntimeError:  # an inference-mode tensor has no version counter
         return (1.0 + weight.float()).to(dtype)
     cached = module.__dict__.get(OFFSET_CACHE)
