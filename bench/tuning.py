@@ -15,7 +15,9 @@ The full tune's report goes beside it as JSON and HTML (`kiln report`), with the
 bandwidth kiln measured on the device.
 
 Usage: python bench/tuning.py [--out DIR] [--quick] [--ops rms_norm,swiglu] [--hidden 4096]
-                             [--rows 128,8192] [--tag -name]
+                             [--rows 128,8192] [--tag -name] [--also OP=CONFIG ...]
+`--also` times one more config of OP (one the full tune measured, e.g. an earlier heuristic's)
+as an op call beside the others, at every row count.
 Writes DIR/tuning-<date>-<device>.{json,md} and DIR/tune-report-<date>-<device>.{json,html}."""
 
 import argparse
@@ -206,7 +208,15 @@ def main():
                         help="comma-separated row counts (default: the benchmark grid's)")
     parser.add_argument("--hidden", type=int, default=4096)
     parser.add_argument("--tag", default="", help="appended to the output files' names")
+    parser.add_argument("--also", action="append", default=[], metavar="OP=CONFIG",
+                        help="one more config of OP to time as an op call (repeatable)")
     args = parser.parse_args()
+    args_also = {}
+    for item in args.also:
+        op, sep, config = item.partition("=")
+        if not sep or not config:
+            parser.error(f"--also: expected OP=CONFIG, got {item!r}")
+        args_also[op] = config
     ops = [op for op in args.ops.split(",") if op]
     rows_list = QUICK_ROWS if args.quick else ROWS
     if args.rows:
@@ -236,9 +246,13 @@ def main():
             # Pinned only where the full tune measured it (a candidate that failed is refused).
             if row_blind != f["heuristic"] and candidate_us(f, row_blind) is not None:
                 caches["row_blind"] = pinned_copy(kiln, full_cache, f, row_blind)
+            also = args_also.get(op)
+            if also is not None and candidate_us(f, also) is not None:
+                caches["also"] = pinned_copy(kiln, full_cache, f, also)
             timed = time_configs(kiln, caches, op, rows, args.hidden)
-            if "row_blind" in caches:
-                shutil.rmtree(caches["row_blind"], ignore_errors=True)
+            for label in ("row_blind", "also"):
+                if label in caches:
+                    shutil.rmtree(caches[label], ignore_errors=True)
             rows_out.append({
                 "op": op, "rows": rows, "bucket": bucket,
                 "full": {"winner": f["winner"], "candidates": len(f["candidates"]),
@@ -255,6 +269,7 @@ def main():
                 "heuristic": f["heuristic"],
                 "row_blind_heuristic": {"config": row_blind,
                                         "us_in_full_tune": candidate_us(f, row_blind)},
+                "also": {"config": also, "us_in_full_tune": candidate_us(f, also)} if also else None,
                 "op_call_us": timed,
                 "fast_over_full_op_call": timed["fast"] / timed["full"],
                 "tuned_speedup_op_call": timed["heuristic"] / timed["full"],
@@ -294,6 +309,17 @@ def row_blind_cell(row):
     return f"`{blind['config']}`, {fmt(us)}, {us / row['op_call_us']['heuristic']:.2f}x"
 
 
+def also_cell(row):
+    """The --also config's op-call time over the heuristic's."""
+    also = row.get("also")
+    us = row["op_call_us"].get("also")
+    if not also:
+        return "n/a"
+    if us is None:
+        return f"`{also['config']}`, not in the full tune"
+    return f"`{also['config']}`, {fmt(us)}, {us / row['op_call_us']['heuristic']:.2f}x"
+
+
 def markdown(document):
     env = document["environment"]
     lines = [
@@ -306,12 +332,14 @@ def markdown(document):
         "fast/full: the fast winner's median over the full winner's, inside the full tune and as"
         " op calls side by side (1.00 = same speed); tuned: heuristic over full winner. The"
         " heuristic is the family's for the rows' bucket; where the family's heuristic for any"
-        " row count differs, its op-call time beside it (the last column).",
+        " row count differs, its op-call time beside it; then a config named by --also, over"
+        " the heuristic.",
         "",
         "| op | rows | full: configs, tune s, cold s | fast: configs, tune s, cold s "
         "| full winner | fast winner | fast/full (tune) | fast/full (op) | tuned x (tune) "
-        "| tuned x (op) | op us: heur / fast / full | row-blind heuristic: config, us, over heur |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| tuned x (op) | op us: heur / fast / full | row-blind heuristic: config, us, over heur "
+        "| --also: config, us, over heur |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in document["rows"]:
         f, q, t = r["full"], r["fast"], r["op_call_us"]
@@ -322,7 +350,7 @@ def markdown(document):
             f"{fmt(r['fast_over_full_in_tune'], 3)} | {fmt(r['fast_over_full_op_call'], 3)} | "
             f"{fmt(f['speedup_over_heuristic'])}x | {fmt(r['tuned_speedup_op_call'])}x | "
             f"{fmt(t['heuristic'])} / {fmt(t['fast'])} / {fmt(t['full'])} | "
-            f"{row_blind_cell(r)} |")
+            f"{row_blind_cell(r)} | {also_cell(r)} |")
     worst = max((r["fast_over_full_in_tune"] or 0) for r in document["rows"])
     ok = worst <= 1 + document["fast_within"]
     lines += ["", f"Worst fast/full inside the full tune: {worst:.3f} "

@@ -629,10 +629,40 @@ std::vector<Config> NormFamily::valid_space(const Problem& problem,
   return configs;
 }
 
-// As RmsNormFamily's heuristic: the widest vector, then the split and CTA nearest to about
-// kTargetElementsPerThread elements per thread and kTargetRowsPerCta rows per CTA; one pass
-// (no persistent grid), the layout kiln::rms_norm was measured with.
+namespace {
+
+// The ops whose heuristic re-reads the held split's row rather than holding it. Side by side
+// as op calls on an H200 (bf16, 2688 and 8192 rows, 4096 and 12288 wide; bench/tuning.py
+// --also, 2026-11-30), the held row took 1.04-1.09x the re-read one's time for rms_norm and
+// 1.03-1.13x for adaln (per sample), where fused_add_rms_norm re-read, in twice the split, took
+// 1.00-1.05x the held one's and layer_norm staged 1.00-1.02x. gated_adaln's full tunes favour
+// neither.
+const char* heuristic_row_extra(Op op) {
+  return op == Op::rms_norm || op == Op::adaln ? kRereadExtra : nullptr;
+}
+
+// `held` with `extra`, where the space holds that config for this problem and device (a
+// re-read row needs 4 KB and two steps a thread); else `held`.
+Config with_row_extra(const std::vector<Config>& configs, const Config& held, const char* extra) {
+  if (extra == nullptr) {
+    return held;
+  }
+  Config formed = held;
+  formed.extra = {{extra, 1}};
+  const bool valid = std::find(configs.begin(), configs.end(), formed) != configs.end();
+  return valid ? formed : held;
+}
+
+}  // namespace
+
 Config NormFamily::heuristic(const Problem& problem, const DeviceTraits& device) const {
+  return with_row_extra(valid_space(problem, device), held_heuristic(problem, device),
+                        heuristic_row_extra(op_));
+}
+
+// The widest vector, then the split and CTA nearest to about kTargetElementsPerThread
+// elements per thread and kTargetRowsPerCta rows per CTA; one pass (no persistent grid).
+Config NormFamily::held_heuristic(const Problem& problem, const DeviceTraits& device) const {
   const std::vector<Config> configs = valid_space(problem, device);
   Config target = split_for(problem, configs.front().vec_bytes, kTargetElementsPerThread);
   if (Config half = target; target.threads_per_row > kThreadsPerRow.front()) {

@@ -60,7 +60,12 @@ class NormFamily : public Family {
   std::vector<Config> space(const Problem& problem, const DeviceTraits& device) const override;
   std::string invalid_reason(const Problem& problem, const Config& config,
                              const DeviceTraits& device) const override;
+  // held_heuristic(), its row re-read where the op's rows run faster that way (rms_norm,
+  // adaln).
   Config heuristic(const Problem& problem, const DeviceTraits& device) const override;
+  // The one-pass config that holds the row in registers: the widest vector, about 32 elements
+  // a thread (a split that idles fewer lanes where one is near), one to four rows a CTA.
+  Config held_heuristic(const Problem& problem, const DeviceTraits& device) const;
   // At most one row per SM: the latency config (a finer split, one row a CTA).
   Config heuristic_for_rows(const Problem& problem, const DeviceTraits& device,
                             std::int64_t rows) const override;

@@ -72,6 +72,12 @@ ReplayOutcome replay_fast_tune(const Family& family, const TuneResult& recorded,
   outcome.best_us = recorded.trials[*best].median_us;
   outcome.measured = fast.trials.size();
   outcome.unknown = evaluator.unknown();
+  outcome.heuristic = fast.heuristic;
+  auto heuristic = std::find_if(recorded.trials.begin(), recorded.trials.end(),
+                                [&](const Trial& trial) { return trial.config == fast.heuristic; });
+  if (heuristic != recorded.trials.end() && is_measured(*heuristic)) {
+    outcome.heuristic_us = heuristic->median_us;
+  }
   return outcome;
 }
 
@@ -82,29 +88,60 @@ DeviceTraits recorded_device_traits(const nlohmann::json& device) {
   return traits;
 }
 
-double ReplaySummary::geomean_cost() const {
-  if (outcomes.empty()) {
-    return 0;
-  }
+namespace {
+
+double geomean_of(const std::vector<ReplayOutcome>& outcomes,
+                  double (ReplayOutcome::*cost)() const) {
   double logs = 0;
+  std::size_t counted = 0;
   for (const ReplayOutcome& outcome : outcomes) {
-    logs += std::log(outcome.cost());
+    if (const double value = (outcome.*cost)(); value > 0) {
+      logs += std::log(value);
+      ++counted;
+    }
   }
-  return std::exp(logs / static_cast<double>(outcomes.size()));
+  return counted == 0 ? 0 : std::exp(logs / static_cast<double>(counted));
 }
 
-double ReplaySummary::worst_cost() const {
+double worst_of(const std::vector<ReplayOutcome>& outcomes, double (ReplayOutcome::*cost)() const) {
   double worst = 0;
   for (const ReplayOutcome& outcome : outcomes) {
-    worst = std::max(worst, outcome.cost());
+    worst = std::max(worst, (outcome.*cost)());
   }
   return worst;
 }
 
-std::size_t ReplaySummary::costing_more_than(double cost) const {
+std::size_t count_over(const std::vector<ReplayOutcome>& outcomes,
+                       double (ReplayOutcome::*cost)() const, double bound) {
   return static_cast<std::size_t>(
       std::count_if(outcomes.begin(), outcomes.end(),
-                    [&](const ReplayOutcome& outcome) { return outcome.cost() > cost; }));
+                    [&](const ReplayOutcome& outcome) { return (outcome.*cost)() > bound; }));
+}
+
+}  // namespace
+
+double ReplaySummary::geomean_cost() const {
+  return geomean_of(outcomes, &ReplayOutcome::cost);
+}
+
+double ReplaySummary::worst_cost() const {
+  return worst_of(outcomes, &ReplayOutcome::cost);
+}
+
+std::size_t ReplaySummary::costing_more_than(double cost) const {
+  return count_over(outcomes, &ReplayOutcome::cost, cost);
+}
+
+double ReplaySummary::heuristic_geomean_cost() const {
+  return geomean_of(outcomes, &ReplayOutcome::heuristic_cost);
+}
+
+double ReplaySummary::heuristic_worst_cost() const {
+  return worst_of(outcomes, &ReplayOutcome::heuristic_cost);
+}
+
+std::size_t ReplaySummary::heuristic_costing_more_than(double cost) const {
+  return count_over(outcomes, &ReplayOutcome::heuristic_cost, cost);
 }
 
 ReplaySummary replay_documents(const std::vector<report::StoredDocument>& documents,
@@ -148,13 +185,23 @@ std::string render_replay(const ReplaySummary& summary) {
   char line[512];
   for (const ReplayOutcome& o : summary.outcomes) {
     // The bucket, and the rows timed where they are not the bucket's.
-    const std::string rows = "r" + std::to_string(o.bucket_rows) +
-                             (o.rows == o.bucket_rows ? "" : "@" + std::to_string(o.rows));
+    std::string rows = "r";
+    rows += std::to_string(o.bucket_rows);
+    if (o.rows != o.bucket_rows) {
+      rows += '@';
+      rows += std::to_string(o.rows);
+    }
+    char heuristic[32] = "untimed";
+    if (o.heuristic_us > 0) {
+      std::snprintf(heuristic, sizeof heuristic, "%.3fx", o.heuristic_cost());
+    }
     std::snprintf(line, sizeof line,
-                  "%-44s %-12s fast %-30s %9.2f us  best %-30s %9.2f us  %.3fx  (%zu measured%s)\n",
+                  "%-44s %-12s fast %-30s %9.2f us  best %-30s %9.2f us  %.3fx  (%zu measured%s)  "
+                  "heuristic %s %s\n",
                   o.problem.key().c_str(), rows.c_str(), o.fast_winner.key().c_str(), o.fast_us,
                   o.best.key().c_str(), o.best_us, o.cost(), o.measured,
-                  o.unknown > 0 ? (", " + std::to_string(o.unknown) + " unknown").c_str() : "");
+                  o.unknown > 0 ? (", " + std::to_string(o.unknown) + " unknown").c_str() : "",
+                  o.heuristic.key().c_str(), heuristic);
     text += line;
   }
   for (const std::string& skipped : summary.skipped) {
@@ -166,6 +213,16 @@ std::string render_replay(const ReplaySummary& summary) {
                 summary.outcomes.size(), summary.outcomes.size() == 1 ? "" : "s",
                 summary.geomean_cost(), summary.worst_cost(), summary.costing_more_than(1.01),
                 summary.costing_more_than(1.02));
+  text += line;
+  if (summary.heuristic_geomean_cost() == 0) {
+    return text;  // no outcome whose heuristic has a recorded time
+  }
+  std::snprintf(line, sizeof line,
+                "the heuristic (what tuning off, a strict miss and a capture run) costs %.4fx "
+                "on geometric mean, %.3fx at worst; %zu over 1.05x, %zu over 1.2x\n",
+                summary.heuristic_geomean_cost(), summary.heuristic_worst_cost(),
+                summary.heuristic_costing_more_than(1.05),
+                summary.heuristic_costing_more_than(1.2));
   text += line;
   return text;
 }

@@ -42,8 +42,13 @@ struct ReplayOutcome {
   double best_us = 0;
   std::size_t measured = 0;  // candidates the fast search asked for
   std::size_t unknown = 0;   // of them, not in the recording
+  // What KILN_TUNE=off, a strict cache miss and a capture fall back to for these rows.
+  Config heuristic;
+  double heuristic_us = 0;  // its recorded time; 0 where the recording has none
   // How much slower the fast search's choice is than the best (1 = it found the best).
   double cost() const { return best_us > 0 ? fast_us / best_us : 0; }
+  // The same for the heuristic; 0 where it has no recorded time.
+  double heuristic_cost() const { return best_us > 0 ? heuristic_us / best_us : 0; }
 };
 
 // Runs tune(..., TuneMode::fast) on `recorded`'s problem and rows, answered from
@@ -64,12 +69,16 @@ struct ReplaySummary {
   double geomean_cost() const;
   double worst_cost() const;
   std::size_t costing_more_than(double cost) const;
+  // The same over the outcomes whose heuristic has a recorded time.
+  double heuristic_geomean_cost() const;
+  double heuristic_worst_cost() const;
+  std::size_t heuristic_costing_more_than(double cost) const;
 };
 ReplaySummary replay_documents(const std::vector<report::StoredDocument>& documents,
                                const report::Filter& filter);
 
-// One line per outcome (problem, bucket, fast and best configs with their times, the cost),
-// then the summary.
+// One line per outcome (problem, bucket, fast and best configs with their times, the cost,
+// the heuristic's cost), then the summary.
 std::string render_replay(const ReplaySummary& summary);
 
 }  // namespace kiln

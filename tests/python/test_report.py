@@ -3,6 +3,7 @@ tuning database (tuning_fixture.py); no GPU needed."""
 
 import json
 import os
+import re
 import shutil
 import subprocess
 from html.parser import HTMLParser
@@ -365,7 +366,10 @@ def test_cli_tune_replay(database):
     out = run("--device", "H200")
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
-    assert lines[-1].startswith("2 full tunes replayed: the fast search's choice costs")
+    assert lines[-2].startswith("2 full tunes replayed: the fast search's choice costs")
+    # What tuning off would serve, beside it.
+    assert lines[-1].startswith("the heuristic (what tuning off, a strict miss and a capture "
+                                "run) costs")
     replayed = {line.split()[0]: line for line in lines if line.startswith("rms_norm.")}
     assert set(replayed) == {falcon, small}
     # The fast search finds rms_norm 32768x4544's best (it was 9% off before its new start).
@@ -374,12 +378,15 @@ def test_cli_tune_replay(database):
             and f"{falcon_best_us:.2f} us" in replayed[falcon] and "1.000x" in replayed[falcon]
             and "(19 measured)" in replayed[falcon])
     assert "unknown" not in replayed[falcon]
-    cost = float(replayed[small].split()[-3].rstrip("x"))
-    assert 1.0 < cost <= 1.061
+    assert "heuristic v16.t128.c128.reread=1 " in replayed[falcon]  # rms_norm's row re-read
+    fast_cost = re.search(r" ([0-9.]+)x  \(19 measured\)", replayed[small])
+    heuristic_cost = re.search(r" heuristic \S+ ([0-9.]+)x$", replayed[small])
+    assert 1.0 < float(fast_cost.group(1)) <= 1.061
+    assert float(heuristic_cost.group(1)) >= 1.0
 
     only = run("--op", "rms_norm", "--device", "H200")
     assert only.returncode == 0, only.stderr
-    assert only.stdout.splitlines()[-1].startswith("2 full tunes replayed")
+    assert only.stdout.splitlines()[-2].startswith("2 full tunes replayed")
     assert run("--op", "layer_norm").returncode == 1  # nothing to replay
     bad = run("--op", "rmsnorm")
     assert bad.returncode == 2 and "expected a known op name" in bad.stderr

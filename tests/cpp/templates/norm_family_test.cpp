@@ -171,12 +171,12 @@ TEST_CASE("calls of at most one row per SM get the latency config; more rows the
       CHECK(fam.heuristic_for_rows(problem, h200, 4096) == row_blind);
       // One row a CTA, split finer: a thread holds at most 16 of the row's elements (8 for
       // gated_adaln's five operands, where a split of 1024 threads gets there), where the
-      // heuristic's hold up to 32 and share a CTA between rows. The H200 full tunes' best at 1 and
-      // 128 rows are of this shape (bench/results/tuning-2026-11-30-NVIDIA_H200-*rows-*).
+      // held heuristic's hold up to 32 and share a CTA between rows. The H200 full tunes' best at 1
+      // and 128 rows are of this shape (bench/results/tuning-2026-11-30-NVIDIA_H200-*rows-*).
       const Config latency = fam.heuristic_for_rows(problem, h200, 128);
       CHECK(fam.heuristic_for_rows(problem, h200, 1) == latency);
       CHECK(latency.cta_threads == latency.threads_per_row);
-      CHECK(latency.threads_per_row > row_blind.threads_per_row);
+      CHECK(latency.threads_per_row > fam.held_heuristic(problem, h200).threads_per_row);
       const std::int64_t held = NormFamily::elements_per_thread(problem, latency);
       // (14848 is 1856 vectors: no split of at most 1024 threads gives one each)
       CHECK(held <= (op == Op::gated_adaln && hidden <= 8192 ? 8 : 16));

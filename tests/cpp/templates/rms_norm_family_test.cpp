@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <cstring>
+#include <map>
 #include <set>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "cache/error.h"
@@ -22,6 +24,10 @@ namespace {
 
 const kiln::Family& rms() {
   return kiln::family(Op::rms_norm);
+}
+
+const kiln::NormFamily& norm() {
+  return dynamic_cast<const kiln::NormFamily&>(rms());
 }
 
 Problem problem(DType dtype, std::int64_t hidden, bool weight = true, std::uint32_t align = 16) {
@@ -279,13 +285,13 @@ TEST_CASE("the heuristic is always in the space") {
   }
 }
 
-TEST_CASE("the heuristic picks 16-byte vectors and a moderate split for LLM hidden sizes") {
+TEST_CASE("the held heuristic picks 16-byte vectors and a moderate split for LLM hidden sizes") {
   const DeviceTraits h100 = DeviceTraits::for_arch(90);
   for (std::int64_t hidden : {2048, 3072, 4096, 5120, 8192}) {
     for (DType dtype : {DType::bf16, DType::f16}) {
       const Problem p = problem(dtype, hidden);
       CAPTURE(p.key());
-      const Config h = rms().heuristic(p, h100);
+      const Config h = norm().held_heuristic(p, h100);
       CHECK(h.vec_bytes == 16);
       const std::int64_t held = kiln::RmsNormFamily::elements_per_thread(p, h);
       CHECK(held >= 16);
@@ -297,28 +303,63 @@ TEST_CASE("the heuristic picks 16-byte vectors and a moderate split for LLM hidd
   for (std::int64_t hidden : {2048, 3072, 4096, 8192}) {
     const Problem p = problem(DType::bf16, hidden);
     CAPTURE(p.key());
-    CHECK(kiln::RmsNormFamily::elements_per_thread(p, rms().heuristic(p, h100)) <= 32);
+    CHECK(kiln::RmsNormFamily::elements_per_thread(p, norm().held_heuristic(p, h100)) <= 32);
   }
   // Short rows are packed several to a CTA.
-  const Config short_rows = rms().heuristic(problem(DType::bf16, 768), h100);
+  const Config short_rows = norm().held_heuristic(problem(DType::bf16, 768), h100);
   CHECK(short_rows.rows_per_cta() >= 4);
 }
 
-TEST_CASE("the heuristic halves a row split that would leave a quarter of its lanes idle") {
+TEST_CASE("the held heuristic halves a row split that would leave a quarter of its lanes idle") {
   const DeviceTraits h200 = DeviceTraits::for_arch(90);
   // 4544 bf16 = 568 vectors: 256 threads take 3 steps with 26% of the lane-steps idle, 128
   // threads take 5 steps with 11% idle (40 elements a thread).
-  const Config falcon = rms().heuristic(problem(DType::bf16, 4544), h200);
+  const Config falcon = norm().held_heuristic(problem(DType::bf16, 4544), h200);
   CHECK(falcon.threads_per_row == 128);
   CHECK(falcon.cta_threads == 128);
   // 2432 = 304 vectors: 128 threads idle 21% of 3 steps, 64 threads 5% of 5.
-  CHECK(rms().heuristic(problem(DType::bf16, 2432), h200).threads_per_row == 64);
+  CHECK(norm().held_heuristic(problem(DType::bf16, 2432), h200).threads_per_row == 64);
   // 14848 = 1856 vectors: 512 threads idle 9%; 256 would hold 64 elements, too many to keep.
-  CHECK(rms().heuristic(problem(DType::bf16, 14848), h200).threads_per_row == 512);
+  CHECK(norm().held_heuristic(problem(DType::bf16, 14848), h200).threads_per_row == 512);
   // An even split is kept.
-  const Config even = rms().heuristic(problem(DType::bf16, 4096), h200);
+  const Config even = norm().held_heuristic(problem(DType::bf16, 4096), h200);
   CHECK(even.threads_per_row == 128);
   CHECK(kiln::RmsNormFamily::elements_per_thread(problem(DType::bf16, 4096), even) == 32);
+}
+
+TEST_CASE("the heuristic re-reads rms_norm's and adaln's rows and holds the others'") {
+  const DeviceTraits h200 = DeviceTraits::for_arch(90);
+  auto heuristic = [&](Op op, std::int64_t hidden, const DeviceTraits& device) {
+    const Problem p{op, DType::bf16, hidden, kiln::kNormWeight, 16};
+    const auto& fam = dynamic_cast<const kiln::NormFamily&>(kiln::family(op));
+    const Config held = fam.held_heuristic(p, device);
+    const Config chosen = fam.heuristic(p, device);
+    CHECK(fam.invalid_reason(p, chosen, device).empty());
+    CHECK(held.extra.empty());
+    return std::pair{held, chosen};
+  };
+  for (Op op : {Op::rms_norm, Op::adaln}) {
+    for (std::int64_t hidden : {4096, 8192, 12288, 14848}) {
+      CAPTURE(hidden);
+      auto [held, chosen] = heuristic(op, hidden, h200);
+      Config reread = held;
+      reread.extra["reread"] = 1;
+      CHECK(chosen == reread);
+    }
+  }
+  for (Op op : {Op::fused_add_rms_norm, Op::layer_norm, Op::gated_adaln}) {
+    auto [held, chosen] = heuristic(op, 8192, h200);
+    CHECK(chosen == held);
+  }
+  // Where the space has no re-read row, the held one: rows under 4 KB, and a split that
+  // leaves a thread one vector.
+  auto [narrow_held, narrow_chosen] = heuristic(Op::rms_norm, 1536, h200);
+  CHECK(narrow_chosen == narrow_held);
+  auto [tiny_held, tiny_chosen] = heuristic(Op::rms_norm, 8, h200);
+  CHECK(tiny_chosen == tiny_held);
+  // Re-reading needs no sm_80 feature: sm_75 gets it too.
+  auto [t4_held, t4_chosen] = heuristic(Op::rms_norm, 4096, DeviceTraits::for_arch(75));
+  CHECK(t4_chosen.extra.count("reread") == 1);
 }
 
 TEST_CASE("name_expression spells the norm kernel with RMSNorm's features") {
@@ -353,7 +394,7 @@ TEST_CASE("re-read configs: every norm op, rows of 4 KB and several steps, never
     CHECK(fused.registers_per_thread(wide, c) <= fused.registers_per_thread(wide, held));
   }
   CHECK(rereads > 0);
-  CHECK(fused.heuristic(wide, h100).extra.count("reread") == 0);
+  CHECK(fused.held_heuristic(wide, h100).extra.count("reread") == 0);
   Config reread = config(16, 256, 256);
   reread.extra["reread"] = 1;
   CHECK(fused.invalid_reason(wide, reread, h100).empty());
@@ -419,7 +460,7 @@ TEST_CASE("staged configs: sm_80 and later, 16 KB of row streams, several steps,
     CHECK(norm.staged_smem_bytes(wide, held) == 0);
   }
   CHECK(staged > 0);
-  CHECK(rms().heuristic(wide, h100).extra.count("stage") == 0);
+  CHECK(rms().heuristic(wide, h100).extra.count("stage") == 0);  // rms_norm's is re-read
 
   Config stage = config(16, 256, 256);
   stage.extra["stage"] = 1;
