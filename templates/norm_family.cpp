@@ -653,21 +653,13 @@ Config with_row_extra(const std::vector<Config>& configs, const Config& held, co
   return valid ? formed : held;
 }
 
-}  // namespace
-
-Config NormFamily::heuristic(const Problem& problem, const DeviceTraits& device) const {
-  return with_row_extra(valid_space(problem, device), held_heuristic(problem, device),
-                        heuristic_row_extra(op_));
-}
-
 // The widest vector, then the split and CTA nearest to about kTargetElementsPerThread
 // elements per thread and kTargetRowsPerCta rows per CTA; one pass (no persistent grid).
-Config NormFamily::held_heuristic(const Problem& problem, const DeviceTraits& device) const {
-  const std::vector<Config> configs = valid_space(problem, device);
+Config held_config(const std::vector<Config>& configs, const Problem& problem) {
   Config target = split_for(problem, configs.front().vec_bytes, kTargetElementsPerThread);
   if (Config half = target; target.threads_per_row > kThreadsPerRow.front()) {
     half.threads_per_row /= 2;
-    if (elements_per_thread(problem, half) <= kMaxBalancedElementsPerThread &&
+    if (NormFamily::elements_per_thread(problem, half) <= kMaxBalancedElementsPerThread &&
         busy_lane_share(problem, half) >= busy_lane_share(problem, target) + kBetterBalance) {
       target = half;
     }
@@ -676,6 +668,17 @@ Config NormFamily::held_heuristic(const Problem& problem, const DeviceTraits& de
       {kMinHeuristicCta, target.threads_per_row,
        std::min(kTargetRowsPerCta * target.threads_per_row, kMaxHeuristicCtaForShortRows)});
   return nearest_one_pass(configs, target, kMinHeuristicCta);
+}
+
+}  // namespace
+
+Config NormFamily::heuristic(const Problem& problem, const DeviceTraits& device) const {
+  const std::vector<Config> configs = valid_space(problem, device);
+  return with_row_extra(configs, held_config(configs, problem), heuristic_row_extra(op_));
+}
+
+Config NormFamily::held_heuristic(const Problem& problem, const DeviceTraits& device) const {
+  return held_config(valid_space(problem, device), problem);
 }
 
 // A call of no more rows than SMs is one wave of one row per SM: its time is one row's
