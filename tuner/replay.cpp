@@ -37,6 +37,17 @@ std::vector<Trial> ReplayEvaluator::evaluate(const Family&, const Problem&, std:
   return trials;
 }
 
+namespace {
+
+// `config`'s measured time in `recorded`; 0 where it has none.
+double recorded_us(const TuneResult& recorded, const Config& config) {
+  auto found = std::find_if(recorded.trials.begin(), recorded.trials.end(),
+                            [&](const Trial& trial) { return trial.config == config; });
+  return found != recorded.trials.end() && is_measured(*found) ? found->median_us : 0;
+}
+
+}  // namespace
+
 ReplayOutcome replay_fast_tune(const Family& family, const TuneResult& recorded,
                                const DeviceTraits& device) {
   const std::string where =
@@ -55,9 +66,8 @@ ReplayOutcome replay_fast_tune(const Family& family, const TuneResult& recorded,
   ReplayEvaluator evaluator(recorded.trials);
   const std::int64_t rows = recorded.timed_rows();
   const TuneResult fast = tune(family, recorded.problem, rows, device, TuneMode::fast, evaluator);
-  auto won = std::find_if(recorded.trials.begin(), recorded.trials.end(),
-                          [&](const Trial& trial) { return trial.config == fast.winner; });
-  if (won == recorded.trials.end() || !is_measured(*won)) {
+  const double won_us = recorded_us(recorded, fast.winner);
+  if (won_us <= 0) {
     // Only when every candidate failed: the search fell back to a config with no time.
     throw Error(where + ": the fast search chose " + fast.winner.key() +
                 ", which the recording holds no time for (" + fast.reason + ")");
@@ -67,17 +77,13 @@ ReplayOutcome replay_fast_tune(const Family& family, const TuneResult& recorded,
   outcome.bucket_rows = recorded.bucket_rows;
   outcome.rows = rows;
   outcome.fast_winner = fast.winner;
-  outcome.fast_us = won->median_us;
+  outcome.fast_us = won_us;
   outcome.best = recorded.trials[*best].config;
   outcome.best_us = recorded.trials[*best].median_us;
   outcome.measured = fast.trials.size();
   outcome.unknown = evaluator.unknown();
   outcome.heuristic = fast.heuristic;
-  auto heuristic = std::find_if(recorded.trials.begin(), recorded.trials.end(),
-                                [&](const Trial& trial) { return trial.config == fast.heuristic; });
-  if (heuristic != recorded.trials.end() && is_measured(*heuristic)) {
-    outcome.heuristic_us = heuristic->median_us;
-  }
+  outcome.heuristic_us = recorded_us(recorded, fast.heuristic);
   return outcome;
 }
 
