@@ -17,12 +17,16 @@ def _scrub_enabled():
     return os.environ.get("KILN_BENCH_SCRUB", "1") != "0"
 
 
+def flush_description():
+    """What l2_flush runs before every timed call, as recorded with every result."""
+    return ("a 256 MB read with L2 evict_last priority and then a 256 MB memset before every "
+            "call" if _scrub_enabled() else
+            "a 256 MB memset flushing L2 before every call (KILN_BENCH_SCRUB=0: no scrub)")
+
+
 def timing_description():
     """How bench_side_by_side times, as recorded with every result."""
-    scrub = ("a 256 MB read with L2 evict_last priority and then a 256 MB memset before every "
-             "call" if _scrub_enabled() else
-             "a 256 MB memset flushing L2 before every call (KILN_BENCH_SCRUB=0: no scrub)")
-    return (f"median of CUDA-event times, {scrub}, the contenders of a shape interleaved in "
+    return (f"median of CUDA-event times, {flush_description()}, the contenders of a shape interleaved in "
             "shuffled rounds (bench_side_by_side)")
 
 
@@ -73,6 +77,22 @@ def _evict_last_scrub():
     return lambda: _SCRUB_KERNEL[grid](buf, out, buf.numel(), BLOCK=block)
 
 
+def l2_flush():
+    """A callable that empties L2 as the benches do before every timed call: the evict_last
+    scrub (_evict_last_scrub; skipped with KILN_BENCH_SCRUB=0), then a 256 MB memset. Its
+    Triton kernel is compiled here, outside any timing."""
+    buffer = torch.empty(int(256e6 // 4), dtype=torch.int, device="cuda")
+    scrub = _evict_last_scrub()
+    if scrub is not None:
+        scrub()
+
+    def run():
+        if scrub is not None:
+            scrub()
+        buffer.zero_()
+    return run
+
+
 def bench_side_by_side(fns, warmup=25, rep=100, max_rounds=400, seed=0, chunk=25):
     """{name: median milliseconds} of each fn() in `fns`, timed as do_bench times one (CUDA
     events around the call, a 256 MB memset flushing L2 before it, here preceded by the
@@ -93,23 +113,18 @@ def bench_side_by_side(fns, warmup=25, rep=100, max_rounds=400, seed=0, chunk=25
     import time
 
     names = list(fns)
-    flush = torch.empty(int(256e6 // 4), dtype=torch.int, device="cuda")
-    scrub = _evict_last_scrub()
+    # Made first: its scrub's compile would otherwise count in the host's round time measured
+    # below, and every GPU sleep scales with that.
+    flush = l2_flush()
     for fn in fns.values():  # first calls compile, tune and allocate outside the timing
         fn()
-    # The scrub's first call compiles its Triton kernel, which would otherwise count in the
-    # host's round time measured below, and every GPU sleep scales with that.
-    if scrub is not None:
-        scrub()
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     cycles_per_ms = _sleep_cycles_per_ms()
 
     def one_round(order, events=None):
         for i, name in enumerate(order):
-            if scrub is not None:
-                scrub()
-            flush.zero_()
+            flush()
             if events is None:
                 fns[name]()
             else:

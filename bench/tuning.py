@@ -163,7 +163,6 @@ def candidate_us(result, config_key):
 
 ROUNDS = 10
 BLOCK_WARMUP, BLOCK_REPS = 5, 10
-FLUSH_BYTES = 256 << 20
 
 
 def time_configs(kiln, caches, op, rows, hidden):
@@ -173,9 +172,10 @@ def time_configs(kiln, caches, op, rows, hidden):
     every round. Few timed calls per block and many blocks: one long block per config biased
     it by how many flushes came before it (the time of a microsecond kernel after a flush
     alternates from call to call), and a sync after every call let the GPU idle and slow its
-    clocks."""
+    clocks. The flush is the benches' (common.l2_flush): a memset alone leaves the lines a
+    re-read config read with evict_last in L2, to the next call's profit."""
     calls = {label: make_call(kiln, op, rows, hidden) for label in caches}
-    flush = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device="cuda")
+    flush = common.l2_flush()
     events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
               for _ in range(BLOCK_REPS)]
     samples = {label: [] for label in caches}
@@ -186,10 +186,10 @@ def time_configs(kiln, caches, op, rows, hidden):
             call = calls[label]
             call()  # resolves this cache's config (a disk read and a module load)
             for _ in range(BLOCK_WARMUP):
-                flush.zero_()
+                flush()
                 call()
             for start, end in events:
-                flush.zero_()
+                flush()
                 start.record()
                 call()
                 end.record()
@@ -279,7 +279,8 @@ def main():
                 "dtype": "bf16", "copy_bandwidth_gbs_torch": copy_gbs,
                 "copy_bandwidth_gbs_kiln": next(iter(full["devices"]), {}).get(
                     "copy_bandwidth_gbs"),
-                "fast_within": FAST_WITHIN, "rows": rows_out}
+                "fast_within": FAST_WITHIN, "op_call_flush": common.flush_description(),
+                "rows": rows_out}
     tag = common.stamp(env) + ("-quick" if args.quick else "") + args.tag
     common.write_json(os.path.join(args.out, f"tuning-{tag}.json"), document)
     with open(os.path.join(args.out, f"tune-report-{tag}.json"), "w") as f:
@@ -333,7 +334,8 @@ def markdown(document):
         " op calls side by side (1.00 = same speed); tuned: heuristic over full winner. The"
         " heuristic is the family's for the rows' bucket; where the family's heuristic for any"
         " row count differs, its op-call time beside it; then a config named by --also, over"
-        " the heuristic.",
+        " the heuristic. Op calls are timed after "
+        f"{document.get('op_call_flush', 'a 256 MB memset before every call')}.",
         "",
         "| op | rows | full: configs, tune s, cold s | fast: configs, tune s, cold s "
         "| full winner | fast winner | fast/full (tune) | fast/full (op) | tuned x (tune) "
