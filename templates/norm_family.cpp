@@ -631,24 +631,48 @@ std::vector<Config> NormFamily::valid_space(const Problem& problem,
 
 namespace {
 
-// The ops whose heuristic re-reads the held split's row rather than holding it. Side by side
-// as op calls on an H200 (bf16, 2688 and 8192 rows, 4096 and 12288 wide; bench/tuning.py
-// --also, 2026-11-30), the held row took 1.04-1.09x the re-read one's time for rms_norm and
-// 1.03-1.13x for adaln (per sample), where fused_add_rms_norm re-read, in twice the split, took
-// 1.00-1.05x the held one's and layer_norm staged 1.00-1.02x. gated_adaln's full tunes favour
-// neither.
-const char* heuristic_row_extra(Op op) {
-  return op == Op::rms_norm || op == Op::adaln ? kRereadExtra : nullptr;
+// How an op's heuristic forms the held split's row. On 60 full tunes of the five ops on an
+// H200 (bf16, 2560-14848 wide, 2688-16384 rows; tests/cpp/tuner/data/
+// norm_full_tunes_h200_current.json) the forms below cost rms_norm 1.021, adaln 1.008,
+// gated_adaln 1.019, fused_add_rms_norm 1.002 and layer_norm 1.025 times the best on geometric
+// mean, the held row 1.056, 1.045, 1.030, 1.021 and 1.046. Timed as op calls after the benches'
+// flush, held rows took up to 1.20x the formed ones' time. At 512 threads a row (14848 wide)
+// gated_adaln's and fused_add_rms_norm's forms lost 1-2% as calls and tied in the tunes.
+// Staging gains layer_norm nothing as a call where measured (8192, 14848 wide) but 1.14x -> 1.04x
+// in the tunes at 12288 (BENCHMARKS.md, "The norms' heuristic for more rows than SMs").
+struct RowForm {
+  const char* extra = nullptr;  // none: the row held
+  int split_factor = 1;         // threads a row (and a CTA) over the held split's
+  int below_threads = 0;        // the form only where the held split has fewer threads a row
+};
+
+RowForm heuristic_row_form(Op op) {
+  switch (op) {
+    case Op::rms_norm:
+    case Op::adaln:
+      return {kRereadExtra, 1};
+    case Op::gated_adaln:
+      return {kRereadExtra, 1, 512};
+    case Op::fused_add_rms_norm:
+      return {kRereadExtra, 2, 512};
+    case Op::layer_norm:
+      return {kStageExtra, 1};
+    default:
+      return {};
+  }
 }
 
-// `held` with `extra`, where the space holds that config for this problem and device (a
-// re-read row needs 4 KB and two steps a thread); else `held`.
-Config with_row_extra(const std::vector<Config>& configs, const Config& held, const char* extra) {
-  if (extra == nullptr) {
+// `held` in `form`, where the space holds that config for this problem and device (a re-read
+// row needs 4 KB and two steps a thread, twice the split at most 1024 threads); else `held`.
+Config with_row_form(const std::vector<Config>& configs, const Config& held, RowForm form) {
+  if (form.extra == nullptr ||
+      (form.below_threads > 0 && held.threads_per_row >= form.below_threads)) {
     return held;
   }
   Config formed = held;
-  formed.extra = {{extra, 1}};
+  formed.threads_per_row *= form.split_factor;
+  formed.cta_threads *= form.split_factor;
+  formed.extra = {{form.extra, 1}};
   const bool valid = std::find(configs.begin(), configs.end(), formed) != configs.end();
   return valid ? formed : held;
 }
@@ -674,7 +698,7 @@ Config held_config(const std::vector<Config>& configs, const Problem& problem) {
 
 Config NormFamily::heuristic(const Problem& problem, const DeviceTraits& device) const {
   const std::vector<Config> configs = valid_space(problem, device);
-  return with_row_extra(configs, held_config(configs, problem), heuristic_row_extra(op_));
+  return with_row_form(configs, held_config(configs, problem), heuristic_row_form(op_));
 }
 
 Config NormFamily::held_heuristic(const Problem& problem, const DeviceTraits& device) const {

@@ -60,8 +60,8 @@ class NormFamily : public Family {
   std::vector<Config> space(const Problem& problem, const DeviceTraits& device) const override;
   std::string invalid_reason(const Problem& problem, const Config& config,
                              const DeviceTraits& device) const override;
-  // held_heuristic(), its row re-read where the op's rows run faster that way (rms_norm,
-  // adaln).
+  // held_heuristic() in the op's row form: re-read (fused_add_rms_norm's in twice the
+  // threads a row) or, for layer_norm, staged.
   Config heuristic(const Problem& problem, const DeviceTraits& device) const override;
   // The one-pass config that holds the row in registers: the widest vector, about 32 elements
   // a thread (a split that idles fewer lanes where one is near), one to four rows a CTA.

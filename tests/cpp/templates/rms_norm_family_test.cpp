@@ -327,7 +327,7 @@ TEST_CASE("the held heuristic halves a row split that would leave a quarter of i
   CHECK(kiln::RmsNormFamily::elements_per_thread(problem(DType::bf16, 4096), even) == 32);
 }
 
-TEST_CASE("the heuristic re-reads rms_norm's and adaln's rows and holds the others'") {
+TEST_CASE("the heuristic forms the held split's row as each op's rows run fastest") {
   const DeviceTraits h200 = DeviceTraits::for_arch(90);
   auto heuristic = [&](Op op, std::int64_t hidden, const DeviceTraits& device) {
     const Problem p{op, DType::bf16, hidden, kiln::kNormWeight, 16};
@@ -338,28 +338,50 @@ TEST_CASE("the heuristic re-reads rms_norm's and adaln's rows and holds the othe
     CHECK(held.extra.empty());
     return std::pair{held, chosen};
   };
-  for (Op op : {Op::rms_norm, Op::adaln}) {
-    for (std::int64_t hidden : {4096, 8192, 12288, 14848}) {
-      CAPTURE(hidden);
+  auto formed = [](Config config, const char* extra, int split_factor) {
+    config.threads_per_row *= split_factor;
+    config.cta_threads *= split_factor;
+    config.extra[extra] = 1;
+    return config;
+  };
+  for (std::int64_t hidden : {4096, 8192, 12288, 14848}) {
+    CAPTURE(hidden);
+    for (Op op : {Op::rms_norm, Op::adaln}) {
       auto [held, chosen] = heuristic(op, hidden, h200);
-      Config reread = held;
-      reread.extra["reread"] = 1;
-      CHECK(chosen == reread);
+      CHECK(chosen == formed(held, "reread", 1));
+    }
+    // layer_norm stages rows of 16 KB of streams and more; a narrower one (4096 wide, no
+    // affine: 8 KB) takes too few registers for staging to pay, and is held.
+    auto [layer_held, layer_chosen] = heuristic(Op::layer_norm, hidden, h200);
+    CHECK(layer_chosen == (hidden > 4096 ? formed(layer_held, "stage", 1) : layer_held));
+    // fused_add_rms_norm re-reads in twice the threads a row, as many rows a CTA; it and
+    // gated_adaln hold rows whose split already takes 512 threads (14848 wide).
+    auto [add_held, add_chosen] = heuristic(Op::fused_add_rms_norm, hidden, h200);
+    auto [gated_held, gated_chosen] = heuristic(Op::gated_adaln, hidden, h200);
+    if (add_held.threads_per_row < 512) {
+      CHECK(add_chosen == formed(add_held, "reread", 2));
+      CHECK(gated_chosen == formed(gated_held, "reread", 1));
+    } else {
+      CHECK(hidden == 14848);
+      CHECK(add_chosen == add_held);
+      CHECK(gated_chosen == gated_held);
     }
   }
-  for (Op op : {Op::fused_add_rms_norm, Op::layer_norm, Op::gated_adaln}) {
-    auto [held, chosen] = heuristic(op, 8192, h200);
-    CHECK(chosen == held);
-  }
-  // Where the space has no re-read row, the held one: rows under 4 KB, and a split that
+  // Where the space has no such row, the held one: rows under 4 KB, and a split that
   // leaves a thread one vector.
   auto [narrow_held, narrow_chosen] = heuristic(Op::rms_norm, 1536, h200);
   CHECK(narrow_chosen == narrow_held);
   auto [tiny_held, tiny_chosen] = heuristic(Op::rms_norm, 8, h200);
   CHECK(tiny_chosen == tiny_held);
-  // Re-reading needs no sm_80 feature: sm_75 gets it too.
-  auto [t4_held, t4_chosen] = heuristic(Op::rms_norm, 4096, DeviceTraits::for_arch(75));
+  auto [tiny_add_held, tiny_add_chosen] = heuristic(Op::fused_add_rms_norm, 8, h200);
+  CHECK(tiny_add_chosen == tiny_add_held);
+  // Re-reading needs no sm_80 feature: sm_75 gets it too; staging needs cp.async, so sm_75's
+  // layer_norm holds its rows.
+  const DeviceTraits t4 = DeviceTraits::for_arch(75);
+  auto [t4_held, t4_chosen] = heuristic(Op::rms_norm, 4096, t4);
   CHECK(t4_chosen.extra.count("reread") == 1);
+  auto [t4_layer_held, t4_layer_chosen] = heuristic(Op::layer_norm, 8192, t4);
+  CHECK(t4_layer_chosen == t4_layer_held);
 }
 
 TEST_CASE("name_expression spells the norm kernel with RMSNorm's features") {

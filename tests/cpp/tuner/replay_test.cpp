@@ -211,8 +211,13 @@ TEST_CASE("replay_documents replays full tunes of the selected op and says why i
 //   gated_adaln 8192 wide (best: such a pair) cost 1.013-1.037 and the 150 gave 1.0070 and 14
 //   over 1.02.
 // - Before the heuristic, where the search starts, re-read rms_norm's and adaln's rows
-//   (norm_family.cpp, heuristic_row_extra), the 150 gave at most 1.0056 and the 50 at 2688
-//   rows at most 1.0062, 7 of them over 1.02; now 1.0051, and 1.0066 with 8.
+//   (norm_family.cpp, heuristic_row_form), the 150 gave at most 1.0056 and the 50 at 2688
+//   rows at most 1.0062, 7 of them over 1.02; then 1.0051, and 1.0066 with 8. With every op's
+//   row form (fused_add_rms_norm re-read in twice the split, gated_adaln re-read, layer_norm
+//   staged) 1.0050, and 1.0071 with 7: these tunes predate the one-pass kernels, and on the
+//   60 of today's kernels below the same start took the search from 1.0068 to 1.0058. Of the
+//   25 whose best is re-read, fused_add_rms_norm 2432 and 2048 wide now cost 1.018 and 1.014
+//   (the best's split in four rows a CTA, not two).
 TEST_CASE("on recorded H200 full tunes of the norm family the fast search stays near the best") {
   const RecordedTunes fixture = recorded_tunes("norm_full_tunes_h200.json");
   ReplaySummary summary;    // timed on their buckets' rows
@@ -262,13 +267,13 @@ TEST_CASE("on recorded H200 full tunes of the norm family the fast search stays 
   REQUIRE(wide_gated_adaln.outcomes.size() == 3);
   CHECK(wide_gated_adaln.worst_cost() <= 1.005);
   REQUIRE(call_rows.outcomes.size() == 50);
-  CHECK(call_rows.geomean_cost() <= 1.0067);
+  CHECK(call_rows.geomean_cost() <= 1.0072);
   CHECK(call_rows.worst_cost() <= 1.067);
-  CHECK(call_rows.costing_more_than(1.02) <= 8);
+  CHECK(call_rows.costing_more_than(1.02) <= 7);
   REQUIRE(widest_adaln.outcomes.size() == 4);
   CHECK(widest_adaln.worst_cost() <= 1.007);
   REQUIRE(call_rows_reread.outcomes.size() == 25);
-  CHECK(call_rows_reread.worst_cost() <= 1.01);
+  CHECK(call_rows_reread.worst_cost() <= 1.019);
   CHECK(render_replay(call_rows).find(" r4096@2688 ") != std::string::npos);
   CHECK(render_replay(summary).find("@") == std::string::npos);
 }
@@ -304,18 +309,18 @@ TEST_CASE("on current H200 full tunes the norms' heuristic stays near the best")
     const double heuristic = std::exp(logs.first / counts[op]);
     const double held = std::exp(logs.second / counts[op]);
     CAPTURE(op_name(op));
-    if (op == Op::rms_norm || op == Op::adaln) {
-      CHECK(heuristic < held);  // the re-read row: 1.056 -> 1.021 and 1.045 -> 1.008
-      CHECK(heuristic <= 1.022);
-    } else {
-      CHECK(heuristic == doctest::Approx(held));
-    }
+    // The op's row form over the held row: rms_norm 1.056 -> 1.021, fused_add_rms_norm 1.021
+    // -> 1.002, layer_norm 1.046 -> 1.025, adaln 1.045 -> 1.008, gated_adaln 1.030 -> 1.019.
+    CHECK(heuristic < held);
+    CHECK(heuristic <= 1.026);
   }
   CHECK(summary.heuristic_costing_more_than(1.2) == 0);
-  // Held rows everywhere gave 1.039, at worst 1.141 (layer_norm 4096x12288).
-  CHECK(summary.heuristic_geomean_cost() <= 1.026);
+  // Held rows everywhere gave 1.039, at worst 1.141 (layer_norm 4096x12288); only rms_norm
+  // and adaln re-read, 1.025.
+  CHECK(summary.heuristic_geomean_cost() <= 1.016);
   CHECK(summary.heuristic_worst_cost() <= 1.15);
-  CHECK(summary.geomean_cost() <= 1.007);  // 1.0064 from the held start
+  // 1.0064 from the held start, 1.0068 from rms_norm's and adaln's re-read rows alone.
+  CHECK(summary.geomean_cost() <= 1.006);
   CHECK(summary.worst_cost() <= 1.05);
   const std::string text = render_replay(summary);
   CHECK(text.find("the heuristic (what tuning off") != std::string::npos);
