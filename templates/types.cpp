@@ -297,84 +297,44 @@ void from_json(const nlohmann::json& j, Problem& problem) {
 }
 
 // ---------------------------------------------------------------------------------------
-// Known archs, described by the datacenter part most deployments of that arch use.
+// Known archs, each described by the datacenter part most deployments of it use, newest
+// first. A field left out keeps DeviceTraits' default: 1024 threads a block, 64 K registers
+// an SM and a block, 48 KB of shared memory a block without opting in.
 
 namespace {
 
-DeviceTraits turing_t4() {
-  DeviceTraits t;
-  t.sm = 75;
-  t.sm_count = 40;
-  t.max_threads_per_block = 1024;
-  t.max_threads_per_sm = 1024;
-  t.regs_per_sm = 65536;
-  t.regs_per_block = 65536;
-  t.smem_per_block = 48 * 1024;
-  t.smem_per_block_optin = 64 * 1024;
-  t.smem_per_sm = 64 * 1024;
-  t.l2_bytes = 4 * 1024 * 1024;
-  return t;
-}
-
-DeviceTraits ampere_a100() {
-  DeviceTraits t;
-  t.sm = 80;
-  t.sm_count = 108;
-  t.max_threads_per_block = 1024;
-  t.max_threads_per_sm = 2048;
-  t.regs_per_sm = 65536;
-  t.regs_per_block = 65536;
-  t.smem_per_block = 48 * 1024;
-  t.smem_per_block_optin = 163 * 1024;
-  t.smem_per_sm = 164 * 1024;
-  t.l2_bytes = 40 * 1024 * 1024;
-  return t;
-}
-
-DeviceTraits ampere_a10() {
-  DeviceTraits t;
-  t.sm = 86;
-  t.sm_count = 72;
-  t.max_threads_per_block = 1024;
-  t.max_threads_per_sm = 1536;
-  t.regs_per_sm = 65536;
-  t.regs_per_block = 65536;
-  t.smem_per_block = 48 * 1024;
-  t.smem_per_block_optin = 99 * 1024;
-  t.smem_per_sm = 100 * 1024;
-  t.l2_bytes = 6 * 1024 * 1024;
-  return t;
-}
-
-DeviceTraits ada_l4() {
-  DeviceTraits t;
-  t.sm = 89;
-  t.sm_count = 58;
-  t.max_threads_per_block = 1024;
-  t.max_threads_per_sm = 1536;
-  t.regs_per_sm = 65536;
-  t.regs_per_block = 65536;
-  t.smem_per_block = 48 * 1024;
-  t.smem_per_block_optin = 99 * 1024;
-  t.smem_per_sm = 100 * 1024;
-  t.l2_bytes = 48 * 1024 * 1024;
-  return t;
-}
-
-DeviceTraits hopper_h100_sxm() {
-  DeviceTraits t;
-  t.sm = 90;
-  t.sm_count = 132;
-  t.max_threads_per_block = 1024;
-  t.max_threads_per_sm = 2048;
-  t.regs_per_sm = 65536;
-  t.regs_per_block = 65536;
-  t.smem_per_block = 48 * 1024;
-  t.smem_per_block_optin = 227 * 1024;
-  t.smem_per_sm = 228 * 1024;
-  t.l2_bytes = 50 * 1024 * 1024;
-  return t;
-}
+constexpr DeviceTraits kKnownArchs[] = {
+    {.sm = 90,  // H100 SXM
+     .sm_count = 132,
+     .max_threads_per_sm = 2048,
+     .smem_per_block_optin = 227 * 1024,
+     .smem_per_sm = 228 * 1024,
+     .l2_bytes = 50 * 1024 * 1024},
+    {.sm = 89,  // L4
+     .sm_count = 58,
+     .max_threads_per_sm = 1536,
+     .smem_per_block_optin = 99 * 1024,
+     .smem_per_sm = 100 * 1024,
+     .l2_bytes = 48 * 1024 * 1024},
+    {.sm = 86,  // A10
+     .sm_count = 72,
+     .max_threads_per_sm = 1536,
+     .smem_per_block_optin = 99 * 1024,
+     .smem_per_sm = 100 * 1024,
+     .l2_bytes = 6 * 1024 * 1024},
+    {.sm = 80,  // A100
+     .sm_count = 108,
+     .max_threads_per_sm = 2048,
+     .smem_per_block_optin = 163 * 1024,
+     .smem_per_sm = 164 * 1024,
+     .l2_bytes = 40 * 1024 * 1024},
+    {.sm = 75,  // T4
+     .sm_count = 40,
+     .max_threads_per_sm = 1024,
+     .smem_per_block_optin = 64 * 1024,
+     .smem_per_sm = 64 * 1024,
+     .l2_bytes = 4 * 1024 * 1024},
+};
 
 }  // namespace
 
@@ -382,24 +342,15 @@ DeviceTraits hopper_h100_sxm() {
 // it, keeping its own `sm` so code generation still targets it. Archs older than sm_75 are
 // not supported by CUDA 13's NVRTC.
 DeviceTraits DeviceTraits::for_arch(int sm) {
-  if (sm < 75) {
-    throw ArgumentError("device", "sm", "a compute capability of at least 7.5 (sm_75)",
-                        "sm_" + std::to_string(sm));
+  for (const DeviceTraits& known : kKnownArchs) {
+    if (sm >= known.sm) {
+      DeviceTraits traits = known;
+      traits.sm = sm;
+      return traits;
+    }
   }
-  DeviceTraits traits;
-  if (sm >= 90) {
-    traits = hopper_h100_sxm();
-  } else if (sm >= 89) {
-    traits = ada_l4();
-  } else if (sm >= 86) {
-    traits = ampere_a10();
-  } else if (sm >= 80) {
-    traits = ampere_a100();
-  } else {
-    traits = turing_t4();
-  }
-  traits.sm = sm;
-  return traits;
+  throw ArgumentError("device", "sm", "a compute capability of at least 7.5 (sm_75)",
+                      "sm_" + std::to_string(sm));
 }
 
 }  // namespace kiln
