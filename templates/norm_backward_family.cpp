@@ -23,7 +23,6 @@ namespace {
 
 constexpr const auto& kVecBytes = kRowVecBytes;
 constexpr const auto& kThreadsPerRow = kRowThreadsPerRow;
-constexpr const auto& kCtaThreads = kRowCtaThreads;
 
 // Registers beyond the row data and the sums: addresses, indices, the item and row loops,
 // the reductions and one step's fp32 math.
@@ -285,35 +284,6 @@ Config sum_heuristic(const Problem& problem, const DeviceTraits& device) {
   return configs.front();
 }
 
-// The splits of a row the space holds, ascending: powers of two, and whole warps that
-// divide the row's vectors exactly.
-std::vector<int> threads_per_row_options(const Problem& problem, int vec_bytes) {
-  std::vector<int> options(kThreadsPerRow.begin(), kThreadsPerRow.end());
-  const std::int64_t row_bytes =
-      problem.hidden * static_cast<std::int64_t>(dtype_size(problem.dtype));
-  if (row_bytes % vec_bytes == 0) {
-    const std::int64_t vectors = row_bytes / vec_bytes;
-    for (int tpr = 64; tpr <= kThreadsPerRow.back(); tpr += 32) {
-      if (vectors % tpr == 0 && !one_of(kThreadsPerRow, tpr)) {
-        options.push_back(tpr);
-      }
-    }
-  }
-  std::sort(options.begin(), options.end());
-  return options;
-}
-
-std::vector<int> cta_options(int threads_per_row) {
-  if (one_of(kThreadsPerRow, threads_per_row)) {
-    return {kCtaThreads.begin(), kCtaThreads.end()};
-  }
-  std::vector<int> options;
-  for (int cta = threads_per_row; cta <= kCtaThreads.back(); cta *= 2) {
-    options.push_back(cta);
-  }
-  return options;
-}
-
 }  // namespace
 
 void NormBackwardFamily::check(const Problem& problem) const {
@@ -420,8 +390,8 @@ std::vector<Config> NormBackwardFamily::space(const Problem& problem,
   }
   std::vector<Config> configs;
   for (int vec : kVecBytes) {
-    for (int tpr : threads_per_row_options(problem, vec)) {
-      for (int cta : cta_options(tpr)) {
+    for (int tpr : row_split_options(problem, vec)) {
+      for (int cta : row_cta_options(tpr)) {
         for (bool prefetch : {false, true}) {
           Config config;
           config.vec_bytes = vec;

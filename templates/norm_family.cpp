@@ -20,7 +20,6 @@ namespace {
 
 constexpr const auto& kVecBytes = kRowVecBytes;
 constexpr const auto& kThreadsPerRow = kRowThreadsPerRow;
-constexpr const auto& kCtaThreads = kRowCtaThreads;
 
 // Registers beyond the row data: addresses, indices, the reductions, one step's fp32 math
 // and its per-column operands (as calibrated on ptxas -v of sm_75 and sm_90 builds).
@@ -279,39 +278,6 @@ std::int64_t NormFamily::elements_per_thread(const Problem& problem, const Confi
   return ceil_div(problem.hidden, per_step) * vec_elems;
 }
 
-namespace {
-
-// The splits of a row the space holds, ascending: powers of two, and whole warps that
-// divide the row's vectors exactly.
-std::vector<int> threads_per_row_options(const Problem& problem, int vec_bytes) {
-  std::vector<int> options(kThreadsPerRow.begin(), kThreadsPerRow.end());
-  const std::int64_t row_bytes =
-      problem.hidden * static_cast<std::int64_t>(dtype_size(problem.dtype));
-  if (row_bytes % vec_bytes == 0) {
-    const std::int64_t vectors = row_bytes / vec_bytes;
-    for (int tpr = 64; tpr <= kThreadsPerRow.back(); tpr += 32) {
-      if (vectors % tpr == 0 && !one_of(kThreadsPerRow, tpr)) {
-        options.push_back(tpr);
-      }
-    }
-  }
-  std::sort(options.begin(), options.end());
-  return options;
-}
-
-std::vector<int> cta_options(int threads_per_row) {
-  if (one_of(kThreadsPerRow, threads_per_row)) {
-    return {kCtaThreads.begin(), kCtaThreads.end()};
-  }
-  std::vector<int> options;
-  for (int cta = threads_per_row; cta <= kCtaThreads.back(); cta *= 2) {
-    options.push_back(cta);
-  }
-  return options;
-}
-
-}  // namespace
-
 void NormFamily::check(const Problem& problem) const {
   if (auto error = problem_error(*this, problem)) {
     throw *error;
@@ -535,8 +501,8 @@ std::vector<Config> NormFamily::space(const Problem& problem, const DeviceTraits
   check(problem);
   std::vector<Config> configs;
   for (int vec : kVecBytes) {
-    for (int tpr : threads_per_row_options(problem, vec)) {
-      for (int cta : cta_options(tpr)) {
+    for (int tpr : row_split_options(problem, vec)) {
+      for (int cta : row_cta_options(tpr)) {
         // One pass, holding the row (waves 0) or staging it in shared memory (-2); then
         // persistent grids of the estimated residency and of twice it (the estimate is
         // conservative, and a grid short of what fits leaves SMs half idle); and the row

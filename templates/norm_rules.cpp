@@ -107,6 +107,33 @@ std::string row_split_reason(const Problem& problem, const Config& config,
   return {};
 }
 
+std::vector<int> row_split_options(const Problem& problem, int vec_bytes) {
+  std::vector<int> options(kRowThreadsPerRow.begin(), kRowThreadsPerRow.end());
+  const std::int64_t row_bytes =
+      problem.hidden * static_cast<std::int64_t>(dtype_size(problem.dtype));
+  if (row_bytes % vec_bytes == 0) {
+    const std::int64_t vectors = row_bytes / vec_bytes;
+    for (int tpr = 64; tpr <= kRowThreadsPerRow.back(); tpr += 32) {
+      if (vectors % tpr == 0 && !one_of(kRowThreadsPerRow, tpr)) {
+        options.push_back(tpr);
+      }
+    }
+  }
+  std::sort(options.begin(), options.end());
+  return options;
+}
+
+std::vector<int> row_cta_options(int threads_per_row) {
+  if (one_of(kRowThreadsPerRow, threads_per_row)) {
+    return {kRowCtaThreads.begin(), kRowCtaThreads.end()};
+  }
+  std::vector<int> options;
+  for (int cta = threads_per_row; cta <= kRowCtaThreads.back(); cta *= 2) {
+    options.push_back(cta);
+  }
+  return options;
+}
+
 bool is_widest_split(const Config& config, const DeviceTraits& device) {
   return config.threads_per_row >= std::min(kRowThreadsPerRow.back(), device.max_threads_per_block);
 }

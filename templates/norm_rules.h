@@ -9,6 +9,7 @@
 #include <initializer_list>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "cache/error.h"
 #include "templates/family.h"
@@ -45,6 +46,14 @@ inline constexpr std::array<int, 5> kRowCtaThreads = {64, 128, 256, 512, 1024};
 // row group that the device can launch. Registers stay the family's own rule.
 std::string row_split_reason(const Problem& problem, const Config& config,
                              const DeviceTraits& device, std::int64_t held, std::int64_t max_held);
+
+// The splits of a row the space holds, ascending: the powers of two of kRowThreadsPerRow, and
+// whole warps that divide the row's vec_bytes vectors exactly.
+std::vector<int> row_split_options(const Problem& problem, int vec_bytes);
+
+// The CTA sizes a split takes: every kRowCtaThreads size for a power-of-two split; the split
+// times powers of two, up to the largest, for another.
+std::vector<int> row_cta_options(int threads_per_row);
 
 // Whether threads_per_row is the widest split the device allows (which stays valid even when
 // it spills, so that every hidden size has a config).
