@@ -97,22 +97,8 @@ std::int64_t ActivationBackwardFamily::row_groups(std::int64_t rows) {
 }
 
 void ActivationBackwardFamily::check(const Problem& problem) const {
+  ElementwiseFamily::check_pointwise(*this, problem, allowed_flags(), flag_names(op_));
   const std::string op(name());
-  if (problem.op != op_) {
-    throw ArgumentError(op, "problem", "op " + op, std::string(op_name(problem.op)));
-  }
-  if (problem.hidden < 1 || problem.hidden > kMaxHidden) {
-    throw ArgumentError(op, "hidden", "a row width in [1, 16777216]",
-                        std::to_string(problem.hidden));
-  }
-  if (problem.align < 1 || problem.align > 16 || (problem.align & (problem.align - 1)) != 0) {
-    throw ArgumentError(op, "align", "a power of two in [1, 16] bytes",
-                        std::to_string(problem.align));
-  }
-  if ((problem.flags & ~allowed_flags()) != 0) {
-    throw ArgumentError(op, "flags", "only the bits " + flag_names(op_),
-                        std::to_string(problem.flags));
-  }
   if ((problem.flags & kElementwiseFlat) != 0 && (problem.flags & kGeluHasBias) != 0) {
     throw ArgumentError(op, "flags", "no flat layout with a bias (a sum over rows)",
                         std::to_string(problem.flags));

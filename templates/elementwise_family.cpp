@@ -105,23 +105,30 @@ bool ElementwiseFamily::needs_index64(std::int64_t elements) {
   return 2 * std::max<std::int64_t>(elements, 0) + kLargestStep > std::int64_t{0xffffffff};
 }
 
-void ElementwiseFamily::check(const Problem& problem) const {
-  const std::string op(name());
-  if (problem.op != op_) {
+void ElementwiseFamily::check_pointwise(const Family& family, const Problem& problem,
+                                        std::uint32_t allowed_flags,
+                                        const std::string& allowed_names) {
+  const std::string op(family.name());
+  if (problem.op != family.op()) {
     throw ArgumentError(op, "problem", "op " + op, std::string(op_name(problem.op)));
   }
   if (problem.hidden < 1 || problem.hidden > kMaxHidden) {
-    throw ArgumentError(op, "hidden", "a row width in [1, 16777216]",
+    throw ArgumentError(op, "hidden", "a row width in [1, " + std::to_string(kMaxHidden) + "]",
                         std::to_string(problem.hidden));
   }
   if (problem.align < 1 || problem.align > 16 || (problem.align & (problem.align - 1)) != 0) {
     throw ArgumentError(op, "align", "a power of two in [1, 16] bytes",
                         std::to_string(problem.align));
   }
-  if ((problem.flags & ~allowed_flags()) != 0) {
-    throw ArgumentError(op, "flags", "only the bits " + flag_names(op_),
+  if ((problem.flags & ~allowed_flags) != 0) {
+    throw ArgumentError(op, "flags", "only the bits " + allowed_names,
                         std::to_string(problem.flags));
   }
+}
+
+void ElementwiseFamily::check(const Problem& problem) const {
+  check_pointwise(*this, problem, allowed_flags(), flag_names(op_));
+  const std::string op(name());
   const bool flat = (problem.flags & kElementwiseFlat) != 0;
   if (flat && (problem.flags & (kGeluHasBias | kGatePerSample)) != 0) {
     throw ArgumentError(op, "flags",

@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "templates/family.h"
 
@@ -68,6 +69,11 @@ class ElementwiseFamily : public Family {
 
   // The flag bits this op accepts.
   std::uint32_t allowed_flags() const;
+  // The checks of a pointwise op's problem, forward or backward: `family`'s own op, a row
+  // width in [1, kMaxHidden], an alignment that is a power of two in [1, 16] bytes, no flag
+  // beyond `allowed_flags` (named `allowed_names`). Throws ArgumentError naming the op.
+  static void check_pointwise(const Family& family, const Problem& problem,
+                              std::uint32_t allowed_flags, const std::string& allowed_names);
   // Vectors of vec_bytes the kernel's main loop covers for `rows` rows.
   static std::int64_t vectors(const Problem& problem, int vec_bytes, std::int64_t rows);
   // A grid of one resident wave of `cta_threads`-thread CTAs on the device.
