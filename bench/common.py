@@ -26,8 +26,8 @@ def flush_description():
 
 def timing_description():
     """How bench_side_by_side times, as recorded with every result."""
-    return (f"median of CUDA-event times, {flush_description()}, the contenders of a shape interleaved in "
-            "shuffled rounds (bench_side_by_side)")
+    return (f"median of CUDA-event times, {flush_description()}, the contenders of a shape "
+            "interleaved in shuffled rounds (bench_side_by_side)")
 
 
 def _sleep_cycles_per_ms():
