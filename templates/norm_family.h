@@ -60,8 +60,9 @@ class NormFamily : public Family {
   std::vector<Config> space(const Problem& problem, const DeviceTraits& device) const override;
   std::string invalid_reason(const Problem& problem, const Config& config,
                              const DeviceTraits& device) const override;
-  // held_heuristic() in the op's row form: re-read (fused_add_rms_norm's in twice the
-  // threads a row) or, for layer_norm, staged.
+  // held_heuristic() in the op's row form, where the space has it: re-read for rms_norm and
+  // adaln; re-read for gated_adaln and, in twice the threads a row, fused_add_rms_norm, both
+  // where the held split has fewer than 512 threads a row; staged for layer_norm.
   Config heuristic(const Problem& problem, const DeviceTraits& device) const override;
   // The one-pass config that holds the row in registers: the widest vector, about 32 elements
   // a thread (a split that idles fewer lanes where one is near), one to four rows a CTA.
