@@ -48,14 +48,15 @@ def eager_gated_residual(h, y, gate):
     return h + y * gate
 
 
-def make_form(name, tokens, width):
+def make_form(name, tokens, width, dtype=torch.bfloat16):
     """(kiln call, eager function, its arguments, bytes that must move)."""
     import kiln
 
     def r(*shape):
-        return torch.randn(shape, device="cuda", dtype=torch.bfloat16)
+        return torch.randn(shape, device="cuda", dtype=dtype)
 
-    n = tokens * width * 2  # bytes of one [tokens, width] bf16 tensor
+    size = torch.finfo(dtype).bits // 8
+    n = tokens * width * size  # bytes of one [tokens, width] tensor
     if name == "swiglu":
         g, u = r(tokens, width), r(tokens, width)
         return (lambda: kiln.swiglu(g, u)), eager_swiglu, (g, u), 3 * n
@@ -73,20 +74,20 @@ def make_form(name, tokens, width):
         h, y = r(batch, tokens // batch, width), r(batch, tokens // batch, width)
         gate = r(batch, 1, width)
         return (lambda: kiln.gated_residual(h, y, gate)), eager_gated_residual, (h, y, gate), \
-            3 * n + gate.numel() * 2
+            3 * n + gate.numel() * size
     raise ValueError(f"unknown form {name}")
 
 
 def write_results(args, env, copy_gbs, rows, overhead, kiln):
     """Written after every form, so a run cut short keeps what it measured."""
-    result = {"environment": env, "copy_gbs": copy_gbs, "activations_bf16": rows,
+    result = {"environment": env, "copy_gbs": copy_gbs, f"activations_{args.dtype_key}": rows,
               "host_overhead_us": overhead, "kiln_settings": kiln.settings(),
               "kiln_device": kiln.device_info(0)}
-    stamp = common.stamp(env)
+    stamp = f"{common.stamp(env)}{args.tag}"
     common.write_json(os.path.join(args.out, f"activations-{stamp}.json"), result)
 
     lines = [
-        f"Activations bf16, {env['device']} ({env['sm']}), {env['date']}, torch "
+        f"Activations {args.dtype_key}, {env['device']} ({env['sm']}), {env['date']}, torch "
         f"{env['versions']['torch']}, triton {env['versions'].get('triton', '-')}; copy {copy_gbs:.0f} GB/s",
         "",
         "| op | tokens x width | MB moved | kiln us (% copy) | eager us | torch.compile us (% copy) "
@@ -139,7 +140,12 @@ def main():
     parser.add_argument("--tokens", help="comma-separated token counts (default: the grid)")
     parser.add_argument("--repeats", type=int, default=5,
                         help="side-by-side blocks per launch-bound shape (tokens <= 128)")
+    parser.add_argument("--dtype", default="bfloat16", choices=sorted(common.DTYPE_KEYS))
+    parser.add_argument("--tag", default="", help="appended to the output file names")
     args = parser.parse_args()
+    dtype, args.dtype_key = getattr(torch, args.dtype), common.DTYPE_KEYS[args.dtype]
+    if args.dtype_key != "bf16":
+        args.tag = f"-{args.dtype_key}{args.tag}"
 
     kiln = common.fresh_kiln(1024)
     env = common.environment()
@@ -167,10 +173,10 @@ def main():
     seen = set()
     rows = []
     for form in args.forms.split(","):
-        compiled = torch.compile(make_form(form, 1, 8)[1], dynamic=False)
+        compiled = torch.compile(make_form(form, 1, 8, dtype)[1], dynamic=False)
         for tokens in tokens_list:
             for width in widths:
-                kiln_call, eager, inputs, moved = make_form(form, tokens, width)
+                kiln_call, eager, inputs, moved = make_form(form, tokens, width, dtype)
                 with torch.no_grad():
                     expected = eager(*[t.double() for t in inputs])
                     out = kiln_call()

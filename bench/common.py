@@ -12,6 +12,9 @@ import tempfile
 
 import torch
 
+# The names kiln's cache keys and the result files give the dtypes a bench takes.
+DTYPE_KEYS = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
+
 
 def _scrub_enabled():
     return os.environ.get("KILN_BENCH_SCRUB", "1") != "0"

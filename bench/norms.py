@@ -205,8 +205,6 @@ def chosen_config(cache_dir, op, hidden, since, dtype_key="bf16"):
     return key
 
 
-# The names the cache's problem keys give the dtypes.
-DTYPE_KEYS = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
 
 
 def copy_us(moved):
@@ -225,9 +223,9 @@ def main():
     parser.add_argument("--backward", action="store_true", help="time the backward passes (training)")
     parser.add_argument("--frozen", action="store_true",
                         help="with --backward: parameters and modulation frozen, the input's gradient only (LoRA)")
-    parser.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPE_KEYS))
+    parser.add_argument("--dtype", default="bfloat16", choices=sorted(common.DTYPE_KEYS))
     args = parser.parse_args()
-    dt, dtype_key = getattr(torch, args.dtype), DTYPE_KEYS[args.dtype]
+    dt, dtype_key = getattr(torch, args.dtype), common.DTYPE_KEYS[args.dtype]
     if dt != torch.bfloat16:
         args.tag = f"-{dtype_key}{args.tag}"
     if args.backward:
