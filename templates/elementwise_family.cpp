@@ -70,7 +70,7 @@ std::string flag_names(Op op) {
     case Op::gelu:
       return "flat (1), erf (2), bias (4), 64-bit index (32)";
     case Op::gated_residual:
-      return "flat (1), per-sample gate (8), in place (16), 64-bit index (32)";
+      return "flat (1), per-sample gate (8), in place (16), 64-bit index (32), shared gate (64)";
     default:
       return "none";
   }
@@ -93,7 +93,8 @@ std::uint32_t ElementwiseFamily::allowed_flags() const {
     case Op::gelu:
       return kElementwiseFlat | kGeluErf | kGeluHasBias | kElementwiseIndex64;
     case Op::gated_residual:
-      return kElementwiseFlat | kGatePerSample | kGatedResidualInPlace | kElementwiseIndex64;
+      return kElementwiseFlat | kGatePerSample | kGatedResidualInPlace | kElementwiseIndex64 |
+             kGateShared;
     default:
       return 0;
   }
@@ -130,9 +131,13 @@ void ElementwiseFamily::check(const Problem& problem) const {
   check_pointwise(*this, problem, allowed_flags(), flag_names(op_));
   const std::string op(name());
   const bool flat = (problem.flags & kElementwiseFlat) != 0;
-  if (flat && (problem.flags & (kGeluHasBias | kGatePerSample)) != 0) {
+  if (flat && (problem.flags & (kGeluHasBias | kGatePerSample | kGateShared)) != 0) {
     throw ArgumentError(op, "flags",
-                        "no flat layout with a broadcast operand (bias, per-sample gate)",
+                        "no flat layout with a broadcast operand (bias, per-sample or shared gate)",
+                        std::to_string(problem.flags));
+  }
+  if ((problem.flags & kGatePerSample) != 0 && (problem.flags & kGateShared) != 0) {
+    throw ArgumentError(op, "flags", "a gate per sample (8) or shared by every row (64), not both",
                         std::to_string(problem.flags));
   }
 }
@@ -332,8 +337,12 @@ std::vector<BufferSpec> ElementwiseFamily::buffers(const Problem& problem,
     default: {
       // In place or not, a stand-alone run writes a separate output: the kernel is the same
       // (h read coherently), and h stays intact across repetitions and verification.
-      const std::int64_t gate_rows =
-          (problem.flags & kGatePerSample) != 0 ? ceil_div(rows, kStandaloneRowsPerSample) : rows;
+      std::int64_t gate_rows = rows;
+      if ((problem.flags & kGatePerSample) != 0) {
+        gate_rows = ceil_div(rows, kStandaloneRowsPerSample);
+      } else if ((problem.flags & kGateShared) != 0) {
+        gate_rows = 1;
+      }
       return {{"h", t, n, false},
               {"y", t, n, false},
               {"gate", t, gate_rows * problem.hidden, false},
@@ -366,7 +375,7 @@ std::vector<std::byte> ElementwiseFamily::pack_params(
   params.rows = rows;
   params.a_row_stride = problem.hidden;
   params.b_row_stride = op_ == Op::gelu ? 0 : problem.hidden;  // gelu's b is the bias
-  params.c_row_stride = problem.hidden;
+  params.c_row_stride = (problem.flags & kGateShared) != 0 ? 0 : problem.hidden;
   params.out_row_stride = problem.hidden;
   params.rows_per_sample =
       make_divisor((problem.flags & kGatePerSample) != 0 ? kStandaloneRowsPerSample : 1);
@@ -395,8 +404,9 @@ std::vector<Problem> ElementwiseFamily::common_problems(DType dtype, std::int64_
     case Op::gelu:  // LTX-Video / FLUX feed-forwards use the tanh form
       return {make(kElementwiseFlat), make(kGeluHasBias), make(kElementwiseFlat | kGeluErf),
               make(kGeluHasBias | kGeluErf)};
-    default:  // DiT blocks: a gate per sample, in place and not
-      return {make(kGatePerSample), make(kGatePerSample | kGatedResidualInPlace),
+    default:  // DiT blocks: a gate per sample, or one for a batch of one; in place and not
+      return {make(kGatePerSample),   make(kGatePerSample | kGatedResidualInPlace),
+              make(kGateShared),      make(kGateShared | kGatedResidualInPlace),
               make(kElementwiseFlat), make(kElementwiseFlat | kGatedResidualInPlace)};
   }
 }

@@ -38,6 +38,12 @@ inline constexpr std::uint32_t kGatedResidualInPlace = 16u;
 // indexes in 64 bits (32 otherwise). Set by the host from the call's size
 // (ElementwiseFamily::needs_index64), never by the tuner.
 inline constexpr std::uint32_t kElementwiseIndex64 = 32u;
+// gated_residual: one gate row for every row (a [D] gate, or the [1, 1, D] gate of a single
+// sample), read with row stride 0. The kernel is the per-token one, whose gate stride is a
+// parameter; the flag is for the tuner, whose stand-alone run would otherwise time a per-token
+// gate as large as h: a fourth full stream that such a call never reads (tuned 1.3x slower
+// than its calls ran, and ranked for that traffic).
+inline constexpr std::uint32_t kGateShared = 64u;
 
 class ElementwiseFamily : public Family {
  public:

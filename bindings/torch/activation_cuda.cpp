@@ -118,6 +118,7 @@ void gated_residual_into(const char* name, const GateLayout& layout, const at::T
   params.rows_per_sample = make_divisor(1);
   if (layout.broadcast == GateBroadcast::shared) {
     gate_operand.row_stride = 0;
+    flags |= kGateShared;
   } else if (layout.broadcast == GateBroadcast::per_sample) {
     flags |= kGatePerSample;
     params.rows_per_sample = make_divisor(static_cast<unsigned long long>(rows / h.size(0)));

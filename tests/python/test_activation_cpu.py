@@ -240,7 +240,7 @@ FLAGS = {  # op -> problem flag sets (templates/elementwise_family.h)
     "swiglu": [0, 1],
     "geglu": [1, 2],
     "gelu": [1, 3, 4, 6],
-    "gated_residual": [1, 8, 24],
+    "gated_residual": [1, 8, 24, 64],
 }
 
 
@@ -257,6 +257,19 @@ def test_nvrtc_compiles(arch, dtype, op):
             assert "local_depot" not in ptx, "the kernel spills to local memory"
             assert f"<{'float' if dtype == 'fp32' else 'kiln::' + dtype.replace('fp', 'f')}, {width}," \
                 in result["name_expression"]
+
+
+def test_shared_gate_is_its_own_problem_on_the_per_token_kernel():
+    """Flag 64 (a gate row shared by every row) keys its own tunes; the kernel is the per-token
+    gate's, whose row stride is a launch parameter."""
+    shared = kiln.compile("gated_residual", "bf16", 3072, arch="sm_90", flags=64)
+    per_token = kiln.compile("gated_residual", "bf16", 3072, arch="sm_90", flags=0)
+    assert shared["name_expression"] == per_token["name_expression"]
+    with pytest.raises(ValueError, match=r"kiln.gated_residual: flags: expected a gate per "
+                                         r"sample \(8\) or shared by every row \(64\), not both, got 72"):
+        kiln.compile("gated_residual", "bf16", 3072, arch="sm_90", flags=72)
+    with pytest.raises(ValueError, match=r"kiln.gated_residual: flags: expected no flat layout"):
+        kiln.compile("gated_residual", "bf16", 3072, arch="sm_90", flags=65)
 
 
 def test_compile_with_explicit_config():

@@ -215,6 +215,36 @@ def test_tuned_kernels_are_correct(tmp_path):
         kiln.configure(cache_dir=before["cache_dir"], tune=before["tune_mode"])
 
 
+def test_tuner_times_the_gate_the_call_reads(tmp_path):
+    """A gate shared by every row ([1, 1, D] of one sample, or [D]) is tuned as its own
+    problem, on one gate row, and a gate per sample on one row a sample: the tuner's traffic
+    is the call's (a per-token gate would add a fourth stream as large as h)."""
+    import json
+
+    before = kiln.settings()
+    kiln.configure(cache_dir=str(tmp_path), tune="fast")
+    try:
+        tokens, width = 1000, 3072
+        cases = {  # gate shape -> (h's shape, problem flags, gate rows the tuner reads)
+            (1, 1, width): ((1, tokens, width), 64, 1),
+            (width,): ((tokens, width), 64, 1),
+            (2, 1, width): ((2, tokens // 2, width), 8, 4),  # 256 rows a sample
+            (1, tokens, width): ((1, tokens, width), 1, tokens),  # contiguous: one flat pass
+        }
+        for gate_shape, (shape, flags, gate_rows) in cases.items():
+            h, y = fresh(shape, torch.bfloat16, "cuda"), fresh(shape, torch.bfloat16, "cuda")
+            gate = fresh(gate_shape, torch.bfloat16, "cuda")
+            poison_allocator(shape, torch.bfloat16)
+            assert_close_to(kiln.gated_residual(h, y, gate), gated_residual_fp64(h, y, gate),
+                            torch.bfloat16)
+            results = [r for d in json.loads(kiln.report("json"))["devices"]
+                       for r in d["results"] if r["op"] == "gated_residual"]
+            (result,) = [r for r in results if r["problem"]["flags"] == flags]
+            assert result["bytes_moved"] == (3 * tokens + gate_rows) * width * 2, gate_shape
+    finally:
+        kiln.configure(cache_dir=before["cache_dir"], tune=before["tune_mode"])
+
+
 @pytest.fixture
 def gpu_memory_alone():
     with gpu_memory_to_itself():

@@ -33,12 +33,15 @@ Problem problem(Op op, DType dtype, std::int64_t hidden, std::uint32_t flags = 0
 std::vector<std::uint32_t> flag_sets(Op op) {
   const auto& f = static_cast<const kiln::ElementwiseFamily&>(kiln::family(op));
   std::vector<std::uint32_t> sets;
-  for (std::uint32_t flags = 0; flags < 64; ++flags) {
+  for (std::uint32_t flags = 0; flags < 128; ++flags) {
     if ((flags & ~f.allowed_flags()) != 0) {
       continue;
     }
     const bool flat = (flags & kiln::kElementwiseFlat) != 0;
-    if (flat && (flags & (kiln::kGeluHasBias | kiln::kGatePerSample)) != 0) {
+    if (flat && (flags & (kiln::kGeluHasBias | kiln::kGatePerSample | kiln::kGateShared)) != 0) {
+      continue;
+    }
+    if ((flags & kiln::kGatePerSample) != 0 && (flags & kiln::kGateShared) != 0) {
       continue;
     }
     sets.push_back(flags);
@@ -89,6 +92,18 @@ TEST_CASE("check rejects what cannot be specialised") {
   CHECK_THROWS_AS(kiln::family(Op::gated_residual)
                       .check(problem(Op::gated_residual, DType::bf16, 8,
                                      kiln::kElementwiseFlat | kiln::kGatePerSample)),
+                  kiln::ArgumentError);
+  CHECK_THROWS_WITH_AS(kiln::family(Op::gated_residual)
+                           .check(problem(Op::gated_residual, DType::bf16, 8,
+                                          kiln::kElementwiseFlat | kiln::kGateShared)),
+                       doctest::Contains("shared gate"), kiln::ArgumentError);
+  CHECK_THROWS_WITH_AS(kiln::family(Op::gated_residual)
+                           .check(problem(Op::gated_residual, DType::bf16, 8,
+                                          kiln::kGatePerSample | kiln::kGateShared)),
+                       "kiln.gated_residual: flags: expected a gate per sample (8) or shared by "
+                       "every row (64), not both, got 72",
+                       kiln::ArgumentError);
+  CHECK_THROWS_AS(swiglu.check(problem(Op::swiglu, DType::bf16, 8, kiln::kGateShared)),
                   kiln::ArgumentError);
 }
 
@@ -299,6 +314,30 @@ TEST_CASE("buffers, bytes_moved and pack_params describe a stand-alone run") {
   CHECK(kiln::quotient(599ull, params.rows_per_sample) == 2);
   CHECK(params.c_row_stride == 64);
 
+  // A shared gate is one row, read by every row (stride 0): three streams, as its calls move.
+  const Problem shared = problem(Op::gated_residual, DType::bf16, 64, kiln::kGateShared);
+  const auto one_gate = kiln::family(Op::gated_residual).buffers(shared, 600);
+  REQUIRE(one_gate.size() == 4);
+  CHECK(one_gate[2].elements == 64);
+  CHECK(kiln::family(Op::gated_residual).bytes_moved(shared, 600) == (3 * 600 + 1) * 64 * 2);
+  std::memcpy(&params, kiln::family(Op::gated_residual).pack_params(shared, 600, addresses).data(),
+              sizeof(params));
+  CHECK(params.c_row_stride == 0);
+  CHECK(params.a_row_stride == 64);
+  CHECK(kiln::quotient(599ull, params.rows_per_sample) == 599);
+  // The same kernel as a per-token gate's: the flag only shapes the stand-alone run.
+  CHECK(kiln::family(Op::gated_residual)
+            .name_expression(
+                shared,
+                kiln::family(Op::gated_residual).heuristic(shared, DeviceTraits::for_arch(90))) ==
+        kiln::family(Op::gated_residual)
+            .name_expression(problem(Op::gated_residual, DType::bf16, 64),
+                             kiln::family(Op::gated_residual)
+                                 .heuristic(problem(Op::gated_residual, DType::bf16, 64),
+                                            DeviceTraits::for_arch(90))));
+  const Problem per_token = problem(Op::gated_residual, DType::bf16, 64);
+  CHECK(kiln::family(Op::gated_residual).buffers(per_token, 600)[2].elements == 600 * 64);
+
   const std::uint64_t two[] = {0x1000, 0x2000, 0x3000};
   std::memcpy(&params, kiln::family(Op::gelu).pack_params(bias, 5, two).data(), sizeof(params));
   CHECK(params.b_row_stride == 0);  // the bias is one row for all
@@ -315,4 +354,9 @@ TEST_CASE("common problems are valid and cover both layouts") {
       CHECK_NOTHROW(f.check(p));
     }
   }
+  // DiT blocks at batch 1 (FLUX, Wan) gate with one shared row: prewarm compiles that problem.
+  const auto gated =
+      kiln::family(Op::gated_residual).common_problems(DType::bf16, 3072, kiln::PrewarmModel{});
+  CHECK(std::count_if(gated.begin(), gated.end(),
+                      [](const Problem& p) { return p.flags == kiln::kGateShared; }) == 1);
 }
