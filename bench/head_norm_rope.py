@@ -1,11 +1,11 @@
-"""The per-head q/k RMSNorm + RoPE prologue of Qwen3 (Gemma 3 and OLMo-style models alike)
-and FLUX: kiln.head_norm_rope (one launch, q and k read and written once) beside the eager
-prologue (the models' norm modules, then transformers' ``apply_rotary_pos_emb`` or diffusers'
-``apply_rotary_emb``), torch.compile of it, and kiln's two-step path (``kiln.rms_norm`` on q
-and on k, then ``kiln.rope``: what a patched model ran before the fusion), bf16, with a copy
-of the same bytes in the same rounds. Bytes: q and k read and written once, the table and the
-weights once. Decode shapes are also timed as a model without CUDA graphs calls them, back to
-back on the host.
+"""The per-head q/k RMSNorm + RoPE prologue of Qwen3 (Gemma 3 and OLMo-style models alike),
+FLUX and Qwen3-Next (a partial rotation): kiln.head_norm_rope (one launch, q and k read and
+written once) beside the eager prologue (the models' norm modules, then transformers'
+``apply_rotary_pos_emb`` or diffusers' ``apply_rotary_emb``), torch.compile of it, and kiln's
+two-step path (``kiln.rms_norm`` on q and on k, then ``kiln.rope``: what a patched model ran
+before the fusion), bf16, with a copy of the same bytes in the same rounds. Bytes: q and k read
+and written once, the table and the weights once. Decode shapes are also timed as a model
+without CUDA graphs calls them, back to back on the host.
 
 Usage: python bench/head_norm_rope.py [--out DIR] [--quick]
 Writes DIR/head_norm_rope-<date>-<device>.json and .md; prints the table last."""
@@ -44,6 +44,16 @@ def diffusers_rms_norm(weight, eps=1e-6):
     return norm
 
 
+def gemma_rms_norm(weight, eps=1e-6):
+    """transformers' Qwen3NextRMSNorm.forward (Gemma's rule), restated: fp32 math, times
+    1 + weight, rounded once."""
+    def norm(x):
+        xf = x.float()
+        y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+        return (y * (1.0 + weight.float())).type_as(x)
+    return norm
+
+
 def flux_apply_rotary_emb(x, cos, sin):
     """diffusers' apply_rotary_emb(x, (cos, sin), use_real_unbind_dim=-1, sequence_dim=1) on
     [B, S, H, D] with cos/sin [S, D]."""
@@ -51,6 +61,61 @@ def flux_apply_rotary_emb(x, cos, sin):
     x_real, x_imag = x.reshape(*x.shape[:-1], -1, 2).unbind(-1)
     x_rotated = torch.stack([-x_imag, x_real], dim=-1).flatten(3)
     return (x.float() * cos + x_rotated.float() * sin).to(x.dtype)
+
+
+def partial_apply():
+    """transformers' Qwen3-Next apply_rotary_pos_emb (the first cos.shape[-1] columns of each
+    head rotated, the rest passed through), or a restatement of it where the import fails."""
+    try:
+        from transformers.models.qwen3_next.modeling_qwen3_next import apply_rotary_pos_emb
+        return apply_rotary_pos_emb, "transformers"
+    except ImportError:
+        apply, _ = hf_apply()
+
+        def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
+            r = cos.shape[-1]
+            q_rot, k_rot = apply(q[..., :r], k[..., :r], cos, sin, unsqueeze_dim)
+            return torch.cat([q_rot, q[..., r:]], -1), torch.cat([k_rot, k[..., r:]], -1)
+        return apply_rotary_pos_emb, "local copy"
+
+
+def qwen3_next_cases(quick):
+    """Qwen3-Next-80B-A3B's full-attention prologue: 16 q heads and 2 kv heads of 256, Gemma's
+    1 + weight norms, the first 64 columns rotated (partial_rotary_factor 0.25). q is the first
+    half of each head's [q, gate] pair of the projection, a strided view, as the model chunks it."""
+    import kiln
+
+    apply_partial, source = partial_apply()
+    shapes = [(1, 4096, "prefill"), (64, 1, "decode")]
+    for b, s, kind in (shapes[:1] if quick else shapes):
+        q = torch.randn(b, s, 16, 512, device="cuda", dtype=BF16)[..., :256]
+        k = torch.randn(b, s, 2, 256, device="cuda", dtype=BF16)
+        wq = (0.1 * torch.randn(256, device="cuda")).to(BF16)
+        wk = (0.1 * torch.randn(256, device="cuda")).to(BF16)
+        cos, sin = llama_table(b, s, 64)
+        nq, nk = gemma_rms_norm(wq), gemma_rms_norm(wk)
+        fq, fk = (1 + wq.float()).to(BF16), (1 + wk.float()).to(BF16)
+
+        def prologue(q, k, cos, sin, nq=nq, nk=nk):
+            return apply_partial(nq(q).transpose(1, 2), nk(k).transpose(1, 2), cos, sin)
+
+        compiled = torch.compile(prologue, dynamic=False)
+        args = (q, k, cos, sin)
+        yield {
+            "name": f"Qwen3-Next {kind} q[{b},16,{s},256] (gated) k[{b},2,{s},256], rotary 64",
+            "bytes": 2 * (q.numel() + k.numel()) * 2 + 2 * cos.numel() * 2 + 2 * 256 * 2,
+            "decode": kind == "decode",
+            "kiln": lambda q=q, k=k, c=cos, s_=sin, fq=fq, fk=fk: kiln.head_norm_rope(
+                q.transpose(1, 2), k.transpose(1, 2), fq, fk, c, s_),
+            "kiln two-step": lambda q=q, k=k, c=cos, s_=sin, fq=fq, fk=fk: kiln.rope(
+                kiln.rms_norm(q, fq, 1e-6).transpose(1, 2), kiln.rms_norm(k, fk, 1e-6).transpose(1, 2),
+                c, s_),
+            "peers": {f"eager ({source})": lambda a=args, f=prologue: f(*a),
+                      "compiled": lambda a=args, f=compiled: f(*a)},
+            "check": lambda q=q, k=k, c=cos, s_=sin, fq=fq, fk=fk, f=prologue: rel_err(
+                kiln.head_norm_rope(q.transpose(1, 2), k.transpose(1, 2), fq, fk, c, s_)[0],
+                f(q, k, c, s_)[0]),
+        }
 
 
 def cases(quick):
@@ -114,6 +179,7 @@ def cases(quick):
         "check": lambda: rel_err(kiln.head_norm_rope(q, k, wq, wk, cos, sin, interleaved=True,
                                                      layout="bshd")[0], flux_prologue(q, k, cos, sin)[0]),
     }
+    yield from qwen3_next_cases(quick)
 
 
 def main():

@@ -108,3 +108,40 @@ def test_diffusers_gated_feed_forward_on_the_gpu(activation, op, tokens, monkeyp
     err_original = (original.double() - truth).abs().max().item()
     err_patched = (patched.double() - truth).abs().max().item()
     assert err_patched <= 1.5 * err_original + 1e-3, (err_patched, err_original)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rotary_dim", [4, 8])
+def test_partial_rotation_head_norm_rope_on_the_gpu_and_compiled(rotary_dim, monkeypatch):
+    """Qwen3-Next's prologue (per-head q/k norms, then the first rotary_dim columns rotated) in
+    bf16 on the GPU: one kiln.head_norm_rope, as close to the fp32 module as the original,
+    and the same under torch.compile(fullgraph=True)."""
+    partial = pytest.importorskip("partial_head_norm_attention", reason="transformers has no Qwen3-Next")
+    from kiln import rope_ops
+
+    torch.manual_seed(0)
+    torch._dynamo.reset()
+    module = partial.PartialAttention().cuda()
+    x = torch.randn(2, 37, 32, device="cuda")
+    angles = torch.rand(2, 37, rotary_dim // 2, device="cuda") * 20.0
+    cos, sin = torch.cat((angles, angles), -1).cos(), torch.cat((angles, angles), -1).sin()
+    with torch.no_grad():
+        truth = [t.double() for t in module(x, cos, sin)]
+        module = module.bfloat16()
+        args = (x.bfloat16(), cos.bfloat16(), sin.bfloat16())
+        original = module(*args)
+        report = kiln.patch(module)
+        assert [r.op for r in report.replaced if r.path == ""] == ["head_norm_rope"]
+        calls = []
+        real = rope_ops.head_norm_rope
+        monkeypatch.setattr(rope_ops, "head_norm_rope", lambda *a, **k: calls.append(1) or real(*a, **k))
+        patched = module(*args)
+        assert len(calls) == 1
+        monkeypatch.undo()
+        compiled = torch.compile(module, fullgraph=True)(*args)
+    for o, p, c, t in zip(original, patched, compiled, truth):
+        assert p.dtype == torch.bfloat16 and p.shape == o.shape
+        err_original = (o.double() - t).abs().max().item()
+        assert (p.double() - t).abs().max().item() <= 1.5 * err_original + 1e-2
+        torch.testing.assert_close(c, p, rtol=2e-2, atol=2e-2)
+    kiln.unpatch(module)

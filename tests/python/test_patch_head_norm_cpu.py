@@ -515,3 +515,108 @@ def test_a_head_norm_set_in_place_of_the_probed_one_is_called_as_a_module(monkey
     assert counts == {"head_norm_rope": 1, "rope": 1}
     for a, e in zip(actual, expected):
         torch.testing.assert_close(a, e, rtol=1e-5, atol=1e-5)
+
+
+# Qwen3-Next's and Qwen3.5's attentions normalise each head of q and k, then rotate its first
+# rotary_dim columns (partial_rotary_factor 0.25), with a function that rotates the table's width.
+def _partial():
+    return pytest.importorskip("partial_head_norm_attention", reason="transformers has no Qwen3-Next")
+
+
+def _partial_inputs(dtype, rotary_dim, seed=0, batch=2, seq=5):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(batch, seq, 32, generator=g).to(dtype)
+    angles = torch.rand(batch, seq, rotary_dim // 2, generator=g) * 20.0
+    emb = torch.cat((angles, angles), dim=-1)
+    return x, emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rotary_dim", [4, 8, HEAD_DIM])
+def test_a_partial_rotation_is_one_head_norm_rope(dtype, rotary_dim, monkeypatch):
+    """The norms and a rotation of the first rotary_dim columns: one kiln.head_norm_rope, whose
+    columns past rotary_dim come out normalised, as the norms leave them; a full-width table
+    through the same forward rotates every column."""
+    partial = _partial()
+    module = partial.PartialAttention().to(dtype)
+    x, cos, sin = _partial_inputs(dtype, rotary_dim)
+    with torch.no_grad():
+        expected = module(x, cos, sin)
+        assert _rope_kind(module) == ("per-head q/k rms_norm + rope (the first rotary_dim columns, "
+                                      "in the attention's forward)")
+        counts = _count(monkeypatch)
+        actual = module(x, cos, sin)
+    assert counts == {"head_norm_rope": 1, "rope": 0}
+    with torch.no_grad():
+        kiln.unpatch(module)
+        truth = partial.PartialAttention.forward(module.double(), *(t.double() for t in (x, cos, sin)))
+    tol = 1e-5 if dtype == torch.float32 else 2 ** -6
+    for a, e, t in zip(actual, expected, truth):
+        assert a.dtype == e.dtype == dtype and a.shape == e.shape
+        torch.testing.assert_close(a.double(), t, rtol=tol, atol=tol)
+
+
+def test_a_partial_rotation_with_a_graph_calls_the_norms_then_kiln_rope(monkeypatch):
+    module = _partial().PartialAttention()
+    x, cos, sin = _partial_inputs(torch.float32, 8)
+    x.requires_grad_(True)
+    expected = module(x, cos, sin)
+    grad_expected = torch.autograd.grad(sum(t.square().sum() for t in expected), x)[0]
+    kiln.patch(module)
+    counts = _count(monkeypatch)
+    actual = module(x, cos, sin)
+    grad_actual = torch.autograd.grad(sum(t.square().sum() for t in actual), x)[0]
+    assert counts == {"head_norm_rope": 0, "rope": 1}
+    for a, e in zip(actual, expected):
+        torch.testing.assert_close(a, e, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(grad_actual, grad_expected, rtol=1e-4, atol=1e-5)
+    kiln.unpatch(module)
+
+
+def test_a_partial_probe_checks_the_unrotated_columns():
+    """The probe's tables are half the head: a head_norm_rope that rotated every column, or
+    left the last ones unnormalised, would disagree with the norms and the partial rotation."""
+    partial = _partial()
+    module = partial.PartialAttention()
+    rule = head_norm_attention.WEIGHT_AS_IS
+    assert head_norm_attention._probe_disagrees(module, rule, partial.apply_rotary_pos_emb, "partial") is None
+    # Qwen3's rotation takes no narrower table: the partial probe fails on it.
+    why = head_norm_attention._probe_disagrees(module, rule, apply_rotary_pos_emb, "partial")
+    assert why is not None and why.startswith("a torch.float32 probe fails")
+
+
+@pytest.mark.parametrize("name", ["qwen3_next", "qwen3_5"])
+def test_qwen3_next_and_qwen3_5_attentions_fuse_their_partial_rotation(name, monkeypatch):
+    """transformers' own attention modules, built from a tiny config: one head_norm_rope, as
+    close to the fp64 prologue as the original module."""
+    import importlib
+
+    try:
+        modeling = importlib.import_module(f"transformers.models.{name}.modeling_{name}")
+        configuration = importlib.import_module(f"transformers.models.{name}.configuration_{name}")
+    except ImportError:
+        pytest.skip(f"transformers has no {name}")
+    prefix = {"qwen3_next": "Qwen3Next", "qwen3_5": "Qwen3_5"}[name]
+    config_class = getattr(configuration, f"{prefix}TextConfig", None) or getattr(configuration, f"{prefix}Config")
+    config = config_class(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                          num_hidden_layers=1, intermediate_size=64, vocab_size=100)
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    attention = getattr(modeling, f"{prefix}Attention")(config, 0).eval()
+    for norm in (attention.q_norm, attention.k_norm):
+        with torch.no_grad():
+            norm.weight.normal_(0, 0.3)
+    # The tables as the models' rotary embeddings make them at partial_rotary_factor 0.25 (the
+    # embeddings' own position formats differ between transformers versions).
+    x, cos, sin = _partial_inputs(torch.float32, 4)
+    x = torch.randn(2, 5, 64)
+    with torch.no_grad():
+        expected = attention(x, (cos, sin), None)[0]
+        report = kiln.patch(attention)
+        kinds = {r.path: r.kind for r in report.replaced}
+        assert kinds[""] == "per-head q/k rms_norm + rope (the first rotary_dim columns, in the attention's forward)"
+        counts = _count(monkeypatch)
+        actual = attention(x, (cos, sin), None)[0]
+    assert counts == {"head_norm_rope": 1, "rope": 0}
+    torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-5)
+    kiln.unpatch(attention)

@@ -1,5 +1,6 @@
 """transformers' attentions that RMS-normalise each head of q and k right before their RoPE
-(Qwen3, Qwen3-MoE, Qwen3-VL's text model, Gemma 3 and others written the same way):
+(Qwen3, Qwen3-MoE, Qwen3-VL's text model, Gemma 3, and with a partial rotation Qwen3-Next and
+Qwen3.5, and others written the same way):
 
     query_states = self.q_norm(self.q_proj(hidden_states).view(hidden_shape)).transpose(1, 2)
     key_states = self.k_norm(self.k_proj(hidden_states).view(hidden_shape)).transpose(1, 2)
@@ -142,15 +143,18 @@ def rewritten_code(function: types.FunctionType) -> Optional[types.CodeType]:
     return source_rewrite.recompiled(function, tree, fn, edit)
 
 
-def head_norm_rotate_half_rope(original: Callable, rule: str) -> Callable:
+def head_norm_rotate_half_rope(original: Callable, rule: str, form: str = "full") -> Callable:
     """The rotation the rewritten forward calls: ``(q_norm, k_norm, q_transposed,
     k_transposed, q, k, cos, sin, ...)``, one ``kiln.head_norm_rope`` where it computes what the
     norms and then ``original`` compute (the norms the patch probed, running as probed,
-    weighed by ``rule``, of one eps; a table and layout ``kiln.rope`` takes; no
+    weighed by ``rule``, of one eps; a table of ``form`` and a layout ``kiln.rope`` takes; no
     graph to record), else those calls, each norm on its result's layout before the transpose
     the forward applied after it (so hooks see what they saw, and a transpose that moved the
-    last dimension is undone)."""
-    rotate = rotate_half_rope(original)
+    last dimension is undone). ``form``: "full", or "partial" where ``original`` rotates the
+    first columns of each head given a narrower table (Qwen3-Next's and Qwen3.5's
+    ``partial_rotary_factor``): kiln.head_norm_rope then rotates the table's width, and the
+    columns past it come out normalised, as the norms and the rotation leave them."""
+    rotate = rotate_half_rope(original, form)
     names = _parameters(original)
     positional_ok = names[4:5] == ["unsqueeze_dim"]
     keyword_ok = "unsqueeze_dim" in names
@@ -159,7 +163,7 @@ def head_norm_rotate_half_rope(original: Callable, rule: str) -> Callable:
         call = _rope_call((q, k, cos, sin) + args, kwargs, positional_ok, keyword_ok)
         if call is None or probed.rule_of(q_norm) != rule or probed.rule_of(k_norm) != rule:
             return None
-        layout = rope_layout(*call)
+        layout = rope_layout(*call, form)
         if layout is None or not kiln_can_take(q, k, cos, sin):
             return None
         q_ok, q_weight = probed.fused_weight(q_norm, rule, q, differentiable=False)
@@ -191,7 +195,7 @@ def _normed(norm: torch.nn.Module, x: torch.Tensor, transposed: bool) -> torch.T
 _FUSED_COPIES: "weakref.WeakKeyDictionary[types.FunctionType, dict]" = weakref.WeakKeyDictionary()
 
 
-def with_head_norm_rope(function: types.FunctionType, rule: str) -> Optional[types.FunctionType]:
+def with_head_norm_rope(function: types.FunctionType, rule: str, form: str = "full") -> Optional[types.FunctionType]:
     """The forward with its norms and rotation as :func:`head_norm_rotate_half_rope`, or None
     where its source is not written so. Like :func:`.rope_attention.with_kiln_rope`'s copy it
     reads a snapshot of its module's globals, brought up to date at each call."""
@@ -203,10 +207,10 @@ def with_head_norm_rope(function: types.FunctionType, rule: str) -> Optional[typ
             return None
         scope = source_rewrite.module_scope(function, f"head-norms-{len(copies)}")
         rope = function.__globals__[ROPE_GLOBAL]
-        own = {ROPE_GLOBAL: rotate_half_rope(rope), FUSED_GLOBAL: head_norm_rotate_half_rope(rope, rule)}
+        own = {ROPE_GLOBAL: rotate_half_rope(rope, form), FUSED_GLOBAL: head_norm_rotate_half_rope(rope, rule, form)}
         return source_rewrite.function_from(code, scope, function), scope, function, own
 
-    return source_rewrite.kept(copies, rule, make)
+    return source_rewrite.kept(copies, (rule, form), make)
 
 
 def _norm_rule(module: torch.nn.Module) -> Optional[str]:
@@ -225,11 +229,12 @@ def _norm_rule(module: torch.nn.Module) -> Optional[str]:
     return rules.pop() if len(rules) == 1 else None
 
 
-def _probe_disagrees(module: torch.nn.Module, rule: str, original_rope: Callable) -> Optional[str]:
+def _probe_disagrees(module: torch.nn.Module, rule: str, original_rope: Callable,
+                     form: str = "full") -> Optional[str]:
     """None when ``kiln.head_norm_rope`` with the attention's norms' weights entered by
     ``rule`` computes what the norms' own forwards (not their hooks) and then ``original_rope``
-    compute on random probes (fp32 and bf16, random norm weights of the probe's dtype); else
-    why not."""
+    compute on random probes (fp32 and bf16, random norm weights of the probe's dtype, tables
+    of ``form``); else why not."""
     norms = [getattr(module, attr) for attr in NORMS]
     weights = [getattr(n, "weight", None) for n in norms]
     dim = weights[0].shape[0] if isinstance(weights[0], torch.Tensor) else getattr(module, "head_dim", None)
@@ -237,7 +242,7 @@ def _probe_disagrees(module: torch.nn.Module, rule: str, original_rope: Callable
         return f"its head dim {dim!r} is not even"
     g = torch.Generator().manual_seed(0)
     for dtype in (torch.float32, torch.bfloat16):
-        q, k, cos, sin = rope_attention.probe(dtype, g, dim=dim)
+        q, k, cos, sin = rope_attention.probe(dtype, g, form, dim=dim)
         swaps = [detect._Swapped(n, params={"weight": 0.3 * torch.randn(dim, generator=g).to(dtype)})
                  for n, w in zip(norms, weights) if isinstance(w, torch.Tensor)]
         with torch.no_grad(), contextlib.ExitStack() as stack:
@@ -261,24 +266,30 @@ def _probe_disagrees(module: torch.nn.Module, rule: str, original_rope: Callable
     return None
 
 
+# The rope matches whose table forms head_norm_rope takes: transformers' usual table, and one
+# narrower than the head rotating its first columns (the function rotates both).
+_FORMS = {rope_attention.factory: "full", rope_attention.partial_factory: "partial"}
+
+
 def fuse(module: torch.nn.Module, match: detect.Match) -> detect.Match:
     """``match`` (transformers' rotate_half RoPE in the attention's forward, as
     :func:`.rope_attention.classify` found it) with the per-head q/k RMSNorms folded into the
     rotation where the forward is written for it and a probe agrees; else ``match`` itself."""
-    if match.factory is not rope_attention.factory:
+    form = _FORMS.get(match.factory)
+    if form is None:
         return match
     rule = _norm_rule(module)
     if rule is None:
         return match
     function = type(module).forward
-    copy = with_head_norm_rope(function, rule)
+    copy = with_head_norm_rope(function, rule, form)
     if copy is None:
         return match
     rope = function.__globals__[ROPE_GLOBAL]
     keys = [detect.forward_key(norm, replace.original_forward(norm)) for norm in (module.q_norm, module.k_norm)]
     head_dim = getattr(module, "head_dim", None)
-    key = ("head_norm_rope", rule, rope, *keys, head_dim) if all(keys) and isinstance(head_dim, int) else None
-    if detect.remembered(key, lambda: _probe_disagrees(module, rule, rope)) is not None:
+    key = ("head_norm_rope", rule, form, rope, *keys, head_dim) if all(keys) and isinstance(head_dim, int) else None
+    if detect.remembered(key, lambda: _probe_disagrees(module, rule, rope, form)) is not None:
         return match
 
     # Marked here, not in the factory, which also makes a deep copy's forward before the copy
@@ -289,5 +300,6 @@ def fuse(module: torch.nn.Module, match: detect.Match) -> detect.Match:
     def factory(module: torch.nn.Module, original: Callable) -> Callable:
         return copy.__get__(module)
 
-    return detect.Match("per-head q/k rms_norm + rope (in the attention's forward)", "head_norm_rope", factory,
-                        family="rope")
+    kind = {"full": "per-head q/k rms_norm + rope (in the attention's forward)",
+            "partial": "per-head q/k rms_norm + rope (the first rotary_dim columns, in the attention's forward)"}[form]
+    return detect.Match(kind, "head_norm_rope", factory, family="rope")
