@@ -79,12 +79,38 @@ def partial_apply():
         return apply_rotary_pos_emb, "local copy"
 
 
+def transformers_case(name, kind, q, k, wq, wk, norms, apply, source, cos, sin):
+    """One case of a transformers attention's prologue: q and k its projections' [B, S, H, D]
+    views, normalised by `norms` (the modules' forwards, restated), transposed to [B, H, S, D]
+    views and rotated by `apply`; kiln's calls take the norms' [D] weights `wq` and `wk`."""
+    import kiln
+
+    nq, nk = norms
+
+    def prologue(q, k, cos, sin):
+        return apply(nq(q).transpose(1, 2), nk(k).transpose(1, 2), cos, sin)
+
+    def fused():
+        return kiln.head_norm_rope(q.transpose(1, 2), k.transpose(1, 2), wq, wk, cos, sin)
+
+    compiled = torch.compile(prologue, dynamic=False)
+    args = (q, k, cos, sin)
+    return {
+        "name": name,
+        "bytes": 2 * (q.numel() + k.numel()) * 2 + 2 * cos.numel() * 2 + 2 * wq.numel() * 2,
+        "decode": kind == "decode",
+        "kiln": fused,
+        "kiln two-step": lambda: kiln.rope(kiln.rms_norm(q, wq, 1e-6).transpose(1, 2),
+                                           kiln.rms_norm(k, wk, 1e-6).transpose(1, 2), cos, sin),
+        "peers": {f"eager ({source})": lambda: prologue(*args), "compiled": lambda: compiled(*args)},
+        "check": lambda: rel_err(fused()[0], prologue(*args)[0]),
+    }
+
+
 def qwen3_next_cases(quick):
     """Qwen3-Next-80B-A3B's full-attention prologue: 16 q heads and 2 kv heads of 256, Gemma's
     1 + weight norms, the first 64 columns rotated (partial_rotary_factor 0.25). q is the first
     half of each head's [q, gate] pair of the projection, a strided view, as the model chunks it."""
-    import kiln
-
     apply_partial, source = partial_apply()
     shapes = [(1, 4096, "prefill"), (64, 1, "decode")]
     for b, s, kind in (shapes[:1] if quick else shapes):
@@ -93,29 +119,10 @@ def qwen3_next_cases(quick):
         wq = (0.1 * torch.randn(256, device="cuda")).to(BF16)
         wk = (0.1 * torch.randn(256, device="cuda")).to(BF16)
         cos, sin = llama_table(b, s, 64)
-        nq, nk = gemma_rms_norm(wq), gemma_rms_norm(wk)
-        fq, fk = (1 + wq.float()).to(BF16), (1 + wk.float()).to(BF16)
-
-        def prologue(q, k, cos, sin, nq=nq, nk=nk):
-            return apply_partial(nq(q).transpose(1, 2), nk(k).transpose(1, 2), cos, sin)
-
-        compiled = torch.compile(prologue, dynamic=False)
-        args = (q, k, cos, sin)
-        yield {
-            "name": f"Qwen3-Next {kind} q[{b},16,{s},256] (gated) k[{b},2,{s},256], rotary 64",
-            "bytes": 2 * (q.numel() + k.numel()) * 2 + 2 * cos.numel() * 2 + 2 * 256 * 2,
-            "decode": kind == "decode",
-            "kiln": lambda q=q, k=k, c=cos, s_=sin, fq=fq, fk=fk: kiln.head_norm_rope(
-                q.transpose(1, 2), k.transpose(1, 2), fq, fk, c, s_),
-            "kiln two-step": lambda q=q, k=k, c=cos, s_=sin, fq=fq, fk=fk: kiln.rope(
-                kiln.rms_norm(q, fq, 1e-6).transpose(1, 2), kiln.rms_norm(k, fk, 1e-6).transpose(1, 2),
-                c, s_),
-            "peers": {f"eager ({source})": lambda a=args, f=prologue: f(*a),
-                      "compiled": lambda a=args, f=compiled: f(*a)},
-            "check": lambda q=q, k=k, c=cos, s_=sin, fq=fq, fk=fk, f=prologue: rel_err(
-                kiln.head_norm_rope(q.transpose(1, 2), k.transpose(1, 2), fq, fk, c, s_)[0],
-                f(q, k, c, s_)[0]),
-        }
+        yield transformers_case(
+            f"Qwen3-Next {kind} q[{b},16,{s},256] (gated) k[{b},2,{s},256], rotary 64", kind, q, k,
+            (1 + wq.float()).to(BF16), (1 + wk.float()).to(BF16),
+            (gemma_rms_norm(wq), gemma_rms_norm(wk)), apply_partial, source, cos, sin)
 
 
 def cases(quick):
@@ -131,28 +138,9 @@ def cases(quick):
         wq = (1 + 0.1 * torch.randn(128, device="cuda")).to(BF16)
         wk = (1 + 0.1 * torch.randn(128, device="cuda")).to(BF16)
         cos, sin = llama_table(b, s, 128)
-        nq, nk = qwen3_rms_norm(wq), qwen3_rms_norm(wk)
-
-        def prologue(q, k, cos, sin, nq=nq, nk=nk):
-            return apply_hf(nq(q).transpose(1, 2), nk(k).transpose(1, 2), cos, sin)
-
-        compiled = torch.compile(prologue, dynamic=False)
-        args = (q, k, cos, sin)
-        yield {
-            "name": f"Qwen3 {kind} q[{b},32,{s},128] k[{b},8,{s},128] (heads inner)",
-            "bytes": 2 * (q.numel() + k.numel()) * 2 + 2 * cos.numel() * 2 + 2 * 128 * 2,
-            "decode": kind == "decode",
-            "kiln": lambda q=q, k=k, c=cos, s_=sin, wq=wq, wk=wk: kiln.head_norm_rope(
-                q.transpose(1, 2), k.transpose(1, 2), wq, wk, c, s_),
-            "kiln two-step": lambda q=q, k=k, c=cos, s_=sin, wq=wq, wk=wk: kiln.rope(
-                kiln.rms_norm(q, wq, 1e-6).transpose(1, 2), kiln.rms_norm(k, wk, 1e-6).transpose(1, 2),
-                c, s_),
-            "peers": {f"eager ({hf_source})": lambda a=args, f=prologue: f(*a),
-                      "compiled": lambda a=args, f=compiled: f(*a)},
-            "check": lambda q=q, k=k, c=cos, s_=sin, wq=wq, wk=wk, f=prologue: rel_err(
-                kiln.head_norm_rope(q.transpose(1, 2), k.transpose(1, 2), wq, wk, c, s_)[0],
-                f(q, k, c, s_)[0]),
-        }
+        yield transformers_case(f"Qwen3 {kind} q[{b},32,{s},128] k[{b},8,{s},128] (heads inner)", kind,
+                                q, k, wq, wk, (qwen3_rms_norm(wq), qwen3_rms_norm(wk)), apply_hf,
+                                hf_source, cos, sin)
 
     # FLUX: 24 heads of 128 at 4096 image + 512 text tokens, an fp32 table, [B, S, H, D].
     q = torch.randn(1, 4608, 24, 128, device="cuda", dtype=BF16)
