@@ -167,3 +167,35 @@ def test_the_bench_restates_the_libraries_prologues():
         assert torch.equal(bench.flux_apply_rotary_emb(flux(x), cos, sin), expected)
         got, _ = kiln.head_norm_rope(x, x, w, w, cos, sin, interleaved=True, layout="bshd")
         assert_close_to(got, flux_prologue(x, w, cos, sin, 1e-6, torch.bfloat16), torch.bfloat16)
+
+
+def test_the_bench_restates_qwen3_next_prologue():
+    """bench/head_norm_rope.py's Qwen3-Next peer: its norm is transformers' Qwen3NextRMSNorm
+    (Gemma's 1 + weight), its rotation transformers' partial one (the local restatement agrees
+    with it), and kiln's CPU op, given 1 + weight, agrees with the prologue."""
+    pytest.importorskip("transformers", reason="transformers is not installed")
+    modeling = pytest.importorskip("transformers.models.qwen3_next.modeling_qwen3_next",
+                                   reason="transformers has no Qwen3-Next")
+    from bench_scripts import load_bench
+
+    bench = load_bench("head_norm_rope")
+    gen = torch.Generator().manual_seed(10)
+    q = fresh(2, 7, 3, 16, gen=gen, dtype=torch.bfloat16)
+    k = fresh(2, 7, 1, 16, gen=gen, dtype=torch.bfloat16)
+    w = (0.3 * fresh(16, gen=gen)).to(torch.bfloat16)
+    norm = modeling.Qwen3NextRMSNorm(16, eps=1e-6).bfloat16()
+    angles = 20 * torch.rand(2, 7, 2, generator=gen)
+    cos, sin = (f(torch.cat((angles, angles), -1)).to(torch.bfloat16) for f in (torch.cos, torch.sin))
+    apply, source = bench.partial_apply()
+    assert source == "transformers"
+    with torch.no_grad():
+        norm.weight.copy_(w)
+        assert torch.equal(bench.gemma_rms_norm(w)(q), norm(q))
+        q_t, k_t = norm(q).transpose(1, 2), norm(k).transpose(1, 2)
+        expected = apply(q_t, k_t, cos, sin)
+        rotated = modeling.apply_rotary_pos_emb(q_t, k_t, cos, sin)
+        assert all(torch.equal(e, r) for e, r in zip(expected, rotated))
+        offset = (1 + w.float()).to(torch.bfloat16)
+        got = kiln.head_norm_rope(q.transpose(1, 2), k.transpose(1, 2), offset, offset, cos, sin)
+    for g, e in zip(got, expected):
+        assert_close_to(g, e.double(), torch.bfloat16)
