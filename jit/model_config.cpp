@@ -1,5 +1,9 @@
 #include "jit/model_config.h"
 
+#include <functional>
+#include <set>
+#include <string>
+
 #include <nlohmann/json.hpp>
 
 #include "cache/error.h"
@@ -26,7 +30,45 @@ std::string text_of(const nlohmann::json& config, const char* key) {
 // transformers' models whose attention RMS-normalises each head of q and k right before RoPE,
 // which kiln's patch runs as one head_norm_rope.
 bool normalises_heads(const std::string& model_type) {
-  return model_type == "qwen3" || model_type == "qwen3_moe" || model_type == "gemma3_text";
+  static const std::set<std::string, std::less<>> kTypes = {
+      "qwen3",        "qwen3_moe",        "gemma3_text",   "qwen3_next",
+      "qwen3_5_text", "qwen3_5_moe_text", "qwen3_vl_text", "qwen3_vl_moe_text"};
+  return kTypes.contains(model_type);
+}
+
+// The fraction of each head RoPE rotates, where the config names one: partial_rotary_factor
+// (at the top, as config.json files write it, or in transformers 5's rope_parameters) or
+// GPT-NeoX's rotary_pct. 1 where it names none.
+double rotary_fraction(const nlohmann::json& config) {
+  for (const char* key : {"partial_rotary_factor", "rotary_pct"}) {
+    if (auto it = config.find(key); it != config.end() && !it->is_null()) {
+      if (!it->is_number() || it->get<double>() <= 0 || it->get<double>() > 1) {
+        throw Error(std::string("kiln prewarm: config.json: \"") + key +
+                    "\": expected a number in (0, 1], got " + it->dump());
+      }
+      return it->get<double>();
+    }
+  }
+  if (auto rope = config.find("rope_parameters"); rope != config.end() && rope->is_object()) {
+    return rotary_fraction(*rope);
+  }
+  return 1.0;
+}
+
+// The columns of a head of `head_dim` RoPE rotates: int(head_dim * fraction), as transformers'
+// rotary embeddings size their tables; 0 for the whole head.
+std::int64_t rotary_dim_of(const nlohmann::json& config, std::int64_t head_dim) {
+  const double fraction = rotary_fraction(config);
+  const auto rotary = static_cast<std::int64_t>(static_cast<double>(head_dim) * fraction);
+  if (rotary == head_dim) {
+    return 0;
+  }
+  if (rotary < 2 || rotary % 2 != 0) {
+    throw Error("kiln prewarm: config.json: a partial rotation of " + std::to_string(fraction) +
+                " of head_dim " + std::to_string(head_dim) + " rotates " + std::to_string(rotary) +
+                " columns; RoPE rotates pairs (an even count of at least 2)");
+  }
+  return rotary;
 }
 
 ModelShape read_llm(const nlohmann::json& config) {
@@ -65,12 +107,25 @@ ModelShape read_llm(const nlohmann::json& config) {
     const std::string type = scaling->value("rope_type", scaling->value("type", std::string()));
     if (!type.empty()) model.rope += ", scaling " + type;
   }
+  model.rotary_dim = rotary_dim_of(config, model.head_dim);
+  if (model.rotary_dim != 0) {
+    model.rope += ", the first " + std::to_string(model.rotary_dim) + " of " +
+                  std::to_string(model.head_dim) + " columns";
+  }
   model.ops = {
       {Op::rms_norm, {model.hidden}},
       {Op::fused_add_rms_norm, {model.hidden}},
       {Op::swiglu, {model.intermediate}},
       {Op::rope, {model.head_dim}},
   };
+  // An MoE's shared expert is an MLP of its own width, which kiln's patch takes.
+  if (auto shared = config.find("shared_expert_intermediate_size");
+      shared != config.end() && !shared->is_null()) {
+    const std::int64_t width = require_size(config, "shared_expert_intermediate_size");
+    if (width != model.intermediate) {
+      model.ops[Op::swiglu].push_back(width);
+    }
+  }
   if (normalises_heads(model.kind)) {
     // Fused where no graph is recorded; training calls the head norms on their own.
     model.head_norm_layout = 0u;
@@ -144,11 +199,24 @@ ModelShape read_model_config(const nlohmann::json& config) {
   if (class_name == "LTXVideoTransformer3DModel") return read_diffusion(config, "ltx-video");
   if (class_name == "FluxTransformer2DModel") return read_diffusion(config, "flux");
   if (config.contains("hidden_size")) return read_llm(config);
+  // A multimodal model (Qwen3.5, Qwen3-VL, Gemma 3): kiln's patch takes its language model.
+  if (auto text = config.find("text_config");
+      text != config.end() && text->is_object() && text->contains("hidden_size")) {
+    return read_llm(*text);
+  }
   throw Error(
       "kiln prewarm: config.json: expected a transformers LLM config (hidden_size, "
       "intermediate_size, ...) or a diffusers LTXVideoTransformer3DModel or "
       "FluxTransformer2DModel config, got " +
       (class_name.empty() ? std::string("neither") : "_class_name \"" + class_name + "\""));
+}
+
+PrewarmModel prewarm_model(const ModelShape& model, bool training) {
+  return PrewarmModel{.heads_q = model.heads_q,
+                      .heads_k = model.heads_k,
+                      .training = training,
+                      .head_norm_layout = model.head_norm_layout,
+                      .rotary_dim = model.rotary_dim};
 }
 
 std::map<Op, std::vector<std::int64_t>> sizes_for_ops(const ModelShape& model,

@@ -5,7 +5,12 @@
 //    of each head (rope_theta, rope_scaling are reported). Qwen3, Qwen3-MoE and Gemma 3
 //    (model_type qwen3, qwen3_moe, gemma3_text) RMS-normalise each head of q and k first: an
 //    RMSNorm of the head dim too, and the norms and rotation as one head_norm_rope where kiln's
-//    patch can.
+//    patch can; so do Qwen3-Next, Qwen3.5 and Qwen3-VL (qwen3_next, qwen3_5_text,
+//    qwen3_5_moe_text, qwen3_vl_text, qwen3_vl_moe_text). A partial rotation
+//    (partial_rotary_factor, at the top or in rope_parameters, or rotary_pct) rotates the first
+//    int(head_dim * factor) columns, as transformers computes it; an MoE's shared expert
+//    (shared_expert_intermediate_size) is a SwiGLU of its own size. A multimodal config's
+//    language model is read from its text_config.
 //  - diffusers LTXVideoTransformer3DModel: inner dim = num_attention_heads * attention_head_dim;
 //    RMSNorm over the inner dim (also the "rms_norm_across_heads" q/k norm), a GELU (tanh)
 //    feed-forward of 4x the inner dim, 3-D RoPE, gated residuals.
@@ -23,6 +28,7 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "templates/family.h"
 #include "templates/types.h"
 
 namespace kiln::jit {
@@ -39,12 +45,19 @@ struct ModelShape {
   // Its attentions normalise each head and rotate q and k in one head_norm_rope with these
   // RoPE layout flags (FLUX, Qwen3, Gemma 3).
   std::optional<std::uint32_t> head_norm_layout = std::nullopt;
+  // The columns of each head its RoPE rotates: 0 for all, fewer for a partial rotation
+  // (partial_rotary_factor, GPT-NeoX's rotary_pct), which RoPE's kernels specialise on.
+  std::int64_t rotary_dim = 0;
   // The ops the model uses, with the sizes each is called at.
   std::map<Op, std::vector<std::int64_t>> ops;
 };
 
 // Throws kiln::Error naming the key that is missing or of the wrong type.
 ModelShape read_model_config(const nlohmann::json& config);
+
+// What the families' common problems take of the model (head counts, the fused head norms'
+// layout, the rotary dim), and whether it trains.
+PrewarmModel prewarm_model(const ModelShape& model, bool training);
 
 // Sizes for `ops` (all of the model's ops when empty): the model's own sizes where it uses the
 // op, else the generic rule (norms and residuals: hidden size; GLU activations and GELU:

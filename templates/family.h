@@ -26,6 +26,9 @@ struct PrewarmModel {
   // interleaved, an fp32 table; Qwen3's and Gemma 3's: halves, a table of the model's dtype,
   // q and k as the attention hands them over).
   std::optional<std::uint32_t> head_norm_layout = std::nullopt;
+  // The columns of each head its RoPE rotates (Problem::aux of RoPE's problems): 0 for all,
+  // fewer where the model rotates part of the head (partial_rotary_factor).
+  std::int64_t rotary_dim = 0;
 };
 
 // A scratch buffer the evaluator must provide to run a candidate on its own.

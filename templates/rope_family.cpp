@@ -460,17 +460,19 @@ std::vector<Problem> RopeFamily::common_problems(DType dtype, std::int64_t hidde
   // (interleaved, fp32, [B, S, H, D] or, after the head transpose, [B, H, S, D]), with the
   // model's head counts; training also runs each backward, the inverse rotation.
   const std::uint32_t heads = rope_head_flags(model.heads_q, model.heads_k);
+  // A model that rotates part of each head calls with that rotary dim (0: the whole head).
+  const std::int64_t aux = model.rotary_dim == hidden ? 0 : model.rotary_dim;
   std::vector<Problem> problems;
   for (std::uint32_t layout : {0u, kRopePositionsInner, kRopeInterleaved | kRopeTableF32,
                                kRopeInterleaved | kRopeTableF32 | kRopePositionsInner}) {
-    problems.push_back(Problem{Op::rope, dtype, hidden, layout | heads, 16});
+    problems.push_back(Problem{Op::rope, dtype, hidden, layout | heads, 16, aux});
     // The attention in kiln's patch normalises each head in the same call (no backward:
     // training takes the norms and the rotation alone).
     if (model.head_norm_layout == layout) {
-      problems.push_back(Problem{Op::rope, dtype, hidden, layout | heads | kRopeHeadNorm, 16});
+      problems.push_back(Problem{Op::rope, dtype, hidden, layout | heads | kRopeHeadNorm, 16, aux});
     }
     if (model.training) {
-      problems.push_back(Problem{Op::rope, dtype, hidden, layout | heads | kRopeInverse, 16});
+      problems.push_back(Problem{Op::rope, dtype, hidden, layout | heads | kRopeInverse, 16, aux});
     }
   }
   return problems;

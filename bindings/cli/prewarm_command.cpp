@@ -121,9 +121,8 @@ int run_prewarm(const PrewarmArgs& args) {
     auto sizes = jit::sizes_for_ops(model, ops);
     std::vector<Op> chosen;
     for (const auto& [op, list] : sizes) chosen.push_back(op);
-    auto more = jit::expand_targets(
-        chosen, dtypes, sizes, parse_archs(args.archs, true), notes,
-        PrewarmModel{model.heads_q, model.heads_k, args.training, model.head_norm_layout});
+    auto more = jit::expand_targets(chosen, dtypes, sizes, parse_archs(args.archs, true), notes,
+                                    jit::prewarm_model(model, args.training));
     targets.insert(targets.end(), more.begin(), more.end());
   }
   if (!args.hiddens.empty()) {

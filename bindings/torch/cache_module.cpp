@@ -175,9 +175,8 @@ py::dict prewarm(const std::vector<std::string>& op_names,
     for (const auto& [op, list] : sizes) {
       chosen.push_back(op);
     }
-    auto more = jit::expand_targets(
-        chosen, dtypes, sizes, archs, notes,
-        PrewarmModel{model.heads_q, model.heads_k, training, model.head_norm_layout});
+    auto more = jit::expand_targets(chosen, dtypes, sizes, archs, notes,
+                                    jit::prewarm_model(model, training));
     targets.insert(targets.end(), more.begin(), more.end());
   }
   if (!hiddens.empty()) {

@@ -121,6 +121,40 @@ def test_qwen3_prewarms_its_head_norms_fused_and_alone(fresh_cache, tmp_path):
     assert not kiln.compile("rope", "bf16", 128, arch="sm_80", format="cubin", flags=16 | 32 | 256)["from_cache"]
 
 
+def test_a_partial_rotation_prewarms_the_rotary_dim_its_calls_take(fresh_cache, tmp_path):
+    # RoPE's kernels specialise on the rotary dim (a call's problem carries it as aux): Qwen3-
+    # Next rotates the first 64 of its 256 head columns (partial_rotary_factor 0.25) after its
+    # per-head norms, fused (flags 256) with 16 + 2 heads (both even: 16), and its shared
+    # expert is a SwiGLU of 512; Phi-4-mini rotates 96 of 128, 24 + 8 heads (16 | 32).
+    qwen3_next = {"model_type": "qwen3_next", "hidden_size": 2048, "intermediate_size": 5120,
+                  "shared_expert_intermediate_size": 512, "num_attention_heads": 16,
+                  "num_key_value_heads": 2, "head_dim": 256, "partial_rotary_factor": 0.25}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(qwen3_next))
+    assert kiln.prewarm(dtypes="bf16", archs="sm_90", config=str(path))["failed"] == 0
+    for flags in (16 | 256, 16):
+        assert kiln.compile("rope", "bf16", 256, arch="sm_90", format="cubin", flags=flags,
+                            aux=64)["from_cache"]
+        assert not kiln.compile("rope", "bf16", 256, arch="sm_90", format="cubin", flags=flags,
+                                aux=0)["from_cache"]
+    assert kiln.compile("swiglu", "bf16", 512, arch="sm_90", format="cubin", flags=1)["from_cache"]
+    assert kiln.compile("rms_norm", "bf16", 256, arch="sm_90", format="cubin")["from_cache"]
+    phi4_mini = {"model_type": "phi3", "hidden_size": 3072, "intermediate_size": 8192,
+                 "num_attention_heads": 24, "num_key_value_heads": 8, "partial_rotary_factor": 0.75}
+    path.write_text(json.dumps(phi4_mini))
+    assert kiln.prewarm(dtypes="bf16", archs="sm_80", config=str(path))["failed"] == 0
+    assert kiln.compile("rope", "bf16", 128, arch="sm_80", format="cubin", flags=16 | 32,
+                        aux=96)["from_cache"]
+    # A multimodal config (Qwen3.5's) is read from its text_config.
+    qwen3_5 = {"model_type": "qwen3_5", "text_config": dict(qwen3_next, model_type="qwen3_5_text",
+                                                            hidden_size=2560, head_dim=128)}
+    path.write_text(json.dumps(qwen3_5))
+    assert kiln.prewarm(dtypes="bf16", archs="sm_80", config=str(path))["failed"] == 0
+    assert kiln.compile("rope", "bf16", 128, arch="sm_80", format="cubin", flags=16 | 256,
+                        aux=32)["from_cache"]
+    assert kiln.compile("rms_norm", "bf16", 2560, arch="sm_80", format="cubin")["from_cache"]
+
+
 def test_training_adds_the_backward_kernels(fresh_cache, tmp_path):
     path = tmp_path / "config.json"
     path.write_text(json.dumps(LLAMA))
