@@ -36,6 +36,26 @@ bool normalises_heads(const std::string& model_type) {
   return kTypes.contains(model_type);
 }
 
+// RoPE's table flags for the tables kiln's patch hands kiln.rope from these models'
+// attentions (bindings/python/kiln/patching/rope_attention.py's forms): GPT-OSS's
+// [.., D / 2] table, one angle a pair; GLM's interleaved pairs, each angle from the first half
+// of its table. 0 for transformers' usual [.., D] table.
+std::uint32_t rope_table_flags(const std::string& model_type) {
+  if (model_type == "gpt_oss") {
+    return kRopeHalfTable;
+  }
+  if (model_type == "glm" || model_type == "glm4") {
+    return kRopeInterleaved | kRopeHalfTable;
+  }
+  return 0;
+}
+
+// Models whose attention slices the rotated columns off each head itself and rotates the slice
+// as a whole head (rotary_ndims): their RoPE calls have the rotary dim as their head dim.
+bool rotates_a_slice(const std::string& model_type) {
+  return model_type == "phi" || model_type == "stablelm" || model_type == "persimmon";
+}
+
 // The fraction of each head RoPE rotates, where the config names one: partial_rotary_factor
 // (at the top, as config.json files write it, or in transformers 5's rope_parameters) or
 // GPT-NeoX's rotary_pct. 1 where it names none.
@@ -112,11 +132,22 @@ ModelShape read_llm(const nlohmann::json& config) {
     model.rope += ", the first " + std::to_string(model.rotary_dim) + " of " +
                   std::to_string(model.head_dim) + " columns";
   }
+  model.rope_table_flags = rope_table_flags(model.kind);
+  if ((model.rope_table_flags & kRopeInterleaved) != 0) {
+    model.rope += ", interleaved pairs";
+  } else if ((model.rope_table_flags & kRopeHalfTable) != 0) {
+    model.rope += ", one angle a pair";
+  }
+  std::int64_t rope_width = model.head_dim;
+  if (rotates_a_slice(model.kind) && model.rotary_dim != 0) {
+    rope_width = model.rotary_dim;
+    model.rotary_dim = 0;
+  }
   model.ops = {
       {Op::rms_norm, {model.hidden}},
       {Op::fused_add_rms_norm, {model.hidden}},
       {Op::swiglu, {model.intermediate}},
-      {Op::rope, {model.head_dim}},
+      {Op::rope, {rope_width}},
   };
   // An MoE's shared expert is an MLP of its own width, which kiln's patch takes.
   if (auto shared = config.find("shared_expert_intermediate_size");
@@ -216,7 +247,8 @@ PrewarmModel prewarm_model(const ModelShape& model, bool training) {
                       .heads_k = model.heads_k,
                       .training = training,
                       .head_norm_layout = model.head_norm_layout,
-                      .rotary_dim = model.rotary_dim};
+                      .rotary_dim = model.rotary_dim,
+                      .rope_table_flags = model.rope_table_flags};
 }
 
 std::map<Op, std::vector<std::int64_t>> sizes_for_ops(const ModelShape& model,

@@ -10,7 +10,10 @@
 //    (partial_rotary_factor, at the top or in rope_parameters, or rotary_pct) rotates the first
 //    int(head_dim * factor) columns, as transformers computes it; an MoE's shared expert
 //    (shared_expert_intermediate_size) is a SwiGLU of its own size. A multimodal config's
-//    language model is read from its text_config.
+//    language model is read from its text_config. Tables as kiln's patch hands them to
+//    kiln.rope: GPT-OSS's one angle a pair, GLM's (glm, glm4) interleaved pairs from half its
+//    table; Phi-2, StableLM and Persimmon slice the rotated columns off and rotate that slice
+//    as a whole head (RoPE at the rotary dim).
 //  - diffusers LTXVideoTransformer3DModel: inner dim = num_attention_heads * attention_head_dim;
 //    RMSNorm over the inner dim (also the "rms_norm_across_heads" q/k norm), a GELU (tanh)
 //    feed-forward of 4x the inner dim, 3-D RoPE, gated residuals.
@@ -48,6 +51,9 @@ struct ModelShape {
   // The columns of each head its RoPE rotates: 0 for all, fewer for a partial rotation
   // (partial_rotary_factor, GPT-NeoX's rotary_pct), which RoPE's kernels specialise on.
   std::int64_t rotary_dim = 0;
+  // RoPE's table flags where its attentions hand kiln.rope another table than transformers'
+  // usual one (PrewarmModel::rope_table_flags).
+  std::uint32_t rope_table_flags = 0;
   // The ops the model uses, with the sizes each is called at.
   std::map<Op, std::vector<std::int64_t>> ops;
 };

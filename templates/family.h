@@ -29,6 +29,9 @@ struct PrewarmModel {
   // The columns of each head its RoPE rotates (Problem::aux of RoPE's problems): 0 for all,
   // fewer where the model rotates part of the head (partial_rotary_factor).
   std::int64_t rotary_dim = 0;
+  // RoPE's flags for the table its attentions hand over where it is not transformers' usual
+  // [.., D] one of the model's dtype (GPT-OSS's half table, GLM's interleaved pairs).
+  std::uint32_t rope_table_flags = 0;
 };
 
 // A scratch buffer the evaluator must provide to run a candidate on its own.

@@ -455,15 +455,17 @@ std::vector<Problem> RopeFamily::common_problems(DType dtype, std::int64_t hidde
   if (op_ == Op::rope_3d) {
     return {Problem{Op::rope_3d, dtype, hidden, 0u, 16}};
   }
-  // transformers (half-split, table in the model's dtype; q and k as its attentions hand them
-  // over, [B, S, H, D] memory viewed as [B, H, S, D], and contiguous [B, H, S, D]), diffusers
+  // transformers (half-split, table in the model's dtype, or the model's own table form; q and
+  // k as its attentions hand them over, [B, S, H, D] memory viewed as [B, H, S, D], and
+  // contiguous [B, H, S, D]), diffusers
   // (interleaved, fp32, [B, S, H, D] or, after the head transpose, [B, H, S, D]), with the
   // model's head counts; training also runs each backward, the inverse rotation.
   const std::uint32_t heads = rope_head_flags(model.heads_q, model.heads_k);
   // A model that rotates part of each head calls with that rotary dim (0: the whole head).
   const std::int64_t aux = model.rotary_dim == hidden ? 0 : model.rotary_dim;
+  const std::uint32_t table = model.rope_table_flags;
   std::vector<Problem> problems;
-  for (std::uint32_t layout : {0u, kRopePositionsInner, kRopeInterleaved | kRopeTableF32,
+  for (std::uint32_t layout : {table, table | kRopePositionsInner, kRopeInterleaved | kRopeTableF32,
                                kRopeInterleaved | kRopeTableF32 | kRopePositionsInner}) {
     problems.push_back(Problem{Op::rope, dtype, hidden, layout | heads, 16, aux});
     // The attention in kiln's patch normalises each head in the same call (no backward:

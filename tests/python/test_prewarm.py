@@ -155,6 +155,29 @@ def test_a_partial_rotation_prewarms_the_rotary_dim_its_calls_take(fresh_cache, 
     assert kiln.compile("rms_norm", "bf16", 2560, arch="sm_80", format="cubin")["from_cache"]
 
 
+def test_models_that_hand_rope_another_table_prewarm_it(fresh_cache, tmp_path):
+    # As kiln's patch calls kiln.rope for them: GPT-OSS a [.., D / 2] table, one angle a pair
+    # (flag 128), 64 + 8 heads (16 | 32); GLM-4 interleaved pairs (1) from half its table
+    # (128) over the first 64 of 128 columns, 32 + 2 heads (16); Phi-2 a 32-column slice of
+    # each 80-column head, rotated as a whole head, 32 + 32 heads (16 | 32).
+    models = [
+        ({"model_type": "gpt_oss", "hidden_size": 2880, "intermediate_size": 2880,
+          "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 64}, 64, 128 | 16 | 32, 0),
+        ({"model_type": "glm4", "hidden_size": 4096, "intermediate_size": 13696,
+          "num_attention_heads": 32, "num_key_value_heads": 2, "head_dim": 128,
+          "partial_rotary_factor": 0.5}, 128, 1 | 128 | 16, 64),
+        ({"model_type": "phi", "hidden_size": 2560, "intermediate_size": 10240,
+          "num_attention_heads": 32, "partial_rotary_factor": 0.4}, 32, 16 | 32, 0),
+    ]
+    path = tmp_path / "config.json"
+    for config, width, flags, aux in models:
+        path.write_text(json.dumps(config))
+        assert kiln.prewarm(dtypes="bf16", archs="sm_80", config=str(path))["failed"] == 0
+        for layout in (0, 8):  # q and k as the attention hands them over, and contiguous
+            assert kiln.compile("rope", "bf16", width, arch="sm_80", format="cubin",
+                                flags=flags | layout, aux=aux)["from_cache"], config["model_type"]
+
+
 def test_training_adds_the_backward_kernels(fresh_cache, tmp_path):
     path = tmp_path / "config.json"
     path.write_text(json.dumps(LLAMA))

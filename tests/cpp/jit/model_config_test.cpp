@@ -1,6 +1,8 @@
 #include "jit/model_config.h"
 
 #include <doctest/doctest.h>
+
+#include <algorithm>
 #include <nlohmann/json.hpp>
 
 #include "cache/error.h"
@@ -57,6 +59,42 @@ TEST_CASE("a partial rotation gives RoPE's rotary dim, as transformers sizes its
   phi["rotary_pct"] = 0.01;  // 1.28 columns
   CHECK_THROWS_WITH_AS(kiln::jit::read_model_config(phi),
                        doctest::Contains("rotates 1 columns; RoPE rotates pairs"), kiln::Error);
+}
+
+TEST_CASE("models that hand RoPE another table or a slice prewarm the problems they call") {
+  // GPT-OSS: a [.., D / 2] table, one angle a pair, of the model's dtype.
+  const nlohmann::json gpt_oss = {{"model_type", "gpt_oss"},   {"hidden_size", 2880},
+                                  {"intermediate_size", 2880}, {"num_attention_heads", 64},
+                                  {"num_key_value_heads", 8},  {"head_dim", 64}};
+  const kiln::jit::ModelShape oss = kiln::jit::read_model_config(gpt_oss);
+  CHECK(oss.rope_table_flags == kiln::kRopeHalfTable);
+  CHECK(oss.rotary_dim == 0);
+  // GLM-4: interleaved pairs over the first half of each head, half the table's columns read.
+  const nlohmann::json glm4 = {{"model_type", "glm4"},        {"hidden_size", 4096},
+                               {"intermediate_size", 13696},  {"num_attention_heads", 32},
+                               {"num_key_value_heads", 2},    {"head_dim", 128},
+                               {"partial_rotary_factor", 0.5}};
+  const kiln::jit::ModelShape glm = kiln::jit::read_model_config(glm4);
+  CHECK(glm.rope_table_flags == (kiln::kRopeInterleaved | kiln::kRopeHalfTable));
+  CHECK(glm.rotary_dim == 64);
+  const auto problems = kiln::family(Op::rope).common_problems(
+      kiln::DType::bf16, 128, kiln::jit::prewarm_model(glm, false));
+  const auto has = [&](std::uint32_t flags) {
+    return std::any_of(problems.begin(), problems.end(),
+                       [&](const kiln::Problem& p) { return p.flags == flags && p.aux == 64; });
+  };
+  CHECK(has(kiln::kRopeInterleaved | kiln::kRopeHalfTable | kiln::kRopeHeadsEven));
+  CHECK(has(kiln::kRopeInterleaved | kiln::kRopeHalfTable | kiln::kRopeHeadsEven |
+            kiln::kRopePositionsInner));
+  // Phi-2 rotates the slice its attention cuts off as a whole head: RoPE at 32 wide, aux 0.
+  const nlohmann::json phi2 = {{"model_type", "phi"},
+                               {"hidden_size", 2560},
+                               {"intermediate_size", 10240},
+                               {"num_attention_heads", 32},
+                               {"partial_rotary_factor", 0.4}};
+  const kiln::jit::ModelShape phi = kiln::jit::read_model_config(phi2);
+  CHECK(phi.ops.at(Op::rope) == std::vector<std::int64_t>{32});
+  CHECK(phi.rotary_dim == 0);
 }
 
 TEST_CASE("a multimodal config's language model is read from its text_config") {
