@@ -608,7 +608,7 @@ def test_qwen3_next_and_qwen3_5_attentions_fuse_their_partial_rotation(name, mon
             norm.weight.normal_(0, 0.3)
     # The tables as the models' rotary embeddings make them at partial_rotary_factor 0.25 (the
     # embeddings' own position formats differ between transformers versions).
-    x, cos, sin = _partial_inputs(torch.float32, 4)
+    _, cos, sin = _partial_inputs(torch.float32, 4)
     x = torch.randn(2, 5, 64)
     with torch.no_grad():
         expected = attention(x, (cos, sin), None)[0]
