@@ -165,6 +165,11 @@ ModelShape read_llm(const nlohmann::json& config) {
       model.ops[Op::rms_norm].push_back(model.head_dim);
     }
   }
+  // Qwen3-Next's and Qwen3.5's linear attention closes each value head with a gated RMSNorm.
+  if (auto value_head = config.find("linear_value_head_dim");
+      value_head != config.end() && !value_head->is_null()) {
+    model.ops[Op::rms_norm_gated] = {require_size(config, "linear_value_head_dim")};
+  }
   return model;
 }
 
@@ -211,6 +216,7 @@ bool is_norm(Op op) {
     case Op::layer_norm:
     case Op::adaln:
     case Op::gated_adaln:
+    case Op::rms_norm_gated:
     case Op::gated_residual:
     case Op::rms_norm_backward:
     case Op::fused_add_rms_norm_backward:

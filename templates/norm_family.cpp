@@ -111,7 +111,8 @@ std::string flag_names(std::uint32_t flags) {
                                 {kNormTable, "table (16)"},
                                 {kNormPerToken, "per-token (32)"},
                                 {kNormRowLoop, "row loop (64)"},
-                                {kNormTableF32, "fp32 table (128)"}});
+                                {kNormTableF32, "fp32 table (128)"},
+                                {kNormGateSigmoid, "sigmoid gate (256)"}});
 }
 
 // The share of a row split's lane-steps that hold a vector of the row: 1 when the row's
@@ -126,7 +127,7 @@ double busy_lane_share(const Problem& problem, const Config& config) {
 
 NormFamily::NormFamily(Op op) : op_(op) {
   if (op != Op::rms_norm && op != Op::fused_add_rms_norm && op != Op::layer_norm &&
-      op != Op::adaln && op != Op::gated_adaln) {
+      op != Op::adaln && op != Op::gated_adaln && op != Op::rms_norm_gated) {
     throw Error("kiln: NormFamily does not implement op " + std::string(op_name(op)));
   }
 }
@@ -144,6 +145,8 @@ std::uint32_t NormFamily::allowed_flags() const {
     case Op::gated_adaln:
       return kNormWeight | kNormLayer | kNormTable | kNormTableF32 | kNormPerToken | kNormInPlace |
              kNormRowLoop;
+    case Op::rms_norm_gated:
+      return kNormWeight | kNormGateSigmoid | kNormRowLoop;
     default:
       return 0;
   }
@@ -178,6 +181,12 @@ unsigned norm_features(const Problem& problem) {
       break;
     case Op::layer_norm:
       f |= NormFeature::layer;
+      break;
+    case Op::rms_norm_gated:
+      f |= NormFeature::gate_out;
+      if (has(problem, kNormGateSigmoid)) {
+        f |= NormFeature::gate_sigmoid;
+      }
       break;
     case Op::gated_adaln:
       f |= NormFeature::gate;
@@ -231,7 +240,8 @@ NormArgBytes pack_layout(const NormParams& params) {
 NormArgBytes pack_norm_args(unsigned features, const NormParams& params) {
   const bool gate = (features & NormFeature::gate) != 0;
   const bool modulate = (features & NormFeature::modulate) != 0;
-  const bool sum = (features & (NormFeature::residual | NormFeature::gate)) != 0;
+  const bool sum =
+      (features & (NormFeature::residual | NormFeature::gate | NormFeature::gate_out)) != 0;
   if (gate) {
     return pack_layout<NormGatedArgs>(params);
   }
@@ -262,6 +272,9 @@ int live_vectors_per_step(const NormFamily& family, const Problem& problem, bool
   if ((f & NormFeature::modulate) != 0 && streamed_modulation) {
     live += 2;
   }
+  if ((f & NormFeature::gate_out) != 0) {
+    ++live;
+  }
   if (prefetch) {
     live += static_cast<int>(family.row_streams(problem));
   }
@@ -288,7 +301,7 @@ std::int64_t NormFamily::row_streams(const Problem& problem) const {
   const unsigned f = features(problem);
   const bool streamed = (f & NormFeature::per_sample) == 0;
   std::int64_t streams = 1;
-  if ((f & (NormFeature::residual | NormFeature::gate)) != 0) {
+  if ((f & (NormFeature::residual | NormFeature::gate | NormFeature::gate_out)) != 0) {
     ++streams;
   }
   if ((f & NormFeature::gate) != 0 && streamed) {
@@ -360,6 +373,10 @@ std::string NormFamily::invalid_reason(const Problem& problem, const Config& con
     if (name != "grid" && name != kRereadExtra && name != kStageExtra && name != "cluster") {
       return std::string(this->name()) + " has no tunable named '" + name + "'";
     }
+  }
+  if ((features(problem) & NormFeature::gate_out) != 0 &&
+      (reread_of(config) != 0 || stage_of(config) != 0)) {
+    return "a gated output's row is held with its gate: it is neither re-read nor staged";
   }
   if (const std::int64_t reread = reread_of(config); reread != 0) {
     if (reread != 1) {
@@ -753,6 +770,9 @@ std::vector<BufferSpec> norm_buffers(const NormFamily& family, const Problem& pr
   if ((f & NormFeature::residual) != 0) {
     specs.push_back({"residual", t, rows * d, false});
   }
+  if ((f & NormFeature::gate_out) != 0) {
+    specs.push_back({"z", t, rows * d, false});
+  }
   if ((f & NormFeature::gate) != 0) {
     specs.push_back({"y", t, rows * d, false});
     specs.push_back({"gate", t, mod_rows * d, false});
@@ -816,7 +836,7 @@ std::vector<std::byte> NormFamily::pack_params(const Problem& problem, std::int6
     if (n == "x") {
       params.x = address;
     }
-    if (n == "residual" || n == "y") {
+    if (n == "residual" || n == "y" || n == "z") {
       params.second = address;
     }
     if (n == "gate") {
@@ -903,6 +923,8 @@ std::vector<Problem> NormFamily::common_problems(DType dtype, std::int64_t hidde
       return {make(kNormLayer), make(kNormTable | kNormPerToken)};
     case Op::gated_adaln:
       return {make(kNormTable | kNormPerToken)};
+    case Op::rms_norm_gated:  // Qwen3-Next, Qwen3.5 (the sigmoid gate compiles on first use)
+      return {make(kNormWeight)};
     default:
       return {};
   }

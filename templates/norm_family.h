@@ -1,5 +1,5 @@
 // The normalisation ops, all on one kernel template (kiln::norm in templates/kiln/norm.cuh):
-// rms_norm, fused_add_rms_norm, layer_norm, adaln and gated_adaln. One
+// rms_norm, fused_add_rms_norm, layer_norm, adaln, gated_adaln and rms_norm_gated. One
 // NormFamily object per op; they differ in which Problem::flags they accept, which kernel
 // features those flags turn on, and which buffers a stand-alone run needs.
 //
@@ -44,6 +44,9 @@ inline constexpr std::uint32_t kNormPerToken = 32u;  // adaln ops: operands are 
 inline constexpr std::uint32_t kNormRowLoop = 64u;
 // adaln ops with kNormTable: the table rows are fp32 for 16-bit x (Wan's scale_shift_table).
 inline constexpr std::uint32_t kNormTableF32 = 128u;
+// rms_norm_gated: the output's gate is sigmoid(z) (Kimi Linear, GLM-5 Next) instead of silu(z)
+// (Qwen3-Next, Qwen3.5).
+inline constexpr std::uint32_t kNormGateSigmoid = 256u;
 
 class NormFamily : public Family {
  public:

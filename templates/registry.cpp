@@ -18,6 +18,7 @@ const NormFamily kFusedAddRmsNorm(Op::fused_add_rms_norm);
 const NormFamily kLayerNorm(Op::layer_norm);
 const NormFamily kAdaLn(Op::adaln);
 const NormFamily kGatedAdaLn(Op::gated_adaln);
+const NormFamily kRmsNormGated(Op::rms_norm_gated);
 const RopeFamily kRope(Op::rope);
 const RopeFamily kRope3d(Op::rope_3d);
 const RmsNormRopeFamily kRmsNormRope;
@@ -47,6 +48,7 @@ constexpr const Family* kFamilies[] = {
     &kSwigluBackward,
     &kGegluBackward,
     &kGeluBackward,
+    &kRmsNormGated,
     // clang-format on
 };
 

@@ -25,6 +25,7 @@ constexpr std::array kOps = {
     Op::swiglu_backward,
     Op::geglu_backward,
     Op::gelu_backward,
+    Op::rms_norm_gated,
     // clang-format on
 };
 
@@ -112,6 +113,8 @@ std::string_view op_name(Op op) {
       return "geglu_backward";
     case Op::gelu_backward:
       return "gelu_backward";
+    case Op::rms_norm_gated:
+      return "rms_norm_gated";
   }
   return "?";
 }

@@ -42,6 +42,7 @@ enum class Op : std::uint8_t {
   swiglu_backward,
   geglu_backward,
   gelu_backward,
+  rms_norm_gated,
 };
 
 std::string_view op_name(Op op);

@@ -1,6 +1,6 @@
 // The autograd kernels of the ops that have no backward: the fused inference ops
-// (gated_adaln, gated_residual, rms_norm_rope, head_norm_rope, rope_3d), the in-place and out=
-// forms, and the backward ops themselves.
+// (gated_adaln, gated_residual, rms_norm_rope, head_norm_rope, rope_3d, rms_norm_gated), the
+// in-place and out= forms, and the backward ops themselves.
 //
 // Without a kernel of its own, such an op meets torch's fallback for custom ops, which boxes
 // every call and runs the op with autograd still on: the CPU reference then records its own
@@ -112,7 +112,7 @@ std::string instead(std::string_view op) {
   if (op.ends_with("_backward")) {
     return "double backward through kiln's ops is not supported";
   }
-  static constexpr std::array<std::pair<std::string_view, std::string_view>, 11> kInstead{{
+  static constexpr std::array<std::pair<std::string_view, std::string_view>, 12> kInstead{{
       {"rope_", "kiln.rope has a backward"},
       {"fused_add_rms_norm_", "kiln.fused_add_rms_norm has a backward"},
       {"rms_norm.out", "kiln.rms_norm without out= has a backward"},
@@ -124,6 +124,7 @@ std::string instead(std::string_view op) {
       {"rms_norm_rope", "kiln.rms_norm of q and of k, then kiln.rope, have backward passes"},
       {"gated_adaln", "the gated residual in torch ops, then kiln.adaln, have backward passes"},
       {"rope_3d", "kiln.rope with diffusers' LTX-Video table has a backward"},
+      {"rms_norm_gated", "kiln.rms_norm, then the gate in torch ops, have backward passes"},
   }};
   for (const auto& [name, text] : kInstead) {
     if (name == op) {
@@ -269,6 +270,7 @@ TORCH_LIBRARY_IMPL(kiln, Autograd, m) {
   m.impl("rms_norm_rope", &NoBackwardOf<"rms_norm_rope", rms_norm_rope_cpu>::autograd);
   m.impl("head_norm_rope", &NoBackwardOf<"head_norm_rope", head_norm_rope_cpu>::autograd);
   m.impl("rope_3d", &NoBackwardOf<"rope_3d", rope_3d_cpu>::autograd);
+  m.impl("rms_norm_gated", &NoBackwardOf<"rms_norm_gated", rms_norm_gated_cpu>::autograd);
   m.impl("rope_backward", &NoBackwardOf<"rope_backward", rope_backward_cpu>::autograd);
   m.impl("swiglu_backward", &NoBackwardOf<"swiglu_backward", swiglu_backward_cpu>::autograd);
   m.impl("geglu_backward", &NoBackwardOf<"geglu_backward", geglu_backward_cpu>::autograd);

@@ -1,6 +1,6 @@
 // The norm ops beyond rms_norm: fused_add_rms_norm (and its in-place form), layer_norm,
-// adaln and gated_adaln. Output dtype rule, for all of them: every tensor has x's dtype
-// (checked), and every output has that dtype too, rounded once from fp32 math. That is what
+// adaln, gated_adaln and rms_norm_gated. Output dtype rule, for all of them: every tensor has x's
+// dtype (checked), and every output has that dtype too, rounded once from fp32 math. That is what
 // the modules they replace give when a model runs in one dtype (vLLM's fused_add_rms_norm,
 // nn.LayerNorm / F.layer_norm, diffusers' RMSNorm and AdaLN blocks in bf16 or fp16).
 #pragma once
@@ -21,6 +21,11 @@ DType check_fused_add_rms_norm(const std::string& op, const at::Tensor& x,
                                const at::Tensor& residual, const std::optional<at::Tensor>& weight);
 DType check_layer_norm(const at::Tensor& x, const std::optional<at::Tensor>& weight,
                        const std::optional<at::Tensor>& bias);
+// rms_norm_gated: gate of x's shape, dtype and device; activation "silu" or "sigmoid" (whether
+// it is the sigmoid is returned in `sigmoid`).
+DType check_rms_norm_gated(const at::Tensor& x, const at::Tensor& gate,
+                           const std::optional<at::Tensor>& weight, c10::string_view activation,
+                           bool& sigmoid);
 
 // The operands of adaln / gated_adaln, checked: x (or h) [B, T, D]; scale, shift (and gate)
 // [B, 1, D] or [B, T, D]; table rows [D], all or none given.
@@ -81,6 +86,16 @@ at::Tensor adaln_cuda(const at::Tensor& x, const at::Tensor& scale, const at::Te
                       const std::optional<at::Tensor>& weight, double eps, c10::string_view norm,
                       const std::optional<at::Tensor>& table_scale,
                       const std::optional<at::Tensor>& table_shift);
+
+// rms_norm_gated: rms_norm(x, weight) * silu(gate) (or * sigmoid(gate)), normalised before it
+// is gated, as Qwen3-Next's and Qwen3.5's RMSNormGated (silu) and Kimi Linear's and GLM-5
+// Next's (sigmoid) compute it; math in fp32, rounded once at the end.
+at::Tensor rms_norm_gated_cpu(const at::Tensor& x, const at::Tensor& gate,
+                              const std::optional<at::Tensor>& weight, double eps,
+                              c10::string_view activation);
+at::Tensor rms_norm_gated_cuda(const at::Tensor& x, const at::Tensor& gate,
+                               const std::optional<at::Tensor>& weight, double eps,
+                               c10::string_view activation);
 
 std::tuple<at::Tensor, at::Tensor> gated_adaln_cpu(
     const at::Tensor& h, const at::Tensor& y, const at::Tensor& gate, const at::Tensor& scale,

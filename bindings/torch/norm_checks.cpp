@@ -73,6 +73,23 @@ DType check_fused_add_rms_norm(const std::string& op, const at::Tensor& x,
   return dtype;
 }
 
+DType check_rms_norm_gated(const at::Tensor& x, const at::Tensor& gate,
+                           const std::optional<at::Tensor>& weight, c10::string_view activation,
+                           bool& sigmoid) {
+  const std::string op = "rms_norm_gated";
+  const DType dtype = kiln_dtype_or_cpu_double(op, "x", x);
+  check_rows(op, "x", x);
+  check_same(op, "gate", gate, "x", x);
+  if (weight) {
+    check_parameter(op, "weight", *weight, x);
+  }
+  if (activation != "silu" && activation != "sigmoid") {
+    fail_value(op, "activation", "\"silu\" or \"sigmoid\"", "\"" + std::string(activation) + "\"");
+  }
+  sigmoid = activation == "sigmoid";
+  return dtype;
+}
+
 DType check_layer_norm(const at::Tensor& x, const std::optional<at::Tensor>& weight,
                        const std::optional<at::Tensor>& bias) {
   const DType dtype = kiln_dtype_or_cpu_double("layer_norm", "x", x);

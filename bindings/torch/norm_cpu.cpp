@@ -122,4 +122,20 @@ std::tuple<at::Tensor, at::Tensor> gated_adaln_cpu(
   return {sum.contiguous(), out.contiguous()};
 }
 
+at::Tensor rms_norm_gated_cpu(const at::Tensor& x, const at::Tensor& gate,
+                              const std::optional<at::Tensor>& weight, double eps,
+                              c10::string_view activation) {
+  bool sigmoid = false;
+  check_rms_norm_gated(x, gate, weight, activation, sigmoid);
+  require_cpu("rms_norm_gated", x);
+  const at::ScalarType math = math_type(x);
+  at::Tensor n = rms(x.to(math), eps);
+  if (weight) {
+    n = n * weight->to(math);
+  }
+  const at::Tensor z = gate.to(math);
+  n = n * (sigmoid ? at::sigmoid(z) : at::silu(z));
+  return n.to(x.scalar_type()).contiguous();
+}
+
 }  // namespace kiln::torch_ops

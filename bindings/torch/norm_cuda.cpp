@@ -120,6 +120,47 @@ std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm_cuda(const at::Tensor& x,
   return {out, sum};
 }
 
+at::Tensor rms_norm_gated_cuda(const at::Tensor& x, const at::Tensor& gate,
+                               const std::optional<at::Tensor>& weight, double eps,
+                               c10::string_view activation) {
+  const std::string op = "rms_norm_gated";
+  bool sigmoid = false;
+  const DType dtype = check_rms_norm_gated(x, gate, weight, activation, sigmoid);
+  require_cuda(op, "x", x);
+  at::Tensor out = at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
+  const RowView xv = row_view(op, x);
+  if (xv.rows == 0) {
+    return out;
+  }
+  // The gate is often a slice of a wider projection (Qwen3-Next's z): read in place, by rows.
+  const RowView zv = row_view(op, gate);
+  const at::Tensor w = weight ? weight->contiguous() : at::Tensor();
+
+  NormParams p{};
+  p.out = out.data_ptr();
+  p.x = xv.tensor.data_ptr();
+  p.second = zv.tensor.data_ptr();
+  p.weight = data_or_null(w);
+  p.rows = xv.rows;
+  p.x_row_stride = xv.row_stride;
+  p.second_row_stride = zv.row_stride;
+  p.out_row_stride = xv.hidden;
+  p.eps = static_cast<float>(eps);
+
+  Alignment align(dtype);
+  for (const void* a : std::initializer_list<const void*>{p.out, p.x, p.second, p.weight}) {
+    if (a != nullptr) {
+      align.address(a);
+    }
+  }
+  for (std::int64_t s : {xv.row_stride, zv.row_stride, xv.hidden}) {
+    align.stride(s);
+  }
+  const std::uint32_t flags = (weight ? kNormWeight : 0u) | (sigmoid ? kNormGateSigmoid : 0u);
+  launch_norm(x, Problem{Op::rms_norm_gated, dtype, xv.hidden, flags, align.value()}, p);
+  return out;
+}
+
 void fused_add_rms_norm_inplace_cuda(at::Tensor& x, at::Tensor& residual,
                                      const std::optional<at::Tensor>& weight, double eps) {
   const std::string op = "fused_add_rms_norm_";

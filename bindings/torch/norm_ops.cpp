@@ -18,6 +18,9 @@ TORCH_LIBRARY_FRAGMENT(kiln, m) {
       "gated_adaln(Tensor h, Tensor y, Tensor gate, Tensor scale, Tensor shift, "
       "Tensor? weight=None, float eps=1e-06, str norm=\"rms\", Tensor? table_gate=None, "
       "Tensor? table_scale=None, Tensor? table_shift=None) -> (Tensor, Tensor)");
+  m.def(
+      "rms_norm_gated(Tensor x, Tensor gate, Tensor? weight=None, float eps=1e-06, "
+      "str activation=\"silu\") -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(kiln, CPU, m) {
@@ -26,6 +29,7 @@ TORCH_LIBRARY_IMPL(kiln, CPU, m) {
   m.impl("layer_norm", &kiln::torch_ops::layer_norm_cpu);
   m.impl("adaln", &kiln::torch_ops::adaln_cpu);
   m.impl("gated_adaln", &kiln::torch_ops::gated_adaln_cpu);
+  m.impl("rms_norm_gated", &kiln::torch_ops::rms_norm_gated_cpu);
 }
 
 TORCH_LIBRARY_IMPL(kiln, CUDA, m) {
@@ -34,4 +38,5 @@ TORCH_LIBRARY_IMPL(kiln, CUDA, m) {
   m.impl("layer_norm", &kiln::torch_ops::layer_norm_cuda);
   m.impl("adaln", &kiln::torch_ops::adaln_cuda);
   m.impl("gated_adaln", &kiln::torch_ops::gated_adaln_cuda);
+  m.impl("rms_norm_gated", &kiln::torch_ops::rms_norm_gated_cuda);
 }

@@ -76,6 +76,19 @@ __device__ __forceinline__ float exp2_flushed(float x) {
   return result;
 }
 
+// e^x as ex2.approx.ftz: a result below 2^-126 flushes to 0, which the 1 + e^x it feeds
+// absorbs anyway (2^-126 is far below half an ulp of 1), while __expf's non-flushing form
+// spends a compare and two scalings on it per element.
+__device__ __forceinline__ float exp_flushed(float x) {
+  return exp2_flushed(x * 1.4426950408889634f);
+}
+
+// x * sigmoid(z) (the activations' and the gated norm's), written x / (1 + exp(-z)), which is
+// exact in both limits (exp overflowing to inf gives -0 or 0, as the true value rounds to).
+__device__ __forceinline__ float times_sigmoid(float x, float z) {
+  return __fdividef(x, 1.0f + exp_flushed(-z));
+}
+
 // Two fp32 values rounded to T and widened back, as storing them and reading them back would.
 template <typename T>
 __device__ __forceinline__ void round_through(float& a, float& b) {

@@ -1,4 +1,5 @@
-// The normalisation kernel behind fused_add_rms_norm, layer_norm, adaln and gated_adaln:
+// The normalisation kernel behind the norm ops (rms_norm, fused_add_rms_norm, layer_norm, adaln,
+// gated_adaln and rms_norm_gated):
 //
 //   s   = x                      (plain norms)
 //       | T(x + residual)        (fused_add_rms_norm; stored to sum_out)
@@ -6,6 +7,7 @@
 //   n   = (s - mean(s)) * rsqrt(var(s) + eps)     (LayerNorm: FEATURES has layer)
 //       | s * rsqrt(mean(s^2) + eps)              (RMSNorm)
 //   out = T(((n * weight) + bias) * (1 + scale) + shift)   (each factor where present)
+//       | T(n * weight * silu(z))  or  T(n * weight * sigmoid(z))   (rms_norm_gated)
 //
 // gate, scale and shift each add their table row where FEATURES has table; the rows are of T,
 // or fp32 with table_f32.
@@ -84,7 +86,10 @@ template <int VEC_BYTES, int STEPS, unsigned F>
 struct NormRowInputs {
   static constexpr bool kStreamed = (F & NormFeature::per_sample) == 0;
   RawVectors<VEC_BYTES, STEPS, true> x;
-  RawVectors<VEC_BYTES, STEPS, (F & (NormFeature::residual | NormFeature::gate)) != 0> second;
+  // the residual, y, or rms_norm_gated's z
+  RawVectors<VEC_BYTES, STEPS,
+             (F & (NormFeature::residual | NormFeature::gate | NormFeature::gate_out)) != 0>
+      second;
   RawVectors<VEC_BYTES, STEPS, kStreamed && (F & NormFeature::gate) != 0> gate;
   RawVectors<VEC_BYTES, STEPS, kStreamed && (F & NormFeature::modulate) != 0> scale;
   RawVectors<VEC_BYTES, STEPS, kStreamed && (F & NormFeature::modulate) != 0> shift;
@@ -117,6 +122,9 @@ struct NormRow {
   static constexpr bool kExact = HIDDEN % kStride == 0;
   static constexpr bool kInPlace = (F & NormFeature::in_place) != 0;
   static constexpr bool kSum = (F & (NormFeature::residual | NormFeature::gate)) != 0;
+  // The output's gate z is held with the row from its load to the output, as per-token
+  // modulation rows are; its kernel has neither a re-read nor a staged form.
+  static constexpr bool kGateOut = (F & NormFeature::gate_out) != 0;
   static constexpr bool kTable = (F & NormFeature::table) != 0;
   static constexpr bool kTableF32 = kTable && (F & NormFeature::table_f32) != 0;
   using TableVec = TableVector<T, VEC_BYTES, kTableF32>;
@@ -160,8 +168,10 @@ struct NormRow {
   __device__ __forceinline__ static void load_row(const Params& p, long long row, int lane,
                                                   RowInputs& in) {
     const T* const x_row = static_cast<const T*>(p.x) + row * p.x_row_stride;
-    const T* second_row = nullptr;  // the residual, or y
-    if constexpr (kSum) second_row = static_cast<const T*>(p.second) + row * p.second_row_stride;
+    const T* second_row = nullptr;  // the residual, y, or z
+    if constexpr (kSum || kGateOut) {
+      second_row = static_cast<const T*>(p.second) + row * p.second_row_stride;
+    }
     long long batch = 0;
     long long token = 0;
     if constexpr (!kPerSample && (F & (NormFeature::gate | NormFeature::modulate)) != 0) {
@@ -173,6 +183,7 @@ struct NormRow {
       if (!in_row(step, lane)) continue;
       const int col = column(step, lane);
       in.x.v[step] = load_input<VEC_BYTES, kInPlace>(x_row + col);
+      if constexpr (kGateOut) in.second.v[step] = load_global_nc<VEC_BYTES>(second_row + col);
       if constexpr ((F & NormFeature::residual) != 0) {
         in.second.v[step] = load_input<VEC_BYTES, kInPlace>(second_row + col);
       } else if constexpr ((F & NormFeature::gate) != 0) {
@@ -273,11 +284,13 @@ struct NormRow {
   }
 
   // One output vector: (v - mean) * rstd, then the weight, the bias and the modulation
-  // (scale and shift, plus their table rows) where present, stored at `col` of `out_row`.
+  // (scale and shift, plus their table rows) or the output's gate z where present, stored at
+  // `col` of `out_row`. `out_gate` is read only with kGateOut.
   __device__ __forceinline__ static void store_output(T* out_row, int col, const Raw<VEC_BYTES>& v,
                                                       float mean, float rstd, const Columns& c,
                                                       const Raw<VEC_BYTES>& mod_scale,
-                                                      const Raw<VEC_BYTES>& mod_shift) {
+                                                      const Raw<VEC_BYTES>& mod_shift,
+                                                      const Raw<VEC_BYTES>& out_gate) {
     float result[kVec];
 #pragma unroll
     for (int i = 0; i < kVec; ++i) {
@@ -292,6 +305,10 @@ struct NormRow {
           b += c.table_shift[i];
         }
         n = n * (1.0f + a) + b;
+      }
+      if constexpr (kGateOut) {
+        const float z = get_element<T>(out_gate, i);
+        n = times_sigmoid((F & NormFeature::gate_sigmoid) != 0 ? n : n * z, z);
       }
       result[i] = n;
     }
@@ -410,7 +427,8 @@ struct NormRow {
       const int held = kStreamedModulation ? step : 0;
       store_output(out_row, col, values[step], mean, scale, c,
                    kStreamedModulation ? in.scale.v[held] : c.scale,
-                   kStreamedModulation ? in.shift.v[held] : c.shift);
+                   kStreamedModulation ? in.shift.v[held] : c.shift,
+                   in.second.v[kGateOut ? step : 0]);
     }
   }
 
@@ -655,6 +673,7 @@ struct NormRow {
     constexpr bool kLayer = (F & NormFeature::layer) != 0;
     static_assert(!(kLayer && kInPlace), "the shift is read from a row being overwritten");
     static_assert(ROW_CTAS == 1, "a re-read row is not split over a cluster");
+    static_assert(!kGateOut, "a gated output's row is held");
     LaneStreams s = lane_streams(p, row, lane);
     long long batch = 0;
     long long token = 0;
@@ -711,7 +730,7 @@ struct NormRow {
       for (int step = 0; step < kSteps; ++step) {
         if (!in_row(step, lane)) continue;
         store_output(s.out, step * kStride, v[step], mean, scale, c[step], c[step].scale,
-                     c[step].shift);
+                     c[step].shift, v[step]);
       }
       return;
     }
@@ -728,7 +747,7 @@ struct NormRow {
       }
       const Columns c = load_columns(p, column(step, lane), batch);
       store_output(s.out, offset, v, mean, scale, c, kStreamedModulation ? mod_scale : c.scale,
-                   kStreamedModulation ? mod_shift : c.shift);
+                   kStreamedModulation ? mod_shift : c.shift, v);
     }
   }
 
@@ -798,6 +817,7 @@ struct NormRow {
                                                           bool active, unsigned thread_slots) {
     constexpr float kInvHidden = 1.0f / HIDDEN;
     static_assert(ROW_CTAS == 1, "a staged row is not split over a cluster");
+    static_assert(!kGateOut, "a gated output's row is held");
     constexpr int kX = kStagedX;
     constexpr int kSecond = kStagedSecond;
     constexpr int kGate = kStagedGateSlot;
@@ -881,7 +901,7 @@ struct NormRow {
         mod_scale = load_shared<VEC_BYTES>(slot(kScale, step));
         mod_shift = load_shared<VEC_BYTES>(slot(kShift, step));
       }
-      store_output(out_row, col, v, mean, scale, c, mod_scale, mod_shift);
+      store_output(out_row, col, v, mean, scale, c, mod_scale, mod_shift, v);
     }
   }
 };

@@ -30,6 +30,11 @@ struct NormFeature {
   // The table rows are fp32 where x is a 16-bit type (diffusers' fp32 scale_shift_table, as
   // Wan keeps it, added to x's-dtype operands in fp32).
   static constexpr unsigned table_f32 = 1024u;
+  // rms_norm_gated: the output is multiplied by silu(z) (or sigmoid(z) with gate_sigmoid), z a
+  // row of x's shape read as the second stream: the gated norm that closes the linear
+  // attention of Qwen3-Next and its kin, normalised before it is gated.
+  static constexpr unsigned gate_out = 2048u;
+  static constexpr unsigned gate_sigmoid = 4096u;
 };
 
 // A modulation operand (scale, shift or gate) of shape [B, T or 1, D]: element (b, t, i) is
@@ -67,7 +72,8 @@ struct NormCoreParams {
   unsigned unused;  // explicit padding: every piece is a whole number of 8-byte words
 };
 
-// fused_add_rms_norm and gated_adaln: the sum of x and a second row is stored and normalised.
+// fused_add_rms_norm and gated_adaln: the sum of x and a second row is stored and normalised;
+// rms_norm_gated: the second row is the output's gate z (sum_out unused).
 struct NormSumParams {
   void* sum_out;       // the new residual stream (x + residual, or h + y * gate)
   const void* second;  // fused_add_rms_norm: the residual added to x; gated_adaln: y
@@ -137,7 +143,8 @@ struct NormLayout<false, false, true> {
 template <unsigned FEATURES>
 struct NormArgs
     : NormLayout<(FEATURES & NormFeature::gate) != 0, (FEATURES & NormFeature::modulate) != 0,
-                 (FEATURES & (NormFeature::residual | NormFeature::gate)) != 0>::type {};
+                 (FEATURES & (NormFeature::residual | NormFeature::gate | NormFeature::gate_out)) !=
+                     0>::type {};
 
 #ifndef __CUDACC_RTC__
 // Sets the rows per sample and their magic together.

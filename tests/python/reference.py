@@ -58,3 +58,11 @@ def gated_adaln_fp64(h, y, gate, scale, shift, weight=None, eps=1e-6, norm="rms"
     g = gate.double() + (table_gate.double() if table_gate is not None else 0)
     h2 = h.double() + y.double() * g
     return h2, adaln_fp64(h2.to(h.dtype), scale, shift, weight, eps, norm, table_scale, table_shift)
+
+
+def rms_norm_gated_fp64(x, gate, weight, eps, activation="silu"):
+    """rms_norm(x, weight) * silu(gate) (or * sigmoid(gate)), in fp64: the norm before the gate,
+    as Qwen3-Next's RMSNormGated computes it."""
+    y = rms_norm_fp64(x, weight, eps)
+    z = gate.double()
+    return y * (torch.nn.functional.silu(z) if activation == "silu" else torch.sigmoid(z))

@@ -36,11 +36,13 @@ def functional_calls(device, grad_arg):
         "head_norm_rope": lambda: kiln.head_norm_rope(q, k, None, None, cos, sin),
         "rope_3d": lambda: kiln.rope_3d(qv, kv, 1, 2, 3),
         "rms_norm_rope": lambda: kiln.rms_norm_rope(qv, kv, qw, kw, grid=(1, 2, 3)),
+        "rms_norm_gated": lambda: kiln.rms_norm_gated(g("x", 6, 24), g("gate", 6, 24), g("weight", 24)),
     }
 
 
 FUNCTIONAL = [("gated_residual", "y"), ("gated_adaln", "h"), ("gated_adaln", "scale"),
-              ("head_norm_rope", "k"), ("rope_3d", "q"), ("rms_norm_rope", "k_weight")]
+              ("head_norm_rope", "k"), ("rope_3d", "q"), ("rms_norm_rope", "k_weight"),
+              ("rms_norm_gated", "gate"), ("rms_norm_gated", "weight")]
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -73,6 +73,8 @@ def cases(device, layout):
         ("adaln layer", ops.adaln.default, (x, ada_token, ada_sample, None, 1e-6, "layer", None, None), {}),
         ("gated_adaln", ops.gated_adaln.default,
          (x, r, ada_sample, ada_token, ada_sample, None, 1e-6, "rms", None, None, None), {}),
+        ("rms_norm_gated", ops.rms_norm_gated.default, (x, r, w, 1e-6, "silu"), {}),
+        ("rms_norm_gated sigmoid no weight", ops.rms_norm_gated.default, (x, r, None, 1e-5, "sigmoid"), {}),
         ("swiglu", ops.swiglu.default, (gate, up, False), {}),
         ("swiglu packed", ops.swiglu.default, (packed, None, True), {}),
         ("swiglu.out", ops.swiglu.out, (packed, None, False), {"out": out_glu}),

@@ -19,7 +19,8 @@ from ._api import (cache_clear, cache_export, cache_import, cache_ls, cache_stat
                    cache_verify, prewarm)
 from ._api import report, tune_export, tune_import, tune_pin, tune_unpin
 from .ops import rms_norm
-from .norm_ops import ada_values, adaln, fused_add_rms_norm, fused_add_rms_norm_, gated_adaln, layer_norm
+from .norm_ops import (ada_values, adaln, fused_add_rms_norm, fused_add_rms_norm_, gated_adaln, layer_norm,
+                       rms_norm_gated)
 from .activation_ops import gated_residual, gated_residual_, geglu, gelu, swiglu
 from . import _fakes_rope  # noqa: F401  (registers the RoPE fakes)
 from .rope_ops import head_norm_rope, head_norm_rope_, rms_norm_rope, rope, rope_, rope_3d
@@ -64,6 +65,7 @@ __all__ = [
     "tune_pin",
     "tune_unpin",
     "rms_norm",
+    "rms_norm_gated",
     "swiglu",
     "geglu",
     "gelu",

@@ -53,6 +53,17 @@ def _check_modulation(op, name, m, x):
     )
 
 
+@torch.library.register_fake("kiln::rms_norm_gated")
+def _rms_norm_gated_fake(x, gate, weight=None, eps=1e-6, activation="silu"):
+    _check_like("rms_norm_gated", "gate", gate, x)
+    _check_parameter("rms_norm_gated", "weight", weight, x)
+    torch._check_value(
+        activation in ("silu", "sigmoid"),
+        lambda: f'kiln.rms_norm_gated: activation: expected "silu" or "sigmoid", got "{activation}"',
+    )
+    return x.new_empty(x.shape)
+
+
 @torch.library.register_fake("kiln::fused_add_rms_norm")
 def _fused_add_rms_norm_fake(x, residual, weight, eps=1e-6):
     _check_like("fused_add_rms_norm", "residual", residual, x)

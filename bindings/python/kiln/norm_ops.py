@@ -20,6 +20,7 @@ _fused_add_rms_norm_ = torch.ops.kiln.fused_add_rms_norm_.default
 _layer_norm = torch.ops.kiln.layer_norm.default
 _adaln = torch.ops.kiln.adaln.default
 _gated_adaln = torch.ops.kiln.gated_adaln.default
+_rms_norm_gated = torch.ops.kiln.rms_norm_gated.default
 
 Tensor = torch.Tensor
 
@@ -40,6 +41,19 @@ def fused_add_rms_norm_(x: Tensor, residual: Tensor, weight: Optional[Tensor] = 
         _fused_add_rms_norm_(x, residual, weight, eps)
     else:
         _direct.fused_add_rms_norm_(x, residual, weight, eps)
+
+
+def rms_norm_gated(
+    x: Tensor, gate: Tensor, weight: Optional[Tensor] = None, eps: float = 1e-6, activation: str = "silu"
+) -> Tensor:
+    """``rms_norm(x, weight, eps) * silu(gate)`` (``activation="sigmoid"``: ``* sigmoid(gate)``),
+    normalised before it is gated: the gated RMSNorm that closes the linear attention of
+    Qwen3-Next and Qwen3.5 (silu), Kimi Linear and GLM-5 Next (sigmoid). ``gate`` has x's
+    shape; both may be strided views (a slice of a projection). Inference only: a call that
+    needs a gradient raises (``kiln.patch`` keeps the module's own forward for those)."""
+    if _compiling():
+        return _rms_norm_gated(x, gate, weight, eps, activation)
+    return _direct.rms_norm_gated(x, gate, weight, eps, activation)
 
 
 def layer_norm(x: Tensor, weight: Optional[Tensor] = None, bias: Optional[Tensor] = None, eps: float = 1e-5) -> Tensor:

@@ -22,7 +22,8 @@ nlohmann::json qwen3_next() {
           {"num_attention_heads", 16},
           {"num_key_value_heads", 2},
           {"head_dim", 256},
-          {"partial_rotary_factor", 0.25}};
+          {"partial_rotary_factor", 0.25},
+          {"linear_value_head_dim", 128}};
 }
 
 }  // namespace
@@ -34,6 +35,8 @@ TEST_CASE("a partial rotation gives RoPE's rotary dim, as transformers sizes its
   CHECK(next.rope.find("the first 64 of 256 columns") != std::string::npos);
   CHECK(next.ops.at(Op::swiglu) == std::vector<std::int64_t>{5120, 512});
   CHECK(next.ops.at(Op::rms_norm) == std::vector<std::int64_t>{2048, 256});
+  // The gated RMSNorm that closes each linear-attention value head.
+  CHECK(next.ops.at(Op::rms_norm_gated) == std::vector<std::int64_t>{128});
 
   // Phi-4-mini: 0.75 of 128 columns; transformers 5's rope_parameters; GPT-NeoX's rotary_pct.
   nlohmann::json phi = {{"model_type", "phi3"},      {"hidden_size", 3072},

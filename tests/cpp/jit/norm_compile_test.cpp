@@ -56,6 +56,10 @@ TEST_CASE("the norm ops compile for sm_75, sm_80 and sm_90") {
              {Op::gated_adaln, DType::f16, 1536,
               kNormLayer | kNormTable | kNormTableF32 | kNormPerToken, 16},
              {Op::gated_adaln, DType::bf16, 4545, kNormLayer | kNormTable | kNormTableF32, 2},
+             // Qwen3-Next's value heads; an odd width, sigmoid-gated; a clustered width.
+             {Op::rms_norm_gated, DType::bf16, 128, kNormWeight, 16},
+             {Op::rms_norm_gated, DType::f16, 4545, kNormGateSigmoid, 2},
+             {Op::rms_norm_gated, DType::f32, 14848, kNormWeight, 16},
          }) {
       const Family& fam = family(problem.op);
       requests.push_back({&fam, problem, fam.heuristic(problem, traits), sm, BinaryFormat::cubin});

@@ -61,6 +61,8 @@ TEST_CASE("GPU: sampled configs of every norm op agree with the heuristic") {
       {Op::adaln, DType::f32, 3072, kNormLayer, 16},
       {Op::gated_adaln, DType::bf16, 2048, kNormTable | kNormPerToken, 16},
       {Op::gated_adaln, DType::f16, 1536, kNormLayer | kNormWeight, 16},
+      {Op::rms_norm_gated, DType::bf16, 128, kNormWeight, 16},
+      {Op::rms_norm_gated, DType::f16, 4545, kNormGateSigmoid, 2},
   };
   for (const Problem& problem : problems) {
     CAPTURE(problem.key());

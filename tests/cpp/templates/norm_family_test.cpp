@@ -37,9 +37,9 @@ TEST_CASE("each norm op is registered and accepts only its own flags") {
           "flags: expected only weight (1), in-place (8), row loop (64), got bias (2)"),
       ArgumentError);
   // A bit no norm op takes is named by value, not dropped from the message.
-  const Problem unknown_bit{Op::adaln, DType::bf16, 4096, kNormPerToken | 256u, 16};
+  const Problem unknown_bit{Op::adaln, DType::bf16, 4096, kNormPerToken | 512u, 16};
   CHECK_THROWS_WITH_AS(family(Op::adaln).check(unknown_bit),
-                       doctest::Contains("got per-token (32), unknown bits 256"), ArgumentError);
+                       doctest::Contains("got per-token (32), unknown bits 512"), ArgumentError);
   const Problem table_on_layer{Op::layer_norm, DType::bf16, 4096, kNormTable, 16};
   CHECK_THROWS_AS(family(Op::layer_norm).check(table_on_layer), ArgumentError);
   const Problem too_wide{Op::adaln, DType::bf16, 65537, 0, 16};
@@ -354,6 +354,69 @@ TEST_CASE("common problems are valid specialisations") {
     CHECK(!problems.empty());
     for (const Problem& problem : problems) CHECK_NOTHROW(family(op).check(problem));
   }
+}
+
+}  // namespace kiln
+
+namespace kiln {
+
+TEST_CASE("rms_norm_gated reads its gate as a second row stream and holds it with the row") {
+  const Family& fam = family(Op::rms_norm_gated);
+  CHECK(fam.header() == "kiln/norm.cuh");
+  const Problem silu{Op::rms_norm_gated, DType::bf16, 128, kNormWeight, 16};
+  const Problem sigmoid{Op::rms_norm_gated, DType::bf16, 128, kNormWeight | kNormGateSigmoid, 16};
+  CHECK(norm_features(silu) == (NormFeature::weight | NormFeature::gate_out));
+  CHECK(norm_features(sigmoid) ==
+        (NormFeature::weight | NormFeature::gate_out | NormFeature::gate_sigmoid));
+  const Problem biased{Op::rms_norm_gated, DType::bf16, 128, kNormBias, 16};
+  CHECK_THROWS_WITH_AS(
+      fam.check(biased),
+      doctest::Contains(
+          "flags: expected only weight (1), row loop (64), sigmoid gate (256), got bias (2)"),
+      ArgumentError);
+
+  // x, z, weight in; out: three rows and a weight row, and z is what pack_params passes as
+  // the second stream of the 96-byte layout.
+  const std::vector<BufferSpec> buffers = fam.buffers(silu, 10);
+  REQUIRE(buffers.size() == 4);
+  CHECK(buffers[1].name == "z");
+  CHECK(buffers[1].elements == 10 * 128);
+  CHECK(fam.bytes_moved(silu, 10) == (3 * 10 * 128 + 128) * 2);
+  const std::vector<std::uint64_t> addresses = {0x100, 0x200, 0x300, 0x400};
+  const std::vector<std::byte> packed = fam.pack_params(silu, 10, addresses);
+  REQUIRE(packed.size() == sizeof(NormSumArgs));
+  NormSumArgs args{};
+  std::memcpy(&args, packed.data(), sizeof(args));
+  CHECK(args.x == reinterpret_cast<const void*>(0x100));
+  CHECK(args.second == reinterpret_cast<const void*>(0x200));
+  CHECK(args.weight == reinterpret_cast<const void*>(0x300));
+  CHECK(args.out == reinterpret_cast<void*>(0x400));
+  CHECK(args.sum_out == nullptr);
+  CHECK(args.second_row_stride == 128);
+
+  // Neither re-read nor staged, at any width; the heuristic holds the row.
+  const auto& norm = dynamic_cast<const NormFamily&>(fam);
+  for (std::int64_t hidden : {128, 4096, 14848}) {
+    CAPTURE(hidden);
+    const Problem problem{Op::rms_norm_gated, DType::bf16, hidden, kNormWeight, 16};
+    const DeviceTraits h100 = DeviceTraits::for_arch(90);
+    CHECK(norm.row_streams(problem) == 2);
+    const std::vector<Config> configs = fam.space(problem, h100);
+    REQUIRE(!configs.empty());
+    for (const Config& config : configs) {
+      CHECK(config.extra.count("reread") == 0);
+      CHECK(config.extra.count("stage") == 0);
+    }
+    const Config heuristic = fam.heuristic(problem, h100);
+    CHECK(heuristic.extra.empty());
+    Config reread = heuristic;
+    reread.extra["reread"] = 1;
+    CHECK(fam.invalid_reason(problem, reread, h100).find("neither re-read nor staged") !=
+          std::string::npos);
+  }
+  const std::vector<Problem> common = fam.common_problems(DType::bf16, 128, PrewarmModel{});
+  REQUIRE(common.size() == 1);
+  CHECK(common[0] == silu);
 }
 
 }  // namespace kiln

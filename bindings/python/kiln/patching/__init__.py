@@ -16,7 +16,9 @@ attentions whose forward calls ``apply_rotary_pos_emb`` (q and k rotated by one
 and k right before, as Qwen3's and Gemma 3's do, norms and rotation as one
 ``kiln.head_norm_rope``, see :mod:`.head_norm_attention`), and decoder layers that add a
 block's output to the residual stream and RMS-normalise the sum (one
-``kiln.fused_add_rms_norm``, see :mod:`.residual_norm_layer`). For diffusion
+``kiln.fused_add_rms_norm``, see :mod:`.residual_norm_layer`), and the gated RMSNorms that close
+the linear attention of Qwen3-Next, Qwen3.5 and their kin (one ``kiln.rms_norm_gated``, see
+:mod:`.gated_norm`; grouped under ``rms_norm`` in ``ops``). For diffusion
 transformers (see :mod:`.detect_dit`): LTX-Video's attention processor (q/k RMSNorm and RoPE
 as one ``kiln.rms_norm_rope``, its rotary embedding tagged with the grid so the angles are
 computed in the kernel, and its tables built only if something reads them), its block's
@@ -33,7 +35,7 @@ from typing import Iterable, Optional
 
 import torch
 
-from . import (detect, detect_dit, dit_block_chain, head_norm_attention, ltx, packed_gate, replace,
+from . import (detect, detect_dit, dit_block_chain, gated_norm, head_norm_attention, ltx, packed_gate, replace,
                residual_norm_chain, residual_norm_layer, rope_attention, wan_block)
 from .report import Left, PatchReport, Replaced
 
@@ -82,7 +84,9 @@ def _patch_modules(model: torch.nn.Module, chosen: frozenset, report: PatchRepor
             continue
         if _patch_dit(path, module, chosen, report):
             continue
-        if detect.norm_candidate(module):
+        if gated_norm.candidate(module):
+            classify = gated_norm.classify
+        elif detect.norm_candidate(module):
             classify = detect.classify_norm
         elif detect.mlp_candidate(module):
             classify = detect.classify_mlp

@@ -1,0 +1,192 @@
+"""kiln.rms_norm_gated on the CPU (kiln's reference implementation) against fp64 math, its bad
+inputs, and kiln.patch of the gated RMSNorms of transformers' linear attentions (Qwen3-Next,
+Qwen3.5, Kimi Linear) into one call, left alone where they compute another form (Mamba-2's)."""
+
+import importlib
+import inspect
+
+import pytest
+import torch
+
+import kiln
+from reference import assert_close_to, rms_norm_gated_fp64
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
+
+def fresh(*shape, dtype=torch.float32, gen, scale=1.0, offset=0.0):
+    return (torch.randn(*shape, generator=gen) * scale + offset).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("hidden", [1, 7, 128, 1000])
+@pytest.mark.parametrize("rows", [1, 37])
+@pytest.mark.parametrize("activation", ["silu", "sigmoid"])
+def test_matches_fp64(dtype, hidden, rows, activation):
+    gen = torch.Generator().manual_seed(hidden * 100 + rows)
+    x = fresh(rows, hidden, dtype=dtype, gen=gen, offset=0.2)
+    gate = fresh(rows, hidden, dtype=dtype, gen=gen, scale=3.0)
+    w = fresh(hidden, dtype=dtype, gen=gen, scale=0.3, offset=1.0)
+    for weight in (w, None):
+        out = kiln.rms_norm_gated(x, gate, weight, 1e-5, activation)
+        assert out.dtype == dtype and out.is_contiguous()
+        assert_close_to(out, rms_norm_gated_fp64(x, gate, weight, 1e-5, activation), dtype)
+
+
+def test_strided_operands_and_float64():
+    """A gate sliced out of a wider projection, x as a [B, T, H, D] view; float64 computes in
+    float64 (gradcheck's dtype) and matches to its precision."""
+    gen = torch.Generator().manual_seed(1)
+    projection = fresh(2, 5, 4, 96, gen=gen)
+    x, gate = fresh(2, 5, 4, 32, gen=gen), projection[..., 64:]
+    w = fresh(32, gen=gen, offset=1.0)
+    assert_close_to(kiln.rms_norm_gated(x, gate, w), rms_norm_gated_fp64(x, gate, w, 1e-6), torch.float32)
+    x64, g64, w64 = x.double(), gate.double(), w.double()
+    out = kiln.rms_norm_gated(x64, g64, w64, 1e-6, "sigmoid")
+    assert out.dtype == torch.float64
+    torch.testing.assert_close(out, rms_norm_gated_fp64(x64, g64, w64, 1e-6, "sigmoid"), rtol=1e-12, atol=1e-12)
+
+
+def test_bad_inputs_name_the_op_argument_and_what_was_given():
+    x = torch.randn(3, 8)
+    with pytest.raises(ValueError, match=r"kiln\.rms_norm_gated: gate: expected shape \[3, 8\] \(as x\), got \[3, 4\]"):
+        kiln.rms_norm_gated(x, torch.randn(3, 4))
+    with pytest.raises(TypeError, match=r"kiln\.rms_norm_gated: gate: expected dtype float32 \(as x\), got bfloat16"):
+        kiln.rms_norm_gated(x, x.bfloat16())
+    with pytest.raises(ValueError, match=r"kiln\.rms_norm_gated: gate: expected device cpu \(as x\), got meta"):
+        kiln.rms_norm_gated(x, torch.empty(3, 8, device="meta"))
+    with pytest.raises(ValueError, match=r"kiln\.rms_norm_gated: weight: expected shape \[8\]"):
+        kiln.rms_norm_gated(x, x, torch.randn(7))
+    with pytest.raises(ValueError, match=r'kiln\.rms_norm_gated: activation: expected "silu" or "sigmoid", got "gelu"'):
+        kiln.rms_norm_gated(x, x, None, 1e-6, "gelu")
+    with pytest.raises(TypeError, match=r"kiln\.rms_norm_gated: x: expected"):
+        kiln.rms_norm_gated(x.int(), x.int())
+
+
+def test_fake_gives_the_output_and_refuses_what_the_op_refuses():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        x = torch.empty(6, 2, 16, dtype=torch.bfloat16)
+        out = torch.ops.kiln.rms_norm_gated(x, torch.empty_like(x), torch.empty(16, dtype=torch.bfloat16))
+        assert out.shape == x.shape and out.dtype == x.dtype
+        with pytest.raises(ValueError, match="kiln.rms_norm_gated: gate: expected shape"):
+            torch.ops.kiln.rms_norm_gated(x, torch.empty(6, 16, dtype=torch.bfloat16))
+
+
+def _transformers_class(module, name):
+    try:
+        return getattr(importlib.import_module(f"transformers.models.{module}.modeling_{module}"), name)
+    except (ImportError, AttributeError):
+        pytest.skip(f"transformers has no {name}")
+
+
+GATED = [("qwen3_next", "Qwen3NextRMSNormGated", "silu"), ("qwen3_5", "Qwen3_5RMSNormGated", "silu"),
+         ("kimi_linear", "KimiLinearRMSNormGated", "sigmoid")]
+
+
+@pytest.mark.parametrize("module,name,activation", GATED)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_patch_replaces_transformers_gated_norms(module, name, activation, dtype, monkeypatch):
+    norm = _transformers_class(module, name)(128, eps=1e-6).to(dtype)
+    gen = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        norm.weight.copy_(fresh(128, gen=gen, scale=0.3, offset=1.0))
+    x, gate = fresh(37, 128, dtype=dtype, gen=gen), fresh(37, 128, dtype=dtype, gen=gen, scale=2.0)
+    with torch.no_grad():
+        expected = norm(x, gate)
+    report = kiln.patch(norm)
+    assert [(r.path, r.op) for r in report.replaced] == [("", "rms_norm_gated")]
+    assert activation in report.replaced[0].kind
+    calls = []
+    real = kiln.norm_ops.rms_norm_gated
+    monkeypatch.setattr(kiln.norm_ops, "rms_norm_gated", lambda *a: calls.append(a[-1]) or real(*a))
+    with torch.no_grad():
+        actual = norm(x, gate=gate)
+    assert calls == [activation]
+    # The module rounds up to three times (normalised, weighted, gated); kiln once.
+    assert actual.dtype == dtype
+    torch.testing.assert_close(actual, expected, rtol=2 * torch.finfo(dtype).eps, atol=2 * torch.finfo(dtype).eps)
+    assert kiln.unpatch(norm) == 1
+
+
+def test_a_call_that_wants_a_gradient_runs_the_original(monkeypatch):
+    norm = _transformers_class("qwen3_next", "Qwen3NextRMSNormGated")(16)
+    kiln.patch(norm)
+    monkeypatch.setattr(kiln.norm_ops, "rms_norm_gated", lambda *a: pytest.fail("kiln op called"))
+    x = torch.randn(4, 16, requires_grad=True)
+    norm(x, torch.randn(4, 16)).sum().backward()
+    assert x.grad is not None and norm.weight.grad is not None
+
+
+def test_mamba2_gate_before_the_norm_is_not_taken_for_it():
+    """Mamba-2's gated norm multiplies by silu(gate) before it normalises (over groups of channels
+    in later transformers): not kiln's form. Called without a gate it is a Llama-style RMSNorm,
+    patched as such (a call with a gate keeps the original)."""
+    cls = _transformers_class("mamba2", "MambaRMSNormGated")
+    groups = "group_size" in inspect.signature(cls.__init__).parameters
+    modules = {"whole": cls(64, group_size=64) if groups else cls(64)}
+    if groups:
+        modules["grouped"] = cls(64, group_size=32)
+    report = kiln.patch(torch.nn.ModuleDict(modules))
+    assert [(r.path, r.op) for r in report.replaced] == [("whole", "rms_norm")]
+    if groups:
+        left = {entry.path: entry.reason for entry in report.left}
+        assert "does not compute rms_norm(x) * weight * act(gate)" in left["grouped"]
+    whole = modules["whole"]
+    x, gate = torch.randn(3, 64), torch.randn(3, 64)
+    with torch.no_grad():
+        expected = x * torch.nn.functional.silu(gate)
+        expected = expected * torch.rsqrt(expected.pow(2).mean(-1, keepdim=True) + 1e-6)
+        torch.testing.assert_close(whole(x, gate), expected)
+
+
+@pytest.mark.parametrize("name", ["qwen3_next", "qwen3_5"])
+def test_patched_linear_attention_model_gives_the_same_logits(name):
+    """A whole (tiny) Qwen3-Next or Qwen3.5 text model, linear-attention layers included, gives
+    the same logits patched as unpatched in fp32, with every gated norm replaced."""
+    try:
+        modeling = importlib.import_module(f"transformers.models.{name}.modeling_{name}")
+        configuration = importlib.import_module(f"transformers.models.{name}.configuration_{name}")
+    except ImportError:
+        pytest.skip(f"transformers has no {name}")
+    prefix = {"qwen3_next": "Qwen3Next", "qwen3_5": "Qwen3_5"}[name]
+    config_class = getattr(configuration, f"{prefix}TextConfig", None) or getattr(configuration, f"{prefix}Config")
+    config = config_class(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                          num_hidden_layers=2, intermediate_size=64, vocab_size=100,
+                          layer_types=["linear_attention", "full_attention"],
+                          linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=16,
+                          linear_value_head_dim=16)
+    config._attn_implementation = "eager"
+    model_class = getattr(modeling, f"{prefix}ForCausalLM")
+    torch.manual_seed(0)
+    model = model_class(config).eval()
+    for module in model.modules():
+        if type(module).__name__.endswith("RMSNormGated"):
+            with torch.no_grad():
+                module.weight.normal_(1.0, 0.3)
+    ids = torch.randint(0, 100, (2, 7))
+    with torch.no_grad():
+        expected = model(ids).logits
+        report = kiln.patch(model)
+        actual = model(ids).logits
+    gated = [r for r in report.replaced if r.op == "rms_norm_gated"]
+    assert len(gated) == 1  # the one linear-attention layer's
+    torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("module,name,activation", [GATED[0], GATED[2]])
+def test_the_bench_restates_the_modules_it_falls_back_to(module, name, activation):
+    """bench/rms_norm_gated.py times transformers' module, or its restatement where transformers
+    lacks it: the restatement computes the module's bits."""
+    from bench_scripts import load_bench
+
+    restated = load_bench("rms_norm_gated").Restated(128, activation).to(torch.bfloat16)
+    original = _transformers_class(module, name)(128, eps=1e-6).to(torch.bfloat16)
+    gen = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        weight = fresh(128, gen=gen, scale=0.3, offset=1.0).to(torch.bfloat16)
+        restated.weight.copy_(weight)
+        original.weight.copy_(weight)
+        x, gate = fresh(9, 128, dtype=torch.bfloat16, gen=gen), fresh(9, 128, dtype=torch.bfloat16, gen=gen)
+        assert torch.equal(restated(x, gate), original(x, gate))
