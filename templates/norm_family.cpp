@@ -112,7 +112,8 @@ std::string flag_names(std::uint32_t flags) {
                                 {kNormPerToken, "per-token (32)"},
                                 {kNormRowLoop, "row loop (64)"},
                                 {kNormTableF32, "fp32 table (128)"},
-                                {kNormGateSigmoid, "sigmoid gate (256)"}});
+                                {kNormGateSigmoid, "sigmoid gate (256)"},
+                                {kNormGateFirst, "gate first (512)"}});
 }
 
 // The share of a row split's lane-steps that hold a vector of the row: 1 when the row's
@@ -146,7 +147,7 @@ std::uint32_t NormFamily::allowed_flags() const {
       return kNormWeight | kNormLayer | kNormTable | kNormTableF32 | kNormPerToken | kNormInPlace |
              kNormRowLoop;
     case Op::rms_norm_gated:
-      return kNormWeight | kNormGateSigmoid | kNormRowLoop;
+      return kNormWeight | kNormGateSigmoid | kNormGateFirst | kNormRowLoop;
     default:
       return 0;
   }
@@ -183,9 +184,12 @@ unsigned norm_features(const Problem& problem) {
       f |= NormFeature::layer;
       break;
     case Op::rms_norm_gated:
-      f |= NormFeature::gate_out;
+      f |= NormFeature::z_gate;
       if (has(problem, kNormGateSigmoid)) {
-        f |= NormFeature::gate_sigmoid;
+        f |= NormFeature::z_sigmoid;
+      }
+      if (has(problem, kNormGateFirst)) {
+        f |= NormFeature::z_first;
       }
       break;
     case Op::gated_adaln:
@@ -241,7 +245,7 @@ NormArgBytes pack_norm_args(unsigned features, const NormParams& params) {
   const bool gate = (features & NormFeature::gate) != 0;
   const bool modulate = (features & NormFeature::modulate) != 0;
   const bool sum =
-      (features & (NormFeature::residual | NormFeature::gate | NormFeature::gate_out)) != 0;
+      (features & (NormFeature::residual | NormFeature::gate | NormFeature::z_gate)) != 0;
   if (gate) {
     return pack_layout<NormGatedArgs>(params);
   }
@@ -272,7 +276,7 @@ int live_vectors_per_step(const NormFamily& family, const Problem& problem, bool
   if ((f & NormFeature::modulate) != 0 && streamed_modulation) {
     live += 2;
   }
-  if ((f & NormFeature::gate_out) != 0) {
+  if ((f & NormFeature::z_gate) != 0) {
     ++live;
   }
   if (prefetch) {
@@ -301,7 +305,7 @@ std::int64_t NormFamily::row_streams(const Problem& problem) const {
   const unsigned f = features(problem);
   const bool streamed = (f & NormFeature::per_sample) == 0;
   std::int64_t streams = 1;
-  if ((f & (NormFeature::residual | NormFeature::gate | NormFeature::gate_out)) != 0) {
+  if ((f & (NormFeature::residual | NormFeature::gate | NormFeature::z_gate)) != 0) {
     ++streams;
   }
   if ((f & NormFeature::gate) != 0 && streamed) {
@@ -374,7 +378,7 @@ std::string NormFamily::invalid_reason(const Problem& problem, const Config& con
       return std::string(this->name()) + " has no tunable named '" + name + "'";
     }
   }
-  if ((features(problem) & NormFeature::gate_out) != 0 &&
+  if ((features(problem) & NormFeature::z_gate) != 0 &&
       (reread_of(config) != 0 || stage_of(config) != 0)) {
     return "a gated output's row is held with its gate: it is neither re-read nor staged";
   }
@@ -770,7 +774,7 @@ std::vector<BufferSpec> norm_buffers(const NormFamily& family, const Problem& pr
   if ((f & NormFeature::residual) != 0) {
     specs.push_back({"residual", t, rows * d, false});
   }
-  if ((f & NormFeature::gate_out) != 0) {
+  if ((f & NormFeature::z_gate) != 0) {
     specs.push_back({"z", t, rows * d, false});
   }
   if ((f & NormFeature::gate) != 0) {

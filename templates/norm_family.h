@@ -47,6 +47,9 @@ inline constexpr std::uint32_t kNormTableF32 = 128u;
 // rms_norm_gated: the output's gate is sigmoid(z) (Kimi Linear, GLM-5 Next) instead of silu(z)
 // (Qwen3-Next, Qwen3.5).
 inline constexpr std::uint32_t kNormGateSigmoid = 256u;
+// rms_norm_gated: x is gated before it is normalised, the output not (Mamba-2's gated norm, as
+// mamba_ssm's norm_before_gate=False).
+inline constexpr std::uint32_t kNormGateFirst = 512u;
 
 class NormFamily : public Family {
  public:

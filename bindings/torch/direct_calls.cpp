@@ -243,8 +243,8 @@ void add_direct_calls(py::module_& parent) {
                  OptionalTensor)>(m, "adaln", "adaln");
   add<TensorPair(Tensor, Tensor, Tensor, Tensor, Tensor, OptionalTensor, double, Str,
                  OptionalTensor, OptionalTensor, OptionalTensor)>(m, "gated_adaln", "gated_adaln");
-  add<at::Tensor(Tensor, Tensor, OptionalTensor, double, Str)>(m, "rms_norm_gated",
-                                                               "rms_norm_gated");
+  add<at::Tensor(Tensor, Tensor, OptionalTensor, double, Str, bool)>(m, "rms_norm_gated",
+                                                                     "rms_norm_gated");
   add<at::Tensor(Tensor, OptionalTensor, bool)>(m, "swiglu", "swiglu");
   add<void(Tensor, OptionalTensor, bool, Tensor)>(m, "swiglu_out", "swiglu", "out");
   add<at::Tensor(Tensor, OptionalTensor, Str, bool)>(m, "geglu", "geglu");

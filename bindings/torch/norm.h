@@ -89,13 +89,15 @@ at::Tensor adaln_cuda(const at::Tensor& x, const at::Tensor& scale, const at::Te
 
 // rms_norm_gated: rms_norm(x, weight) * silu(gate) (or * sigmoid(gate)), normalised before it
 // is gated, as Qwen3-Next's and Qwen3.5's RMSNormGated (silu) and Kimi Linear's and GLM-5
-// Next's (sigmoid) compute it; math in fp32, rounded once at the end.
+// Next's (sigmoid) compute it; math in fp32, rounded once at the end. With norm_before_gate
+// false, rms_norm(T(x * silu(gate)), weight), Mamba-2's: the gated x rounded to x's dtype once
+// (as the row the kernel holds), then normalised and rounded again.
 at::Tensor rms_norm_gated_cpu(const at::Tensor& x, const at::Tensor& gate,
                               const std::optional<at::Tensor>& weight, double eps,
-                              c10::string_view activation);
+                              c10::string_view activation, bool norm_before_gate);
 at::Tensor rms_norm_gated_cuda(const at::Tensor& x, const at::Tensor& gate,
                                const std::optional<at::Tensor>& weight, double eps,
-                               c10::string_view activation);
+                               c10::string_view activation, bool norm_before_gate);
 
 std::tuple<at::Tensor, at::Tensor> gated_adaln_cpu(
     const at::Tensor& h, const at::Tensor& y, const at::Tensor& gate, const at::Tensor& scale,

@@ -124,17 +124,21 @@ std::tuple<at::Tensor, at::Tensor> gated_adaln_cpu(
 
 at::Tensor rms_norm_gated_cpu(const at::Tensor& x, const at::Tensor& gate,
                               const std::optional<at::Tensor>& weight, double eps,
-                              c10::string_view activation) {
+                              c10::string_view activation, bool norm_before_gate) {
   bool sigmoid = false;
   check_rms_norm_gated(x, gate, weight, activation, sigmoid);
   require_cpu("rms_norm_gated", x);
   const at::ScalarType math = math_type(x);
-  at::Tensor n = rms(x.to(math), eps);
+  const at::Tensor z = gate.to(math);
+  const at::Tensor g = sigmoid ? at::sigmoid(z) : at::silu(z);
+  at::Tensor n = norm_before_gate ? rms(x.to(math), eps)
+                                  : rms((x.to(math) * g).to(x.scalar_type()).to(math), eps);
   if (weight) {
     n = n * weight->to(math);
   }
-  const at::Tensor z = gate.to(math);
-  n = n * (sigmoid ? at::sigmoid(z) : at::silu(z));
+  if (norm_before_gate) {
+    n = n * g;
+  }
   return n.to(x.scalar_type()).contiguous();
 }
 

@@ -122,7 +122,7 @@ std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm_cuda(const at::Tensor& x,
 
 at::Tensor rms_norm_gated_cuda(const at::Tensor& x, const at::Tensor& gate,
                                const std::optional<at::Tensor>& weight, double eps,
-                               c10::string_view activation) {
+                               c10::string_view activation, bool norm_before_gate) {
   const std::string op = "rms_norm_gated";
   bool sigmoid = false;
   const DType dtype = check_rms_norm_gated(x, gate, weight, activation, sigmoid);
@@ -156,7 +156,8 @@ at::Tensor rms_norm_gated_cuda(const at::Tensor& x, const at::Tensor& gate,
   for (std::int64_t s : {xv.row_stride, zv.row_stride, xv.hidden}) {
     align.stride(s);
   }
-  const std::uint32_t flags = (weight ? kNormWeight : 0u) | (sigmoid ? kNormGateSigmoid : 0u);
+  const std::uint32_t flags = (weight ? kNormWeight : 0u) | (sigmoid ? kNormGateSigmoid : 0u) |
+                              (norm_before_gate ? 0u : kNormGateFirst);
   launch_norm(x, Problem{Op::rms_norm_gated, dtype, xv.hidden, flags, align.value()}, p);
   return out;
 }

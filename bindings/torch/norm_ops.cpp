@@ -20,7 +20,7 @@ TORCH_LIBRARY_FRAGMENT(kiln, m) {
       "Tensor? table_scale=None, Tensor? table_shift=None) -> (Tensor, Tensor)");
   m.def(
       "rms_norm_gated(Tensor x, Tensor gate, Tensor? weight=None, float eps=1e-06, "
-      "str activation=\"silu\") -> Tensor");
+      "str activation=\"silu\", bool norm_before_gate=True) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(kiln, CPU, m) {

@@ -8,6 +8,8 @@
 //       | s * rsqrt(mean(s^2) + eps)              (RMSNorm)
 //   out = T(((n * weight) + bias) * (1 + scale) + shift)   (each factor where present)
 //       | T(n * weight * silu(z))  or  T(n * weight * sigmoid(z))   (rms_norm_gated)
+// where rms_norm_gated with z_first normalises s = T(x * silu(z)) (or sigmoid) instead and
+// does not gate the output (Mamba-2's form).
 //
 // gate, scale and shift each add their table row where FEATURES has table; the rows are of T,
 // or fp32 with table_f32.
@@ -88,7 +90,7 @@ struct NormRowInputs {
   RawVectors<VEC_BYTES, STEPS, true> x;
   // the residual, y, or rms_norm_gated's z
   RawVectors<VEC_BYTES, STEPS,
-             (F & (NormFeature::residual | NormFeature::gate | NormFeature::gate_out)) != 0>
+             (F & (NormFeature::residual | NormFeature::gate | NormFeature::z_gate)) != 0>
       second;
   RawVectors<VEC_BYTES, STEPS, kStreamed && (F & NormFeature::gate) != 0> gate;
   RawVectors<VEC_BYTES, STEPS, kStreamed && (F & NormFeature::modulate) != 0> scale;
@@ -122,9 +124,11 @@ struct NormRow {
   static constexpr bool kExact = HIDDEN % kStride == 0;
   static constexpr bool kInPlace = (F & NormFeature::in_place) != 0;
   static constexpr bool kSum = (F & (NormFeature::residual | NormFeature::gate)) != 0;
-  // The output's gate z is held with the row from its load to the output, as per-token
-  // modulation rows are; its kernel has neither a re-read nor a staged form.
-  static constexpr bool kGateOut = (F & NormFeature::gate_out) != 0;
+  // rms_norm_gated's z is held with the row from its load to the output, as per-token
+  // modulation rows are (its kernel has neither a re-read nor a staged form), or with z_first
+  // gates x as it is loaded.
+  static constexpr bool kZGate = (F & NormFeature::z_gate) != 0;
+  static constexpr bool kZFirst = kZGate && (F & NormFeature::z_first) != 0;
   static constexpr bool kTable = (F & NormFeature::table) != 0;
   static constexpr bool kTableF32 = kTable && (F & NormFeature::table_f32) != 0;
   using TableVec = TableVector<T, VEC_BYTES, kTableF32>;
@@ -169,7 +173,7 @@ struct NormRow {
                                                   RowInputs& in) {
     const T* const x_row = static_cast<const T*>(p.x) + row * p.x_row_stride;
     const T* second_row = nullptr;  // the residual, y, or z
-    if constexpr (kSum || kGateOut) {
+    if constexpr (kSum || kZGate) {
       second_row = static_cast<const T*>(p.second) + row * p.second_row_stride;
     }
     long long batch = 0;
@@ -183,7 +187,7 @@ struct NormRow {
       if (!in_row(step, lane)) continue;
       const int col = column(step, lane);
       in.x.v[step] = load_input<VEC_BYTES, kInPlace>(x_row + col);
-      if constexpr (kGateOut) in.second.v[step] = load_global_nc<VEC_BYTES>(second_row + col);
+      if constexpr (kZGate) in.second.v[step] = load_global_nc<VEC_BYTES>(second_row + col);
       if constexpr ((F & NormFeature::residual) != 0) {
         in.second.v[step] = load_input<VEC_BYTES, kInPlace>(second_row + col);
       } else if constexpr ((F & NormFeature::gate) != 0) {
@@ -283,9 +287,14 @@ struct NormRow {
     return sum;
   }
 
+  // v * silu(z), or v * sigmoid(z) with z_sigmoid.
+  __device__ __forceinline__ static float gated(float v, float z) {
+    return times_sigmoid((F & NormFeature::z_sigmoid) != 0 ? v : v * z, z);
+  }
+
   // One output vector: (v - mean) * rstd, then the weight, the bias and the modulation
   // (scale and shift, plus their table rows) or the output's gate z where present, stored at
-  // `col` of `out_row`. `out_gate` is read only with kGateOut.
+  // `col` of `out_row`. `out_gate` is read only with kZGate.
   __device__ __forceinline__ static void store_output(T* out_row, int col, const Raw<VEC_BYTES>& v,
                                                       float mean, float rstd, const Columns& c,
                                                       const Raw<VEC_BYTES>& mod_scale,
@@ -306,10 +315,7 @@ struct NormRow {
         }
         n = n * (1.0f + a) + b;
       }
-      if constexpr (kGateOut) {
-        const float z = get_element<T>(out_gate, i);
-        n = times_sigmoid((F & NormFeature::gate_sigmoid) != 0 ? n : n * z, z);
-      }
+      if constexpr (kZGate && !kZFirst) n = gated(n, get_element<T>(out_gate, i));
       result[i] = n;
     }
     store_floats<T, VEC_BYTES>(out_row + col, result);
@@ -338,7 +344,19 @@ struct NormRow {
 #pragma unroll
     for (int step = 0; step < kSteps; ++step) {
       const bool present = active && in_row(step, lane);
-      if constexpr (!kSum) {
+      if constexpr (kZFirst) {
+        // Mamba-2's x * silu(z), rounded to T once: the row held and normalised.
+#pragma unroll
+        for (int i = 0; i < kVec; ++i) {
+          set_element<T>(
+              values[step], i,
+              gated(get_element<T>(in.x.v[step], i), get_element<T>(in.second.v[step], i)));
+        }
+#pragma unroll
+        for (int w = 0; w < (VEC_BYTES < 4 ? 1 : VEC_BYTES / 4); ++w) {
+          if (!present) values[step].words[w] = 0u;
+        }
+      } else if constexpr (!kSum) {
         values[step] = in.x.v[step];
 #pragma unroll
         for (int w = 0; w < (VEC_BYTES < 4 ? 1 : VEC_BYTES / 4); ++w) {
@@ -428,7 +446,7 @@ struct NormRow {
       store_output(out_row, col, values[step], mean, scale, c,
                    kStreamedModulation ? in.scale.v[held] : c.scale,
                    kStreamedModulation ? in.shift.v[held] : c.shift,
-                   in.second.v[kGateOut ? step : 0]);
+                   in.second.v[kZGate ? step : 0]);
     }
   }
 
@@ -673,7 +691,7 @@ struct NormRow {
     constexpr bool kLayer = (F & NormFeature::layer) != 0;
     static_assert(!(kLayer && kInPlace), "the shift is read from a row being overwritten");
     static_assert(ROW_CTAS == 1, "a re-read row is not split over a cluster");
-    static_assert(!kGateOut, "a gated output's row is held");
+    static_assert(!kZGate, "a gated output's row is held");
     LaneStreams s = lane_streams(p, row, lane);
     long long batch = 0;
     long long token = 0;
@@ -817,7 +835,7 @@ struct NormRow {
                                                           bool active, unsigned thread_slots) {
     constexpr float kInvHidden = 1.0f / HIDDEN;
     static_assert(ROW_CTAS == 1, "a staged row is not split over a cluster");
-    static_assert(!kGateOut, "a gated output's row is held");
+    static_assert(!kZGate, "a gated output's row is held");
     constexpr int kX = kStagedX;
     constexpr int kSecond = kStagedSecond;
     constexpr int kGate = kStagedGateSlot;

@@ -30,11 +30,13 @@ struct NormFeature {
   // The table rows are fp32 where x is a 16-bit type (diffusers' fp32 scale_shift_table, as
   // Wan keeps it, added to x's-dtype operands in fp32).
   static constexpr unsigned table_f32 = 1024u;
-  // rms_norm_gated: the output is multiplied by silu(z) (or sigmoid(z) with gate_sigmoid), z a
-  // row of x's shape read as the second stream: the gated norm that closes the linear
-  // attention of Qwen3-Next and its kin, normalised before it is gated.
-  static constexpr unsigned gate_out = 2048u;
-  static constexpr unsigned gate_sigmoid = 4096u;
+  // rms_norm_gated: z, a row of x's shape, is read as the second stream, and the output is
+  // multiplied by silu(z) (sigmoid(z) with z_sigmoid): the gated norm that closes the linear
+  // attention of Qwen3-Next and its kin. With z_first, x is multiplied instead, before it is
+  // normalised (Mamba-2's gated norm).
+  static constexpr unsigned z_gate = 2048u;
+  static constexpr unsigned z_sigmoid = 4096u;
+  static constexpr unsigned z_first = 8192u;
 };
 
 // A modulation operand (scale, shift or gate) of shape [B, T or 1, D]: element (b, t, i) is
@@ -143,7 +145,7 @@ struct NormLayout<false, false, true> {
 template <unsigned FEATURES>
 struct NormArgs
     : NormLayout<(FEATURES & NormFeature::gate) != 0, (FEATURES & NormFeature::modulate) != 0,
-                 (FEATURES & (NormFeature::residual | NormFeature::gate | NormFeature::gate_out)) !=
+                 (FEATURES & (NormFeature::residual | NormFeature::gate | NormFeature::z_gate)) !=
                      0>::type {};
 
 #ifndef __CUDACC_RTC__

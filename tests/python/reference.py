@@ -60,9 +60,11 @@ def gated_adaln_fp64(h, y, gate, scale, shift, weight=None, eps=1e-6, norm="rms"
     return h2, adaln_fp64(h2.to(h.dtype), scale, shift, weight, eps, norm, table_scale, table_shift)
 
 
-def rms_norm_gated_fp64(x, gate, weight, eps, activation="silu"):
+def rms_norm_gated_fp64(x, gate, weight, eps, activation="silu", norm_before_gate=True):
     """rms_norm(x, weight) * silu(gate) (or * sigmoid(gate)), in fp64: the norm before the gate,
-    as Qwen3-Next's RMSNormGated computes it."""
-    y = rms_norm_fp64(x, weight, eps)
+    as Qwen3-Next's RMSNormGated computes it; or rms_norm(x * silu(gate), weight), Mamba-2's."""
     z = gate.double()
-    return y * (torch.nn.functional.silu(z) if activation == "silu" else torch.sigmoid(z))
+    g = torch.nn.functional.silu(z) if activation == "silu" else torch.sigmoid(z)
+    if not norm_before_gate:
+        return rms_norm_fp64(x.double() * g, weight, eps)
+    return rms_norm_fp64(x, weight, eps) * g

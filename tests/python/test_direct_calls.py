@@ -42,7 +42,7 @@ def calls(gen):
         ("gated_adaln", direct.gated_adaln, ops.gated_adaln.default,
          (h, y, g1, s1, t1, w, 1e-6, "rms", None, None, None), ()),
         ("rms_norm_gated", direct.rms_norm_gated, ops.rms_norm_gated.default,
-         (h, y, w, 1e-6, "sigmoid"), ()),
+         (h, y, w, 1e-6, "sigmoid", False), ()),
         ("swiglu", direct.swiglu, ops.swiglu.default, (gate, up, False), ()),
         ("swiglu_out", direct.swiglu_out, ops.swiglu.out,
          (torch.cat([gate, up], -1), None, True, torch.full_like(gate, float("nan"))), (3,)),

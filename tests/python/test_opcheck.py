@@ -75,6 +75,7 @@ def cases(device, layout):
          (x, r, ada_sample, ada_token, ada_sample, None, 1e-6, "rms", None, None, None), {}),
         ("rms_norm_gated", ops.rms_norm_gated.default, (x, r, w, 1e-6, "silu"), {}),
         ("rms_norm_gated sigmoid no weight", ops.rms_norm_gated.default, (x, r, None, 1e-5, "sigmoid"), {}),
+        ("rms_norm_gated gate first", ops.rms_norm_gated.default, (x, r, w, 1e-5, "silu", False), {}),
         ("swiglu", ops.swiglu.default, (gate, up, False), {}),
         ("swiglu packed", ops.swiglu.default, (packed, None, True), {}),
         ("swiglu.out", ops.swiglu.out, (packed, None, False), {"out": out_glu}),

@@ -1,6 +1,7 @@
 """kiln.rms_norm_gated on the CPU (kiln's reference implementation) against fp64 math, its bad
-inputs, and kiln.patch of the gated RMSNorms of transformers' linear attentions (Qwen3-Next,
-Qwen3.5, Kimi Linear) into one call, left alone where they compute another form (Mamba-2's)."""
+inputs, and kiln.patch of transformers' gated RMSNorms into one call: the linear attentions'
+(Qwen3-Next, Qwen3.5, Kimi Linear: normalised, then gated) and Mamba-2's (gated, then
+normalised, over groups)."""
 
 import importlib
 import inspect
@@ -22,15 +23,16 @@ def fresh(*shape, dtype=torch.float32, gen, scale=1.0, offset=0.0):
 @pytest.mark.parametrize("hidden", [1, 7, 128, 1000])
 @pytest.mark.parametrize("rows", [1, 37])
 @pytest.mark.parametrize("activation", ["silu", "sigmoid"])
-def test_matches_fp64(dtype, hidden, rows, activation):
+@pytest.mark.parametrize("norm_before_gate", [True, False])
+def test_matches_fp64(dtype, hidden, rows, activation, norm_before_gate):
     gen = torch.Generator().manual_seed(hidden * 100 + rows)
     x = fresh(rows, hidden, dtype=dtype, gen=gen, offset=0.2)
     gate = fresh(rows, hidden, dtype=dtype, gen=gen, scale=3.0)
     w = fresh(hidden, dtype=dtype, gen=gen, scale=0.3, offset=1.0)
     for weight in (w, None):
-        out = kiln.rms_norm_gated(x, gate, weight, 1e-5, activation)
+        out = kiln.rms_norm_gated(x, gate, weight, 1e-5, activation, norm_before_gate)
         assert out.dtype == dtype and out.is_contiguous()
-        assert_close_to(out, rms_norm_gated_fp64(x, gate, weight, 1e-5, activation), dtype)
+        assert_close_to(out, rms_norm_gated_fp64(x, gate, weight, 1e-5, activation, norm_before_gate), dtype)
 
 
 def test_strided_operands_and_float64():
@@ -100,10 +102,10 @@ def test_patch_replaces_transformers_gated_norms(module, name, activation, dtype
     assert activation in report.replaced[0].kind
     calls = []
     real = kiln.norm_ops.rms_norm_gated
-    monkeypatch.setattr(kiln.norm_ops, "rms_norm_gated", lambda *a: calls.append(a[-1]) or real(*a))
+    monkeypatch.setattr(kiln.norm_ops, "rms_norm_gated", lambda *a: calls.append(a[-2:]) or real(*a))
     with torch.no_grad():
         actual = norm(x, gate=gate)
-    assert calls == [activation]
+    assert calls == [(activation, True)]
     # The module rounds up to three times (normalised, weighted, gated); kiln once.
     assert actual.dtype == dtype
     torch.testing.assert_close(actual, expected, rtol=2 * torch.finfo(dtype).eps, atol=2 * torch.finfo(dtype).eps)
@@ -119,26 +121,77 @@ def test_a_call_that_wants_a_gradient_runs_the_original(monkeypatch):
     assert x.grad is not None and norm.weight.grad is not None
 
 
-def test_mamba2_gate_before_the_norm_is_not_taken_for_it():
-    """Mamba-2's gated norm multiplies by silu(gate) before it normalises (over groups of channels
-    in later transformers): not kiln's form. Called without a gate it is a Llama-style RMSNorm,
-    patched as such (a call with a gate keeps the original)."""
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_patch_replaces_mamba2_gated_norms(dtype, monkeypatch):
+    """Mamba-2's gated norm multiplies x by silu(gate) before it normalises, over groups of
+    group_size channels in later transformers (each group a row of the kernel, the weight after)."""
     cls = _transformers_class("mamba2", "MambaRMSNormGated")
     groups = "group_size" in inspect.signature(cls.__init__).parameters
     modules = {"whole": cls(64, group_size=64) if groups else cls(64)}
     if groups:
-        modules["grouped"] = cls(64, group_size=32)
-    report = kiln.patch(torch.nn.ModuleDict(modules))
-    assert [(r.path, r.op) for r in report.replaced] == [("whole", "rms_norm")]
-    if groups:
-        left = {entry.path: entry.reason for entry in report.left}
-        assert "does not compute rms_norm(x) * weight * act(gate)" in left["grouped"]
-    whole = modules["whole"]
-    x, gate = torch.randn(3, 64), torch.randn(3, 64)
+        modules["grouped"] = cls(64, group_size=16)
+    gen = torch.Generator().manual_seed(4)
+    model = torch.nn.ModuleDict(modules).to(dtype)
+    for module in model.values():
+        with torch.no_grad():
+            module.weight.copy_(fresh(64, gen=gen, scale=0.3, offset=1.0))
+    x, gate = fresh(2, 5, 64, dtype=dtype, gen=gen), fresh(2, 5, 64, dtype=dtype, gen=gen, scale=2.0)
     with torch.no_grad():
-        expected = x * torch.nn.functional.silu(gate)
-        expected = expected * torch.rsqrt(expected.pow(2).mean(-1, keepdim=True) + 1e-6)
-        torch.testing.assert_close(whole(x, gate), expected)
+        expected = {name: module(x, gate) for name, module in model.items()}
+    report = kiln.patch(model)
+    kinds = {r.path: r.kind for r in report.replaced}
+    assert kinds["whole"] == "rms_norm_gated (silu of the gate, before the norm)"
+    if groups:
+        assert kinds["grouped"] == "rms_norm_gated (silu of the gate, before the norm, over groups of 16)"
+    calls = []
+    real = kiln.norm_ops.rms_norm_gated
+    monkeypatch.setattr(kiln.norm_ops, "rms_norm_gated", lambda *a: calls.append(a[-1]) or real(*a))
+    tol = 2 * torch.finfo(dtype).eps
+    with torch.no_grad():
+        for name, module in model.items():
+            torch.testing.assert_close(module(x, gate), expected[name], rtol=tol, atol=tol)
+    assert calls == [False] * len(modules)
+
+
+def test_a_norm_that_is_neither_gated_form_is_left_with_the_reason():
+    class GateAdded(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.ones(32))
+            self.variance_epsilon = 1e-6
+
+        def forward(self, hidden_states, gate):
+            h = hidden_states + gate
+            return self.weight * h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)
+
+    report = kiln.patch(torch.nn.ModuleDict({"norm": GateAdded()}))
+    assert not report.replaced
+    assert "does not compute rms_norm(x) * weight * act(gate) nor rms_norm(x * act(gate)) * weight" \
+        in report.left[0].reason
+
+
+def test_patched_mamba2_model_gives_the_same_logits():
+    """A whole (tiny) Mamba-2 model, its gated norms grouped where this transformers groups them,
+    gives the same logits patched as unpatched in fp32."""
+    try:
+        from transformers import Mamba2Config, Mamba2ForCausalLM
+    except ImportError:
+        pytest.skip("transformers has no Mamba-2")
+    config = Mamba2Config(hidden_size=64, num_heads=8, head_dim=16, expand=2, n_groups=2, state_size=16,
+                          num_hidden_layers=2, vocab_size=100, chunk_size=8)
+    torch.manual_seed(0)
+    model = Mamba2ForCausalLM(config).eval()
+    for module in model.modules():
+        if type(module).__name__.endswith("RMSNormGated"):
+            with torch.no_grad():
+                module.weight.normal_(1.0, 0.3)
+    ids = torch.randint(0, 100, (2, 11))
+    with torch.no_grad():
+        expected = model(ids).logits
+        report = kiln.patch(model)
+        actual = model(ids).logits
+    assert [r.op for r in report.replaced].count("rms_norm_gated") == 2
+    torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("name", ["qwen3_next", "qwen3_5"])
@@ -175,14 +228,16 @@ def test_patched_linear_attention_model_gives_the_same_logits(name):
     torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("module,name,activation", [GATED[0], GATED[2]])
+@pytest.mark.parametrize("module,name,activation", [GATED[0], GATED[2], ("mamba2", "MambaRMSNormGated", "mamba")])
 def test_the_bench_restates_the_modules_it_falls_back_to(module, name, activation):
     """bench/rms_norm_gated.py times transformers' module, or its restatement where transformers
     lacks it: the restatement computes the module's bits."""
     from bench_scripts import load_bench
 
     restated = load_bench("rms_norm_gated").Restated(128, activation).to(torch.bfloat16)
-    original = _transformers_class(module, name)(128, eps=1e-6).to(torch.bfloat16)
+    cls = _transformers_class(module, name)
+    grouped = "group_size" in inspect.signature(cls.__init__).parameters
+    original = (cls(128, group_size=128, eps=1e-6) if grouped else cls(128, eps=1e-6)).to(torch.bfloat16)
     gen = torch.Generator().manual_seed(3)
     with torch.no_grad():
         weight = fresh(128, gen=gen, scale=0.3, offset=1.0).to(torch.bfloat16)

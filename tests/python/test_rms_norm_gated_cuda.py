@@ -1,5 +1,5 @@
 """kiln.rms_norm_gated's CUDA path against fp64 math on fresh random inputs, with the output
-memory poisoned first: every dtype, both gates, odd and even widths (Qwen3-Next's 128-wide value
+memory poisoned first: every dtype, both gates and both orders, odd and even widths (Qwen3-Next's 128-wide value
 heads, the norm grid's widths), 1 row and many, with and without weight; strided gates; the
 tuned kernels; CUDA graphs and torch.compile; and a patched linear-attention model."""
 
@@ -36,10 +36,11 @@ def test_grid(dtype, hidden):
     for rows in rows_list:
         x = rand(rows, hidden, dtype=dtype, gen=gen, offset=0.2)
         gate = rand(rows, hidden, dtype=dtype, gen=gen, scale=3.0)
-        for weight, activation in ((w, "silu"), (None, "sigmoid"), (w, "sigmoid"), (None, "silu")):
+        for weight, activation, first in ((w, "silu", False), (None, "sigmoid", False), (w, "sigmoid", True),
+                                          (None, "silu", True)):
             poison_allocator(x.shape, dtype)
-            out = kiln.rms_norm_gated(x, gate, weight, 1e-5, activation)
-            assert_close_to(out, rms_norm_gated_fp64(x, gate, weight, 1e-5, activation), dtype)
+            out = kiln.rms_norm_gated(x, gate, weight, 1e-5, activation, not first)
+            assert_close_to(out, rms_norm_gated_fp64(x, gate, weight, 1e-5, activation, not first), dtype)
 
 
 def test_strided_gate_and_rows():
@@ -64,8 +65,10 @@ def test_tuned_kernels_are_correct(tmp_path):
             for hidden, rows in ((128, 131072), (128, 64), (4096, 1), (14848, 128)):
                 x, gate = rand(rows, hidden, dtype=dtype, gen=gen), rand(rows, hidden, dtype=dtype, gen=gen)
                 w = rand(hidden, dtype=dtype, gen=gen, offset=1.0)
-                poison_allocator(x.shape, dtype)
-                assert_close_to(kiln.rms_norm_gated(x, gate, w), rms_norm_gated_fp64(x, gate, w, 1e-6), dtype)
+                for norm_before_gate in (True, False):
+                    poison_allocator(x.shape, dtype)
+                    assert_close_to(kiln.rms_norm_gated(x, gate, w, 1e-6, "silu", norm_before_gate),
+                                    rms_norm_gated_fp64(x, gate, w, 1e-6, "silu", norm_before_gate), dtype)
         assert list(tmp_path.rglob("*.json")), "tuning results were not stored"
     finally:
         kiln.configure(cache_dir=before["cache_dir"], tune=before["tune_mode"])

@@ -54,7 +54,7 @@ def _check_modulation(op, name, m, x):
 
 
 @torch.library.register_fake("kiln::rms_norm_gated")
-def _rms_norm_gated_fake(x, gate, weight=None, eps=1e-6, activation="silu"):
+def _rms_norm_gated_fake(x, gate, weight=None, eps=1e-6, activation="silu", norm_before_gate=True):
     _check_like("rms_norm_gated", "gate", gate, x)
     _check_parameter("rms_norm_gated", "weight", weight, x)
     torch._check_value(

@@ -44,16 +44,23 @@ def fused_add_rms_norm_(x: Tensor, residual: Tensor, weight: Optional[Tensor] = 
 
 
 def rms_norm_gated(
-    x: Tensor, gate: Tensor, weight: Optional[Tensor] = None, eps: float = 1e-6, activation: str = "silu"
+    x: Tensor,
+    gate: Tensor,
+    weight: Optional[Tensor] = None,
+    eps: float = 1e-6,
+    activation: str = "silu",
+    norm_before_gate: bool = True,
 ) -> Tensor:
     """``rms_norm(x, weight, eps) * silu(gate)`` (``activation="sigmoid"``: ``* sigmoid(gate)``),
     normalised before it is gated: the gated RMSNorm that closes the linear attention of
-    Qwen3-Next and Qwen3.5 (silu), Kimi Linear and GLM-5 Next (sigmoid). ``gate`` has x's
-    shape; both may be strided views (a slice of a projection). Inference only: a call that
-    needs a gradient raises (``kiln.patch`` keeps the module's own forward for those)."""
+    Qwen3-Next and Qwen3.5 (silu), Kimi Linear and GLM-5 Next (sigmoid). With
+    ``norm_before_gate=False``, ``rms_norm(x * silu(gate), weight, eps)``: Mamba-2's gated norm
+    (the gated x is rounded to x's dtype once before it is normalised). ``gate`` has x's shape;
+    both may be strided views (a slice of a projection). Inference only: a call that needs a
+    gradient raises (``kiln.patch`` keeps the module's own forward for those)."""
     if _compiling():
-        return _rms_norm_gated(x, gate, weight, eps, activation)
-    return _direct.rms_norm_gated(x, gate, weight, eps, activation)
+        return _rms_norm_gated(x, gate, weight, eps, activation, norm_before_gate)
+    return _direct.rms_norm_gated(x, gate, weight, eps, activation, norm_before_gate)
 
 
 def layer_norm(x: Tensor, weight: Optional[Tensor] = None, bias: Optional[Tensor] = None, eps: float = 1e-5) -> Tensor:

@@ -60,6 +60,7 @@ TEST_CASE("the norm ops compile for sm_75, sm_80 and sm_90") {
              {Op::rms_norm_gated, DType::bf16, 128, kNormWeight, 16},
              {Op::rms_norm_gated, DType::f16, 4545, kNormGateSigmoid, 2},
              {Op::rms_norm_gated, DType::f32, 14848, kNormWeight, 16},
+             {Op::rms_norm_gated, DType::bf16, 4096, kNormWeight | kNormGateFirst, 16},
          }) {
       const Family& fam = family(problem.op);
       requests.push_back({&fam, problem, fam.heuristic(problem, traits), sm, BinaryFormat::cubin});

@@ -63,6 +63,7 @@ TEST_CASE("GPU: sampled configs of every norm op agree with the heuristic") {
       {Op::gated_adaln, DType::f16, 1536, kNormLayer | kNormWeight, 16},
       {Op::rms_norm_gated, DType::bf16, 128, kNormWeight, 16},
       {Op::rms_norm_gated, DType::f16, 4545, kNormGateSigmoid, 2},
+      {Op::rms_norm_gated, DType::bf16, 4096, kNormWeight | kNormGateFirst, 16},
   };
   for (const Problem& problem : problems) {
     CAPTURE(problem.key());

@@ -37,9 +37,9 @@ TEST_CASE("each norm op is registered and accepts only its own flags") {
           "flags: expected only weight (1), in-place (8), row loop (64), got bias (2)"),
       ArgumentError);
   // A bit no norm op takes is named by value, not dropped from the message.
-  const Problem unknown_bit{Op::adaln, DType::bf16, 4096, kNormPerToken | 512u, 16};
+  const Problem unknown_bit{Op::adaln, DType::bf16, 4096, kNormPerToken | 1024u, 16};
   CHECK_THROWS_WITH_AS(family(Op::adaln).check(unknown_bit),
-                       doctest::Contains("got per-token (32), unknown bits 512"), ArgumentError);
+                       doctest::Contains("got per-token (32), unknown bits 1024"), ArgumentError);
   const Problem table_on_layer{Op::layer_norm, DType::bf16, 4096, kNormTable, 16};
   CHECK_THROWS_AS(family(Op::layer_norm).check(table_on_layer), ArgumentError);
   const Problem too_wide{Op::adaln, DType::bf16, 65537, 0, 16};
@@ -365,14 +365,17 @@ TEST_CASE("rms_norm_gated reads its gate as a second row stream and holds it wit
   CHECK(fam.header() == "kiln/norm.cuh");
   const Problem silu{Op::rms_norm_gated, DType::bf16, 128, kNormWeight, 16};
   const Problem sigmoid{Op::rms_norm_gated, DType::bf16, 128, kNormWeight | kNormGateSigmoid, 16};
-  CHECK(norm_features(silu) == (NormFeature::weight | NormFeature::gate_out));
+  CHECK(norm_features(silu) == (NormFeature::weight | NormFeature::z_gate));
   CHECK(norm_features(sigmoid) ==
-        (NormFeature::weight | NormFeature::gate_out | NormFeature::gate_sigmoid));
+        (NormFeature::weight | NormFeature::z_gate | NormFeature::z_sigmoid));
+  const Problem first{Op::rms_norm_gated, DType::bf16, 128, kNormGateFirst, 16};
+  CHECK(norm_features(first) == (NormFeature::z_gate | NormFeature::z_first));
   const Problem biased{Op::rms_norm_gated, DType::bf16, 128, kNormBias, 16};
   CHECK_THROWS_WITH_AS(
       fam.check(biased),
       doctest::Contains(
-          "flags: expected only weight (1), row loop (64), sigmoid gate (256), got bias (2)"),
+          "flags: expected only weight (1), row loop (64), sigmoid gate (256), gate first (512), "
+          "got bias (2)"),
       ArgumentError);
 
   // x, z, weight in; out: three rows and a weight row, and z is what pack_params passes as

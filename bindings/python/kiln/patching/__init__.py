@@ -17,8 +17,9 @@ and k right before, as Qwen3's and Gemma 3's do, norms and rotation as one
 ``kiln.head_norm_rope``, see :mod:`.head_norm_attention`), and decoder layers that add a
 block's output to the residual stream and RMS-normalise the sum (one
 ``kiln.fused_add_rms_norm``, see :mod:`.residual_norm_layer`), and the gated RMSNorms that close
-the linear attention of Qwen3-Next, Qwen3.5 and their kin (one ``kiln.rms_norm_gated``, see
-:mod:`.gated_norm`; grouped under ``rms_norm`` in ``ops``). For diffusion
+the linear attention of Qwen3-Next, Qwen3.5 and their kin and the Mamba-2 mixers of Bamba,
+Granite 4.0-H and Nemotron-H (one ``kiln.rms_norm_gated``, see :mod:`.gated_norm`; grouped
+under ``rms_norm`` in ``ops``). For diffusion
 transformers (see :mod:`.detect_dit`): LTX-Video's attention processor (q/k RMSNorm and RoPE
 as one ``kiln.rms_norm_rope``, its rotary embedding tagged with the grid so the angles are
 computed in the kernel, and its tables built only if something reads them), its block's

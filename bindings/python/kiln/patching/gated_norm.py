@@ -1,8 +1,12 @@
-"""Gated RMSNorms: ``rms_norm(x) * weight * act(gate)``, normalised before it is gated.
+"""Gated RMSNorms: ``rms_norm(x) * weight * act(gate)``, or ``rms_norm(x * act(gate)) * weight``.
 
 The linear-attention layers of Qwen3-Next and Qwen3.5 (three in four of their layers), of
-OLMo's hybrid and of Kimi Linear and GLM-5 Next close each value head with such a norm
+OLMo's hybrid and of Kimi Linear and GLM-5 Next close each value head with the first form
 (``self.norm(core_attn_out, z)``): SiLU of the gate for the first, sigmoid for the last two.
+The Mamba-2 mixers of Bamba, Granite 4.0's hybrids, Falcon-H1, Nemotron-H and Mamba-2 itself
+close their scan with the second (``self.norm(scan_output, gate)``), over the whole row or over
+groups of ``group_size`` channels (each group a row of the kernel, the weight applied after,
+as the module applies it).
 Eager, each step (the fp32 casts, the squares and their mean, the scaling, the weight, the
 activation, the product) is a kernel over the rows; ``kiln.rms_norm_gated`` reads x and the
 gate once and writes the output once.
@@ -10,9 +14,8 @@ gate once and writes the output once.
 A module is a candidate by its attributes (a norm's: a leaf with ``variance_epsilon`` or
 ``eps`` and a 1-D ``weight`` or none) and a forward whose second parameter is the gate
 (``gate``, ``g`` or ``z``). It is matched by what its forward computes on a random probe
-(:mod:`.detect`), each activation tried. Mamba-2's form (the gate applied before the norm,
-over groups of channels) computes something else: such a module is patched, if at all, as the
-plain norm it computes when called without a gate.
+(:mod:`.detect`), each activation and order tried; a norm module that computes neither (called
+with a gate) is patched, if at all, as the plain norm it computes when called without one.
 """
 
 import inspect
@@ -44,13 +47,16 @@ def candidate(module: torch.nn.Module) -> bool:
     return detect.norm_candidate(module) and _gate_parameter(module.forward) is not None
 
 
-def rms_norm_gated(activation: str) -> Callable:
+def rms_norm_gated(activation: str, norm_before_gate: bool = True) -> Callable:
     """The replacement forward's factory: one ``kiln.rms_norm_gated`` call where x, the gate
     and the weight share a dtype and a device and no gradient is wanted (the op has no
-    backward); the original forward everywhere else."""
+    backward); the original forward everywhere else. A module that gates first over groups
+    of ``group_size`` channels (Mamba-2's) normalises each group as a row and multiplies by
+    its weight after."""
 
     def factory(module: torch.nn.Module, original: Callable) -> Callable:
         gate_name = _gate_parameter(original)
+        group = getattr(module, "group_size", None)
 
         def forward(*args, **kwargs):
             if len(args) == 2 and not kwargs:
@@ -65,7 +71,15 @@ def rms_norm_gated(activation: str) -> Callable:
             tensors = (x, gate) if weight is None else (x, gate, weight)
             if not kiln_can_take(*tensors):
                 return original(*args, **kwargs)
-            return norm_ops.rms_norm_gated(x, gate, weight, norm_eps(module, x), activation)
+            eps, hidden = norm_eps(module, x), x.shape[-1]
+            if norm_before_gate or not isinstance(group, int) or group == hidden:
+                return norm_ops.rms_norm_gated(x, gate, weight, eps, activation, norm_before_gate)
+            if group <= 0 or hidden % group != 0:
+                return original(*args, **kwargs)
+            groups = (*x.shape[:-1], hidden // group, group)
+            out = norm_ops.rms_norm_gated(x.reshape(groups), gate.reshape(groups), None, eps, activation, False)
+            out = out.reshape(x.shape)
+            return out if weight is None else weight * out
 
         return forward
 
@@ -100,14 +114,20 @@ def _classify(module: torch.nn.Module, original: Callable) -> Union[detect.Match
     by_input = {id(x): g for x, g in zip(inputs, gates)}
     reasons = []
     with torch.no_grad(), detect._Swapped(module, params=swap):
-        for activation in _ACTIVATIONS:
-            replacement = rms_norm_gated(activation)(module, original)
-            why = detect._compare(lambda x: original(x, by_input[id(x)]),
-                                  lambda x: replacement(x, by_input[id(x)]), inputs)
-            if why is None:
-                return detect.Match(f"rms_norm_gated ({activation} of the gate, after the norm)",
-                                    "rms_norm_gated", rms_norm_gated(activation), family="rms_norm")
-            if why.startswith("its forward fails"):
-                return detect.NoMatch("gated norm", why)
-            reasons.append(f"with {activation}: {why}")
-    return detect.NoMatch("gated norm", "does not compute rms_norm(x) * weight * act(gate): " + "; ".join(reasons))
+        for norm_before_gate in (True, False):
+            for activation in _ACTIVATIONS:
+                replacement = rms_norm_gated(activation, norm_before_gate)(module, original)
+                why = detect._compare(lambda x: original(x, by_input[id(x)]),
+                                      lambda x: replacement(x, by_input[id(x)]), inputs)
+                order = "after the norm" if norm_before_gate else "before the norm"
+                if why is None:
+                    group = getattr(module, "group_size", None)
+                    if not norm_before_gate and isinstance(group, int) and group != hidden:
+                        order += f", over groups of {group}"
+                    return detect.Match(f"rms_norm_gated ({activation} of the gate, {order})", "rms_norm_gated",
+                                        rms_norm_gated(activation, norm_before_gate), family="rms_norm")
+                if why.startswith("its forward fails"):
+                    return detect.NoMatch("gated norm", why)
+                reasons.append(f"with {activation} {order}: {why}")
+    return detect.NoMatch("gated norm", "does not compute rms_norm(x) * weight * act(gate) nor "
+                                        "rms_norm(x * act(gate)) * weight: " + "; ".join(reasons))
