@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cache/error.h"
+#include "templates/norm_family.h"
 #include "templates/rope_family.h"
 
 namespace kiln::jit {
@@ -91,6 +92,27 @@ std::int64_t rotary_dim_of(const nlohmann::json& config, std::int64_t head_dim) 
   return rotary;
 }
 
+// The channels of a Mamba-2 mixer (mamba_expand x hidden, or Nemotron-H's heads x head dim)
+// and their groups, where the config describes one; 0 channels where it does not.
+std::pair<std::int64_t, std::int64_t> mamba_channels(const nlohmann::json& config,
+                                                     std::int64_t hidden) {
+  std::int64_t channels = 0;
+  if (config.contains("mamba_num_heads") && config.contains("mamba_head_dim")) {
+    channels = require_size(config, "mamba_num_heads") * require_size(config, "mamba_head_dim");
+  } else if (auto expand = config.find("mamba_expand");
+             expand != config.end() && expand->is_number()) {
+    channels = static_cast<std::int64_t>(expand->get<double>() * static_cast<double>(hidden));
+  }
+  std::int64_t groups = 1;
+  for (const char* key : {"mamba_n_groups", "mamba_ngroups", "n_groups"}) {
+    if (auto it = config.find(key); it != config.end() && !it->is_null()) {
+      groups = require_size(config, key);
+      break;
+    }
+  }
+  return {channels, groups};
+}
+
 ModelShape read_llm(const nlohmann::json& config) {
   ModelShape model;
   model.kind = text_of(config, "model_type");
@@ -169,6 +191,14 @@ ModelShape read_llm(const nlohmann::json& config) {
   if (auto value_head = config.find("linear_value_head_dim");
       value_head != config.end() && !value_head->is_null()) {
     model.ops[Op::rms_norm_gated] = {require_size(config, "linear_value_head_dim")};
+  }
+  // The Mamba-2 mixers of Bamba, Granite 4.0-H, Zamba2 and Nemotron-H close their scan with the
+  // gate first, over groups of their channels: kiln's patch normalises a group a row, with the
+  // weight where the group is the whole row and after the call where there are several.
+  if (const auto [channels, groups] = mamba_channels(config, model.hidden);
+      channels > 0 && channels % groups == 0) {
+    model.ops[Op::rms_norm_gated] = {channels / groups};
+    model.gated_norm_flags = kNormGateFirst | (groups == 1 ? kNormWeight : 0u);
   }
   return model;
 }
@@ -254,7 +284,8 @@ PrewarmModel prewarm_model(const ModelShape& model, bool training) {
                       .training = training,
                       .head_norm_layout = model.head_norm_layout,
                       .rotary_dim = model.rotary_dim,
-                      .rope_table_flags = model.rope_table_flags};
+                      .rope_table_flags = model.rope_table_flags,
+                      .gated_norm_flags = model.gated_norm_flags};
 }
 
 std::map<Op, std::vector<std::int64_t>> sizes_for_ops(const ModelShape& model,

@@ -54,6 +54,8 @@ struct ModelShape {
   // RoPE's table flags where its attentions hand kiln.rope another table than transformers'
   // usual one (PrewarmModel::rope_table_flags).
   std::uint32_t rope_table_flags = 0;
+  // rms_norm_gated's flags where its gated norm is Mamba-2's (PrewarmModel::gated_norm_flags).
+  std::optional<std::uint32_t> gated_norm_flags = std::nullopt;
   // The ops the model uses, with the sizes each is called at.
   std::map<Op, std::vector<std::int64_t>> ops;
 };

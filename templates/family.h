@@ -32,6 +32,9 @@ struct PrewarmModel {
   // RoPE's flags for the table its attentions hand over where it is not transformers' usual
   // [.., D] one of the model's dtype (GPT-OSS's half table, GLM's interleaved pairs).
   std::uint32_t rope_table_flags = 0;
+  // rms_norm_gated's flags for the model's gated norm where it is not the linear attention's
+  // (the weight, silu of the gate after the norm): Mamba-2's, the gate first.
+  std::optional<std::uint32_t> gated_norm_flags = std::nullopt;
 };
 
 // A scratch buffer the evaluator must provide to run a candidate on its own.

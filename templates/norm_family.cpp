@@ -914,7 +914,7 @@ bool NormFamily::worth_measuring(const Problem& problem, const Config& config,
 }
 
 std::vector<Problem> NormFamily::common_problems(DType dtype, std::int64_t hidden,
-                                                 const PrewarmModel& /*model*/) const {
+                                                 const PrewarmModel& model) const {
   auto make = [&](std::uint32_t flags) { return Problem{op_, dtype, hidden, flags, 16}; };
   switch (op_) {
     case Op::rms_norm:  // diffusers' q/k norms and DiT blocks have no weight
@@ -928,7 +928,7 @@ std::vector<Problem> NormFamily::common_problems(DType dtype, std::int64_t hidde
     case Op::gated_adaln:
       return {make(kNormTable | kNormPerToken)};
     case Op::rms_norm_gated:  // Qwen3-Next, Qwen3.5 (the sigmoid gate compiles on first use)
-      return {make(kNormWeight)};
+      return {make(model.gated_norm_flags.value_or(kNormWeight))};
     default:
       return {};
   }

@@ -26,16 +26,19 @@ def test_mapping_structure():
     assert set(mapping) == set(kiln.hub.LAYERS)
     for name, per_device in mapping.items():
         assert sorted(d.type for d in per_device) == ["cpu", "cuda"]
+        inference = {Mode.INFERENCE, Mode.INFERENCE | Mode.TORCH_COMPILE}
+        training = {Mode.TRAINING, Mode.TRAINING | Mode.TORCH_COMPILE}
         for device, modes in per_device.items():
-            assert set(modes) == {Mode.INFERENCE, Mode.INFERENCE | Mode.TORCH_COMPILE,
-                                  Mode.TRAINING, Mode.TRAINING | Mode.TORCH_COMPILE}
+            # RMSNormGated's op has no backward: inference only.
+            assert set(modes) == (inference if name == "RMSNormGated" else inference | training)
             for repo in modes.values():
                 assert repo.layer_name == name and repo.load() is kiln.hub.LAYERS[name]
             if device.type == "cuda":
                 assert device.properties.min_capability == 75
     only = kiln.hub.kernel_mapping(layers=["RMSNorm"], torch_compile=False, training=False)
     assert list(only) == ["RMSNorm"] and list(only["RMSNorm"].values())[0].keys() == {Mode.INFERENCE}
-    assert all(layer.has_backward and layer.can_torch_compile for layer in kiln.hub.LAYERS.values())
+    assert all(layer.can_torch_compile for layer in kiln.hub.LAYERS.values())
+    assert [name for name, layer in kiln.hub.LAYERS.items() if not layer.has_backward] == ["RMSNormGated"]
     with pytest.raises(ValueError, match=r"kiln\.hub: layer_name: expected one of"):
         kiln.hub.kernel_mapping(layers=["Attention"])
     with pytest.raises(ValueError, match=r"kiln\.hub\.kernel_mapping: devices: expected 'cuda' or 'cpu', got 'mps'"):
@@ -93,6 +96,37 @@ def test_rms_norm_layer_records_kiln_op_under_autograd():
     x = torch.randn(2, 16, requires_grad=True)
     out = _as_layer(norm, "RMSNorm")(x)
     assert "RmsNormFunction" in out.grad_fn.name()  # kiln's op, with its C++ autograd kernel
+
+
+@pytest.mark.parametrize("module,name,activation", [("qwen3_next", "Qwen3NextRMSNormGated", "silu"),
+                                                  ("kimi_linear", "KimiLinearRMSNormGated", "sigmoid")])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rms_norm_gated_layer_matches_transformers(module, name, activation, dtype, monkeypatch):
+    import importlib
+
+    try:
+        cls = getattr(importlib.import_module(f"transformers.models.{module}.modeling_{module}"), name)
+    except (ImportError, AttributeError):
+        pytest.skip(f"transformers has no {name}")
+    norm = cls(32, eps=1e-6)
+    with torch.no_grad():
+        norm.weight.copy_(1 + 0.3 * torch.randn(32))
+    norm = norm.to(dtype)
+    x, gate = torch.randn(3, 5, 32).to(dtype), (2 * torch.randn(3, 5, 32)).to(dtype)
+    layer = _as_layer(norm, "RMSNormGated")
+    calls = []
+    real = kiln.norm_ops.rms_norm_gated
+    monkeypatch.setattr(kiln.norm_ops, "rms_norm_gated", lambda *a: calls.append(a[4]) or real(*a))
+    with torch.no_grad():
+        expected, got = norm(x, gate), layer(x, gate)
+    assert calls == [activation]
+    tol = 2 * torch.finfo(dtype).eps
+    torch.testing.assert_close(got, expected, rtol=tol, atol=tol)
+    # A call that wants a gradient runs the class forward: the op has no backward.
+    weight_grad = norm.weight.requires_grad
+    assert weight_grad
+    layer(x, gate).float().sum().backward()
+    assert calls == [activation] and layer.weight.grad is not None
 
 
 @pytest.mark.parametrize("unsqueeze_dim", [1, 2])

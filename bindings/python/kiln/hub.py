@@ -13,9 +13,10 @@ The classes follow ``kernels``' layer rules: stateless (no ``__init__``, no memb
 parameters, reading the replaced module's own attributes (``weight``, ``variance_epsilon``).
 Each calls kiln where kiln computes the same thing and the layer's class forward otherwise
 (other dtypes or layouts). kiln's ops have backward formulas (C++ autograd kernels, in
-bindings/torch/autograd_*.cpp), so every layer declares ``has_backward = True`` and
-serves ``Mode.TRAINING`` as well as ``Mode.INFERENCE``. They are plain classes, importable and
-testable without ``kernels``.
+bindings/torch/autograd_*.cpp), so those layers declare ``has_backward = True`` and serve
+``Mode.TRAINING`` as well as ``Mode.INFERENCE``; ``RMSNormGated``'s op has none, so it declares
+``has_backward = False`` and is mapped for inference only. They are plain classes, importable
+and testable without ``kernels``.
 """
 
 import sys
@@ -23,7 +24,7 @@ from typing import Dict, Iterable, Type
 
 import torch
 
-from . import activation_ops, ops, rope_ops
+from . import activation_ops, norm_ops, ops, rope_ops
 from .patching.forwards import kiln_can_take, norm_eps
 from .patching.rope_attention import rope_layout
 
@@ -46,6 +47,26 @@ class RMSNorm(torch.nn.Module):
         if weight.dtype == hidden_states.dtype:
             return ops.rms_norm(hidden_states, weight, eps)
         return weight * ops.rms_norm(hidden_states, None, eps)
+
+
+class RMSNormGated(torch.nn.Module):
+    """transformers' ``RMSNormGated`` layers: ``rms_norm(x) * weight * act(gate)``, normalised
+    before it is gated, ``act`` the layer's ``activation`` (Qwen3-Next, Qwen3.5, OLMo's hybrid:
+    ``"silu"``; Kimi Linear, GLM-5 Next, Bailing's hybrid: ``"sigmoid"``). One
+    ``kiln.rms_norm_gated`` call where x, the gate and the weight share a dtype and device and no
+    gradient is wanted (kiln rounds once where the original rounds up to three times: within two
+    ulps); the class forward otherwise."""
+
+    can_torch_compile = True
+    has_backward = False
+
+    def forward(self, hidden_states, gate=None):
+        activation = getattr(self, "activation", None)
+        weight = self.weight
+        if (gate is None or activation not in ("silu", "sigmoid") or gate.shape != hidden_states.shape
+                or not kiln_can_take(hidden_states, gate, weight)):
+            return type(self).forward(self, hidden_states, gate)
+        return norm_ops.rms_norm_gated(hidden_states, gate, weight, norm_eps(self, hidden_states), activation)
 
 
 class RotaryPosEmb(torch.nn.Module):
@@ -105,6 +126,7 @@ GeluTanhAndMul = _and_mul_layer("GeluTanhAndMul", "geglu", "tanh")
 # (``@use_kernel_forward_from_hub(...)``) and kernels' activation repositories export.
 LAYERS: Dict[str, Type[torch.nn.Module]] = {
     "RMSNorm": RMSNorm,
+    "RMSNormGated": RMSNormGated,
     "rotary_pos_emb": RotaryPosEmb,
     "GeLU": GeLU,
     "GeluTanh": GeluTanh,
@@ -145,9 +167,9 @@ def kernel_mapping(layers: Iterable[str] = tuple(LAYERS), devices: Iterable[str]
     """A mapping for ``kernels.use_kernel_mapping`` / ``register_kernel_mapping``: each of
     ``layers`` (hub layer names, default all of :data:`LAYERS`) on each of ``devices``
     ("cuda": GPUs of compute capability 7.5 and newer; "cpu": kiln's fp32 reference, for
-    tests) for ``Mode.INFERENCE``, with ``training`` for ``Mode.TRAINING`` too, and with
-    ``torch_compile`` for each of those ``| Mode.TORCH_COMPILE``. Needs the ``kernels``
-    package."""
+    tests) for ``Mode.INFERENCE``, with ``training`` for ``Mode.TRAINING`` too (the layers that
+    have a backward), and with ``torch_compile`` for each of those ``| Mode.TORCH_COMPILE``.
+    Needs the ``kernels`` package."""
     try:
         from kernels import CUDAProperties, Device, Mode
     except ImportError as error:
@@ -157,7 +179,8 @@ def kernel_mapping(layers: Iterable[str] = tuple(LAYERS), devices: Iterable[str]
     for name in layers:
         repo = KilnLayerRepository(name)
         modes = {}
-        for base in (Mode.INFERENCE, Mode.TRAINING) if training else (Mode.INFERENCE,):
+        trains = training and LAYERS[name].has_backward
+        for base in (Mode.INFERENCE, Mode.TRAINING) if trains else (Mode.INFERENCE,):
             modes[base] = repo
             if torch_compile:
                 modes[base | Mode.TORCH_COMPILE] = repo

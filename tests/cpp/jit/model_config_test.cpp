@@ -7,6 +7,7 @@
 
 #include "cache/error.h"
 #include "templates/family.h"
+#include "templates/norm_family.h"
 #include "templates/rope_family.h"
 
 using kiln::Op;
@@ -145,4 +146,38 @@ TEST_CASE("the model's rotary dim reaches every RoPE problem prewarm compiles") 
        kiln::family(Op::rope).common_problems(kiln::DType::bf16, 128, whole)) {
     CHECK(p.aux == 0);
   }
+}
+
+TEST_CASE("a Mamba-2 hybrid's gated norm is prewarmed as its patch calls it: the gate first") {
+  // Bamba-9B: 8192 channels (mamba_expand 2 x hidden 4096), one group: the whole row, weighted.
+  nlohmann::json bamba = {{"model_type", "bamba"},      {"hidden_size", 4096},
+                          {"intermediate_size", 14336}, {"num_attention_heads", 32},
+                          {"num_key_value_heads", 8},   {"mamba_expand", 2},
+                          {"mamba_n_groups", 1}};
+  kiln::jit::ModelShape model = kiln::jit::read_model_config(bamba);
+  CHECK(model.ops.at(Op::rms_norm_gated) == std::vector<std::int64_t>{8192});
+  CHECK(model.gated_norm_flags == (kiln::kNormGateFirst | kiln::kNormWeight));
+  const auto problems =
+      kiln::family(Op::rms_norm_gated)
+          .common_problems(kiln::DType::bf16, 8192, kiln::jit::prewarm_model(model, false));
+  REQUIRE(problems.size() == 1);
+  CHECK(problems[0].flags == (kiln::kNormGateFirst | kiln::kNormWeight));
+
+  // Nemotron-H: 128 heads of 64 in 8 groups: rows of 1024, the weight applied after the call.
+  nlohmann::json nemotron = {{"model_type", "nemotron_h"}, {"hidden_size", 4096},
+                             {"intermediate_size", 21504}, {"num_attention_heads", 32},
+                             {"num_key_value_heads", 8},   {"mamba_num_heads", 128},
+                             {"mamba_head_dim", 64},       {"n_groups", 8}};
+  model = kiln::jit::read_model_config(nemotron);
+  CHECK(model.ops.at(Op::rms_norm_gated) == std::vector<std::int64_t>{1024});
+  CHECK(model.gated_norm_flags == kiln::kNormGateFirst);
+
+  // A model with neither a linear attention nor a Mamba mixer has no gated norm; Qwen3-Next's is
+  // the linear attention's form (the default flags).
+  nlohmann::json llama = {{"model_type", "llama"},
+                          {"hidden_size", 4096},
+                          {"intermediate_size", 14336},
+                          {"num_attention_heads", 32}};
+  CHECK(kiln::jit::read_model_config(llama).ops.count(Op::rms_norm_gated) == 0);
+  CHECK(!kiln::jit::read_model_config(qwen3_next()).gated_norm_flags.has_value());
 }
