@@ -162,3 +162,63 @@ def test_strict_cache_with_only_the_row_blind_binary_serves_it(tmp_path):
     (kernel,) = result["kernels"]
     assert kernel["config"] == row_blind and kernel["rows_bucket"] == 8
     assert result["worst"] < 2e-2
+
+
+# A tiny linear-attention model (its config written as transformers writes config.json), patched
+# and run in bf16: the kernels it loaded, what it compiled, and its statistics.
+MODEL_CALLS = """
+import importlib, json, torch, kiln
+modeling = importlib.import_module("transformers.models.{name}.modeling_{name}")
+configuration = importlib.import_module("transformers.models.{name}.configuration_{name}")
+config = getattr(configuration, "{config_class}").from_json_file("{config}")
+config._attn_implementation = "eager"
+torch.manual_seed(0)
+model = getattr(modeling, "{model_class}")(config).eval().to("cuda", torch.bfloat16)
+report = kiln.patch(model)
+with torch.no_grad():
+    model(torch.randint(0, 128, (2, 16), device="cuda"))
+torch.cuda.synchronize()
+print(json.dumps({{**kiln.stats(), "kernels": kiln._C.loaded_kernels(),
+                  "ops": sorted({{r.op for r in report.replaced}})}}))
+"""
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["qwen3_next", "qwen3_5"])
+def test_prewarm_from_config_serves_a_patched_linear_attention_model(tmp_path, name):
+    """kiln prewarm --config of a Qwen3-Next / Qwen3.5 config.json, with no GPU, compiles every
+    kernel the patched model then calls (the partial-rotary head_norm_rope, the gated norm of
+    its linear attention, the Gemma norms, the shared expert's swiglu): its first forward on a
+    GPU compiles nothing."""
+    import importlib
+
+    try:
+        configuration = importlib.import_module(f"transformers.models.{name}.configuration_{name}")
+    except ImportError:
+        pytest.skip(f"transformers has no {name}")
+    prefix = {"qwen3_next": "Qwen3Next", "qwen3_5": "Qwen3_5"}[name]
+    config_class = f"{prefix}TextConfig" if hasattr(configuration, f"{prefix}TextConfig") else f"{prefix}Config"
+    extra = {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 128,
+             "shared_expert_intermediate_size": 128} if name == "qwen3_next" else {}
+    config = getattr(configuration, config_class)(
+        hidden_size=256, num_attention_heads=4, num_key_value_heads=2, head_dim=64, num_hidden_layers=2,
+        intermediate_size=256, vocab_size=128, layer_types=["linear_attention", "full_attention"],
+        linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=64, linear_value_head_dim=64,
+        **extra)
+    path = tmp_path / "config.json"
+    config.to_json_file(str(path))
+    arch = kiln.device_info(0)["arch"]
+    cache = tmp_path / "cache"
+    code, warmed, err = run_kiln(
+        f"import json, kiln\nprint(json.dumps(kiln.prewarm(dtypes='bf16', archs='{arch}', config='{path}', jobs=4)))",
+        cache, {"CUDA_VISIBLE_DEVICES": ""})
+    assert code == 0, err
+    assert warmed["failed"] == 0, warmed
+    code, stats, err = run_kiln(
+        MODEL_CALLS.format(name=name, config_class=config_class, model_class=f"{prefix}ForCausalLM", config=path),
+        cache, {"KILN_TUNE": "off"})
+    assert code == 0, err
+    compiled = sorted(k["problem"] for k in stats["kernels"] if not k["from_prewarm"])
+    print(f"{name}: prewarmed {warmed['compiled']}, patched {stats['ops']}, compiled on the GPU: {compiled}")
+    assert "rms_norm_gated" in stats["ops"] and "head_norm_rope" in stats["ops"]
+    assert compiled == [] and stats["nvrtc_compiles"] == 0, compiled
