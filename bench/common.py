@@ -4,6 +4,7 @@ same run, and the record of where and with what a result was measured."""
 
 import datetime
 import json
+import math
 import os
 import platform
 import statistics
@@ -275,6 +276,49 @@ def same_bytes_copy(moved):
     src = torch.empty(max(moved // 2, 1), dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
     return lambda: dst.copy_(src)
+
+
+def peer_row(name, moved, times_ms, copy_ms, copy_gbs):
+    """One case's record from bench_side_by_side's medians (ms, the copy's taken out): each
+    contender's time in us and % of the copy bandwidth, the same-size copy's time, and kiln's
+    speedup over the best peer (the contenders not named kiln...)."""
+    best_peer = min(v for k, v in times_ms.items() if not k.startswith("kiln"))
+    return {
+        "case": name,
+        "bytes": moved,
+        "us": {k: v * 1e3 for k, v in times_ms.items()},
+        "copy_same_bytes_us": copy_ms * 1e3,
+        "pct_of_copy": {k: 100 * moved / (v * 1e-3) / 1e9 / copy_gbs for k, v in times_ms.items()},
+        "speedup_vs_best_peer": best_peer / times_ms["kiln"],
+    }
+
+
+def time_against_copy(name, moved, contenders, copy_gbs):
+    """Times `contenders` (kiln's and the peers') and a copy of `moved` bytes side by side, and
+    returns the case's peer_row."""
+    copy = "copy of the same bytes"
+    times = bench_side_by_side({**contenders, copy: same_bytes_copy(moved)})
+    copy_ms = times.pop(copy)
+    return peer_row(name, moved, times, copy_ms, copy_gbs)
+
+
+def geomean_speedup(rows):
+    return math.exp(sum(math.log(r["speedup_vs_best_peer"]) for r in rows) / len(rows))
+
+
+def host_lines(rows, columns):
+    """The back-to-back host table of the rows that were timed so (host_us), in `columns`
+    (the contenders' names; "eager" stands for the row's eager contender, whatever its source)."""
+    host = [r for r in rows if "host_us" in r]
+    if not host:
+        return []
+    lines = ["", "Called back to back (host wall time per call, us):", "",
+             "| case | " + " | ".join(columns) + " |", "| --- |" + " --- |" * len(columns)]
+    for r in host:
+        h = r["host_us"]
+        keys = [next(k for k in h if k.startswith("eager")) if c == "eager" else c for c in columns]
+        lines.append(f"| {r['case']} | " + " | ".join(f"{h[k]:.1f}" for k in keys) + " |")
+    return lines
 
 
 def host_side_by_side(fns, calls=200, rounds=15):

@@ -11,7 +11,6 @@ Usage: python bench/head_norm_rope.py [--out DIR] [--quick]
 Writes DIR/head_norm_rope-<date>-<device>.json and .md; prints the table last."""
 
 import argparse
-import math
 import os
 import sys
 
@@ -22,7 +21,6 @@ import common  # noqa: E402
 from rope import hf_apply, llama_table, rel_err  # noqa: E402
 
 BF16 = torch.bfloat16
-COPY = "copy of the same bytes"
 
 
 def qwen3_rms_norm(weight, eps=1e-6):
@@ -184,27 +182,16 @@ def main():
     with torch.no_grad():
         for case in cases(args.quick):
             contenders = {"kiln": case["kiln"], "kiln two-step": case["kiln two-step"], **case["peers"]}
-            times = common.bench_side_by_side({**contenders, COPY: common.same_bytes_copy(case["bytes"])})
-            copy_ms = times.pop(COPY)
-            best_peer = min(v for k, v in times.items() if not k.startswith("kiln"))
-            row = {
-                "case": case["name"],
-                "bytes": case["bytes"],
-                "us": {k: v * 1e3 for k, v in times.items()},
-                "copy_same_bytes_us": copy_ms * 1e3,
-                "pct_of_copy": {k: 100 * case["bytes"] / (v * 1e-3) / 1e9 / copy_gbs
-                                for k, v in times.items()},
-                "speedup_vs_best_peer": best_peer / times["kiln"],
-                "speedup_vs_two_step": times["kiln two-step"] / times["kiln"],
-                "rel_err_vs_eager": case["check"](),
-                "kiln_tuned": common.tuned_configs(tunes, seen),
-            }
+            row = common.time_against_copy(case["name"], case["bytes"], contenders, copy_gbs)
+            row["speedup_vs_two_step"] = row["us"]["kiln two-step"] / row["us"]["kiln"]
+            row["rel_err_vs_eager"] = case["check"]()
+            row["kiln_tuned"] = common.tuned_configs(tunes, seen)
             if case["decode"]:
                 row["host_us"] = common.host_side_by_side(contenders)
             rows.append(row)
             print(row["case"], f"{row['us']['kiln']:.1f} us", f"{row['speedup_vs_best_peer']:.2f}x",
                   flush=True)
-    geomean = math.exp(sum(math.log(r["speedup_vs_best_peer"]) for r in rows) / len(rows))
+    geomean = common.geomean_speedup(rows)
     result = {"environment": env, "copy_gbs": copy_gbs, "head_norm_rope_bf16": rows,
               "geomean_speedup_vs_best_peer": geomean, "kiln_settings": kiln.settings()}
     stamp = common.stamp(env) + (f"-{args.tag}" if args.tag else "")
@@ -226,15 +213,7 @@ def main():
                      f"| {us['compiled']:.1f} ({pct['compiled']:.0f}%) "
                      f"| {r['speedup_vs_best_peer']:.2f}x | {r['speedup_vs_two_step']:.2f}x "
                      f"| {r['copy_same_bytes_us']:.1f} | {r['rel_err_vs_eager']:.1e} |")
-    host = [r for r in rows if "host_us" in r]
-    if host:
-        lines += ["", "Called back to back (host wall time per call, us):", "",
-                  "| case | kiln | kiln two-step | eager | compiled |", "| --- | --- | --- | --- | --- |"]
-        for r in host:
-            h = r["host_us"]
-            eager = next(k for k in h if k.startswith("eager"))
-            lines.append(f"| {r['case']} | {h['kiln']:.1f} | {h['kiln two-step']:.1f} | {h[eager]:.1f} "
-                         f"| {h['compiled']:.1f} |")
+    lines += common.host_lines(rows, ["kiln", "kiln two-step", "eager", "compiled"])
     lines += ["", f"Geometric mean of kiln vs the best peer: {geomean:.2f}x"]
     table = "\n".join(lines)
     with open(os.path.join(args.out, f"head_norm_rope-{stamp}.md"), "w") as f:

@@ -13,7 +13,6 @@ Writes DIR/rms_norm_gated-<date>-<device>.json and .md; prints the table last.""
 
 import argparse
 import inspect
-import math
 import os
 import sys
 
@@ -23,7 +22,6 @@ sys.path.insert(0, os.path.dirname(__file__))
 import common  # noqa: E402
 
 BF16 = torch.bfloat16
-COPY = "copy of the same bytes"
 HEADS, HEAD_DIM = 32, 128
 TOKENS = (1, 128, 4096, 16384)
 MAMBA_CHANNELS = 8192  # Bamba-9B, Granite 4.0-H: hidden 4096, expand 2, one group
@@ -124,24 +122,14 @@ def main():
     with torch.no_grad():
         for case in cases(args.quick):
             contenders = {"kiln": case["kiln"], **case["peers"]}
-            times = common.bench_side_by_side({**contenders, COPY: common.same_bytes_copy(case["bytes"])})
-            copy_ms = times.pop(COPY)
-            best_peer = min(v for k, v in times.items() if k != "kiln")
-            row = {
-                "case": case["name"],
-                "bytes": case["bytes"],
-                "us": {k: v * 1e3 for k, v in times.items()},
-                "copy_same_bytes_us": copy_ms * 1e3,
-                "pct_of_copy": {k: 100 * case["bytes"] / (v * 1e-3) / 1e9 / copy_gbs for k, v in times.items()},
-                "speedup_vs_best_peer": best_peer / times["kiln"],
-                "rel_err_vs_module": case["check"](),
-                "kiln_tuned": common.tuned_configs(tunes, seen),
-            }
+            row = common.time_against_copy(case["name"], case["bytes"], contenders, copy_gbs)
+            row["rel_err_vs_module"] = case["check"]()
+            row["kiln_tuned"] = common.tuned_configs(tunes, seen)
             if case["launch_bound"]:
                 row["host_us"] = common.host_side_by_side(contenders)
             rows.append(row)
             print(row["case"], f"{row['us']['kiln']:.1f} us", f"{row['speedup_vs_best_peer']:.2f}x", flush=True)
-    geomean = math.exp(sum(math.log(r["speedup_vs_best_peer"]) for r in rows) / len(rows))
+    geomean = common.geomean_speedup(rows)
     result = {"environment": env, "copy_gbs": copy_gbs, "rms_norm_gated_bf16": rows,
               "geomean_speedup_vs_best_peer": geomean, "kiln_settings": kiln.settings()}
     stamp = common.stamp(env) + (f"-{args.tag}" if args.tag else "")
@@ -163,14 +151,7 @@ def main():
                      f"| {us[eager]:.1f} | {us['compiled']:.1f} ({pct['compiled']:.0f}%) "
                      f"| {r['speedup_vs_best_peer']:.2f}x | {r['copy_same_bytes_us']:.1f} "
                      f"| {r['rel_err_vs_module']:.1e} |")
-    host = [r for r in rows if "host_us" in r]
-    if host:
-        lines += ["", "Called back to back (host wall time per call, us):", "",
-                  "| case | kiln | eager | compiled |", "| --- | --- | --- | --- |"]
-        for r in host:
-            h = r["host_us"]
-            eager = next(k for k in h if k.startswith("eager"))
-            lines.append(f"| {r['case']} | {h['kiln']:.1f} | {h[eager]:.1f} | {h['compiled']:.1f} |")
+    lines += common.host_lines(rows, ["kiln", "eager", "compiled"])
     lines += ["", f"Geometric mean of kiln vs the best peer: {geomean:.2f}x"]
     table = "\n".join(lines)
     with open(os.path.join(args.out, f"rms_norm_gated-{stamp}.md"), "w") as f:

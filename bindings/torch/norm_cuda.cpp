@@ -2,6 +2,7 @@
 // NormParams and launch kiln::norm through the runtime on torch's current stream.
 #include <ATen/ATen.h>
 
+#include <initializer_list>
 #include <vector>
 
 #include "bindings/torch/norm.h"
@@ -26,6 +27,19 @@ class Alignment {
   void address(const void* pointer) { add(reinterpret_cast<std::uintptr_t>(pointer)); }
   void stride(std::int64_t elements) {
     add(static_cast<std::uintptr_t>(elements) * static_cast<std::uintptr_t>(element_));
+  }
+  // The operands' addresses (a null one, an operand the call does not have, counts for none)
+  // and their row strides.
+  void operands(std::initializer_list<const void*> pointers,
+                std::initializer_list<std::int64_t> strides) {
+    for (const void* pointer : pointers) {
+      if (pointer != nullptr) {
+        address(pointer);
+      }
+    }
+    for (std::int64_t elements : strides) {
+      stride(elements);
+    }
   }
   std::uint32_t value() const { return common_alignment({bits_}); }
 
@@ -105,15 +119,8 @@ std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm_cuda(const at::Tensor& x,
   p.eps = static_cast<float>(eps);
 
   Alignment align(dtype);
-  for (const void* a :
-       std::initializer_list<const void*>{p.out, p.sum_out, p.x, p.second, p.weight}) {
-    if (a != nullptr) {
-      align.address(a);
-    }
-  }
-  for (std::int64_t s : {xv.row_stride, rv.row_stride, xv.hidden}) {
-    align.stride(s);
-  }
+  align.operands({p.out, p.sum_out, p.x, p.second, p.weight},
+                 {xv.row_stride, rv.row_stride, xv.hidden});
   const Problem problem{Op::fused_add_rms_norm, dtype, xv.hidden, weight ? kNormWeight : 0u,
                         align.value()};
   launch_norm(x, problem, p);
@@ -148,14 +155,7 @@ at::Tensor rms_norm_gated_cuda(const at::Tensor& x, const at::Tensor& gate,
   p.eps = static_cast<float>(eps);
 
   Alignment align(dtype);
-  for (const void* a : std::initializer_list<const void*>{p.out, p.x, p.second, p.weight}) {
-    if (a != nullptr) {
-      align.address(a);
-    }
-  }
-  for (std::int64_t s : {xv.row_stride, zv.row_stride, xv.hidden}) {
-    align.stride(s);
-  }
+  align.operands({p.out, p.x, p.second, p.weight}, {xv.row_stride, zv.row_stride, xv.hidden});
   const std::uint32_t flags = (weight ? kNormWeight : 0u) | (sigmoid ? kNormGateSigmoid : 0u) |
                               (norm_before_gate ? 0u : kNormGateFirst);
   launch_norm(x, Problem{Op::rms_norm_gated, dtype, xv.hidden, flags, align.value()}, p);
@@ -194,14 +194,7 @@ void fused_add_rms_norm_inplace_cuda(at::Tensor& x, at::Tensor& residual,
   p.eps = static_cast<float>(eps);
 
   Alignment align(dtype);
-  for (const void* a : {p.x, p.second, p.weight}) {
-    if (a != nullptr) {
-      align.address(a);
-    }
-  }
-  for (std::int64_t s : {xv.row_stride, rv.row_stride, xv.hidden}) {
-    align.stride(s);
-  }
+  align.operands({p.x, p.second, p.weight}, {xv.row_stride, rv.row_stride, xv.hidden});
   const Problem problem{Op::fused_add_rms_norm, dtype, xv.hidden,
                         (weight ? kNormWeight : 0u) | kNormInPlace, align.value()};
   launch_norm(x, problem, p);
@@ -231,14 +224,7 @@ at::Tensor layer_norm_cuda(const at::Tensor& x, const std::optional<at::Tensor>&
   p.eps = static_cast<float>(eps);
 
   Alignment align(dtype);
-  for (const void* a : std::initializer_list<const void*>{p.out, p.x, p.weight, p.bias}) {
-    if (a != nullptr) {
-      align.address(a);
-    }
-  }
-  for (std::int64_t s : {xv.row_stride, xv.hidden}) {
-    align.stride(s);
-  }
+  align.operands({p.out, p.x, p.weight, p.bias}, {xv.row_stride, xv.hidden});
   const std::uint32_t flags = (weight ? kNormWeight : 0u) | (bias ? kNormBias : 0u);
   launch_norm(x, Problem{Op::layer_norm, dtype, xv.hidden, flags, align.value()}, p);
   return out;

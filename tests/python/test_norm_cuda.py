@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import kiln
+from cuda_inputs import poison_allocator, rand
 from gpu_memory import gpu_memory_to_itself
 from reference import (
     adaln_fp64,
@@ -37,17 +38,6 @@ def large_calls_alone(request):
     large = params.get("dtype") == torch.bfloat16 and params.get("hidden", 0) >= 8192
     with gpu_memory_to_itself() if large else contextlib.nullcontext():
         yield
-
-
-def poison_allocator(shape, dtype, count=2):
-    """Leaves NaN in the caching allocator's free blocks that the op's outputs will reuse,
-    so an element the kernel fails to write shows up as NaN."""
-    junk = [torch.full(shape, float("nan"), dtype=dtype, device="cuda") for _ in range(count)]
-    del junk
-
-
-def rand(*shape, dtype, gen, offset=0.0, scale=1.0):
-    return (torch.randn(*shape, device="cuda", generator=gen) * scale + offset).to(dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

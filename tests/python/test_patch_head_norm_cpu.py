@@ -589,20 +589,12 @@ def test_a_partial_probe_checks_the_unrotated_columns():
 def test_qwen3_next_and_qwen3_5_attentions_fuse_their_partial_rotation(name, monkeypatch):
     """transformers' own attention modules, built from a tiny config: one head_norm_rope, as
     close to the fp64 prologue as the original module."""
-    import importlib
+    from linear_attention_models import PREFIX, tiny_config, transformers_modules
 
-    try:
-        modeling = importlib.import_module(f"transformers.models.{name}.modeling_{name}")
-        configuration = importlib.import_module(f"transformers.models.{name}.configuration_{name}")
-    except ImportError:
-        pytest.skip(f"transformers has no {name}")
-    prefix = {"qwen3_next": "Qwen3Next", "qwen3_5": "Qwen3_5"}[name]
-    config_class = getattr(configuration, f"{prefix}TextConfig", None) or getattr(configuration, f"{prefix}Config")
-    config = config_class(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                          num_hidden_layers=1, intermediate_size=64, vocab_size=100)
-    config._attn_implementation = "eager"
+    modeling, _, _ = transformers_modules(name)
+    config = tiny_config(name, layers=("full_attention",))
     torch.manual_seed(0)
-    attention = getattr(modeling, f"{prefix}Attention")(config, 0).eval()
+    attention = getattr(modeling, f"{PREFIX[name]}Attention")(config, 0).eval()
     for norm in (attention.q_norm, attention.k_norm):
         with torch.no_grad():
             norm.weight.normal_(0, 0.3)

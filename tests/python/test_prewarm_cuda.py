@@ -7,6 +7,7 @@ import pytest
 
 import kiln
 from cache_helpers import run_kiln
+from linear_attention_models import PREFIX, tiny_config, transformers_modules
 
 PREWARM = """
 import json, kiln
@@ -190,21 +191,10 @@ def test_prewarm_from_config_serves_a_patched_linear_attention_model(tmp_path, n
     kernel the patched model then calls (the partial-rotary head_norm_rope, the gated norm of
     its linear attention, the Gemma norms, the shared expert's swiglu): its first forward on a
     GPU compiles nothing."""
-    import importlib
-
-    try:
-        configuration = importlib.import_module(f"transformers.models.{name}.configuration_{name}")
-    except ImportError:
-        pytest.skip(f"transformers has no {name}")
-    prefix = {"qwen3_next": "Qwen3Next", "qwen3_5": "Qwen3_5"}[name]
-    config_class = f"{prefix}TextConfig" if hasattr(configuration, f"{prefix}TextConfig") else f"{prefix}Config"
+    _, _, config_class = transformers_modules(name)
     extra = {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 128,
              "shared_expert_intermediate_size": 128} if name == "qwen3_next" else {}
-    config = getattr(configuration, config_class)(
-        hidden_size=256, num_attention_heads=4, num_key_value_heads=2, head_dim=64, num_hidden_layers=2,
-        intermediate_size=256, vocab_size=128, layer_types=["linear_attention", "full_attention"],
-        linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=64, linear_value_head_dim=64,
-        **extra)
+    config = tiny_config(name, hidden=256, head_dim=64, vocab_size=128, **extra)
     path = tmp_path / "config.json"
     config.to_json_file(str(path))
     arch = kiln.device_info(0)["arch"]
@@ -215,7 +205,8 @@ def test_prewarm_from_config_serves_a_patched_linear_attention_model(tmp_path, n
     assert code == 0, err
     assert warmed["failed"] == 0, warmed
     code, stats, err = run_kiln(
-        MODEL_CALLS.format(name=name, config_class=config_class, model_class=f"{prefix}ForCausalLM", config=path),
+        MODEL_CALLS.format(name=name, config_class=config_class, model_class=f"{PREFIX[name]}ForCausalLM",
+                           config=path),
         cache, {"KILN_TUNE": "off"})
     assert code == 0, err
     compiled = sorted(k["problem"] for k in stats["kernels"] if not k["from_prewarm"])

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import kiln
+from linear_attention_models import assert_patched_logits_match, randomise_gated_norms, tiny_model
 from reference import assert_close_to, rms_norm_gated_fp64
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -181,51 +182,15 @@ def test_patched_mamba2_model_gives_the_same_logits():
                           num_hidden_layers=2, vocab_size=100, chunk_size=8)
     torch.manual_seed(0)
     model = Mamba2ForCausalLM(config).eval()
-    for module in model.modules():
-        if type(module).__name__.endswith("RMSNormGated"):
-            with torch.no_grad():
-                module.weight.normal_(1.0, 0.3)
-    ids = torch.randint(0, 100, (2, 11))
-    with torch.no_grad():
-        expected = model(ids).logits
-        report = kiln.patch(model)
-        actual = model(ids).logits
-    assert [r.op for r in report.replaced].count("rms_norm_gated") == 2
-    torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-5)
+    randomise_gated_norms(model)
+    assert_patched_logits_match(model, torch.randint(0, 100, (2, 11)), gated_norms=2)
 
 
 @pytest.mark.parametrize("name", ["qwen3_next", "qwen3_5"])
 def test_patched_linear_attention_model_gives_the_same_logits(name):
     """A whole (tiny) Qwen3-Next or Qwen3.5 text model, linear-attention layers included, gives
-    the same logits patched as unpatched in fp32, with every gated norm replaced."""
-    try:
-        modeling = importlib.import_module(f"transformers.models.{name}.modeling_{name}")
-        configuration = importlib.import_module(f"transformers.models.{name}.configuration_{name}")
-    except ImportError:
-        pytest.skip(f"transformers has no {name}")
-    prefix = {"qwen3_next": "Qwen3Next", "qwen3_5": "Qwen3_5"}[name]
-    config_class = getattr(configuration, f"{prefix}TextConfig", None) or getattr(configuration, f"{prefix}Config")
-    config = config_class(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                          num_hidden_layers=2, intermediate_size=64, vocab_size=100,
-                          layer_types=["linear_attention", "full_attention"],
-                          linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=16,
-                          linear_value_head_dim=16)
-    config._attn_implementation = "eager"
-    model_class = getattr(modeling, f"{prefix}ForCausalLM")
-    torch.manual_seed(0)
-    model = model_class(config).eval()
-    for module in model.modules():
-        if type(module).__name__.endswith("RMSNormGated"):
-            with torch.no_grad():
-                module.weight.normal_(1.0, 0.3)
-    ids = torch.randint(0, 100, (2, 7))
-    with torch.no_grad():
-        expected = model(ids).logits
-        report = kiln.patch(model)
-        actual = model(ids).logits
-    gated = [r for r in report.replaced if r.op == "rms_norm_gated"]
-    assert len(gated) == 1  # the one linear-attention layer's
-    torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-5)
+    the same logits patched as unpatched in fp32, with its one gated norm replaced."""
+    assert_patched_logits_match(tiny_model(name), torch.randint(0, 100, (2, 7)), gated_norms=1)
 
 
 @pytest.mark.parametrize("module,name,activation", [GATED[0], GATED[2], ("mamba2", "MambaRMSNormGated", "mamba")])

@@ -1,14 +1,15 @@
 """kiln.rms_norm_gated's CUDA path against fp64 math on fresh random inputs, with the output
-memory poisoned first: every dtype, both gates and both orders, odd and even widths (Qwen3-Next's 128-wide value
-heads, the norm grid's widths), 1 row and many, with and without weight; strided gates; the
-tuned kernels; CUDA graphs and torch.compile; and a patched linear-attention model."""
-
-import importlib
+memory poisoned first: every dtype, both gates and both orders, odd and even widths
+(Qwen3-Next's 128-wide value heads, the norm grid's widths), 1 row and many, with and without
+weight; strided gates; the tuned kernels; CUDA graphs and torch.compile; and a patched
+linear-attention model."""
 
 import pytest
 import torch
 
 import kiln
+from cuda_inputs import poison_allocator, rand
+from linear_attention_models import assert_patched_logits_match, tiny_model
 from reference import assert_close_to, rms_norm_gated_fp64
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("heuristic_tuning")]
@@ -16,15 +17,6 @@ pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("heuristic_tuning")]
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 HIDDEN = [7, 128, 256, 1536, 4096, 4545, 8192, 14848]
 ROWS = [1, 128, 2688, 8192]
-
-
-def poison_allocator(shape, dtype, count=2):
-    junk = [torch.full(shape, float("nan"), dtype=dtype, device="cuda") for _ in range(count)]
-    del junk
-
-
-def rand(*shape, dtype, gen, offset=0.0, scale=1.0):
-    return (torch.randn(*shape, device="cuda", generator=gen) * scale + offset).to(dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -99,31 +91,7 @@ def test_graph_capture_and_compile():
 @pytest.mark.parametrize("name", ["qwen3_next", "qwen3_5"])
 def test_patched_linear_attention_model_on_cuda(name):
     """A tiny Qwen3-Next / Qwen3.5 text model on the GPU gives the logits of the unpatched model,
-    its gated norms replaced. fp32: in bf16 one rounding more or less anywhere (kiln's swiglu
+    its gated norm replaced. fp32: in bf16 one rounding more or less anywhere (kiln's swiglu
     alone does it) flips Qwen3-Next's top-k expert choices and moves its logits by percents."""
-    try:
-        modeling = importlib.import_module(f"transformers.models.{name}.modeling_{name}")
-        configuration = importlib.import_module(f"transformers.models.{name}.configuration_{name}")
-    except ImportError:
-        pytest.skip(f"transformers has no {name}")
-    prefix = {"qwen3_next": "Qwen3Next", "qwen3_5": "Qwen3_5"}[name]
-    config_class = getattr(configuration, f"{prefix}TextConfig", None) or getattr(configuration, f"{prefix}Config")
-    config = config_class(hidden_size=256, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
-                          num_hidden_layers=2, intermediate_size=256, vocab_size=128,
-                          layer_types=["linear_attention", "full_attention"],
-                          linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=64,
-                          linear_value_head_dim=64)
-    config._attn_implementation = "eager"
-    torch.manual_seed(0)
-    model = getattr(modeling, f"{prefix}ForCausalLM")(config).eval().to("cuda")
-    for module in model.modules():
-        if type(module).__name__.endswith("RMSNormGated"):
-            with torch.no_grad():
-                module.weight.normal_(1.0, 0.3)
-    ids = torch.randint(0, 128, (2, 16), device="cuda")
-    with torch.no_grad():
-        expected = model(ids).logits
-        report = kiln.patch(model)
-        assert [r.op for r in report.replaced].count("rms_norm_gated") == 1
-        actual = model(ids).logits
-    torch.testing.assert_close(actual, expected, rtol=1e-4, atol=1e-4 * expected.abs().max().item())
+    model = tiny_model(name, hidden=256, head_dim=64, vocab_size=128).to("cuda")
+    assert_patched_logits_match(model, torch.randint(0, 128, (2, 16), device="cuda"), gated_norms=1, rtol=1e-4)
