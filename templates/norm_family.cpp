@@ -244,8 +244,7 @@ NormArgBytes pack_layout(const NormParams& params) {
 NormArgBytes pack_norm_args(unsigned features, const NormParams& params) {
   const bool gate = (features & NormFeature::gate) != 0;
   const bool modulate = (features & NormFeature::modulate) != 0;
-  const bool sum =
-      (features & (NormFeature::residual | NormFeature::gate | NormFeature::z_gate)) != 0;
+  const bool sum = (features & NormFeature::second_row) != 0;
   if (gate) {
     return pack_layout<NormGatedArgs>(params);
   }
@@ -305,7 +304,7 @@ std::int64_t NormFamily::row_streams(const Problem& problem) const {
   const unsigned f = features(problem);
   const bool streamed = (f & NormFeature::per_sample) == 0;
   std::int64_t streams = 1;
-  if ((f & (NormFeature::residual | NormFeature::gate | NormFeature::z_gate)) != 0) {
+  if ((f & NormFeature::second_row) != 0) {
     ++streams;
   }
   if ((f & NormFeature::gate) != 0 && streamed) {

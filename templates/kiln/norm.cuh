@@ -89,9 +89,7 @@ struct NormRowInputs {
   static constexpr bool kStreamed = (F & NormFeature::per_sample) == 0;
   RawVectors<VEC_BYTES, STEPS, true> x;
   // the residual, y, or rms_norm_gated's z
-  RawVectors<VEC_BYTES, STEPS,
-             (F & (NormFeature::residual | NormFeature::gate | NormFeature::z_gate)) != 0>
-      second;
+  RawVectors<VEC_BYTES, STEPS, (F & NormFeature::second_row) != 0> second;
   RawVectors<VEC_BYTES, STEPS, kStreamed && (F & NormFeature::gate) != 0> gate;
   RawVectors<VEC_BYTES, STEPS, kStreamed && (F & NormFeature::modulate) != 0> scale;
   RawVectors<VEC_BYTES, STEPS, kStreamed && (F & NormFeature::modulate) != 0> shift;
@@ -173,7 +171,7 @@ struct NormRow {
                                                   RowInputs& in) {
     const T* const x_row = static_cast<const T*>(p.x) + row * p.x_row_stride;
     const T* second_row = nullptr;  // the residual, y, or z
-    if constexpr (kSum || kZGate) {
+    if constexpr ((F & NormFeature::second_row) != 0) {
       second_row = static_cast<const T*>(p.second) + row * p.second_row_stride;
     }
     long long batch = 0;
@@ -344,20 +342,17 @@ struct NormRow {
 #pragma unroll
     for (int step = 0; step < kSteps; ++step) {
       const bool present = active && in_row(step, lane);
-      if constexpr (kZFirst) {
-        // Mamba-2's x * silu(z), rounded to T once: the row held and normalised.
-#pragma unroll
-        for (int i = 0; i < kVec; ++i) {
-          set_element<T>(
-              values[step], i,
-              gated(get_element<T>(in.x.v[step], i), get_element<T>(in.second.v[step], i)));
-        }
-#pragma unroll
-        for (int w = 0; w < (VEC_BYTES < 4 ? 1 : VEC_BYTES / 4); ++w) {
-          if (!present) values[step].words[w] = 0u;
-        }
-      } else if constexpr (!kSum) {
+      if constexpr (!kSum) {
         values[step] = in.x.v[step];
+        if constexpr (kZFirst) {
+          // Mamba-2's x * silu(z), rounded to T once: the row held and normalised.
+#pragma unroll
+          for (int i = 0; i < kVec; ++i) {
+            set_element<T>(
+                values[step], i,
+                gated(get_element<T>(in.x.v[step], i), get_element<T>(in.second.v[step], i)));
+          }
+        }
 #pragma unroll
         for (int w = 0; w < (VEC_BYTES < 4 ? 1 : VEC_BYTES / 4); ++w) {
           if (!present) values[step].words[w] = 0u;

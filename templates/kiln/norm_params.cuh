@@ -37,6 +37,9 @@ struct NormFeature {
   static constexpr unsigned z_gate = 2048u;
   static constexpr unsigned z_sigmoid = 4096u;
   static constexpr unsigned z_first = 8192u;
+  // Not a bit of its own: the features that read a second row stream through p.second (the
+  // residual, y, or z), which the layout, the row's loads and the family's counts share.
+  static constexpr unsigned second_row = residual | gate | z_gate;
 };
 
 // A modulation operand (scale, shift or gate) of shape [B, T or 1, D]: element (b, t, i) is
@@ -145,8 +148,7 @@ struct NormLayout<false, false, true> {
 template <unsigned FEATURES>
 struct NormArgs
     : NormLayout<(FEATURES & NormFeature::gate) != 0, (FEATURES & NormFeature::modulate) != 0,
-                 (FEATURES & (NormFeature::residual | NormFeature::gate | NormFeature::z_gate)) !=
-                     0>::type {};
+                 (FEATURES & NormFeature::second_row) != 0>::type {};
 
 #ifndef __CUDACC_RTC__
 // Sets the rows per sample and their magic together.

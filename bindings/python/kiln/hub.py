@@ -26,6 +26,7 @@ import torch
 
 from . import activation_ops, norm_ops, ops, rope_ops
 from .patching.forwards import kiln_can_take, norm_eps
+from .patching.gated_norm import ACTIVATIONS
 from .patching.rope_attention import rope_layout
 
 
@@ -63,7 +64,7 @@ class RMSNormGated(torch.nn.Module):
     def forward(self, hidden_states, gate=None):
         activation = getattr(self, "activation", None)
         weight = self.weight
-        if (gate is None or activation not in ("silu", "sigmoid") or gate.shape != hidden_states.shape
+        if (gate is None or activation not in ACTIVATIONS or gate.shape != hidden_states.shape
                 or not kiln_can_take(hidden_states, gate, weight)):
             return type(self).forward(self, hidden_states, gate)
         return norm_ops.rms_norm_gated(hidden_states, gate, weight, norm_eps(self, hidden_states), activation)

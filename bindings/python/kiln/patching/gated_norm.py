@@ -28,7 +28,7 @@ from . import detect
 from .forwards import kiln_can_take, norm_eps
 
 _GATE_NAMES = ("gate", "g", "z")
-_ACTIVATIONS = {"silu": torch.nn.functional.silu, "sigmoid": torch.sigmoid}
+ACTIVATIONS = ("silu", "sigmoid")  # kiln.rms_norm_gated's, as the modules name them
 
 
 def _gate_parameter(forward: Callable) -> Optional[str]:
@@ -115,7 +115,7 @@ def _classify(module: torch.nn.Module, original: Callable) -> Union[detect.Match
     reasons = []
     with torch.no_grad(), detect._Swapped(module, params=swap):
         for norm_before_gate in (True, False):
-            for activation in _ACTIVATIONS:
+            for activation in ACTIVATIONS:
                 replacement = rms_norm_gated(activation, norm_before_gate)(module, original)
                 why = detect._compare(lambda x: original(x, by_input[id(x)]),
                                       lambda x: replacement(x, by_input[id(x)]), inputs)
