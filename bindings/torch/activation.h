@@ -72,6 +72,11 @@ at::Tensor geglu_cuda(const at::Tensor& gate, const std::optional<at::Tensor>& u
                       c10::string_view approximate, bool up_first);
 at::Tensor gelu_cuda(const at::Tensor& x, const std::optional<at::Tensor>& bias,
                      c10::string_view approximate);
+// Writes into `out` (x's shape, dtype and device, not overlapping x or bias: the caller
+// checks) where its rows collapse into one stride, as a slice of a wider buffer's last
+// dimension does; false, writing nothing, where they do not.
+bool gelu_cuda_into(const at::Tensor& x, const std::optional<at::Tensor>& bias,
+                    c10::string_view approximate, const at::Tensor& out);
 at::Tensor gated_residual_cuda(const at::Tensor& h, const at::Tensor& y, const at::Tensor& gate);
 void gated_residual_inplace_cuda(const at::Tensor& h, const at::Tensor& y, const at::Tensor& gate);
 

@@ -135,6 +135,39 @@ void gated_residual_into(const char* name, const GateLayout& layout, const at::T
       {&h_operand, &y_operand, &gate_operand}, layout.broadcast == GateBroadcast::per_token);
 }
 
+// Writes gelu(x + bias) into rows of x's width at `out`, `out_row_stride` elements apart.
+void gelu_into(const at::Tensor& x, const std::optional<at::Tensor>& bias,
+               c10::string_view approximate, void* out, std::int64_t out_row_stride) {
+  const DType dtype = check_gelu(x, bias);
+  const bool erf = gelu_is_erf("gelu", approximate);
+  require_cuda("gelu", "x", x);
+  const std::int64_t width = x.size(-1);
+  const std::int64_t rows = x.numel() / width;
+  if (rows == 0) {
+    return;
+  }
+
+  const Operand input = operand("gelu", x);
+  Operand bias_operand;
+  std::uint32_t flags = erf ? kGeluErf : 0u;
+  ElementwiseParams params{};
+  params.out = out;
+  params.a = input.data;
+  params.a_row_stride = input.row_stride;
+  params.out_row_stride = out_row_stride;
+  if (bias) {
+    flags |= kGeluHasBias;
+    bias_operand.storage = bias->contiguous();
+    bias_operand.data = static_cast<const char*>(bias_operand.storage.data_ptr());
+    bias_operand.row_stride = 0;  // one row for every row
+    params.b = bias_operand.data;
+    run(x, Problem{Op::gelu, dtype, width, flags, 16}, rows, params, {&input, &bias_operand},
+        false);
+  } else {
+    run(x, Problem{Op::gelu, dtype, width, flags, 16}, rows, params, {&input}, true);
+  }
+}
+
 }  // namespace
 
 at::Tensor swiglu_cuda(const at::Tensor& gate, const std::optional<at::Tensor>& up, bool up_first) {
@@ -154,36 +187,19 @@ at::Tensor geglu_cuda(const at::Tensor& gate, const std::optional<at::Tensor>& u
 
 at::Tensor gelu_cuda(const at::Tensor& x, const std::optional<at::Tensor>& bias,
                      c10::string_view approximate) {
-  const DType dtype = check_gelu(x, bias);
-  const bool erf = gelu_is_erf("gelu", approximate);
-  require_cuda("gelu", "x", x);
   at::Tensor out = at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
-  const std::int64_t width = x.size(-1);
-  const std::int64_t rows = x.numel() / width;
-  if (rows == 0) {
-    return out;
-  }
-
-  const Operand input = operand("gelu", x);
-  Operand bias_operand;
-  std::uint32_t flags = erf ? kGeluErf : 0u;
-  ElementwiseParams params{};
-  params.out = out.data_ptr();
-  params.a = input.data;
-  params.a_row_stride = input.row_stride;
-  params.out_row_stride = width;
-  if (bias) {
-    flags |= kGeluHasBias;
-    bias_operand.storage = bias->contiguous();
-    bias_operand.data = static_cast<const char*>(bias_operand.storage.data_ptr());
-    bias_operand.row_stride = 0;  // one row for every row
-    params.b = bias_operand.data;
-    run(x, Problem{Op::gelu, dtype, width, flags, 16}, rows, params, {&input, &bias_operand},
-        false);
-  } else {
-    run(x, Problem{Op::gelu, dtype, width, flags, 16}, rows, params, {&input}, true);
-  }
+  gelu_into(x, bias, approximate, out.data_ptr(), x.size(-1));
   return out;
+}
+
+bool gelu_cuda_into(const at::Tensor& x, const std::optional<at::Tensor>& bias,
+                    c10::string_view approximate, const at::Tensor& out) {
+  const RowView rows = row_view("gelu", out);
+  if (!rows.tensor.is_same(out)) {
+    return false;
+  }
+  gelu_into(x, bias, approximate, out.data_ptr(), rows.row_stride);
+  return true;
 }
 
 at::Tensor gated_residual_cuda(const at::Tensor& h, const at::Tensor& y, const at::Tensor& gate) {

@@ -112,11 +112,12 @@ std::string instead(std::string_view op) {
   if (op.ends_with("_backward")) {
     return "double backward through kiln's ops is not supported";
   }
-  static constexpr std::array<std::pair<std::string_view, std::string_view>, 12> kInstead{{
+  static constexpr std::array<std::pair<std::string_view, std::string_view>, 13> kInstead{{
       {"rope_", "kiln.rope has a backward"},
       {"fused_add_rms_norm_", "kiln.fused_add_rms_norm has a backward"},
       {"rms_norm.out", "kiln.rms_norm without out= has a backward"},
       {"swiglu.out", "kiln.swiglu without out= has a backward"},
+      {"gelu.out", "kiln.gelu without out= has a backward"},
       {"gated_residual", "h + y * gate in torch ops has one"},
       {"gated_residual_", "h + y * gate in torch ops has one"},
       {"head_norm_rope", "kiln.rms_norm over each head, then kiln.rope, have backward passes"},
@@ -259,6 +260,8 @@ using OutSignature = void(const at::Tensor&, const std::optional<at::Tensor>&, d
                           const at::Tensor&);
 using SwigluOutSignature = void(const at::Tensor&, const std::optional<at::Tensor>&, bool,
                                 const at::Tensor&);
+using GeluOutSignature = void(const at::Tensor&, const std::optional<at::Tensor>&, c10::string_view,
+                              const at::Tensor&);
 
 }  // namespace
 }  // namespace kiln::torch_ops
@@ -288,6 +291,7 @@ TORCH_LIBRARY_IMPL(kiln, Autograd, m) {
   m.impl("gated_residual_", &NoBackwardOf<"gated_residual_", gated_residual_inplace_cpu>::autograd);
   m.impl("rms_norm.out", &NoBackward<"rms_norm.out", OutSignature>::autograd);
   m.impl("swiglu.out", &NoBackward<"swiglu.out", SwigluOutSignature>::autograd);
+  m.impl("gelu.out", &NoBackward<"gelu.out", GeluOutSignature>::autograd);
 }
 
 TORCH_LIBRARY_IMPL(kiln, ADInplaceOrView, m) {
@@ -301,4 +305,5 @@ TORCH_LIBRARY_IMPL(kiln, ADInplaceOrView, m) {
          &NoBackwardOf<"gated_residual_", gated_residual_inplace_cpu>::inplace_or_view);
   m.impl("rms_norm.out", &NoBackward<"rms_norm.out", OutSignature>::inplace_or_view);
   m.impl("swiglu.out", &NoBackward<"swiglu.out", SwigluOutSignature>::inplace_or_view);
+  m.impl("gelu.out", &NoBackward<"gelu.out", GeluOutSignature>::inplace_or_view);
 }

@@ -249,6 +249,7 @@ void add_direct_calls(py::module_& parent) {
   add<void(Tensor, OptionalTensor, bool, Tensor)>(m, "swiglu_out", "swiglu", "out");
   add<at::Tensor(Tensor, OptionalTensor, Str, bool)>(m, "geglu", "geglu");
   add<at::Tensor(Tensor, OptionalTensor, Str)>(m, "gelu", "gelu");
+  add<void(Tensor, OptionalTensor, Str, Tensor)>(m, "gelu_out", "gelu", "out");
   add<at::Tensor(Tensor, Tensor, Tensor)>(m, "gated_residual", "gated_residual");
   add<void(Tensor, Tensor, Tensor)>(m, "gated_residual_", "gated_residual_");
   add<TensorPair(Tensor, Tensor, Tensor, Tensor, bool, std::int64_t, Str, std::int64_t)>(m, "rope",

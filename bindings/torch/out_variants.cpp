@@ -1,9 +1,12 @@
 // `out=` overloads for the ops a serving engine calls with preallocated outputs (vLLM's
-// rms_norm(out, x, w, eps) and silu_and_mul(out, x)): rms_norm.out and swiglu.out. The schema
-// returns nothing (a custom op returning an alias of its input cannot be functionalised by
-// torch.compile); the Python wrappers return `out`. The kernel writes into `out` directly when
-// it is contiguous and shares no memory with an input; otherwise the result is computed into
-// a new tensor and copied in, so any `out` layout is correct.
+// rms_norm(out, x, w, eps) and silu_and_mul(out, x)): rms_norm.out and swiglu.out; and
+// gelu.out, which writes into a slice of a wider buffer (FLUX's single blocks concatenate the
+// attention output and the MLP's activation before one projection, so each can be written
+// where it goes). The schema returns nothing (a custom op returning an alias of its input
+// cannot be functionalised by torch.compile); the Python wrappers return `out`. The kernel
+// writes into `out` directly when it is contiguous (gelu: its rows one stride apart) and
+// shares no memory with an input; otherwise the result is computed into a new tensor and
+// copied in, so any `out` layout is correct.
 #include <ATen/ATen.h>
 #include <ATen/MemoryOverlap.h>
 #include <torch/library.h>
@@ -42,16 +45,21 @@ void check_out(const char* op, const at::Tensor& out, at::IntArrayRef shape,
   }
 }
 
-// Whether the kernel may write `out` in place of a new output.
-bool writes_directly(const at::Tensor& out, std::initializer_list<const at::Tensor*> inputs) {
-  if (!out.is_contiguous()) return false;
+// Tensors of different allocations share nothing; within one, ATen's overlap check answers
+// (it calls any strided view "too hard", so asking it first would refuse every slice).
+bool shares_no_memory(const at::Tensor& out, std::initializer_list<const at::Tensor*> inputs) {
   for (const at::Tensor* input : inputs) {
-    if (input && input->defined() &&
+    if (input && input->defined() && out.storage().is_alias_of(input->storage()) &&
         at::get_overlap_status(out, *input) != at::MemOverlapStatus::No) {
       return false;
     }
   }
   return true;
+}
+
+// Whether the kernel may write `out` in place of a new output.
+bool writes_directly(const at::Tensor& out, std::initializer_list<const at::Tensor*> inputs) {
+  return out.is_contiguous() && shares_no_memory(out, inputs);
 }
 
 c10::SmallVector<std::int64_t, 6> gated_shape(const at::Tensor& gate,
@@ -99,20 +107,40 @@ void swiglu_out_cuda(const at::Tensor& gate, const std::optional<at::Tensor>& up
   }
 }
 
+void gelu_out_cpu(const at::Tensor& x, const std::optional<at::Tensor>& bias,
+                  c10::string_view approximate, const at::Tensor& out) {
+  check_gelu(x, bias);
+  check_out("gelu", out, x.sizes(), x);
+  const_cast<at::Tensor&>(out).copy_(gelu_cpu(x, bias, approximate));
+}
+
+void gelu_out_cuda(const at::Tensor& x, const std::optional<at::Tensor>& bias,
+                   c10::string_view approximate, const at::Tensor& out) {
+  check_gelu(x, bias);
+  check_out("gelu", out, x.sizes(), x);
+  const at::Tensor* b = bias ? &*bias : nullptr;
+  if (!shares_no_memory(out, {&x, b}) || !gelu_cuda_into(x, bias, approximate, out)) {
+    const_cast<at::Tensor&>(out).copy_(gelu_cuda(x, bias, approximate));
+  }
+}
+
 }  // namespace
 }  // namespace kiln::torch_ops
 
 TORCH_LIBRARY_FRAGMENT(kiln, m) {
   m.def("rms_norm.out(Tensor x, Tensor? weight, float eps=1e-06, *, Tensor(a!) out) -> ()");
   m.def("swiglu.out(Tensor gate, Tensor? up=None, bool up_first=False, *, Tensor(a!) out) -> ()");
+  m.def("gelu.out(Tensor x, Tensor? bias=None, str approximate=\"tanh\", *, Tensor(a!) out) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(kiln, CPU, m) {
   m.impl("rms_norm.out", &kiln::torch_ops::rms_norm_out_cpu);
   m.impl("swiglu.out", &kiln::torch_ops::swiglu_out_cpu);
+  m.impl("gelu.out", &kiln::torch_ops::gelu_out_cpu);
 }
 
 TORCH_LIBRARY_IMPL(kiln, CUDA, m) {
   m.impl("rms_norm.out", &kiln::torch_ops::rms_norm_out_cuda);
   m.impl("swiglu.out", &kiln::torch_ops::swiglu_out_cuda);
+  m.impl("gelu.out", &kiln::torch_ops::gelu_out_cuda);
 }

@@ -288,3 +288,42 @@ def test_indices_near_and_past_32_bits(form, side, gpu_memory_alone):
     wrap = [2 ** 31 // width + d for d in (-1, 0, 1)] if side == "above" else []
     for r in [0, 1, *sample_edge, rows // 2, *wrap, rows - 2, rows - 1]:
         assert_close_to(flat_out[r], reference(r), torch.bfloat16)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("tokens,width,lead", [(1, 12288, 3072), (4608, 12288, 3072), (7, 4545, 33),
+                                               (128, 5, 3)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_gelu_out_writes_a_slice_of_a_wider_buffer(dtype, tokens, width, lead, bias):
+    """FLUX's single blocks: the activation written into the columns after `lead` of a
+    poisoned [B, S, lead + width] buffer, rows `lead + width` apart; the columns before stay
+    as they were."""
+    gen = torch.Generator(device="cuda").manual_seed(tokens + width)
+    x = fresh((2, tokens, width), dtype, device="cuda", generator=gen)
+    b = fresh((width,), dtype, device="cuda", scale=0.5, generator=gen) if bias else None
+    buffer = torch.full((2, tokens, lead + width), float("nan"), dtype=dtype, device="cuda")
+    kiln.gelu(x, b, out=buffer[..., lead:])  # the kernel loaded and tuned before memory is watched
+    buffer[..., lead:] = float("nan")
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    assert kiln.gelu(x, b, out=buffer[..., lead:]).data_ptr() == buffer[..., lead:].data_ptr()
+    # Written in place: no result of x's size made beside the buffer and copied in.
+    assert torch.cuda.max_memory_allocated() - before < x.nbytes
+    assert_close_to(buffer[..., lead:], bias_gelu_fp64(x, b, "tanh"), dtype)
+    assert buffer[..., :lead].isnan().all()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gelu_out_over_its_own_input_and_across_rows_that_do_not_collapse(dtype):
+    """An `out` that is x itself, or whose rows do not share one stride (a transposed view),
+    is computed beside it and copied in: the same values either way."""
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    x = fresh((64, 96), dtype, device="cuda", generator=gen)
+    expected = bias_gelu_fp64(x, None, "none")
+    kiln.gelu(x, approximate="none", out=x)
+    assert_close_to(x, expected, dtype)
+    y = fresh((3, 40, 96), dtype, device="cuda", generator=gen)
+    target = torch.full((40, 3, 96), float("nan"), dtype=dtype, device="cuda").transpose(0, 1)
+    kiln.gelu(y, out=target)
+    assert_close_to(target, bias_gelu_fp64(y, None, "tanh"), dtype)

@@ -48,6 +48,8 @@ def calls(gen):
          (torch.cat([gate, up], -1), None, True, torch.full_like(gate, float("nan"))), (3,)),
         ("geglu", direct.geglu, ops.geglu.default, (gate, None, "none", False), ()),
         ("gelu", direct.gelu, ops.gelu.default, (gate, w, "tanh"), ()),
+        ("gelu_out", direct.gelu_out, ops.gelu.out,
+         (gate, w, "none", torch.full_like(gate, float("nan"))), (3,)),
         ("gated_residual", direct.gated_residual, ops.gated_residual.default, (h, y, g1), ()),
         ("gated_residual_", direct.gated_residual_, ops.gated_residual_.default,
          (h.clone(), y, g1), (0,)),

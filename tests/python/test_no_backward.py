@@ -112,11 +112,12 @@ def inplace_calls(device, grad_arg=frozenset()):
         ("head_norm_rope_", (q, k), lambda: kiln.head_norm_rope_(q, k, None, None, cos, sin)),
         ("rms_norm.out", (out,), lambda: kiln.rms_norm(x, w, out=out)),
         ("swiglu.out", (out_half,), lambda: kiln.swiglu(x, up, out=out_half)),
+        ("gelu.out", (out,), lambda: kiln.gelu(x, w, out=out)),
     ]
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("index", range(6))
+@pytest.mark.parametrize("index", range(7))
 @pytest.mark.parametrize("mode", ["grad", "no_grad", "inference_mode"])
 def test_written_tensors_move_their_version_once(device, index, mode):
     """Inference mode included: an ordinary tensor written there still moves its version (only
@@ -143,11 +144,12 @@ def test_a_saved_tensor_overwritten_in_place_is_caught_by_autograd(device):
 
 
 WRITTEN = {"fused_add_rms_norm_": "x, residual", "gated_residual_": "h", "rope_": "q, k",
-           "head_norm_rope_": "q, k", "rms_norm.out": "out", "swiglu.out": "out"}
+           "head_norm_rope_": "q, k", "rms_norm.out": "out", "swiglu.out": "out",
+           "gelu.out": "out"}
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("index,arg", [(0, "weight"), (1, "gate"), (4, "weight"), (5, "up")])
+@pytest.mark.parametrize("index,arg", [(0, "weight"), (1, "gate"), (4, "weight"), (5, "up"), (6, "x")])
 def test_in_place_forms_refuse_a_recorded_call(device, index, arg):
     """Only an input the op does not write requires grad: no_grad is the way out."""
     op, written, call = inplace_calls(device, {arg})[index]

@@ -83,6 +83,7 @@ def cases(device, layout):
         ("geglu packed", ops.geglu.default, (packed, None, "tanh", False), {}),
         ("gelu", ops.gelu.default, (x, b, "tanh"), {}),
         ("gelu no bias", ops.gelu.default, (x, None, "none"), {}),
+        ("gelu.out", ops.gelu.out, (x, b, "tanh"), {"out": torch.empty_like(x)}),
         ("gated_residual", ops.gated_residual.default, (x, r, ada_sample), {}),
         ("gated_residual_", ops.gated_residual_.default, (x.clone(), r, ada_token), {}),
         ("rope", ops.rope.default, (q, k, cos, sin, False, -1, "bhsd", -1), {}),

@@ -53,6 +53,13 @@ def _gelu_fake(x, bias=None, approximate="tanh"):
     return x.new_empty(x.shape)
 
 
+@torch.library.register_fake("kiln::gelu.out")
+def _gelu_out_fake(x, bias=None, approximate="tanh", *, out):
+    from ._fakes import check_out
+
+    check_out("gelu", out, _gelu_fake(x, bias, approximate).shape, x)
+
+
 def _check_gated_residual(op, h, y, gate):
     _check_same(op, "y", y, "h", h)
     torch._check(gate.dtype == h.dtype,

@@ -51,8 +51,19 @@ def geglu(gate: torch.Tensor, up: Optional[torch.Tensor] = None, approximate: st
     return _direct.geglu(gate, up, approximate, up_first)
 
 
-def gelu(x: torch.Tensor, bias: Optional[torch.Tensor] = None, approximate: str = "tanh") -> torch.Tensor:
-    """``F.gelu(x + bias, approximate=approximate)``; ``bias`` has shape ``[x.shape[-1]]``."""
+def gelu(x: torch.Tensor, bias: Optional[torch.Tensor] = None, approximate: str = "tanh",
+         out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """``F.gelu(x + bias, approximate=approximate)``; ``bias`` has shape ``[x.shape[-1]]``.
+    ``out``: a preallocated result of x's shape, written in place and returned
+    (``torch.ops.kiln.gelu.out``); it may be a slice of a wider buffer's last dimension (as
+    ``buffer[..., d:]``), which the kernel writes directly, so a concatenation that follows
+    need not copy the activation again."""
+    if out is not None:
+        if _compiling():
+            torch.ops.kiln.gelu.out(x, bias, approximate, out=out)
+        else:
+            _direct.gelu_out(x, bias, approximate, out)
+        return out
     if _compiling():
         return _gelu(x, bias, approximate)
     return _direct.gelu(x, bias, approximate)
