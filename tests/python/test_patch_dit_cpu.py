@@ -418,8 +418,12 @@ def _flux_out(model, inputs):
 
 # Without autograd: AdaLN 2 (double block) + 2 (single blocks) + 1 (output); the per-head q/k
 # norms and the rotation one head_norm_rope a single block, and in the double block one in
-# place per stream (text, image) on the joint concatenation; norm2 / norm2_context LayerNorms.
-FLUX_FUSED = {"adaln": 5, "head_norm_rope": 2, "head_norm_rope_": 2, "layer_norm": 2, "gelu": 2}
+# place per stream (text, image) on the joint concatenation; the double block's seams, a
+# stream each: its gated residual and norm2 with the modulation (gated_adaln), its
+# feed-forward's gelu and gated residual (gated_residual_); each single block's gelu
+# (written into proj_out's input) and gated residual.
+FLUX_FUSED = {"adaln": 5, "head_norm_rope": 2, "head_norm_rope_": 2, "gelu": 4, "gated_adaln": 2,
+              "gated_residual_": 2, "gated_residual": 2}
 # Recording a graph (head_norm_rope has no backward): one rope per attention, the per-head q/k
 # norms as modules: 4 + 2 * 2.
 FLUX_TRAINING = {"adaln": 5, "rope": 3, "rms_norm": 8, "layer_norm": 2, "gelu": 2}
@@ -439,6 +443,8 @@ def test_flux_patched_agrees_and_unpatch_restores(dtype, monkeypatch):
     assert kinds["norm_out"] == "adaln (layer norm, continuous)"
     assert kinds["transformer_blocks.0.attn"] == "flux attention (per-head q/k rms_norm + rope)"
     assert kinds["single_transformer_blocks.0.attn"] == "flux attention (per-head q/k rms_norm + rope)"
+    assert kinds["transformer_blocks.0"] == "flux double block (gated residual + norm seams)"
+    assert kinds["single_transformer_blocks.1"] == "flux single block (gelu into proj_out's input, gated residual)"
     assert report.left == []
     counter = Counter(monkeypatch)
     actual = _flux_out(model, inputs)
@@ -448,6 +454,39 @@ def test_flux_patched_agrees_and_unpatch_restores(dtype, monkeypatch):
     assert _processors(model) == processors and _instance_forwards(model) == []
     assert all(type(p) is FluxAttnProcessor for p in processors.values())
     assert torch.equal(_flux_out(model, inputs), expected)
+
+
+def test_flux_single_block_reads_adjacent_streams_without_concatenating():
+    """A single block's text and image streams, as the previous single block returns them, are
+    the two halves of its output: read as that tensor, not copied. Anything else is concatenated."""
+    from kiln.patching.flux_block import _joined
+
+    out = torch.randn(2, 8, 6)
+    assert _joined(out[:, :3], out[:, 3:]) is out
+    for c, h in [(out[:, 3:], out[:, :3]),  # swapped
+                 (out[:, :3], out[:, 4:]),  # a gap
+                 (out[:, :3, :4], out[:, 3:, :4]),  # narrower than the tensor
+                 (out[:, :3].clone(), out[:, 3:]),
+                 (out[:1, :3], out[:1, 3:])]:  # one sample of a batch
+        joined = _joined(c, h)
+        assert joined is not out and torch.equal(joined, torch.cat([c, h], dim=1))
+
+
+def test_flux_blocks_run_diffusers_forward_where_kiln_would_differ(monkeypatch):
+    """A hook on the double block's norm2, or on a single block's activation (either may change
+    what the module computes): those blocks run diffusers' own forward, and the patched model
+    still agrees. (A block that trains does too: test_flux_trains_through_kiln.)"""
+    model = _flux(torch.float32)
+    inputs = _flux_inputs(torch.float32)
+    expected = _flux_out(model, inputs)
+    kiln.patch(model)
+    handle = model.transformer_blocks[0].norm2.register_forward_hook(lambda *args: None)
+    model.single_transformer_blocks[0].act_mlp.register_forward_hook(lambda *args: None)
+    counter = Counter(monkeypatch)
+    _agree(_flux_out(model, inputs), expected, torch.float32)
+    # The second single block still runs kiln's: one gelu and one gated residual.
+    assert "gated_adaln" not in counter.used() and counter.used()["gated_residual"] == 1
+    handle.remove()
 
 
 def test_flux_head_norms_join_the_rotation_only_with_rms_norm_in_ops(monkeypatch):

@@ -19,7 +19,7 @@ from typing import Callable, Dict, Optional, Union
 
 import torch
 
-from . import detect, flux, ltx, ltx_rope, replace, wan, wan_block
+from . import detect, flux, flux_block, ltx, ltx_rope, replace, wan, wan_block
 from .. import rope_ops
 from .detect import NoMatch, _Swapped
 
@@ -72,6 +72,17 @@ def ltx_block_candidate(module: torch.nn.Module) -> bool:
     table = getattr(module, "scale_shift_table", None)
     return all(isinstance(getattr(module, n, None), torch.nn.Module) for n in ("norm1", "norm2", "attn1", "attn2", "ff")) \
         and isinstance(table, torch.Tensor) and table.dim() == 2
+
+
+def flux_double_block_candidate(module: torch.nn.Module) -> bool:
+    return all(isinstance(getattr(module, n, None), torch.nn.Module)
+               for n in ("norm1", "norm1_context", "attn", "norm2", "norm2_context", "ff", "ff_context"))
+
+
+def flux_single_block_candidate(module: torch.nn.Module) -> bool:
+    return all(isinstance(getattr(module, n, None), torch.nn.Module)
+               for n in ("norm", "proj_mlp", "act_mlp", "proj_out", "attn")) \
+        and isinstance(getattr(module.proj_mlp, "in_features", None), int)
 
 
 def adaln_candidate(module: torch.nn.Module) -> bool:
@@ -381,6 +392,105 @@ def classify_flux_attention(module: torch.nn.Module, processor, fuse_norms: bool
     return DitMatch("flux attention (rope of q and k)", "rope", "rope", flux.FluxAttnProcessor, target="processor")
 
 
+class _ProbeAdaLN(torch.nn.Module):
+    """A stand-in for FLUX's AdaLayerNormZero(Single): x transformed, and `chunks` [B, D]
+    modulation tensors, each from emb."""
+
+    def __init__(self, dim: int, chunks: int, g: torch.Generator):
+        super().__init__()
+        self.w = torch.randn(dim, generator=g)
+        self.v = torch.randn(chunks, dim, generator=g)
+
+    def forward(self, x, emb=None):
+        return (torch.tanh(x * self.w),) + tuple(torch.tanh(emb * v) for v in self.v)
+
+
+class _FluxProbeAttention(_ProbeMixer):
+    """_ProbeMixer called as FLUX's blocks call their attentions: the joint one returns the
+    image and the text stream, the single one the joined stream."""
+
+    def __init__(self, dim: int, g: torch.Generator, joint: bool):
+        super().__init__(dim, g)
+        self.joint = joint
+        self.c = torch.randn(dim, generator=g)
+
+    def forward(self, hidden_states, encoder_hidden_states=None, image_rotary_emb=None):
+        y = super().forward(hidden_states, None, image_rotary_emb)
+        return (y, torch.tanh(encoder_hidden_states * self.c)) if self.joint else y
+
+
+class _ProbeProjOut(torch.nn.Module):
+    """A stand-in for the single block's proj_out: [.., D + M] to [.., D], every column read."""
+
+    def __init__(self, dim: int, mlp: int, g: torch.Generator):
+        super().__init__()
+        self.dim = dim
+        self.w = torch.randn(dim, generator=g)
+        self.v = torch.randn(mlp, dim, generator=g) / mlp ** 0.5
+
+    def forward(self, x):
+        return torch.tanh(x[..., :self.dim] * self.w) + x[..., self.dim:] @ self.v
+
+
+_FLUX_BLOCK_ARGUMENTS = ("hidden_states", "encoder_hidden_states", "temb", "image_rotary_emb",
+                         "joint_attention_kwargs")
+
+
+def _flux_block_calls(d: int, g: torch.Generator, adjacent: bool):
+    """Probe calls of a FLUX block: 5 image and 3 text tokens of width d; with `adjacent`, one
+    more whose text and image streams are the two halves of one tensor."""
+    h = torch.randn(2, 5, d, generator=g) + 0.5
+    c = torch.randn(2, 3, d, generator=g) - 0.5
+    temb, rope = torch.randn(2, d, generator=g), 0.1 * torch.randn(d, generator=g)
+    calls = [((h, c, temb, rope, None), {})]
+    if adjacent:
+        both = torch.randn(2, 8, d, generator=g)
+        calls.append(((), dict(hidden_states=both[:, 3:], encoder_hidden_states=both[:, :3], temb=temb,
+                               image_rotary_emb=rope)))
+    return calls
+
+
+def classify_flux_double_block(module: torch.nn.Module, original: Callable) -> Union[DitMatch, NoMatch]:
+    norm2 = module.norm2
+    if not isinstance(norm2, torch.nn.LayerNorm) or len(norm2.normalized_shape) != 1:
+        return NoMatch("block", "its norm2 is not a LayerNorm over the last dimension")
+    for name in ("norm2", "norm2_context"):
+        if getattr(module, name).weight is not None or getattr(module, name).bias is not None:
+            return NoMatch("block", f"its {name} has parameters; FLUX's have none")
+    if tuple(inspect.signature(original).parameters) != _FLUX_BLOCK_ARGUMENTS:
+        return NoMatch("block", f"its forward does not take FLUX's block arguments {_FLUX_BLOCK_ARGUMENTS}")
+    d = norm2.normalized_shape[0]
+    g = torch.Generator().manual_seed(0)
+    children = {"norm1": _ProbeAdaLN(d, 4, g), "norm1_context": _ProbeAdaLN(d, 4, g),
+                "attn": _FluxProbeAttention(d, g, joint=True), "ff": _ProbeFF(d, g), "ff_context": _ProbeFF(d, g)}
+    patched = flux_block.flux_double_block(module, original)
+    with torch.no_grad(), _Stack([_Swapped(module, children=children)]):
+        why = _compare_calls(original, patched, _flux_block_calls(d, g, adjacent=False))
+    if why is not None:
+        return NoMatch("block", f"does not compute FLUX's double-stream block seams: {why}")
+    return DitMatch("flux double block (gated residual + norm seams)", flux_block.DOUBLE_OPS, "adaln",
+                    flux_block.flux_double_block)
+
+
+def classify_flux_single_block(module: torch.nn.Module, original: Callable) -> Union[DitMatch, NoMatch]:
+    act = module.act_mlp
+    if type(act) is not torch.nn.GELU or act.approximate not in ("tanh", "none"):
+        return NoMatch("block", "its act_mlp is not torch's GELU")
+    if tuple(inspect.signature(original).parameters) != _FLUX_BLOCK_ARGUMENTS:
+        return NoMatch("block", f"its forward does not take FLUX's block arguments {_FLUX_BLOCK_ARGUMENTS}")
+    d, mlp = module.proj_mlp.in_features, 8
+    g = torch.Generator().manual_seed(0)
+    children = {"norm": _ProbeAdaLN(d, 1, g), "proj_mlp": _linear(d, mlp, g), "proj_out": _ProbeProjOut(d, mlp, g),
+                "attn": _FluxProbeAttention(d, g, joint=False)}
+    patched = flux_block.flux_single_block(module, original)
+    with torch.no_grad(), _Stack([_Swapped(module, children=children)]):
+        why = _compare_calls(original, patched, _flux_block_calls(d, g, adjacent=True))
+    if why is not None:
+        return NoMatch("block", f"does not compute FLUX's single-stream block: {why}")
+    return DitMatch("flux single block (gelu into proj_out's input, gated residual)", flux_block.SINGLE_OPS, "gelu",
+                    flux_block.flux_single_block)
+
+
 # ---- Wan -------------------------------------------------------------------------------
 
 
@@ -517,5 +627,7 @@ CANDIDATES = (
     (wan_attention_candidate, classify_wan_attention),
     (ltx_block_candidate, classify_ltx_block),
     (wan_block_candidate, classify_wan_block),
+    (flux_double_block_candidate, classify_flux_double_block),
+    (flux_single_block_candidate, classify_flux_single_block),
     (adaln_candidate, classify_adaln),
 )

@@ -1,0 +1,157 @@
+"""FLUX's transformer blocks (diffusers' ``FluxTransformerBlock`` and
+``FluxSingleTransformerBlock``) with the elementwise work between their matmuls fused.
+
+diffusers runs each seam as separate 16-bit kernels over the whole hidden state; kiln:
+
+* double-stream block, each stream: ``h + gate_msa * attn`` then ``norm2(h) * (1 + scale_mlp)
+  + shift_mlp`` -> one ``kiln.gated_adaln`` (norm2 a LayerNorm without parameters); then
+  ``h + gate_mlp * ff`` -> one ``kiln.gated_residual_`` into that new h;
+* single-stream block: the attention output and the MLP's activation are written side by side
+  into the buffer ``proj_out`` reads (``kiln.gelu(..., out=buffer[..., d:])``), where diffusers
+  activates into a tensor of its own and concatenates the two; ``residual + gate * proj_out``
+  -> one ``kiln.gated_residual``; and the text and image streams a block receives as two
+  adjacent slices of the previous block's output are read as that output, not concatenated
+  again.
+
+Each seam is rounded once to h's dtype where diffusers rounds after each product and sum.
+The attention, norm1 and feed-forward modules are the block's own (patched where kiln.patch
+patched them). Anything else (autograd, a norm2 with parameters or hooks, IP-adapter inputs,
+an activation that is not ``nn.GELU``, torch.compile tracing the single block, where Inductor
+fuses the concatenation itself) runs diffusers' forward.
+"""
+
+from typing import Callable, Optional
+
+import torch
+
+from .. import activation_ops, norm_ops
+from .forwards import any_hooks, kiln_can_take, norm_eps
+
+DOUBLE_OPS = "gated_adaln + gated_residual"
+SINGLE_OPS = "gelu + gated_residual"
+# diffusers clips 16-bit streams to fp16's range after each block.
+_FP16_MAX = 65504
+
+
+def _records(module: torch.nn.Module) -> bool:
+    return torch.is_grad_enabled() and any(p.requires_grad for p in module.parameters())
+
+
+def _plain_layer_norm(norm: torch.nn.Module, width: int) -> bool:
+    return type(norm) is torch.nn.LayerNorm and norm.weight is None and norm.bias is None \
+        and tuple(norm.normalized_shape) == (width,) and not any_hooks(norm)
+
+
+def _fits_double(module: torch.nn.Module, h, c, temb, joint_attention_kwargs) -> bool:
+    if not (isinstance(h, torch.Tensor) and isinstance(c, torch.Tensor) and isinstance(temb, torch.Tensor)
+            and h.dim() == 3 and c.dim() == 3 and kiln_can_take(h, c)):
+        return False
+    if joint_attention_kwargs and any(k.startswith("ip_") for k in joint_attention_kwargs):
+        return False
+    d = h.shape[-1]
+    return _plain_layer_norm(module.norm2, d) and _plain_layer_norm(module.norm2_context, d) \
+        and not _records(module)
+
+
+def _stream(norm, ff, h, attn, gate_msa, shift_mlp, scale_mlp, gate_mlp) -> Optional[torch.Tensor]:
+    """One stream of the double block after its attention: None where the attention's output
+    is not of h's shape and kind (the caller then computes it as diffusers does)."""
+    if attn.shape != h.shape or not kiln_can_take(h, attn, gate_msa, scale_mlp, shift_mlp, gate_mlp):
+        return None
+    h, norm_h = norm_ops.gated_adaln(h, attn, gate_msa[:, None], scale_mlp[:, None], shift_mlp[:, None], None,
+                                     norm_eps(norm, h), "layer")
+    ff_out = ff(norm_h)
+    if ff_out.shape != h.shape or not kiln_can_take(h, ff_out):
+        return h + gate_mlp[:, None] * ff_out
+    return activation_ops.gated_residual_(h, ff_out, gate_mlp[:, None])
+
+
+def _stream_as_diffusers(norm, ff, h, attn, gate_msa, shift_mlp, scale_mlp, gate_mlp) -> torch.Tensor:
+    h = h + gate_msa.unsqueeze(1) * attn
+    norm_h = norm(h) * (1 + scale_mlp[:, None]) + shift_mlp[:, None]
+    return h + gate_mlp.unsqueeze(1) * ff(norm_h)
+
+
+def flux_double_block(module: torch.nn.Module, original: Callable) -> Callable:
+    """``FluxTransformerBlock.forward`` with its seams fused (see the module's docstring)."""
+
+    def forward(hidden_states, encoder_hidden_states, temb, image_rotary_emb=None, joint_attention_kwargs=None):
+        h, c = hidden_states, encoder_hidden_states
+        if not _fits_double(module, h, c, temb, joint_attention_kwargs):
+            return original(hidden_states, encoder_hidden_states, temb, image_rotary_emb, joint_attention_kwargs)
+        norm_h, *image = module.norm1(h, emb=temb)
+        norm_c, *text = module.norm1_context(c, emb=temb)
+        outputs = module.attn(hidden_states=norm_h, encoder_hidden_states=norm_c, image_rotary_emb=image_rotary_emb,
+                              **(joint_attention_kwargs or {}))
+        attn, c_attn = outputs[0], outputs[1]
+        new_h = _stream(module.norm2, module.ff, h, attn, *image)
+        if new_h is None:
+            new_h = _stream_as_diffusers(module.norm2, module.ff, h, attn, *image)
+        new_c = _stream(module.norm2_context, module.ff_context, c, c_attn, *text)
+        if new_c is None:
+            new_c = _stream_as_diffusers(module.norm2_context, module.ff_context, c, c_attn, *text)
+        if len(outputs) == 3:
+            new_h = new_h + outputs[2]
+        if new_c.dtype == torch.float16:
+            new_c = new_c.clip(-_FP16_MAX, _FP16_MAX)
+        return new_c, new_h
+
+    return forward
+
+
+def _joined(c: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+    """``torch.cat([c, h], dim=1)``; without a copy where c and h are the two halves, in that
+    order, of one contiguous tensor (the previous single block's output, split): that tensor
+    holds exactly what the concatenation would."""
+    base = c._base
+    if base is None or h._base is not base or base.dim() != 3 or not base.is_contiguous() \
+            or base.shape[1] != c.shape[1] + h.shape[1] or c.stride() != base.stride() \
+            or h.stride() != base.stride() or c.shape[::2] != base.shape[::2] or h.shape[::2] != base.shape[::2] \
+            or c.data_ptr() != base.data_ptr() \
+            or h.data_ptr() != base.data_ptr() + c.shape[1] * base.stride(1) * base.element_size():
+        return torch.cat([c, h], dim=1)
+    return base
+
+
+def _fits_single(module: torch.nn.Module, h, c, temb, joint_attention_kwargs) -> bool:
+    if torch.compiler.is_compiling():
+        return False
+    if not (isinstance(h, torch.Tensor) and isinstance(c, torch.Tensor) and isinstance(temb, torch.Tensor)
+            and h.dim() == 3 and c.dim() == 3 and h.shape[::2] == c.shape[::2] and kiln_can_take(h, c)):
+        return False
+    act = module.act_mlp
+    if type(act) is not torch.nn.GELU or act.approximate not in ("tanh", "none") or any_hooks(act):
+        return False
+    return not joint_attention_kwargs and not _records(module)
+
+
+def flux_single_block(module: torch.nn.Module, original: Callable) -> Callable:
+    """``FluxSingleTransformerBlock.forward`` with its concatenations and gated residual fused
+    (see the module's docstring)."""
+
+    def forward(hidden_states, encoder_hidden_states, temb, image_rotary_emb=None, joint_attention_kwargs=None):
+        h, c = hidden_states, encoder_hidden_states
+        if not _fits_single(module, h, c, temb, joint_attention_kwargs):
+            return original(hidden_states, encoder_hidden_states, temb, image_rotary_emb, joint_attention_kwargs)
+        text = c.shape[1]
+        x = _joined(c, h)
+        norm_x, gate = module.norm(x, emb=temb)
+        mlp = module.proj_mlp(norm_x)
+        attn = module.attn(hidden_states=norm_x, image_rotary_emb=image_rotary_emb)
+        if attn.shape[:2] != x.shape[:2] or mlp.shape[:2] != x.shape[:2] or not kiln_can_take(x, attn, mlp, gate):
+            joined = torch.cat([attn, module.act_mlp(mlp)], dim=2)
+        else:
+            d = attn.shape[-1]
+            joined = x.new_empty(*x.shape[:2], d + mlp.shape[-1])
+            joined[..., :d].copy_(attn)
+            activation_ops.gelu(mlp, None, module.act_mlp.approximate, out=joined[..., d:])
+        out = module.proj_out(joined)
+        if out.shape == x.shape and kiln_can_take(x, out, gate):
+            x = activation_ops.gated_residual(x, out, gate[:, None])
+        else:
+            x = x + gate.unsqueeze(1) * out
+        if x.dtype == torch.float16:
+            x = x.clip(-_FP16_MAX, _FP16_MAX)
+        return x[:, :text], x[:, text:]
+
+    return forward
