@@ -296,6 +296,35 @@ def test_wan_bench_smoke_run(tmp_path):
     assert err["finite"] and err["max_rel"] < 5e-2
 
 
+@needs_diffusers
+def test_flux_default_model_and_inputs():
+    """FLUX.1-dev's transformer (built on the meta device) and the inputs FluxPipeline passes
+    at 1024x1024: 4096 packed latent tokens of 64 channels, 512 text tokens, the guidance."""
+    flux = load_bench("flux")
+    model = flux.build_model(device="meta")
+    config = model.config
+    assert (config.num_layers, config.num_single_layers, config.num_attention_heads) == (19, 38, 24)
+    assert config.guidance_embeds and 11.8e9 < sum(p.numel() for p in model.parameters()) < 12.0e9
+    inputs = flux.build_inputs(dict(config), 1024, 1024, device="cpu")
+    assert inputs["hidden_states"].shape == (1, 4096, 64)
+    assert inputs["encoder_hidden_states"].shape == (1, 512, 4096)
+    assert inputs["img_ids"].shape == (4096, 3) and inputs["img_ids"][-1].tolist() == [0, 63, 63]
+    assert inputs["guidance"].tolist() == [3.5]
+    assert not flux.build_model("schnell", layers=2, single_layers=3, device="meta").config.guidance_embeds
+
+
+@needs_diffusers
+def test_flux_bench_smoke_run(tmp_path):
+    out = _smoke("flux.py", tmp_path)
+    assert "| eager+kiln |" in out
+    [doc_path] = tmp_path.glob("flux-dev-*.json")
+    doc = json.loads(doc_path.read_text())
+    replaced = doc["patch"]["replaced"]
+    assert replaced["gated_adaln + gated_residual"] == 1 and replaced["gelu + gated_residual"] == 2
+    err = doc["settings"]["eager+kiln"]["error_vs_eager"]
+    assert err["finite"] and err["max_rel"] < 5e-2
+
+
 # ---- the examples -----------------------------------------------------------------------
 
 
