@@ -65,7 +65,9 @@ bool writes_directly(const at::Tensor& out, std::initializer_list<const at::Tens
 c10::SmallVector<std::int64_t, 6> gated_shape(const at::Tensor& gate,
                                               const std::optional<at::Tensor>& up) {
   c10::SmallVector<std::int64_t, 6> sizes(gate.sizes().begin(), gate.sizes().end());
-  if (!up && !sizes.empty()) sizes.back() /= 2;
+  if (!up && !sizes.empty()) {
+    sizes.back() /= 2;
+  }
   return sizes;
 }
 

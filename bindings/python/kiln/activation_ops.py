@@ -24,6 +24,16 @@ _gated_residual = torch.ops.kiln.gated_residual.default
 _gated_residual_ = torch.ops.kiln.gated_residual_.default
 
 
+def _into(out: torch.Tensor, name: str, *args) -> torch.Tensor:
+    """One call of the op's ``out=`` form (``torch.ops.kiln.<name>.out``, ``<name>_out`` in
+    eager code) writing into ``out``; returns ``out``."""
+    if _compiling():
+        getattr(torch.ops.kiln, name).out(*args, out=out)
+    else:
+        getattr(_direct, name + "_out")(*args, out)
+    return out
+
+
 def swiglu(gate: torch.Tensor, up: Optional[torch.Tensor] = None, up_first: bool = False,
            out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """``F.silu(gate) * up``.
@@ -33,11 +43,7 @@ def swiglu(gate: torch.Tensor, up: Optional[torch.Tensor] = None, up_first: bool
     ``up_first``); the output is ``[..., I]``. ``out``: a preallocated result written in place
     and returned (``torch.ops.kiln.swiglu.out``, vLLM's ``silu_and_mul(out, x)``)."""
     if out is not None:
-        if _compiling():
-            torch.ops.kiln.swiglu.out(gate, up, up_first, out=out)
-        else:
-            _direct.swiglu_out(gate, up, up_first, out)
-        return out
+        return _into(out, "swiglu", gate, up, up_first)
     if _compiling():
         return _swiglu(gate, up, up_first)
     return _direct.swiglu(gate, up, up_first)
@@ -59,11 +65,7 @@ def gelu(x: torch.Tensor, bias: Optional[torch.Tensor] = None, approximate: str 
     ``buffer[..., d:]``), which the kernel writes directly, so a concatenation that follows
     need not copy the activation again."""
     if out is not None:
-        if _compiling():
-            torch.ops.kiln.gelu.out(x, bias, approximate, out=out)
-        else:
-            _direct.gelu_out(x, bias, approximate, out)
-        return out
+        return _into(out, "gelu", x, bias, approximate)
     if _compiling():
         return _gelu(x, bias, approximate)
     return _direct.gelu(x, bias, approximate)
