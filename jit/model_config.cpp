@@ -223,9 +223,10 @@ ModelShape read_diffusion(const nlohmann::json& config, const std::string& kind)
     }
     model.rope += "), a table, interleaved pairs, after the per-head q/k RMSNorms";
     model.ops = {
-        {Op::layer_norm, {model.hidden}},     {Op::adaln, {model.hidden}},
-        {Op::gated_residual, {model.hidden}}, {Op::gelu, {model.intermediate}},
-        {Op::rms_norm, {model.head_dim}},     {Op::rope, {model.head_dim}},
+        {Op::layer_norm, {model.hidden}},  {Op::adaln, {model.hidden}},
+        {Op::gated_adaln, {model.hidden}}, {Op::gated_residual, {model.hidden}},
+        {Op::gelu, {model.intermediate}},  {Op::rms_norm, {model.head_dim}},
+        {Op::rope, {model.head_dim}},
     };
   } else {
     model.rope = "3-D (frames, height, width), interleaved pairs";

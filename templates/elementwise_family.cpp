@@ -401,9 +401,10 @@ std::vector<Problem> ElementwiseFamily::common_problems(DType dtype, std::int64_
       return {make(kElementwiseFlat), make(0)};
     case Op::geglu:
       return {make(kElementwiseFlat), make(0), make(kElementwiseFlat | kGeluErf), make(kGeluErf)};
-    case Op::gelu:  // LTX-Video / FLUX feed-forwards use the tanh form
-      return {make(kElementwiseFlat), make(kGeluHasBias), make(kElementwiseFlat | kGeluErf),
-              make(kGeluHasBias | kGeluErf)};
+    case Op::gelu:  // LTX-Video / FLUX feed-forwards use the tanh form; FLUX's single blocks
+                    // write it into a slice of proj_out's input (rows apart: not flat)
+      return {make(kElementwiseFlat), make(kGeluHasBias), make(0),
+              make(kElementwiseFlat | kGeluErf), make(kGeluHasBias | kGeluErf)};
     default:  // DiT blocks: a gate per sample, or one for a batch of one; in place and not
       return {make(kGatePerSample),   make(kGatePerSample | kGatedResidualInPlace),
               make(kGateShared),      make(kGateShared | kGatedResidualInPlace),

@@ -924,8 +924,8 @@ std::vector<Problem> NormFamily::common_problems(DType dtype, std::int64_t hidde
       return {make(kNormWeight | kNormBias), make(0)};
     case Op::adaln:  // FLUX (LayerNorm, per sample); LTX-Video (RMSNorm, table, per token)
       return {make(kNormLayer), make(kNormTable | kNormPerToken)};
-    case Op::gated_adaln:
-      return {make(kNormTable | kNormPerToken)};
+    case Op::gated_adaln:  // LTX-Video (RMSNorm, table, per token); FLUX (LayerNorm, per sample)
+      return {make(kNormTable | kNormPerToken), make(kNormLayer)};
     case Op::rms_norm_gated:  // Qwen3-Next, Qwen3.5 (the sigmoid gate compiles on first use)
       return {make(model.gated_norm_flags.value_or(kNormWeight))};
     default:

@@ -100,6 +100,11 @@ def test_flux_prewarms_the_rotation_its_patched_attention_calls(fresh_cache, tmp
     assert kiln.prewarm(dtypes="bf16", archs="sm_90", config=str(path))["failed"] == 0
     for flags in (1 | 2 | 48 | 256, 1 | 2 | 48):
         assert kiln.compile("rope", "bf16", 128, arch="sm_90", format="cubin", flags=flags)["from_cache"]
+    # Its patched blocks: the double blocks' seams (gated_adaln over a LayerNorm, flags 4, with
+    # per-sample operands) and the single blocks' activation written into a slice (gelu, not
+    # flat: flags 0).
+    assert kiln.compile("gated_adaln", "bf16", 3072, arch="sm_90", format="cubin", flags=4)["from_cache"]
+    assert kiln.compile("gelu", "bf16", 12288, arch="sm_90", format="cubin", flags=0)["from_cache"]
 
 
 def test_qwen3_prewarms_its_head_norms_fused_and_alone(fresh_cache, tmp_path):

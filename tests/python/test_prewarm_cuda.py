@@ -213,3 +213,56 @@ def test_prewarm_from_config_serves_a_patched_linear_attention_model(tmp_path, n
     print(f"{name}: prewarmed {warmed['compiled']}, patched {stats['ops']}, compiled on the GPU: {compiled}")
     assert "rms_norm_gated" in stats["ops"] and "head_norm_rope" in stats["ops"]
     assert compiled == [] and stats["nvrtc_compiles"] == 0, compiled
+
+
+# A tiny FLUX transformer from its config.json (as diffusers writes it), patched and run in bf16
+# at batch 2: the kernels it loaded, what it compiled, and its statistics.
+FLUX_CALLS = """
+import json, torch, kiln, diffusers
+config = diffusers.FluxTransformer2DModel.load_config("{directory}")
+torch.manual_seed(0)
+model = diffusers.FluxTransformer2DModel.from_config(config).eval().to("cuda", torch.bfloat16)
+report = kiln.patch(model)
+g = torch.Generator().manual_seed(3)
+rows, cols, text = 3, 4, 5
+ids = torch.stack(torch.meshgrid(torch.zeros(1), torch.arange(rows * 1.0), torch.arange(cols * 1.0),
+                                 indexing="ij"), -1).reshape(rows * cols, 3)
+inputs = dict(hidden_states=torch.randn(2, rows * cols, config["in_channels"], generator=g),
+              encoder_hidden_states=torch.randn(2, text, config["joint_attention_dim"], generator=g),
+              pooled_projections=torch.randn(2, config["pooled_projection_dim"], generator=g),
+              timestep=torch.tensor([0.3, 0.7]))
+inputs = {{k: v.to("cuda", torch.bfloat16) for k, v in inputs.items()}}
+with torch.no_grad():
+    model(**inputs, img_ids=ids.cuda(), txt_ids=torch.zeros(text, 3, device="cuda"), return_dict=False)
+torch.cuda.synchronize()
+print(json.dumps({{**kiln.stats(), "kernels": kiln._C.loaded_kernels(),
+                  "ops": sorted({{r.op for r in report.replaced}})}}))
+"""
+
+
+@pytest.mark.gpu
+def test_prewarm_from_config_serves_a_patched_flux_transformer(tmp_path):
+    """kiln prewarm --config of a FLUX config.json, with no GPU, compiles every kernel the
+    patched transformer then calls without autograd (the AdaLN modules, each attention's
+    head_norm_rope, the double blocks' gated_adaln and gated residuals, the single blocks'
+    activation written into proj_out's input): its first forward on a GPU compiles nothing."""
+    diffusers = pytest.importorskip("diffusers")
+    directory = tmp_path / "flux"
+    diffusers.FluxTransformer2DModel(
+        patch_size=1, in_channels=8, num_layers=1, num_single_layers=2, attention_head_dim=16,
+        num_attention_heads=2, joint_attention_dim=24, pooled_projection_dim=12, guidance_embeds=False,
+        axes_dims_rope=(4, 6, 6)).save_config(str(directory))
+    arch = kiln.device_info(0)["arch"]
+    cache = tmp_path / "cache"
+    config = directory / "config.json"
+    code, warmed, err = run_kiln(
+        f"import json, kiln\nprint(json.dumps(kiln.prewarm(dtypes='bf16', archs='{arch}', config='{config}', jobs=4)))",
+        cache, {"CUDA_VISIBLE_DEVICES": ""})
+    assert code == 0, err
+    assert warmed["failed"] == 0, warmed
+    code, stats, err = run_kiln(FLUX_CALLS.format(directory=directory), cache, {"KILN_TUNE": "off"})
+    assert code == 0, err
+    compiled = sorted(k["problem"] for k in stats["kernels"] if not k["from_prewarm"])
+    print(f"flux: prewarmed {warmed['compiled']}, patched {stats['ops']}, compiled on the GPU: {compiled}")
+    assert {"gated_adaln + gated_residual", "gelu + gated_residual", "head_norm_rope"} <= set(stats["ops"])
+    assert compiled == [] and stats["nvrtc_compiles"] == 0, compiled

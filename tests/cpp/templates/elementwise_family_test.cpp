@@ -359,4 +359,9 @@ TEST_CASE("common problems are valid and cover both layouts") {
       kiln::family(Op::gated_residual).common_problems(DType::bf16, 3072, kiln::PrewarmModel{});
   CHECK(std::count_if(gated.begin(), gated.end(),
                       [](const Problem& p) { return p.flags == kiln::kGateShared; }) == 1);
+  // FLUX's single blocks write the activation into a slice of a wider buffer: not flat.
+  const auto gelu =
+      kiln::family(Op::gelu).common_problems(DType::bf16, 12288, kiln::PrewarmModel{});
+  CHECK(std::count_if(gelu.begin(), gelu.end(), [](const Problem& p) { return p.flags == 0; }) ==
+        1);
 }

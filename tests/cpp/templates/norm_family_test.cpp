@@ -2,6 +2,7 @@
 // persistent grids, the heuristic, buffers and parameter packing. No GPU, no NVRTC.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <set>
 #include <string>
@@ -354,6 +355,11 @@ TEST_CASE("common problems are valid specialisations") {
     CHECK(!problems.empty());
     for (const Problem& problem : problems) CHECK_NOTHROW(family(op).check(problem));
   }
+  // FLUX's double blocks: the seam over a LayerNorm without parameters, per-sample operands.
+  const std::vector<Problem> gated =
+      family(Op::gated_adaln).common_problems(DType::bf16, 3072, kiln::PrewarmModel{});
+  CHECK(std::count_if(gated.begin(), gated.end(),
+                      [](const Problem& p) { return p.flags == kNormLayer; }) == 1);
 }
 
 }  // namespace kiln

@@ -25,7 +25,9 @@ as one ``kiln.rms_norm_rope``, its rotary embedding tagged with the grid so the 
 computed in the kernel, and its tables built only if something reads them), its block's
 AdaLN and gated-residual seams (``kiln.adaln``, ``kiln.gated_residual``,
 ``kiln.gated_adaln``, also across consecutive blocks: see :mod:`.dit_block_chain`), FLUX's attention processor (q and k rotated
-by one ``kiln.rope``) and diffusers' AdaLN modules (``kiln.adaln``). A patched forward whose
+by one ``kiln.rope``), FLUX's blocks (their seams as ``kiln.gated_adaln`` and
+``kiln.gated_residual``, the single blocks' activation written into ``proj_out``'s input: see
+:mod:`.flux_block`) and diffusers' AdaLN modules (``kiln.adaln``). A patched forward whose
 kiln ops have no backward (LTX-Video's fused seams) calls the original where it would record
 an autograd graph.
 """
