@@ -165,6 +165,22 @@ def test_strict_cache_with_only_the_row_blind_binary_serves_it(tmp_path):
     assert result["worst"] < 2e-2
 
 
+def _prewarm_then_run(tmp_path, config, calls):
+    """Prewarms the cache from `config` (a config.json) with no GPU visible, then runs `calls`
+    (a script printing kiln's statistics, loaded kernels and patched ops) on the GPU with tuning
+    off; returns (the prewarm's summary, the script's output, the problems it compiled)."""
+    arch = kiln.device_info(0)["arch"]
+    cache = tmp_path / "cache"
+    code, warmed, err = run_kiln(
+        f"import json, kiln\nprint(json.dumps(kiln.prewarm(dtypes='bf16', archs='{arch}', config='{config}', jobs=4)))",
+        cache, {"CUDA_VISIBLE_DEVICES": ""})
+    assert code == 0, err
+    assert warmed["failed"] == 0, warmed
+    code, stats, err = run_kiln(calls, cache, {"KILN_TUNE": "off"})
+    assert code == 0, err
+    return warmed, stats, sorted(k["problem"] for k in stats["kernels"] if not k["from_prewarm"])
+
+
 # A tiny linear-attention model (its config written as transformers writes config.json), patched
 # and run in bf16: the kernels it loaded, what it compiled, and its statistics.
 MODEL_CALLS = """
@@ -197,19 +213,9 @@ def test_prewarm_from_config_serves_a_patched_linear_attention_model(tmp_path, n
     config = tiny_config(name, hidden=256, head_dim=64, vocab_size=128, **extra)
     path = tmp_path / "config.json"
     config.to_json_file(str(path))
-    arch = kiln.device_info(0)["arch"]
-    cache = tmp_path / "cache"
-    code, warmed, err = run_kiln(
-        f"import json, kiln\nprint(json.dumps(kiln.prewarm(dtypes='bf16', archs='{arch}', config='{path}', jobs=4)))",
-        cache, {"CUDA_VISIBLE_DEVICES": ""})
-    assert code == 0, err
-    assert warmed["failed"] == 0, warmed
-    code, stats, err = run_kiln(
-        MODEL_CALLS.format(name=name, config_class=config_class, model_class=f"{PREFIX[name]}ForCausalLM",
-                           config=path),
-        cache, {"KILN_TUNE": "off"})
-    assert code == 0, err
-    compiled = sorted(k["problem"] for k in stats["kernels"] if not k["from_prewarm"])
+    calls = MODEL_CALLS.format(name=name, config_class=config_class, model_class=f"{PREFIX[name]}ForCausalLM",
+                               config=path)
+    warmed, stats, compiled = _prewarm_then_run(tmp_path, path, calls)
     print(f"{name}: prewarmed {warmed['compiled']}, patched {stats['ops']}, compiled on the GPU: {compiled}")
     assert "rms_norm_gated" in stats["ops"] and "head_norm_rope" in stats["ops"]
     assert compiled == [] and stats["nvrtc_compiles"] == 0, compiled
@@ -252,17 +258,8 @@ def test_prewarm_from_config_serves_a_patched_flux_transformer(tmp_path):
         patch_size=1, in_channels=8, num_layers=1, num_single_layers=2, attention_head_dim=16,
         num_attention_heads=2, joint_attention_dim=24, pooled_projection_dim=12, guidance_embeds=False,
         axes_dims_rope=(4, 6, 6)).save_config(str(directory))
-    arch = kiln.device_info(0)["arch"]
-    cache = tmp_path / "cache"
-    config = directory / "config.json"
-    code, warmed, err = run_kiln(
-        f"import json, kiln\nprint(json.dumps(kiln.prewarm(dtypes='bf16', archs='{arch}', config='{config}', jobs=4)))",
-        cache, {"CUDA_VISIBLE_DEVICES": ""})
-    assert code == 0, err
-    assert warmed["failed"] == 0, warmed
-    code, stats, err = run_kiln(FLUX_CALLS.format(directory=directory), cache, {"KILN_TUNE": "off"})
-    assert code == 0, err
-    compiled = sorted(k["problem"] for k in stats["kernels"] if not k["from_prewarm"])
+    warmed, stats, compiled = _prewarm_then_run(tmp_path, directory / "config.json",
+                                                FLUX_CALLS.format(directory=directory))
     print(f"flux: prewarmed {warmed['compiled']}, patched {stats['ops']}, compiled on the GPU: {compiled}")
     assert {"gated_adaln + gated_residual", "gelu + gated_residual", "head_norm_rope"} <= set(stats["ops"])
     assert compiled == [] and stats["nvrtc_compiles"] == 0, compiled
