@@ -10,6 +10,7 @@ import platform
 import statistics
 import subprocess
 import tempfile
+import time
 
 import torch
 
@@ -114,7 +115,6 @@ def bench_side_by_side(fns, warmup=25, rep=100, max_rounds=400, seed=0, chunk=25
     (and a slow peer's, before it) would count. So each chunk of rounds is queued behind a
     GPU sleep longer than the host takes to queue the chunk."""
     import random
-    import time
 
     names = list(fns)
     # Made first: its scrub's compile would otherwise count in the host's round time measured
@@ -212,7 +212,6 @@ def bench_sustained(sets, block_ms=1.5, max_calls=256, rounds=9, seed=0):
     bandwidth (bench/copy_floor.py). What this timing leaves is each call's ramp-up and tail
     (about 3 us on the H200), which no timing removes."""
     import random
-    import time
 
     names = list(sets[0])
     for fns in sets:  # first calls compile, tune and allocate outside the timing
@@ -327,7 +326,6 @@ def host_side_by_side(fns, calls=200, rounds=15):
     rounds, the median block taken, so a noisy stretch of the host weighs on every
     contender alike instead of on one."""
     import statistics
-    import time
 
     for fn in fns.values():
         for _ in range(20):
@@ -372,7 +370,6 @@ def environment():
 def first_call_ms(fn):
     """Host wall time of one call of fn, the device synchronized before and after: what a
     first call (compile, tune or disk read included) costs the caller."""
-    import time
 
     torch.cuda.synchronize()
     start = time.perf_counter()
@@ -466,7 +463,6 @@ def model_times(fn, warmup, reps, warmup_s=1.0):
     (to return from it, before the GPU finishes). Where it comes near ms, the call is
     host-bound: the GPU waits for the host, and a slower host makes it slower."""
     import statistics
-    import time
 
     start = time.perf_counter()
     done = 0
@@ -569,6 +565,14 @@ def write_results(out, stem, env, tag, document, table):
         f.write(table + "\n")
 
 
+def finish_model_bench(args, stem, env, document, table, started):
+    """The end of a model bench's run (bench/flux.py, bench/wan.py, ...): its record and table
+    written into --out (write_results), then the run's total time and the table printed."""
+    write_results(args.out, stem, env, args.tag, document, table)
+    print(f"total {time.perf_counter() - started:.0f} s")
+    print(table)
+
+
 def settings_table(document):
     """The settings rows of a model bench's table (bench/sdxl_unet.py, bench/wan.py): time,
     host time, speedup, errors against eager and first call a setting, then what kiln.patch
@@ -619,7 +623,6 @@ def run_model_settings(model, call, kiln, *, settings=SETTINGS, warmup=2, reps=1
     (each timed after the four, against eager). Returns ({setting: record}, the kiln.patch
     report); every output is compared with the unpatched eager output. The model is
     unpatched again on return."""
-    import time
 
     records, report, reference = {}, None, None
 

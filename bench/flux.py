@@ -129,9 +129,7 @@ def main(argv=None):
                 "text_tokens": kwargs["txt_ids"].shape[0], "parameters_billions": billions, "config": config,
                 "settings": records, "patch": common.patch_summary(report)}
     table = markdown(env, document, args)
-    common.write_results(args.out, f"flux-{args.model}", env, args.tag, document, table)
-    print(f"total {time.perf_counter() - started:.0f} s")
-    print(table)
+    common.finish_model_bench(args, f"flux-{args.model}", env, document, table, started)
     return document
 
 

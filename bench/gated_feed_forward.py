@@ -65,10 +65,8 @@ def main(argv=None):
                         "bias": bias, "batch": batch, "tokens": tokens, "settings": records,
                         "patch": common.patch_summary(report)})
     table = markdown(env, results)
-    common.write_results(args.out, "gated-feed-forward", env, args.tag,
-                         {"environment": env, "dtype": "bf16", "cases": results}, table)
-    print(f"total {time.perf_counter() - started:.0f} s")
-    print(table)
+    common.finish_model_bench(args, "gated-feed-forward", env, {"environment": env, "dtype": "bf16", "cases": results},
+                              table, started)
     return results
 
 

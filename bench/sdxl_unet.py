@@ -84,9 +84,7 @@ def main(argv=None):
                 "latent": [model.config.sample_size] * 2, "text_tokens": 77, "settings": records,
                 "patch": common.patch_summary(report)}
     table = markdown(env, document)
-    common.write_results(args.out, "sdxl-unet", env, args.tag, document, table)
-    print(f"total {time.perf_counter() - started:.0f} s")
-    print(table)
+    common.finish_model_bench(args, "sdxl-unet", env, document, table, started)
     return document
 
 

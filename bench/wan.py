@@ -200,9 +200,7 @@ def main(argv=None):
         compile_fn=common.compile_blocks(list(model.blocks)))
     document.update(config=dict(model.config), settings=records, patch=common.patch_summary(report))
     table = markdown(env, document, args)
-    common.write_results(args.out, f"wan-{args.model}", env, args.tag, document, table)
-    print(f"total {time.perf_counter() - started:.0f} s")
-    print(table)
+    common.finish_model_bench(args, f"wan-{args.model}", env, document, table, started)
     return document
 
 
