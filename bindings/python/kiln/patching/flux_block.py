@@ -25,16 +25,12 @@ from typing import Callable, Optional
 import torch
 
 from .. import activation_ops, norm_ops
-from .forwards import any_hooks, kiln_can_take, norm_eps
+from .forwards import any_hooks, kiln_can_take, norm_eps, records_parameters
 
 DOUBLE_OPS = "gated_adaln + gated_residual"
 SINGLE_OPS = "gelu + gated_residual"
 # diffusers clips 16-bit streams to fp16's range after each block.
 _FP16_MAX = 65504
-
-
-def _records(module: torch.nn.Module) -> bool:
-    return torch.is_grad_enabled() and any(p.requires_grad for p in module.parameters())
 
 
 def _plain_layer_norm(norm: torch.nn.Module, width: int) -> bool:
@@ -50,7 +46,7 @@ def _fits_double(module: torch.nn.Module, h, c, temb, joint_attention_kwargs) ->
         return False
     d = h.shape[-1]
     return _plain_layer_norm(module.norm2, d) and _plain_layer_norm(module.norm2_context, d) \
-        and not _records(module)
+        and not records_parameters(module)
 
 
 def _stream(norm, ff, h, attn, gate_msa, shift_mlp, scale_mlp, gate_mlp) -> Optional[torch.Tensor]:
@@ -122,7 +118,7 @@ def _fits_single(module: torch.nn.Module, h, c, temb, joint_attention_kwargs) ->
     act = module.act_mlp
     if type(act) is not torch.nn.GELU or act.approximate not in ("tanh", "none") or any_hooks(act):
         return False
-    return not joint_attention_kwargs and not _records(module)
+    return not joint_attention_kwargs and not records_parameters(module)
 
 
 def flux_single_block(module: torch.nn.Module, original: Callable) -> Callable:

@@ -57,6 +57,12 @@ def kiln_can_take(*tensors: torch.Tensor, differentiable: bool = False) -> bool:
     return not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
 
 
+def records_parameters(module: torch.nn.Module) -> bool:
+    """Whether autograd would record a gradient for one of the module's parameters in this
+    call (a block whose fused seams have no backward then runs its original forward)."""
+    return torch.is_grad_enabled() and any(p.requires_grad for p in module.parameters())
+
+
 def recording_a_graph(like: torch.Tensor) -> bool:
     """Whether this call is being recorded rather than run: traced by torch.compile, or
     captured into a CUDA graph on like's device. A tensor kept between calls must not be

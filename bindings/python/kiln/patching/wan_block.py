@@ -26,7 +26,7 @@ import torch
 
 from .. import norm_ops
 from . import dit_block_chain
-from .forwards import any_hooks, kiln_can_take, norm_eps, recording_a_graph
+from .forwards import any_hooks, kiln_can_take, norm_eps, recording_a_graph, records_parameters
 
 BLOCK_OPS = "adaln + gated_adaln"
 
@@ -101,7 +101,7 @@ def _fits(module: torch.nn.Module, h, temb) -> bool:
             or not isinstance(norms[1], torch.nn.LayerNorm) or any(any_hooks(n) for n in norms) \
             or any(p.shape != (h.shape[-1],) or p.device != h.device for p in params):
         return False
-    return not (torch.is_grad_enabled() and any(p.requires_grad for p in module.parameters()))
+    return not records_parameters(module)
 
 
 def wan_block(module: torch.nn.Module, original: Callable) -> Callable:
