@@ -116,7 +116,9 @@ std::pair<std::int64_t, std::int64_t> mamba_channels(const nlohmann::json& confi
 ModelShape read_llm(const nlohmann::json& config) {
   ModelShape model;
   model.kind = text_of(config, "model_type");
-  if (model.kind.empty()) model.kind = "llm";
+  if (model.kind.empty()) {
+    model.kind = "llm";
+  }
   model.hidden = require_size(config, "hidden_size");
   model.intermediate = require_size(config, "intermediate_size");
   const auto head_dim = config.find("head_dim");
@@ -147,7 +149,9 @@ ModelShape read_llm(const nlohmann::json& config) {
   }
   if (auto scaling = config.find("rope_scaling"); scaling != config.end() && scaling->is_object()) {
     const std::string type = scaling->value("rope_type", scaling->value("type", std::string()));
-    if (!type.empty()) model.rope += ", scaling " + type;
+    if (!type.empty()) {
+      model.rope += ", scaling " + type;
+    }
   }
   model.rotary_dim = rotary_dim_of(config, model.head_dim);
   if (model.rotary_dim != 0) {
@@ -217,6 +221,7 @@ ModelShape read_diffusion(const nlohmann::json& config, const std::string& kind)
     // q and k share the head count; kiln's patch rotates them with diffusers' fp32 table.
     model.heads_q = model.heads_k = model.hidden / model.head_dim;
     model.head_norm_layout = kRopeInterleaved | kRopeTableF32;
+    model.modulation_flags = {kNormLayer};  // AdaLayerNormZero and the double blocks' seams
     model.rope = "3-D (axes_dims_rope";
     if (auto axes = config.find("axes_dims_rope"); axes != config.end() && axes->is_array()) {
       model.rope += " " + axes->dump();
@@ -228,13 +233,35 @@ ModelShape read_diffusion(const nlohmann::json& config, const std::string& kind)
         {Op::gelu, {model.intermediate}},  {Op::rms_norm, {model.head_dim}},
         {Op::rope, {model.head_dim}},
     };
-  } else {
-    model.rope = "3-D (frames, height, width), interleaved pairs";
+  } else if (kind == "wan") {
+    model.intermediate = require_size(config, "ffn_dim");
+    model.heads_q = model.heads_k = model.hidden / model.head_dim;
+    model.rope =
+        "3-D (frames, height, width), diffusers' fp32 tables read as half tables, "
+        "interleaved pairs, after the q/k RMSNorms across heads";
+    // Where autograd records, the norms and kiln.rope of q and k as the attention hands them
+    // over ([B, S, H, D]).
+    model.rope_table_flags = kRopeInterleaved | kRopeTableF32 | kRopeHalfTable;
+    model.rms_norm_rope_half_table = model.head_dim;
+    constexpr std::uint32_t kWanModulation = kNormLayer | kNormTable | kNormTableF32;
+    model.modulation_flags = {kWanModulation, kWanModulation | kNormPerToken};
+    model.fp32_ops = {Op::layer_norm};
     model.ops = {
-        {Op::rms_norm, {model.hidden}},
-        {Op::gated_residual, {model.hidden}},
-        {Op::gelu, {model.intermediate}},
-        {Op::rope_3d, {model.head_dim}},
+        {Op::layer_norm, {model.hidden}},    {Op::adaln, {model.hidden}},
+        {Op::gated_adaln, {model.hidden}},   {Op::rms_norm, {model.hidden}},
+        {Op::rms_norm_rope, {model.hidden}}, {Op::gelu, {model.intermediate}},
+        {Op::rope, {model.head_dim}},
+    };
+  } else {
+    model.rope =
+        "3-D (frames, height, width), interleaved pairs, after the q/k RMSNorms "
+        "across heads";
+    model.modulation_flags = {kNormTable, kNormTable | kNormPerToken};
+    model.ops = {
+        {Op::rms_norm, {model.hidden}},       {Op::layer_norm, {model.hidden}},
+        {Op::adaln, {model.hidden}},          {Op::gated_adaln, {model.hidden}},
+        {Op::gated_residual, {model.hidden}}, {Op::rms_norm_rope, {model.hidden}},
+        {Op::gelu, {model.intermediate}},     {Op::rope_3d, {model.head_dim}},
     };
   }
   return model;
@@ -262,11 +289,22 @@ bool is_norm(Op op) {
 }  // namespace
 
 ModelShape read_model_config(const nlohmann::json& config) {
-  if (!config.is_object()) throw Error("kiln prewarm: config.json: expected a JSON object");
+  if (!config.is_object()) {
+    throw Error("kiln prewarm: config.json: expected a JSON object");
+  }
   const std::string class_name = text_of(config, "_class_name");
-  if (class_name == "LTXVideoTransformer3DModel") return read_diffusion(config, "ltx-video");
-  if (class_name == "FluxTransformer2DModel") return read_diffusion(config, "flux");
-  if (config.contains("hidden_size")) return read_llm(config);
+  if (class_name == "LTXVideoTransformer3DModel") {
+    return read_diffusion(config, "ltx-video");
+  }
+  if (class_name == "FluxTransformer2DModel") {
+    return read_diffusion(config, "flux");
+  }
+  if (class_name == "WanTransformer3DModel") {
+    return read_diffusion(config, "wan");
+  }
+  if (config.contains("hidden_size")) {
+    return read_llm(config);
+  }
   // A multimodal model (Qwen3.5, Qwen3-VL, Gemma 3): kiln's patch takes its language model.
   if (auto text = config.find("text_config");
       text != config.end() && text->is_object() && text->contains("hidden_size")) {
@@ -274,8 +312,8 @@ ModelShape read_model_config(const nlohmann::json& config) {
   }
   throw Error(
       "kiln prewarm: config.json: expected a transformers LLM config (hidden_size, "
-      "intermediate_size, ...) or a diffusers LTXVideoTransformer3DModel or "
-      "FluxTransformer2DModel config, got " +
+      "intermediate_size, ...) or a diffusers LTXVideoTransformer3DModel, "
+      "FluxTransformer2DModel or WanTransformer3DModel config, got " +
       (class_name.empty() ? std::string("neither") : "_class_name \"" + class_name + "\""));
 }
 
@@ -286,12 +324,17 @@ PrewarmModel prewarm_model(const ModelShape& model, bool training) {
                       .head_norm_layout = model.head_norm_layout,
                       .rotary_dim = model.rotary_dim,
                       .rope_table_flags = model.rope_table_flags,
-                      .gated_norm_flags = model.gated_norm_flags};
+                      .gated_norm_flags = model.gated_norm_flags,
+                      .modulation_flags = model.modulation_flags,
+                      .rms_norm_rope_half_table = model.rms_norm_rope_half_table,
+                      .fp32_ops = model.fp32_ops};
 }
 
 std::map<Op, std::vector<std::int64_t>> sizes_for_ops(const ModelShape& model,
                                                       const std::vector<Op>& ops) {
-  if (ops.empty()) return model.ops;
+  if (ops.empty()) {
+    return model.ops;
+  }
   std::map<Op, std::vector<std::int64_t>> sizes;
   for (Op op : ops) {
     if (auto it = model.ops.find(op); it != model.ops.end()) {

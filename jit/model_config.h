@@ -15,8 +15,16 @@
 //    table; Phi-2, StableLM and Persimmon slice the rotated columns off and rotate that slice
 //    as a whole head (RoPE at the rotary dim).
 //  - diffusers LTXVideoTransformer3DModel: inner dim = num_attention_heads * attention_head_dim;
-//    RMSNorm over the inner dim (also the "rms_norm_across_heads" q/k norm), a GELU (tanh)
-//    feed-forward of 4x the inner dim, 3-D RoPE, gated residuals.
+//    AdaLN over an RMSNorm of the inner dim from the blocks' tables (temb per sample, or per
+//    token where frames are conditioned), the "rms_norm_across_heads" q/k norms and 3-D RoPE
+//    as one rms_norm_rope with the angles from the video grid, RMSNorm q/k norms in
+//    cross-attention, a GELU (tanh) feed-forward of 4x the inner dim, gated residuals, a
+//    LayerNorm with no affine before the output.
+//  - diffusers WanTransformer3DModel (Wan 2.1, Wan 2.2): the same inner dim; AdaLN over a
+//    LayerNorm from the blocks' fp32 tables (per sample, or per token for Wan 2.2's TI2V),
+//    the q/k norms across heads and RoPE as one rms_norm_rope from diffusers' fp32 tables read
+//    as half tables (the norms and kiln.rope when training), RMSNorm q/k norms in
+//    cross-attention, a GELU (tanh) feed-forward of ffn_dim, the output LayerNorm in fp32.
 //  - diffusers FluxTransformer2DModel: the same inner dim; LayerNorm and AdaLN-Zero over it,
 //    RMSNorm q/k norm per head (attention_head_dim) and RoPE from a table over axes_dims_rope
 //    (3 axes), interleaved, fused as one head_norm_rope where kiln's patch can (else the norm
@@ -37,7 +45,7 @@
 namespace kiln::jit {
 
 struct ModelShape {
-  std::string kind;  // "llama", "mistral", "qwen2", ..., "ltx-video", "flux"
+  std::string kind;  // "llama", "mistral", "qwen2", ..., "ltx-video", "flux", "wan"
   std::int64_t hidden = 0;
   std::int64_t intermediate = 0;
   std::int64_t head_dim = 0;
@@ -56,6 +64,11 @@ struct ModelShape {
   std::uint32_t rope_table_flags = 0;
   // rms_norm_gated's flags where its gated norm is Mamba-2's (PrewarmModel::gated_norm_flags).
   std::optional<std::uint32_t> gated_norm_flags = std::nullopt;
+  // adaln's and gated_adaln's flags as its patched DiT blocks call them, rms_norm_rope's half
+  // tables, the ops it runs in fp32 (PrewarmModel's fields of the same names).
+  std::optional<std::vector<std::uint32_t>> modulation_flags = std::nullopt;
+  std::int64_t rms_norm_rope_half_table = 0;
+  std::vector<Op> fp32_ops;
   // The ops the model uses, with the sizes each is called at.
   std::map<Op, std::vector<std::int64_t>> ops;
 };

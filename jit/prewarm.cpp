@@ -214,6 +214,18 @@ std::vector<PrewarmTarget> expand_targets(const std::vector<Op>& ops,
       }
     }
   };
+  // The dtypes an op is prewarmed in: those asked for, and fp32 where the model runs it (or
+  // the op it is the backward of) in fp32 whatever its own dtype.
+  const auto dtypes_of = [&](Op op) {
+    std::vector<DType> chosen = dtypes;
+    const bool fp32 = std::any_of(model.fp32_ops.begin(), model.fp32_ops.end(), [&](Op f) {
+      return f == op || (model.training && backward_of(f) == op);
+    });
+    if (fp32 && std::find(chosen.begin(), chosen.end(), DType::f32) == chosen.end()) {
+      chosen.push_back(DType::f32);
+    }
+    return chosen;
+  };
   for (Op op : wanted) {
     const Family* fam = registered_family(op);
     if (!fam) {
@@ -226,7 +238,7 @@ std::vector<PrewarmTarget> expand_targets(const std::vector<Op>& ops,
       notes.push_back("skipping " + std::string(op_name(op)) + ": no size given for it");
       continue;
     }
-    for (DType dtype : dtypes) {
+    for (DType dtype : dtypes_of(op)) {
       for (std::int64_t hidden : found->second) {
         for (const Problem& problem : fam->common_problems(dtype, hidden, model)) {
           add(problem);

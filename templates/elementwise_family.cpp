@@ -405,10 +405,17 @@ std::vector<Problem> ElementwiseFamily::common_problems(DType dtype, std::int64_
                     // write it into a slice of proj_out's input (rows apart: not flat)
       return {make(kElementwiseFlat), make(kGeluHasBias), make(0),
               make(kElementwiseFlat | kGeluErf), make(kGeluHasBias | kGeluErf)};
-    default:  // DiT blocks: a gate per sample, or one for a batch of one; in place and not
-      return {make(kGatePerSample),   make(kGatePerSample | kGatedResidualInPlace),
-              make(kGateShared),      make(kGateShared | kGatedResidualInPlace),
-              make(kElementwiseFlat), make(kElementwiseFlat | kGatedResidualInPlace)};
+    default:  // DiT blocks: a gate per sample, or one for a batch of one; a gate per token,
+              // flat or (LTX-Video's conditioned frames: views of [B, T, 2, D]) rows apart;
+              // in place and not
+      return {make(kGatePerSample),
+              make(kGatePerSample | kGatedResidualInPlace),
+              make(kGateShared),
+              make(kGateShared | kGatedResidualInPlace),
+              make(kElementwiseFlat),
+              make(kElementwiseFlat | kGatedResidualInPlace),
+              make(0),
+              make(kGatedResidualInPlace)};
   }
 }
 

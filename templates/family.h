@@ -35,6 +35,15 @@ struct PrewarmModel {
   // rms_norm_gated's flags for the model's gated norm where it is not the linear attention's
   // (the weight, silu of the gate after the norm): Mamba-2's, the gate first.
   std::optional<std::uint32_t> gated_norm_flags = std::nullopt;
+  // adaln's and gated_adaln's flags as its patched DiT blocks call them (the norm, where the
+  // modulation comes from, how it broadcasts, the tables' dtype); the families' list where not
+  // given.
+  std::optional<std::vector<std::uint32_t>> modulation_flags = std::nullopt;
+  // The head dim of its rms_norm_rope calls' half tables (Problem::aux: Wan hands over one
+  // angle a rotation pair); 0 where it calls with full-row tables or coordinates.
+  std::int64_t rms_norm_rope_half_table = 0;
+  // Ops it runs in fp32 whatever the dtype prewarmed (Wan's FP32LayerNorm output norm).
+  std::vector<Op> fp32_ops;
 };
 
 // A scratch buffer the evaluator must provide to run a candidate on its own.

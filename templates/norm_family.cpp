@@ -922,10 +922,17 @@ std::vector<Problem> NormFamily::common_problems(DType dtype, std::int64_t hidde
       return {make(kNormWeight), make(kNormWeight | kNormInPlace)};
     case Op::layer_norm:
       return {make(kNormWeight | kNormBias), make(0)};
-    case Op::adaln:  // FLUX (LayerNorm, per sample); LTX-Video (RMSNorm, table, per token)
-      return {make(kNormLayer), make(kNormTable | kNormPerToken)};
-    case Op::gated_adaln:  // LTX-Video (RMSNorm, table, per token); FLUX (LayerNorm, per sample)
-      return {make(kNormTable | kNormPerToken), make(kNormLayer)};
+    case Op::adaln:
+    case Op::gated_adaln: {
+      // FLUX (LayerNorm, per sample); LTX-Video (RMSNorm, a table, per sample for text to
+      // video, per token where frames are conditioned).
+      std::vector<Problem> problems;
+      for (std::uint32_t flags : model.modulation_flags.value_or(
+               std::vector<std::uint32_t>{kNormLayer, kNormTable, kNormTable | kNormPerToken})) {
+        problems.push_back(make(flags));
+      }
+      return problems;
+    }
     case Op::rms_norm_gated:  // Qwen3-Next, Qwen3.5 (the sigmoid gate compiles on first use)
       return {make(model.gated_norm_flags.value_or(kNormWeight))};
     default:

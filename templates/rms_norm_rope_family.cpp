@@ -407,7 +407,12 @@ std::int64_t RmsNormRopeFamily::bytes_moved(const Problem& problem, std::int64_t
 }
 
 std::vector<Problem> RmsNormRopeFamily::common_problems(DType dtype, std::int64_t hidden,
-                                                        const PrewarmModel& /*model*/) const {
+                                                        const PrewarmModel& model) const {
+  if (model.rms_norm_rope_half_table != 0) {  // Wan: diffusers' fp32 tables, halved
+    return {Problem{Op::rms_norm_rope, dtype, hidden, kRmsNormRopeTableF32, 16,
+                    model.rms_norm_rope_half_table}};
+  }
+  // LTX-Video: angles from the video grid, or diffusers' fp32 table
   return {Problem{Op::rms_norm_rope, dtype, hidden, kRmsNormRopeTableF32, 16},
           Problem{Op::rms_norm_rope, dtype, hidden, kRmsNormRopeVideo, 16}};
 }

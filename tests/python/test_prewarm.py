@@ -21,6 +21,8 @@ LTX = {"_class_name": "LTXVideoTransformer3DModel", "attention_head_dim": 64,
        "num_attention_heads": 32, "cross_attention_dim": 2048, "num_layers": 28}
 FLUX = {"_class_name": "FluxTransformer2DModel", "attention_head_dim": 128,
         "num_attention_heads": 24, "axes_dims_rope": [16, 56, 56]}
+WAN = {"_class_name": "WanTransformer3DModel", "attention_head_dim": 128, "num_attention_heads": 12,
+       "ffn_dim": 8960, "qk_norm": "rms_norm_across_heads", "cross_attn_norm": True}
 
 
 @pytest.fixture
@@ -55,7 +57,7 @@ def test_unregistered_ops_are_skipped_with_a_note(fresh_cache):
 
 @pytest.mark.parametrize("config,sizes", [
     (LLAMA, {"rms_norm": 4096}), (QWEN2, {"rms_norm": 3584}), (MISTRAL, {"rms_norm": 5120}),
-    (LTX, {"rms_norm": 2048}), (FLUX, {"rms_norm": 128})])
+    (LTX, {"rms_norm": 2048}), (FLUX, {"rms_norm": 128}), (WAN, {"rms_norm": 1536, "gelu": 8960})])
 def test_hugging_face_configs_map_to_sizes(fresh_cache, tmp_path, config, sizes):
     path = tmp_path / "config.json"
     path.write_text(json.dumps(config))
@@ -105,6 +107,30 @@ def test_flux_prewarms_the_rotation_its_patched_attention_calls(fresh_cache, tmp
     # flat: flags 0).
     assert kiln.compile("gated_adaln", "bf16", 3072, arch="sm_90", format="cubin", flags=4)["from_cache"]
     assert kiln.compile("gelu", "bf16", 12288, arch="sm_90", format="cubin", flags=0)["from_cache"]
+
+
+def test_video_transformers_prewarm_the_seams_their_patched_blocks_call(fresh_cache, tmp_path):
+    # LTX-Video's blocks: AdaLN over an RMSNorm with the table rows beside temb (flags 16),
+    # per sample for text to video and per token (32) where frames are conditioned; its
+    # attention's q/k norms and rotation with the angles from the video grid (rms_norm_rope
+    # flags 1); its output LayerNorm with no affine (flags 0).
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(LTX))
+    assert kiln.prewarm(dtypes="bf16", archs="sm_90", config=str(path))["failed"] == 0
+    for op in ("adaln", "gated_adaln"):
+        for flags in (16, 16 | 32):
+            assert kiln.compile(op, "bf16", 2048, arch="sm_90", format="cubin", flags=flags)["from_cache"]
+    assert kiln.compile("rms_norm_rope", "bf16", 2048, arch="sm_90", format="cubin", flags=1)["from_cache"]
+    assert kiln.compile("layer_norm", "bf16", 2048, arch="sm_90", format="cubin", flags=0)["from_cache"]
+    # Wan's: over a LayerNorm (4) from fp32 tables (16 | 128); the fused q/k norms and rotation
+    # from diffusers' fp32 tables read as half tables of the head dim; the output norm in fp32.
+    path.write_text(json.dumps(WAN))
+    assert kiln.prewarm(dtypes="bf16", archs="sm_90", config=str(path))["failed"] == 0
+    for op in ("adaln", "gated_adaln"):
+        assert kiln.compile(op, "bf16", 1536, arch="sm_90", format="cubin", flags=4 | 16 | 128)["from_cache"]
+    assert kiln.compile("rms_norm_rope", "bf16", 1536, arch="sm_90", format="cubin", flags=2,
+                        aux=128)["from_cache"]
+    assert kiln.compile("layer_norm", "fp32", 1536, arch="sm_90", format="cubin", flags=0)["from_cache"]
 
 
 def test_qwen3_prewarms_its_head_norms_fused_and_alone(fresh_cache, tmp_path):

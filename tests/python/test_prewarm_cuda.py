@@ -165,15 +165,16 @@ def test_strict_cache_with_only_the_row_blind_binary_serves_it(tmp_path):
     assert result["worst"] < 2e-2
 
 
-def _prewarm_then_run(tmp_path, config, calls):
-    """Prewarms the cache from `config` (a config.json) with no GPU visible, then runs `calls`
-    (a script printing kiln's statistics, loaded kernels and patched ops) on the GPU with tuning
-    off; returns (the prewarm's summary, the script's output, the problems it compiled)."""
+def _prewarm_then_run(tmp_path, config, calls, training=False):
+    """Prewarms the cache from `config` (a config.json) with no GPU visible (with the backward
+    kernels where `training`), then runs `calls` (a script printing kiln's statistics, loaded
+    kernels and patched ops) on the GPU with tuning off; returns (the prewarm's summary, the
+    script's output, the problems it compiled)."""
     arch = kiln.device_info(0)["arch"]
     cache = tmp_path / "cache"
     code, warmed, err = run_kiln(
-        f"import json, kiln\nprint(json.dumps(kiln.prewarm(dtypes='bf16', archs='{arch}', config='{config}', jobs=4)))",
-        cache, {"CUDA_VISIBLE_DEVICES": ""})
+        f"import json, kiln\nprint(json.dumps(kiln.prewarm(dtypes='bf16', archs='{arch}', config='{config}', "
+        f"jobs=4, training={training})))", cache, {"CUDA_VISIBLE_DEVICES": ""})
     assert code == 0, err
     assert warmed["failed"] == 0, warmed
     code, stats, err = run_kiln(calls, cache, {"KILN_TUNE": "off"})
@@ -221,45 +222,115 @@ def test_prewarm_from_config_serves_a_patched_linear_attention_model(tmp_path, n
     assert compiled == [] and stats["nvrtc_compiles"] == 0, compiled
 
 
-# A tiny FLUX transformer from its config.json (as diffusers writes it), patched and run in bf16
-# at batch 2: the kernels it loaded, what it compiled, and its statistics.
-FLUX_CALLS = """
+# A tiny diffusers transformer from its config.json (as diffusers writes it), in bf16 (with
+# what diffusers' loader keeps in fp32 in fp32), patched and run at batch 2: a timestep per
+# sample, then (LTX-Video's conditioned frames, Wan 2.2's TI2V) a timestep per token; without
+# autograd, or (TRAIN) forward and backward. Prints the kernels it loaded, its statistics and
+# the ops kiln's patch replaced.
+DIT_CALLS = """
 import json, torch, kiln, diffusers
-config = diffusers.FluxTransformer2DModel.load_config("{directory}")
+TRAIN = {train}
+cls = getattr(diffusers, "{cls}")
+config = cls.load_config("{directory}")
 torch.manual_seed(0)
-model = diffusers.FluxTransformer2DModel.from_config(config).eval().to("cuda", torch.bfloat16)
+model = cls.from_config(config).train(TRAIN).to("cuda")
+keep = getattr(model, "_keep_in_fp32_modules", None) or []
+for name, tensor in list(model.named_parameters()) + list(model.named_buffers()):
+    if not any(k in name.split(".") for k in keep):
+        tensor.data = tensor.data.to(torch.bfloat16)
 report = kiln.patch(model)
 g = torch.Generator().manual_seed(3)
-rows, cols, text = 3, 4, 5
-ids = torch.stack(torch.meshgrid(torch.zeros(1), torch.arange(rows * 1.0), torch.arange(cols * 1.0),
-                                 indexing="ij"), -1).reshape(rows * cols, 3)
-inputs = dict(hidden_states=torch.randn(2, rows * cols, config["in_channels"], generator=g),
-              encoder_hidden_states=torch.randn(2, text, config["joint_attention_dim"], generator=g),
-              pooled_projections=torch.randn(2, config["pooled_projection_dim"], generator=g),
-              timestep=torch.tensor([0.3, 0.7]))
+frames, height, width, text = 2, 2, 3, 5
+tokens = frames * height * width
+extra = {{}}
+if "{cls}" == "FluxTransformer2DModel":
+    frames = 1
+    tokens = height * width
+    ids = torch.stack(torch.meshgrid(torch.zeros(1), torch.arange(height * 1.0), torch.arange(width * 1.0),
+                                     indexing="ij"), -1).reshape(tokens, 3)
+    inputs = dict(hidden_states=torch.randn(2, tokens, config["in_channels"], generator=g),
+                  encoder_hidden_states=torch.randn(2, text, config["joint_attention_dim"], generator=g),
+                  pooled_projections=torch.randn(2, config["pooled_projection_dim"], generator=g))
+    extra = dict(img_ids=ids.cuda(), txt_ids=torch.zeros(text, 3, device="cuda"))
+    timesteps = [torch.tensor([0.3, 0.7])]
+elif "{cls}" == "LTXVideoTransformer3DModel":
+    inputs = dict(hidden_states=torch.randn(2, tokens, config["in_channels"], generator=g),
+                  encoder_hidden_states=torch.randn(2, text, config["caption_channels"], generator=g),
+                  encoder_attention_mask=torch.ones(2, text))
+    extra = dict(num_frames=frames, height=height, width=width)
+    timesteps = [torch.tensor([10, 500]), torch.randint(0, 1000, (2, tokens), generator=g)]
+else:
+    inputs = dict(hidden_states=torch.randn(2, config["in_channels"], frames, 2 * height, 2 * width,
+                                            generator=g),
+                  encoder_hidden_states=torch.randn(2, text, config["text_dim"], generator=g))
+    timesteps = [torch.tensor([10, 500]), torch.randint(0, 1000, (2, tokens), generator=g)]
 inputs = {{k: v.to("cuda", torch.bfloat16) for k, v in inputs.items()}}
-with torch.no_grad():
-    model(**inputs, img_ids=ids.cuda(), txt_ids=torch.zeros(text, 3, device="cuda"), return_dict=False)
+for timestep in timesteps:
+    with torch.set_grad_enabled(TRAIN):
+        out = model(**inputs, **extra, timestep=timestep.cuda(), return_dict=False)[0]
+    if TRAIN:
+        out.float().square().mean().backward()
 torch.cuda.synchronize()
 print(json.dumps({{**kiln.stats(), "kernels": kiln._C.loaded_kernels(),
                   "ops": sorted({{r.op for r in report.replaced}})}}))
 """
 
-
-@pytest.mark.gpu
-def test_prewarm_from_config_serves_a_patched_flux_transformer(tmp_path):
-    """kiln prewarm --config of a FLUX config.json, with no GPU, compiles every kernel the
-    patched transformer then calls without autograd (the AdaLN modules, each attention's
-    head_norm_rope, the double blocks' gated_adaln and gated residuals, the single blocks'
-    activation written into proj_out's input): its first forward on a GPU compiles nothing."""
-    diffusers = pytest.importorskip("diffusers")
-    directory = tmp_path / "flux"
-    diffusers.FluxTransformer2DModel(
+# Each model's tiny config (diffusers' class, its arguments) and the block ops its patch must
+# replace.
+DIT_MODELS = {
+    "flux": ("FluxTransformer2DModel", dict(
         patch_size=1, in_channels=8, num_layers=1, num_single_layers=2, attention_head_dim=16,
         num_attention_heads=2, joint_attention_dim=24, pooled_projection_dim=12, guidance_embeds=False,
-        axes_dims_rope=(4, 6, 6)).save_config(str(directory))
-    warmed, stats, compiled = _prewarm_then_run(tmp_path, directory / "config.json",
-                                                FLUX_CALLS.format(directory=directory))
-    print(f"flux: prewarmed {warmed['compiled']}, patched {stats['ops']}, compiled on the GPU: {compiled}")
-    assert {"gated_adaln + gated_residual", "gelu + gated_residual", "head_norm_rope"} <= set(stats["ops"])
+        axes_dims_rope=(4, 6, 6)), ("gated_adaln + gated_residual", "gelu + gated_residual")),
+    "ltx-video": ("LTXVideoTransformer3DModel", dict(
+        in_channels=8, out_channels=8, num_attention_heads=2, attention_head_dim=16, cross_attention_dim=32,
+        num_layers=2, caption_channels=24), ("adaln + gated_residual + gated_adaln",)),
+    # A head dim of 16: diffusers' half tables have rows of 32 bytes, 16-byte aligned as real
+    # Wan's (head dim 128) are.
+    "wan": ("WanTransformer3DModel", dict(
+        patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=16, in_channels=4, out_channels=4,
+        text_dim=16, freq_dim=16, ffn_dim=64, num_layers=2, cross_attn_norm=True, rope_max_seq_len=32),
+        ("adaln + gated_adaln",)),
+}
+
+# What the patched attentions call without autograd: the q/k norms and rotation in one kernel.
+FUSED_ATTENTION = {"flux": "head_norm_rope", "ltx-video": "rms_norm_rope (angles in-kernel)",
+                   "wan": "rms_norm_rope"}
+
+
+def _prewarm_then_run_dit(tmp_path, name, training):
+    diffusers = pytest.importorskip("diffusers")
+    cls, arguments, block_ops = DIT_MODELS[name]
+    directory = tmp_path / name
+    getattr(diffusers, cls)(**arguments).save_config(str(directory))
+    warmed, stats, compiled = _prewarm_then_run(
+        tmp_path, directory / "config.json", DIT_CALLS.format(cls=cls, directory=directory, train=training),
+        training)
+    print(f"{name}: prewarmed {warmed['compiled']}, patched {stats['ops']}, loaded {len(stats['kernels'])}, "
+          f"compiled on the GPU: {compiled}")
+    assert set(block_ops) <= set(stats["ops"])
     assert compiled == [] and stats["nvrtc_compiles"] == 0, compiled
+    return stats
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", list(DIT_MODELS))
+def test_prewarm_from_config_serves_a_patched_diffusion_transformer(tmp_path, name):
+    """kiln prewarm --config of a FLUX, LTX-Video or Wan config.json, with no GPU, compiles
+    every kernel the patched transformer then calls without autograd (the blocks' AdaLN seams
+    and gated residuals, a timestep per sample and per token, each attention's fused q/k norms
+    and rotation, the cross-attention norms, FLUX's activation written into proj_out's input,
+    the output norm: Wan's in fp32): its first forwards on a GPU compile nothing."""
+    stats = _prewarm_then_run_dit(tmp_path, name, training=False)
+    assert FUSED_ATTENTION[name] in stats["ops"]
+    assert any(k["problem"].startswith(("adaln.", "gated_adaln.")) for k in stats["kernels"])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", list(DIT_MODELS))
+def test_training_prewarm_serves_a_patched_diffusion_transformers_backward(tmp_path, name):
+    """kiln prewarm --config --training serves a patched transformer's forward and backward
+    with autograd (fine-tuning: the norms and kiln.rope alone, each with its backward kernels)
+    with no compile."""
+    stats = _prewarm_then_run_dit(tmp_path, name, training=True)
+    assert any("_backward." in k["problem"] for k in stats["kernels"])

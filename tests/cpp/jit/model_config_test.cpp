@@ -3,11 +3,16 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
 
 #include "cache/error.h"
+#include "jit/prewarm.h"
 #include "templates/family.h"
 #include "templates/norm_family.h"
+#include "templates/rms_norm_rope_family.h"
 #include "templates/rope_family.h"
 
 using kiln::Op;
@@ -180,4 +185,127 @@ TEST_CASE("a Mamba-2 hybrid's gated norm is prewarmed as its patch calls it: the
                           {"num_attention_heads", 32}};
   CHECK(kiln::jit::read_model_config(llama).ops.count(Op::rms_norm_gated) == 0);
   CHECK(!kiln::jit::read_model_config(qwen3_next()).gated_norm_flags.has_value());
+}
+
+namespace {
+
+// The keys kiln reads of diffusers' config.json for LTX-Video 0.9 and Wan 2.1 14B.
+nlohmann::json ltx_video() {
+  return {{"_class_name", "LTXVideoTransformer3DModel"},
+          {"attention_head_dim", 64},
+          {"num_attention_heads", 32},
+          {"cross_attention_dim", 2048}};
+}
+
+nlohmann::json wan() {
+  return {{"_class_name", "WanTransformer3DModel"},
+          {"attention_head_dim", 128},
+          {"num_attention_heads", 40},
+          {"ffn_dim", 13824},
+          {"qk_norm", "rms_norm_across_heads"},
+          {"cross_attn_norm", true}};
+}
+
+// The flags of the problems prewarm compiles for `op` at `hidden` in `dtype`.
+std::vector<std::uint32_t> prewarmed_flags(const std::vector<kiln::jit::PrewarmTarget>& targets,
+                                           Op op, std::int64_t hidden, kiln::DType dtype) {
+  std::vector<std::uint32_t> flags;
+  for (const auto& target : targets) {
+    if (target.problem.op == op && target.problem.hidden == hidden &&
+        target.problem.dtype == dtype) {
+      flags.push_back(target.problem.flags);
+    }
+  }
+  std::sort(flags.begin(), flags.end());
+  return flags;
+}
+
+std::vector<kiln::jit::PrewarmTarget> targets_of(const kiln::jit::ModelShape& model,
+                                                 bool training = false) {
+  std::vector<std::string> notes;
+  const auto sizes = kiln::jit::sizes_for_ops(model, {});
+  std::vector<Op> ops;
+  for (const auto& [op, list] : sizes) ops.push_back(op);
+  return kiln::jit::expand_targets(ops, {kiln::DType::bf16}, sizes, {90}, notes,
+                                   kiln::jit::prewarm_model(model, training));
+}
+
+}  // namespace
+
+TEST_CASE("LTX-Video's patched blocks and attentions are prewarmed as they call kiln") {
+  const kiln::jit::ModelShape model = kiln::jit::read_model_config(ltx_video());
+  CHECK(model.kind == "ltx-video");
+  CHECK(model.hidden == 2048);
+  const auto targets = targets_of(model);
+  using kiln::kNormPerToken, kiln::kNormTable;
+  // The AdaLN seams: an RMSNorm, the table rows beside temb, per sample (text to video) and
+  // per token (conditioned frames); no LayerNorm form, which only FLUX and Wan call.
+  for (Op op : {Op::adaln, Op::gated_adaln}) {
+    CHECK(prewarmed_flags(targets, op, 2048, kiln::DType::bf16) ==
+          std::vector<std::uint32_t>{kNormTable, kNormTable | kNormPerToken});
+  }
+  // q/k norms across heads and the rotation, angles from the video grid or from a table.
+  CHECK(prewarmed_flags(targets, Op::rms_norm_rope, 2048, kiln::DType::bf16) ==
+        std::vector<std::uint32_t>{kiln::kRmsNormRopeVideo, kiln::kRmsNormRopeTableF32});
+  // The output norm: a LayerNorm with no affine parameters.
+  const auto layer = prewarmed_flags(targets, Op::layer_norm, 2048, kiln::DType::bf16);
+  CHECK(std::count(layer.begin(), layer.end(), 0u) == 1);
+  CHECK(prewarmed_flags(targets, Op::layer_norm, 2048, kiln::DType::f32).empty());
+}
+
+TEST_CASE("Wan's patched blocks and attentions are prewarmed as they call kiln") {
+  const kiln::jit::ModelShape model = kiln::jit::read_model_config(wan());
+  CHECK(model.kind == "wan");
+  CHECK(model.hidden == 5120);
+  CHECK(model.ops.at(Op::gelu) == std::vector<std::int64_t>{13824});
+  const auto targets = targets_of(model);
+  // The seams over a LayerNorm, read from diffusers' fp32 tables; Wan 2.2's TI2V per token.
+  constexpr std::uint32_t kSeam = kiln::kNormLayer | kiln::kNormTable | kiln::kNormTableF32;
+  for (Op op : {Op::adaln, Op::gated_adaln}) {
+    CHECK(prewarmed_flags(targets, op, 5120, kiln::DType::bf16) ==
+          std::vector<std::uint32_t>{kSeam, kSeam | kiln::kNormPerToken});
+  }
+  // rms_norm_rope from diffusers' fp32 tables, read as half tables of the head dim (aux).
+  int fused = 0;
+  for (const auto& target : targets) {
+    if (target.problem.op == Op::rms_norm_rope) {
+      CHECK(target.problem.flags == kiln::kRmsNormRopeTableF32);
+      CHECK(target.problem.aux == 128);
+      CHECK_NOTHROW(kiln::family(Op::rms_norm_rope).check(target.problem));
+      ++fused;
+    }
+  }
+  CHECK(fused == 1);
+  // The output norm runs in fp32 whatever the model's dtype; nothing else does.
+  CHECK(prewarmed_flags(targets, Op::layer_norm, 5120, kiln::DType::f32) ==
+        std::vector<std::uint32_t>{0u, kiln::kNormWeight | kiln::kNormBias});
+  CHECK(prewarmed_flags(targets, Op::adaln, 5120, kiln::DType::f32).empty());
+  // Training: kiln.rope over diffusers' half tables as the attention hands q and k over, its
+  // inverse, and the fp32 output norm's backward in fp32.
+  const auto training = targets_of(model, true);
+  constexpr std::uint32_t kWanRope =
+      kiln::kRopeInterleaved | kiln::kRopeTableF32 | kiln::kRopeHalfTable;
+  const auto rope = prewarmed_flags(training, Op::rope, 128, kiln::DType::bf16);
+  const std::uint32_t heads = kiln::rope_head_flags(40, 40);
+  CHECK(std::count(rope.begin(), rope.end(), kWanRope | heads) == 1);
+  CHECK(std::count(rope.begin(), rope.end(), kWanRope | heads | kiln::kRopeInverse) == 1);
+  CHECK(!prewarmed_flags(training, Op::layer_norm_backward, 5120, kiln::DType::f32).empty());
+}
+
+TEST_CASE("an adaln prewarmed from an op list covers FLUX's, LTX-Video's and Wan's seams") {
+  const auto problems =
+      kiln::family(Op::gated_adaln).common_problems(kiln::DType::bf16, 3072, kiln::PrewarmModel{});
+  std::vector<std::uint32_t> flags;
+  for (const auto& p : problems) flags.push_back(p.flags);
+  CHECK(flags == std::vector<std::uint32_t>{kiln::kNormLayer, kiln::kNormTable,
+                                            kiln::kNormTable | kiln::kNormPerToken});
+  // FLUX's config: its LayerNorm seams alone.
+  const kiln::jit::ModelShape flux =
+      kiln::jit::read_model_config({{"_class_name", "FluxTransformer2DModel"},
+                                    {"attention_head_dim", 128},
+                                    {"num_attention_heads", 24}});
+  const auto flux_problems = kiln::family(Op::adaln).common_problems(
+      kiln::DType::bf16, 3072, kiln::jit::prewarm_model(flux, false));
+  REQUIRE(flux_problems.size() == 1);
+  CHECK(flux_problems[0].flags == kiln::kNormLayer);
 }

@@ -359,6 +359,11 @@ TEST_CASE("common problems are valid and cover both layouts") {
       kiln::family(Op::gated_residual).common_problems(DType::bf16, 3072, kiln::PrewarmModel{});
   CHECK(std::count_if(gated.begin(), gated.end(),
                       [](const Problem& p) { return p.flags == kiln::kGateShared; }) == 1);
+  // LTX-Video's per-token gates are views of [B, T, 2, D], rows apart: not flat, in place or not.
+  for (std::uint32_t flags : {0u, kiln::kGatedResidualInPlace}) {
+    CHECK(std::count_if(gated.begin(), gated.end(),
+                        [&](const Problem& p) { return p.flags == flags; }) == 1);
+  }
   // FLUX's single blocks write the activation into a slice of a wider buffer: not flat.
   const auto gelu =
       kiln::family(Op::gelu).common_problems(DType::bf16, 12288, kiln::PrewarmModel{});
