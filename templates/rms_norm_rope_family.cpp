@@ -94,7 +94,9 @@ std::int64_t min_ctas_of(const Config& config) {
 // kernel's kStash), 0 where it does not park them: only where the reduction crosses warps
 // and the angles fit in 16 KB.
 std::int64_t parked_angle_bytes(const Problem& problem, const Config& config) {
-  if (!video(problem) || persistent_grid_of(config) > 0 || config.threads_per_row <= 32) return 0;
+  if (!video(problem) || persistent_grid_of(config) > 0 || config.threads_per_row <= 32) {
+    return 0;
+  }
   const std::int64_t pairs = elements_per_thread(problem, config) / 4;  // of q's (or k's) half
   const std::int64_t bytes = pairs * config.cta_threads * 8;
   return bytes <= 16384 ? bytes : 0;
@@ -116,11 +118,15 @@ constexpr std::int64_t kParkingRegisters = 48;
 std::int64_t parking_min_ctas(const Problem& problem, const Config& config,
                               const DeviceTraits& device) {
   const std::int64_t parked = parked_angle_bytes(problem, config);
-  if (parked == 0 || elements_per_thread(problem, config) <= 16) return 0;
+  if (parked == 0 || elements_per_thread(problem, config) <= 16) {
+    return 0;
+  }
   const std::int64_t cta = config.cta_threads;
   const std::int64_t count = resident_ctas(kParkingRegisters, config.cta_threads, device);
   constexpr std::int64_t kReductionBytes = 1024;
-  if (count * (parked + kReductionBytes) > device.smem_per_sm) return 0;
+  if (count * (parked + kReductionBytes) > device.smem_per_sm) {
+    return 0;
+  }
   const std::int64_t registers = device.regs_per_sm / (count * cta) / 8 * 8;
   return registers == kParkingRegisters ? count : 0;
 }
@@ -128,12 +134,16 @@ std::int64_t parking_min_ctas(const Problem& problem, const Config& config,
 }  // namespace
 
 void RmsNormRopeFamily::check(const Problem& problem) const {
-  if (auto error = problem_error(problem)) throw *error;
+  if (auto error = problem_error(problem)) {
+    throw *error;
+  }
 }
 
 std::string RmsNormRopeFamily::invalid_reason(const Problem& problem, const Config& config,
                                               const DeviceTraits& device) const {
-  if (auto error = problem_error(problem)) return error->message();
+  if (auto error = problem_error(problem)) {
+    return error->message();
+  }
   for (const auto& [name, value] : config.extra) {
     if (name != "grid" && name != "min_ctas") {
       return "rms_norm_rope has no tunable named '" + name + "'";
@@ -141,7 +151,9 @@ std::string RmsNormRopeFamily::invalid_reason(const Problem& problem, const Conf
   }
   const auto element = static_cast<std::int64_t>(dtype_size(problem.dtype));
   const int vec = config.vec_bytes;
-  if (!one_of(kVecBytes, vec)) return "vec_bytes " + std::to_string(vec) + " is not 16, 8 or 4";
+  if (!one_of(kVecBytes, vec)) {
+    return "vec_bytes " + std::to_string(vec) + " is not 16, 8 or 4";
+  }
   if (vec < 2 * element) {
     return "vec_bytes " + std::to_string(vec) + " cannot hold a whole interleaved pair";
   }
@@ -171,9 +183,15 @@ std::string RmsNormRopeFamily::invalid_reason(const Problem& problem, const Conf
            std::to_string(kMaxElementsPerThread);
   }
   const int cta = config.cta_threads;
-  if (!one_of(kCtaThreads, cta)) return "cta_threads " + std::to_string(cta) + " is not 64..1024";
-  if (cta < tpr) return "cta_threads is fewer than threads_per_row";
-  if (cta > device.max_threads_per_block) return "cta_threads exceeds the device's limit";
+  if (!one_of(kCtaThreads, cta)) {
+    return "cta_threads " + std::to_string(cta) + " is not 64..1024";
+  }
+  if (cta < tpr) {
+    return "cta_threads is fewer than threads_per_row";
+  }
+  if (cta > device.max_threads_per_block) {
+    return "cta_threads exceeds the device's limit";
+  }
   const int register_cap =
       std::min(kMaxRegistersPerThread, std::max(1, device.regs_per_block / cta));
   if (registers_per_thread(problem, config) > register_cap) {
@@ -222,7 +240,9 @@ std::vector<Config> RmsNormRopeFamily::space(const Problem& problem,
             size_persistent_grid(config, waves, device,
                                  [&](const Config& c) { return resident(problem, c, device); });
           }
-          if (!invalid_reason(problem, config, device).empty()) continue;
+          if (!invalid_reason(problem, config, device).empty()) {
+            continue;
+          }
           const std::int64_t count = parking_min_ctas(problem, config, device);
           configs.push_back(config);
           if (count > 0) {
@@ -301,7 +321,9 @@ Config RmsNormRopeFamily::heuristic(const Problem& problem, const DeviceTraits& 
         min_ctas_of(c) > 0 ? 1 : 0};
   };
   for (const Config& config : configs) {
-    if (best == nullptr || distance(config) < distance(*best)) best = &config;
+    if (best == nullptr || distance(config) < distance(*best)) {
+      best = &config;
+    }
   }
   return *best;
 }
