@@ -350,4 +350,17 @@ std::map<Op, std::vector<std::int64_t>> sizes_for_ops(const ModelShape& model,
   return sizes;
 }
 
+std::vector<PrewarmTarget> model_targets(const ModelShape& model, const std::vector<Op>& ops,
+                                         const std::vector<DType>& dtypes,
+                                         const std::vector<int>& archs, bool training,
+                                         std::vector<std::string>& notes) {
+  const auto sizes = sizes_for_ops(model, ops);
+  std::vector<Op> chosen;
+  chosen.reserve(sizes.size());
+  for (const auto& [op, list] : sizes) {
+    chosen.push_back(op);
+  }
+  return expand_targets(chosen, dtypes, sizes, archs, notes, prewarm_model(model, training));
+}
+
 }  // namespace kiln::jit

@@ -39,6 +39,7 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "jit/prewarm.h"
 #include "templates/family.h"
 #include "templates/types.h"
 
@@ -85,5 +86,12 @@ PrewarmModel prewarm_model(const ModelShape& model, bool training);
 // intermediate size; RoPE: head dim).
 std::map<Op, std::vector<std::int64_t>> sizes_for_ops(const ModelShape& model,
                                                       const std::vector<Op>& ops);
+
+// What `kiln prewarm --config` compiles for the model: `ops` (all of its own when empty) at
+// their sizes_for_ops, through each family's common problems for it (expand_targets).
+std::vector<PrewarmTarget> model_targets(const ModelShape& model, const std::vector<Op>& ops,
+                                         const std::vector<DType>& dtypes,
+                                         const std::vector<int>& archs, bool training,
+                                         std::vector<std::string>& notes);
 
 }  // namespace kiln::jit

@@ -249,6 +249,18 @@ std::vector<PrewarmTarget> expand_targets(const std::vector<Op>& ops,
   return targets;
 }
 
+std::vector<PrewarmTarget> listed_targets(const std::vector<Op>& ops,
+                                          const std::vector<std::int64_t>& hiddens,
+                                          const std::vector<DType>& dtypes,
+                                          const std::vector<int>& archs, bool training,
+                                          std::vector<std::string>& notes) {
+  std::map<Op, std::vector<std::int64_t>> sizes;
+  for (Op op : ops) {
+    sizes[op] = hiddens;
+  }
+  return expand_targets(ops, dtypes, sizes, archs, notes, PrewarmModel{.training = training});
+}
+
 std::vector<PrewarmTarget> targets_from_manifest(const ManifestRead& manifest,
                                                  const std::vector<int>& archs,
                                                  std::vector<std::string>& notes) {

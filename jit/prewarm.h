@@ -78,6 +78,14 @@ std::vector<PrewarmTarget> expand_targets(const std::vector<Op>& ops,
                                           std::vector<std::string>& notes,
                                           const PrewarmModel& model = {});
 
+// What `kiln prewarm --op ... --hidden ...` compiles: every op at every hidden size, for no
+// particular model (expand_targets with a default PrewarmModel).
+std::vector<PrewarmTarget> listed_targets(const std::vector<Op>& ops,
+                                          const std::vector<std::int64_t>& hiddens,
+                                          const std::vector<DType>& dtypes,
+                                          const std::vector<int>& archs, bool training,
+                                          std::vector<std::string>& notes);
+
 // The (problem, arch) of every record of a manifest; `archs`, when not empty, replaces each
 // record's arch (one target per arch). Records that do not parse, or whose family is not
 // registered, are noted and left out.

@@ -6,7 +6,6 @@
 #include <cstdio>
 #include <fstream>
 #include <iostream>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -41,7 +40,9 @@ std::vector<Op> parse_ops(const std::vector<std::string>& names) {
   std::vector<Op> ops;
   for (const auto& name : names) {
     const auto op = parse_op(name);
-    if (!op) throw ArgumentError("prewarm", "--op", "a kiln op", "'" + name + "'");
+    if (!op) {
+      throw ArgumentError("prewarm", "--op", "a kiln op", "'" + name + "'");
+    }
     ops.push_back(*op);
   }
   return ops;
@@ -51,7 +52,9 @@ std::vector<DType> parse_dtypes(const std::vector<std::string>& names) {
   std::vector<DType> dtypes;
   for (const auto& name : names) {
     const auto dtype = parse_dtype(name);
-    if (!dtype) throw ArgumentError("prewarm", "--dtype", "fp32, fp16 or bf16", "'" + name + "'");
+    if (!dtype) {
+      throw ArgumentError("prewarm", "--dtype", "fp32, fp16 or bf16", "'" + name + "'");
+    }
     dtypes.push_back(*dtype);
   }
   return dtypes;
@@ -60,7 +63,10 @@ std::vector<DType> parse_dtypes(const std::vector<std::string>& names) {
 // The GPU's arch when there is one, for a prewarm that names none.
 std::vector<int> parse_archs(const std::vector<std::string>& names, bool required) {
   std::vector<int> archs;
-  for (const auto& name : names) archs.push_back(jit::parse_arch(name));
+  archs.reserve(names.size());
+  for (const auto& name : names) {
+    archs.push_back(jit::parse_arch(name));
+  }
   if (archs.empty() && required) {
     int count = 0;
     try {
@@ -83,12 +89,16 @@ class ProgressBar {
  public:
   ProgressBar() : enabled_(::isatty(STDERR_FILENO) == 1) {}
   void update(std::size_t done, std::size_t total) {
-    if (!enabled_ || total == 0) return;
+    if (!enabled_ || total == 0) {
+      return;
+    }
     constexpr int kWidth = 30;
     const int filled = static_cast<int>(kWidth * done / total);
     std::fprintf(stderr, "\r[%s%s] %zu/%zu", std::string(filled, '#').c_str(),
                  std::string(kWidth - filled, ' ').c_str(), done, total);
-    if (done == total) std::fputc('\n', stderr);
+    if (done == total) {
+      std::fputc('\n', stderr);
+    }
     std::fflush(stderr);
   }
 
@@ -101,7 +111,9 @@ int run_prewarm(const PrewarmArgs& args) {
   std::vector<jit::PrewarmTarget> targets;
   const std::vector<Op> ops = parse_ops(args.ops);
   std::vector<DType> dtypes = parse_dtypes(args.dtypes);
-  if (dtypes.empty()) dtypes = {DType::bf16};
+  if (dtypes.empty()) {
+    dtypes = {DType::bf16};
+  }
 
   if (!args.manifest.empty()) {
     const auto manifest = read_manifest(args.manifest);
@@ -109,35 +121,38 @@ int run_prewarm(const PrewarmArgs& args) {
   }
   if (!args.config.empty()) {
     std::ifstream file(args.config);
-    if (!file) throw Error("kiln prewarm: cannot open " + args.config);
+    if (!file) {
+      throw Error("kiln prewarm: cannot open " + args.config);
+    }
     const auto document = nlohmann::json::parse(file, nullptr, /*allow_exceptions=*/false);
-    if (document.is_discarded()) throw Error("kiln prewarm: " + args.config + " is not JSON");
+    if (document.is_discarded()) {
+      throw Error("kiln prewarm: " + args.config + " is not JSON");
+    }
     const jit::ModelShape model = jit::read_model_config(document);
     std::fprintf(stderr,
                  "kiln prewarm: %s: hidden %lld, intermediate %lld, head dim %lld, RoPE %s\n",
                  model.kind.c_str(), static_cast<long long>(model.hidden),
                  static_cast<long long>(model.intermediate), static_cast<long long>(model.head_dim),
                  model.rope.c_str());
-    auto sizes = jit::sizes_for_ops(model, ops);
-    std::vector<Op> chosen;
-    for (const auto& [op, list] : sizes) chosen.push_back(op);
-    auto more = jit::expand_targets(chosen, dtypes, sizes, parse_archs(args.archs, true), notes,
-                                    jit::prewarm_model(model, args.training));
+    auto more =
+        jit::model_targets(model, ops, dtypes, parse_archs(args.archs, true), args.training, notes);
     targets.insert(targets.end(), more.begin(), more.end());
   }
   if (!args.hiddens.empty()) {
-    if (ops.empty()) throw ArgumentError("prewarm", "--op", "ops for --hidden", "none");
-    std::map<Op, std::vector<std::int64_t>> sizes;
-    for (Op op : ops) sizes[op] = args.hiddens;
-    auto more = jit::expand_targets(ops, dtypes, sizes, parse_archs(args.archs, true), notes,
-                                    PrewarmModel{.training = args.training});
+    if (ops.empty()) {
+      throw ArgumentError("prewarm", "--op", "ops for --hidden", "none");
+    }
+    auto more = jit::listed_targets(ops, args.hiddens, dtypes, parse_archs(args.archs, true),
+                                    args.training, notes);
     targets.insert(targets.end(), more.begin(), more.end());
   }
   if (args.manifest.empty() && args.config.empty() && args.hiddens.empty()) {
     throw ArgumentError("prewarm", "what to prewarm",
                         "--op with --hidden, --config config.json or --manifest FILE", "none");
   }
-  for (const auto& note : notes) std::fprintf(stderr, "kiln prewarm: %s\n", note.c_str());
+  for (const auto& note : notes) {
+    std::fprintf(stderr, "kiln prewarm: %s\n", note.c_str());
+  }
 
   jit::Settings settings = jit::Runtime::get().settings();
   if (!args.cache_dir.empty()) {
@@ -165,10 +180,14 @@ int run_prewarm(const PrewarmArgs& args) {
   std::size_t tuned = 0;
   if (args.tune) {
     jit::Runtime& runtime = jit::Runtime::get();
-    if (runtime.device_count() == 0) throw Error("kiln prewarm --tune: needs a GPU; none found");
+    if (runtime.device_count() == 0) {
+      throw Error("kiln prewarm --tune: needs a GPU; none found");
+    }
     const int sm = runtime.device(0).sm();
     for (const auto& target : targets) {
-      if (target.sm != sm) continue;
+      if (target.sm != sm) {
+        continue;
+      }
       for (std::int64_t rows : args.rows) {
         try {
           tuned += runtime.tune_and_store(0, target.problem, rows) ? 1 : 0;

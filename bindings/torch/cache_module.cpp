@@ -168,24 +168,12 @@ py::dict prewarm(const std::vector<std::string>& op_names,
     if (document.is_discarded()) {
       throw Error("kiln.prewarm: " + path + " is not JSON");
     }
-    const jit::ModelShape model = jit::read_model_config(document);
-    const auto sizes = jit::sizes_for_ops(model, ops);
-    std::vector<Op> chosen;
-    chosen.reserve(sizes.size());
-    for (const auto& [op, list] : sizes) {
-      chosen.push_back(op);
-    }
-    auto more = jit::expand_targets(chosen, dtypes, sizes, archs, notes,
-                                    jit::prewarm_model(model, training));
+    auto more =
+        jit::model_targets(jit::read_model_config(document), ops, dtypes, archs, training, notes);
     targets.insert(targets.end(), more.begin(), more.end());
   }
   if (!hiddens.empty()) {
-    std::map<Op, std::vector<std::int64_t>> sizes;
-    for (Op op : ops) {
-      sizes[op] = hiddens;
-    }
-    auto more =
-        jit::expand_targets(ops, dtypes, sizes, archs, notes, PrewarmModel{.training = training});
+    auto more = jit::listed_targets(ops, hiddens, dtypes, archs, training, notes);
     targets.insert(targets.end(), more.begin(), more.end());
   }
 

@@ -223,11 +223,7 @@ std::vector<std::uint32_t> prewarmed_flags(const std::vector<kiln::jit::PrewarmT
 std::vector<kiln::jit::PrewarmTarget> targets_of(const kiln::jit::ModelShape& model,
                                                  bool training = false) {
   std::vector<std::string> notes;
-  const auto sizes = kiln::jit::sizes_for_ops(model, {});
-  std::vector<Op> ops;
-  for (const auto& [op, list] : sizes) ops.push_back(op);
-  return kiln::jit::expand_targets(ops, {kiln::DType::bf16}, sizes, {90}, notes,
-                                   kiln::jit::prewarm_model(model, training));
+  return kiln::jit::model_targets(model, {}, {kiln::DType::bf16}, {90}, training, notes);
 }
 
 }  // namespace
