@@ -325,6 +325,27 @@ def test_flux_bench_smoke_run(tmp_path):
     assert err["finite"] and err["max_rel"] < 5e-2
 
 
+@needs_diffusers
+def test_first_forward_bench_smoke_run(tmp_path):
+    """The first-forward bench's plumbing on the CPU: each model's config.json written from a
+    meta-device build, prewarmed in a process that sees no GPU, then each mode in a process of
+    its own, every output compared with eager's. Its timings and compile counts are the GPU's."""
+    cmd = [sys.executable, os.path.join(BENCH, "first_forward.py"), "--device", "cpu", "--tiny", "--reps", "1",
+           "--models", "wan,ltx-video", "--jobs", "2", "--out", str(tmp_path)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=dict(os.environ))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    [doc_path] = tmp_path.glob("first-forward-*.json")
+    doc = json.loads(doc_path.read_text())
+    assert doc["arch"] == "sm_90" and list(doc["models"]) == ["wan", "ltx-video"]
+    for record in doc["models"].values():
+        assert record["prewarm"]["failed"] == 0 and record["prewarm"]["compiled"] > 0
+        assert list(record["modes"]) == ["eager", "cold", "tuned cache", "prewarmed"]
+        for mode in ("cold", "tuned cache", "prewarmed"):
+            err = record["modes"][mode]["error_vs_eager"]
+            assert err["finite"] and err["max_rel"] < 5e-2
+    assert "| prewarmed |" in proc.stdout
+
+
 # ---- the examples -----------------------------------------------------------------------
 
 
