@@ -96,7 +96,9 @@ def worker(args):
     sync()
     first_s = time.perf_counter() - start
     with torch.no_grad():
-        timing = common.model_times(forward, warmup=1, reps=args.reps, warmup_s=0.5)
+        # A second of warm-up, as the model benches take: after a cold first forward (seconds of
+        # compiling with the GPU mostly idle) half a second left LTX-Video's forwards 16% slow.
+        timing = common.model_times(forward, warmup=1, reps=args.reps, warmup_s=1.0)
     torch.save(out.float().cpu(), os.path.join(args.scratch, f"{args.model}-{args.worker}.pt"))
     stats = kiln.stats()
     print(json.dumps({"model": what, "built_s": built_s, "first_forward_s": first_s, "ms": timing["ms"],
