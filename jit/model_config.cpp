@@ -113,6 +113,35 @@ std::pair<std::int64_t, std::int64_t> mamba_channels(const nlohmann::json& confi
   return {channels, groups};
 }
 
+// Falcon-H1's mixer closes its scan with a gated RMSNorm only where mamba_rms_norm is set, over
+// mamba_d_ssm channels (mamba_expand x hidden where that is null), the gate after the norm
+// unless mamba_norm_before_gate is false. Its norm keeps its groups in n_groups, which kiln's
+// patch leaves to transformers but for one group: the whole row.
+void falcon_h1_gated_norm(const nlohmann::json& config, ModelShape& model) {
+  const auto flag = [&](const char* key, bool otherwise) {
+    const auto it = config.find(key);
+    return it != config.end() && it->is_boolean() ? it->get<bool>() : otherwise;
+  };
+  if (!flag("mamba_rms_norm", false)) {
+    return;
+  }
+  std::int64_t channels = 0;
+  if (auto ssm = config.find("mamba_d_ssm"); ssm != config.end() && !ssm->is_null()) {
+    channels = require_size(config, "mamba_d_ssm");
+  } else if (auto expand = config.find("mamba_expand");
+             expand != config.end() && expand->is_number()) {
+    channels = static_cast<std::int64_t>(expand->get<double>() * static_cast<double>(model.hidden));
+  }
+  const auto groups = config.find("mamba_n_groups");
+  if (channels <= 0 || (groups != config.end() && !groups->is_null() &&
+                        require_size(config, "mamba_n_groups") != 1)) {
+    return;
+  }
+  model.ops[Op::rms_norm_gated] = {channels};
+  model.gated_norm_flags =
+      kNormWeight | (flag("mamba_norm_before_gate", true) ? 0u : kNormGateFirst);
+}
+
 ModelShape read_llm(const nlohmann::json& config) {
   ModelShape model;
   model.kind = text_of(config, "model_type");
@@ -199,8 +228,10 @@ ModelShape read_llm(const nlohmann::json& config) {
   // The Mamba-2 mixers of Bamba, Granite 4.0-H, Zamba2 and Nemotron-H close their scan with the
   // gate first, over groups of their channels: kiln's patch normalises a group a row, with the
   // weight where the group is the whole row and after the call where there are several.
-  if (const auto [channels, groups] = mamba_channels(config, model.hidden);
-      channels > 0 && channels % groups == 0) {
+  if (model.kind == "falcon_h1") {
+    falcon_h1_gated_norm(config, model);
+  } else if (const auto [channels, groups] = mamba_channels(config, model.hidden);
+             channels > 0 && channels % groups == 0) {
     model.ops[Op::rms_norm_gated] = {channels / groups};
     model.gated_norm_flags = kNormGateFirst | (groups == 1 ? kNormWeight : 0u);
   }
@@ -252,6 +283,13 @@ ModelShape read_diffusion(const nlohmann::json& config, const std::string& kind)
         {Op::rms_norm_rope, {model.hidden}}, {Op::gelu, {model.intermediate}},
         {Op::rope, {model.head_dim}},
     };
+    // Image to video (and first-last frame): the image embedder's LayerNorms (fp32) at the
+    // image width and the inner dim, and its GELU (erf) at the image width.
+    if (auto image = config.find("image_dim"); image != config.end() && !image->is_null()) {
+      const std::int64_t image_dim = require_size(config, "image_dim");
+      model.ops[Op::layer_norm].push_back(image_dim);
+      model.ops[Op::gelu].push_back(image_dim);
+    }
   } else {
     model.rope =
         "3-D (frames, height, width), interleaved pairs, after the q/k RMSNorms "

@@ -13,7 +13,9 @@
 //    language model is read from its text_config. Tables as kiln's patch hands them to
 //    kiln.rope: GPT-OSS's one angle a pair, GLM's (glm, glm4) interleaved pairs from half its
 //    table; Phi-2, StableLM and Persimmon slice the rotated columns off and rotate that slice
-//    as a whole head (RoPE at the rotary dim).
+//    as a whole head (RoPE at the rotary dim). The gated RMSNorm of linear attentions
+//    (linear_value_head_dim) and of Mamba-2 mixers (Bamba, Granite 4.0-H, Zamba2, Nemotron-H,
+//    Falcon-H1 where mamba_rms_norm is set), at the width kiln's patch normalises a row.
 //  - diffusers LTXVideoTransformer3DModel: inner dim = num_attention_heads * attention_head_dim;
 //    AdaLN over an RMSNorm of the inner dim from the blocks' tables (temb per sample, or per
 //    token where frames are conditioned), the "rms_norm_across_heads" q/k norms and 3-D RoPE
@@ -24,7 +26,8 @@
 //    LayerNorm from the blocks' fp32 tables (per sample, or per token for Wan 2.2's TI2V),
 //    the q/k norms across heads and RoPE as one rms_norm_rope from diffusers' fp32 tables read
 //    as half tables (the norms and kiln.rope when training), RMSNorm q/k norms in
-//    cross-attention, a GELU (tanh) feed-forward of ffn_dim, the output LayerNorm in fp32.
+//    cross-attention, a GELU (tanh) feed-forward of ffn_dim, the output LayerNorm in fp32;
+//    with image_dim (image to video), the image embedder's LayerNorms (fp32) and GELU.
 //  - diffusers FluxTransformer2DModel: the same inner dim; LayerNorm and AdaLN-Zero over it,
 //    RMSNorm q/k norm per head (attention_head_dim) and RoPE from a table over axes_dims_rope
 //    (3 axes), interleaved, fused as one head_norm_rope where kiln's patch can (else the norm

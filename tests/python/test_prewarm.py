@@ -316,3 +316,45 @@ def test_cli_prewarm_and_cache_commands(tmp_path):
         assert no_arch.returncode != 0 and "--arch" in no_arch.stderr
     else:  # with a GPU, no --arch means the GPU's arch
         assert no_arch.returncode == 0 and "compiled 4," in no_arch.stdout, no_arch.stderr
+
+
+def test_falcon_h1_prewarms_the_gated_norm_its_mixer_has(fresh_cache, tmp_path):
+    # Falcon-H1's mixer has a gated RMSNorm only with mamba_rms_norm, over mamba_d_ssm channels,
+    # the gate after the norm (mamba_norm_before_gate): rms_norm_gated with the weight (flags 1),
+    # as kiln's patch calls it.
+    transformers = pytest.importorskip("transformers")
+    if not hasattr(transformers, "FalconH1Config"):
+        pytest.skip("transformers has no Falcon-H1")
+    config = transformers.FalconH1Config(hidden_size=256, intermediate_size=512, num_attention_heads=4,
+                                         num_key_value_heads=2, head_dim=64, mamba_d_ssm=384, mamba_n_heads=6,
+                                         mamba_d_head=64, mamba_n_groups=1, mamba_rms_norm=True)
+    path = tmp_path / "config.json"
+    config.to_json_file(str(path))
+    assert kiln.prewarm(dtypes="bf16", archs="sm_90", config=str(path))["failed"] == 0
+    assert kiln.compile("rms_norm_gated", "bf16", 384, arch="sm_90", format="cubin", flags=1)["from_cache"]
+    # Without the norm in its mixer, nothing of the kind is prewarmed.
+    config.mamba_rms_norm = False
+    config.to_json_file(str(path))
+    assert kiln.prewarm(dtypes="bf16", archs="sm_90", config=str(path))["failed"] == 0
+    assert not kiln.compile("rms_norm_gated", "bf16", 512, arch="sm_90", format="cubin", flags=512 | 1)["from_cache"]
+
+
+def test_falcon_h1s_patched_gated_norm_calls_kiln_as_prewarmed(monkeypatch):
+    # The module the prewarm above serves: Falcon-H1's one-group gated norm, the gate after the
+    # norm, taken by kiln's patch as rms_norm_gated(x, z, weight, eps, "silu", True).
+    import torch
+    modeling = pytest.importorskip("transformers.models.falcon_h1.modeling_falcon_h1")
+    norm = modeling.FalconH1RMSNormGated(384, eps=1e-6, n_groups=1, norm_before_gate=True)
+    with torch.no_grad():
+        norm.weight.normal_(1.0, 0.3)
+    model = torch.nn.ModuleDict({"norm": norm})
+    x, z = torch.randn(2, 3, 384), torch.randn(2, 3, 384)
+    with torch.no_grad():
+        expected = norm(x, z)
+    assert [r.kind for r in kiln.patch(model).replaced] == ["rms_norm_gated (silu of the gate, after the norm)"]
+    calls = []
+    real = kiln.norm_ops.rms_norm_gated
+    monkeypatch.setattr(kiln.norm_ops, "rms_norm_gated", lambda *a: calls.append(a[-2:]) or real(*a))
+    with torch.no_grad():
+        torch.testing.assert_close(model["norm"](x, z), expected)
+    assert calls == [("silu", True)]

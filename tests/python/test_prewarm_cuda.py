@@ -263,6 +263,8 @@ else:
     inputs = dict(hidden_states=torch.randn(2, config["in_channels"], frames, 2 * height, 2 * width,
                                             generator=g),
                   encoder_hidden_states=torch.randn(2, text, config["text_dim"], generator=g))
+    if config.get("image_dim"):  # image to video: the image encoder's tokens
+        inputs["encoder_hidden_states_image"] = torch.randn(2, 7, config["image_dim"], generator=g)
     timesteps = [torch.tensor([10, 500]), torch.randint(0, 1000, (2, tokens), generator=g)]
 inputs = {{k: v.to("cuda", torch.bfloat16) for k, v in inputs.items()}}
 for timestep in timesteps:
@@ -291,11 +293,15 @@ DIT_MODELS = {
         patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=16, in_channels=4, out_channels=4,
         text_dim=16, freq_dim=16, ffn_dim=64, num_layers=2, cross_attn_norm=True, rope_max_seq_len=32),
         ("adaln + gated_adaln",)),
+    "wan-i2v": ("WanTransformer3DModel", dict(
+        patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=16, in_channels=4, out_channels=4,
+        text_dim=16, freq_dim=16, ffn_dim=64, num_layers=2, cross_attn_norm=True, rope_max_seq_len=32,
+        image_dim=24, added_kv_proj_dim=32), ("adaln + gated_adaln",)),
 }
 
 # What the patched attentions call without autograd: the q/k norms and rotation in one kernel.
 FUSED_ATTENTION = {"flux": "head_norm_rope", "ltx-video": "rms_norm_rope (angles in-kernel)",
-                   "wan": "rms_norm_rope"}
+                   "wan": "rms_norm_rope", "wan-i2v": "rms_norm_rope"}
 
 
 def _prewarm_then_run_dit(tmp_path, name, training):
@@ -320,7 +326,8 @@ def test_prewarm_from_config_serves_a_patched_diffusion_transformer(tmp_path, na
     every kernel the patched transformer then calls without autograd (the blocks' AdaLN seams
     and gated residuals, a timestep per sample and per token, each attention's fused q/k norms
     and rotation, the cross-attention norms, FLUX's activation written into proj_out's input,
-    the output norm: Wan's in fp32): its first forwards on a GPU compile nothing."""
+    the output norm: Wan's in fp32, as are the LayerNorms of Wan's image embedder for image to
+    video): its first forwards on a GPU compile nothing."""
     stats = _prewarm_then_run_dit(tmp_path, name, training=False)
     assert FUSED_ATTENTION[name] in stats["ops"]
     assert any(k["problem"].startswith(("adaln.", "gated_adaln.")) for k in stats["kernels"])

@@ -177,6 +177,26 @@ TEST_CASE("a Mamba-2 hybrid's gated norm is prewarmed as its patch calls it: the
   CHECK(model.ops.at(Op::rms_norm_gated) == std::vector<std::int64_t>{1024});
   CHECK(model.gated_norm_flags == kiln::kNormGateFirst);
 
+  // Falcon-H1: a gated norm only with mamba_rms_norm, over mamba_d_ssm channels, the gate after
+  // the norm unless mamba_norm_before_gate is false; one group (kiln's patch takes no other).
+  nlohmann::json falcon = {{"model_type", "falcon_h1"},  {"hidden_size", 3072},
+                           {"intermediate_size", 12288}, {"num_attention_heads", 12},
+                           {"num_key_value_heads", 2},   {"mamba_expand", 2},
+                           {"mamba_d_ssm", 3072},        {"mamba_n_groups", 1},
+                           {"mamba_rms_norm", false},    {"mamba_norm_before_gate", true}};
+  CHECK(kiln::jit::read_model_config(falcon).ops.count(Op::rms_norm_gated) == 0);
+  falcon["mamba_rms_norm"] = true;
+  model = kiln::jit::read_model_config(falcon);
+  CHECK(model.ops.at(Op::rms_norm_gated) == std::vector<std::int64_t>{3072});
+  CHECK(model.gated_norm_flags == kiln::kNormWeight);
+  falcon["mamba_norm_before_gate"] = false;
+  falcon["mamba_d_ssm"] = nullptr;  // mamba_expand x hidden
+  model = kiln::jit::read_model_config(falcon);
+  CHECK(model.ops.at(Op::rms_norm_gated) == std::vector<std::int64_t>{6144});
+  CHECK(model.gated_norm_flags == (kiln::kNormGateFirst | kiln::kNormWeight));
+  falcon["mamba_n_groups"] = 2;
+  CHECK(kiln::jit::read_model_config(falcon).ops.count(Op::rms_norm_gated) == 0);
+
   // A model with neither a linear attention nor a Mamba mixer has no gated norm; Qwen3-Next's is
   // the linear attention's form (the default flags).
   nlohmann::json llama = {{"model_type", "llama"},
@@ -286,6 +306,16 @@ TEST_CASE("Wan's patched blocks and attentions are prewarmed as they call kiln")
   CHECK(std::count(rope.begin(), rope.end(), kWanRope | heads) == 1);
   CHECK(std::count(rope.begin(), rope.end(), kWanRope | heads | kiln::kRopeInverse) == 1);
   CHECK(!prewarmed_flags(training, Op::layer_norm_backward, 5120, kiln::DType::f32).empty());
+
+  // Wan's image to video: the image embedder's fp32 LayerNorms at the image width and its GELU.
+  nlohmann::json i2v = wan();
+  i2v["image_dim"] = 1280;
+  i2v["added_kv_proj_dim"] = 5120;
+  const auto image = targets_of(kiln::jit::read_model_config(i2v));
+  CHECK(prewarmed_flags(image, Op::layer_norm, 1280, kiln::DType::f32) ==
+        std::vector<std::uint32_t>{0u, kiln::kNormWeight | kiln::kNormBias});
+  CHECK(!prewarmed_flags(image, Op::gelu, 1280, kiln::DType::bf16).empty());
+  CHECK(prewarmed_flags(targets, Op::layer_norm, 1280, kiln::DType::f32).empty());
 }
 
 TEST_CASE("an adaln prewarmed from an op list covers FLUX's, LTX-Video's and Wan's seams") {
