@@ -33,11 +33,6 @@ constexpr int kPassHeuristicCta = 256;
 constexpr int kPassHeuristicUnroll = 1;
 constexpr int kReduceHeuristicUnroll = 2;
 
-std::int64_t extra(const Config& config, const char* name, std::int64_t fallback) {
-  const auto it = config.extra.find(name);
-  return it == config.extra.end() ? fallback : it->second;
-}
-
 bool gated(Op op) {
   return op == Op::swiglu_backward || op == Op::geglu_backward;
 }
@@ -51,7 +46,9 @@ std::int64_t vectors_per_row(const Problem& problem, int vec_bytes) {
 int reduce_target_cta(const Problem& problem, int vec_bytes) {
   const std::int64_t vectors = vectors_per_row(problem, vec_bytes);
   for (int cta : kReduceCtaThreads) {
-    if (cta >= std::min<std::int64_t>(vectors, 256)) return cta;
+    if (cta >= std::min<std::int64_t>(vectors, 256)) {
+      return cta;
+    }
   }
   return kReduceCtaThreads.back();
 }
@@ -129,7 +126,7 @@ std::string ActivationBackwardFamily::invalid_reason(const Problem& problem, con
            " is not 1: a thread owns whole vectors, no row is split among threads";
   }
   const int cta = config.cta_threads;
-  const std::int64_t unroll = extra(config, "unroll", 0);
+  const std::int64_t unroll = config.extra_or("unroll", 0);
   if (reduce) {
     if (!one_of(kReduceCtaThreads, cta)) {
       return "cta_threads " + std::to_string(cta) + " is not " + list_of(kReduceCtaThreads);
@@ -149,7 +146,7 @@ std::string ActivationBackwardFamily::invalid_reason(const Problem& problem, con
     if (!one_of(kPassUnrolls, unroll)) {
       return "unroll " + std::to_string(unroll) + " is not " + list_of(kPassUnrolls);
     }
-    const std::int64_t max_ctas = extra(config, "max_ctas", -1);
+    const std::int64_t max_ctas = config.extra_or("max_ctas", -1);
     const std::int64_t wave = ElementwiseFamily::wave_ctas(device, cta);
     if (max_ctas != 0 && max_ctas != wave) {
       return "max_ctas " + std::to_string(max_ctas) + " is neither 0 (cover the data once) nor " +
@@ -190,12 +187,18 @@ std::vector<Config> ActivationBackwardFamily::space(const Problem& problem,
     config.threads_per_row = 1;
     config.cta_threads = cta;
     config.extra["unroll"] = unroll;
-    if (max_ctas) config.extra["max_ctas"] = *max_ctas;
-    if (invalid_reason(problem, config, device).empty()) configs.push_back(std::move(config));
+    if (max_ctas) {
+      config.extra["max_ctas"] = *max_ctas;
+    }
+    if (invalid_reason(problem, config, device).empty()) {
+      configs.push_back(std::move(config));
+    }
   };
   if (reduces_bias(problem)) {
     for (int cta : kReduceCtaThreads) {
-      for (int unroll : kReduceUnrolls) consider(cta, unroll, std::nullopt);
+      for (int unroll : kReduceUnrolls) {
+        consider(cta, unroll, std::nullopt);
+      }
     }
     return configs;
   }
@@ -236,7 +239,7 @@ std::string ActivationBackwardFamily::name_expression(const Problem& problem,
   const std::string head =
       std::string(dtype_cuda_type(problem.dtype)) + ", " + std::to_string(problem.hidden) + ", " +
       std::to_string(config.vec_bytes) + ", " + std::to_string(config.cta_threads) + ", " +
-      std::to_string(extra(config, "unroll", 1)) + ", ";
+      std::to_string(config.extra_or("unroll", 1)) + ", ";
   if (reduces_bias(problem)) {
     return "kiln::bias_gelu_backward<" + head + flag(kGeluErf) + ">";
   }
@@ -266,10 +269,10 @@ LaunchGeometry ActivationBackwardFamily::geometry(const Problem& problem, const 
     return geometry;
   }
   const std::int64_t per_cta = std::int64_t{std::max(config.cta_threads, 1)} *
-                               std::max<std::int64_t>(extra(config, "unroll", 1), 1);
+                               std::max<std::int64_t>(config.extra_or("unroll", 1), 1);
   geometry.grid[0] =
       covering_grid(ElementwiseFamily::vectors(problem, config.vec_bytes, rows), per_cta);
-  const std::int64_t max_ctas = extra(config, "max_ctas", 0);
+  const std::int64_t max_ctas = config.extra_or("max_ctas", 0);
   if (max_ctas > 0 && geometry.grid[0] > max_ctas) {
     geometry.grid[0] = static_cast<std::uint32_t>(max_ctas);
   }

@@ -60,8 +60,7 @@ inline std::uint32_t covering_grid(std::int64_t rows, std::int64_t rows_per_cta)
 // extra["grid"]: 0 (or absent) covers the rows in one pass; N > 0 launches N CTAs whose
 // threads prefetch their next rows.
 inline std::int64_t persistent_grid_of(const Config& config) {
-  const auto it = config.extra.find("grid");
-  return it == config.extra.end() ? 0 : it->second;
+  return config.extra_or("grid", 0);
 }
 
 // CTAs of `cta_threads` threads that an SM holds at once, by its threads and an estimate of

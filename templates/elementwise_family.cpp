@@ -41,11 +41,6 @@ constexpr int kMaxRegistersPerThread = 255;
 constexpr int kHeuristicCta = 256;
 constexpr int kHeuristicUnroll = 1;
 
-std::int64_t extra(const Config& config, const char* name, std::int64_t fallback) {
-  const auto it = config.extra.find(name);
-  return it == config.extra.end() ? fallback : it->second;
-}
-
 // Operands the op reads (a, b, c) for the problem.
 int operands(const Problem& problem) {
   switch (problem.op) {
@@ -203,11 +198,11 @@ std::string ElementwiseFamily::invalid_reason(const Problem& problem, const Conf
     return "cta_threads " + std::to_string(cta) + " exceeds the device's " +
            std::to_string(device.max_threads_per_block) + " threads per block";
   }
-  const std::int64_t unroll = extra(config, "unroll", 0);
+  const std::int64_t unroll = config.extra_or("unroll", 0);
   if (!one_of(kUnrolls, unroll)) {
     return "unroll " + std::to_string(unroll) + " is not 1, 2, 4 or 8";
   }
-  const std::int64_t max_ctas = extra(config, "max_ctas", -1);
+  const std::int64_t max_ctas = config.extra_or("max_ctas", -1);
   if (cta < kSmallCta && (unroll != 1 || max_ctas != 0)) {
     return "cta_threads " + std::to_string(cta) +
            " (a CTA for calls smaller than the GPU) takes unroll 1 and max_ctas 0";
@@ -290,17 +285,18 @@ std::string ElementwiseFamily::name_expression(const Problem& problem, const Con
   return "kiln::elementwise<" + std::string(dtype_cuda_type(problem.dtype)) + ", " +
          std::to_string(problem.hidden) + ", " + std::to_string(config.vec_bytes) + ", " +
          std::to_string(config.cta_threads) + ", " +
-         std::to_string(extra(config, "unroll", kHeuristicUnroll)) + ", " + flag(kElementwiseFlat) +
-         ", " + flag(kElementwiseIndex64) + ", " + op + ">";
+         std::to_string(config.extra_or("unroll", kHeuristicUnroll)) + ", " +
+         flag(kElementwiseFlat) + ", " + flag(kElementwiseIndex64) + ", " + op + ">";
 }
 
 LaunchGeometry ElementwiseFamily::geometry(const Problem& problem, const Config& config,
                                            std::int64_t rows) const {
-  const std::int64_t per_cta = std::int64_t{std::max(config.cta_threads, 1)} *
-                               std::max<std::int64_t>(extra(config, "unroll", kHeuristicUnroll), 1);
+  const std::int64_t per_cta =
+      std::int64_t{std::max(config.cta_threads, 1)} *
+      std::max<std::int64_t>(config.extra_or("unroll", kHeuristicUnroll), 1);
   LaunchGeometry geometry;
   geometry.grid[0] = covering_grid(vectors(problem, config.vec_bytes, rows), per_cta);
-  const std::int64_t max_ctas = extra(config, "max_ctas", 0);
+  const std::int64_t max_ctas = config.extra_or("max_ctas", 0);
   if (max_ctas > 0 && geometry.grid[0] > max_ctas) {
     geometry.grid[0] = static_cast<std::uint32_t>(max_ctas);
   }

@@ -72,15 +72,13 @@ std::int64_t item_cap(std::int64_t hidden) {
 // PREFETCH); absent means 0.
 constexpr const char* kPrefetchExtra = "prefetch";
 bool prefetch_of(const Config& config) {
-  const auto it = config.extra.find(kPrefetchExtra);
-  return it != config.extra.end() && it->second != 0;
+  return config.extra_or(kPrefetchExtra, 0) != 0;
 }
 
 // The parameter sums in shared memory (kiln::norm_backward's SHARED_SUMS); absent means 0.
 constexpr const char* kSharedSumsExtra = "shared_sums";
 bool shared_sums_of(const Config& config) {
-  const auto it = config.extra.find(kSharedSumsExtra);
-  return it != config.extra.end() && it->second != 0;
+  return config.extra_or(kSharedSumsExtra, 0) != 0;
 }
 
 // How many fp32 parameter sums the kernel keeps per element of the row.

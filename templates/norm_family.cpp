@@ -54,16 +54,14 @@ constexpr const char* kStageExtra = "stage";
 
 // The row is read twice rather than held (kiln::norm's REREAD); absent means 0.
 std::int64_t reread_of(const Config& config) {
-  const auto it = config.extra.find(kRereadExtra);
-  return it == config.extra.end() ? 0 : it->second;
+  return config.extra_or(kRereadExtra, 0);
 }
 constexpr std::int64_t kRereadMinRowBytes = 4096;
 
 // The row is staged in shared memory rather than held in registers (kiln::norm_staged);
 // absent means 0.
 std::int64_t stage_of(const Config& config) {
-  const auto it = config.extra.find(kStageExtra);
-  return it == config.extra.end() ? 0 : it->second;
+  return config.extra_or(kStageExtra, 0);
 }
 // cp.async, which stages a row without holding registers, came with sm_80; it copies 4, 8
 // or 16 bytes.
@@ -78,8 +76,7 @@ constexpr std::int64_t kReservedSmemPerCta = 1024;
 // The row is split over this many CTAs of a thread-block cluster (kiln::norm_cluster);
 // absent means 1 (one CTA per row).
 std::int64_t cluster_of(const Config& config) {
-  const auto it = config.extra.find("cluster");
-  return it == config.extra.end() ? 1 : it->second;
+  return config.extra_or("cluster", 1);
 }
 constexpr std::array<int, 3> kClusterCtas = {2, 4, 8};  // 8: the portable cluster size
 constexpr int kClusterMinSm = 90;

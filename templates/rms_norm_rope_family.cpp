@@ -86,8 +86,7 @@ std::int64_t resident(const Problem& problem, const Config& config, const Device
 }
 
 std::int64_t min_ctas_of(const Config& config) {
-  const auto it = config.extra.find("min_ctas");
-  return it == config.extra.end() ? 0 : it->second;
+  return config.extra_or("min_ctas", 0);
 }
 
 // The bytes of cos/sin a CTA of the one-pass video kernel parks across its barrier (the

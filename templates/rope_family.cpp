@@ -148,8 +148,7 @@ std::int64_t RopeFamily::table_width(const Problem& problem) {
 }
 
 int RopeFamily::rows_per_thread(const Config& config) {
-  const auto it = config.extra.find(kRowsPerThread);
-  return it == config.extra.end() ? 1 : static_cast<int>(it->second);
+  return static_cast<int>(config.extra_or(kRowsPerThread, 1));
 }
 
 RopeForm RopeFamily::form(const Problem& problem, const Config& config) {
@@ -192,12 +191,16 @@ std::pair<int, int> RopeFamily::standalone_heads(const Problem& problem, std::in
 }
 
 void RopeFamily::check(const Problem& problem) const {
-  if (auto error = problem_error(op_, problem)) throw *error;
+  if (auto error = problem_error(op_, problem)) {
+    throw *error;
+  }
 }
 
 std::string RopeFamily::invalid_reason(const Problem& problem, const Config& config,
                                        const DeviceTraits& device) const {
-  if (auto error = problem_error(op_, problem)) return error->message();
+  if (auto error = problem_error(op_, problem)) {
+    return error->message();
+  }
   for (const auto& [name, value] : config.extra) {
     if (name != kRowsPerThread && name != "grid") {
       return std::string(op_name(op_)) + " has no tunable named '" + name + "'";
@@ -209,7 +212,9 @@ std::string RopeFamily::invalid_reason(const Problem& problem, const Config& con
   }
   const auto element = static_cast<int>(dtype_size(problem.dtype));
   const int vec = config.vec_bytes;
-  if (!one_of(kVecBytes, vec)) return "vec_bytes " + std::to_string(vec) + " is not 16, 8, 4 or 2";
+  if (!one_of(kVecBytes, vec)) {
+    return "vec_bytes " + std::to_string(vec) + " is not 16, 8, 4 or 2";
+  }
   if (vec < element) {
     return "vec_bytes " + std::to_string(vec) + " is narrower than one element";
   }
@@ -244,9 +249,15 @@ std::string RopeFamily::invalid_reason(const Problem& problem, const Config& con
            std::to_string(s.rot_units) + " rotation units";
   }
   const int cta = config.cta_threads;
-  if (!one_of(kCtaThreads, cta)) return "cta_threads " + std::to_string(cta) + " is not 64..512";
-  if (cta < tpr) return "cta_threads is fewer than threads_per_row";
-  if (cta > device.max_threads_per_block) return "cta_threads exceeds the device's limit";
+  if (!one_of(kCtaThreads, cta)) {
+    return "cta_threads " + std::to_string(cta) + " is not 64..512";
+  }
+  if (cta < tpr) {
+    return "cta_threads is fewer than threads_per_row";
+  }
+  if (cta > device.max_threads_per_block) {
+    return "cta_threads exceeds the device's limit";
+  }
   const std::int64_t held = held_words(problem, config);
   if (held > kMaxHeldWords) {
     return "each thread would hold about " + std::to_string(held) +
@@ -311,8 +322,12 @@ Config RopeFamily::heuristic(const Problem& problem, const DeviceTraits& device)
   probe.vec_bytes = vec;
   const std::int64_t units = shape_of(problem, probe).rot_units;
   int target_tpr = 1;
-  while (target_tpr < 256 && target_tpr * 2 <= units) target_tpr *= 2;
-  if (units > 64) target_tpr = std::max(1, target_tpr / 2);  // long rows: two units each
+  while (target_tpr < 256 && std::int64_t{target_tpr} * 2 <= units) {
+    target_tpr *= 2;
+  }
+  if (units > 64) {
+    target_tpr = std::max(1, target_tpr / 2);  // long rows: two units each
+  }
   const int target_cta = std::max(128, std::min(512, 2 * target_tpr));
   const Config* best = nullptr;
   auto distance = [&](const Config& c) {
@@ -321,7 +336,9 @@ Config RopeFamily::heuristic(const Problem& problem, const DeviceTraits& device)
         std::abs(rows_per_thread(c) - 2), std::abs(c.cta_threads - target_cta)};
   };
   for (const Config& config : configs) {
-    if (best == nullptr || distance(config) < distance(*best)) best = &config;
+    if (best == nullptr || distance(config) < distance(*best)) {
+      best = &config;
+    }
   }
   return *best;
 }
@@ -347,7 +364,7 @@ LaunchGeometry RopeFamily::geometry(const Problem& problem, const Config& config
                                     std::int64_t rows) const {
   (void)problem;
   const std::int64_t rows_per_cta =
-      std::max(1, config.cta_threads / std::max(1, config.threads_per_row)) *
+      std::int64_t{std::max(1, config.cta_threads / std::max(1, config.threads_per_row))} *
       rows_per_thread(config);
   LaunchGeometry geometry;
   geometry.grid[0] = capped_grid(covering_grid(rows, rows_per_cta), config);

@@ -79,6 +79,12 @@ struct Config {
 
   bool operator==(const Config&) const = default;
   int rows_per_cta() const { return cta_threads / threads_per_row; }
+  // extra[name], or `absent` where the config does not set it (each family says what an
+  // absent extra means).
+  std::int64_t extra_or(const std::string& name, std::int64_t absent) const {
+    const auto it = extra.find(name);
+    return it == extra.end() ? absent : it->second;
+  }
   // "v16.t32.c128" (+ ".name=value" for extras, in order).
   std::string key() const;
 };
