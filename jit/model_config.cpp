@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cache/error.h"
+#include "cache/file_io.h"
 #include "templates/norm_family.h"
 #include "templates/rope_family.h"
 
@@ -353,6 +354,27 @@ ModelShape read_model_config(const nlohmann::json& config) {
       "intermediate_size, ...) or a diffusers LTXVideoTransformer3DModel, "
       "FluxTransformer2DModel or WanTransformer3DModel config, got " +
       (class_name.empty() ? std::string("neither") : "_class_name \"" + class_name + "\""));
+}
+
+nlohmann::json read_config_file(const std::filesystem::path& path, const std::string& who) {
+  namespace fs = std::filesystem;
+  std::error_code ignored;
+  fs::path file = path;
+  if (fs::is_directory(path, ignored)) {
+    const bool pipeline = fs::exists(path / "model_index.json", ignored) &&
+                          !fs::exists(path / "config.json", ignored);
+    file = pipeline ? path / "transformer" / "config.json" : path / "config.json";
+  }
+  const detail::FileRead read = detail::read_whole_file(file);
+  if (read.status != detail::ReadStatus::ok) {
+    throw Error(who + ": cannot open " + file.string());
+  }
+  auto document = nlohmann::json::parse(read.bytes.begin(), read.bytes.end(), nullptr,
+                                        /*allow_exceptions=*/false);
+  if (document.is_discarded()) {
+    throw Error(who + ": " + file.string() + " is not JSON");
+  }
+  return document;
 }
 
 PrewarmModel prewarm_model(const ModelShape& model, bool training) {

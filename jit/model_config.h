@@ -35,6 +35,7 @@
 #pragma once
 
 #include <cstdint>
+#include <filesystem>
 #include <map>
 #include <optional>
 #include <string>
@@ -79,6 +80,12 @@ struct ModelShape {
 
 // Throws kiln::Error naming the key that is missing or of the wrong type.
 ModelShape read_model_config(const nlohmann::json& config);
+
+// The config.json `path` names: the file itself; in a folder, its config.json (a transformers
+// checkpoint, a diffusers model) or, in a diffusers pipeline's folder (model_index.json and no
+// config.json), its transformer's (transformer/config.json). Throws kiln::Error, its message
+// starting with `who`, where that file cannot be read or is not JSON.
+nlohmann::json read_config_file(const std::filesystem::path& path, const std::string& who);
 
 // What the families' common problems take of the model (head counts, the fused head norms'
 // layout, the rotary dim), and whether it trains.

@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <fstream>
 #include <iostream>
 #include <memory>
 #include <mutex>
@@ -120,15 +119,8 @@ int run_prewarm(const PrewarmArgs& args) {
     targets = jit::targets_from_manifest(manifest, parse_archs(args.archs, false), notes);
   }
   if (!args.config.empty()) {
-    std::ifstream file(args.config);
-    if (!file) {
-      throw Error("kiln prewarm: cannot open " + args.config);
-    }
-    const auto document = nlohmann::json::parse(file, nullptr, /*allow_exceptions=*/false);
-    if (document.is_discarded()) {
-      throw Error("kiln prewarm: " + args.config + " is not JSON");
-    }
-    const jit::ModelShape model = jit::read_model_config(document);
+    const jit::ModelShape model =
+        jit::read_model_config(jit::read_config_file(args.config, "kiln prewarm"));
     std::fprintf(stderr,
                  "kiln prewarm: %s: hidden %lld, intermediate %lld, head dim %lld, RoPE %s\n",
                  model.kind.c_str(), static_cast<long long>(model.hidden),
@@ -222,7 +214,8 @@ Runner add_prewarm_command(CLI::App& app) {
                   "Target archs, comma separated, e.g. sm_80,sm_90 (default: the GPU's)")
       ->delimiter(',');
   cmd->add_option("--config", args->config,
-                  "A Hugging Face config.json (Llama, Mistral, Qwen2, LTX-Video, FLUX)");
+                  "A Hugging Face config.json (Llama, Mistral, Qwen, Gemma 3, LTX-Video, FLUX, "
+                  "Wan, ...), or a model's or diffusers pipeline's folder");
   cmd->add_option("--manifest", args->manifest,
                   "A manifest recorded by a real run with KILN_RECORD=FILE");
   cmd->add_option("-j,--jobs", args->jobs, "Parallel compiles (default: CPU count)");

@@ -158,16 +158,7 @@ py::dict prewarm(const std::vector<std::string>& op_names,
     }
   }
   if (!config_path.is_none()) {
-    const auto path = config_path.cast<std::string>();
-    const kiln::detail::FileRead read = kiln::detail::read_whole_file(path);
-    if (read.status != kiln::detail::ReadStatus::ok) {
-      throw Error("kiln.prewarm: cannot open " + path);
-    }
-    const auto document = nlohmann::json::parse(read.bytes.begin(), read.bytes.end(), nullptr,
-                                                /*allow_exceptions=*/false);
-    if (document.is_discarded()) {
-      throw Error("kiln.prewarm: " + path + " is not JSON");
-    }
+    const auto document = jit::read_config_file(config_path.cast<std::string>(), "kiln.prewarm");
     auto more =
         jit::model_targets(jit::read_model_config(document), ops, dtypes, archs, training, notes);
     targets.insert(targets.end(), more.begin(), more.end());

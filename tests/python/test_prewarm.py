@@ -250,6 +250,27 @@ def test_unreadable_config_is_named(tmp_path, fresh_cache):
         kiln.prewarm(archs="sm_80", config=str(garbled))
 
 
+def test_a_model_or_pipeline_folder_names_its_config(tmp_path, fresh_cache):
+    # A checkpoint's folder: its config.json. A diffusers pipeline's folder (model_index.json,
+    # no config.json of its own): its transformer's.
+    model = tmp_path / "llama"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(LLAMA))
+    assert kiln.prewarm(archs="sm_80", ops="rms_norm", config=str(model))["failed"] == 0
+    assert kiln.compile("rms_norm", "bf16", 4096, arch="sm_80", format="cubin")["from_cache"]
+    pipeline = tmp_path / "flux-pipeline"
+    (pipeline / "transformer").mkdir(parents=True)
+    (pipeline / "model_index.json").write_text(json.dumps({"_class_name": "FluxPipeline",
+                                                           "transformer": ["diffusers", "FluxTransformer2DModel"]}))
+    (pipeline / "transformer" / "config.json").write_text(json.dumps(dict(FLUX, num_attention_heads=20)))
+    assert kiln.prewarm(archs="sm_80", ops="gated_adaln", config=str(pipeline))["failed"] == 0
+    assert kiln.compile("gated_adaln", "bf16", 2560, arch="sm_80", format="cubin", flags=4)["from_cache"]
+    # A pipeline without a transformer (an SDXL UNet's) is named as the file that is not there.
+    (pipeline / "transformer" / "config.json").unlink()
+    with pytest.raises(RuntimeError, match="cannot open .*transformer.config.json"):
+        kiln.prewarm(archs="sm_80", config=str(pipeline))
+
+
 def test_manifest_replay(fresh_cache, tmp_path):
     manifest = tmp_path / "manifest.jsonl"
     records = [{"op": "rms_norm", "dtype": "bf16", "hidden": 1536, "flags": 1, "align": 16,
