@@ -1,5 +1,6 @@
 #include "jit/model_config.h"
 
+#include <algorithm>
 #include <functional>
 #include <set>
 #include <string>
@@ -213,6 +214,30 @@ ModelShape read_llm(const nlohmann::json& config) {
       model.ops[Op::swiglu].push_back(width);
     }
   }
+  // MoEs whose shared experts are n copies of the routed experts' width (DeepSeek-V3's
+  // n_shared_experts, Kimi Linear's num_shared_experts): one SwiGLU of the summed width.
+  for (const char* key : {"n_shared_experts", "num_shared_experts"}) {
+    if (auto shared = config.find(key); shared != config.end() && shared->is_number_integer() &&
+                                        shared->get<std::int64_t>() > 0 &&
+                                        config.contains("moe_intermediate_size")) {
+      const std::int64_t width =
+          require_size(config, "moe_intermediate_size") * shared->get<std::int64_t>();
+      if (width != model.intermediate) {
+        model.ops[Op::swiglu].push_back(width);
+      }
+    }
+  }
+  // Multi-head latent attention (DeepSeek-V3, Kimi Linear) RMS-normalises its compressed kv and,
+  // where it has one, its compressed q.
+  for (const char* key : {"kv_lora_rank", "q_lora_rank"}) {
+    if (auto rank = config.find(key); rank != config.end() && !rank->is_null()) {
+      const std::int64_t width = require_size(config, key);
+      auto& norms = model.ops[Op::rms_norm];
+      if (std::find(norms.begin(), norms.end(), width) == norms.end()) {
+        norms.push_back(width);
+      }
+    }
+  }
   if (normalises_heads(model.kind)) {
     // Fused where no graph is recorded; training calls the head norms on their own.
     model.head_norm_layout = 0u;
@@ -229,7 +254,11 @@ ModelShape read_llm(const nlohmann::json& config) {
   // The Mamba-2 mixers of Bamba, Granite 4.0-H, Zamba2 and Nemotron-H close their scan with the
   // gate first, over groups of their channels: kiln's patch normalises a group a row, with the
   // weight where the group is the whole row and after the call where there are several.
-  if (model.kind == "falcon_h1") {
+  if (model.kind == "kimi_linear") {
+    // Kimi Delta Attention closes each head (linear_head_dim) with a sigmoid-gated RMSNorm.
+    model.ops[Op::rms_norm_gated] = {require_size(config, "linear_head_dim")};
+    model.gated_norm_flags = kNormWeight | kNormGateSigmoid;
+  } else if (model.kind == "falcon_h1") {
     falcon_h1_gated_norm(config, model);
   } else if (const auto [channels, groups] = mamba_channels(config, model.hidden);
              channels > 0 && channels % groups == 0) {

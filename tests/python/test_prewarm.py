@@ -379,3 +379,19 @@ def test_falcon_h1s_patched_gated_norm_calls_kiln_as_prewarmed(monkeypatch):
     with torch.no_grad():
         torch.testing.assert_close(model["norm"](x, z), expected)
     assert calls == [("silu", True)]
+
+
+def test_kimi_linear_prewarms_its_gated_norm_latent_norms_and_shared_expert(fresh_cache, tmp_path):
+    # Kimi Linear, as kiln's patch takes it: each delta-attention head closed by a sigmoid-gated
+    # RMSNorm (weight 1 | sigmoid 256) at linear_head_dim, the MLA's compressed kv normalised at
+    # kv_lora_rank, the shared expert a SwiGLU of moe_intermediate_size x num_shared_experts.
+    kimi = {"model_type": "kimi_linear", "hidden_size": 2304, "intermediate_size": 9216,
+            "moe_intermediate_size": 1024, "num_shared_experts": 1, "num_attention_heads": 32,
+            "num_key_value_heads": 32, "head_dim": 64, "kv_lora_rank": 512, "q_lora_rank": None,
+            "linear_head_dim": 128}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(kimi))
+    assert kiln.prewarm(dtypes="bf16", archs="sm_90", config=str(path))["failed"] == 0
+    assert kiln.compile("rms_norm_gated", "bf16", 128, arch="sm_90", format="cubin", flags=1 | 256)["from_cache"]
+    assert kiln.compile("rms_norm", "bf16", 512, arch="sm_90", format="cubin")["from_cache"]
+    assert kiln.compile("swiglu", "bf16", 1024, arch="sm_90", format="cubin", flags=1)["from_cache"]

@@ -197,6 +197,28 @@ TEST_CASE("a Mamba-2 hybrid's gated norm is prewarmed as its patch calls it: the
   falcon["mamba_n_groups"] = 2;
   CHECK(kiln::jit::read_model_config(falcon).ops.count(Op::rms_norm_gated) == 0);
 
+  // Kimi Linear: each delta-attention head closed by a sigmoid-gated norm; its MLA's compressed kv
+  // normalised; its shared expert a SwiGLU of moe_intermediate_size x num_shared_experts.
+  nlohmann::json kimi = {
+      {"model_type", "kimi_linear"},   {"hidden_size", 2304},     {"intermediate_size", 9216},
+      {"moe_intermediate_size", 1024}, {"num_shared_experts", 1}, {"num_attention_heads", 32},
+      {"num_key_value_heads", 32},     {"head_dim", 64},          {"kv_lora_rank", 512},
+      {"q_lora_rank", nullptr},        {"linear_head_dim", 128}};
+  model = kiln::jit::read_model_config(kimi);
+  CHECK(model.ops.at(Op::rms_norm_gated) == std::vector<std::int64_t>{128});
+  CHECK(model.gated_norm_flags == (kiln::kNormWeight | kiln::kNormGateSigmoid));
+  CHECK(model.ops.at(Op::rms_norm) == std::vector<std::int64_t>{2304, 512});
+  CHECK(model.ops.at(Op::swiglu) == std::vector<std::int64_t>{9216, 1024});
+  // DeepSeek-V3: both compressions normalised, two shared experts summed.
+  nlohmann::json deepseek = {{"model_type", "deepseek_v3"}, {"hidden_size", 7168},
+                             {"intermediate_size", 18432},  {"moe_intermediate_size", 2048},
+                             {"n_shared_experts", 1},       {"num_attention_heads", 128},
+                             {"kv_lora_rank", 512},         {"q_lora_rank", 1536}};
+  model = kiln::jit::read_model_config(deepseek);
+  CHECK(model.ops.at(Op::rms_norm) == std::vector<std::int64_t>{7168, 512, 1536});
+  CHECK(model.ops.at(Op::swiglu) == std::vector<std::int64_t>{18432, 2048});
+  CHECK(model.ops.count(Op::rms_norm_gated) == 0);
+
   // A model with neither a linear attention nor a Mamba mixer has no gated norm; Qwen3-Next's is
   // the linear attention's form (the default flags).
   nlohmann::json llama = {{"model_type", "llama"},
