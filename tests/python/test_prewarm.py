@@ -395,3 +395,49 @@ def test_kimi_linear_prewarms_its_gated_norm_latent_norms_and_shared_expert(fres
     assert kiln.compile("rms_norm_gated", "bf16", 128, arch="sm_90", format="cubin", flags=1 | 256)["from_cache"]
     assert kiln.compile("rms_norm", "bf16", 512, arch="sm_90", format="cubin")["from_cache"]
     assert kiln.compile("swiglu", "bf16", 1024, arch="sm_90", format="cubin", flags=1)["from_cache"]
+
+
+@pytest.mark.parametrize("name", ["kimi_linear", "deepseek_v3"])
+def test_prewarm_covers_the_norms_and_experts_kiln_patch_takes_in_mla_models(fresh_cache, tmp_path, name):
+    # A tiny model of each, patched: every RMSNorm, gated norm and MLP kiln.patch replaces is at a
+    # width its config's prewarm compiled (norms with their weight: flags 1; the gated norm with
+    # the sigmoid of its gate: 1 | 256; an MLP's SwiGLU of two tensors: flags 1).
+    import torch
+    transformers = pytest.importorskip("transformers")
+    common = dict(vocab_size=100, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
+                  num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=16,
+                  qk_rope_head_dim=8, v_head_dim=16, qk_nope_head_dim=16, pad_token_id=0, bos_token_id=1,
+                  eos_token_id=2)
+    if name == "kimi_linear":
+        if not hasattr(transformers, "KimiLinearConfig"):
+            pytest.skip("transformers has no Kimi Linear")
+        config = transformers.KimiLinearConfig(
+            **common, num_experts=4, num_experts_per_token=2, num_shared_experts=2, linear_head_dim=24,
+            linear_num_heads=4, head_dim=16, layer_types=["linear_attention", "full_attention"],
+            mlp_layer_types=["dense", "sparse"])
+        model = transformers.KimiLinearForCausalLM(config)
+    else:
+        if not hasattr(transformers, "DeepseekV3Config"):
+            pytest.skip("transformers has no DeepSeek-V3")
+        config = transformers.DeepseekV3Config(**common, q_lora_rank=24, n_routed_experts=4, num_experts_per_tok=2,
+                                               n_shared_experts=2, first_k_dense_replace=1, n_group=1, topk_group=1)
+        model = transformers.DeepseekV3ForCausalLM(config)
+    path = tmp_path / "config.json"
+    config.to_json_file(str(path))
+    assert kiln.prewarm(dtypes="bf16", archs="sm_90", config=str(path))["failed"] == 0
+    taken = []
+    for replaced in kiln.patch(model).replaced:
+        module = model.get_submodule(replaced.path)
+        if replaced.kind.startswith("rms_norm_gated"):
+            assert "sigmoid" in replaced.kind
+            taken.append(("rms_norm_gated", module.weight.shape[0], 1 | 256))
+        elif replaced.kind.startswith("rms_norm"):
+            taken.append(("rms_norm", module.weight.shape[0], 1))
+        elif replaced.kind == "mlp swiglu":
+            taken.append(("swiglu", module.gate_proj.out_features, 1))
+    widths = {(op, width) for op, width, _ in taken}
+    # The MLA's compressed kv (and DeepSeek's q), two shared experts, the gated norm where there is one.
+    assert ("rms_norm", 16) in widths and ("swiglu", 64) in widths
+    assert (("rms_norm_gated", 24) in widths) == (name == "kimi_linear")
+    for op, width, flags in taken:
+        assert kiln.compile(op, "bf16", width, arch="sm_90", format="cubin", flags=flags)["from_cache"], (op, width)
