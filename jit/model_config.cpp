@@ -153,7 +153,9 @@ ModelShape read_llm(const nlohmann::json& config) {
   model.hidden = require_size(config, "hidden_size");
   model.intermediate = require_size(config, "intermediate_size");
   const auto head_dim = config.find("head_dim");
-  if (head_dim != config.end() && !head_dim->is_null()) {
+  // GLM-5 Next writes 0 where its attention has no per-head dim of that name.
+  if (head_dim != config.end() && !head_dim->is_null() &&
+      !(head_dim->is_number_integer() && head_dim->get<std::int64_t>() == 0)) {
     model.head_dim = require_size(config, "head_dim");
   } else {
     const std::int64_t heads = require_size(config, "num_attention_heads");
@@ -238,6 +240,14 @@ ModelShape read_llm(const nlohmann::json& config) {
       }
     }
   }
+  // GLM-5 Next: its hyper-connections normalise hc_mult streams of the hidden state as one row
+  // (no weight), and its sparse attention's indexer LayerNorms each key (index_head_dim).
+  if (auto streams = config.find("hc_mult"); streams != config.end() && !streams->is_null()) {
+    model.ops[Op::rms_norm].push_back(require_size(config, "hc_mult") * model.hidden);
+  }
+  if (auto index = config.find("index_head_dim"); index != config.end() && !index->is_null()) {
+    model.ops[Op::layer_norm] = {require_size(config, "index_head_dim")};
+  }
   if (normalises_heads(model.kind)) {
     // Fused where no graph is recorded; training calls the head norms on their own.
     model.head_norm_layout = 0u;
@@ -254,8 +264,8 @@ ModelShape read_llm(const nlohmann::json& config) {
   // The Mamba-2 mixers of Bamba, Granite 4.0-H, Zamba2 and Nemotron-H close their scan with the
   // gate first, over groups of their channels: kiln's patch normalises a group a row, with the
   // weight where the group is the whole row and after the call where there are several.
-  if (model.kind == "kimi_linear") {
-    // Kimi Delta Attention closes each head (linear_head_dim) with a sigmoid-gated RMSNorm.
+  if (model.kind == "kimi_linear" || model.kind == "glm5_next_text") {
+    // Their delta attention closes each head (linear_head_dim) with a sigmoid-gated RMSNorm.
     model.ops[Op::rms_norm_gated] = {require_size(config, "linear_head_dim")};
     model.gated_norm_flags = kNormWeight | kNormGateSigmoid;
   } else if (model.kind == "falcon_h1") {

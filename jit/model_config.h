@@ -14,9 +14,10 @@
 //    kiln.rope: GPT-OSS's one angle a pair, GLM's (glm, glm4) interleaved pairs from half its
 //    table; Phi-2, StableLM and Persimmon slice the rotated columns off and rotate that slice
 //    as a whole head (RoPE at the rotary dim). The gated RMSNorm of linear attentions
-//    (linear_value_head_dim; Kimi Linear's linear_head_dim, a sigmoid gate) and of Mamba-2
-//    mixers (Bamba, Granite 4.0-H, Zamba2, Nemotron-H, Falcon-H1 where mamba_rms_norm is set),
-//    at the width kiln's patch normalises a row. Multi-head latent attention (DeepSeek-V3,
+//    (linear_value_head_dim; Kimi Linear's and GLM-5 Next's linear_head_dim, a sigmoid gate;
+//    GLM-5 Next's hc_mult x hidden hyper-connection norm and index_head_dim LayerNorm) and of
+//    Mamba-2 mixers (Bamba, Granite 4.0-H, Zamba2, Nemotron-H, Falcon-H1 where mamba_rms_norm is
+//    set), at the width kiln's patch normalises a row. Multi-head latent attention (DeepSeek-V3,
 //    Kimi Linear): RMSNorms at kv_lora_rank and q_lora_rank; shared experts of
 //    moe_intermediate_size x n_shared_experts (num_shared_experts): one more SwiGLU width.
 //  - diffusers LTXVideoTransformer3DModel: inner dim = num_attention_heads * attention_head_dim;

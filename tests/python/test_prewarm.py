@@ -441,3 +441,26 @@ def test_prewarm_covers_the_norms_and_experts_kiln_patch_takes_in_mla_models(fre
     assert (("rms_norm_gated", 24) in widths) == (name == "kimi_linear")
     for op, width, flags in taken:
         assert kiln.compile(op, "bf16", width, arch="sm_90", format="cubin", flags=flags)["from_cache"], (op, width)
+
+
+def test_glm5_next_prewarms_what_its_patched_language_model_calls(fresh_cache, tmp_path):
+    # GLM-5 Next's config (a multimodal one: its language model in text_config) writes head_dim
+    # 0, which the prewarm read as a bad size. Its language model, as kiln's patch takes it: the
+    # delta attention's sigmoid-gated head norm (flags 1 | 256) at linear_head_dim, the
+    # hyper-connections' unweighted norm of hc_mult streams (flags 0), the MLA's latent norms and
+    # the sparse attention indexer's key LayerNorm (weight and bias: flags 3).
+    configuration = pytest.importorskip("transformers.models.glm5_next.configuration_glm5_next")
+    config = configuration.Glm5NextConfig()
+    text = config.text_config
+    assert text.head_dim == 0
+    path = tmp_path / "config.json"
+    config.to_json_file(str(path))
+    assert kiln.prewarm(dtypes="bf16", archs="sm_90", config=str(path))["failed"] == 0
+
+    def prewarmed(op, hidden, flags):
+        return kiln.compile(op, "bf16", hidden, arch="sm_90", format="cubin", flags=flags)["from_cache"]
+
+    assert prewarmed("rms_norm_gated", text.linear_head_dim, 1 | 256)
+    assert prewarmed("rms_norm", text.hc_mult * text.hidden_size, 0)
+    assert prewarmed("rms_norm", text.kv_lora_rank, 1) and prewarmed("rms_norm", text.q_lora_rank, 1)
+    assert prewarmed("layer_norm", text.index_head_dim, 3)

@@ -209,6 +209,27 @@ TEST_CASE("a Mamba-2 hybrid's gated norm is prewarmed as its patch calls it: the
   CHECK(model.gated_norm_flags == (kiln::kNormWeight | kiln::kNormGateSigmoid));
   CHECK(model.ops.at(Op::rms_norm) == std::vector<std::int64_t>{2304, 512});
   CHECK(model.ops.at(Op::swiglu) == std::vector<std::int64_t>{9216, 1024});
+  // GLM-5 Next's language model (its config's text_config): the same gated norm, a head_dim of
+  // 0 read as absent, its hyper-connections' norm of 4 streams, its indexer's key LayerNorm.
+  nlohmann::json glm = {{"text_config",
+                         {{"model_type", "glm5_next_text"},
+                          {"hidden_size", 4096},
+                          {"intermediate_size", 12288},
+                          {"moe_intermediate_size", 2048},
+                          {"n_shared_experts", 1},
+                          {"num_attention_heads", 64},
+                          {"head_dim", 0},
+                          {"kv_lora_rank", 512},
+                          {"q_lora_rank", 1536},
+                          {"linear_head_dim", 128},
+                          {"hc_mult", 4},
+                          {"index_head_dim", 128}}}};
+  model = kiln::jit::read_model_config(glm);
+  CHECK(model.head_dim == 64);
+  CHECK(model.ops.at(Op::rms_norm_gated) == std::vector<std::int64_t>{128});
+  CHECK(model.gated_norm_flags == (kiln::kNormWeight | kiln::kNormGateSigmoid));
+  CHECK(model.ops.at(Op::rms_norm) == std::vector<std::int64_t>{4096, 512, 1536, 16384});
+  CHECK(model.ops.at(Op::layer_norm) == std::vector<std::int64_t>{128});
   // DeepSeek-V3: both compressions normalised, two shared experts summed.
   nlohmann::json deepseek = {{"model_type", "deepseek_v3"}, {"hidden_size", 7168},
                              {"intermediate_size", 18432},  {"moe_intermediate_size", 2048},
