@@ -371,10 +371,10 @@ def first_call_ms(fn):
     """Host wall time of one call of fn, the device synchronized before and after: what a
     first call (compile, tune or disk read included) costs the caller."""
 
-    torch.cuda.synchronize()
+    _sync()
     start = time.perf_counter()
     fn()
-    torch.cuda.synchronize()
+    _sync()
     return (time.perf_counter() - start) * 1e3
 
 

@@ -88,13 +88,10 @@ def worker(args):
     built_s = time.perf_counter() - started
     if args.worker != "eager":
         kiln.patch(model)
-    sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
-    sync()
-    start = time.perf_counter()
+    outputs = []
     with torch.no_grad():
-        out = forward()
-    sync()
-    first_s = time.perf_counter() - start
+        first_s = common.first_call_ms(lambda: outputs.append(forward())) / 1e3
+    out = outputs[0]
     with torch.no_grad():
         # A second of warm-up, as the model benches take: after a cold first forward (seconds of
         # compiling with the GPU mostly idle) half a second left LTX-Video's forwards 16% slow.
@@ -173,10 +170,9 @@ def markdown(env, document):
         for mode, r in record["modes"].items():
             err = r.get("error_vs_eager")
             over = "-" if mode == "eager" else f"{r['first_forward_s'] - eager_first:+.2f}"
+            error = f"{err['max_rel']:.2e}" if err else "-"
             lines.append(f"| {mode} | {r['first_forward_s']:.2f} | {over} | {r['ms']:.2f} | "
-                         f"{r['nvrtc_compiles']} | {r['tunes']} | {err['max_rel']:.2e} |" if err else
-                         f"| {mode} | {r['first_forward_s']:.2f} | {over} | {r['ms']:.2f} | "
-                         f"{r['nvrtc_compiles']} | {r['tunes']} | - |")
+                         f"{r['nvrtc_compiles']} | {r['tunes']} | {error} |")
         lines.append("")
     return "\n".join(lines).rstrip()
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <optional>
 #include <set>
 #include <string>
 
@@ -23,6 +24,16 @@ std::int64_t require_size(const nlohmann::json& config, const char* key) {
                 (it == config.end() ? std::string(", but it is missing") : ", got " + it->dump()));
   }
   return it->get<std::int64_t>();
+}
+
+// The size at `key` where the config sets it (a key absent or null: nullopt); a value that is
+// set must be a positive integer.
+std::optional<std::int64_t> size_if_set(const nlohmann::json& config, const char* key) {
+  const auto it = config.find(key);
+  if (it == config.end() || it->is_null()) {
+    return std::nullopt;
+  }
+  return require_size(config, key);
 }
 
 std::string text_of(const nlohmann::json& config, const char* key) {
@@ -94,12 +105,15 @@ std::int64_t rotary_dim_of(const nlohmann::json& config, std::int64_t head_dim) 
   return rotary;
 }
 
-// The channels of a Mamba-2 mixer (mamba_expand x hidden, or Nemotron-H's heads x head dim)
-// and their groups, where the config describes one; 0 channels where it does not.
+// The channels of a Mamba-2 mixer (mamba_expand x hidden, Nemotron-H's heads x head dim, or
+// Falcon-H1's mamba_d_ssm) and their groups, where the config describes one; 0 channels where
+// it does not.
 std::pair<std::int64_t, std::int64_t> mamba_channels(const nlohmann::json& config,
                                                      std::int64_t hidden) {
   std::int64_t channels = 0;
-  if (config.contains("mamba_num_heads") && config.contains("mamba_head_dim")) {
+  if (const auto ssm = size_if_set(config, "mamba_d_ssm")) {
+    channels = *ssm;
+  } else if (config.contains("mamba_num_heads") && config.contains("mamba_head_dim")) {
     channels = require_size(config, "mamba_num_heads") * require_size(config, "mamba_head_dim");
   } else if (auto expand = config.find("mamba_expand");
              expand != config.end() && expand->is_number()) {
@@ -107,8 +121,8 @@ std::pair<std::int64_t, std::int64_t> mamba_channels(const nlohmann::json& confi
   }
   std::int64_t groups = 1;
   for (const char* key : {"mamba_n_groups", "mamba_ngroups", "n_groups"}) {
-    if (auto it = config.find(key); it != config.end() && !it->is_null()) {
-      groups = require_size(config, key);
+    if (const auto set = size_if_set(config, key)) {
+      groups = *set;
       break;
     }
   }
@@ -116,27 +130,16 @@ std::pair<std::int64_t, std::int64_t> mamba_channels(const nlohmann::json& confi
 }
 
 // Falcon-H1's mixer closes its scan with a gated RMSNorm only where mamba_rms_norm is set, over
-// mamba_d_ssm channels (mamba_expand x hidden where that is null), the gate after the norm
-// unless mamba_norm_before_gate is false. Its norm keeps its groups in n_groups, which kiln's
-// patch leaves to transformers but for one group: the whole row.
+// its channels (mamba_channels), the gate after the norm unless mamba_norm_before_gate is false.
+// Its norm keeps its groups in n_groups, which kiln's patch leaves to transformers but for one
+// group: the whole row.
 void falcon_h1_gated_norm(const nlohmann::json& config, ModelShape& model) {
   const auto flag = [&](const char* key, bool otherwise) {
     const auto it = config.find(key);
     return it != config.end() && it->is_boolean() ? it->get<bool>() : otherwise;
   };
-  if (!flag("mamba_rms_norm", false)) {
-    return;
-  }
-  std::int64_t channels = 0;
-  if (auto ssm = config.find("mamba_d_ssm"); ssm != config.end() && !ssm->is_null()) {
-    channels = require_size(config, "mamba_d_ssm");
-  } else if (auto expand = config.find("mamba_expand");
-             expand != config.end() && expand->is_number()) {
-    channels = static_cast<std::int64_t>(expand->get<double>() * static_cast<double>(model.hidden));
-  }
-  const auto groups = config.find("mamba_n_groups");
-  if (channels <= 0 || (groups != config.end() && !groups->is_null() &&
-                        require_size(config, "mamba_n_groups") != 1)) {
+  const auto [channels, groups] = mamba_channels(config, model.hidden);
+  if (!flag("mamba_rms_norm", false) || channels <= 0 || groups != 1) {
     return;
   }
   model.ops[Op::rms_norm_gated] = {channels};
@@ -208,45 +211,39 @@ ModelShape read_llm(const nlohmann::json& config) {
       {Op::swiglu, {model.intermediate}},
       {Op::rope, {rope_width}},
   };
-  // An MoE's shared expert is an MLP of its own width, which kiln's patch takes.
-  if (auto shared = config.find("shared_expert_intermediate_size");
-      shared != config.end() && !shared->is_null()) {
-    const std::int64_t width = require_size(config, "shared_expert_intermediate_size");
-    if (width != model.intermediate) {
-      model.ops[Op::swiglu].push_back(width);
-    }
-  }
-  // MoEs whose shared experts are n copies of the routed experts' width (DeepSeek-V3's
-  // n_shared_experts, Kimi Linear's num_shared_experts): one SwiGLU of the summed width.
+  // An MoE's shared expert of its own width (Qwen's shared_expert_intermediate_size), or n copies
+  // of the routed experts' width (DeepSeek-V3's n_shared_experts, Kimi Linear's
+  // num_shared_experts): one SwiGLU of that width.
+  std::optional<std::int64_t> shared = size_if_set(config, "shared_expert_intermediate_size");
   for (const char* key : {"n_shared_experts", "num_shared_experts"}) {
-    if (auto shared = config.find(key); shared != config.end() && shared->is_number_integer() &&
-                                        shared->get<std::int64_t>() > 0 &&
-                                        config.contains("moe_intermediate_size")) {
-      const std::int64_t width =
-          require_size(config, "moe_intermediate_size") * shared->get<std::int64_t>();
-      if (width != model.intermediate) {
-        model.ops[Op::swiglu].push_back(width);
+    if (auto copies = config.find(key); !shared && copies != config.end() &&
+                                        copies->is_number_integer() &&
+                                        copies->get<std::int64_t>() > 0) {
+      if (const auto expert = size_if_set(config, "moe_intermediate_size")) {
+        shared = *expert * copies->get<std::int64_t>();
       }
     }
+  }
+  if (shared && *shared != model.intermediate) {
+    model.ops[Op::swiglu].push_back(*shared);
   }
   // Multi-head latent attention (DeepSeek-V3, Kimi Linear) RMS-normalises its compressed kv and,
   // where it has one, its compressed q.
   for (const char* key : {"kv_lora_rank", "q_lora_rank"}) {
-    if (auto rank = config.find(key); rank != config.end() && !rank->is_null()) {
-      const std::int64_t width = require_size(config, key);
+    if (const auto width = size_if_set(config, key)) {
       auto& norms = model.ops[Op::rms_norm];
-      if (std::find(norms.begin(), norms.end(), width) == norms.end()) {
-        norms.push_back(width);
+      if (std::find(norms.begin(), norms.end(), *width) == norms.end()) {
+        norms.push_back(*width);
       }
     }
   }
   // GLM-5 Next: its hyper-connections normalise hc_mult streams of the hidden state as one row
   // (no weight), and its sparse attention's indexer LayerNorms each key (index_head_dim).
-  if (auto streams = config.find("hc_mult"); streams != config.end() && !streams->is_null()) {
-    model.ops[Op::rms_norm].push_back(require_size(config, "hc_mult") * model.hidden);
+  if (const auto streams = size_if_set(config, "hc_mult")) {
+    model.ops[Op::rms_norm].push_back(*streams * model.hidden);
   }
-  if (auto index = config.find("index_head_dim"); index != config.end() && !index->is_null()) {
-    model.ops[Op::layer_norm] = {require_size(config, "index_head_dim")};
+  if (const auto index = size_if_set(config, "index_head_dim")) {
+    model.ops[Op::layer_norm] = {*index};
   }
   if (normalises_heads(model.kind)) {
     // Fused where no graph is recorded; training calls the head norms on their own.
@@ -257,13 +254,9 @@ ModelShape read_llm(const nlohmann::json& config) {
     }
   }
   // Qwen3-Next's and Qwen3.5's linear attention closes each value head with a gated RMSNorm.
-  if (auto value_head = config.find("linear_value_head_dim");
-      value_head != config.end() && !value_head->is_null()) {
-    model.ops[Op::rms_norm_gated] = {require_size(config, "linear_value_head_dim")};
+  if (const auto value_head = size_if_set(config, "linear_value_head_dim")) {
+    model.ops[Op::rms_norm_gated] = {*value_head};
   }
-  // The Mamba-2 mixers of Bamba, Granite 4.0-H, Zamba2 and Nemotron-H close their scan with the
-  // gate first, over groups of their channels: kiln's patch normalises a group a row, with the
-  // weight where the group is the whole row and after the call where there are several.
   if (model.kind == "kimi_linear" || model.kind == "glm5_next_text") {
     // Their delta attention closes each head (linear_head_dim) with a sigmoid-gated RMSNorm.
     model.ops[Op::rms_norm_gated] = {require_size(config, "linear_head_dim")};
@@ -272,6 +265,10 @@ ModelShape read_llm(const nlohmann::json& config) {
     falcon_h1_gated_norm(config, model);
   } else if (const auto [channels, groups] = mamba_channels(config, model.hidden);
              channels > 0 && channels % groups == 0) {
+    // The Mamba-2 mixers of Bamba, Granite 4.0-H, Zamba2 and Nemotron-H close their scan with
+    // the gate first, over groups of their channels: kiln's patch normalises a group a row,
+    // with the weight where the group is the whole row and after the call where there are
+    // several.
     model.ops[Op::rms_norm_gated] = {channels / groups};
     model.gated_norm_flags = kNormGateFirst | (groups == 1 ? kNormWeight : 0u);
   }
@@ -325,10 +322,9 @@ ModelShape read_diffusion(const nlohmann::json& config, const std::string& kind)
     };
     // Image to video (and first-last frame): the image embedder's LayerNorms (fp32) at the
     // image width and the inner dim, and its GELU (erf) at the image width.
-    if (auto image = config.find("image_dim"); image != config.end() && !image->is_null()) {
-      const std::int64_t image_dim = require_size(config, "image_dim");
-      model.ops[Op::layer_norm].push_back(image_dim);
-      model.ops[Op::gelu].push_back(image_dim);
+    if (const auto image_dim = size_if_set(config, "image_dim")) {
+      model.ops[Op::layer_norm].push_back(*image_dim);
+      model.ops[Op::gelu].push_back(*image_dim);
     }
   } else {
     model.rope =
@@ -371,14 +367,13 @@ ModelShape read_model_config(const nlohmann::json& config) {
     throw Error("kiln prewarm: config.json: expected a JSON object");
   }
   const std::string class_name = text_of(config, "_class_name");
-  if (class_name == "LTXVideoTransformer3DModel") {
-    return read_diffusion(config, "ltx-video");
-  }
-  if (class_name == "FluxTransformer2DModel") {
-    return read_diffusion(config, "flux");
-  }
-  if (class_name == "WanTransformer3DModel") {
-    return read_diffusion(config, "wan");
+  // diffusers' transformers, by the class that wrote the config
+  for (const auto& [diffusers_class, kind] :
+       {std::pair{"LTXVideoTransformer3DModel", "ltx-video"},
+        std::pair{"FluxTransformer2DModel", "flux"}, std::pair{"WanTransformer3DModel", "wan"}}) {
+    if (class_name == diffusers_class) {
+      return read_diffusion(config, kind);
+    }
   }
   if (config.contains("hidden_size")) {
     return read_llm(config);
