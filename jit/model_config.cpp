@@ -36,6 +36,16 @@ std::optional<std::int64_t> size_if_set(const nlohmann::json& config, const char
   return require_size(config, key);
 }
 
+// size_if_set's size, with a 0 read as absent too: GLM-5 Next writes 0 for the sizes its
+// attention has no use for (head_dim, qk_rope_head_dim).
+std::optional<std::int64_t> size_unless_zero(const nlohmann::json& config, const char* key) {
+  const auto it = config.find(key);
+  if (it != config.end() && it->is_number_integer() && it->get<std::int64_t>() == 0) {
+    return std::nullopt;
+  }
+  return size_if_set(config, key);
+}
+
 std::string text_of(const nlohmann::json& config, const char* key) {
   const auto it = config.find(key);
   return it != config.end() && it->is_string() ? it->get<std::string>() : std::string();
@@ -129,6 +139,28 @@ std::pair<std::int64_t, std::int64_t> mamba_channels(const nlohmann::json& confi
   return {channels, groups};
 }
 
+// Multi-head latent attention (DeepSeek-V3, GLM-4.7-Flash, Mistral 4, ...) rotates the last
+// qk_rope_head_dim columns of each q head and one k head that all share: kiln's patch hands
+// kiln.rope those views, heads inner, with the model's table. Where rope_interleave is set
+// (transformers' default) as adjacent pairs written de-interleaved, from the first half of the
+// table; where the config does not say, the model's code decides, so both forms.
+void multi_head_latent_rope(const nlohmann::json& config, std::int64_t width, ModelShape& model) {
+  constexpr std::uint32_t kPairs = kRopeDeinterleave | kRopeHalfTable;
+  const auto interleave = config.find("rope_interleave");
+  if (interleave != config.end() && interleave->is_boolean()) {
+    model.rope_tables = {interleave->get<bool>() ? kPairs : 0u};
+  } else {
+    model.rope_tables = {kPairs, 0u};
+  }
+  model.heads_k = 1;
+  model.rotary_dim = 0;
+  model.rope +=
+      ", over the latent attention's " + std::to_string(width) + " rotated columns (one k head), " +
+      (model.rope_tables.size() == 2    ? "pairs de-interleaved first or not, as its code says"
+       : model.rope_tables[0] == kPairs ? "pairs de-interleaved first"
+                                        : "not de-interleaved");
+}
+
 // Falcon-H1's mixer closes its scan with a gated RMSNorm only where mamba_rms_norm is set, over
 // its channels (mamba_channels), the gate after the norm unless mamba_norm_before_gate is false.
 // Its norm keeps its groups in n_groups, which kiln's patch leaves to transformers but for one
@@ -155,11 +187,8 @@ ModelShape read_llm(const nlohmann::json& config) {
   }
   model.hidden = require_size(config, "hidden_size");
   model.intermediate = require_size(config, "intermediate_size");
-  const auto head_dim = config.find("head_dim");
-  // GLM-5 Next writes 0 where its attention has no per-head dim of that name.
-  if (head_dim != config.end() && !head_dim->is_null() &&
-      !(head_dim->is_number_integer() && head_dim->get<std::int64_t>() == 0)) {
-    model.head_dim = require_size(config, "head_dim");
+  if (const auto head_dim = size_unless_zero(config, "head_dim")) {
+    model.head_dim = *head_dim;
   } else {
     const std::int64_t heads = require_size(config, "num_attention_heads");
     if (model.hidden % heads != 0) {
@@ -194,16 +223,20 @@ ModelShape read_llm(const nlohmann::json& config) {
     model.rope += ", the first " + std::to_string(model.rotary_dim) + " of " +
                   std::to_string(model.head_dim) + " columns";
   }
-  model.rope_table_flags = rope_table_flags(model.kind);
-  if ((model.rope_table_flags & kRopeInterleaved) != 0) {
+  model.rope_tables = {rope_table_flags(model.kind)};
+  if ((model.rope_tables[0] & kRopeInterleaved) != 0) {
     model.rope += ", interleaved pairs";
-  } else if ((model.rope_table_flags & kRopeHalfTable) != 0) {
+  } else if ((model.rope_tables[0] & kRopeHalfTable) != 0) {
     model.rope += ", one angle a pair";
   }
   std::int64_t rope_width = model.head_dim;
   if (rotates_a_slice(model.kind) && model.rotary_dim != 0) {
     rope_width = model.rotary_dim;
     model.rotary_dim = 0;
+  }
+  if (const auto latent_rope = size_unless_zero(config, "qk_rope_head_dim")) {
+    multi_head_latent_rope(config, *latent_rope, model);
+    rope_width = *latent_rope;
   }
   model.ops = {
       {Op::rms_norm, {model.hidden}},
@@ -309,7 +342,7 @@ ModelShape read_diffusion(const nlohmann::json& config, const std::string& kind)
         "interleaved pairs, after the q/k RMSNorms across heads";
     // Where autograd records, the norms and kiln.rope of q and k as the attention hands them
     // over ([B, S, H, D]).
-    model.rope_table_flags = kRopeInterleaved | kRopeTableF32 | kRopeHalfTable;
+    model.rope_tables = {kRopeInterleaved | kRopeTableF32 | kRopeHalfTable};
     model.rms_norm_rope_half_table = model.head_dim;
     constexpr std::uint32_t kWanModulation = kNormLayer | kNormTable | kNormTableF32;
     model.modulation_flags = {kWanModulation, kWanModulation | kNormPerToken};
@@ -417,7 +450,7 @@ PrewarmModel prewarm_model(const ModelShape& model, bool training) {
                       .training = training,
                       .head_norm_layout = model.head_norm_layout,
                       .rotary_dim = model.rotary_dim,
-                      .rope_table_flags = model.rope_table_flags,
+                      .rope_tables = model.rope_tables,
                       .gated_norm_flags = model.gated_norm_flags,
                       .modulation_flags = model.modulation_flags,
                       .rms_norm_rope_half_table = model.rms_norm_rope_half_table,

@@ -68,9 +68,8 @@ struct ModelShape {
   // The columns of each head its RoPE rotates: 0 for all, fewer for a partial rotation
   // (partial_rotary_factor, GPT-NeoX's rotary_pct), which RoPE's kernels specialise on.
   std::int64_t rotary_dim = 0;
-  // RoPE's table flags where its attentions hand kiln.rope another table than transformers'
-  // usual one (PrewarmModel::rope_table_flags).
-  std::uint32_t rope_table_flags = 0;
+  // RoPE's flags for the table forms its attentions hand kiln.rope (PrewarmModel::rope_tables).
+  std::vector<std::uint32_t> rope_tables = {0u};
   // rms_norm_gated's flags where its gated norm is Mamba-2's (PrewarmModel::gated_norm_flags).
   std::optional<std::uint32_t> gated_norm_flags = std::nullopt;
   // adaln's and gated_adaln's flags as its patched DiT blocks call them, rms_norm_rope's half

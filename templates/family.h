@@ -29,9 +29,10 @@ struct PrewarmModel {
   // The columns of each head its RoPE rotates (Problem::aux of RoPE's problems): 0 for all,
   // fewer where the model rotates part of the head (partial_rotary_factor).
   std::int64_t rotary_dim = 0;
-  // RoPE's flags for the table its attentions hand over where it is not transformers' usual
-  // [.., D] one of the model's dtype (GPT-OSS's half table, GLM's interleaved pairs).
-  std::uint32_t rope_table_flags = 0;
+  // RoPE's flags for each table form its attentions hand over: transformers' usual [.., D] one
+  // of the model's dtype (0), GPT-OSS's half table, GLM's interleaved pairs, DeepSeek's pairs
+  // de-interleaved; several where the config leaves the choice to the model's code.
+  std::vector<std::uint32_t> rope_tables = {0u};
   // rms_norm_gated's flags for the model's gated norm where it is not the linear attention's
   // (the weight, silu of the gate after the norm): Mamba-2's, the gate first.
   std::optional<std::uint32_t> gated_norm_flags = std::nullopt;

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <array>
 #include <cstring>
+#include <iterator>
 #include <optional>
 
 #include "cache/error.h"
@@ -46,14 +47,14 @@ std::optional<ArgumentError> problem_error(Op op, const Problem& problem) {
   }
   const std::uint32_t allowed =
       op == Op::rope ? (kRopeInterleaved | kRopeTableF32 | kRopeInverse | kRopePositionsInner |
-                        kRopeHeadCountFlags | kRopeHalfTable | kRopeHeadNorm)
+                        kRopeHeadCountFlags | kRopeHalfTable | kRopeHeadNorm | kRopeDeinterleave)
                      : 0u;
   if ((problem.flags & ~allowed) != 0) {
     return ArgumentError(name, "flags",
                          op == Op::rope ? "only interleaved (1), table-fp32 (2), inverse (4), "
                                           "positions-inner (8), heads-even (16), heads-by-4 "
-                                          "(32, with 16), one-head-each (64), half-table (128) "
-                                          "and head-norm (256)"
+                                          "(32, with 16), one-head-each (64), half-table (128), "
+                                          "head-norm (256) and de-interleave (512)"
                                         : "none",
                          std::to_string(problem.flags));
   }
@@ -67,6 +68,13 @@ std::optional<ArgumentError> problem_error(Op op, const Problem& problem) {
   }
   if ((problem.flags & kRopeHeadNorm) != 0 && (problem.flags & kRopeInverse) != 0) {
     return ArgumentError(name, "flags", "head-norm (256) without inverse (4): it has no backward",
+                         std::to_string(problem.flags));
+  }
+  if ((problem.flags & kRopeDeinterleave) != 0 &&
+      (problem.flags & (kRopeInterleaved | kRopeHeadNorm)) != 0) {
+    return ArgumentError(name, "flags",
+                         "de-interleave (512) without interleaved (1) or head-norm (256): it "
+                         "de-interleaves the raw row for a half-split rotation",
                          std::to_string(problem.flags));
   }
   if (op == Op::rope_3d && problem.aux != 0) {
@@ -133,6 +141,23 @@ std::int64_t resident(const Problem& problem, const Config& config, const Device
 // table rope's when the host flags it.
 bool one_head_each(const Problem& problem) {
   return problem.op == Op::rope_3d || (problem.flags & kRopeOneHeadEach) != 0;
+}
+
+// The kernel's defaulted template arguments (HALF_TABLE, HEAD_NORM, DEINTERLEAVE) up to the
+// last that is set, so a kernel without them keeps the name it had before they existed.
+std::string defaulted_arguments(const Problem& problem) {
+  const bool values[] = {(problem.flags & kRopeHalfTable) != 0,
+                         (problem.flags & kRopeHeadNorm) != 0,
+                         (problem.flags & kRopeDeinterleave) != 0};
+  std::size_t count = std::size(values);
+  while (count > 0 && !values[count - 1]) {
+    --count;
+  }
+  std::string text;
+  for (std::size_t i = 0; i < count; ++i) {
+    text += values[i] ? ", true" : ", false";
+  }
+  return text;
 }
 
 }  // namespace
@@ -354,10 +379,8 @@ std::string RopeFamily::name_expression(const Problem& problem, const Config& co
          (interleaved(problem) ? "true" : "false") + ", " + (video ? "true" : "false") + ", " +
          ((problem.flags & kRopeInverse) != 0 ? "true" : "false") + ", " +
          (persistent_grid_of(config) > 0 ? "true" : "false") + ", " +
-         std::to_string(static_cast<int>(form(problem, config))) +
-         ((problem.flags & kRopeHeadNorm) != 0
-              ? ((problem.flags & kRopeHalfTable) != 0 ? ", true, true>" : ", false, true>")
-              : ((problem.flags & kRopeHalfTable) != 0 ? ", true>" : ">"));
+         std::to_string(static_cast<int>(form(problem, config))) + defaulted_arguments(problem) +
+         ">";
 }
 
 LaunchGeometry RopeFamily::geometry(const Problem& problem, const Config& config,
@@ -480,10 +503,19 @@ std::vector<Problem> RopeFamily::common_problems(DType dtype, std::int64_t hidde
   const std::uint32_t heads = rope_head_flags(model.heads_q, model.heads_k);
   // A model that rotates part of each head calls with that rotary dim (0: the whole head).
   const std::int64_t aux = model.rotary_dim == hidden ? 0 : model.rotary_dim;
-  const std::uint32_t table = model.rope_table_flags;
+  std::vector<std::uint32_t> layouts;
+  for (std::uint32_t table : model.rope_tables) {
+    layouts.push_back(table);
+    layouts.push_back(table | kRopePositionsInner);
+  }
+  for (std::uint32_t diffusers :
+       {kRopeInterleaved | kRopeTableF32, kRopeInterleaved | kRopeTableF32 | kRopePositionsInner}) {
+    if (std::find(layouts.begin(), layouts.end(), diffusers) == layouts.end()) {
+      layouts.push_back(diffusers);
+    }
+  }
   std::vector<Problem> problems;
-  for (std::uint32_t layout : {table, table | kRopePositionsInner, kRopeInterleaved | kRopeTableF32,
-                               kRopeInterleaved | kRopeTableF32 | kRopePositionsInner}) {
+  for (std::uint32_t layout : layouts) {
     problems.push_back(Problem{Op::rope, dtype, hidden, layout | heads, 16, aux});
     // The attention in kiln's patch normalises each head in the same call (no backward:
     // training takes the norms and the rotation alone).

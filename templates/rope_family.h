@@ -51,6 +51,11 @@ inline constexpr std::uint32_t kRopeHalfTable = 128u;
 // to the data's dtype as a separate norm's output is: the per-head q/k norms of Qwen3, Gemma 3
 // and FLUX fused with their RoPE (the op head_norm_rope). Forward only (not with kRopeInverse).
 inline constexpr std::uint32_t kRopeHeadNorm = 256u;
+// The row's first rotary_dim columns de-interleaved before a half-split rotation (columns 2j,
+// 2j + 1 rotate as j, j + R/2 and are written there): DeepSeek-V3's MLA RoPE with
+// rope_interleave. With kRopeInverse the transpose (read R/2 apart, written adjacent). Not with
+// kRopeInterleaved or kRopeHeadNorm, and never in place.
+inline constexpr std::uint32_t kRopeDeinterleave = 512u;
 // Every flag that rope_head_flags() may set.
 inline constexpr std::uint32_t kRopeHeadCountFlags =
     kRopeHeadsEven | kRopeHeadsBy4 | kRopeOneHeadEach;

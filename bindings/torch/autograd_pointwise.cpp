@@ -15,21 +15,23 @@
 namespace kiln::torch_ops {
 namespace {
 
-// ---- rope(q, k, cos, sin, interleaved, rotary_dim, layout, head_dim) -> (q, k)
+// ---- rope(q, k, cos, sin, interleaved, rotary_dim, layout, head_dim, deinterleave) -> (q, k)
 
 struct RopeFunction : torch::autograd::Function<RopeFunction> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
                                const at::Tensor& cos, const at::Tensor& sin, bool interleaved,
                                std::int64_t rotary_dim, std::string_view layout,
-                               std::int64_t head_dim) {
+                               std::int64_t head_dim, bool deinterleave) {
     ctx->save_for_backward({cos, sin});
     ctx->saved_data["interleaved"] = interleaved;
+    ctx->saved_data["deinterleave"] = deinterleave;
     ctx->saved_data["rotary_dim"] = rotary_dim;
     ctx->saved_data["layout"] = std::string(layout);
     ctx->saved_data["head_dim"] = head_dim;
     const at::AutoDispatchBelowADInplaceOrView below;
-    auto [q_out, k_out] = kiln_op<rope_cpu>("kiln::rope")
-                              .call(q, k, cos, sin, interleaved, rotary_dim, layout, head_dim);
+    auto [q_out, k_out] =
+        kiln_op<rope_cpu>("kiln::rope")
+            .call(q, k, cos, sin, interleaved, rotary_dim, layout, head_dim, deinterleave);
     return {q_out, k_out};
   }
 
@@ -40,24 +42,24 @@ struct RopeFunction : torch::autograd::Function<RopeFunction> {
         kiln_op<rope_backward_cpu>("kiln::rope_backward")
             .call(grads[0], grads[1], saved[0], saved[1], ctx->saved_data["interleaved"].toBool(),
                   ctx->saved_data["rotary_dim"].toInt(), layout,
-                  ctx->saved_data["head_dim"].toInt());
-    return {dq,           dk,           at::Tensor(), at::Tensor(),
+                  ctx->saved_data["head_dim"].toInt(), ctx->saved_data["deinterleave"].toBool());
+    return {dq,           dk,           at::Tensor(), at::Tensor(), at::Tensor(),
             at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
 TensorPair rope_autograd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
                          const at::Tensor& sin, bool interleaved, std::int64_t rotary_dim,
-                         std::string_view layout, std::int64_t head_dim) {
+                         std::string_view layout, std::int64_t head_dim, bool deinterleave) {
   // cos and sin are constants to RoPE's derivatives, forward as backward.
   refuse_tangents(kiln_op<rope_cpu>("kiln::rope"), q, k);
   if (!records_grad(q, k)) {
     const at::AutoDispatchBelowADInplaceOrView below;
     return kiln_op<rope_cpu>("kiln::rope")
-        .call(q, k, cos, sin, interleaved, rotary_dim, layout, head_dim);
+        .call(q, k, cos, sin, interleaved, rotary_dim, layout, head_dim, deinterleave);
   }
   variable_list outputs =
-      RopeFunction::apply(q, k, cos, sin, interleaved, rotary_dim, layout, head_dim);
+      RopeFunction::apply(q, k, cos, sin, interleaved, rotary_dim, layout, head_dim, deinterleave);
   return {outputs[0], outputs[1]};
 }
 

@@ -252,10 +252,10 @@ void add_direct_calls(py::module_& parent) {
   add<void(Tensor, OptionalTensor, Str, Tensor)>(m, "gelu_out", "gelu", "out");
   add<at::Tensor(Tensor, Tensor, Tensor)>(m, "gated_residual", "gated_residual");
   add<void(Tensor, Tensor, Tensor)>(m, "gated_residual_", "gated_residual_");
-  add<TensorPair(Tensor, Tensor, Tensor, Tensor, bool, std::int64_t, Str, std::int64_t)>(m, "rope",
-                                                                                         "rope");
-  add<void(Tensor, Tensor, Tensor, Tensor, bool, std::int64_t, Str, std::int64_t)>(m, "rope_",
-                                                                                   "rope_");
+  add<TensorPair(Tensor, Tensor, Tensor, Tensor, bool, std::int64_t, Str, std::int64_t, bool)>(
+      m, "rope", "rope");
+  add<void(Tensor, Tensor, Tensor, Tensor, bool, std::int64_t, Str, std::int64_t, bool)>(m, "rope_",
+                                                                                         "rope_");
   add<TensorPair(Tensor, Tensor, OptionalTensor, OptionalTensor, Tensor, Tensor, double, bool,
                  std::int64_t, Str, std::int64_t)>(m, "head_norm_rope", "head_norm_rope");
   add<void(Tensor, Tensor, OptionalTensor, OptionalTensor, Tensor, Tensor, double, bool,

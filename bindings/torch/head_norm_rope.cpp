@@ -86,7 +86,7 @@ TensorPair reference(const std::string& op, const at::Tensor& q, const at::Tenso
   const std::int64_t d = shape.d;
   return rope_cpu(normalised_heads(q, q_weight, eps, lay, d),
                   normalised_heads(k, k_weight, eps, lay, d), cos, sin, interleaved, rotary_dim,
-                  layout, d);
+                  layout, d, /*deinterleave=*/false);
 }
 
 }  // namespace

@@ -33,7 +33,8 @@ struct RopeOperands {
   std::int64_t rotary_dim = 0;
   bool half_table = false;  // one angle a rotation pair (cos's last dimension R / 2)
   bool interleaved = false;
-  bool inverse = false;  // the transposed rotation (rope_backward)
+  bool deinterleave = false;  // the rows' pairs de-interleaved first (check_deinterleave)
+  bool inverse = false;       // the transposed rotation (rope_backward)
   DType dtype = DType::f32;
 };
 
@@ -47,6 +48,7 @@ struct RopeShape {
   bool flat = false;
   bool half_table = false;
   bool interleaved = false;
+  bool deinterleave = false;
   DType dtype = DType::f32;
 };
 
@@ -56,6 +58,11 @@ RopeShape rope_shape(const std::string& op, const at::Tensor& q, const at::Tenso
                      const at::Tensor& cos, const at::Tensor& sin, bool interleaved,
                      std::int64_t rotary_dim, const std::string& layout, std::int64_t head_dim,
                      const std::string& q_arg = "q", const std::string& k_arg = "k");
+// rope's `deinterleave` (DeepSeek-V3's MLA RoPE with rope_interleave): the first rotary_dim
+// columns of each head are taken as pairs (2j, 2j + 1) and rotated as rotate_half rotates
+// (j, j + R/2), where the output holds them. Fails unless it comes with the half-split rotation
+// (interleaved false).
+void check_deinterleave(const std::string& op, bool interleaved, bool deinterleave);
 // rope_shape's checks, and the views the references and the general launch path read.
 RopeOperands rope_operands(const std::string& op, const at::Tensor& q, const at::Tensor& k,
                            const at::Tensor& cos, const at::Tensor& sin, bool interleaved,
@@ -78,7 +85,7 @@ at::Tensor rope_output(const at::Tensor& x);
 // cos3/sin3 of rotary_dim / 2 columns are a half table (each pair's angle once).
 void rope_reference(const at::Tensor& x4, const at::Tensor& cos3, const at::Tensor& sin3,
                     std::int64_t rotary_dim, bool interleaved, const at::Tensor& out4,
-                    bool inverse = false);
+                    bool inverse = false, bool deinterleave = false);
 // diffusers' LTXVideoRotaryPosEmbed table, [1, S, dim] fp32 each (cos, sin), on `device`.
 std::pair<at::Tensor, at::Tensor> video_table(std::int64_t dim,
                                               const std::vector<std::int64_t>& grid,
@@ -128,26 +135,26 @@ using TensorPair = std::tuple<at::Tensor, at::Tensor>;
 
 TensorPair rope_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
                     const at::Tensor& sin, bool interleaved, std::int64_t rotary_dim,
-                    std::string_view layout, std::int64_t head_dim);
+                    std::string_view layout, std::int64_t head_dim, bool deinterleave);
 TensorPair rope_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
                      const at::Tensor& sin, bool interleaved, std::int64_t rotary_dim,
-                     std::string_view layout, std::int64_t head_dim);
+                     std::string_view layout, std::int64_t head_dim, bool deinterleave);
 // RoPE's backward: grad_q, grad_k -> the gradients of q and k (the transposed rotation, with
 // rope's options; cos and sin get no gradient). New contiguous tensors of the grads' shapes.
 TensorPair rope_backward_cpu(const at::Tensor& grad_q, const at::Tensor& grad_k,
                              const at::Tensor& cos, const at::Tensor& sin, bool interleaved,
                              std::int64_t rotary_dim, std::string_view layout,
-                             std::int64_t head_dim);
+                             std::int64_t head_dim, bool deinterleave);
 TensorPair rope_backward_cuda(const at::Tensor& grad_q, const at::Tensor& grad_k,
                               const at::Tensor& cos, const at::Tensor& sin, bool interleaved,
                               std::int64_t rotary_dim, std::string_view layout,
-                              std::int64_t head_dim);
+                              std::int64_t head_dim, bool deinterleave);
 void rope_inplace_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
                       const at::Tensor& sin, bool interleaved, std::int64_t rotary_dim,
-                      std::string_view layout, std::int64_t head_dim);
+                      std::string_view layout, std::int64_t head_dim, bool deinterleave);
 void rope_inplace_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
                        const at::Tensor& sin, bool interleaved, std::int64_t rotary_dim,
-                       std::string_view layout, std::int64_t head_dim);
+                       std::string_view layout, std::int64_t head_dim, bool deinterleave);
 
 // head_norm_rope: each head of q and k RMS-normalised over the head dim D (x * rsqrt(mean(x^2)
 // + eps) * weight, q_weight / k_weight [D] of q's dtype or none), rounded to q's dtype as a

@@ -176,6 +176,14 @@ RopeShape rope_shape(const std::string& op, const at::Tensor& q, const at::Tenso
   return shape;
 }
 
+void check_deinterleave(const std::string& op, bool interleaved, bool deinterleave) {
+  if (deinterleave && interleaved) {
+    fail_value(op, "deinterleave",
+               "false with interleaved=True (it de-interleaves pairs for a rotate_half rotation)",
+               "true");
+  }
+}
+
 RopeOperands rope_operands(const std::string& op, const at::Tensor& q, const at::Tensor& k,
                            const at::Tensor& cos, const at::Tensor& sin, bool interleaved,
                            std::int64_t rotary_dim, const std::string& layout,

@@ -27,8 +27,8 @@ std::optional<std::vector<double>> to_vector(std::optional<at::ArrayRef<double>>
 }  // namespace
 
 void rope_reference(const at::Tensor& x4, const at::Tensor& cos3, const at::Tensor& sin3,
-                    std::int64_t rotary_dim, bool interleaved, const at::Tensor& out4,
-                    bool inverse) {
+                    std::int64_t rotary_dim, bool interleaved, const at::Tensor& out4, bool inverse,
+                    bool deinterleave) {
   const at::ScalarType math = reference_math_type(x4);
   const at::Tensor x = x4.to(math);
   // A half table's angle of each pair, spelled out for both of the pair's elements.
@@ -38,7 +38,12 @@ void rope_reference(const at::Tensor& x4, const at::Tensor& cos3, const at::Tens
   };
   const at::Tensor c = full(cos3.to(math)).unsqueeze(2);  // [B, S, 1, R]
   const at::Tensor s = full(sin3.to(math)).unsqueeze(2);
-  const at::Tensor rot = x.narrow(-1, 0, rotary_dim);
+  at::Tensor rot = x.narrow(-1, 0, rotary_dim);
+  if (deinterleave && !inverse) {
+    // DeepSeek-V3's apply_rotary_pos_emb_interleave: pairs (2j, 2j + 1) rotate as (j, j + R/2).
+    const at::Tensor pairs = rot.unflatten(-1, {rotary_dim / 2, 2});
+    rot = at::cat({pairs.select(-1, 0), pairs.select(-1, 1)}, -1);
+  }
   // J, the 90-degree turn of each rotation pair: out = x * cos + J(x) * sin, and its
   // transpose (J^T = -J) x * cos - J(x * sin).
   const auto turn = [&](const at::Tensor& z) {
@@ -50,7 +55,14 @@ void rope_reference(const at::Tensor& x4, const at::Tensor& cos3, const at::Tens
     const at::Tensor second = z.narrow(-1, rotary_dim / 2, rotary_dim / 2);
     return at::cat({-second, first}, -1);
   };
-  const at::Tensor rotated = inverse ? rot * c - turn(rot * s) : rot * c + turn(rot) * s;
+  at::Tensor rotated = inverse ? rot * c - turn(rot * s) : rot * c + turn(rot) * s;
+  if (deinterleave && inverse) {
+    // The transpose: the gradient of column j + R/2 goes back to column 2j + 1.
+    rotated = at::stack({rotated.narrow(-1, 0, rotary_dim / 2),
+                         rotated.narrow(-1, rotary_dim / 2, rotary_dim / 2)},
+                        -1)
+                  .flatten(-2);
+  }
   const std::int64_t rest = x.size(-1) - rotary_dim;
   out4.narrow(-1, 0, rotary_dim).copy_(rotated);
   if (rest > 0 && !out4.is_same(x4))
@@ -90,39 +102,46 @@ std::pair<at::Tensor, at::Tensor> video_table(std::int64_t dim,
 
 TensorPair rope_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
                     const at::Tensor& sin, bool interleaved, std::int64_t rotary_dim,
-                    std::string_view layout, std::int64_t head_dim) {
+                    std::string_view layout, std::int64_t head_dim, bool deinterleave) {
   const std::string lay(layout);
+  check_deinterleave("rope", interleaved, deinterleave);
   const RopeOperands r =
       rope_operands("rope", q, k, cos, sin, interleaved, rotary_dim, lay, head_dim);
   require_cpu("rope", q);
   at::Tensor q_out = rope_output(q);
   at::Tensor k_out = rope_output(k);
   const std::int64_t d = r.q4.size(3);
-  rope_reference(r.q4, r.cos3, r.sin3, r.rotary_dim, interleaved, rope_view(q_out, lay, d));
-  rope_reference(r.k4, r.cos3, r.sin3, r.rotary_dim, interleaved, rope_view(k_out, lay, d));
+  rope_reference(r.q4, r.cos3, r.sin3, r.rotary_dim, interleaved, rope_view(q_out, lay, d), false,
+                 deinterleave);
+  rope_reference(r.k4, r.cos3, r.sin3, r.rotary_dim, interleaved, rope_view(k_out, lay, d), false,
+                 deinterleave);
   return {q_out, k_out};
 }
 
 TensorPair rope_backward_cpu(const at::Tensor& grad_q, const at::Tensor& grad_k,
                              const at::Tensor& cos, const at::Tensor& sin, bool interleaved,
                              std::int64_t rotary_dim, std::string_view layout,
-                             std::int64_t head_dim) {
+                             std::int64_t head_dim, bool deinterleave) {
   const std::string lay(layout);
+  check_deinterleave("rope_backward", interleaved, deinterleave);
   const RopeOperands r = rope_operands("rope_backward", grad_q, grad_k, cos, sin, interleaved,
                                        rotary_dim, lay, head_dim, "grad_q", "grad_k");
   require_cpu("rope_backward", grad_q, "grad_q");
   at::Tensor dq = rope_output(grad_q);
   at::Tensor dk = rope_output(grad_k);
   const std::int64_t d = r.q4.size(3);
-  rope_reference(r.q4, r.cos3, r.sin3, r.rotary_dim, interleaved, rope_view(dq, lay, d), true);
-  rope_reference(r.k4, r.cos3, r.sin3, r.rotary_dim, interleaved, rope_view(dk, lay, d), true);
+  rope_reference(r.q4, r.cos3, r.sin3, r.rotary_dim, interleaved, rope_view(dq, lay, d), true,
+                 deinterleave);
+  rope_reference(r.k4, r.cos3, r.sin3, r.rotary_dim, interleaved, rope_view(dk, lay, d), true,
+                 deinterleave);
   return {dq, dk};
 }
 
 void rope_inplace_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
                       const at::Tensor& sin, bool interleaved, std::int64_t rotary_dim,
-                      std::string_view layout, std::int64_t head_dim) {
-  auto [q_out, k_out] = rope_cpu(q, k, cos, sin, interleaved, rotary_dim, layout, head_dim);
+                      std::string_view layout, std::int64_t head_dim, bool deinterleave) {
+  auto [q_out, k_out] =
+      rope_cpu(q, k, cos, sin, interleaved, rotary_dim, layout, head_dim, deinterleave);
   q.copy_(q_out);
   k.copy_(k_out);
 }
@@ -178,7 +197,7 @@ TensorPair rope_3d_cpu(const at::Tensor& q, const at::Tensor& k, at::IntArrayRef
   const auto [cos, sin] =
       video_table(q.size(2), to_vector(grid), to_vector(scale), to_vector(base_sizes),
                   to_vector(patch_sizes), theta, q.device());
-  return rope_cpu(q, k, cos, sin, true, -1, "bshd", -1);
+  return rope_cpu(q, k, cos, sin, true, -1, "bshd", -1, false);
 }
 
 void check_rms_norm_rope(const at::Tensor& q, const at::Tensor& k, const at::Tensor& q_weight,
@@ -255,7 +274,8 @@ TensorPair rms_norm_rope_cpu(const at::Tensor& q, const at::Tensor& k, const at:
     c = *cos;
     s = *sin;
   }
-  return rope_cpu(norm(q, q_weight), norm(k, k_weight), c, s, true, head_dim, "bshd", head_dim);
+  return rope_cpu(norm(q, q_weight), norm(k, k_weight), c, s, true, head_dim, "bshd", head_dim,
+                  false);
 }
 
 }  // namespace kiln::torch_ops

@@ -196,7 +196,8 @@ std::optional<Launch> plan(const RopeShape& shape, const at::Tensor& q, const at
         (shape.interleaved ? kRopeInterleaved : 0u) |
         (cos.scalar_type() == at::kFloat ? kRopeTableF32 : 0u) | (inverse ? kRopeInverse : 0u) |
         (positions_inner ? kRopePositionsInner : 0u) | (shape.half_table ? kRopeHalfTable : 0u) |
-        rope_head_flags(shape.heads_q, shape.heads_k) | (head_norm != nullptr ? kRopeHeadNorm : 0u);
+        rope_head_flags(shape.heads_q, shape.heads_k) |
+        (head_norm != nullptr ? kRopeHeadNorm : 0u) | (shape.deinterleave ? kRopeDeinterleave : 0u);
   }
   problem.align = common_alignment({bits});
 
@@ -279,6 +280,7 @@ void rope_launch(const std::string& op, const RopeOperands& r, const at::Tensor&
   shape.rotary_dim = r.rotary_dim;
   shape.half_table = r.half_table;
   shape.interleaved = r.interleaved;
+  shape.deinterleave = r.deinterleave;
   shape.dtype = r.dtype;
   std::optional<Launch> launch = plan(shape, q4, k4, cos3, sin3, q_dst, k_dst, r.inverse,
                                       video.has_value(), norm ? &*norm : nullptr);
@@ -306,16 +308,18 @@ void rope_launch_table(const std::string& op, const RopeShape& shape, const at::
   RopeOperands r = rope_operands(op, q, k, cos, sin, shape.interleaved, shape.rotary_dim, layout,
                                  shape.flat ? shape.head_dim : -1);
   r.inverse = inverse;
+  r.deinterleave = shape.deinterleave;
   rope_launch(op, r, rope_view(q_out, layout, shape.d), rope_view(k_out, layout, shape.d),
               std::nullopt, head_norm);
 }
 
 TensorPair rope_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
                      const at::Tensor& sin, bool interleaved, std::int64_t rotary_dim,
-                     std::string_view layout, std::int64_t head_dim) {
+                     std::string_view layout, std::int64_t head_dim, bool deinterleave) {
   const std::string lay(layout);
-  const RopeShape shape =
-      rope_shape("rope", q, k, cos, sin, interleaved, rotary_dim, lay, head_dim);
+  RopeShape shape = rope_shape("rope", q, k, cos, sin, interleaved, rotary_dim, lay, head_dim);
+  check_deinterleave("rope", interleaved, deinterleave);
+  shape.deinterleave = deinterleave;
   require_cuda("rope", q);
   // Laid out as q and k are (rope_output): transformers' q is [B, S, H, D] in memory.
   at::Tensor q_out = rope_output(q);
@@ -327,10 +331,12 @@ TensorPair rope_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
 TensorPair rope_backward_cuda(const at::Tensor& grad_q, const at::Tensor& grad_k,
                               const at::Tensor& cos, const at::Tensor& sin, bool interleaved,
                               std::int64_t rotary_dim, std::string_view layout,
-                              std::int64_t head_dim) {
+                              std::int64_t head_dim, bool deinterleave) {
   const std::string lay(layout);
-  const RopeShape shape = rope_shape("rope_backward", grad_q, grad_k, cos, sin, interleaved,
-                                     rotary_dim, lay, head_dim, "grad_q", "grad_k");
+  RopeShape shape = rope_shape("rope_backward", grad_q, grad_k, cos, sin, interleaved, rotary_dim,
+                               lay, head_dim, "grad_q", "grad_k");
+  check_deinterleave("rope_backward", interleaved, deinterleave);
+  shape.deinterleave = deinterleave;
   require_cuda("rope_backward", grad_q, "grad_q");
   at::Tensor dq = rope_output(grad_q);
   at::Tensor dk = rope_output(grad_k);
@@ -341,14 +347,17 @@ TensorPair rope_backward_cuda(const at::Tensor& grad_q, const at::Tensor& grad_k
 
 void rope_inplace_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
                        const at::Tensor& sin, bool interleaved, std::int64_t rotary_dim,
-                       std::string_view layout, std::int64_t head_dim) {
+                       std::string_view layout, std::int64_t head_dim, bool deinterleave) {
   const std::string lay(layout);
   const RopeShape shape =
       rope_shape("rope_", q, k, cos, sin, interleaved, rotary_dim, lay, head_dim);
+  check_deinterleave("rope_", interleaved, deinterleave);
   require_cuda("rope_", q);
-  if (q.stride(-1) != 1 || k.stride(-1) != 1) {
-    // Rows not addressable in place (a strided last dimension): rotate a copy, copy back.
-    auto [q_out, k_out] = rope_cuda(q, k, cos, sin, interleaved, rotary_dim, layout, head_dim);
+  // Rows not addressable in place (a strided last dimension), or moved across threads
+  // (de-interleaved): rotate a copy, copy back.
+  if (q.stride(-1) != 1 || k.stride(-1) != 1 || deinterleave) {
+    auto [q_out, k_out] =
+        rope_cuda(q, k, cos, sin, interleaved, rotary_dim, layout, head_dim, deinterleave);
     q.copy_(q_out);
     k.copy_(k_out);
     return;

@@ -7,10 +7,12 @@
 TORCH_LIBRARY_FRAGMENT(kiln, m) {
   m.def(
       "rope(Tensor q, Tensor k, Tensor cos, Tensor sin, bool interleaved=False, "
-      "int rotary_dim=-1, str layout=\"bhsd\", int head_dim=-1) -> (Tensor, Tensor)");
+      "int rotary_dim=-1, str layout=\"bhsd\", int head_dim=-1, bool deinterleave=False) "
+      "-> (Tensor, Tensor)");
   m.def(
       "rope_(Tensor(a!) q, Tensor(b!) k, Tensor cos, Tensor sin, bool interleaved=False, "
-      "int rotary_dim=-1, str layout=\"bhsd\", int head_dim=-1) -> ()");
+      "int rotary_dim=-1, str layout=\"bhsd\", int head_dim=-1, bool deinterleave=False) "
+      "-> ()");
   m.def(
       "rope_3d(Tensor q, Tensor k, int[] grid, float[]? rope_interpolation_scale=None, "
       "int[] base_sizes=[20, 2048, 2048], int[] patch_sizes=[1, 1], float theta=10000.0) "
@@ -30,8 +32,8 @@ TORCH_LIBRARY_FRAGMENT(kiln, m) {
       "str layout=\"bhsd\", int head_dim=-1) -> ()");
   m.def(
       "rope_backward(Tensor grad_q, Tensor grad_k, Tensor cos, Tensor sin, "
-      "bool interleaved=False, int rotary_dim=-1, str layout=\"bhsd\", int head_dim=-1) "
-      "-> (Tensor, Tensor)");
+      "bool interleaved=False, int rotary_dim=-1, str layout=\"bhsd\", int head_dim=-1, "
+      "bool deinterleave=False) -> (Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(kiln, CPU, m) {

@@ -46,6 +46,14 @@
 // instructions: for the FLUX-like call's 4 rows a thread (sm_90), 72 registers and 872 SASS
 // instructions, against 56 and 352 grouped.
 //
+// DEINTERLEAVE (half-split only) rotates the de-interleaved row: the input's first R columns
+// are taken as x'[j] = x[2j], x'[j + h] = x[2j + 1] and rotated as above, so adjacent input
+// pairs come out R/2 apart: DeepSeek-V3's apply_rotary_pos_emb_interleave (its MLA's
+// rope_interleave), whose output is rotate_half's layout. A thread's unit is then two adjacent
+// input vectors (kVec pairs) and the two output vectors R/2 apart that they become; INVERSE, the
+// transpose, reads R/2 apart and writes adjacent. Threads write other threads' input columns,
+// so the host never runs it in place.
+//
 // HEAD_NORM first RMS-normalises each row (one head: x * rsqrt(mean(x^2) + eps) * weight over
 // all HEAD_DIM columns, q's heads with q's weight and k's with k's), rounded to T as a separate
 // norm's output is, then rotates that: Qwen3's, Gemma 3's and FLUX's per-head q/k norms and
@@ -69,7 +77,8 @@ __device__ __noinline__ unsigned divide_rarely(unsigned dividend, unsigned divis
 
 template <typename T, typename TABLE, int HEAD_DIM, int ROTARY_DIM, int VEC_BYTES,
           int THREADS_PER_ROW, int CTA_THREADS, int ROWS_PER_THREAD, bool INTERLEAVED, bool VIDEO,
-          bool INVERSE, bool PREFETCH, int FORM, bool HALF_TABLE = false, bool HEAD_NORM = false>
+          bool INVERSE, bool PREFETCH, int FORM, bool HALF_TABLE = false, bool HEAD_NORM = false,
+          bool DEINTERLEAVE = false>
 __global__ void __launch_bounds__(CTA_THREADS) rope(const RopeParams p) {
   begin_dependent_grid();
   constexpr int kVec = VEC_BYTES / static_cast<int>(sizeof(T));
@@ -93,7 +102,12 @@ __global__ void __launch_bounds__(CTA_THREADS) rope(const RopeParams p) {
   static_assert(!HEAD_NORM || (!VIDEO && !INVERSE), "the head norm is a table forward's");
   static_assert(!HEAD_NORM || (THREADS_PER_ROW <= 32 && 32 % THREADS_PER_ROW == 0),
                 "a normalised row's threads share a warp");
+  static_assert(!DEINTERLEAVE || (!INTERLEAVED && !HEAD_NORM),
+                "de-interleaving reads pairs for a half-split rotation of the raw row");
   constexpr bool kOnePlace = FORM != kRopeGeneral;  // a thread's rows share one place
+  // The forward's input and the inverse's output hold a unit's kVec pairs adjacent.
+  constexpr bool kAdjacentIn = DEINTERLEAVE && !INVERSE;
+  constexpr bool kAdjacentOut = DEINTERLEAVE && INVERSE;
 
   const int lane = static_cast<int>(threadIdx.x) % THREADS_PER_ROW;
   const int slot = static_cast<int>(threadIdx.x) / THREADS_PER_ROW;
@@ -165,7 +179,8 @@ __global__ void __launch_bounds__(CTA_THREADS) rope(const RopeParams p) {
       if (kRotExact || step + 1 < kRotSteps || unit < kRotUnits) {
 #pragma unroll
         for (int part = 0; part < kParts; ++part) {
-          const int column = unit * kVec + part * (ROTARY_DIM / 2);
+          const int column =
+              kAdjacentIn ? (2 * unit + part) * kVec : unit * kVec + part * (ROTARY_DIM / 2);
           // In place, each element is read once, by the thread that later overwrites it,
           // so the read-only path stays valid.
           rows.x[j][step][part] = load_global_nc<VEC_BYTES>(in_row + column);
@@ -502,8 +517,10 @@ __global__ void __launch_bounds__(CTA_THREADS) rope(const RopeParams p) {
           float second_half[kVec];
 #pragma unroll
           for (int i = 0; i < kVec; ++i) {
-            const float a = element(0, i);
-            const float b = element(kParts - 1, i);
+            // De-interleaving, pair i is elements 2i and 2i + 1 of the unit's two vectors.
+            const float a = kAdjacentIn ? element(2 * i / kVec, 2 * i % kVec) : element(0, i);
+            const float b = kAdjacentIn ? element((2 * i + 1) / kVec, (2 * i + 1) % kVec)
+                                        : element(kParts - 1, i);
             if constexpr (INVERSE) {
               first_half[i] = a * c[i] + b * s[kVec + i];
               second_half[i] = b * c[kVec + i] - a * s[i];
@@ -512,8 +529,19 @@ __global__ void __launch_bounds__(CTA_THREADS) rope(const RopeParams p) {
               second_half[i] = b * c[kVec + i] + a * s[kVec + i];
             }
           }
-          store_floats<T, VEC_BYTES>(rows.out_row[j] + unit * kVec, first_half);
-          store_floats<T, VEC_BYTES>(rows.out_row[j] + unit * kVec + ROTARY_DIM / 2, second_half);
+          if constexpr (kAdjacentOut) {
+            float adjacent[2][kVec];
+#pragma unroll
+            for (int i = 0; i < kVec; ++i) {
+              adjacent[2 * i / kVec][2 * i % kVec] = first_half[i];
+              adjacent[(2 * i + 1) / kVec][(2 * i + 1) % kVec] = second_half[i];
+            }
+            store_floats<T, VEC_BYTES>(rows.out_row[j] + 2 * unit * kVec, adjacent[0]);
+            store_floats<T, VEC_BYTES>(rows.out_row[j] + (2 * unit + 1) * kVec, adjacent[1]);
+          } else {
+            store_floats<T, VEC_BYTES>(rows.out_row[j] + unit * kVec, first_half);
+            store_floats<T, VEC_BYTES>(rows.out_row[j] + unit * kVec + ROTARY_DIM / 2, second_half);
+          }
         }
       }
     }

@@ -43,6 +43,21 @@ def gpt_oss_apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
     return rotate(q, cos, sin), rotate(k, cos, sin)
 
 
+def deepseek_apply_rotary_pos_emb_interleave(q, k, cos, sin, unsqueeze_dim=1):
+    """transformers' DeepSeek-V3 ``apply_rotary_pos_emb_interleave``: cos/sin [B, S, D] (each
+    angle twice, cat(freqs, freqs)) of which the first half turns the pairs (2j, 2j + 1), written
+    de-interleaved (the pair's results at j and j + D / 2)."""
+    cos = cos.double()[..., : cos.shape[-1] // 2].unsqueeze(unsqueeze_dim)
+    sin = sin.double()[..., : sin.shape[-1] // 2].unsqueeze(unsqueeze_dim)
+
+    def rotate(x):
+        x = x.double()
+        x1, x2 = x[..., 0::2], x[..., 1::2]
+        return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+
+    return rotate(q), rotate(k)
+
+
 def diffusers_apply_rotary_emb(x, cos, sin):
     """use_real=True, use_real_unbind_dim=-1: x [B, H, S, D], cos/sin [S, D]."""
     x = x.double()

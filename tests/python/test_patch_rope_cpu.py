@@ -343,3 +343,78 @@ def test_compiled_gpt_oss_has_kiln_rope_in_one_graph():
     assert len(graphs) == 1 and len(calls_of(graphs, torch.ops.kiln.rope.default)) == 2
     torch.testing.assert_close(actual, expected, rtol=1e-4, atol=1e-4)
     kiln.unpatch(model)
+
+
+def _deepseek_v3(rope_interleave, dtype=torch.float32):
+    """A tiny DeepSeek-V3: latent attention whose q and k rotate the last 8 columns of each head
+    (one k head), de-interleaved where rope_interleave is set."""
+    if not hasattr(transformers, "DeepseekV3Config"):
+        pytest.skip("transformers has no DeepSeek-V3")
+    config = transformers.DeepseekV3Config(
+        vocab_size=128, hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=16, q_lora_rank=24, qk_rope_head_dim=8,
+        qk_nope_head_dim=16, v_head_dim=16, n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1,
+        first_k_dense_replace=1, n_group=1, topk_group=1, rope_interleave=rope_interleave, pad_token_id=0)
+    torch.manual_seed(0)
+    return transformers.DeepseekV3ForCausalLM(config).eval().to(dtype)
+
+
+@pytest.mark.parametrize("rope_interleave", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_deepseek_v3_latent_attention_rope_reaches_kiln(rope_interleave, dtype, monkeypatch):
+    """DeepSeek-V3's attention calls apply_rotary_pos_emb_interleave (rope_interleave) or
+    apply_rotary_pos_emb on its q_rot and k_rot views: both are replaced, and each forward's
+    rotation is one kiln.rope, de-interleaving from the first half of the table or not."""
+    model = _deepseek_v3(rope_interleave, dtype)
+    ids = torch.randint(0, 128, (2, 9), generator=torch.Generator().manual_seed(1))
+    expected = _logits(model, ids)
+    report = kiln.patch(model)
+    ropes = [r for r in report.replaced if r.op == "rope"]
+    assert [r.path for r in ropes] == ["model.layers.0.self_attn", "model.layers.1.self_attn"]
+    assert all("rotate_half" in r.kind and "apply_rotary_pos_emb_interleave" in r.kind for r in ropes)
+    calls = []
+    original = rope_ops.rope
+    monkeypatch.setattr(rope_ops, "rope", lambda q, k, cos, *a, **kw: calls.append(
+        (tuple(q.shape), tuple(k.shape), cos.shape[-1], kw.get("deinterleave", False))) or original(q, k, cos, *a, **kw))
+    actual = _logits(model, ids)
+    assert calls == [((2, 4, 9, 8), (2, 1, 9, 8), 4 if rope_interleave else 8, rope_interleave)] * 2
+    tol = 1e-5 if dtype == torch.float32 else 0.05 * expected.abs().max().item()
+    torch.testing.assert_close(actual, expected, rtol=tol, atol=tol)
+    kiln.unpatch(model)
+
+
+def test_compiled_deepseek_v3_has_kiln_rope_in_one_graph():
+    model = _deepseek_v3(True)
+    ids = torch.randint(0, 128, (2, 9), generator=torch.Generator().manual_seed(1))
+    expected = _logits(model, ids)
+    kiln.patch(model)
+    compiled, graphs = compile_capturing(model)
+    actual = _logits(compiled, ids)
+    torch._dynamo.reset()
+    assert len(graphs) == 1 and len(calls_of(graphs, torch.ops.kiln.rope.default)) == 2
+    torch.testing.assert_close(actual, expected, rtol=1e-4, atol=1e-4)
+    kiln.unpatch(model)
+
+
+def apply_rotary_pos_emb_interleave(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
+    """Pairs turned by the first half of the table as DeepSeek-V3's are, but written back
+    adjacent: not DeepSeek's (whose output is de-interleaved)."""
+    cos = cos[..., : cos.shape[-1] // 2].unsqueeze(unsqueeze_dim)
+    sin = sin[..., : sin.shape[-1] // 2].unsqueeze(unsqueeze_dim)
+
+    def rotate(x):
+        x1, x2 = x[..., 0::2], x[..., 1::2]
+        return torch.stack([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).flatten(-2)
+
+    return rotate(q), rotate(k)
+
+
+class _AdjacentPairsAttention(torch.nn.Module):
+    def forward(self, q, k, cos, sin):
+        return apply_rotary_pos_emb_interleave(q, k, cos, sin)
+
+
+def test_a_different_interleave_function_is_left_with_the_reason():
+    report = kiln.patch(_AdjacentPairsAttention())
+    assert report.replaced == [] and len(report.left) == 1
+    assert "apply_rotary_pos_emb_interleave is not DeepSeek-V3's de-interleaving RoPE" in report.left[0].reason

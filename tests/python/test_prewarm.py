@@ -439,6 +439,13 @@ def test_prewarm_covers_the_norms_and_experts_kiln_patch_takes_in_mla_models(fre
     # The MLA's compressed kv (and DeepSeek's q), two shared experts, the gated norm where there is one.
     assert ("rms_norm", 16) in widths and ("swiglu", 64) in widths
     assert (("rms_norm_gated", 24) in widths) == (name == "kimi_linear")
+    if name == "deepseek_v3":
+        # Its latent attention's RoPE: adjacent pairs of the 8 rotated columns written de-interleaved
+        # (rope_interleave) from half the table (flags 512 | 128), q's 4 heads and one k head.
+        assert [r.kind for r in kiln.patch(model).replaced if r.op == "rope"] == [
+            "rope (rotate_half; adjacent pairs written de-interleaved (DeepSeek's "
+            "apply_rotary_pos_emb_interleave), in the attention's forward)"] * 2
+        taken.append(("rope", config.qk_rope_head_dim, 512 | 128))
     for op, width, flags in taken:
         assert kiln.compile(op, "bf16", width, arch="sm_90", format="cubin", flags=flags)["from_cache"], (op, width)
 

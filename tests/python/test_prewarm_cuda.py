@@ -222,6 +222,38 @@ def test_prewarm_from_config_serves_a_patched_linear_attention_model(tmp_path, n
     assert compiled == [] and stats["nvrtc_compiles"] == 0, compiled
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("rope_interleave", [None, False])
+def test_prewarm_from_config_serves_a_patched_latent_attention_model(tmp_path, rope_interleave):
+    """kiln prewarm --config of a DeepSeek-V3 config.json (as the checkpoint writes it, without
+    rope_interleave, so transformers de-interleaves; or with it false) compiles the RoPE its
+    patched latent attention calls: 64 rotated columns of each q head and one k head, views of
+    the projections. Its first forward on a GPU compiles nothing."""
+    configuration = pytest.importorskip("transformers.models.deepseek_v3.configuration_deepseek_v3")
+    config = configuration.DeepseekV3Config(
+        vocab_size=128, hidden_size=256, intermediate_size=512, moe_intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=8, num_key_value_heads=8, kv_lora_rank=64, q_lora_rank=96, qk_rope_head_dim=64,
+        qk_nope_head_dim=32, v_head_dim=32, n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1,
+        first_k_dense_replace=1, n_group=1, topk_group=1, rope_interleave=bool(rope_interleave))
+    path = tmp_path / "config.json"
+    config.to_json_file(str(path))
+    if rope_interleave is None:
+        written = json.loads(path.read_text())
+        del written["rope_interleave"]
+        path.write_text(json.dumps(written))
+    calls = MODEL_CALLS.format(name="deepseek_v3", config_class="DeepseekV3Config",
+                               model_class="DeepseekV3ForCausalLM", config=path)
+    warmed, stats, compiled = _prewarm_then_run(tmp_path, path, calls)
+    print(f"deepseek_v3 rope_interleave={rope_interleave}: prewarmed {warmed['compiled']}, patched {stats['ops']}, "
+          f"compiled on the GPU: {compiled}")
+    assert "rope" in stats["ops"]
+    # The rotation ran in kiln, in the config's form: de-interleaved (flags 512) from a half
+    # table (128), or rotate_half from the full table.
+    ropes = {k["problem"] for k in stats["kernels"] if k["problem"].startswith("rope.bf16.h64.")}
+    assert ropes == ({"rope.bf16.h64.f640.a16"} if rope_interleave is None else {"rope.bf16.h64.f0.a16"}), ropes
+    assert compiled == [] and stats["nvrtc_compiles"] == 0, compiled
+
+
 # A tiny diffusers transformer from its config.json (as diffusers writes it), in bf16 (with
 # what diffusers' loader keeps in fp32 in fp32), patched and run at batch 2: a timestep per
 # sample, then (LTX-Video's conditioned frames, Wan 2.2's TI2V) a timestep per token; without

@@ -8,7 +8,8 @@ import torch
 
 import kiln
 from reference import TOLERANCE, assert_close_to
-from rope_reference import (unrelated_cos_sin, wan_apply_rotary_emb, diffusers_apply_rotary_emb, gpt_oss_apply_rotary_pos_emb,
+from rope_reference import (unrelated_cos_sin, wan_apply_rotary_emb, deepseek_apply_rotary_pos_emb_interleave,
+                            diffusers_apply_rotary_emb, gpt_oss_apply_rotary_pos_emb,
                             hf_apply_rotary_pos_emb, llama_cos_sin, ltx_apply_rotary_emb,
                             ltx_video_table, rms_norm_across_heads, transformers_qk)
 
@@ -179,6 +180,74 @@ def test_half_table_gradients_against_fp64():
     expected = torch.autograd.grad(gpt_oss_apply_rotary_pos_emb(q, k, cos, sin), (q, k), (dq, dk))
     for g, e in zip(got, expected):
         torch.testing.assert_close(g, e)
+
+
+def mla_qk(batch, heads, seq, dim, dtype):
+    """DeepSeek-V3's q_rot and k_rot as its attention hands them over: q_rot the last columns of
+    each [B, S, H, nope + rope] head viewed [B, H, S, rope], k_rot the last columns of the
+    compressed kv row [B, S, kv_lora_rank + rope] viewed [B, 1, S, rope]."""
+    q = torch.randn(batch, seq, heads, 16 + dim).to(dtype).transpose(1, 2)[..., 16:]
+    k = torch.randn(batch, seq, 32 + dim).to(dtype)[..., 32:].view(batch, 1, seq, dim)
+    return q, k
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("seq", [1, 7])
+@pytest.mark.parametrize("half_table", [False, True])
+def test_deinterleave_matches_deepseek_v3(dtype, seq, half_table):
+    """deinterleave=True against DeepSeek-V3's apply_rotary_pos_emb_interleave (its MLA's
+    rope_interleave) in fp64, on the views its attention hands over, from its [B, S, D] table
+    in the model's dtype and from the first half of it."""
+    q, k = mla_qk(2, 4, seq, 64, dtype)
+    cos, sin = llama_cos_sin(2, seq, 64)
+    cos, sin = cos.to(dtype), sin.to(dtype)
+    q_ref, k_ref = deepseek_apply_rotary_pos_emb_interleave(q, k, cos, sin)
+    if half_table:
+        cos, sin = cos[..., :32], sin[..., :32]
+    q_out, k_out = kiln.rope(q, k, cos, sin, rotary_dim=64, deinterleave=True)
+    assert q_out.dtype == dtype and q_out.shape == q.shape and k_out.shape == k.shape
+    assert_close_to(q_out, q_ref, dtype)
+    assert_close_to(k_out, k_ref, dtype)
+
+
+def test_deinterleave_partial_rotation_passes_the_rest_through():
+    """With rotary_dim < D only the first rotary_dim columns are de-interleaved and rotated."""
+    q, k = torch.randn(1, 3, 5, 48, dtype=torch.float64), torch.randn(1, 1, 5, 48, dtype=torch.float64)
+    cos, sin = llama_cos_sin(1, 5, 32)
+    q_out, k_out = kiln.rope(q, k, cos.double(), sin.double(), deinterleave=True)
+    for out, x in ((q_out, q), (k_out, k)):
+        expected, _ = deepseek_apply_rotary_pos_emb_interleave(x[..., :32], x[..., :32], cos, sin)
+        torch.testing.assert_close(out[..., :32], expected)
+        assert torch.equal(out[..., 32:], x[..., 32:])
+
+
+def test_deinterleave_gradients_against_fp64():
+    q = torch.randn(1, 2, 5, 32, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(1, 1, 5, 32, dtype=torch.float64, requires_grad=True)
+    cos, sin = llama_cos_sin(1, 5, 32)
+    cos, sin = cos.double(), sin.double()
+    torch.autograd.gradcheck(lambda q, k: kiln.rope(q, k, cos, sin, deinterleave=True), (q, k))
+    dq, dk = torch.randn_like(q), torch.randn_like(k)
+    got = torch.autograd.grad(kiln.rope(q, k, cos[..., :16], sin[..., :16], rotary_dim=32, deinterleave=True),
+                              (q, k), (dq, dk))
+    expected = torch.autograd.grad(deepseek_apply_rotary_pos_emb_interleave(q, k, cos, sin), (q, k), (dq, dk))
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g, e)
+
+
+def test_deinterleave_in_place_and_bad_combination():
+    q, k = torch.randn(2, 4, 7, 64), torch.randn(2, 1, 7, 64)
+    cos, sin = llama_cos_sin(2, 7, 64)
+    expected = kiln.rope(q, k, cos, sin, deinterleave=True)
+    q2, k2 = q.clone(), k.clone()
+    kiln.rope_(q2, k2, cos, sin, deinterleave=True)
+    torch.testing.assert_close(q2, expected[0], rtol=0, atol=0)
+    torch.testing.assert_close(k2, expected[1], rtol=0, atol=0)
+    for call in (lambda: kiln.rope(q, k, cos, sin, interleaved=True, deinterleave=True),
+                 lambda: torch.ops.kiln.rope_backward(q, k, cos, sin, True, -1, "bhsd", -1, True)):
+        with pytest.raises(ValueError, match=r"kiln\.rope(_backward)?: deinterleave: expected false with "
+                                             r"interleaved=True"):
+            call()
 
 
 @pytest.mark.parametrize("interleaved", [False, True])
@@ -437,3 +506,22 @@ def test_rms_norm_rope_fake_checks_head_dim_and_tables():
         out, _ = torch.ops.kiln.rms_norm_rope(q, q, w, w, 1e-6, torch.empty(1, 5, 1, 4), torch.empty(1, 5, 1, 4),
                                               head_dim=8)
         assert out.shape == q.shape
+
+
+def test_the_mla_bench_restates_deepseek_and_checks_kiln_against_it():
+    """bench/mla_rope.py's eager peer is transformers' DeepSeek-V3 function (or its restatement,
+    the same formula), and each of its cases, run on the CPU, agrees with kiln."""
+    from bench_scripts import load_bench
+
+    bench = load_bench("mla_rope")
+    q, k = bench.latent_qk(2, 3, 5, device="cpu")
+    cos, sin = bench.table(2, 5, device="cpu")
+    expected = deepseek_apply_rotary_pos_emb_interleave(q, k, cos, sin)
+    for apply in (bench.deepseek_apply_rotary_pos_emb_interleave, bench.interleave_apply()[0]):
+        for got, e in zip(apply(q, k, cos, sin), expected):
+            assert_close_to(got, e, torch.bfloat16)
+    bench.SHAPES = [("tiny", 2, 3, 5, 0), ("decode", 4, 3, 1, 4096)]
+    cases = list(bench.cases(quick=False, device="cpu"))
+    assert len(cases) == 2
+    for case in cases:
+        assert case["check"]() < 1e-2

@@ -6,11 +6,12 @@ import torch
 
 import kiln
 from reference import assert_close_to
-from rope_reference import (diffusers_apply_rotary_emb, gpt_oss_apply_rotary_pos_emb,
+from rope_reference import (deepseek_apply_rotary_pos_emb_interleave, diffusers_apply_rotary_emb,
+                            gpt_oss_apply_rotary_pos_emb,
                             hf_apply_rotary_pos_emb, llama_cos_sin, ltx_apply_rotary_emb,
                             ltx_video_table, rms_norm_across_heads, transformers_qk,
                             assert_norm_rope_close, unrelated_cos_sin, wan_apply_rotary_emb)
-from test_rope_cpu import assert_video_close, gpt_oss_cos_sin, video_reference
+from test_rope_cpu import assert_video_close, gpt_oss_cos_sin, mla_qk, video_reference
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("heuristic_tuning")]
 
@@ -187,6 +188,34 @@ def test_wan_rms_norm_rope_grid(dtype, batch, seq, heads, d, table_fp32):
     assert_norm_rope_close(q_out.cpu(), cpu[0].double(), qn.cpu(), dtype)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(1, 128, 4096, 64), (8, 128, 1, 64), (2, 20, 33, 64), (1, 5, 17, 32)])
+@pytest.mark.parametrize("half_table", [True, False])
+def test_deinterleave_mla_grid(dtype, shape, half_table):
+    """DeepSeek-V3's MLA RoPE (apply_rotary_pos_emb_interleave) on the q_rot and k_rot views
+    its attention hands over (128 q heads and one k head at 4096 tokens, a decode batch, GLM-4.7-
+    Flash's 20 heads, odd sizes), from its table in the model's dtype or the first half of it;
+    the backward against fp64 autograd of the formula."""
+    b, hq, s, d = shape
+    q, k = (t.cuda() for t in mla_qk(b, hq, s, d, dtype))
+    cos, sin = llama_cos_sin(b, s, d, positions=torch.randint(0, 8192, (b, s)))
+    cos, sin = cos.cuda().to(dtype), sin.cuda().to(dtype)
+    table = (cos[..., :d // 2], sin[..., :d // 2]) if half_table else (cos, sin)
+    poison((b, hq, s, d), dtype)
+    q_out, k_out = kiln.rope(q, k, *table, rotary_dim=d, deinterleave=True)
+    q_ref, k_ref = deepseek_apply_rotary_pos_emb_interleave(q, k, cos, sin)
+    assert_close_to(q_out, q_ref, dtype)
+    assert_close_to(k_out, k_ref, dtype)
+    dq, dk = torch.randn_like(q_out), torch.randn_like(k_out)
+    poison((b, hq, s, d), dtype)
+    got = torch.ops.kiln.rope_backward(dq, dk, *table, False, d, "bhsd", -1, True)
+    q64, k64 = q.double().requires_grad_(), k.double().requires_grad_()
+    expected = torch.autograd.grad(deepseek_apply_rotary_pos_emb_interleave(q64, k64, cos, sin), (q64, k64),
+                                   (dq.double(), dk.double()))
+    for g, e in zip(got, expected):
+        assert_close_to(g, e, dtype)
+
+
 def test_tuned_kernels_agree_with_the_heuristic():
     kiln.configure(tune="fast")
     try:
@@ -209,6 +238,12 @@ def test_tuned_kernels_agree_with_the_heuristic():
         wan_q, _ = kiln.rms_norm_rope(x, x, wx, wx, 1e-6, cos[..., 0::2], sin[..., 1::2], head_dim=128)
         xn = rms_norm_across_heads(x, wx, 1e-6, torch.bfloat16)
         assert_norm_rope_close(wan_q, wan_apply_rotary_emb(xn, cos, sin, 40), xn, torch.bfloat16)
+        # DeepSeek-V3's MLA RoPE, de-interleaved from the first half of its bf16 table.
+        q, k = (t.cuda() for t in mla_qk(1, 128, 512, 64, torch.bfloat16))
+        cos, sin = (t.cuda().bfloat16() for t in llama_cos_sin(1, 512, 64))
+        got = kiln.rope(q, k, cos[..., :32], sin[..., :32], rotary_dim=64, deinterleave=True)
+        for g, e in zip(got, deepseek_apply_rotary_pos_emb_interleave(q, k, cos, sin)):
+            assert_close_to(g, e, torch.bfloat16)
         assert kiln.stats()["tunes"] >= 1
     finally:
         kiln.configure(tune="off")

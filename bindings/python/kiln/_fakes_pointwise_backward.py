@@ -61,7 +61,10 @@ def _gelu_backward_fake(grad_out, x, bias=None, approximate="tanh"):
 
 @torch.library.register_fake("kiln::rope_backward")
 def _rope_backward_fake(grad_q, grad_k, cos, sin, interleaved=False, rotary_dim=-1, layout="bhsd",
-                        head_dim=-1):
+                        head_dim=-1, deinterleave=False):
+    torch._check_value(not (interleaved and deinterleave),
+                       lambda: "kiln.rope_backward: deinterleave: expected false with interleaved=True (it "
+                               "de-interleaves pairs for a rotate_half rotation), got true")
     for name, t in (("grad_k", grad_k), ("cos", cos), ("sin", sin)):
         if t.device != grad_q.device:
             raise ValueError(f"kiln.rope_backward: {name}: expected device {grad_q.device} (as grad_q), got {t.device}")

@@ -20,8 +20,11 @@ def _same_device(op, q, **tensors):
             raise ValueError(f"kiln.{op}: {name}: expected device {q.device} (as q), got {t.device}")
 
 
-def _rope_shape_checks(q, k, layout, cos=None, sin=None):
+def _rope_shape_checks(q, k, layout, cos=None, sin=None, interleaved=False, deinterleave=False):
     _same_device("rope", q, k=k, cos=cos, sin=sin)
+    torch._check_value(not (interleaved and deinterleave),
+                       lambda: "kiln.rope: deinterleave: expected false with interleaved=True (it de-interleaves "
+                               "pairs for a rotate_half rotation), got true")
     torch._check(layout in ("bhsd", "bshd"),
                  lambda: f'kiln.rope: layout: expected "bhsd" or "bshd", got "{layout}"')
     torch._check(k.dtype == q.dtype,
@@ -31,14 +34,16 @@ def _rope_shape_checks(q, k, layout, cos=None, sin=None):
 
 
 @torch.library.register_fake("kiln::rope")
-def _rope_fake(q, k, cos, sin, interleaved=False, rotary_dim=-1, layout="bhsd", head_dim=-1):
-    _rope_shape_checks(q, k, layout, cos, sin)
+def _rope_fake(q, k, cos, sin, interleaved=False, rotary_dim=-1, layout="bhsd", head_dim=-1,
+               deinterleave=False):
+    _rope_shape_checks(q, k, layout, cos, sin, interleaved, deinterleave)
     return rope_output(q), rope_output(k)
 
 
 @torch.library.register_fake("kiln::rope_")
-def _rope_inplace_fake(q, k, cos, sin, interleaved=False, rotary_dim=-1, layout="bhsd", head_dim=-1):
-    _rope_shape_checks(q, k, layout, cos, sin)
+def _rope_inplace_fake(q, k, cos, sin, interleaved=False, rotary_dim=-1, layout="bhsd", head_dim=-1,
+                       deinterleave=False):
+    _rope_shape_checks(q, k, layout, cos, sin, interleaved, deinterleave)
     return None
 
 

@@ -14,7 +14,11 @@ counts (grouped-query attention). cos/sin are fp32 or q's dtype, shaped [S, R],
 rotated width: the first ``rotary_dim`` (default R) columns of each head rotate, the rest
 are copied. A table of ``rotary_dim / 2`` columns gives each rotation pair its angle once
 (GPT-OSS's tables; half the table bytes): pair (i, i + R/2), or (2j, 2j + 1) interleaved,
-turns by column i (j).
+turns by column i (j). ``deinterleave=True`` (with ``interleaved=False``) rotates each head's
+first R columns de-interleaved: columns (2j, 2j + 1) turn as rotate_half turns (j, j + R/2), and
+are written there. That is DeepSeek-V3's ``apply_rotary_pos_emb_interleave`` (its multi-head
+latent attention with ``rope_interleave``, given the first half of its table), whose output is
+rotate_half's layout.
 """
 
 from typing import Optional, Sequence, Tuple
@@ -36,21 +40,21 @@ LTX_BASE_SIZES = (20, 2048, 2048)
 
 def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
          interleaved: bool = False, rotary_dim: int = -1, layout: str = "bhsd",
-         head_dim: int = -1) -> Tuple[torch.Tensor, torch.Tensor]:
+         head_dim: int = -1, deinterleave: bool = False) -> Tuple[torch.Tensor, torch.Tensor]:
     """Rotates q and k in one launch; returns new (q, k) in q's dtype and shapes."""
     if _compiling():
-        return _rope(q, k, cos, sin, interleaved, rotary_dim, layout, head_dim)
-    return _direct.rope(q, k, cos, sin, interleaved, rotary_dim, layout, head_dim)
+        return _rope(q, k, cos, sin, interleaved, rotary_dim, layout, head_dim, deinterleave)
+    return _direct.rope(q, k, cos, sin, interleaved, rotary_dim, layout, head_dim, deinterleave)
 
 
 def rope_(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
           interleaved: bool = False, rotary_dim: int = -1, layout: str = "bhsd",
-          head_dim: int = -1) -> None:
+          head_dim: int = -1, deinterleave: bool = False) -> None:
     """In-place ``rope``: q and k are overwritten (their unrotated columns untouched)."""
     if _compiling():
-        _rope_inplace(q, k, cos, sin, interleaved, rotary_dim, layout, head_dim)
+        _rope_inplace(q, k, cos, sin, interleaved, rotary_dim, layout, head_dim, deinterleave)
     else:
-        _direct.rope_(q, k, cos, sin, interleaved, rotary_dim, layout, head_dim)
+        _direct.rope_(q, k, cos, sin, interleaved, rotary_dim, layout, head_dim, deinterleave)
 
 
 def head_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: Optional[torch.Tensor],

@@ -76,7 +76,7 @@ TEST_CASE("models that hand RoPE another table or a slice prewarm the problems t
                                   {"intermediate_size", 2880}, {"num_attention_heads", 64},
                                   {"num_key_value_heads", 8},  {"head_dim", 64}};
   const kiln::jit::ModelShape oss = kiln::jit::read_model_config(gpt_oss);
-  CHECK(oss.rope_table_flags == kiln::kRopeHalfTable);
+  CHECK(oss.rope_tables == std::vector<std::uint32_t>{kiln::kRopeHalfTable});
   CHECK(oss.rotary_dim == 0);
   // GLM-4: interleaved pairs over the first half of each head, half the table's columns read.
   const nlohmann::json glm4 = {{"model_type", "glm4"},        {"hidden_size", 4096},
@@ -84,7 +84,8 @@ TEST_CASE("models that hand RoPE another table or a slice prewarm the problems t
                                {"num_key_value_heads", 2},    {"head_dim", 128},
                                {"partial_rotary_factor", 0.5}};
   const kiln::jit::ModelShape glm = kiln::jit::read_model_config(glm4);
-  CHECK(glm.rope_table_flags == (kiln::kRopeInterleaved | kiln::kRopeHalfTable));
+  CHECK(glm.rope_tables ==
+        std::vector<std::uint32_t>{kiln::kRopeInterleaved | kiln::kRopeHalfTable});
   CHECK(glm.rotary_dim == 64);
   const auto problems = kiln::family(Op::rope).common_problems(
       kiln::DType::bf16, 128, kiln::jit::prewarm_model(glm, false));
@@ -104,6 +105,40 @@ TEST_CASE("models that hand RoPE another table or a slice prewarm the problems t
   const kiln::jit::ModelShape phi = kiln::jit::read_model_config(phi2);
   CHECK(phi.ops.at(Op::rope) == std::vector<std::int64_t>{32});
   CHECK(phi.rotary_dim == 0);
+}
+
+TEST_CASE("latent attention's RoPE is prewarmed at its rotated width, one k head, its form") {
+  // DeepSeek-V3's config.json: no head_dim, no rope_interleave (its code then decides, and
+  // transformers' default de-interleaves): 64 rotated columns, 128 q heads and one k head,
+  // de-interleaved from the first half of the model's table, or not.
+  nlohmann::json deepseek = {
+      {"model_type", "deepseek_v3"}, {"hidden_size", 7168},        {"intermediate_size", 18432},
+      {"num_attention_heads", 128},  {"num_key_value_heads", 128}, {"qk_rope_head_dim", 64},
+      {"qk_nope_head_dim", 128},     {"kv_lora_rank", 512},        {"rope_theta", 10000}};
+  constexpr std::uint32_t kPairs = kiln::kRopeDeinterleave | kiln::kRopeHalfTable;
+  kiln::jit::ModelShape model = kiln::jit::read_model_config(deepseek);
+  CHECK(model.ops.at(Op::rope) == std::vector<std::int64_t>{64});
+  CHECK(model.heads_q == 128);
+  CHECK(model.heads_k == 1);
+  CHECK(model.rope_tables == std::vector<std::uint32_t>{kPairs, 0u});
+  CHECK(model.rope.find("64 rotated columns (one k head)") != std::string::npos);
+  const auto problems = kiln::family(Op::rope).common_problems(
+      kiln::DType::bf16, 64, kiln::jit::prewarm_model(model, true));
+  const auto has = [&](std::uint32_t flags) {
+    return std::any_of(problems.begin(), problems.end(),
+                       [&](const kiln::Problem& p) { return p.flags == flags && p.aux == 0; });
+  };
+  // Heads inner (q_rot is a view of [B, S, H, D] memory), no head-count flags (one k head),
+  // and their backward.
+  CHECK(has(kPairs));
+  CHECK(has(kPairs | kiln::kRopeInverse));
+  CHECK(has(0u));
+  CHECK(has(kiln::kRopeInverse));
+  // Said by the config: that form alone.
+  deepseek["rope_interleave"] = false;
+  CHECK(kiln::jit::read_model_config(deepseek).rope_tables == std::vector<std::uint32_t>{0u});
+  deepseek["rope_interleave"] = true;
+  CHECK(kiln::jit::read_model_config(deepseek).rope_tables == std::vector<std::uint32_t>{kPairs});
 }
 
 TEST_CASE("a multimodal config's language model is read from its text_config") {

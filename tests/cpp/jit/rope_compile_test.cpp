@@ -29,6 +29,11 @@ TEST_CASE("every fast-tune candidate of the RoPE families compiles for sm_75, sm
       Problem{Op::rope, DType::f16, 128,
               kRopeHeadNorm | kRopeInterleaved | kRopeTableF32 | rope_head_flags(24, 24), 16},
       Problem{Op::rope, DType::f32, 128, kRopeHeadNorm | kRopePositionsInner, 16, 64},
+      // DeepSeek-V3's MLA RoPE (pairs de-interleaved, half table) and its backward; heads in
+      // fours so the older archs compile it too.
+      Problem{Op::rope, DType::bf16, 64, kRopeDeinterleave | kRopeHalfTable, 16},
+      Problem{Op::rope, DType::f16, 64,
+              kRopeDeinterleave | kRopeInverse | kRopeTableF32 | rope_head_flags(16, 4), 16},
       Problem{Op::rope_3d, DType::bf16, 2048, 0u, 16},
       Problem{Op::rms_norm_rope, DType::bf16, 2048, kRmsNormRopeVideo, 16},
       // Wan's prologue: 40 heads of 128 normalised across heads, each head's pairs from an fp32

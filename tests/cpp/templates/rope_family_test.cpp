@@ -51,7 +51,7 @@ TEST_CASE("rope refuses problems it cannot specialise") {
   CHECK_THROWS_AS(f.check(rope(DType::bf16, 128, 0, 130)), kiln::ArgumentError);
   CHECK_THROWS_AS(f.check(rope(DType::bf16, 128, 0, 33)), kiln::ArgumentError);
   CHECK_NOTHROW(f.check(rope(DType::bf16, 128, kiln::kRopePositionsInner)));
-  CHECK_THROWS_AS(f.check(rope(DType::bf16, 128, 512)), kiln::ArgumentError);
+  CHECK_THROWS_AS(f.check(rope(DType::bf16, 128, 1024)), kiln::ArgumentError);
   CHECK_NOTHROW(f.check(rope(DType::bf16, 128, kiln::kRopeHeadNorm)));
   CHECK_NOTHROW(f.check(rope(DType::bf16, 128, kiln::kRopeHalfTable)));
   CHECK_THROWS_AS(kiln::family(Op::rope_3d)
@@ -542,6 +542,31 @@ TEST_CASE("a head norm is a flag: the kernel's last argument, two weights, forwa
   CHECK_THROWS_AS(kiln::family(Op::rope_3d)
                       .check(Problem{Op::rope_3d, DType::bf16, 2048, kiln::kRopeHeadNorm, 16}),
                   kiln::ArgumentError);
+}
+
+TEST_CASE("de-interleaving is a flag: the kernel's last argument, half-split units, no norm") {
+  const DeviceTraits device = DeviceTraits::for_arch(90);
+  const kiln::Family& f = kiln::family(Op::rope);
+  // DeepSeek-V3's MLA call: 64 rotated columns, 128 q heads and one k head, half table.
+  const std::uint32_t mla = kiln::kRopeHalfTable | kiln::rope_head_flags(128, 1);
+  const Problem plain = rope(DType::bf16, 64, mla);
+  const Problem pairs = rope(DType::bf16, 64, mla | kiln::kRopeDeinterleave);
+  CHECK(pairs.key() != plain.key());
+  // A unit is two vectors, adjacent in or out instead of R/2 apart: the same configs.
+  CHECK(f.space(pairs, device) == f.space(plain, device));
+  const Config h = f.heuristic(pairs, device);
+  CHECK(h == f.heuristic(plain, device));
+  CHECK(f.name_expression(pairs, h).ends_with(", true, false, true>"));
+  CHECK(f.name_expression(rope(DType::bf16, 64, kiln::kRopeDeinterleave), h)
+            .ends_with(", false, false, true>"));
+  CHECK(f.bytes_moved(pairs, 64) == f.bytes_moved(plain, 64));
+  for (std::uint32_t other : {kiln::kRopeInterleaved, kiln::kRopeHeadNorm}) {
+    CHECK_THROWS_WITH_AS(f.check(rope(DType::bf16, 64, kiln::kRopeDeinterleave | other)),
+                         doctest::Contains("de-interleave (512) without interleaved (1)"),
+                         kiln::ArgumentError);
+  }
+  // Its inverse (the backward) is the same problem with kRopeInverse.
+  CHECK_NOTHROW(f.check(rope(DType::bf16, 64, mla | kiln::kRopeDeinterleave | kiln::kRopeInverse)));
 }
 
 namespace {

@@ -1,10 +1,12 @@
-"""transformers' attention RoPE (Llama, Mistral, Qwen2, Qwen3, Gemma, ...).
+"""transformers' attention RoPE (Llama, Mistral, Qwen2, Qwen3, Gemma, DeepSeek-V3, ...).
 
 Those attentions call a module-level ``apply_rotary_pos_emb(q, k, cos, sin)`` from their
 forward (``q * cos + rotate_half(q) * sin``, and the same for k: six elementwise kernels
-and two concatenations a layer in eager). kiln does not touch that module-level function,
-which every model of the library shares; the patched attention runs its own class forward,
-the same code, with that one global name resolved to :func:`rotate_half_rope` instead.
+and two concatenations a layer in eager); the multi-head latent attentions of DeepSeek-V3 and
+its kin (GLM-4.7-Flash, Mistral 4, LongCat) call ``apply_rotary_pos_emb_interleave`` where their
+config sets ``rope_interleave``. kiln does not touch those module-level functions, which every
+model of the library shares; the patched attention runs its own class forward, the same code,
+with those global names resolved to :func:`rotate_half_rope`'s replacements instead.
 Everything else the forward reads (projections, caches, the attention interface) is the
 module's own, so a forward that changes between transformers versions needs nothing here.
 """
@@ -22,14 +24,17 @@ from . import source_rewrite
 from .forwards import kiln_can_take
 
 ROPE_GLOBAL = "apply_rotary_pos_emb"
+# DeepSeek-V3's: adjacent pairs turned by the first half of its table, written de-interleaved.
+DEINTERLEAVE_GLOBAL = "apply_rotary_pos_emb_interleave"
 
 
 # The table forms kiln takes from an ``apply_rotary_pos_emb`` (each told apart on a probe):
 # "full", transformers' usual [.., D] table, each angle for both halves; "partial", the same
 # table narrower than D, rotating the first columns only (Phi-3's partial_rotary_factor); "half",
 # GPT-OSS's [.., D / 2], each angle once; "interleaved", GLM's: pairs of adjacent columns
-# rotated by the first half of a [.., R] table (R <= D).
-FORMS = ("full", "partial", "half", "interleaved")
+# rotated by the first half of a [.., R] table (R <= D); "deinterleave", DeepSeek-V3's: pairs of
+# adjacent columns rotated by the first half of a [.., D] table and written R/2 apart.
+FORMS = ("full", "partial", "half", "interleaved", "deinterleave")
 
 
 def rope_layout(q, k, cos, sin, unsqueeze_dim, form="full") -> Optional[str]:
@@ -49,7 +54,7 @@ def rope_layout(q, k, cos, sin, unsqueeze_dim, form="full") -> Optional[str]:
     d, width = q.shape[-1], cos.shape[-1]
     if k.shape[-1] != d or d % 2:
         return None
-    if form == "full":
+    if form in ("full", "deinterleave"):
         fits = width == d
     elif form == "half":
         fits = 2 * width == d
@@ -126,8 +131,20 @@ def rotate_half_rope(original: Callable, form: str = "full") -> Callable:
         return rope_ops.rope(q, k, cos[..., :half], sin[..., :half], interleaved=True, rotary_dim=rotary_dim,
                              layout=layout)
 
+    def apply_rotary_pos_emb_deinterleave(*args, **kwargs):
+        call = _rope_call(args, kwargs, positional_ok, keyword_ok)
+        layout = None if call is None else rope_layout(*call, "deinterleave")
+        if layout is None:
+            return original(*args, **kwargs)
+        # DeepSeek's table repeats each pair's angle in its second half.
+        q, k, cos, sin, _ = call
+        half = cos.shape[-1] // 2
+        return rope_ops.rope(q, k, cos[..., :half], sin[..., :half], rotary_dim=q.shape[-1], layout=layout,
+                             deinterleave=True)
+
     replacement = {"full": apply_rotary_pos_emb, "partial": apply_rotary_pos_emb_partial,
-                   "half": apply_rotary_pos_emb_half_table, "interleaved": apply_rotary_pos_emb_interleaved}[form]
+                   "half": apply_rotary_pos_emb_half_table, "interleaved": apply_rotary_pos_emb_interleaved,
+                   "deinterleave": apply_rotary_pos_emb_deinterleave}[form]
     replacement.__wrapped__ = original
     return replacement
 
@@ -139,43 +156,60 @@ def _parameters(function: Callable) -> list:
         return []
 
 
+def rope_globals(function: object) -> list:
+    """The rotary functions (``apply_rotary_pos_emb``, ``apply_rotary_pos_emb_interleave``)
+    ``function`` calls by global name, where it is plain Python code (not a decorator's wrapper,
+    whose own globals are not the ones the wrapped code reads)."""
+    if not isinstance(function, types.FunctionType) or hasattr(function, "__wrapped__"):
+        return []
+    return [name for name in (ROPE_GLOBAL, DEINTERLEAVE_GLOBAL)
+            if name in function.__code__.co_names and callable(function.__globals__.get(name))]
+
+
 def uses_rope_global(function: object) -> bool:
-    """Whether ``function`` is plain Python code that calls a global
-    ``apply_rotary_pos_emb`` (and is not a decorator's wrapper, whose own globals are not
-    the ones the wrapped code reads)."""
-    code = getattr(function, "__code__", None)
-    return (isinstance(function, types.FunctionType) and not hasattr(function, "__wrapped__")
-            and ROPE_GLOBAL in code.co_names and callable(function.__globals__.get(ROPE_GLOBAL)))
+    """Whether ``function`` is plain Python code that calls a global ``apply_rotary_pos_emb``."""
+    return ROPE_GLOBAL in rope_globals(function)
 
 
-# One kiln copy per class forward, shared by every patched attention of that class.
-_KILN_COPIES: "weakref.WeakKeyDictionary[types.FunctionType, types.FunctionType]" = weakref.WeakKeyDictionary()
+# One kiln copy per class forward, shared by every patched attention of that class, with the
+# global names it replaces.
+_KILN_COPIES: "weakref.WeakKeyDictionary[types.FunctionType, tuple]" = weakref.WeakKeyDictionary()
 
 
-def with_kiln_rope(function: types.FunctionType, form: str = "full") -> types.FunctionType:
-    """A copy of ``function`` whose global ``apply_rotary_pos_emb`` is kiln's (made once per
+def with_kiln_rope(function: types.FunctionType, form: Optional[str] = "full",
+                   deinterleave: bool = False) -> types.FunctionType:
+    """A copy of ``function`` whose global ``apply_rotary_pos_emb`` (unless ``form`` is None)
+    and, with ``deinterleave``, ``apply_rotary_pos_emb_interleave`` are kiln's (made once per
     function; a class's rotary function takes one table form). The copy reads a snapshot of
     the function's module globals, brought up to date at each call (a name rebound in that
     module after the last kiln.patch is not seen; objects mutated in place, like transformers'
     attention registry, are)."""
-    copy = _KILN_COPIES.get(function)
-    if copy is not None:
-        source_rewrite.refresh(copy.__globals__, function, {ROPE_GLOBAL: copy.__globals__[ROPE_GLOBAL]})
+    kept = _KILN_COPIES.get(function)
+    if kept is not None:
+        copy, names = kept
+        source_rewrite.refresh(copy.__globals__, function, {name: copy.__globals__[name] for name in names})
         return copy
     scope = dict(function.__globals__)
-    scope[ROPE_GLOBAL] = rotate_half_rope(function.__globals__[ROPE_GLOBAL], form)
+    names = []
+    if form is not None:
+        scope[ROPE_GLOBAL] = rotate_half_rope(function.__globals__[ROPE_GLOBAL], form)
+        names.append(ROPE_GLOBAL)
+    if deinterleave:
+        scope[DEINTERLEAVE_GLOBAL] = rotate_half_rope(function.__globals__[DEINTERLEAVE_GLOBAL], "deinterleave")
+        names.append(DEINTERLEAVE_GLOBAL)
     copy = types.FunctionType(function.__code__, scope, function.__name__, function.__defaults__,
                               function.__closure__)
     copy.__kwdefaults__ = function.__kwdefaults__
     copy.__qualname__, copy.__doc__ = function.__qualname__, function.__doc__
-    _KILN_COPIES[function] = copy
+    _KILN_COPIES[function] = (copy, names)
     return copy
 
 
 def candidate(module: torch.nn.Module) -> bool:
     """A module (an attention: Llama's with ``q_proj`` and ``k_proj``, Phi-3's with one
-    ``qkv_proj``) whose class forward calls a global ``apply_rotary_pos_emb``."""
-    return uses_rope_global(type(module).forward)
+    ``qkv_proj``, DeepSeek-V3's latent one) whose class forward calls a global
+    ``apply_rotary_pos_emb`` or ``apply_rotary_pos_emb_interleave``."""
+    return bool(rope_globals(type(module).forward))
 
 
 def probe(dtype: torch.dtype, generator: torch.Generator, form: str = "full", dim: int = 8):
@@ -185,7 +219,7 @@ def probe(dtype: torch.dtype, generator: torch.Generator, form: str = "full", di
     (half, GPT-OSS's) [B, S, D / 2], each angle once."""
     q = torch.randn(2, 4, 5, dim, generator=generator)
     k = torch.randn(2, 2, 5, dim, generator=generator)
-    rotated = dim if form in ("full", "half") else dim // 2
+    rotated = dim if form in ("full", "half", "deinterleave") else dim // 2
     angles = torch.rand(2, 5, rotated // 2, generator=generator) * 20.0
     emb = angles if form == "half" else torch.cat((angles, angles), dim=-1)
     return [t.to(dtype) for t in (q, k, emb.cos(), emb.sin())]
@@ -202,13 +236,13 @@ def _compare(function: Callable, form: str):
             try:
                 expected = function(q, k, cos, sin)
             except Exception as e:
-                return True, f"its apply_rotary_pos_emb fails on a probe ({type(e).__name__}: {e})"
+                return True, f"its {function.__name__} fails on a probe ({type(e).__name__}: {e})"
             try:
                 actual = replacement(q, k, cos, sin)
             except Exception as e:
                 return False, f"kiln.rope fails on a {dtype} probe ({type(e).__name__}: {e})"
             if not (isinstance(expected, tuple) and len(expected) == 2):
-                return False, "its apply_rotary_pos_emb does not return (q, k)"
+                return False, f"its {function.__name__} does not return (q, k)"
             for e, a in zip(expected, actual):
                 why = _agree(e, a)
                 if why is not None:
@@ -216,30 +250,57 @@ def _compare(function: Callable, form: str):
     return None
 
 
-def classify(module: torch.nn.Module, original: Callable):
-    """A Match when the module's global ``apply_rotary_pos_emb`` computes what kiln.rope
-    computes on random probes (fp32 and bf16) of one of the table forms (:data:`FORMS`): the
-    usual one, and then whether it also rotates the first columns only given a narrower table;
-    where it fails on those, GPT-OSS's; where it computes something else, GLM's interleaved
-    pairs. Else a NoMatch with the reason."""
-    if getattr(original, "__func__", None) is not type(module).forward \
-            or getattr(original, "__self__", None) is not module:
-        return NoMatch("rope", "its forward is not its class's own (something else wraps it)")
-    function = type(module).forward.__globals__[ROPE_GLOBAL]
+def _rope_form(function: Callable) -> tuple:
+    """(the table form kiln takes ``apply_rotary_pos_emb`` in, what the report calls it), or
+    (None, why not): the usual form where probes of it agree, and then whether it also rotates
+    the first columns only given a narrower table; where it fails on those, GPT-OSS's; where it
+    computes something else, GLM's interleaved pairs."""
     mismatch = _compare(function, "full")
     if mismatch is None:
         if _compare(function, "partial") is None:
-            return Match("rope (rotate_half, the first rotary_dim columns, in the attention's forward)", "rope",
-                         partial_factory)
-        return Match("rope (rotate_half, in the attention's forward)", "rope", factory)
+            return "partial", "rotate_half, the first rotary_dim columns"
+        return "full", "rotate_half"
     failed_on_probe, reason = mismatch
     if failed_on_probe and _compare(function, "half") is None:
-        return Match("rope (rotate_half, one angle a pair, in the attention's forward)", "rope",
-                     half_table_factory)
+        return "half", "rotate_half, one angle a pair"
     if _compare(function, "interleaved") is None:
-        return Match("rope (interleaved pairs, the first rotary_dim columns, in the attention's forward)", "rope",
-                     interleaved_factory)
-    return NoMatch("rope", f"its apply_rotary_pos_emb is neither rotate_half nor interleaved RoPE: {reason}")
+        return "interleaved", "interleaved pairs, the first rotary_dim columns"
+    return None, f"its apply_rotary_pos_emb is neither rotate_half nor interleaved RoPE: {reason}"
+
+
+def classify(module: torch.nn.Module, original: Callable):
+    """A Match when the rotary functions the module's forward calls compute what kiln.rope
+    computes on random probes (fp32 and bf16): ``apply_rotary_pos_emb`` in one of the table
+    forms (:data:`FORMS`, see :func:`_rope_form`), ``apply_rotary_pos_emb_interleave`` as
+    DeepSeek-V3's de-interleaving form. Each that agrees is replaced; a NoMatch with the
+    reasons where none does."""
+    if getattr(original, "__func__", None) is not type(module).forward \
+            or getattr(original, "__self__", None) is not module:
+        return NoMatch("rope", "its forward is not its class's own (something else wraps it)")
+    forward = type(module).forward
+    names = rope_globals(forward)
+    form, kinds, reasons = None, [], []
+    if ROPE_GLOBAL in names:
+        form, text = _rope_form(forward.__globals__[ROPE_GLOBAL])
+        (kinds if form is not None else reasons).append(text)
+    deinterleave = False
+    if DEINTERLEAVE_GLOBAL in names:
+        mismatch = _compare(forward.__globals__[DEINTERLEAVE_GLOBAL], "deinterleave")
+        if mismatch is None:
+            deinterleave = True
+            kinds.append(f"adjacent pairs written de-interleaved (DeepSeek's {DEINTERLEAVE_GLOBAL})")
+        else:
+            reasons.append(f"its {DEINTERLEAVE_GLOBAL} is not DeepSeek-V3's de-interleaving RoPE: {mismatch[1]}")
+    if not kinds:
+        return NoMatch("rope", "; ".join(reasons))
+    kind = f"rope ({'; '.join(kinds)}, in the attention's forward)"
+    if not deinterleave:
+        return Match(kind, "rope", _FACTORIES[form])
+
+    def deinterleave_factory(module: torch.nn.Module, original: Callable) -> Callable:
+        return with_kiln_rope(type(module).forward, form, deinterleave=True).__get__(module)
+
+    return Match(kind, "rope", deinterleave_factory)
 
 
 def factory(module: torch.nn.Module, original: Callable) -> Callable:
@@ -256,3 +317,7 @@ def half_table_factory(module: torch.nn.Module, original: Callable) -> Callable:
 
 def interleaved_factory(module: torch.nn.Module, original: Callable) -> Callable:
     return with_kiln_rope(type(module).forward, "interleaved").__get__(module)
+
+
+_FACTORIES = {"full": factory, "partial": partial_factory, "half": half_table_factory,
+              "interleaved": interleaved_factory}

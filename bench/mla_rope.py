@@ -1,0 +1,154 @@
+"""RoPE of multi-head latent attention (DeepSeek-V3, GLM-4.7-Flash and their kin): kiln.rope
+with deinterleave=True beside transformers' apply_rotary_pos_emb_interleave (rope_interleave,
+the default) eager and under torch.compile, bf16, on q_rot and k_rot as the attention hands
+them over: the last 64 columns of each q head of [B, S, H, 128 + 64] memory viewed
+[B, H, S, 64], and one k head, the last 64 columns of the compressed kv row [B, S, 512 + 64].
+Both rotate from the model's bf16 table [B, S, 64] (kiln reads its first half, as the formula
+does). Bytes count q_rot and k_rot read and written once and the half table read once.
+
+Usage: python bench/mla_rope.py [--out DIR] [--quick]
+Writes DIR/mla_rope-<date>-<device>.json and .md; prints the table last."""
+
+import argparse
+import math
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+import common  # noqa: E402
+
+BF16 = torch.bfloat16
+ROPE, NOPE, KV_LORA = 64, 128, 512
+
+
+def deepseek_apply_rotary_pos_emb_interleave(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
+    """transformers' DeepSeek-V3 apply_rotary_pos_emb_interleave, restated (used where the
+    import fails)."""
+    cos = cos[..., : cos.shape[-1] // 2].unsqueeze(unsqueeze_dim)
+    sin = sin[..., : sin.shape[-1] // 2].unsqueeze(unsqueeze_dim)
+    q1, q2 = q[..., 0::2], q[..., 1::2]
+    k1, k2 = k[..., 0::2], k[..., 1::2]
+    return (torch.cat([q1 * cos - q2 * sin, q2 * cos + q1 * sin], dim=-1),
+            torch.cat([k1 * cos - k2 * sin, k2 * cos + k1 * sin], dim=-1))
+
+
+def interleave_apply():
+    try:
+        from transformers.models.deepseek_v3.modeling_deepseek_v3 import apply_rotary_pos_emb_interleave
+        return apply_rotary_pos_emb_interleave, "transformers"
+    except ImportError:
+        return deepseek_apply_rotary_pos_emb_interleave, "local copy"
+
+
+def latent_qk(batch, heads, seq, device="cuda"):
+    """q_rot and k_rot as DeepSeek-V3's attention slices them from its projections."""
+    q = torch.randn(batch, seq, heads, NOPE + ROPE, device=device, dtype=BF16).transpose(1, 2)
+    kv = torch.randn(batch, seq, KV_LORA + ROPE, device=device, dtype=BF16)
+    return q[..., NOPE:], kv[..., KV_LORA:].view(batch, 1, seq, ROPE)
+
+
+def table(batch, seq, start=0, device="cuda"):
+    """DeepseekV3RotaryEmbedding's cos/sin (cat(freqs, freqs)) of positions from `start`, in
+    the model's dtype."""
+    inv_freq = 1.0 / (10000.0 ** (torch.arange(0, ROPE, 2, device=device).float() / ROPE))
+    positions = (start + torch.arange(seq, device=device)).float().expand(batch, seq)
+    emb = torch.cat([positions[..., None] * inv_freq] * 2, -1)
+    return emb.cos().to(BF16), emb.sin().to(BF16)
+
+
+def rel_err(out, ref):
+    return ((out.double() - ref.double()).norm() / ref.double().norm()).item()
+
+
+# (name, batch, q heads, positions, first position): DeepSeek-V3's 128 heads at a 4096-token
+# prefill, a batch of 2048-token prefills and a decode step of 64 sequences at position 4096;
+# GLM-4.7-Flash's 20 heads.
+SHAPES = [("DeepSeek-V3 prefill", 1, 128, 4096, 0), ("DeepSeek-V3 prefill x4", 4, 128, 2048, 0),
+          ("DeepSeek-V3 decode x64", 64, 128, 1, 4096), ("GLM-4.7-Flash prefill", 1, 20, 4096, 0)]
+
+
+def cases(quick, device="cuda"):
+    import kiln
+
+    apply, source = interleave_apply()
+    compiled = torch.compile(apply, dynamic=False) if device == "cuda" else apply
+    for name, b, h, s, start in (SHAPES[:1] + SHAPES[2:3] if quick else SHAPES):
+        q, k = latent_qk(b, h, s, device)
+        cos, sin = table(b, s, start, device)
+        half = (cos[..., :ROPE // 2], sin[..., :ROPE // 2])
+        yield {
+            "name": f"{name} q{list(q.shape)} k{list(k.shape)}",
+            "bytes": 2 * (q.numel() + k.numel()) * 2 + 2 * half[0].numel() * 2,
+            "kiln": lambda q=q, k=k, t=half: kiln.rope(q, k, *t, rotary_dim=ROPE, deinterleave=True),
+            "peers": {f"eager ({source})": lambda q=q, k=k, c=cos, s_=sin: apply(q, k, c, s_),
+                      "compiled": lambda q=q, k=k, c=cos, s_=sin: compiled(q, k, c, s_)},
+            "check": lambda q=q, k=k, t=half, c=cos, s_=sin: max(
+                rel_err(a, e) for a, e in zip(kiln.rope(q, k, *t, rotary_dim=ROPE, deinterleave=True),
+                                              apply(q, k, c, s_))),
+        }
+
+
+# Timed in the same rounds as kiln and the peers, never counted as a peer.
+COPY = "copy of the same bytes"
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", default="bench/results")
+    parser.add_argument("--quick", action="store_true", help="the first prefill and the decode step")
+    args = parser.parse_args()
+    kiln = common.fresh_kiln(256)
+    env = common.environment()
+    copy_gbs = common.copy_bandwidth_gbs()
+    tunes, seen = common.tune_dir(kiln), set()
+    rows = []
+    with torch.no_grad():
+        for case in cases(args.quick):
+            times = common.bench_side_by_side({"kiln": case["kiln"], **case["peers"],
+                                               COPY: common.same_bytes_copy(case["bytes"])})
+            copy_ms = times.pop(COPY)
+            best_peer = min(v for k, v in times.items() if k != "kiln")
+            rows.append({
+                "case": case["name"],
+                "bytes": case["bytes"],
+                "us": {k: v * 1e3 for k, v in times.items()},
+                "copy_same_bytes_us": copy_ms * 1e3,
+                "pct_of_copy": {k: 100 * case["bytes"] / (v * 1e-3) / 1e9 / copy_gbs for k, v in times.items()},
+                "speedup_vs_best_peer": best_peer / times["kiln"],
+                "rel_err_vs_peer": case["check"](),
+                "kiln_tuned": common.tuned_configs(tunes, seen),
+            })
+            print(rows[-1]["case"], f"{rows[-1]['us']['kiln']:.1f} us",
+                  f"{rows[-1]['speedup_vs_best_peer']:.2f}x", flush=True)
+    geomean = math.exp(sum(math.log(r["speedup_vs_best_peer"]) for r in rows) / len(rows))
+    result = {"environment": env, "copy_gbs": copy_gbs, "mla_rope_bf16": rows,
+              "geomean_speedup_vs_best_peer": geomean, "kiln_settings": kiln.settings()}
+    stamp = common.stamp(env)
+    common.write_json(os.path.join(args.out, f"mla_rope-{stamp}.json"), result)
+    lines = [
+        f"Latent attention RoPE (de-interleaved) bf16, {env['device']} ({env['sm']}), {env['date']}, "
+        f"torch {env['versions']['torch']}, triton {env['versions'].get('triton', '-')}, "
+        f"transformers {env['versions'].get('transformers', '-')}; copy {copy_gbs:.0f} GB/s",
+        "",
+        "| case | MB | kiln us (% copy) | eager us | compiled us (% copy) | kiln vs best | copy of same MB us "
+        "| rel err |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in rows:
+        us, pct = r["us"], r["pct_of_copy"]
+        eager = next(k for k in us if k.startswith("eager"))
+        lines.append(f"| {r['case']} | {r['bytes'] / 1e6:.1f} | {us['kiln']:.1f} ({pct['kiln']:.0f}%) "
+                     f"| {us[eager]:.1f} | {us['compiled']:.1f} ({pct['compiled']:.0f}%) "
+                     f"| {r['speedup_vs_best_peer']:.2f}x | {r['copy_same_bytes_us']:.1f} "
+                     f"| {r['rel_err_vs_peer']:.1e} |")
+    lines += ["", f"Geometric mean of kiln vs the best peer: {geomean:.2f}x"]
+    table_text = "\n".join(lines)
+    with open(os.path.join(args.out, f"mla_rope-{stamp}.md"), "w") as f:
+        f.write(table_text + "\n")
+    print(table_text)
+
+
+if __name__ == "__main__":
+    main()
