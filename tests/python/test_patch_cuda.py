@@ -84,6 +84,44 @@ def test_patched_model_replays_from_a_cuda_graph(arch, monkeypatch):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("rope_interleave", [True, False])
+def test_deepseek_v3_latent_attention_on_the_gpu_compiled_and_captured(rope_interleave):
+    """DeepSeek-V3's latent attention RoPE (de-interleaved where rope_interleave is set) on its
+    q_rot and k_rot views, in bf16: as close to fp32 as the original, the same under
+    torch.compile(fullgraph=True) and replayed from a CUDA graph. Dense layers only, so a
+    routing decision cannot flip between the runs compared."""
+    from test_patch_rope_cpu import _deepseek_v3
+
+    torch._dynamo.reset()
+    ids = _ids().cuda()
+    with torch.no_grad():
+        truth = _deepseek_v3(rope_interleave, torch.float32, dense_layers=2).cuda()(ids).logits.double()
+        model = _deepseek_v3(rope_interleave, torch.bfloat16, dense_layers=2).cuda()
+        original = model(ids).logits
+        report = kiln.patch(model)
+        assert "rope" in {r.op for r in report.replaced}
+        patched = model(ids, use_cache=False).logits
+        compiled = torch.compile(model, fullgraph=True)(ids, use_cache=False).logits
+        graph = torch.cuda.CUDAGraph()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            model(ids, use_cache=False)
+        torch.cuda.current_stream().wait_stream(side)
+        with torch.cuda.graph(graph):
+            captured = model(ids, use_cache=False).logits
+        captured.zero_()
+        graph.replay()
+        torch.cuda.synchronize()
+    err_original = (original.double() - truth).abs().max().item()
+    err_patched = (patched.double() - truth).abs().max().item()
+    assert err_patched <= 1.5 * err_original + 1e-2, (err_patched, err_original)
+    torch.testing.assert_close(compiled, patched, rtol=2e-2, atol=2e-2)
+    assert (captured - patched).abs().max().item() <= 1e-3 * patched.abs().max().item()
+    kiln.unpatch(model)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("activation, op", [("geglu", "geglu"), ("swiglu", "swiglu")])
 @pytest.mark.parametrize("tokens", [1, 333])
 def test_diffusers_gated_feed_forward_on_the_gpu(activation, op, tokens, monkeypatch):

@@ -345,16 +345,17 @@ def test_compiled_gpt_oss_has_kiln_rope_in_one_graph():
     kiln.unpatch(model)
 
 
-def _deepseek_v3(rope_interleave, dtype=torch.float32):
+def _deepseek_v3(rope_interleave, dtype=torch.float32, dense_layers=1):
     """A tiny DeepSeek-V3: latent attention whose q and k rotate the last 8 columns of each head
-    (one k head), de-interleaved where rope_interleave is set."""
+    (one k head), de-interleaved where rope_interleave is set; its first `dense_layers` layers
+    with a dense MLP, the rest with experts."""
     if not hasattr(transformers, "DeepseekV3Config"):
         pytest.skip("transformers has no DeepSeek-V3")
     config = transformers.DeepseekV3Config(
         vocab_size=128, hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=16, q_lora_rank=24, qk_rope_head_dim=8,
         qk_nope_head_dim=16, v_head_dim=16, n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1,
-        first_k_dense_replace=1, n_group=1, topk_group=1, rope_interleave=rope_interleave, pad_token_id=0)
+        first_k_dense_replace=dense_layers, n_group=1, topk_group=1, rope_interleave=rope_interleave, pad_token_id=0)
     torch.manual_seed(0)
     return transformers.DeepseekV3ForCausalLM(config).eval().to(dtype)
 

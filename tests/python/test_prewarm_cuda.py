@@ -222,13 +222,35 @@ def test_prewarm_from_config_serves_a_patched_linear_attention_model(tmp_path, n
     assert compiled == [] and stats["nvrtc_compiles"] == 0, compiled
 
 
+# A tiny DeepSeek-V3 from its config.json, patched and run in bf16: without autograd, or
+# (TRAIN) forward and backward.
+LATENT_CALLS = """
+import json, torch, kiln
+from transformers.models.deepseek_v3 import configuration_deepseek_v3, modeling_deepseek_v3
+TRAIN = {train}
+config = configuration_deepseek_v3.DeepseekV3Config.from_json_file("{config}")
+config._attn_implementation = "eager"
+torch.manual_seed(0)
+model = modeling_deepseek_v3.DeepseekV3ForCausalLM(config).train(TRAIN).to("cuda", torch.bfloat16)
+report = kiln.patch(model)
+with torch.set_grad_enabled(TRAIN):
+    logits = model(torch.randint(0, 128, (2, 16), device="cuda")).logits
+    if TRAIN:
+        logits.float().square().mean().backward()
+torch.cuda.synchronize()
+print(json.dumps({{**kiln.stats(), "kernels": kiln._C.loaded_kernels(),
+                  "ops": sorted({{r.op for r in report.replaced}})}}))
+"""
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("rope_interleave", [None, False])
-def test_prewarm_from_config_serves_a_patched_latent_attention_model(tmp_path, rope_interleave):
+@pytest.mark.parametrize("rope_interleave, training", [(None, False), (False, False), (None, True)])
+def test_prewarm_from_config_serves_a_patched_latent_attention_model(tmp_path, rope_interleave, training):
     """kiln prewarm --config of a DeepSeek-V3 config.json (as the checkpoint writes it, without
     rope_interleave, so transformers de-interleaves; or with it false) compiles the RoPE its
     patched latent attention calls: 64 rotated columns of each q head and one k head, views of
-    the projections. Its first forward on a GPU compiles nothing."""
+    the projections; with --training, the backward kernels too. Its first forward (and
+    backward) on a GPU compiles nothing."""
     configuration = pytest.importorskip("transformers.models.deepseek_v3.configuration_deepseek_v3")
     config = configuration.DeepseekV3Config(
         vocab_size=128, hidden_size=256, intermediate_size=512, moe_intermediate_size=128, num_hidden_layers=2,
@@ -241,16 +263,17 @@ def test_prewarm_from_config_serves_a_patched_latent_attention_model(tmp_path, r
         written = json.loads(path.read_text())
         del written["rope_interleave"]
         path.write_text(json.dumps(written))
-    calls = MODEL_CALLS.format(name="deepseek_v3", config_class="DeepseekV3Config",
-                               model_class="DeepseekV3ForCausalLM", config=path)
-    warmed, stats, compiled = _prewarm_then_run(tmp_path, path, calls)
-    print(f"deepseek_v3 rope_interleave={rope_interleave}: prewarmed {warmed['compiled']}, patched {stats['ops']}, "
-          f"compiled on the GPU: {compiled}")
+    calls = LATENT_CALLS.format(config=path, train=training)
+    warmed, stats, compiled = _prewarm_then_run(tmp_path, path, calls, training)
+    print(f"deepseek_v3 rope_interleave={rope_interleave} training={training}: prewarmed {warmed['compiled']}, "
+          f"patched {stats['ops']}, compiled on the GPU: {compiled}")
     assert "rope" in stats["ops"]
     # The rotation ran in kiln, in the config's form: de-interleaved (flags 512) from a half
-    # table (128), or rotate_half from the full table.
+    # table (128), or rotate_half from the full table; training, its inverse (4) on the
+    # gradients, positions inner (8).
     ropes = {k["problem"] for k in stats["kernels"] if k["problem"].startswith("rope.bf16.h64.")}
-    assert ropes == ({"rope.bf16.h64.f640.a16"} if rope_interleave is None else {"rope.bf16.h64.f0.a16"}), ropes
+    forward = "rope.bf16.h64.f640.a16" if rope_interleave is None else "rope.bf16.h64.f0.a16"
+    assert ropes == ({forward, "rope.bf16.h64.f652.a16"} if training else {forward}), ropes
     assert compiled == [] and stats["nvrtc_compiles"] == 0, compiled
 
 
