@@ -6,7 +6,11 @@ theta 500000) and fewer layers (--layers, default 4), random weights, bf16; or, 
 RoPE, which kiln.patch runs with the rotation as one head_norm_rope); or, with --model
 phi4-mini, Phi3ForCausalLM with Phi-4-mini's (hidden 3072, MLP 8192 from one packed gate_up
 projection, 24 and 8 heads of 128 from one packed qkv projection, RoPE on the first 96 columns
-of each head, vocabulary 200064, tied embeddings). Settings of eager +
+of each head, vocabulary 200064, tied embeddings); or, with --model deepseek-v3,
+DeepseekV3ForCausalLM with DeepSeek-V3's widths and only its dense layers (its first three are:
+multi-head latent attention of 128 heads, q and kv through 1536- and 512-wide compressions,
+each head's last 64 q/k columns rotated as de-interleaved pairs with one k head, a SwiGLU of
+18432, vocabulary 129280). Settings of eager +
 kiln without one of the patch's fusions (--apart: the layers' residual add and norm as one
 fused_add_rms_norm, the head norms and RoPE as one head_norm_rope, the packed gate_up
 projection's activation as one swiglu, the attention's RoPE) time what each gives. Cases:
@@ -17,7 +21,7 @@ generate computes them), and one decode step at batch 1 and 32 after 2048 cached
 setting: median time, speedup over its baseline, the first call's time (compile, JIT),
 and the logits' relative error against the unpatched eager logits.
 
-Usage: python bench/llama.py [--out DIR] [--model llama|qwen3|phi4-mini] [--quick] [--layers N] [--cases prefill,decode1,decode32]
+Usage: python bench/llama.py [--out DIR] [--model llama|qwen3|phi4-mini|deepseek-v3] [--quick] [--layers N] [--cases prefill,decode1,decode32]
        [--settings eager,compile,eager+kiln,compile+kiln] [--apart residual-norms,head-norms] [--device cuda|cpu]
        [--tiny]
 Writes DIR/<model>-<date>-<device>.json and .md; prints the table last. --device cpu with
@@ -44,10 +48,22 @@ QWEN3_8B = dict(hidden_size=4096, intermediate_size=12288, num_attention_heads=3
 PHI4_MINI = dict(hidden_size=3072, intermediate_size=8192, num_attention_heads=24, num_key_value_heads=8,
                  vocab_size=200064, rope_theta=10000.0, partial_rotary_factor=0.75, rms_norm_eps=1e-5,
                  max_position_embeddings=8192, tie_word_embeddings=True, pad_token_id=199999)
+# DeepSeek-V3's first layers, its dense ones (first_k_dense_replace 3 of 61): multi-head latent
+# attention (q through a 1536-wide compression, k and v through 512, each head's last 64 of 192
+# q/k columns rotated as de-interleaved pairs, one k head for them) and a SwiGLU of 18432.
+DEEPSEEK_V3_DENSE = dict(hidden_size=7168, intermediate_size=18432, num_attention_heads=128, num_key_value_heads=128,
+                         q_lora_rank=1536, kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=128,
+                         v_head_dim=128, vocab_size=129280, rope_theta=10000.0, rms_norm_eps=1e-6,
+                         max_position_embeddings=8192, first_k_dense_replace=61, rope_interleave=True,
+                         tie_word_embeddings=False)
 MODELS = {"llama": ("LlamaConfig", LLAMA3_8B, "Llama-3-8B"), "qwen3": ("Qwen3Config", QWEN3_8B, "Qwen3-8B"),
-          "phi4-mini": ("Phi3Config", PHI4_MINI, "Phi-4-mini")}
+          "phi4-mini": ("Phi3Config", PHI4_MINI, "Phi-4-mini"),
+          "deepseek-v3": ("DeepseekV3Config", DEEPSEEK_V3_DENSE, "DeepSeek-V3 (dense layers)")}
 # The tiny config's widths as each model's family needs them.
-TINY_EXTRA = {"qwen3": dict(head_dim=16), "phi4-mini": dict(partial_rotary_factor=0.75, pad_token_id=0)}
+TINY_EXTRA = {"qwen3": dict(head_dim=16), "phi4-mini": dict(partial_rotary_factor=0.75, pad_token_id=0),
+              "deepseek-v3": dict(num_key_value_heads=4, q_lora_rank=24, kv_lora_rank=16, qk_rope_head_dim=8,
+                                  qk_nope_head_dim=16, v_head_dim=16, first_k_dense_replace=100,
+                                  rope_interleave=True)}
 PREFILL = (2, 2048)  # batch, tokens
 PAST = 2048  # tokens in the cache before the decode step
 CASES = ["prefill", "decode1", "decode32"]
@@ -117,7 +133,7 @@ APART = {"head-norms": ("eager+kiln, head norms apart", head_norms_apart),
          "rope": ("eager+kiln, rope apart", rope_apart)}
 # What each model's run sets apart where --apart is not given.
 DEFAULT_APART = {"llama": ["residual-norms"], "qwen3": ["residual-norms", "head-norms"],
-                 "phi4-mini": ["residual-norms", "packed-gates", "rope"]}
+                 "phi4-mini": ["residual-norms", "packed-gates", "rope"], "deepseek-v3": ["residual-norms", "rope"]}
 
 
 def build_model(config, device="cuda", dtype=torch.bfloat16, seed=0):

@@ -10,7 +10,6 @@ Usage: python bench/mla_rope.py [--out DIR] [--quick]
 Writes DIR/mla_rope-<date>-<device>.json and .md; prints the table last."""
 
 import argparse
-import math
 import os
 import sys
 
@@ -84,20 +83,18 @@ def cases(quick, device="cuda"):
             "kiln": lambda q=q, k=k, t=half: kiln.rope(q, k, *t, rotary_dim=ROPE, deinterleave=True),
             "peers": {f"eager ({source})": lambda q=q, k=k, c=cos, s_=sin: apply(q, k, c, s_),
                       "compiled": lambda q=q, k=k, c=cos, s_=sin: compiled(q, k, c, s_)},
+            "launch_bound": s == 1,
             "check": lambda q=q, k=k, t=half, c=cos, s_=sin: max(
                 rel_err(a, e) for a, e in zip(kiln.rope(q, k, *t, rotary_dim=ROPE, deinterleave=True),
                                               apply(q, k, c, s_))),
         }
 
 
-# Timed in the same rounds as kiln and the peers, never counted as a peer.
-COPY = "copy of the same bytes"
-
-
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default="bench/results")
     parser.add_argument("--quick", action="store_true", help="the first prefill and the decode step")
+    parser.add_argument("--tag", default="", help="appended to the file names")
     args = parser.parse_args()
     kiln = common.fresh_kiln(256)
     env = common.environment()
@@ -106,31 +103,24 @@ def main():
     rows = []
     with torch.no_grad():
         for case in cases(args.quick):
-            times = common.bench_side_by_side({"kiln": case["kiln"], **case["peers"],
-                                               COPY: common.same_bytes_copy(case["bytes"])})
-            copy_ms = times.pop(COPY)
-            best_peer = min(v for k, v in times.items() if k != "kiln")
-            rows.append({
-                "case": case["name"],
-                "bytes": case["bytes"],
-                "us": {k: v * 1e3 for k, v in times.items()},
-                "copy_same_bytes_us": copy_ms * 1e3,
-                "pct_of_copy": {k: 100 * case["bytes"] / (v * 1e-3) / 1e9 / copy_gbs for k, v in times.items()},
-                "speedup_vs_best_peer": best_peer / times["kiln"],
-                "rel_err_vs_peer": case["check"](),
-                "kiln_tuned": common.tuned_configs(tunes, seen),
-            })
-            print(rows[-1]["case"], f"{rows[-1]['us']['kiln']:.1f} us",
-                  f"{rows[-1]['speedup_vs_best_peer']:.2f}x", flush=True)
-    geomean = math.exp(sum(math.log(r["speedup_vs_best_peer"]) for r in rows) / len(rows))
+            contenders = {"kiln": case["kiln"], **case["peers"]}
+            row = common.time_against_copy(case["name"], case["bytes"], contenders, copy_gbs)
+            row["rel_err_vs_peer"] = case["check"]()
+            row["kiln_tuned"] = common.tuned_configs(tunes, seen)
+            if case["launch_bound"]:
+                row["host_us"] = common.host_side_by_side(contenders)
+            rows.append(row)
+            print(row["case"], f"{row['us']['kiln']:.1f} us", f"{row['speedup_vs_best_peer']:.2f}x", flush=True)
+    geomean = common.geomean_speedup(rows)
     result = {"environment": env, "copy_gbs": copy_gbs, "mla_rope_bf16": rows,
               "geomean_speedup_vs_best_peer": geomean, "kiln_settings": kiln.settings()}
-    stamp = common.stamp(env)
+    stamp = common.stamp(env) + (f"-{args.tag}" if args.tag else "")
     common.write_json(os.path.join(args.out, f"mla_rope-{stamp}.json"), result)
     lines = [
         f"Latent attention RoPE (de-interleaved) bf16, {env['device']} ({env['sm']}), {env['date']}, "
         f"torch {env['versions']['torch']}, triton {env['versions'].get('triton', '-')}, "
-        f"transformers {env['versions'].get('transformers', '-')}; copy {copy_gbs:.0f} GB/s",
+        f"transformers {env['versions'].get('transformers', '-')}; copy {copy_gbs:.0f} GB/s; "
+        f"{common.timing_description()}",
         "",
         "| case | MB | kiln us (% copy) | eager us | compiled us (% copy) | kiln vs best | copy of same MB us "
         "| rel err |",
@@ -143,6 +133,7 @@ def main():
                      f"| {us[eager]:.1f} | {us['compiled']:.1f} ({pct['compiled']:.0f}%) "
                      f"| {r['speedup_vs_best_peer']:.2f}x | {r['copy_same_bytes_us']:.1f} "
                      f"| {r['rel_err_vs_peer']:.1e} |")
+    lines += common.host_lines(rows, ["kiln", "eager", "compiled"])
     lines += ["", f"Geometric mean of kiln vs the best peer: {geomean:.2f}x"]
     table_text = "\n".join(lines)
     with open(os.path.join(args.out, f"mla_rope-{stamp}.md"), "w") as f:

@@ -172,12 +172,14 @@ def test_llama_tiny_prefill_logits():
 
 
 @pytest.mark.parametrize("batch", [1, 3])
-def test_llama_decode_step_is_the_next_token_of_a_plain_forward(batch):
+@pytest.mark.parametrize("model", ["llama", "deepseek-v3"])
+def test_llama_decode_step_is_the_next_token_of_a_plain_forward(batch, model):
     """The decode step (static cache filled by a prefill, explicit position, 4-D mask, the
     cache's counter rewound each step) computes the logits a plain forward over the prompt
-    and the new token gives at its last position, and the same on every repetition."""
+    and the new token gives at its last position, and the same on every repetition; the cache
+    holds DeepSeek-V3's latent kv as its attention writes it."""
     llama = load_bench("llama")
-    config = llama.llama_config(2, tiny=True)
+    config = llama.llama_config(2, tiny=True, model=model)
     model = llama.build_model(config, device="cpu", dtype=torch.float32)
     past = 12
     cache, inputs, step = llama.decode_state(model, batch, past, device="cpu")
@@ -386,3 +388,27 @@ def test_ltx_example_from_checkpoint(tmp_path):
     out = _example("ltx_video.py", str(tmp_path), "--frames", "9", "--height", "64", "--width", "96")
     assert "1 blocks, 2 heads x 16" in out and re.search(r"kiln\.patch: \d+ replaced, 0 left", out)
     assert "comparison: output (2, 12, 8)" in out
+
+
+def test_deepseek_v3_config_has_its_dense_layers_widths():
+    llama = load_bench("llama")
+    config = llama.llama_config(3, model="deepseek-v3")
+    assert type(config).__name__ == "DeepseekV3Config"
+    assert (config.hidden_size, config.intermediate_size, config.vocab_size) == (7168, 18432, 129280)
+    assert (config.q_lora_rank, config.kv_lora_rank, config.qk_rope_head_dim, config.qk_nope_head_dim) == \
+        (1536, 512, 64, 128)
+    assert config.rope_interleave and config.first_k_dense_replace >= config.num_hidden_layers
+
+
+def test_deepseek_v3_bench_smoke_run_patches_its_latent_attention(tmp_path):
+    out = _smoke("llama.py", tmp_path, "--model", "deepseek-v3", "--past", "24", "--prefill", "2x16", "--layers",
+                 "2", "--cases", "prefill,decode1", "--apart", "rope")
+    assert "DeepSeek-V3 (dense layers)-shaped decoder" in out
+    [doc_path] = [p for p in tmp_path.glob("deepseek-v3-*.json") if "partial" not in p.name]
+    doc = json.loads(doc_path.read_text())
+    for case in doc["cases"]:
+        for name in ("eager+kiln", "eager+kiln, rope apart"):
+            err = case["settings"][name]["error_vs_eager"]
+            assert err["finite"] and err["max_rel"] < 5e-2
+        # Each layer's input, post-attention and latent q and kv norms, the final norm.
+        assert case["patch"]["replaced"] == {"rms_norm": 9, "swiglu": 2, "rope": 2, "fused_add_rms_norm": 2}

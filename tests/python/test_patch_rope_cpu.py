@@ -332,8 +332,10 @@ def test_partial_replacements_match_the_formula(arch, unsqueeze_dim, rotated, dt
         torch.testing.assert_close(a.double(), e, rtol=tol, atol=tol)
 
 
-def test_compiled_gpt_oss_has_kiln_rope_in_one_graph():
-    model = _gpt_oss()
+@pytest.mark.parametrize("name", ["gpt_oss", "deepseek_v3"])
+def test_compiled_model_has_kiln_rope_in_one_graph(name):
+    """GPT-OSS's half tables and DeepSeek-V3's de-interleaved latent RoPE, under torch.compile."""
+    model = _gpt_oss() if name == "gpt_oss" else _deepseek_v3(True)
     ids = torch.randint(0, 128, (2, 9), generator=torch.Generator().manual_seed(1))
     expected = _logits(model, ids)
     kiln.patch(model)
@@ -381,19 +383,6 @@ def test_deepseek_v3_latent_attention_rope_reaches_kiln(rope_interleave, dtype, 
     assert calls == [((2, 4, 9, 8), (2, 1, 9, 8), 4 if rope_interleave else 8, rope_interleave)] * 2
     tol = 1e-5 if dtype == torch.float32 else 0.05 * expected.abs().max().item()
     torch.testing.assert_close(actual, expected, rtol=tol, atol=tol)
-    kiln.unpatch(model)
-
-
-def test_compiled_deepseek_v3_has_kiln_rope_in_one_graph():
-    model = _deepseek_v3(True)
-    ids = torch.randint(0, 128, (2, 9), generator=torch.Generator().manual_seed(1))
-    expected = _logits(model, ids)
-    kiln.patch(model)
-    compiled, graphs = compile_capturing(model)
-    actual = _logits(compiled, ids)
-    torch._dynamo.reset()
-    assert len(graphs) == 1 and len(calls_of(graphs, torch.ops.kiln.rope.default)) == 2
-    torch.testing.assert_close(actual, expected, rtol=1e-4, atol=1e-4)
     kiln.unpatch(model)
 
 
