@@ -10,7 +10,10 @@ of each head, vocabulary 200064, tied embeddings); or, with --model deepseek-v3,
 DeepseekV3ForCausalLM with DeepSeek-V3's widths and only its dense layers (its first three are:
 multi-head latent attention of 128 heads, q and kv through 1536- and 512-wide compressions,
 each head's last 64 q/k columns rotated as de-interleaved pairs with one k head, a SwiGLU of
-18432, vocabulary 129280). Settings of eager +
+18432, vocabulary 129280); or, with --model qwen3-moe, Qwen3MoeForCausalLM with Qwen3-30B-A3B's
+(hidden 2048, 128 experts of 768 with eight a token, run by transformers' default grouped_mm
+experts implementation, 32 and 4 heads of 128 with Qwen3's q/k norms, vocabulary 151936).
+Settings of eager +
 kiln without one of the patch's fusions (--apart: the layers' residual add and norm as one
 fused_add_rms_norm, the head norms and RoPE as one head_norm_rope, the packed gate_up
 projection's activation as one swiglu, the attention's RoPE) time what each gives. Cases:
@@ -21,7 +24,7 @@ generate computes them), and one decode step at batch 1 and 32 after 2048 cached
 setting: median time, speedup over its baseline, the first call's time (compile, JIT),
 and the logits' relative error against the unpatched eager logits.
 
-Usage: python bench/llama.py [--out DIR] [--model llama|qwen3|phi4-mini|deepseek-v3] [--quick] [--layers N] [--cases prefill,decode1,decode32]
+Usage: python bench/llama.py [--out DIR] [--model llama|qwen3|phi4-mini|deepseek-v3|qwen3-moe] [--quick] [--layers N] [--cases prefill,decode1,decode32]
        [--settings eager,compile,eager+kiln,compile+kiln] [--apart residual-norms,head-norms] [--device cuda|cpu]
        [--tiny]
 Writes DIR/<model>-<date>-<device>.json and .md; prints the table last. --device cpu with
@@ -56,14 +59,22 @@ DEEPSEEK_V3_DENSE = dict(hidden_size=7168, intermediate_size=18432, num_attentio
                          v_head_dim=128, vocab_size=129280, rope_theta=10000.0, rms_norm_eps=1e-6,
                          max_position_embeddings=8192, first_k_dense_replace=61, rope_interleave=True,
                          tie_word_embeddings=False)
+# Qwen3-30B-A3B: 128 experts of 768, eight a token, run by transformers' default experts
+# implementation (grouped_mm), q/k norms per head as Qwen3's.
+QWEN3_30B_A3B = dict(hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768, num_experts=128,
+                     num_experts_per_tok=8, norm_topk_prob=True, num_attention_heads=32, num_key_value_heads=4,
+                     head_dim=128, vocab_size=151936, rope_theta=1000000.0, rms_norm_eps=1e-6,
+                     max_position_embeddings=8192, tie_word_embeddings=False)
 MODELS = {"llama": ("LlamaConfig", LLAMA3_8B, "Llama-3-8B"), "qwen3": ("Qwen3Config", QWEN3_8B, "Qwen3-8B"),
           "phi4-mini": ("Phi3Config", PHI4_MINI, "Phi-4-mini"),
-          "deepseek-v3": ("DeepseekV3Config", DEEPSEEK_V3_DENSE, "DeepSeek-V3 (dense layers)")}
+          "deepseek-v3": ("DeepseekV3Config", DEEPSEEK_V3_DENSE, "DeepSeek-V3 (dense layers)"),
+          "qwen3-moe": ("Qwen3MoeConfig", QWEN3_30B_A3B, "Qwen3-30B-A3B")}
 # The tiny config's widths as each model's family needs them.
 TINY_EXTRA = {"qwen3": dict(head_dim=16), "phi4-mini": dict(partial_rotary_factor=0.75, pad_token_id=0),
               "deepseek-v3": dict(num_key_value_heads=4, q_lora_rank=24, kv_lora_rank=16, qk_rope_head_dim=8,
                                   qk_nope_head_dim=16, v_head_dim=16, first_k_dense_replace=100,
-                                  rope_interleave=True)}
+                                  rope_interleave=True),
+              "qwen3-moe": dict(head_dim=16, moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2)}
 PREFILL = (2, 2048)  # batch, tokens
 PAST = 2048  # tokens in the cache before the decode step
 CASES = ["prefill", "decode1", "decode32"]
@@ -126,14 +137,21 @@ def rope_apart(kiln):
     return candidates_apart(kiln, "rope_attention")
 
 
+def experts_apart(kiln):
+    """kiln.patch with the MoE experts' gate left to transformers (chunk, activation, multiply)."""
+    return candidates_apart(kiln, "experts_gate")
+
+
 # What a fifth setting leaves out of kiln's patch, by name (bench/llama.py --apart).
 APART = {"head-norms": ("eager+kiln, head norms apart", head_norms_apart),
          "residual-norms": ("eager+kiln, residual norms apart", residual_norms_apart),
          "packed-gates": ("eager+kiln, packed gates apart", packed_gates_apart),
-         "rope": ("eager+kiln, rope apart", rope_apart)}
+         "rope": ("eager+kiln, rope apart", rope_apart),
+         "experts": ("eager+kiln, experts apart", experts_apart)}
 # What each model's run sets apart where --apart is not given.
 DEFAULT_APART = {"llama": ["residual-norms"], "qwen3": ["residual-norms", "head-norms"],
-                 "phi4-mini": ["residual-norms", "packed-gates", "rope"], "deepseek-v3": ["residual-norms", "rope"]}
+                 "phi4-mini": ["residual-norms", "packed-gates", "rope"], "deepseek-v3": ["residual-norms", "rope"],
+                 "qwen3-moe": ["experts"]}
 
 
 def build_model(config, device="cuda", dtype=torch.bfloat16, seed=0):

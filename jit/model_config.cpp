@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <iterator>
 #include <optional>
 #include <set>
 #include <string>
@@ -179,6 +180,10 @@ void falcon_h1_gated_norm(const nlohmann::json& config, ModelShape& model) {
       kNormWeight | (flag("mamba_norm_before_gate", true) ? 0u : kNormGateFirst);
 }
 
+// The keys configs count their routed experts under (Qwen3-MoE's and OLMoE's, DeepSeek's,
+// Mixtral's).
+constexpr const char* kExpertCounts[] = {"num_experts", "n_routed_experts", "num_local_experts"};
+
 ModelShape read_llm(const nlohmann::json& config) {
   ModelShape model;
   model.kind = text_of(config, "model_type");
@@ -259,6 +264,21 @@ ModelShape read_llm(const nlohmann::json& config) {
   }
   if (shared && *shared != model.intermediate) {
     model.ops[Op::swiglu].push_back(*shared);
+  }
+  // Routed experts of their own width (moe_intermediate_size; Mixtral's are intermediate_size):
+  // transformers' experts implementations gate every routed token's packed gate_up at once,
+  // which kiln's patch runs as one SwiGLU of that width.
+  const bool routed =
+      std::any_of(std::begin(kExpertCounts), std::end(kExpertCounts), [&](const char* key) {
+        const auto count = config.find(key);
+        return count != config.end() && count->is_number_integer() &&
+               count->get<std::int64_t>() > 0;
+      });
+  if (const auto expert = size_if_set(config, "moe_intermediate_size"); routed && expert) {
+    auto& widths = model.ops[Op::swiglu];
+    if (std::find(widths.begin(), widths.end(), *expert) == widths.end()) {
+      widths.push_back(*expert);
+    }
   }
   // Multi-head latent attention (DeepSeek-V3, Kimi Linear) RMS-normalises its compressed kv and,
   // where it has one, its compressed q.

@@ -9,7 +9,9 @@
 //    qwen3_5_moe_text, qwen3_vl_text, qwen3_vl_moe_text). A partial rotation
 //    (partial_rotary_factor, at the top or in rope_parameters, or rotary_pct) rotates the first
 //    int(head_dim * factor) columns, as transformers computes it; an MoE's shared expert
-//    (shared_expert_intermediate_size) is a SwiGLU of its own size. A multimodal config's
+//    (shared_expert_intermediate_size) is a SwiGLU of its own size, and so are its routed
+//    experts (moe_intermediate_size, where num_experts, n_routed_experts or num_local_experts
+//    counts them). A multimodal config's
 //    language model is read from its text_config. Tables as kiln's patch hands them to
 //    kiln.rope: GPT-OSS's one angle a pair, GLM's (glm, glm4) interleaved pairs from half its
 //    table; Phi-2, StableLM and Persimmon slice the rotated columns off and rotate that slice

@@ -412,3 +412,16 @@ def test_deepseek_v3_bench_smoke_run_patches_its_latent_attention(tmp_path):
             assert err["finite"] and err["max_rel"] < 5e-2
         # Each layer's input, post-attention and latent q and kv norms, the final norm.
         assert case["patch"]["replaced"] == {"rms_norm": 9, "swiglu": 2, "rope": 2, "fused_add_rms_norm": 2}
+
+
+def test_qwen3_moe_bench_smoke_run_gates_its_experts_with_kiln(tmp_path):
+    out = _smoke("llama.py", tmp_path, "--model", "qwen3-moe", "--past", "24", "--prefill", "2x16", "--layers", "2",
+                 "--cases", "prefill,decode1")
+    assert "Qwen3-30B-A3B-shaped decoder" in out
+    [doc_path] = [p for p in tmp_path.glob("qwen3-moe-*.json") if "partial" not in p.name]
+    doc = json.loads(doc_path.read_text())
+    for case in doc["cases"]:
+        for name in ("eager+kiln", "eager+kiln, experts apart"):
+            err = case["settings"][name]["error_vs_eager"]
+            assert err["finite"] and err["max_rel"] < 5e-2
+        assert case["patch"]["replaced"]["swiglu"] == 2  # each layer's experts

@@ -397,11 +397,13 @@ def test_kimi_linear_prewarms_its_gated_norm_latent_norms_and_shared_expert(fres
     assert kiln.compile("swiglu", "bf16", 1024, arch="sm_90", format="cubin", flags=1)["from_cache"]
 
 
-@pytest.mark.parametrize("name", ["kimi_linear", "deepseek_v3"])
+@pytest.mark.parametrize("name", ["kimi_linear", "deepseek_v3", "glm4_moe_lite"])
 def test_prewarm_covers_the_norms_and_experts_kiln_patch_takes_in_mla_models(fresh_cache, tmp_path, name):
-    # A tiny model of each, patched: every RMSNorm, gated norm and MLP kiln.patch replaces is at a
-    # width its config's prewarm compiled (norms with their weight: flags 1; the gated norm with
-    # the sigmoid of its gate: 1 | 256; an MLP's SwiGLU of two tensors: flags 1).
+    # A tiny model of each, patched: every RMSNorm, gated norm, MLP and RoPE kiln.patch replaces is
+    # at a width its config's prewarm compiled (norms with their weight: flags 1; the gated norm
+    # with the sigmoid of its gate: 1 | 256; an MLP's SwiGLU of two tensors: flags 1; the latent
+    # attention's RoPE: adjacent pairs of the 8 rotated columns written de-interleaved
+    # (rope_interleave) from half the table, 512 | 128, q's 4 heads and one k head).
     import torch
     transformers = pytest.importorskip("transformers")
     common = dict(vocab_size=100, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
@@ -417,18 +419,26 @@ def test_prewarm_covers_the_norms_and_experts_kiln_patch_takes_in_mla_models(fre
             mlp_layer_types=["dense", "sparse"])
         model = transformers.KimiLinearForCausalLM(config)
     else:
-        if not hasattr(transformers, "DeepseekV3Config"):
-            pytest.skip("transformers has no DeepSeek-V3")
-        config = transformers.DeepseekV3Config(**common, q_lora_rank=24, n_routed_experts=4, num_experts_per_tok=2,
-                                               n_shared_experts=2, first_k_dense_replace=1, n_group=1, topk_group=1)
-        model = transformers.DeepseekV3ForCausalLM(config)
+        prefix = {"deepseek_v3": "DeepseekV3", "glm4_moe_lite": "Glm4MoeLite"}[name]
+        if not hasattr(transformers, f"{prefix}Config"):
+            pytest.skip(f"transformers has no {prefix}")
+        config = getattr(transformers, f"{prefix}Config")(
+            **common, q_lora_rank=24, n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=2,
+            first_k_dense_replace=1, n_group=1, topk_group=1)
+        model = getattr(transformers, f"{prefix}ForCausalLM")(config)
     path = tmp_path / "config.json"
     config.to_json_file(str(path))
     assert kiln.prewarm(dtypes="bf16", archs="sm_90", config=str(path))["failed"] == 0
     taken = []
     for replaced in kiln.patch(model).replaced:
         module = model.get_submodule(replaced.path)
-        if replaced.kind.startswith("rms_norm_gated"):
+        if replaced.op == "rope":
+            assert "de-interleaved" in replaced.kind
+            taken.append(("rope", config.qk_rope_head_dim, 512 | 128))
+        elif replaced.kind.startswith("moe experts"):
+            # The routed experts' packed gate_up (flags 0: rows of 2 x the width).
+            taken.append(("swiglu", module.intermediate_dim, 0))
+        elif replaced.kind.startswith("rms_norm_gated"):
             assert "sigmoid" in replaced.kind
             taken.append(("rms_norm_gated", module.weight.shape[0], 1 | 256))
         elif replaced.kind.startswith("rms_norm"):
@@ -439,15 +449,27 @@ def test_prewarm_covers_the_norms_and_experts_kiln_patch_takes_in_mla_models(fre
     # The MLA's compressed kv (and DeepSeek's q), two shared experts, the gated norm where there is one.
     assert ("rms_norm", 16) in widths and ("swiglu", 64) in widths
     assert (("rms_norm_gated", 24) in widths) == (name == "kimi_linear")
-    if name == "deepseek_v3":
-        # Its latent attention's RoPE: adjacent pairs of the 8 rotated columns written de-interleaved
-        # (rope_interleave) from half the table (flags 512 | 128), q's 4 heads and one k head.
-        assert [r.kind for r in kiln.patch(model).replaced if r.op == "rope"] == [
-            "rope (rotate_half; adjacent pairs written de-interleaved (DeepSeek's "
-            "apply_rotary_pos_emb_interleave), in the attention's forward)"] * 2
-        taken.append(("rope", config.qk_rope_head_dim, 512 | 128))
+    # Kimi Linear's latent attention has no RoPE; every model's routed experts are gated by kiln.
+    assert (("rope", 8) in widths) == (name != "kimi_linear")
+    assert ("swiglu", 32) in widths
     for op, width, flags in taken:
         assert kiln.compile(op, "bf16", width, arch="sm_90", format="cubin", flags=flags)["from_cache"], (op, width)
+
+
+def test_prewarm_covers_the_experts_kiln_patch_takes_in_a_moe_model(fresh_cache, tmp_path):
+    # Qwen3-MoE: experts of moe_intermediate_size, gated by kiln on every routed token's packed
+    # gate_up (flags 0), besides the dense width of its config (intermediate_size).
+    transformers = pytest.importorskip("transformers")
+    config = transformers.Qwen3MoeConfig(vocab_size=128, hidden_size=64, intermediate_size=96,
+                                         moe_intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+                                         num_key_value_heads=2, head_dim=16, num_experts=4, num_experts_per_tok=2)
+    path = tmp_path / "config.json"
+    config.to_json_file(str(path))
+    assert kiln.prewarm(dtypes="bf16", archs="sm_90", config=str(path))["failed"] == 0
+    model = transformers.AutoModelForCausalLM.from_config(config, experts_implementation="grouped_mm")
+    experts = [r for r in kiln.patch(model).replaced if r.kind.startswith("moe experts")]
+    assert len(experts) == 2
+    assert kiln.compile("swiglu", "bf16", 48, arch="sm_90", format="cubin", flags=0)["from_cache"]
 
 
 def test_glm5_next_prewarms_what_its_patched_language_model_calls(fresh_cache, tmp_path):

@@ -222,16 +222,16 @@ def test_prewarm_from_config_serves_a_patched_linear_attention_model(tmp_path, n
     assert compiled == [] and stats["nvrtc_compiles"] == 0, compiled
 
 
-# A tiny DeepSeek-V3 from its config.json, patched and run in bf16: without autograd, or
-# (TRAIN) forward and backward.
-LATENT_CALLS = """
-import json, torch, kiln
-from transformers.models.deepseek_v3 import configuration_deepseek_v3, modeling_deepseek_v3
+# A tiny transformers model from its config.json (transformers' default experts implementation
+# where it has experts), patched and run in bf16: without autograd, or (TRAIN) forward and
+# backward.
+CAUSAL_LM_CALLS = """
+import json, torch, kiln, transformers
 TRAIN = {train}
-config = configuration_deepseek_v3.DeepseekV3Config.from_json_file("{config}")
-config._attn_implementation = "eager"
+config = transformers.AutoConfig.from_pretrained("{config}")
 torch.manual_seed(0)
-model = modeling_deepseek_v3.DeepseekV3ForCausalLM(config).train(TRAIN).to("cuda", torch.bfloat16)
+model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager")
+model = model.train(TRAIN).to("cuda", torch.bfloat16)
 report = kiln.patch(model)
 with torch.set_grad_enabled(TRAIN):
     logits = model(torch.randint(0, 128, (2, 16), device="cuda")).logits
@@ -263,7 +263,7 @@ def test_prewarm_from_config_serves_a_patched_latent_attention_model(tmp_path, r
         written = json.loads(path.read_text())
         del written["rope_interleave"]
         path.write_text(json.dumps(written))
-    calls = LATENT_CALLS.format(config=path, train=training)
+    calls = CAUSAL_LM_CALLS.format(config=path, train=training)
     warmed, stats, compiled = _prewarm_then_run(tmp_path, path, calls, training)
     print(f"deepseek_v3 rope_interleave={rope_interleave} training={training}: prewarmed {warmed['compiled']}, "
           f"patched {stats['ops']}, compiled on the GPU: {compiled}")
@@ -274,6 +274,28 @@ def test_prewarm_from_config_serves_a_patched_latent_attention_model(tmp_path, r
     ropes = {k["problem"] for k in stats["kernels"] if k["problem"].startswith("rope.bf16.h64.")}
     forward = "rope.bf16.h64.f640.a16" if rope_interleave is None else "rope.bf16.h64.f0.a16"
     assert ropes == ({forward, "rope.bf16.h64.f652.a16"} if training else {forward}), ropes
+    assert compiled == [] and stats["nvrtc_compiles"] == 0, compiled
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("training", [False, True])
+def test_prewarm_from_config_serves_a_patched_moe_models_experts(tmp_path, training):
+    """kiln prewarm --config of a Qwen3-MoE config.json compiles the SwiGLU its patched experts
+    call on every routed token's packed gate_up (moe_intermediate_size, grouped_mm, transformers'
+    default on CUDA); with --training, its backward too. The first forward (and backward) on a
+    GPU compiles nothing."""
+    configuration = pytest.importorskip("transformers.models.qwen3_moe.configuration_qwen3_moe")
+    config = configuration.Qwen3MoeConfig(
+        vocab_size=128, hidden_size=256, intermediate_size=512, moe_intermediate_size=192, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=64, num_experts=8, num_experts_per_tok=2)
+    path = tmp_path / "config.json"
+    config.to_json_file(str(path))
+    warmed, stats, compiled = _prewarm_then_run(tmp_path, path, CAUSAL_LM_CALLS.format(config=path, train=training),
+                                                training)
+    print(f"qwen3_moe training={training}: prewarmed {warmed['compiled']}, patched {stats['ops']}, "
+          f"compiled on the GPU: {compiled}")
+    # The experts' packed gate (flags 0: rows of 2 x 192 read as they are).
+    assert "swiglu.bf16.h192.f0.a16" in {k["problem"] for k in stats["kernels"]}
     assert compiled == [] and stats["nvrtc_compiles"] == 0, compiled
 
 

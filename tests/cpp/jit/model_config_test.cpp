@@ -141,6 +141,33 @@ TEST_CASE("latent attention's RoPE is prewarmed at its rotated width, one k head
   CHECK(kiln::jit::read_model_config(deepseek).rope_tables == std::vector<std::uint32_t>{kPairs});
 }
 
+TEST_CASE("routed experts of their own width are one more SwiGLU") {
+  // Qwen3-30B-A3B: a dense width it does not use but in mlp_only_layers, experts of 768.
+  nlohmann::json qwen3_moe = {{"model_type", "qwen3_moe"}, {"hidden_size", 2048},
+                              {"intermediate_size", 6144}, {"moe_intermediate_size", 768},
+                              {"num_attention_heads", 32}, {"num_key_value_heads", 4},
+                              {"head_dim", 128},           {"num_experts", 128}};
+  CHECK(kiln::jit::read_model_config(qwen3_moe).ops.at(Op::swiglu) ==
+        std::vector<std::int64_t>{6144, 768});
+  // Without a count of routed experts the width is not one (a config's leftover key).
+  qwen3_moe.erase("num_experts");
+  CHECK(kiln::jit::read_model_config(qwen3_moe).ops.at(Op::swiglu) ==
+        std::vector<std::int64_t>{6144});
+  // DeepSeek-V3: a shared expert and 256 routed ones of 2048; Mixtral's experts are its
+  // intermediate_size.
+  nlohmann::json deepseek = {{"model_type", "deepseek_v3"}, {"hidden_size", 7168},
+                             {"intermediate_size", 18432},  {"moe_intermediate_size", 2048},
+                             {"n_shared_experts", 1},       {"n_routed_experts", 256},
+                             {"num_attention_heads", 128}};
+  CHECK(kiln::jit::read_model_config(deepseek).ops.at(Op::swiglu) ==
+        std::vector<std::int64_t>{18432, 2048});
+  nlohmann::json mixtral = {{"model_type", "mixtral"},    {"hidden_size", 4096},
+                            {"intermediate_size", 14336}, {"num_attention_heads", 32},
+                            {"num_key_value_heads", 8},   {"num_local_experts", 8}};
+  CHECK(kiln::jit::read_model_config(mixtral).ops.at(Op::swiglu) ==
+        std::vector<std::int64_t>{14336});
+}
+
 TEST_CASE("a multimodal config's language model is read from its text_config") {
   const nlohmann::json qwen3_5 = {
       {"model_type", "qwen3_5"},

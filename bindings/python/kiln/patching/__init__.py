@@ -10,7 +10,9 @@ projection's cuBLASLt epilogue instead) and gated MLPs
 ``down_proj(act_fn(gate_proj(x)) * up_proj(x))`` with SiLU or GELU (the activation and
 multiply become ``kiln.swiglu`` / ``kiln.geglu``; the projections stay), the same with gate
 and up packed in one projection (Phi-3's and GLM-4's ``gate_up_proj``, diffusers' ``GEGLU``
-and ``SwiGLU``: the op reads the packed tensor, see :mod:`.packed_gate`), and transformers'
+and ``SwiGLU``: the op reads the packed tensor, see :mod:`.packed_gate`), the experts of
+transformers' MoE layers (their ``_apply_gate`` over every routed token's packed gate_up, see
+:mod:`.experts_gate`), and transformers'
 attentions whose forward calls ``apply_rotary_pos_emb`` (q and k rotated by one
 ``kiln.rope``, see :mod:`.rope_attention`; where the forward RMS-normalises each head of q
 and k right before, as Qwen3's and Gemma 3's do, norms and rotation as one
@@ -38,8 +40,8 @@ from typing import Iterable, Optional
 
 import torch
 
-from . import (detect, detect_dit, dit_block_chain, gated_norm, head_norm_attention, ltx, packed_gate, replace,
-               residual_norm_chain, residual_norm_layer, rope_attention, wan_block)
+from . import (detect, detect_dit, dit_block_chain, experts_gate, gated_norm, head_norm_attention, ltx, packed_gate,
+               replace, residual_norm_chain, residual_norm_layer, rope_attention, wan_block)
 from .report import Left, PatchReport, Replaced
 
 OPS = ("rms_norm", "layer_norm", "gelu", "swiglu", "geglu", "rms_norm_rope", "rope", "adaln")
@@ -87,7 +89,9 @@ def _patch_modules(model: torch.nn.Module, chosen: frozenset, report: PatchRepor
             continue
         if _patch_dit(path, module, chosen, report):
             continue
-        if gated_norm.candidate(module):
+        if experts_gate.candidate(module):
+            classify = experts_gate.classify
+        elif gated_norm.candidate(module):
             classify = gated_norm.classify
         elif detect.norm_candidate(module):
             classify = detect.classify_norm
@@ -113,7 +117,10 @@ def _patch_modules(model: torch.nn.Module, chosen: frozenset, report: PatchRepor
         elif (result.family or result.op) not in chosen:
             report.left.append(Left(path, cls, f"computes {result.kind}; {result.family or result.op} is not in ops"))
         else:
-            replace.install(module, original, result.factory, result.kind, result.op)
+            if result.method == "forward":
+                replace.install(module, original, result.factory, result.kind, result.op)
+            else:
+                replace.install_method(module, result.method, result.factory, result.kind, result.op)
             report.replaced.append(Replaced(path, result.kind, result.op))
 
 

@@ -32,6 +32,9 @@ class Match:
     op: str  # the kiln op, or "" where the op filter decides
     factory: Callable  # (module, original forward) -> replacement forward
     family: str = ""  # the name kiln.patch's ops filter knows it by, where not op's own
+    # The module's method the factory replaces (then given the bound original method):
+    # its forward, or another its forward calls (an MoE experts module's _apply_gate).
+    method: str = "forward"
 
 
 @dataclass(frozen=True)

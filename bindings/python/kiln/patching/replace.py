@@ -32,6 +32,9 @@ class PatchState:
     class_forward: bool = False
     # What made ``patched``: (module, original forward) -> patched forward.
     factory: Optional[Callable] = None
+    # The method replaced: the forward, or another method set on the instance (see
+    # install_method).
+    method: str = "forward"
 
     def __deepcopy__(self, memo):
         """A deep copy of a patched module (an EMA or reference copy of a model) gets a patched
@@ -61,7 +64,7 @@ def state_of(module: torch.nn.Module):
 def original_forward(module: torch.nn.Module) -> Callable:
     """The forward the module computed before any kiln patch."""
     state = state_of(module)
-    return state.original if isinstance(state, PatchState) else inner_forward(module)
+    return state.original if isinstance(state, PatchState) and state.method == "forward" else inner_forward(module)
 
 
 def runs_as_classified(module: torch.nn.Module, forward: Callable) -> bool:
@@ -84,6 +87,18 @@ def install(module: torch.nn.Module, original: Callable, factory: Callable, kind
     module.__dict__.pop(attr, None)
     module.__dict__[_STATE] = PatchState(original, patched, kind, op, class_forward, factory)
     module.__dict__[attr] = patched
+
+
+def install_method(module: torch.nn.Module, method: str, factory: Callable, kind: str, op: str) -> None:
+    """Sets ``factory(module, original)`` as the module's ``method`` on the instance (original:
+    the class's method bound to the module), which the module's own forward calls; the forward
+    stays the module's, inside any hook."""
+    original = getattr(type(module), method).__get__(module)
+    patched = factory(module, original)
+    # The state before the method in the dictionary, which a deep copy walks in order.
+    module.__dict__.pop(method, None)
+    module.__dict__[_STATE] = PatchState(original, patched, kind, op, factory=factory, method=method)
+    module.__dict__[method] = patched
 
 
 @dataclass(frozen=True)
@@ -135,6 +150,10 @@ def uninstall(module: torch.nn.Module, path: str) -> bool:
     forwards.forget_activation(module)
     if isinstance(state, ProcessorState):
         return _uninstall_processor(module, state, path)
+    if state.method != "forward":
+        if module.__dict__.get(state.method) is state.patched:
+            del module.__dict__[state.method]  # the class's method again
+        return True
     restored = False
     if module.__dict__.get(_HOOKED) is state.patched:
         module.__dict__[_HOOKED] = state.original

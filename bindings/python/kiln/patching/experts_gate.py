@@ -1,0 +1,86 @@
+"""The gated activation of transformers' MoE experts (``@use_experts_implementation``:
+Mixtral, Qwen3-MoE, Qwen3-Next, DeepSeek-V3, GLM-4.5 and GLM-4.7, OLMoE and more).
+
+transformers 5 runs a model's experts through the implementation ``config._experts_implementation``
+names: "grouped_mm" (its default where torch has grouped GEMMs) or "batched_mm" project every
+routed (token, expert) pair at once into one [S, 2I] tensor and call the module's
+``_apply_gate`` on it: ``act_fn(gate) * up`` over its two halves, two kernels and a strided
+read of each half. kiln sets ``_apply_gate`` on the module itself to one ``kiln.swiglu`` (or
+``kiln.geglu``) over the packed tensor, once probes show the class's own computes that with
+the gate first; the projections, the routing and the class stay transformers'. The "eager"
+implementation loops over the experts with its own ``act_fn(gate) * up`` and never calls
+``_apply_gate``: its modules are left, with that reason. A class whose ``_apply_gate`` computes something else
+(GPT-OSS's clamped, scaled gate) is left, with the reason.
+"""
+
+from typing import Callable, Union
+
+import torch
+
+from .. import activation_ops
+from . import detect
+from .forwards import forget_activation, kiln_can_take, remember_activation, runs_probed_activation
+
+METHOD = "_apply_gate"
+_OPS = {"silu": ("swiglu", "none"), "gelu_tanh": ("geglu", "tanh"), "gelu": ("geglu", "none")}
+
+
+def candidate(module: torch.nn.Module) -> bool:
+    """An experts module of transformers' experts implementations: its class has an
+    ``_apply_gate`` and the module a gate (``has_gate``) and an ``act_fn``."""
+    return callable(getattr(type(module), METHOD, None)) and getattr(module, "has_gate", False) is True \
+        and callable(getattr(module, "act_fn", None))
+
+
+def experts_gate(activation: str) -> Callable:
+    """The factory of the module's ``_apply_gate``: ``activation`` is a key of
+    ``forwards.ACTIVATIONS``, applied to the first half of the packed tensor."""
+    op, approximate = _OPS[activation]
+
+    def factory(module: torch.nn.Module, original: Callable) -> Callable:
+        # Set on the instance, so called with the packed tensor alone.
+        def _apply_gate(gate_up_out: torch.Tensor) -> torch.Tensor:
+            if isinstance(gate_up_out, torch.Tensor) and gate_up_out.dim() >= 1 and gate_up_out.shape[-1] % 2 == 0 \
+                    and runs_probed_activation(module, module.act_fn) \
+                    and kiln_can_take(gate_up_out, differentiable=True):
+                if op == "swiglu":
+                    return activation_ops.swiglu(gate_up_out, None, False)
+                return activation_ops.geglu(gate_up_out, None, approximate, False)
+            return original(gate_up_out)
+
+        return _apply_gate
+
+    return factory
+
+
+def _kind(activation: str) -> str:
+    op, approximate = _OPS[activation]
+    return f"moe experts {op}{' (tanh)' if approximate == 'tanh' else ''} (their {METHOD} over the packed gate_up)"
+
+
+def classify(module: torch.nn.Module, original: Callable) -> Union[detect.Match, detect.NoMatch]:
+    """A Match (installed as the module's ``_apply_gate``) when the class's ``_apply_gate``
+    computes ``act(gate) * up`` of the packed tensor's halves, gate first, on random probes
+    (fp32, bf16, fp16, and values past a clamp); else a NoMatch with the reason."""
+    implementation = getattr(getattr(module, "config", None), "_experts_implementation", None)
+    if implementation == "eager":
+        return detect.NoMatch("moe experts", f"its experts run transformers' eager loop (experts_implementation "
+                                             f"\"eager\"), which computes act(gate) * up itself; \"grouped_mm\" "
+                                             f"and \"batched_mm\" call {METHOD}")
+    activation = detect._identify_activation(module.act_fn)
+    if activation is None:
+        return detect.NoMatch("moe experts", f"its act_fn ({type(module.act_fn).__name__}) is not SiLU or GELU "
+                                             "on a probe")
+    own = getattr(type(module), METHOD).__get__(module)
+    generator = torch.Generator().manual_seed(0)
+    inputs = detect.with_large_values(
+        [(torch.randn(7, 2 * 40, generator=generator) + 0.5).to(d) for d in detect._PROBE_DTYPES])
+    factory = experts_gate(activation)
+    remember_activation(module, "act_fn")  # the replacement runs kiln's op only for it
+    with torch.no_grad():
+        why = detect._compare(own, factory(module, own), inputs)
+    if why is not None:
+        forget_activation(module)
+        return detect.NoMatch("moe experts", f"its {METHOD} does not compute act(gate) * up of its input's halves, "
+                                             f"gate first: {why}")
+    return detect.Match(_kind(activation), _OPS[activation][0], factory, method=METHOD)
