@@ -301,6 +301,56 @@ def time_against_copy(name, moved, contenders, copy_gbs):
     return peer_row(name, moved, times, copy_ms, copy_gbs)
 
 
+def eager_compiled_bench(prefix, title, cases, out, tag="", check="rel_err_vs_peer", check_title="rel err"):
+    """A bench of kiln beside an eager peer and torch.compile of it (one peer named "eager...",
+    one "compiled"), each case timed against a same-size copy (time_against_copy), its error
+    (`check`: the case's check()) and the tunes it made recorded, and host time called back to
+    back where the case is launch-bound. Writes out/<prefix>-<stamp>[-tag].{json,md} under
+    `title` (what the table measures) and prints the table last."""
+    kiln = fresh_kiln(256)
+    env = environment()
+    copy_gbs = copy_bandwidth_gbs()
+    tunes, seen = tune_dir(kiln), set()
+    rows = []
+    with torch.no_grad():
+        for case in cases:
+            contenders = {"kiln": case["kiln"], **case["peers"]}
+            row = time_against_copy(case["name"], case["bytes"], contenders, copy_gbs)
+            row[check] = case["check"]()
+            row["kiln_tuned"] = tuned_configs(tunes, seen)
+            if case["launch_bound"]:
+                row["host_us"] = host_side_by_side(contenders)
+            rows.append(row)
+            print(row["case"], f"{row['us']['kiln']:.1f} us", f"{row['speedup_vs_best_peer']:.2f}x", flush=True)
+    geomean = geomean_speedup(rows)
+    result = {"environment": env, "copy_gbs": copy_gbs, f"{prefix}_bf16": rows,
+              "geomean_speedup_vs_best_peer": geomean, "kiln_settings": kiln.settings()}
+    named = stamp(env) + (f"-{tag}" if tag else "")
+    write_json(os.path.join(out, f"{prefix}-{named}.json"), result)
+    lines = [
+        f"{title}, bf16, {env['device']} ({env['sm']}), {env['date']}, torch {env['versions']['torch']}, "
+        f"triton {env['versions'].get('triton', '-')}, transformers {env['versions'].get('transformers', '-')}; "
+        f"copy {copy_gbs:.0f} GB/s; {timing_description()}",
+        "",
+        "| case | MB | kiln us (% copy) | eager us | compiled us (% copy) | kiln vs best peer "
+        f"| copy of same MB us | {check_title} |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in rows:
+        us, pct = r["us"], r["pct_of_copy"]
+        eager = next(k for k in us if k.startswith("eager"))
+        lines.append(f"| {r['case']} | {r['bytes'] / 1e6:.1f} | {us['kiln']:.1f} ({pct['kiln']:.0f}%) "
+                     f"| {us[eager]:.1f} | {us['compiled']:.1f} ({pct['compiled']:.0f}%) "
+                     f"| {r['speedup_vs_best_peer']:.2f}x | {r['copy_same_bytes_us']:.1f} | {r[check]:.1e} |")
+    lines += host_lines(rows, ["kiln", "eager", "compiled"])
+    lines += ["", f"Geometric mean of kiln vs the best peer: {geomean:.2f}x"]
+    table = "\n".join(lines)
+    with open(os.path.join(out, f"{prefix}-{named}.md"), "w") as f:
+        f.write(table + "\n")
+    print(table)
+    return rows
+
+
 def geomean_speedup(rows):
     return math.exp(sum(math.log(r["speedup_vs_best_peer"]) for r in rows) / len(rows))
 

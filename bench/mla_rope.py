@@ -96,49 +96,8 @@ def main():
     parser.add_argument("--quick", action="store_true", help="the first prefill and the decode step")
     parser.add_argument("--tag", default="", help="appended to the file names")
     args = parser.parse_args()
-    kiln = common.fresh_kiln(256)
-    env = common.environment()
-    copy_gbs = common.copy_bandwidth_gbs()
-    tunes, seen = common.tune_dir(kiln), set()
-    rows = []
-    with torch.no_grad():
-        for case in cases(args.quick):
-            contenders = {"kiln": case["kiln"], **case["peers"]}
-            row = common.time_against_copy(case["name"], case["bytes"], contenders, copy_gbs)
-            row["rel_err_vs_peer"] = case["check"]()
-            row["kiln_tuned"] = common.tuned_configs(tunes, seen)
-            if case["launch_bound"]:
-                row["host_us"] = common.host_side_by_side(contenders)
-            rows.append(row)
-            print(row["case"], f"{row['us']['kiln']:.1f} us", f"{row['speedup_vs_best_peer']:.2f}x", flush=True)
-    geomean = common.geomean_speedup(rows)
-    result = {"environment": env, "copy_gbs": copy_gbs, "mla_rope_bf16": rows,
-              "geomean_speedup_vs_best_peer": geomean, "kiln_settings": kiln.settings()}
-    stamp = common.stamp(env) + (f"-{args.tag}" if args.tag else "")
-    common.write_json(os.path.join(args.out, f"mla_rope-{stamp}.json"), result)
-    lines = [
-        f"Latent attention RoPE (de-interleaved) bf16, {env['device']} ({env['sm']}), {env['date']}, "
-        f"torch {env['versions']['torch']}, triton {env['versions'].get('triton', '-')}, "
-        f"transformers {env['versions'].get('transformers', '-')}; copy {copy_gbs:.0f} GB/s; "
-        f"{common.timing_description()}",
-        "",
-        "| case | MB | kiln us (% copy) | eager us | compiled us (% copy) | kiln vs best | copy of same MB us "
-        "| rel err |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
-    ]
-    for r in rows:
-        us, pct = r["us"], r["pct_of_copy"]
-        eager = next(k for k in us if k.startswith("eager"))
-        lines.append(f"| {r['case']} | {r['bytes'] / 1e6:.1f} | {us['kiln']:.1f} ({pct['kiln']:.0f}%) "
-                     f"| {us[eager]:.1f} | {us['compiled']:.1f} ({pct['compiled']:.0f}%) "
-                     f"| {r['speedup_vs_best_peer']:.2f}x | {r['copy_same_bytes_us']:.1f} "
-                     f"| {r['rel_err_vs_peer']:.1e} |")
-    lines += common.host_lines(rows, ["kiln", "eager", "compiled"])
-    lines += ["", f"Geometric mean of kiln vs the best peer: {geomean:.2f}x"]
-    table_text = "\n".join(lines)
-    with open(os.path.join(args.out, f"mla_rope-{stamp}.md"), "w") as f:
-        f.write(table_text + "\n")
-    print(table_text)
+    common.eager_compiled_bench("mla_rope", "Latent attention RoPE (de-interleaved)", cases(args.quick), args.out,
+                                args.tag)
 
 
 if __name__ == "__main__":
