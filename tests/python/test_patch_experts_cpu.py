@@ -135,3 +135,14 @@ def test_compiled_patched_moe_has_kiln_swiglu_in_one_graph():
     assert len(graphs) == 1 and len(calls_of(graphs, torch.ops.kiln.swiglu.default)) == 2
     torch.testing.assert_close(actual, expected, rtol=1e-4, atol=1e-4)
     kiln.unpatch(model)
+
+
+def test_unpatch_leaves_a_gate_set_after_the_patch_with_a_warning():
+    model = _model("qwen3_moe")
+    kiln.patch(model)
+    experts = model.model.layers[0].mlp.experts
+    theirs = experts.__dict__["_apply_gate"] = lambda gate_up_out: gate_up_out
+    with pytest.warns(UserWarning, match=r"mlp\.experts: its _apply_gate was replaced after kiln\.patch"):
+        kiln.unpatch(model)
+    assert experts.__dict__["_apply_gate"] is theirs
+    assert "_apply_gate" not in model.model.layers[1].mlp.experts.__dict__

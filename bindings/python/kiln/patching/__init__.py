@@ -117,10 +117,7 @@ def _patch_modules(model: torch.nn.Module, chosen: frozenset, report: PatchRepor
         elif (result.family or result.op) not in chosen:
             report.left.append(Left(path, cls, f"computes {result.kind}; {result.family or result.op} is not in ops"))
         else:
-            if result.method == "forward":
-                replace.install(module, original, result.factory, result.kind, result.op)
-            else:
-                replace.install_method(module, result.method, result.factory, result.kind, result.op)
+            replace.install(module, original, result.factory, result.kind, result.op, result.method)
             report.replaced.append(Replaced(path, result.kind, result.op))
 
 

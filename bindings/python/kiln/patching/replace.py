@@ -78,8 +78,13 @@ def runs_as_classified(module: torch.nn.Module, forward: Callable) -> bool:
     return own is None or (isinstance(state, PatchState) and own is state.patched)
 
 
-def install(module: torch.nn.Module, original: Callable, factory: Callable, kind: str, op: str) -> None:
-    """Sets ``factory(module, original)`` as the module's (inner) forward."""
+def install(module: torch.nn.Module, original: Callable, factory: Callable, kind: str, op: str,
+            method: str = "forward") -> None:
+    """Sets ``factory(module, original)`` as the module's (inner) forward, or as another
+    ``method`` of it (see install_method)."""
+    if method != "forward":
+        install_method(module, method, factory, kind, op)
+        return
     attr = _HOOKED if _HOOKED in module.__dict__ else "forward"
     class_forward = attr == "forward" and "forward" not in module.__dict__ and _is_class_forward(module, original)
     patched = factory(module, original)
@@ -151,8 +156,12 @@ def uninstall(module: torch.nn.Module, path: str) -> bool:
     if isinstance(state, ProcessorState):
         return _uninstall_processor(module, state, path)
     if state.method != "forward":
-        if module.__dict__.get(state.method) is state.patched:
-            del module.__dict__[state.method]  # the class's method again
+        if module.__dict__.get(state.method) is not state.patched:
+            # Someone set another method since: theirs stays, and the patch is forgotten.
+            warnings.warn(f"kiln.unpatch: {path or '<model>'}: its {state.method} was replaced after "
+                          "kiln.patch; left as it is", stacklevel=3)
+            return False
+        del module.__dict__[state.method]  # the class's method again
         return True
     restored = False
     if module.__dict__.get(_HOOKED) is state.patched:
