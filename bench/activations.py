@@ -6,7 +6,7 @@ model without CUDA graphs runs it: calls back to back, host wall time per call, 
 cost of issuing a call counts where it exceeds the kernel's.
 
 Usage: python bench/activations.py [--out DIR] [--quick] [--forms swiglu,gelu,...]
-                                   [--tokens 1,128]
+                                   [--tokens 1,128] [--widths 768,8192]
 Writes DIR/activations-<date>-<device>.json and .md; prints the table last."""
 
 import argparse
@@ -138,6 +138,7 @@ def main():
     parser.add_argument("--quick", action="store_true", help="tokens 1,128,4096 x widths 8192,14336,28672")
     parser.add_argument("--forms", default="swiglu,swiglu_packed,gated_residual,geglu,gelu")
     parser.add_argument("--tokens", help="comma-separated token counts (default: the grid)")
+    parser.add_argument("--widths", help="comma-separated widths (default: the grid)")
     parser.add_argument("--repeats", type=int, default=5,
                         help="side-by-side blocks per launch-bound shape (tokens <= 128)")
     parser.add_argument("--dtype", default="bfloat16", choices=sorted(common.DTYPE_KEYS))
@@ -154,6 +155,8 @@ def main():
     if args.tokens:
         tokens_list = [int(t) for t in args.tokens.split(",")]
     widths = QUICK_WIDTHS if args.quick else WIDTHS
+    if args.widths:
+        widths = [int(w) for w in args.widths.split(",")]
     g = torch.randn(1, 8192, device="cuda", dtype=torch.bfloat16)
     u = torch.randn(1, 8192, device="cuda", dtype=torch.bfloat16)
     compiled_swiglu = torch.compile(eager_swiglu, dynamic=False)
