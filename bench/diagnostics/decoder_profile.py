@@ -3,10 +3,17 @@ models and inputs): torch.compile of the unpatched model, of the patched model, 
 patched model with one of the patch's parts left out (llama.py's --apart names), each timed as
 llama.py times it (median of CUDA-event timed forwards), then one forward of each under
 torch.profiler by kind of kernel (flux_profile.py's kinds), and the kernels whose total time
-differs most from the unpatched compile's.
+differs most from the unpatched compile's, and the GPU's idle time before kernels of each kind.
+
+One profiled forward is one sample: on an H200 the same matmuls and attention took up to 10%
+longer in a setting profiled later in the run than in the first (--again re-runs the unpatched
+compile at the end to show it), while the medians of the same settings held within 0.2%. Read
+the per-kernel differences for kernels whose count or kind changes between settings (a fusion
+made or lost), and the medians for the whole.
 
 Usage: python bench/diagnostics/decoder_profile.py [--model qwen3-moe] [--layers N]
-       [--prefill BxT] [--apart experts,head-norms,residual-norms] [--top N] [--out DIR] [--tag TAG]
+       [--prefill BxT] [--apart experts,head-norms,residual-norms] [--plain] [--again] [--top N]
+       [--out DIR] [--tag TAG]
 Writes DIR/decoder-profile-<date>-<device>-<model>[-TAG]-diagnostics.md and prints it."""
 
 import argparse
@@ -23,13 +30,53 @@ import flux_profile  # noqa: E402
 import llama  # noqa: E402
 
 
-def settings(kiln, apart):
-    """{name: patch function or None}: compile of the model as built, as patched, and as
-    patched without each of `apart`."""
-    found = {"compile": None, "compile+kiln": kiln.patch}
-    for name in apart:
-        found[f"compile+kiln, {name} apart"] = llama.APART[name][1](kiln)
+def settings(kiln, apart, plain=False, again=False):
+    """[(name, patch function or None, kiln's pdl setting)]: compile of the model as built, as
+    patched, as patched without each of `apart`; with `plain`, as patched with kiln's kernels
+    launched without programmatic dependent launch; with `again`, the unpatched compile once
+    more at the end (how far the GPU's own speed drifted over the run)."""
+    found = [("compile", None, "on"), ("compile+kiln", kiln.patch, "on")]
+    found += [(f"compile+kiln, {name} apart", llama.APART[name][1](kiln), "on") for name in apart]
+    if plain:
+        found.append(("compile+kiln, plain launches", kiln.patch, "off"))
+    if again:
+        found.append(("compile, again", None, "on"))
     return found
+
+
+def kernel_trace(call):
+    """One call's kernels under torch.profiler after two warm-up calls: {name: (calls, total
+    us)} and the [(start us, end us, name)] of every kernel in start order."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(2):
+        call()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        call()
+        torch.cuda.synchronize()
+    times = collections.defaultdict(lambda: [0, 0.0])
+    spans = []
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            times[event.name][0] += 1
+            times[event.name][1] += event.device_time
+            spans.append((event.time_range.start, event.time_range.end, event.name))
+    return times, sorted(spans)
+
+
+def idle_before(spans):
+    """{kind of kernel: (us the GPU sat idle just before kernels of that kind, how many)}:
+    the gap from the end of everything started earlier to each kernel's start."""
+    idle = collections.defaultdict(lambda: [0.0, 0])
+    busy_until = None
+    for start, end, name in spans:
+        if busy_until is not None:
+            entry = idle[flux_profile.kind(name)]
+            entry[0] += max(0.0, start - busy_until)
+            entry[1] += 1
+        busy_until = end if busy_until is None else max(busy_until, end)
+    return idle
 
 
 def by_kind(times):
@@ -47,6 +94,9 @@ def main():
     parser.add_argument("--apart", default="experts,head-norms,residual-norms")
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--top", type=int, default=14)
+    parser.add_argument("--plain", action="store_true",
+                        help="also the patched compile with kiln's kernels launched without PDL")
+    parser.add_argument("--again", action="store_true", help="the unpatched compile once more at the end")
     parser.add_argument("--out", default="bench/results/latest")
     parser.add_argument("--tag", default="")
     args = parser.parse_args()
@@ -60,19 +110,23 @@ def main():
     if unknown:
         raise SystemExit(f"decoder_profile: --apart: expected names among {sorted(llama.APART)}, got {unknown}")
 
-    profiles, medians = {}, {}
+    profiles, medians, gaps, lengths = {}, {}, {}, {}
     with torch.no_grad():
-        for name, patch in settings(kiln, apart).items():
+        for name, patch, pdl in settings(kiln, apart, args.plain, args.again):
+            kiln.configure(pdl=pdl)
             if patch is not None:
                 patch(model)
             torch._dynamo.reset()
             compiled = torch.compile(model, dynamic=False)
             call = lambda: compiled(**inputs).logits  # noqa: E731
             medians[name] = common.model_times(call, 2, args.reps)["ms"]
-            profiles[name] = flux_profile.kernel_times(call)
+            profiles[name], spans = kernel_trace(call)
+            gaps[name] = idle_before(spans)
+            lengths[name] = max(end for _, end, _ in spans) - spans[0][0]
             del compiled, call
             torch._dynamo.reset()
             kiln.unpatch(model)
+            kiln.configure(pdl="on")
             print(f"{name}: {medians[name]:.3f} ms", flush=True)
 
     kinds = [k for k, _ in flux_profile.KINDS] + ["rest"]
@@ -89,6 +143,14 @@ def main():
         calls = sum(c for c, _ in times.values())
         cells = " | ".join(f"{totals[k] / 1e3:.3f}" for k in kinds)
         lines.append(f"| {name} | {medians[name]:.3f} | {cells} | {calls} | {sum(totals.values()) / 1e3:.3f} |")
+
+    lines += ["", "The profiled forward from its first kernel's start to its last kernel's end, and the GPU's "
+              "idle time in it before kernels of each kind (ms, kernels):", "",
+              "| setting | first to last kernel ms | " + " | ".join(kinds) + " |",
+              "| --- " * (len(kinds) + 2) + "|"]
+    for name in profiles:
+        cells = " | ".join(f"{gaps[name][k][0] / 1e3:.3f} ({gaps[name][k][1]})" for k in kinds)
+        lines.append(f"| {name} | {lengths[name] / 1e3:.3f} | {cells} |")
 
     base = profiles["compile"]
     for name, times in profiles.items():
