@@ -95,6 +95,26 @@ def test_a_class_gating_otherwise_is_left_with_the_reason():
     assert "model.layers.1.mlp.experts" in {r.path for r in report.replaced}
 
 
+def test_gpt_oss_experts_are_left_with_the_reason_and_the_rest_patched():
+    """GPT-OSS's experts gate without an act_fn (a clamped, alpha-scaled gate over interleaved
+    halves): reported as left, not skipped in silence; its norms and RoPE are replaced."""
+    config = transformers.AutoConfig.for_model("gpt_oss", **dict(BASE, intermediate_size=32, num_local_experts=4,
+                                                                 num_experts_per_tok=2))
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config, experts_implementation="grouped_mm").eval()
+    ids = _ids()
+    with torch.no_grad():
+        expected = model(ids).logits
+    report = kiln.patch(model)
+    left = [entry for entry in report.left if entry.path.endswith("mlp.experts")]
+    assert len(left) == 2 and "it has no act_fn" in left[0].reason
+    assert not any(r.kind.startswith("moe experts") for r in report.replaced)
+    assert {r.op for r in report.replaced} >= {"rms_norm", "fused_add_rms_norm", "rope"}
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, expected, rtol=1e-4, atol=1e-4)
+    kiln.unpatch(model)
+
+
 def test_a_deep_copy_gates_with_its_own_activation(monkeypatch):
     model = _model("qwen3_moe")
     kiln.patch(model)

@@ -9,8 +9,8 @@ read of each half. kiln sets ``_apply_gate`` on the module itself to one ``kiln.
 ``kiln.geglu``) over the packed tensor, once probes show the class's own computes that with
 the gate first; the projections, the routing and the class stay transformers'. The "eager"
 implementation loops over the experts with its own ``act_fn(gate) * up`` and never calls
-``_apply_gate``: its modules are left, with that reason. A class whose ``_apply_gate`` computes something else
-(GPT-OSS's clamped, scaled gate) is left, with the reason.
+``_apply_gate``: its modules are left, with that reason. A class whose ``_apply_gate`` computes something else,
+or that has no ``act_fn`` (GPT-OSS's clamped, scaled gate), is left, with the reason.
 
 Under torch.compile the gate is the class's own: Inductor generates the same one-pass kernel and
 fuses into it what the experts' forward does around the call (transformers 5.17 zeroes the
@@ -34,9 +34,8 @@ _OPS = {"silu": ("swiglu", "none"), "gelu_tanh": ("geglu", "tanh"), "gelu": ("ge
 
 def candidate(module: torch.nn.Module) -> bool:
     """An experts module of transformers' experts implementations: its class has an
-    ``_apply_gate`` and the module a gate (``has_gate``) and an ``act_fn``."""
-    return callable(getattr(type(module), METHOD, None)) and getattr(module, "has_gate", False) is True \
-        and callable(getattr(module, "act_fn", None))
+    ``_apply_gate`` and the module a gate (``has_gate``)."""
+    return callable(getattr(type(module), METHOD, None)) and getattr(module, "has_gate", False) is True
 
 
 def experts_gate(activation: str) -> Callable:
@@ -75,6 +74,10 @@ def classify(module: torch.nn.Module, original: Callable) -> Union[detect.Match,
         return detect.NoMatch("moe experts", f"its experts run transformers' eager loop (experts_implementation "
                                              f"\"eager\"), which computes act(gate) * up itself; \"grouped_mm\" "
                                              f"and \"batched_mm\" call {METHOD}")
+    if not callable(getattr(module, "act_fn", None)):
+        return detect.NoMatch("moe experts", f"it has no act_fn: its {METHOD} computes a gate of its own (as "
+                                             "GPT-OSS's, a clamped gate * sigmoid(alpha * gate) * (up + 1) over "
+                                             "interleaved halves), which no kiln op computes")
     activation = detect._identify_activation(module.act_fn)
     if activation is None:
         return detect.NoMatch("moe experts", f"its act_fn ({type(module.act_fn).__name__}) is not SiLU or GELU "
