@@ -137,6 +137,21 @@ def rope_apart(kiln):
     return candidates_apart(kiln, "rope_attention")
 
 
+def gated_mlps_apart(kiln):
+    """kiln.patch with gated MLPs of two projections (Llama's act_fn(gate_proj(x)) * up_proj(x))
+    left to torch."""
+    from kiln.patching import detect
+
+    def patch(model):
+        candidate = detect.mlp_candidate
+        detect.mlp_candidate = lambda module: False
+        try:
+            return kiln.patch(model)
+        finally:
+            detect.mlp_candidate = candidate
+    return patch
+
+
 def experts_apart(kiln):
     """kiln.patch with the MoE experts' gate left to transformers (chunk, activation, multiply)."""
     return candidates_apart(kiln, "experts_gate")
@@ -147,6 +162,7 @@ APART = {"head-norms": ("eager+kiln, head norms apart", head_norms_apart),
          "residual-norms": ("eager+kiln, residual norms apart", residual_norms_apart),
          "packed-gates": ("eager+kiln, packed gates apart", packed_gates_apart),
          "rope": ("eager+kiln, rope apart", rope_apart),
+         "gated-mlps": ("eager+kiln, gated MLPs apart", gated_mlps_apart),
          "experts": ("eager+kiln, experts apart", experts_apart)}
 # What each model's run sets apart where --apart is not given.
 DEFAULT_APART = {"llama": ["residual-norms"], "qwen3": ["residual-norms", "head-norms"],

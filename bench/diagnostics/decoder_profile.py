@@ -9,16 +9,21 @@ One profiled forward is one sample: on an H200 the same matmuls and attention to
 longer in a setting profiled later in the run than in the first (--again re-runs the unpatched
 compile at the end to show it), while the medians of the same settings held within 0.2%. Read
 the per-kernel differences for kernels whose count or kind changes between settings (a fusion
-made or lost), and the medians for the whole.
+made or lost), and the medians for the whole. The settings' medians are timed one after the
+other, each after its compile; --rounds keeps every setting's compiled copy of the model and
+times them again in interleaved rounds, so a drift of the GPU's speed falls on all alike.
 
 Usage: python bench/diagnostics/decoder_profile.py [--model qwen3-moe] [--layers N]
-       [--prefill BxT] [--apart experts,head-norms,residual-norms] [--plain] [--again] [--top N]
-       [--out DIR] [--tag TAG]
+       [--prefill BxT] [--apart experts,head-norms,residual-norms] [--plain] [--again]
+       [--rounds N] [--top N] [--out DIR] [--tag TAG]
 Writes DIR/decoder-profile-<date>-<device>-<model>[-TAG]-diagnostics.md and prints it."""
 
 import argparse
 import collections
+import copy
 import os
+import random
+import statistics
 import sys
 
 import torch
@@ -97,6 +102,9 @@ def main():
     parser.add_argument("--plain", action="store_true",
                         help="also the patched compile with kiln's kernels launched without PDL")
     parser.add_argument("--again", action="store_true", help="the unpatched compile once more at the end")
+    parser.add_argument("--rounds", type=int, default=0,
+                        help="keep every setting's compiled model and time them again in this many rounds, "
+                             "each round in a shuffled order")
     parser.add_argument("--out", default="bench/results/latest")
     parser.add_argument("--tag", default="")
     args = parser.parse_args()
@@ -110,24 +118,39 @@ def main():
     if unknown:
         raise SystemExit(f"decoder_profile: --apart: expected names among {sorted(llama.APART)}, got {unknown}")
 
-    profiles, medians, gaps, lengths = {}, {}, {}, {}
+    profiles, medians, gaps, lengths, kept = {}, {}, {}, {}, {}
     with torch.no_grad():
         for name, patch, pdl in settings(kiln, apart, args.plain, args.again):
             kiln.configure(pdl=pdl)
+            # With --rounds every setting keeps a compiled copy of its own, timed again later.
+            module = copy.deepcopy(model) if args.rounds else model
             if patch is not None:
-                patch(model)
-            torch._dynamo.reset()
-            compiled = torch.compile(model, dynamic=False)
-            call = lambda: compiled(**inputs).logits  # noqa: E731
+                patch(module)
+            if not args.rounds:
+                torch._dynamo.reset()
+            compiled = torch.compile(module, dynamic=False)
+            call = lambda compiled=compiled: compiled(**inputs).logits  # noqa: E731
             medians[name] = common.model_times(call, 2, args.reps)["ms"]
             profiles[name], spans = kernel_trace(call)
             gaps[name] = idle_before(spans)
             lengths[name] = max(end for _, end, _ in spans) - spans[0][0]
-            del compiled, call
-            torch._dynamo.reset()
-            kiln.unpatch(model)
+            if args.rounds:
+                kept[name] = (call, pdl)
+            else:
+                del compiled, call
+                torch._dynamo.reset()
+                kiln.unpatch(module)
             kiln.configure(pdl="on")
             print(f"{name}: {medians[name]:.3f} ms", flush=True)
+        rounds = {name: [] for name in kept}
+        order = list(kept)
+        for number in range(args.rounds):
+            random.Random(number).shuffle(order)
+            for name in order:
+                call, pdl = kept[name]
+                kiln.configure(pdl=pdl)
+                rounds[name].append(common.model_times(call, 2, args.reps, warmup_s=0.3)["ms"])
+            kiln.configure(pdl="on")
 
     kinds = [k for k, _ in flux_profile.KINDS] + ["rest"]
     env = common.model_environment("cuda")
@@ -151,6 +174,15 @@ def main():
     for name in profiles:
         cells = " | ".join(f"{gaps[name][k][0] / 1e3:.3f} ({gaps[name][k][1]})" for k in kinds)
         lines.append(f"| {name} | {lengths[name] / 1e3:.3f} | {cells} |")
+
+    if rounds:
+        lines += ["", f"Every setting's compiled model timed again in {args.rounds} rounds, each in a shuffled "
+                      f"order (median of {args.reps} forwards a round), ms:", "",
+                  "| setting | median of the rounds | min | max | vs compile |", "| --- | --- | --- | --- | --- |"]
+        base_ms = statistics.median(rounds["compile"])
+        for name, times in rounds.items():
+            mid = statistics.median(times)
+            lines.append(f"| {name} | {mid:.3f} | {min(times):.3f} | {max(times):.3f} | {base_ms / mid:.3f}x |")
 
     base = profiles["compile"]
     for name, times in profiles.items():
