@@ -280,6 +280,11 @@ ModelShape read_llm(const nlohmann::json& config) {
       widths.push_back(*expert);
     }
   }
+  if (model.kind == "gpt_oss") {
+    // Every GPT-OSS MLP is its experts, which gate themselves (a clamped SwiGLU over
+    // interleaved halves, no act_fn): kiln's patch leaves them, so no SwiGLU is called.
+    model.ops.erase(Op::swiglu);
+  }
   // Multi-head latent attention (DeepSeek-V3, Kimi Linear) RMS-normalises its compressed kv and,
   // where it has one, its compressed q.
   for (const char* key : {"kv_lora_rank", "q_lora_rank"}) {
