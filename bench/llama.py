@@ -12,7 +12,10 @@ multi-head latent attention of 128 heads, q and kv through 1536- and 512-wide co
 each head's last 64 q/k columns rotated as de-interleaved pairs with one k head, a SwiGLU of
 18432, vocabulary 129280); or, with --model qwen3-moe, Qwen3MoeForCausalLM with Qwen3-30B-A3B's
 (hidden 2048, 128 experts of 768 with eight a token, run by transformers' default grouped_mm
-experts implementation, 32 and 4 heads of 128 with Qwen3's q/k norms, vocabulary 151936).
+experts implementation, 32 and 4 heads of 128 with Qwen3's q/k norms, vocabulary 151936); or,
+with --model llama4, Llama4ForCausalLM with Llama-4-Scout's text widths (hidden 5120, 16 experts
+of 8192 run over every token as batched matmuls, a shared expert, 40 and 8 heads of 128,
+vocabulary 202048).
 Settings of eager +
 kiln without one of the patch's fusions (--apart: the layers' residual add and norm as one
 fused_add_rms_norm, the head norms and RoPE as one head_norm_rope, the packed gate_up
@@ -24,7 +27,7 @@ generate computes them), and one decode step at batch 1 and 32 after 2048 cached
 setting: median time, speedup over its baseline, the first call's time (compile, JIT),
 and the logits' relative error against the unpatched eager logits.
 
-Usage: python bench/llama.py [--out DIR] [--model llama|qwen3|phi4-mini|deepseek-v3|qwen3-moe] [--quick] [--layers N] [--cases prefill,decode1,decode32]
+Usage: python bench/llama.py [--out DIR] [--model llama|qwen3|phi4-mini|deepseek-v3|qwen3-moe|llama4] [--quick] [--layers N] [--cases prefill,decode1,decode32]
        [--settings eager,compile,eager+kiln,compile+kiln] [--apart residual-norms,head-norms] [--device cuda|cpu]
        [--tiny]
 Writes DIR/<model>-<date>-<device>.json and .md; prints the table last. --device cpu with
@@ -65,16 +68,30 @@ QWEN3_30B_A3B = dict(hidden_size=2048, intermediate_size=6144, moe_intermediate_
                      num_experts_per_tok=8, norm_topk_prob=True, num_attention_heads=32, num_key_value_heads=4,
                      head_dim=128, vocab_size=151936, rope_theta=1000000.0, rms_norm_eps=1e-6,
                      max_position_embeddings=8192, tie_word_embeddings=False)
+# Llama-4-Scout's text layers: 16 experts of 8192 and a shared expert, one expert a token, where
+# every expert runs every token (the router scales them) as two batched matmuls over one packed
+# [16, 5120, 2 x 8192] gate_up; q/k L2-normalised per head; RoPE from complex frequencies.
+LLAMA4_SCOUT = dict(hidden_size=5120, intermediate_size=8192, intermediate_size_mlp=16384, num_local_experts=16,
+                    num_experts_per_tok=1, interleave_moe_layer_step=1, num_attention_heads=40,
+                    num_key_value_heads=8, head_dim=128, vocab_size=202048, rope_theta=500000.0, rms_norm_eps=1e-5,
+                    use_qk_norm=True, attention_chunk_size=8192, max_position_embeddings=8192,
+                    tie_word_embeddings=False)
 MODELS = {"llama": ("LlamaConfig", LLAMA3_8B, "Llama-3-8B"), "qwen3": ("Qwen3Config", QWEN3_8B, "Qwen3-8B"),
           "phi4-mini": ("Phi3Config", PHI4_MINI, "Phi-4-mini"),
           "deepseek-v3": ("DeepseekV3Config", DEEPSEEK_V3_DENSE, "DeepSeek-V3 (dense layers)"),
-          "qwen3-moe": ("Qwen3MoeConfig", QWEN3_30B_A3B, "Qwen3-30B-A3B")}
+          "qwen3-moe": ("Qwen3MoeConfig", QWEN3_30B_A3B, "Qwen3-30B-A3B"),
+          "llama4": ("Llama4TextConfig", LLAMA4_SCOUT, "Llama-4-Scout")}
 # The tiny config's widths as each model's family needs them.
 TINY_EXTRA = {"qwen3": dict(head_dim=16), "phi4-mini": dict(partial_rotary_factor=0.75, pad_token_id=0),
               "deepseek-v3": dict(num_key_value_heads=4, q_lora_rank=24, kv_lora_rank=16, qk_rope_head_dim=8,
                                   qk_nope_head_dim=16, v_head_dim=16, first_k_dense_replace=100,
                                   rope_interleave=True),
-              "qwen3-moe": dict(head_dim=16, moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2)}
+              "qwen3-moe": dict(head_dim=16, moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2),
+              "llama4": dict(head_dim=16, intermediate_size=32, intermediate_size_mlp=96, num_local_experts=4,
+                             num_experts_per_tok=1, interleave_moe_layer_step=1, use_qk_norm=True)}
+# Models whose decode step this bench does not time, and why.
+PREFILL_ONLY = {"llama4": "Llama 4's cache layers for chunked attention are not reset to a fixed past by "
+                          "decode_state, so repeated steps would not repeat one step"}
 PREFILL = (2, 2048)  # batch, tokens
 PAST = 2048  # tokens in the cache before the decode step
 CASES = ["prefill", "decode1", "decode32"]
@@ -152,6 +169,12 @@ def gated_mlps_apart(kiln):
     return patch
 
 
+def bmm_experts_apart(kiln):
+    """kiln.patch with Llama 4's experts (batched matmuls over one packed gate_up) left to
+    transformers."""
+    return candidates_apart(kiln, "bmm_experts")
+
+
 def experts_apart(kiln):
     """kiln.patch with the MoE experts' gate left to transformers (chunk, activation, multiply)."""
     return candidates_apart(kiln, "experts_gate")
@@ -163,11 +186,12 @@ APART = {"head-norms": ("eager+kiln, head norms apart", head_norms_apart),
          "packed-gates": ("eager+kiln, packed gates apart", packed_gates_apart),
          "rope": ("eager+kiln, rope apart", rope_apart),
          "gated-mlps": ("eager+kiln, gated MLPs apart", gated_mlps_apart),
+         "bmm-experts": ("eager+kiln, experts apart", bmm_experts_apart),
          "experts": ("eager+kiln, experts apart", experts_apart)}
 # What each model's run sets apart where --apart is not given.
 DEFAULT_APART = {"llama": ["residual-norms"], "qwen3": ["residual-norms", "head-norms"],
                  "phi4-mini": ["residual-norms", "packed-gates", "rope"], "deepseek-v3": ["residual-norms", "rope"],
-                 "qwen3-moe": ["experts"]}
+                 "qwen3-moe": ["experts"], "llama4": ["bmm-experts"]}
 
 
 def build_model(config, device="cuda", dtype=torch.bfloat16, seed=0):
@@ -253,6 +277,10 @@ def main(argv=None):
     bad = [c for c in cases if c != "prefill" and not (c.startswith("decode") and c[6:].isdigit())]
     if bad:
         raise SystemExit(f"llama: --cases: expected prefill or decodeN, got {bad}")
+    if args.model in PREFILL_ONLY and cases != ["prefill"]:
+        if args.cases:
+            raise SystemExit(f"llama: --model {args.model}: only the prefill case ({PREFILL_ONLY[args.model]})")
+        cases = ["prefill"]
     prefill_batch, prefill_tokens = (int(v) for v in args.prefill.split("x"))
     graphs = args.device == "cuda"
     reps = args.reps or (3 if args.quick else 10)

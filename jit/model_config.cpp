@@ -280,6 +280,21 @@ ModelShape read_llm(const nlohmann::json& config) {
       widths.push_back(*expert);
     }
   }
+  // Llama 4: its dense layers' MLP has a width of its own (its experts and shared expert take
+  // intermediate_size), and use_qk_norm normalises each head of q and k (no weight).
+  if (const auto dense = size_if_set(config, "intermediate_size_mlp")) {
+    auto& widths = model.ops[Op::swiglu];
+    if (std::find(widths.begin(), widths.end(), *dense) == widths.end()) {
+      widths.push_back(*dense);
+    }
+  }
+  if (auto qk_norm = config.find("use_qk_norm");
+      qk_norm != config.end() && qk_norm->is_boolean() && qk_norm->get<bool>()) {
+    auto& norms = model.ops[Op::rms_norm];
+    if (std::find(norms.begin(), norms.end(), model.head_dim) == norms.end()) {
+      norms.push_back(model.head_dim);
+    }
+  }
   if (model.kind == "gpt_oss") {
     // Every GPT-OSS MLP is its experts, which gate themselves (a clamped SwiGLU over
     // interleaved halves, no act_fn): kiln's patch leaves them, so no SwiGLU is called.

@@ -425,3 +425,16 @@ def test_qwen3_moe_bench_smoke_run_gates_its_experts_with_kiln(tmp_path):
             err = case["settings"][name]["error_vs_eager"]
             assert err["finite"] and err["max_rel"] < 5e-2
         assert case["patch"]["replaced"]["swiglu"] == 2  # each layer's experts
+
+
+def test_llama4_bench_smoke_run_gates_its_experts_with_kiln(tmp_path):
+    out = _smoke("llama.py", tmp_path, "--model", "llama4", "--prefill", "2x16", "--layers", "2")
+    assert "Llama-4-Scout-shaped decoder" in out
+    [doc_path] = [p for p in tmp_path.glob("llama4-*.json") if "partial" not in p.name]
+    doc = json.loads(doc_path.read_text())
+    assert [case["case"] for case in doc["cases"]] == ["prefill"]  # no decode step for Llama 4
+    for case in doc["cases"]:
+        for name in ("eager+kiln", "eager+kiln, experts apart"):
+            err = case["settings"][name]["error_vs_eager"]
+            assert err["finite"] and err["max_rel"] < 5e-2
+        assert case["patch"]["replaced"]["swiglu"] == 4  # each layer's experts and shared expert

@@ -153,6 +153,35 @@ def test_moe_experts_gate_on_the_gpu_and_compiled(implementation, monkeypatch):
 
 
 @pytest.mark.gpu
+def test_llama4_experts_gate_on_the_gpu_and_compiled(monkeypatch):
+    """Llama 4's experts (batched matmuls over one packed gate_up) gated by one kiln.swiglu in
+    bf16 on the GPU: as close to fp32 as the original, and the same under
+    torch.compile(fullgraph=True)."""
+    from kiln import activation_ops
+    from test_patch_bmm_experts_cpu import _ids as llama4_ids, _model as llama4_model
+
+    torch._dynamo.reset()
+    ids = llama4_ids().cuda()
+    with torch.no_grad():
+        truth = llama4_model(torch.float32).cuda()(ids).logits.double()
+        model = llama4_model(torch.bfloat16).cuda()
+        original = model(ids).logits
+        report = kiln.patch(model)
+        assert sum(r.kind.startswith("moe experts swiglu (batched") for r in report.replaced) == 1
+        calls = []
+        real = activation_ops.swiglu
+        monkeypatch.setattr(activation_ops, "swiglu", lambda *a: calls.append(a[0].shape) or real(*a))
+        patched = model(ids).logits
+        assert (4, 18, 64) in calls
+        compiled = torch.compile(model, fullgraph=True)(ids).logits
+    err_original = (original.double() - truth).abs().max().item()
+    err_patched = (patched.double() - truth).abs().max().item()
+    assert err_patched <= 1.5 * err_original + 1e-2, (err_patched, err_original)
+    torch.testing.assert_close(compiled, patched, rtol=2e-2, atol=2e-2)
+    kiln.unpatch(model)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("activation, op", [("geglu", "geglu"), ("swiglu", "swiglu")])
 @pytest.mark.parametrize("tokens", [1, 333])
 def test_diffusers_gated_feed_forward_on_the_gpu(activation, op, tokens, monkeypatch):

@@ -70,6 +70,27 @@ TEST_CASE("a partial rotation gives RoPE's rotary dim, as transformers sizes its
                        doctest::Contains("rotates 1 columns; RoPE rotates pairs"), kiln::Error);
 }
 
+TEST_CASE("Llama 4 prewarms its dense MLP's width and its q/k head norms") {
+  const nlohmann::json llama4 = {{"model_type", "llama4_text"},
+                                 {"hidden_size", 5120},
+                                 {"intermediate_size", 8192},
+                                 {"intermediate_size_mlp", 16384},
+                                 {"num_attention_heads", 40},
+                                 {"num_key_value_heads", 8},
+                                 {"head_dim", 128},
+                                 {"num_local_experts", 16},
+                                 {"use_qk_norm", true}};
+  const kiln::jit::ModelShape shape = kiln::jit::read_model_config(llama4);
+  CHECK(shape.ops.at(Op::swiglu) == std::vector<std::int64_t>{8192, 16384});
+  CHECK(shape.ops.at(Op::rms_norm) == std::vector<std::int64_t>{5120, 128});
+  nlohmann::json without = llama4;
+  without["use_qk_norm"] = false;
+  without.erase("intermediate_size_mlp");
+  const kiln::jit::ModelShape plain = kiln::jit::read_model_config(without);
+  CHECK(plain.ops.at(Op::swiglu) == std::vector<std::int64_t>{8192});
+  CHECK(plain.ops.at(Op::rms_norm) == std::vector<std::int64_t>{5120});
+}
+
 TEST_CASE("models that hand RoPE another table or a slice prewarm the problems they call") {
   // GPT-OSS: a [.., D / 2] table, one angle a pair, of the model's dtype.
   const nlohmann::json gpt_oss = {{"model_type", "gpt_oss"},   {"hidden_size", 2880},

@@ -12,7 +12,8 @@ multiply become ``kiln.swiglu`` / ``kiln.geglu``; the projections stay), the sam
 and up packed in one projection (Phi-3's and GLM-4's ``gate_up_proj``, diffusers' ``GEGLU``
 and ``SwiGLU``: the op reads the packed tensor, see :mod:`.packed_gate`), the experts of
 transformers' MoE layers (their ``_apply_gate`` over every routed token's packed gate_up, see
-:mod:`.experts_gate`), and transformers'
+:mod:`.experts_gate`; Llama 4's, batched matmuls over one packed gate_up parameter, see
+:mod:`.bmm_experts`), and transformers'
 attentions whose forward calls ``apply_rotary_pos_emb`` (q and k rotated by one
 ``kiln.rope``, see :mod:`.rope_attention`; where the forward RMS-normalises each head of q
 and k right before, as Qwen3's and Gemma 3's do, norms and rotation as one
@@ -40,8 +41,8 @@ from typing import Iterable, Optional
 
 import torch
 
-from . import (detect, detect_dit, dit_block_chain, experts_gate, gated_norm, head_norm_attention, ltx, packed_gate,
-               replace, residual_norm_chain, residual_norm_layer, rope_attention, wan_block)
+from . import (bmm_experts, detect, detect_dit, dit_block_chain, experts_gate, gated_norm, head_norm_attention, ltx,
+               packed_gate, replace, residual_norm_chain, residual_norm_layer, rope_attention, wan_block)
 from .report import Left, PatchReport, Replaced
 
 OPS = ("rms_norm", "layer_norm", "gelu", "swiglu", "geglu", "rms_norm_rope", "rope", "adaln")
@@ -91,6 +92,8 @@ def _patch_modules(model: torch.nn.Module, chosen: frozenset, report: PatchRepor
             continue
         if experts_gate.candidate(module):
             classify = experts_gate.classify
+        elif bmm_experts.candidate(module):
+            classify = bmm_experts.classify
         elif gated_norm.candidate(module):
             classify = gated_norm.classify
         elif detect.norm_candidate(module):

@@ -345,9 +345,15 @@ def has_child(module: torch.nn.Module, name: str) -> bool:
     return isinstance(getattr(module, name, None), torch.nn.Module)
 
 
+def mlp_activation(module: torch.nn.Module) -> Optional[str]:
+    """The attribute a gated MLP keeps its activation in: ``act_fn`` (Llama's and most), or
+    ``activation_fn`` (Llama 4's); None where it has neither."""
+    return next((name for name in ("act_fn", "activation_fn") if callable(getattr(module, name, None))), None)
+
+
 def mlp_candidate(module: torch.nn.Module) -> bool:
     return all(has_child(module, n) for n in ("gate_proj", "up_proj", "down_proj")) \
-        and callable(getattr(module, "act_fn", None))
+        and mlp_activation(module) is not None
 
 
 def _identify_activation(act_fn: Callable) -> Optional[str]:
@@ -380,12 +386,14 @@ def other_children(module: torch.nn.Module, own: tuple) -> Optional[str]:
 
 
 def classify_mlp(module: torch.nn.Module, original: Callable) -> Union[Match, NoMatch]:
-    others = other_children(module, ("gate_proj", "up_proj", "down_proj", "act_fn"))
+    attr = mlp_activation(module)
+    others = other_children(module, ("gate_proj", "up_proj", "down_proj", attr))
     if others:
         return NoMatch("mlp", others)
-    act = _identify_activation(module.act_fn)
+    act_fn = getattr(module, attr)
+    act = _identify_activation(act_fn)
     if act is None:
-        return NoMatch("mlp", f"its act_fn ({type(module.act_fn).__name__}) is not SiLU or GELU on a probe")
+        return NoMatch("mlp", f"its {attr} ({type(act_fn).__name__}) is not SiLU or GELU on a probe")
     dtype = probe_dtype(module.gate_proj)
     generator = torch.Generator().manual_seed(0)
     hidden, inner = 24, 40
@@ -395,12 +403,12 @@ def classify_mlp(module: torch.nn.Module, original: Callable) -> Union[Match, No
     dtypes = (dtype,) + tuple(d for d in _PROBE_DTYPES if d != dtype)
     inputs = with_large_values(_probe_inputs(hidden, dtypes, generator))
     kind, op = _MLP_OPS[act]
-    factory = forwards.gated_mlp(act)
-    forwards.remember_activation(module, "act_fn")  # the replacement runs kiln's op only for it
+    factory = forwards.gated_mlp(act, attr)
+    forwards.remember_activation(module, attr)  # the replacement runs kiln's op only for it
     # The down projection sums many rounded products: the bound scales with the output's size.
     with torch.no_grad(), _Swapped(module, children=children):
         why = _compare(original, factory(module, original), inputs, scale_of=lambda out: out.abs().max().item())
     if why is not None:
         forwards.forget_activation(module)
-        return NoMatch("mlp", f"does not compute down_proj(act_fn(gate_proj(x)) * up_proj(x)): {why}")
+        return NoMatch("mlp", f"does not compute down_proj({attr}(gate_proj(x)) * up_proj(x)): {why}")
     return Match(kind, op, factory)

@@ -329,10 +329,10 @@ def rms_norm_offset(module: torch.nn.Module, original: Callable) -> Callable:
     return forward
 
 
-def gated_mlp(act: str) -> Callable:
+def gated_mlp(act: str, attr: str = "act_fn") -> Callable:
     """``down_proj(act_fn(gate_proj(x)) * up_proj(x))`` with the ``act_fn(gate) * up`` part
-    as one kiln call (``act``: ``"silu"``, ``"gelu_tanh"`` or ``"gelu"``); the projections
-    are the module's own."""
+    as one kiln call (``act``: ``"silu"``, ``"gelu_tanh"`` or ``"gelu"``; ``attr``: the
+    attribute the module keeps its activation in); the projections are the module's own."""
 
     def fuse(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
         if act == "silu":
@@ -346,7 +346,7 @@ def gated_mlp(act: str) -> Callable:
             x = args[0]
             gate = module.gate_proj(x)
             up = module.up_proj(x)
-            act_fn = module.act_fn
+            act_fn = getattr(module, attr)
             if gate.shape == up.shape and runs_probed_activation(module, act_fn) \
                     and kiln_can_take(gate, up, differentiable=True):
                 hidden = fuse(gate, up)
