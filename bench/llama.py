@@ -120,20 +120,20 @@ def head_norms_apart(kiln):
     return patch
 
 
-def candidates_apart(kiln, pattern):
+def candidates_apart(kiln, pattern, test="candidate"):
     """kiln.patch with the modules of one of kiln.patching's patterns (its module's
-    ``candidate``) left as they are."""
+    ``candidate``, or the test named ``test``) left as they are."""
     import importlib
 
     found = importlib.import_module(f"kiln.patching.{pattern}")
 
     def patch(model):
-        candidate = found.candidate
-        found.candidate = lambda module: False
+        candidate = getattr(found, test)
+        setattr(found, test, lambda module: False)
         try:
             return kiln.patch(model)
         finally:
-            found.candidate = candidate
+            setattr(found, test, candidate)
     return patch
 
 
@@ -157,16 +157,7 @@ def rope_apart(kiln):
 def gated_mlps_apart(kiln):
     """kiln.patch with gated MLPs of two projections (Llama's act_fn(gate_proj(x)) * up_proj(x))
     left to torch."""
-    from kiln.patching import detect
-
-    def patch(model):
-        candidate = detect.mlp_candidate
-        detect.mlp_candidate = lambda module: False
-        try:
-            return kiln.patch(model)
-        finally:
-            detect.mlp_candidate = candidate
-    return patch
+    return candidates_apart(kiln, "detect", "mlp_candidate")
 
 
 def bmm_experts_apart(kiln):

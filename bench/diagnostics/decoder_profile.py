@@ -49,27 +49,6 @@ def settings(kiln, apart, plain=False, again=False):
     return found
 
 
-def kernel_trace(call):
-    """One call's kernels under torch.profiler after two warm-up calls: {name: (calls, total
-    us)} and the [(start us, end us, name)] of every kernel in start order."""
-    from torch.profiler import ProfilerActivity, profile
-
-    for _ in range(2):
-        call()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        call()
-        torch.cuda.synchronize()
-    times = collections.defaultdict(lambda: [0, 0.0])
-    spans = []
-    for event in prof.events():
-        if event.device_type == torch.autograd.DeviceType.CUDA:
-            times[event.name][0] += 1
-            times[event.name][1] += event.device_time
-            spans.append((event.time_range.start, event.time_range.end, event.name))
-    return times, sorted(spans)
-
-
 def idle_before(spans):
     """{kind of kernel: (us the GPU sat idle just before kernels of that kind, how many)}:
     the gap from the end of everything started earlier to each kernel's start."""
@@ -131,7 +110,7 @@ def main():
             compiled = torch.compile(module, dynamic=False)
             call = lambda compiled=compiled: compiled(**inputs).logits  # noqa: E731
             medians[name] = common.model_times(call, 2, args.reps)["ms"]
-            profiles[name], spans = kernel_trace(call)
+            profiles[name], spans = flux_profile.kernel_trace(call)
             gaps[name] = idle_before(spans)
             lengths[name] = max(end for _, end, _ in spans) - spans[0][0]
             if args.rounds:

@@ -29,8 +29,9 @@ def kind(name):
     return next((k for k, pattern in KINDS if pattern.search(name)), "rest")
 
 
-def kernel_times(call):
-    """{kernel name: (calls, total us)} of one call."""
+def kernel_trace(call):
+    """One call's kernels under torch.profiler after two warm-up calls: {name: [calls, total
+    us]} and the [(start us, end us, name)] of every kernel in start order."""
     from torch.profiler import ProfilerActivity, profile
 
     for _ in range(2):
@@ -40,11 +41,18 @@ def kernel_times(call):
         call()
         torch.cuda.synchronize()
     times = collections.defaultdict(lambda: [0, 0.0])
+    spans = []
     for event in prof.events():
         if event.device_type == torch.autograd.DeviceType.CUDA:
             times[event.name][0] += 1
             times[event.name][1] += event.device_time
-    return times
+            spans.append((event.time_range.start, event.time_range.end, event.name))
+    return times, sorted(spans)
+
+
+def kernel_times(call):
+    """{kernel name: [calls, total us]} of one call."""
+    return kernel_trace(call)[0]
 
 
 def main():

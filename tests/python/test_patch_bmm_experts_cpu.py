@@ -7,11 +7,11 @@ import pytest
 import torch
 
 import kiln
-from kiln import activation_ops
 
 transformers = pytest.importorskip("transformers", reason="transformers is not installed")
 
 from graph_model import calls_of, compile_capturing  # noqa: E402
+from test_patch_experts_cpu import _count_swiglu, _ids  # noqa: E402
 
 # Two layers: the first dense (MLP of 96), the second MoE (4 experts of 32 and a shared expert).
 LLAMA4 = dict(vocab_size=128, hidden_size=64, intermediate_size=32, intermediate_size_mlp=96, num_hidden_layers=2,
@@ -23,18 +23,6 @@ def _model(dtype=torch.float32):
     config = transformers.AutoConfig.for_model("llama4_text", **LLAMA4)
     torch.manual_seed(0)
     return transformers.AutoModelForCausalLM.from_config(config).eval().to(dtype)
-
-
-def _ids():
-    return torch.randint(1, 128, (2, 9), generator=torch.Generator().manual_seed(1))
-
-
-def _count_swiglu(monkeypatch):
-    calls = []
-    real = activation_ops.swiglu
-    monkeypatch.setattr(activation_ops, "swiglu", lambda x, up=None, up_first=False: calls.append(
-        (tuple(x.shape), up is None, up_first)) or real(x, up, up_first))
-    return calls
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
