@@ -70,7 +70,8 @@ QWEN3_30B_A3B = dict(hidden_size=2048, intermediate_size=6144, moe_intermediate_
                      max_position_embeddings=8192, tie_word_embeddings=False)
 # Llama-4-Scout's text layers: 16 experts of 8192 and a shared expert, one expert a token, where
 # every expert runs every token (the router scales them) as two batched matmuls over one packed
-# [16, 5120, 2 x 8192] gate_up; q/k L2-normalised per head; RoPE from complex frequencies.
+# [16, 5120, 2 x 8192] gate_up; q/k L2-normalised per head; RoPE of adjacent pairs by complex
+# frequencies (apply_rotary_emb).
 LLAMA4_SCOUT = dict(hidden_size=5120, intermediate_size=8192, intermediate_size_mlp=16384, num_local_experts=16,
                     num_experts_per_tok=1, interleave_moe_layer_step=1, num_attention_heads=40,
                     num_key_value_heads=8, head_dim=128, vocab_size=202048, rope_theta=500000.0, rms_norm_eps=1e-5,
@@ -182,7 +183,7 @@ APART = {"head-norms": ("eager+kiln, head norms apart", head_norms_apart),
 # What each model's run sets apart where --apart is not given.
 DEFAULT_APART = {"llama": ["residual-norms"], "qwen3": ["residual-norms", "head-norms"],
                  "phi4-mini": ["residual-norms", "packed-gates", "rope"], "deepseek-v3": ["residual-norms", "rope"],
-                 "qwen3-moe": ["experts"], "llama4": ["bmm-experts"]}
+                 "qwen3-moe": ["experts"], "llama4": ["bmm-experts", "rope"]}
 
 
 def build_model(config, device="cuda", dtype=torch.bfloat16, seed=0):

@@ -434,7 +434,8 @@ def test_llama4_bench_smoke_run_gates_its_experts_with_kiln(tmp_path):
     doc = json.loads(doc_path.read_text())
     assert [case["case"] for case in doc["cases"]] == ["prefill"]  # no decode step for Llama 4
     for case in doc["cases"]:
-        for name in ("eager+kiln", "eager+kiln, experts apart"):
+        for name in ("eager+kiln", "eager+kiln, experts apart", "eager+kiln, rope apart"):
             err = case["settings"][name]["error_vs_eager"]
             assert err["finite"] and err["max_rel"] < 5e-2
         assert case["patch"]["replaced"]["swiglu"] == 4  # each layer's experts and shared expert
+        assert case["patch"]["replaced"]["rope"] == 2  # each attention's complex-frequency RoPE

@@ -154,9 +154,9 @@ def test_moe_experts_gate_on_the_gpu_and_compiled(implementation, monkeypatch):
 
 @pytest.mark.gpu
 def test_llama4_experts_gate_on_the_gpu_and_compiled(monkeypatch):
-    """Llama 4's experts (batched matmuls over one packed gate_up) gated by one kiln.swiglu in
-    bf16 on the GPU: as close to fp32 as the original, and the same under
-    torch.compile(fullgraph=True)."""
+    """Llama 4's experts (batched matmuls over one packed gate_up) gated by one kiln.swiglu and
+    its RoPE (complex frequencies) as one kiln.rope, in bf16 on the GPU: as close to fp32 as the
+    original, and the same under torch.compile(fullgraph=True)."""
     from kiln import activation_ops
     from test_patch_bmm_experts_cpu import _ids as llama4_ids, _model as llama4_model
 
@@ -168,6 +168,7 @@ def test_llama4_experts_gate_on_the_gpu_and_compiled(monkeypatch):
         original = model(ids).logits
         report = kiln.patch(model)
         assert sum(r.kind.startswith("moe experts swiglu (batched") for r in report.replaced) == 1
+        assert sum("apply_rotary_emb, q and k [bshd]" in r.kind for r in report.replaced) == 2
         calls = []
         real = activation_ops.swiglu
         monkeypatch.setattr(activation_ops, "swiglu", lambda *a: calls.append(a[0].shape) or real(*a))

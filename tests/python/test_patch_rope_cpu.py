@@ -408,3 +408,89 @@ def test_a_different_interleave_function_is_left_with_the_reason():
     report = kiln.patch(_AdjacentPairsAttention())
     assert report.replaced == [] and len(report.left) == 1
     assert "apply_rotary_pos_emb_interleave is not DeepSeek-V3's de-interleaving RoPE" in report.left[0].reason
+
+
+def _complex_rope_model(name, dtype=torch.float32):
+    """A tiny Llama 4 (q and k [B, S, H, D] at the rotation) or DeepSeek-V2 ([B, H, S, D]), both
+    rotating adjacent pairs by complex frequencies through a global apply_rotary_emb."""
+    if name == "llama4":
+        from test_patch_bmm_experts_cpu import _model as llama4
+        return llama4(dtype)
+    if not hasattr(transformers, "DeepseekV2Config"):
+        pytest.skip("transformers has no DeepSeek-V2")
+    config = transformers.DeepseekV2Config(
+        vocab_size=128, hidden_size=64, intermediate_size=96, moe_intermediate_size=32, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=16, q_lora_rank=None, qk_rope_head_dim=8,
+        qk_nope_head_dim=16, v_head_dim=16, n_routed_experts=4, num_experts_per_tok=2, first_k_dense_replace=1,
+        n_group=1, topk_group=1, pad_token_id=0)
+    torch.manual_seed(0)
+    return transformers.AutoModelForCausalLM.from_config(config).eval().to(dtype)
+
+
+@pytest.mark.parametrize("name, layout, q_shape, k_shape", [
+    ("llama4", "bshd", (2, 9, 4, 16), (2, 9, 2, 16)), ("deepseek_v2", "bhsd", (2, 4, 9, 8), (2, 1, 9, 8))])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_complex_frequency_rope_reaches_kiln(name, layout, q_shape, k_shape, dtype, monkeypatch):
+    """Llama 4's and DeepSeek-V2's apply_rotary_emb(q, k, freqs_cis): each forward's rotation is
+    one kiln.rope of interleaved pairs from the frequencies' real and imaginary parts (fp32
+    tables), in the layout the function broadcasts over."""
+    model = _complex_rope_model(name, dtype)
+    ids = torch.randint(0, 128, (2, 9), generator=torch.Generator().manual_seed(1))
+    expected = _logits(model, ids)
+    report = kiln.patch(model)
+    ropes = [r for r in report.replaced if r.op == "rope"]
+    assert len(ropes) == 2 and all(f"apply_rotary_emb, q and k [{layout}]" in r.kind for r in ropes)
+    calls = []
+    original = rope_ops.rope
+    monkeypatch.setattr(rope_ops, "rope", lambda q, k, cos, *a, **kw: calls.append(
+        (tuple(q.shape), tuple(k.shape), cos.dtype, kw["interleaved"], kw["layout"])) or original(q, k, cos, *a, **kw))
+    actual = _logits(model, ids)
+    assert calls == [(q_shape, k_shape, torch.float32, True, layout)] * 2
+    tol = 1e-5 if dtype == torch.float32 else 0.05 * expected.abs().max().item()
+    torch.testing.assert_close(actual, expected, rtol=tol, atol=tol)
+    kiln.unpatch(model)
+
+
+def test_compiled_llama4_has_kiln_rope_in_one_graph():
+    model = _complex_rope_model("llama4")
+    ids = torch.randint(0, 128, (2, 9), generator=torch.Generator().manual_seed(1))
+    expected = _logits(model, ids)
+    kiln.patch(model)
+    compiled, graphs = compile_capturing(model)
+    actual = _logits(compiled, ids)
+    torch._dynamo.reset()
+    assert len(graphs) == 1 and len(calls_of(graphs, torch.ops.kiln.rope.default)) == 2
+    torch.testing.assert_close(actual, expected, rtol=1e-4, atol=1e-4)
+    kiln.unpatch(model)
+
+
+def apply_rotary_emb(xq, xk, freqs_cis):
+    """Complex frequencies applied conjugated: not the rotation kiln computes."""
+    def turn(x):
+        pairs = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
+        return torch.view_as_real(pairs * freqs_cis[:, :, None, :].conj()).flatten(3).type_as(x)
+
+    return turn(xq), turn(xk)
+
+
+class _ConjugateAttention(torch.nn.Module):
+    def forward(self, q, k, freqs_cis):
+        return apply_rotary_emb(q, k, freqs_cis)
+
+
+def test_complex_rope_of_another_rotation_is_left_with_the_reason():
+    report = kiln.patch(_ConjugateAttention())
+    assert report.replaced == [] and len(report.left) == 1
+    assert "apply_rotary_emb is not RoPE by complex frequencies" in report.left[0].reason
+
+
+def test_complex_rope_calls_of_another_shape_run_the_original():
+    """A complex128 table, or one whose positions do not match q's, keeps the formula."""
+    replacement = rope_attention.complex_rope(apply_rotary_emb, "bshd")
+    q, k = torch.randn(1, 3, 2, 8), torch.randn(1, 3, 2, 8)
+    for freqs in (torch.polar(torch.ones(1, 3, 4, dtype=torch.float64), torch.rand(1, 3, 4, dtype=torch.float64)),
+                  torch.polar(torch.ones(1, 1, 4), torch.rand(1, 1, 4))):
+        expected = apply_rotary_emb(q, k, freqs)
+        actual = replacement(q, k, freqs)
+        for e, a in zip(expected, actual):
+            torch.testing.assert_close(a, e, rtol=0, atol=0)

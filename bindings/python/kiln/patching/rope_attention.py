@@ -4,7 +4,9 @@ Those attentions call a module-level ``apply_rotary_pos_emb(q, k, cos, sin)`` fr
 forward (``q * cos + rotate_half(q) * sin``, and the same for k: six elementwise kernels
 and two concatenations a layer in eager); the multi-head latent attentions of DeepSeek-V3 and
 its kin (GLM-4.7-Flash, Mistral 4, LongCat) call ``apply_rotary_pos_emb_interleave`` where their
-config sets ``rope_interleave``. kiln does not touch those module-level functions, which every
+config sets ``rope_interleave``; Llama 4's and DeepSeek-V2's call ``apply_rotary_emb(q, k,
+freqs_cis)``, adjacent pairs turned by complex frequencies (six kernels and a cast each for q and
+k). kiln does not touch those module-level functions, which every
 model of the library shares; the patched attention runs its own class forward, the same code,
 with those global names resolved to :func:`rotate_half_rope`'s replacements instead.
 Everything else the forward reads (projections, caches, the attention interface) is the
@@ -26,6 +28,10 @@ from .forwards import kiln_can_take
 ROPE_GLOBAL = "apply_rotary_pos_emb"
 # DeepSeek-V3's: adjacent pairs turned by the first half of its table, written de-interleaved.
 DEINTERLEAVE_GLOBAL = "apply_rotary_pos_emb_interleave"
+# Llama 4's and DeepSeek-V2's: adjacent pairs as complex numbers times complex64 frequencies
+# [B, S, D / 2], broadcast over the heads of q [B, S, H, D] (Llama 4) or [B, H, S, D] (DeepSeek-V2).
+COMPLEX_GLOBAL = "apply_rotary_emb"
+COMPLEX_LAYOUTS = ("bshd", "bhsd")
 
 
 # The table forms kiln takes from an ``apply_rotary_pos_emb`` (each told apart on a probe):
@@ -149,6 +155,50 @@ def rotate_half_rope(original: Callable, form: str = "full") -> Callable:
     return replacement
 
 
+def _complex_fits(q, k, freqs, heads_dim: int) -> bool:
+    """Whether kiln.rope computes ``apply_rotary_emb(q, k, freqs)`` for q and k with their heads
+    at ``heads_dim`` (2: [B, S, H, D]; 1: [B, H, S, D]) and freqs complex64 [B or 1, S, D / 2]."""
+    if not all(isinstance(t, torch.Tensor) for t in (q, k, freqs)) or freqs.dtype != torch.complex64 \
+            or q.dim() != 4 or k.dim() != 4 or freqs.dim() != 3 or q.shape[-1] % 2 or k.shape[-1] != q.shape[-1]:
+        return False
+    seq_dim = 3 - heads_dim
+    return 2 * freqs.shape[-1] == q.shape[-1] and freqs.device == q.device \
+        and k.shape[0] == q.shape[0] and freqs.shape[0] in (1, q.shape[0]) \
+        and q.shape[seq_dim] == freqs.shape[1] == k.shape[seq_dim] and kiln_can_take(q, k, differentiable=True)
+
+
+def complex_rope(original: Callable, layout: str) -> Callable:
+    """``apply_rotary_emb(q, k, freqs_cis)`` as one kiln.rope launch (interleaved pairs, the
+    frequencies' real and imaginary parts as a half table, math in fp32 and q's dtype out as the
+    original's ``type_as``) where q and k are 4-D in ``layout`` and ``freqs_cis`` is complex64
+    [B, S, D / 2]; the ``original`` otherwise."""
+
+    # Written out per layout, as rotate_half_rope's forms are, and for the same reasons.
+    def apply_rotary_emb(*args, **kwargs):
+        if len(args) != 3 or kwargs:
+            return original(*args, **kwargs)
+        q, k, freqs = args
+        if not _complex_fits(q, k, freqs, 2):
+            return original(*args, **kwargs)
+        table = torch.view_as_real(freqs)
+        return rope_ops.rope(q, k, table[..., 0], table[..., 1], interleaved=True, rotary_dim=q.shape[-1],
+                             layout="bshd")
+
+    def apply_rotary_emb_bhsd(*args, **kwargs):
+        if len(args) != 3 or kwargs:
+            return original(*args, **kwargs)
+        q, k, freqs = args
+        if not _complex_fits(q, k, freqs, 1):
+            return original(*args, **kwargs)
+        table = torch.view_as_real(freqs)
+        return rope_ops.rope(q, k, table[..., 0], table[..., 1], interleaved=True, rotary_dim=q.shape[-1],
+                             layout="bhsd")
+
+    replacement = apply_rotary_emb if layout == "bshd" else apply_rotary_emb_bhsd
+    replacement.__wrapped__ = original
+    return replacement
+
+
 def _parameters(function: Callable) -> list:
     try:
         return list(inspect.signature(function).parameters)
@@ -157,12 +207,12 @@ def _parameters(function: Callable) -> list:
 
 
 def rope_globals(function: object) -> list:
-    """The rotary functions (``apply_rotary_pos_emb``, ``apply_rotary_pos_emb_interleave``)
-    ``function`` calls by global name, where it is plain Python code (not a decorator's wrapper,
+    """The rotary functions (``apply_rotary_pos_emb``, ``apply_rotary_pos_emb_interleave``,
+    ``apply_rotary_emb``) ``function`` calls by global name, where it is plain Python code (not a decorator's wrapper,
     whose own globals are not the ones the wrapped code reads)."""
     if not isinstance(function, types.FunctionType) or hasattr(function, "__wrapped__"):
         return []
-    return [name for name in (ROPE_GLOBAL, DEINTERLEAVE_GLOBAL)
+    return [name for name in (ROPE_GLOBAL, DEINTERLEAVE_GLOBAL, COMPLEX_GLOBAL)
             if name in function.__code__.co_names and callable(function.__globals__.get(name))]
 
 
@@ -177,10 +227,11 @@ _KILN_COPIES: "weakref.WeakKeyDictionary[types.FunctionType, tuple]" = weakref.W
 
 
 def with_kiln_rope(function: types.FunctionType, form: Optional[str] = "full",
-                   deinterleave: bool = False) -> types.FunctionType:
-    """A copy of ``function`` whose global ``apply_rotary_pos_emb`` (unless ``form`` is None)
-    and, with ``deinterleave``, ``apply_rotary_pos_emb_interleave`` are kiln's (made once per
-    function; a class's rotary function takes one table form). The copy reads a snapshot of
+                   deinterleave: bool = False, complex_layout: Optional[str] = None) -> types.FunctionType:
+    """A copy of ``function`` whose global ``apply_rotary_pos_emb`` (unless ``form`` is None),
+    with ``deinterleave`` ``apply_rotary_pos_emb_interleave`` and with a ``complex_layout``
+    ``apply_rotary_emb`` are kiln's (made once per function; a class's rotary function takes
+    one table form). The copy reads a snapshot of
     the function's module globals, brought up to date at each call (a name rebound in that
     module after the last kiln.patch is not seen; objects mutated in place, like transformers'
     attention registry, are)."""
@@ -197,6 +248,9 @@ def with_kiln_rope(function: types.FunctionType, form: Optional[str] = "full",
     if deinterleave:
         scope[DEINTERLEAVE_GLOBAL] = rotate_half_rope(function.__globals__[DEINTERLEAVE_GLOBAL], "deinterleave")
         names.append(DEINTERLEAVE_GLOBAL)
+    if complex_layout is not None:
+        scope[COMPLEX_GLOBAL] = complex_rope(function.__globals__[COMPLEX_GLOBAL], complex_layout)
+        names.append(COMPLEX_GLOBAL)
     copy = types.FunctionType(function.__code__, scope, function.__name__, function.__defaults__,
                               function.__closure__)
     copy.__kwdefaults__ = function.__kwdefaults__
@@ -207,8 +261,8 @@ def with_kiln_rope(function: types.FunctionType, form: Optional[str] = "full",
 
 def candidate(module: torch.nn.Module) -> bool:
     """A module (an attention: Llama's with ``q_proj`` and ``k_proj``, Phi-3's with one
-    ``qkv_proj``, DeepSeek-V3's latent one) whose class forward calls a global
-    ``apply_rotary_pos_emb`` or ``apply_rotary_pos_emb_interleave``."""
+    ``qkv_proj``, DeepSeek-V3's latent one, Llama 4's) whose class forward calls a global
+    ``apply_rotary_pos_emb``, ``apply_rotary_pos_emb_interleave`` or ``apply_rotary_emb``."""
     return bool(rope_globals(type(module).forward))
 
 
@@ -248,6 +302,47 @@ def _compare(function: Callable, form: str):
                 if why is not None:
                     return False, f"on a {dtype} probe kiln.rope {why}"
     return None
+
+
+def _compare_complex(function: Callable, layout: str) -> Optional[str]:
+    """None when ``function(q, k, freqs_cis)`` computes what kiln.rope computes with q and k in
+    ``layout`` on random probes (fp32 and bf16; q with more heads than k, and batch, heads and
+    positions of different sizes, so that broadcasting over the wrong axis fails); else why not."""
+    replacement = complex_rope(function, layout)
+    generator = torch.Generator().manual_seed(0)
+    shape_q, shape_k = ((2, 5, 4, 8), (2, 5, 2, 8)) if layout == "bshd" else ((2, 4, 5, 8), (2, 2, 5, 8))
+    with torch.no_grad():
+        for dtype in (torch.float32, torch.bfloat16):
+            q = torch.randn(shape_q, generator=generator).to(dtype)
+            k = torch.randn(shape_k, generator=generator).to(dtype)
+            freqs = torch.polar(torch.ones(2, 5, 4), torch.rand(2, 5, 4, generator=generator) * 20.0)
+            try:
+                expected = function(q, k, freqs)
+            except Exception as e:
+                return f"its {function.__name__} fails on a [{layout}] probe ({type(e).__name__}: {e})"
+            try:
+                actual = replacement(q, k, freqs)
+            except Exception as e:
+                return f"kiln.rope fails on a {dtype} probe ({type(e).__name__}: {e})"
+            if not (isinstance(expected, tuple) and len(expected) == 2):
+                return f"its {function.__name__} does not return (q, k)"
+            for e, a in zip(expected, actual):
+                why = _agree(e, a)
+                if why is not None:
+                    return f"on a {dtype} [{layout}] probe kiln.rope {why}"
+    return None
+
+
+def _complex_layout(function: Callable) -> tuple:
+    """(the layout of q and k ``apply_rotary_emb`` broadcasts its frequencies over, what the
+    report calls it), or (None, why not)."""
+    reasons = []
+    for layout in COMPLEX_LAYOUTS:
+        why = _compare_complex(function, layout)
+        if why is None:
+            return layout, f"adjacent pairs by complex frequencies ({COMPLEX_GLOBAL}, q and k [{layout}])"
+        reasons.append(why)
+    return None, f"its {COMPLEX_GLOBAL} is not RoPE by complex frequencies: {'; '.join(reasons)}"
 
 
 def _rope_form(function: Callable) -> tuple:
@@ -291,16 +386,21 @@ def classify(module: torch.nn.Module, original: Callable):
             kinds.append(f"adjacent pairs written de-interleaved (DeepSeek's {DEINTERLEAVE_GLOBAL})")
         else:
             reasons.append(f"its {DEINTERLEAVE_GLOBAL} is not DeepSeek-V3's de-interleaving RoPE: {mismatch[1]}")
+    complex_layout = None
+    if COMPLEX_GLOBAL in names:
+        complex_layout, text = _complex_layout(forward.__globals__[COMPLEX_GLOBAL])
+        (kinds if complex_layout is not None else reasons).append(text)
     if not kinds:
         return NoMatch("rope", "; ".join(reasons))
     kind = f"rope ({'; '.join(kinds)}, in the attention's forward)"
-    if not deinterleave:
+    if not deinterleave and complex_layout is None:
         return Match(kind, "rope", _FACTORIES[form])
 
-    def deinterleave_factory(module: torch.nn.Module, original: Callable) -> Callable:
-        return with_kiln_rope(type(module).forward, form, deinterleave=True).__get__(module)
+    def other_globals_factory(module: torch.nn.Module, original: Callable) -> Callable:
+        return with_kiln_rope(type(module).forward, form, deinterleave=deinterleave,
+                              complex_layout=complex_layout).__get__(module)
 
-    return Match(kind, "rope", deinterleave_factory)
+    return Match(kind, "rope", other_globals_factory)
 
 
 def factory(module: torch.nn.Module, original: Callable) -> Callable:
