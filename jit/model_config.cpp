@@ -61,13 +61,21 @@ bool normalises_heads(const std::string& model_type) {
   return kTypes.contains(model_type);
 }
 
+// apply_rotary_emb's complex frequencies as kiln's patch hands them over: adjacent pairs, the
+// real and imaginary parts as an fp32 half table.
+constexpr std::uint32_t kRopeComplexFrequencies = kRopeInterleaved | kRopeHalfTable | kRopeTableF32;
+
 // RoPE's table flags for the tables kiln's patch hands kiln.rope from these models'
 // attentions (bindings/python/kiln/patching/rope_attention.py's forms): GPT-OSS's
 // [.., D / 2] table, one angle a pair; GLM's interleaved pairs, each angle from the first half
-// of its table. 0 for transformers' usual [.., D] table.
+// of its table; Llama 4's complex frequencies, adjacent pairs from an fp32 half table (their
+// real and imaginary parts). 0 for transformers' usual [.., D] table.
 std::uint32_t rope_table_flags(const std::string& model_type) {
   if (model_type == "gpt_oss") {
     return kRopeHalfTable;
+  }
+  if (model_type == "llama4_text") {
+    return kRopeComplexFrequencies;
   }
   if (model_type == "glm" || model_type == "glm4") {
     return kRopeInterleaved | kRopeHalfTable;
@@ -148,6 +156,15 @@ std::pair<std::int64_t, std::int64_t> mamba_channels(const nlohmann::json& confi
 void multi_head_latent_rope(const nlohmann::json& config, std::int64_t width, ModelShape& model) {
   constexpr std::uint32_t kPairs = kRopeDeinterleave | kRopeHalfTable;
   const auto interleave = config.find("rope_interleave");
+  if (model.kind == "deepseek_v2") {
+    // DeepSeek-V2 turns its pairs by complex frequencies, not a cos/sin table.
+    model.rope_tables = {kRopeComplexFrequencies};
+    model.heads_k = 1;
+    model.rotary_dim = 0;
+    model.rope += ", over the latent attention's " + std::to_string(width) +
+                  " rotated columns (one k head), pairs by complex frequencies";
+    return;
+  }
   if (interleave != config.end() && interleave->is_boolean()) {
     model.rope_tables = {interleave->get<bool>() ? kPairs : 0u};
   } else {

@@ -299,6 +299,34 @@ def test_prewarm_from_config_serves_a_patched_moe_models_experts(tmp_path, train
     assert compiled == [] and stats["nvrtc_compiles"] == 0, compiled
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("model_type", ["llama4_text", "deepseek_v2"])
+def test_prewarm_from_config_serves_complex_frequency_rope_models(tmp_path, model_type):
+    """kiln prewarm --config of a Llama 4 (experts as batched matmuls, a shared expert and a dense
+    MLP of its own width, q/k head norms) or DeepSeek-V2 (latent attention) config.json compiles
+    what their patched forward calls, RoPE by complex frequencies included (interleaved pairs
+    from an fp32 half table). The first forward on a GPU compiles nothing."""
+    transformers = pytest.importorskip("transformers")
+    if model_type == "llama4_text":
+        config = transformers.AutoConfig.for_model(
+            model_type, vocab_size=128, hidden_size=256, intermediate_size=192, intermediate_size_mlp=384,
+            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=64, num_local_experts=4,
+            num_experts_per_tok=1, interleave_moe_layer_step=2, use_qk_norm=True)
+    else:
+        config = transformers.AutoConfig.for_model(
+            model_type, vocab_size=128, hidden_size=256, intermediate_size=512, moe_intermediate_size=128,
+            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=64, q_lora_rank=None,
+            qk_rope_head_dim=64, qk_nope_head_dim=64, v_head_dim=64, n_routed_experts=4, num_experts_per_tok=2,
+            first_k_dense_replace=1, n_group=1, topk_group=1)
+    path = tmp_path / "config.json"
+    config.to_json_file(str(path))
+    warmed, stats, compiled = _prewarm_then_run(tmp_path, path, CAUSAL_LM_CALLS.format(config=path, train=False),
+                                                False)
+    print(f"{model_type}: prewarmed {warmed['compiled']}, patched {stats['ops']}, compiled on the GPU: {compiled}")
+    assert "rope" in stats["ops"] and "swiglu" in stats["ops"]
+    assert compiled == [] and stats["nvrtc_compiles"] == 0, compiled
+
+
 # A tiny diffusers transformer from its config.json (as diffusers writes it), in bf16 (with
 # what diffusers' loader keeps in fp32 in fp32), patched and run at batch 2: a timestep per
 # sample, then (LTX-Video's conditioned frames, Wan 2.2's TI2V) a timestep per token; without

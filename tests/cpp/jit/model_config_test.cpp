@@ -89,6 +89,10 @@ TEST_CASE("Llama 4 prewarms its dense MLP's width and its q/k head norms") {
   const kiln::jit::ModelShape plain = kiln::jit::read_model_config(without);
   CHECK(plain.ops.at(Op::swiglu) == std::vector<std::int64_t>{8192});
   CHECK(plain.ops.at(Op::rms_norm) == std::vector<std::int64_t>{5120});
+  // Its RoPE: pairs by complex frequencies, an fp32 half table as kiln's patch hands it over.
+  CHECK(shape.rope_tables ==
+        std::vector<std::uint32_t>{kiln::kRopeInterleaved | kiln::kRopeHalfTable |
+                                   kiln::kRopeTableF32});
 }
 
 TEST_CASE("models that hand RoPE another table or a slice prewarm the problems they call") {
@@ -163,6 +167,16 @@ TEST_CASE("latent attention's RoPE is prewarmed at its rotated width, one k head
   CHECK(kiln::jit::read_model_config(deepseek).rope_tables == std::vector<std::uint32_t>{0u});
   deepseek["rope_interleave"] = true;
   CHECK(kiln::jit::read_model_config(deepseek).rope_tables == std::vector<std::uint32_t>{kPairs});
+  // DeepSeek-V2: the same latent attention, its pairs turned by complex frequencies (kiln's
+  // patch hands over their real and imaginary parts as an fp32 half table), whatever
+  // rope_interleave says.
+  deepseek["model_type"] = "deepseek_v2";
+  const kiln::jit::ModelShape v2 = kiln::jit::read_model_config(deepseek);
+  constexpr std::uint32_t kComplex =
+      kiln::kRopeInterleaved | kiln::kRopeHalfTable | kiln::kRopeTableF32;
+  CHECK(v2.rope_tables == std::vector<std::uint32_t>{kComplex});
+  CHECK(v2.heads_k == 1);
+  CHECK(v2.ops.at(Op::rope) == std::vector<std::int64_t>{64});
 }
 
 TEST_CASE("routed experts of their own width are one more SwiGLU") {
