@@ -16,12 +16,9 @@ from typing import Callable, Union
 
 import torch
 
-from .. import activation_ops
 from . import detect
-from .forwards import (_single_tensor_call, forget_activation, kiln_can_take, remember_activation,
-                       runs_probed_activation)
-
-_OPS = {"silu": ("swiglu", "none"), "gelu_tanh": ("geglu", "tanh"), "gelu": ("geglu", "none")}
+from .forwards import (PACKED_OPS, _single_tensor_call, forget_activation, gate_packed, kiln_can_take,
+                       remember_activation, runs_probed_activation)
 
 
 def _weights(module: torch.nn.Module):
@@ -38,8 +35,6 @@ def candidate(module: torch.nn.Module) -> bool:
 def bmm_experts(activation: str, up_first: bool) -> Callable:
     """The replacement forward's factory: ``activation`` is a key of ``forwards.ACTIVATIONS``;
     ``up_first`` says the packed product's first half is up."""
-    op, approximate = _OPS[activation]
-
     def factory(module: torch.nn.Module, original: Callable) -> Callable:
         def forward(*args, **kwargs):
             if not _single_tensor_call(args, kwargs):
@@ -52,11 +47,7 @@ def bmm_experts(activation: str, up_first: bool) -> Callable:
                     or not kiln_can_take(x, gate_up_proj, down_proj, differentiable=True):
                 return original(*args, **kwargs)
             packed = torch.bmm(x.view(experts, -1, hidden), gate_up_proj)
-            if op == "swiglu":
-                gated = activation_ops.swiglu(packed, None, up_first)
-            else:
-                gated = activation_ops.geglu(packed, None, approximate, up_first)
-            return torch.bmm(gated, down_proj).view(-1, down_proj.shape[-1])
+            return torch.bmm(gate_packed(activation, packed, up_first), down_proj).view(-1, down_proj.shape[-1])
 
         return forward
 
@@ -64,7 +55,7 @@ def bmm_experts(activation: str, up_first: bool) -> Callable:
 
 
 def _kind(activation: str, up_first: bool) -> str:
-    op, approximate = _OPS[activation]
+    op, approximate = PACKED_OPS[activation]
     form = " (tanh)" if approximate == "tanh" else ""
     return f"moe experts {op}{form} (batched matmuls, one packed gate_up, {'up' if up_first else 'gate'} first)"
 
@@ -97,7 +88,7 @@ def classify(module: torch.nn.Module, original: Callable) -> Union[detect.Match,
             why = detect._compare(original, factory(module, original), inputs,
                                   scale_of=lambda out: out.abs().max().item())
             if why is None:
-                return detect.Match(_kind(activation, up_first), _OPS[activation][0], factory)
+                return detect.Match(_kind(activation, up_first), PACKED_OPS[activation][0], factory)
             reasons.append(why)
             if why.startswith("its forward fails"):
                 break

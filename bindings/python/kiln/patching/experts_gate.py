@@ -24,12 +24,11 @@ from typing import Callable, Union
 
 import torch
 
-from .. import activation_ops
 from . import detect
-from .forwards import forget_activation, kiln_can_take, remember_activation, runs_probed_activation
+from .forwards import (PACKED_OPS, forget_activation, gate_packed, kiln_can_take, remember_activation,
+                       runs_probed_activation)
 
 METHOD = "_apply_gate"
-_OPS = {"silu": ("swiglu", "none"), "gelu_tanh": ("geglu", "tanh"), "gelu": ("geglu", "none")}
 
 
 def candidate(module: torch.nn.Module) -> bool:
@@ -41,8 +40,6 @@ def candidate(module: torch.nn.Module) -> bool:
 def experts_gate(activation: str) -> Callable:
     """The factory of the module's ``_apply_gate``: ``activation`` is a key of
     ``forwards.ACTIVATIONS``, applied to the first half of the packed tensor."""
-    op, approximate = _OPS[activation]
-
     def factory(module: torch.nn.Module, original: Callable) -> Callable:
         # Set on the instance, so called with the packed tensor alone.
         def _apply_gate(gate_up_out: torch.Tensor) -> torch.Tensor:
@@ -50,9 +47,7 @@ def experts_gate(activation: str) -> Callable:
                     and gate_up_out.dim() >= 1 and gate_up_out.shape[-1] % 2 == 0 \
                     and runs_probed_activation(module, module.act_fn) \
                     and kiln_can_take(gate_up_out, differentiable=True):
-                if op == "swiglu":
-                    return activation_ops.swiglu(gate_up_out, None, False)
-                return activation_ops.geglu(gate_up_out, None, approximate, False)
+                return gate_packed(activation, gate_up_out, False)
             return original(gate_up_out)
 
         return _apply_gate
@@ -61,7 +56,7 @@ def experts_gate(activation: str) -> Callable:
 
 
 def _kind(activation: str) -> str:
-    op, approximate = _OPS[activation]
+    op, approximate = PACKED_OPS[activation]
     return f"moe experts {op}{' (tanh)' if approximate == 'tanh' else ''} (their {METHOD} over the packed gate_up)"
 
 
@@ -94,4 +89,4 @@ def classify(module: torch.nn.Module, original: Callable) -> Union[detect.Match,
         forget_activation(module)
         return detect.NoMatch("moe experts", f"its {METHOD} does not compute act(gate) * up of its input's halves, "
                                              f"gate first: {why}")
-    return detect.Match(_kind(activation), _OPS[activation][0], factory, method=METHOD)
+    return detect.Match(_kind(activation), PACKED_OPS[activation][0], factory, method=METHOD)

@@ -392,3 +392,15 @@ ACTIVATIONS = {
     "gelu_tanh": lambda t: F.gelu(t, approximate="tanh"),
     "gelu": lambda t: F.gelu(t, approximate="none"),
 }
+
+# The kiln op (and its GELU form) that gates one packed [..., 2I] tensor, for each activation.
+PACKED_OPS = {"silu": ("swiglu", "none"), "gelu_tanh": ("geglu", "tanh"), "gelu": ("geglu", "none")}
+
+
+def gate_packed(activation: str, packed: torch.Tensor, up_first: bool) -> torch.Tensor:
+    """``act(gate) * up`` over ``packed``'s two halves as one kiln call (``activation``: a key
+    of :data:`PACKED_OPS`; ``up_first``: the first half is up)."""
+    op, approximate = PACKED_OPS[activation]
+    if op == "swiglu":
+        return activation_ops.swiglu(packed, None, up_first)
+    return activation_ops.geglu(packed, None, approximate, up_first)

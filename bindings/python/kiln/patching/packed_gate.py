@@ -20,10 +20,9 @@ from typing import Callable, Optional, Union
 
 import torch
 
-from .. import activation_ops
 from . import detect
-from .forwards import (_single_tensor_call, forget_activation, kiln_can_take, remember_activation,
-                       runs_probed_activation)
+from .forwards import (PACKED_OPS, _single_tensor_call, forget_activation, gate_packed, kiln_can_take,
+                       remember_activation, runs_probed_activation)
 
 
 @dataclass(frozen=True)
@@ -52,14 +51,9 @@ def candidate(module: torch.nn.Module) -> bool:
     return layout_of(module) is not None
 
 
-_OPS = {"silu": ("swiglu", "none"), "gelu_tanh": ("geglu", "tanh"), "gelu": ("geglu", "none")}
-
-
 def packed_gate(layout: Layout, activation: str, up_first: bool) -> Callable:
     """The replacement forward's factory: ``activation`` is a key of
     ``forwards.ACTIVATIONS``; ``up_first`` says the projection's first half is up."""
-    op, approximate = _OPS[activation]
-
     def factory(module: torch.nn.Module, original: Callable) -> Callable:
         def forward(*args, **kwargs):
             if not _single_tensor_call(args, kwargs):
@@ -67,10 +61,7 @@ def packed_gate(layout: Layout, activation: str, up_first: bool) -> Callable:
             packed = getattr(module, layout.proj)(args[0])
             if packed.shape[-1] % 2 == 0 and runs_probed_activation(module, getattr(module, layout.activation)) \
                     and kiln_can_take(packed, differentiable=True):
-                if op == "swiglu":
-                    hidden = activation_ops.swiglu(packed, None, up_first)
-                else:
-                    hidden = activation_ops.geglu(packed, None, approximate, up_first)
+                hidden = gate_packed(activation, packed, up_first)
             else:
                 first, second = packed.chunk(2, dim=-1)
                 gate, up = (second, first) if up_first else (first, second)
@@ -83,7 +74,7 @@ def packed_gate(layout: Layout, activation: str, up_first: bool) -> Callable:
 
 
 def _kind(layout: Layout, activation: str, up_first: bool) -> str:
-    op, approximate = _OPS[activation]
+    op, approximate = PACKED_OPS[activation]
     form = " (tanh)" if approximate == "tanh" else ""
     if layout.down is not None:
         return f"mlp {op}{form}, one gate_up projection"
@@ -118,7 +109,7 @@ def classify(module: torch.nn.Module, original: Callable) -> Union[detect.Match,
             factory = packed_gate(layout, activation, up_first)
             why = detect._compare(original, factory(module, original), inputs, scale_of=scale_of)
             if why is None:
-                return detect.Match(_kind(layout, activation, up_first), _OPS[activation][0], factory)
+                return detect.Match(_kind(layout, activation, up_first), PACKED_OPS[activation][0], factory)
             reasons.append(why)
             if why.startswith("its forward fails"):
                 break
