@@ -1,4 +1,4 @@
-"""Activations: kiln's swiglu, geglu, gelu and gated_residual beside the eager formula and
+"""Activations: kiln's swiglu, geglu, gelu, gated_residual and clamped_swiglu beside the eager formula and
 torch.compile of it (dynamic=False), bf16, on the issue's grid of tokens x widths; with the
 copy-bandwidth ceiling measured in the same run and the host overhead of one call. At the
 launch-bound token counts (<= LAUNCH_BOUND_TOKENS) each contender is also timed the way a
@@ -7,6 +7,8 @@ cost of issuing a call counts where it exceeds the kernel's.
 
 Usage: python bench/activations.py [--out DIR] [--quick] [--forms swiglu,gelu,...]
                                    [--tokens 1,128] [--widths 768,8192]
+GPT-OSS's expert gate: --forms clamped_swiglu --tokens 4,128,4096,16384 --widths 2880 (routed
+rows: four experts a token).
 Writes DIR/activations-<date>-<device>.json and .md; prints the table last."""
 
 import argparse
@@ -48,6 +50,14 @@ def eager_gated_residual(h, y, gate):
     return h + y * gate
 
 
+def eager_clamped_swiglu(gate_up, alpha=1.702, limit=7.0):
+    """GPT-OSS's expert gate as transformers writes it (GptOssExperts._apply_gate)."""
+    gate, up = gate_up[..., ::2], gate_up[..., 1::2]
+    gate = gate.clamp(min=None, max=limit)
+    up = up.clamp(min=-limit, max=limit)
+    return (up + 1) * (gate * torch.sigmoid(gate * alpha))
+
+
 def make_form(name, tokens, width, dtype=torch.bfloat16):
     """(kiln call, eager function, its arguments, bytes that must move)."""
     import kiln
@@ -63,6 +73,9 @@ def make_form(name, tokens, width, dtype=torch.bfloat16):
     if name == "swiglu_packed":
         p = r(tokens, 2 * width)
         return (lambda: kiln.swiglu(p)), eager_swiglu_packed, (p,), 3 * n
+    if name == "clamped_swiglu":  # GPT-OSS's routed gate_up, values across its clamps at +-7
+        p = r(tokens, 2 * width) * 7
+        return (lambda: kiln.clamped_swiglu(p)), eager_clamped_swiglu, (p,), 3 * n
     if name == "geglu":
         g, u = r(tokens, width), r(tokens, width)
         return (lambda: kiln.geglu(g, u)), eager_geglu, (g, u), 3 * n

@@ -15,7 +15,9 @@ each head's last 64 q/k columns rotated as de-interleaved pairs with one k head,
 experts implementation, 32 and 4 heads of 128 with Qwen3's q/k norms, vocabulary 151936); or,
 with --model llama4, Llama4ForCausalLM with Llama-4-Scout's text widths (hidden 5120, 16 experts
 of 8192 run over every token as batched matmuls, a shared expert, 40 and 8 heads of 128,
-vocabulary 202048).
+vocabulary 202048); or, with --model gpt-oss, GptOssForCausalLM with GPT-OSS-20B's widths (hidden
+2880, 32 experts of 2880 with four a token gated by their clamped SwiGLU over interleaved pairs,
+64 and 8 heads of 64 with attention sinks, so transformers' eager attention; prefill only).
 Settings of eager +
 kiln without one of the patch's fusions (--apart: the layers' residual add and norm as one
 fused_add_rms_norm, the head norms and RoPE as one head_norm_rope, the packed gate_up
@@ -27,7 +29,7 @@ generate computes them), and one decode step at batch 1 and 32 after 2048 cached
 setting: median time, speedup over its baseline, the first call's time (compile, JIT),
 and the logits' relative error against the unpatched eager logits.
 
-Usage: python bench/llama.py [--out DIR] [--model llama|qwen3|phi4-mini|deepseek-v3|qwen3-moe|llama4] [--quick] [--layers N] [--cases prefill,decode1,decode32]
+Usage: python bench/llama.py [--out DIR] [--model llama|qwen3|phi4-mini|deepseek-v3|qwen3-moe|llama4|gpt-oss] [--quick] [--layers N] [--cases prefill,decode1,decode32]
        [--settings eager,compile,eager+kiln,compile+kiln] [--apart residual-norms,head-norms] [--device cuda|cpu]
        [--tiny]
 Writes DIR/<model>-<date>-<device>.json and .md; prints the table last. --device cpu with
@@ -77,11 +79,20 @@ LLAMA4_SCOUT = dict(hidden_size=5120, intermediate_size=8192, intermediate_size_
                     num_key_value_heads=8, head_dim=128, vocab_size=202048, rope_theta=500000.0, rms_norm_eps=1e-5,
                     use_qk_norm=True, attention_chunk_size=8192, max_position_embeddings=8192,
                     tie_word_embeddings=False)
+# GPT-OSS-20B: 32 experts of 2880, four a token, gated by their own clamped SwiGLU over interleaved
+# pairs (kiln.clamped_swiglu); attention sinks, so transformers' eager attention (no SDPA).
+GPT_OSS_20B = dict(hidden_size=2880, intermediate_size=2880, num_local_experts=32, num_experts_per_tok=4,
+                   num_attention_heads=64, num_key_value_heads=8, head_dim=64, vocab_size=201088,
+                   rope_theta=150000.0, rms_norm_eps=1e-5, sliding_window=128, max_position_embeddings=8192,
+                   tie_word_embeddings=False)
 MODELS = {"llama": ("LlamaConfig", LLAMA3_8B, "Llama-3-8B"), "qwen3": ("Qwen3Config", QWEN3_8B, "Qwen3-8B"),
           "phi4-mini": ("Phi3Config", PHI4_MINI, "Phi-4-mini"),
           "deepseek-v3": ("DeepseekV3Config", DEEPSEEK_V3_DENSE, "DeepSeek-V3 (dense layers)"),
           "qwen3-moe": ("Qwen3MoeConfig", QWEN3_30B_A3B, "Qwen3-30B-A3B"),
-          "llama4": ("Llama4TextConfig", LLAMA4_SCOUT, "Llama-4-Scout")}
+          "llama4": ("Llama4TextConfig", LLAMA4_SCOUT, "Llama-4-Scout"),
+          "gpt-oss": ("GptOssConfig", GPT_OSS_20B, "GPT-OSS-20B")}
+# Attention implementations other than SDPA, for models that do not support it.
+ATTENTION = {"gpt-oss": "eager"}
 # The tiny config's widths as each model's family needs them.
 TINY_EXTRA = {"qwen3": dict(head_dim=16), "phi4-mini": dict(partial_rotary_factor=0.75, pad_token_id=0),
               "deepseek-v3": dict(num_key_value_heads=4, q_lora_rank=24, kv_lora_rank=16, qk_rope_head_dim=8,
@@ -89,10 +100,13 @@ TINY_EXTRA = {"qwen3": dict(head_dim=16), "phi4-mini": dict(partial_rotary_facto
                                   rope_interleave=True),
               "qwen3-moe": dict(head_dim=16, moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2),
               "llama4": dict(head_dim=16, intermediate_size=32, intermediate_size_mlp=96, num_local_experts=4,
-                             num_experts_per_tok=1, interleave_moe_layer_step=1, use_qk_norm=True)}
+                             num_experts_per_tok=1, interleave_moe_layer_step=1, use_qk_norm=True),
+              "gpt-oss": dict(head_dim=16, intermediate_size=32, num_local_experts=4, num_experts_per_tok=2)}
 # Models whose decode step this bench does not time, and why.
 PREFILL_ONLY = {"llama4": "Llama 4's cache layers for chunked attention are not reset to a fixed past by "
-                          "decode_state, so repeated steps would not repeat one step"}
+                          "decode_state, so repeated steps would not repeat one step",
+                "gpt-oss": "GPT-OSS's sliding-window cache layers are not reset to a fixed past by decode_state, "
+                           "so repeated steps would not repeat one step"}
 PREFILL = (2, 2048)  # batch, tokens
 PAST = 2048  # tokens in the cache before the decode step
 CASES = ["prefill", "decode1", "decode32"]
@@ -183,10 +197,10 @@ APART = {"head-norms": ("eager+kiln, head norms apart", head_norms_apart),
 # What each model's run sets apart where --apart is not given.
 DEFAULT_APART = {"llama": ["residual-norms"], "qwen3": ["residual-norms", "head-norms"],
                  "phi4-mini": ["residual-norms", "packed-gates", "rope"], "deepseek-v3": ["residual-norms", "rope"],
-                 "qwen3-moe": ["experts"], "llama4": ["bmm-experts", "rope"]}
+                 "qwen3-moe": ["experts"], "llama4": ["bmm-experts", "rope"], "gpt-oss": ["experts"]}
 
 
-def build_model(config, device="cuda", dtype=torch.bfloat16, seed=0):
+def build_model(config, device="cuda", dtype=torch.bfloat16, seed=0, attention="sdpa"):
     """LlamaForCausalLM with transformers' own random init (normal, std 0.02) made on
     `device` in `dtype`; the norm weights, which start at one, get a random spread so the
     weight matters."""
@@ -194,7 +208,7 @@ def build_model(config, device="cuda", dtype=torch.bfloat16, seed=0):
 
     torch.manual_seed(seed)
     with torch.device(device):
-        model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
+        model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attention)
         with torch.no_grad():
             for name, p in model.named_parameters():
                 if "norm" in name:
@@ -281,7 +295,7 @@ def main(argv=None):
     env = common.model_environment(args.device)
     started = time.perf_counter()
     config = llama_config(layers, args.tiny, args.model)
-    model = build_model(config, args.device)
+    model = build_model(config, args.device, attention=ATTENTION.get(args.model, "sdpa"))
     apart = args.apart.split(",") if args.apart is not None else DEFAULT_APART[args.model]
     unknown = sorted(set(a for a in apart if a) - set(APART))
     if unknown:

@@ -313,9 +313,10 @@ ModelShape read_llm(const nlohmann::json& config) {
     }
   }
   if (model.kind == "gpt_oss") {
-    // Every GPT-OSS MLP is its experts, which gate themselves (a clamped SwiGLU over
-    // interleaved halves, no act_fn): kiln's patch leaves them, so no SwiGLU is called.
+    // Every GPT-OSS MLP is its experts, which gate themselves with no act_fn: a clamped SwiGLU
+    // over the interleaved pairs of each routed token's packed gate_up, kiln's clamped_swiglu.
     model.ops.erase(Op::swiglu);
+    model.ops[Op::clamped_swiglu] = {model.intermediate};
   }
   // Multi-head latent attention (DeepSeek-V3, Kimi Linear) RMS-normalises its compressed kv and,
   // where it has one, its compressed q.

@@ -11,8 +11,9 @@
 
 namespace kiln {
 
-// The kernels receive these bytes as their by-value parameter: 6 pointers and 6 long longs.
-static_assert(sizeof(ActivationBackwardParams) == 96 && alignof(ActivationBackwardParams) == 8);
+// The kernels receive these bytes as their by-value parameter: 6 pointers, 6 long longs and
+// two floats.
+static_assert(sizeof(ActivationBackwardParams) == 104 && alignof(ActivationBackwardParams) == 8);
 
 namespace {
 
@@ -34,7 +35,11 @@ constexpr int kPassHeuristicUnroll = 1;
 constexpr int kReduceHeuristicUnroll = 2;
 
 bool gated(Op op) {
-  return op == Op::swiglu_backward || op == Op::geglu_backward;
+  return op == Op::swiglu_backward || op == Op::geglu_backward || op == Op::clamped_swiglu_backward;
+}
+
+bool interleaved(const Problem& problem) {
+  return (problem.flags & kPackedInterleaved) != 0;
 }
 
 std::int64_t vectors_per_row(const Problem& problem, int vec_bytes) {
@@ -59,6 +64,8 @@ std::string flag_names(Op op) {
       return "flat (1)";
     case Op::geglu_backward:
       return "flat (1), erf (2)";
+    case Op::clamped_swiglu_backward:
+      return "flat (1), interleaved (128)";
     default:
       return "flat (1), erf (2), bias (4)";
   }
@@ -67,7 +74,8 @@ std::string flag_names(Op op) {
 }  // namespace
 
 ActivationBackwardFamily::ActivationBackwardFamily(Op op) : op_(op) {
-  if (op != Op::swiglu_backward && op != Op::geglu_backward && op != Op::gelu_backward) {
+  if (op != Op::swiglu_backward && op != Op::geglu_backward && op != Op::gelu_backward &&
+      op != Op::clamped_swiglu_backward) {
     throw Error("kiln: the activation backward family has no op " + std::string(op_name(op)));
   }
 }
@@ -78,6 +86,8 @@ std::uint32_t ActivationBackwardFamily::allowed_flags() const {
       return kElementwiseFlat;
     case Op::geglu_backward:
       return kElementwiseFlat | kGeluErf;
+    case Op::clamped_swiglu_backward:
+      return kElementwiseFlat | kPackedInterleaved;
     default:
       return kElementwiseFlat | kGeluErf | kGeluHasBias;
   }
@@ -251,6 +261,9 @@ std::string ActivationBackwardFamily::name_expression(const Problem& problem,
     case Op::geglu_backward:
       op = std::string("kiln::GeluMulBackward<") + flag(kGeluErf) + ">";
       break;
+    case Op::clamped_swiglu_backward:
+      op = std::string("kiln::ClampedSiluMulBackward<") + flag(kPackedInterleaved) + ">";
+      break;
     default:
       op = std::string("kiln::GeluBackward<") + flag(kGeluErf) + ">";
       break;
@@ -287,6 +300,9 @@ std::vector<BufferSpec> ActivationBackwardFamily::buffers(const Problem& problem
   }
   const std::int64_t n = rows * problem.hidden;
   const DType t = problem.dtype;
+  if (interleaved(problem)) {
+    return {{"gate_up", t, 2 * n, false}, {"dy", t, n, false}, {"dgate_up", t, 2 * n, true}};
+  }
   if (gated(op_)) {
     return {{"gate", t, n, false},
             {"up", t, n, false},
@@ -321,7 +337,13 @@ std::vector<std::byte> ActivationBackwardFamily::pack_params(
   params.a_row_stride = params.dy_row_stride = problem.hidden;
   params.out0_row_stride = params.out1_row_stride = problem.hidden;
   params.a = pointer(0);
-  if (gated(op_)) {
+  params.alpha = kClampedSwigluAlpha;
+  params.limit = kClampedSwigluLimit;
+  if (interleaved(problem)) {
+    params.a_row_stride = params.out0_row_stride = 2 * problem.hidden;
+    params.dy = pointer(1);
+    params.out0 = pointer(2);
+  } else if (gated(op_)) {
     params.b = pointer(1);
     params.b_row_stride = problem.hidden;
     params.dy = pointer(2);
@@ -358,6 +380,8 @@ std::vector<Problem> ActivationBackwardFamily::common_problems(
       return {make(kElementwiseFlat), make(0)};
     case Op::geglu_backward:
       return {make(kElementwiseFlat), make(0), make(kElementwiseFlat | kGeluErf), make(kGeluErf)};
+    case Op::clamped_swiglu_backward:  // as the forward's (elementwise_family.cpp)
+      return {make(kPackedInterleaved | kElementwiseFlat), make(kPackedInterleaved)};
     default:
       return {make(kElementwiseFlat), make(kGeluHasBias), make(kElementwiseFlat | kGeluErf),
               make(kGeluHasBias | kGeluErf)};

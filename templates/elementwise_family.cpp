@@ -11,9 +11,9 @@
 
 namespace kiln {
 
-// The kernel receives these bytes as its by-value parameter: 4 pointers, 5 long longs and
-// a divisor.
-static_assert(sizeof(ElementwiseParams) == 96 && alignof(ElementwiseParams) == 8);
+// The kernel receives these bytes as its by-value parameter: 4 pointers, 5 long longs, a
+// divisor and two floats.
+static_assert(sizeof(ElementwiseParams) == 104 && alignof(ElementwiseParams) == 8);
 
 namespace {
 
@@ -46,6 +46,7 @@ int operands(const Problem& problem) {
   switch (problem.op) {
     case Op::swiglu:
     case Op::geglu:
+    case Op::clamped_swiglu:
       return 2;
     case Op::gelu:
       return (problem.flags & kGeluHasBias) != 0 ? 2 : 1;
@@ -66,6 +67,8 @@ std::string flag_names(Op op) {
       return "flat (1), erf (2), bias (4), 64-bit index (32)";
     case Op::gated_residual:
       return "flat (1), per-sample gate (8), in place (16), 64-bit index (32), shared gate (64)";
+    case Op::clamped_swiglu:
+      return "flat (1), 64-bit index (32), interleaved (128)";
     default:
       return "none";
   }
@@ -74,7 +77,8 @@ std::string flag_names(Op op) {
 }  // namespace
 
 ElementwiseFamily::ElementwiseFamily(Op op) : op_(op) {
-  if (op != Op::swiglu && op != Op::geglu && op != Op::gelu && op != Op::gated_residual) {
+  if (op != Op::swiglu && op != Op::geglu && op != Op::gelu && op != Op::gated_residual &&
+      op != Op::clamped_swiglu) {
     throw Error("kiln: the elementwise family has no op " + std::string(op_name(op)));
   }
 }
@@ -90,6 +94,8 @@ std::uint32_t ElementwiseFamily::allowed_flags() const {
     case Op::gated_residual:
       return kElementwiseFlat | kGatePerSample | kGatedResidualInPlace | kElementwiseIndex64 |
              kGateShared;
+    case Op::clamped_swiglu:
+      return kElementwiseFlat | kElementwiseIndex64 | kPackedInterleaved;
     default:
       return 0;
   }
@@ -277,6 +283,9 @@ std::string ElementwiseFamily::name_expression(const Problem& problem, const Con
     case Op::gelu:
       op = std::string("kiln::BiasGelu<") + flag(kGeluErf) + ", " + flag(kGeluHasBias) + ">";
       break;
+    case Op::clamped_swiglu:
+      op = std::string("kiln::ClampedSiluMul<") + flag(kPackedInterleaved) + ">";
+      break;
     default:
       op = std::string("kiln::GatedResidual<") + flag(kGatePerSample) + ", " +
            flag(kGatedResidualInPlace) + ">";
@@ -325,6 +334,11 @@ std::vector<BufferSpec> ElementwiseFamily::buffers(const Problem& problem,
     case Op::swiglu:
     case Op::geglu:
       return {{"gate", t, n, false}, {"up", t, n, false}, {"out", t, n, true}};
+    case Op::clamped_swiglu:
+      if ((problem.flags & kPackedInterleaved) != 0) {
+        return {{"gate_up", t, 2 * n, false}, {"out", t, n, true}};
+      }
+      return {{"gate", t, n, false}, {"up", t, n, false}, {"out", t, n, true}};
     case Op::gelu:
       if ((problem.flags & kGeluHasBias) != 0) {
         return {{"x", t, n, false}, {"bias", t, problem.hidden, false}, {"out", t, n, true}};
@@ -349,7 +363,8 @@ std::vector<BufferSpec> ElementwiseFamily::buffers(const Problem& problem,
 
 std::vector<std::byte> ElementwiseFamily::pack_params(
     const Problem& problem, std::int64_t rows, std::span<const std::uint64_t> addresses) const {
-  const std::size_t expected = static_cast<std::size_t>(operands(problem)) + 1;
+  const bool interleaved = (problem.flags & kPackedInterleaved) != 0;
+  const std::size_t expected = interleaved ? 2 : static_cast<std::size_t>(operands(problem)) + 1;
   if (addresses.size() != expected) {
     throw Error("kiln." + std::string(name()) + ": pack_params: expected " +
                 std::to_string(expected) + " addresses (the buffers() order), got " +
@@ -364,12 +379,14 @@ std::vector<std::byte> ElementwiseFamily::pack_params(
   if (expected > 2) {
     params.b = pointer(1);
   }
+  params.alpha = kClampedSwigluAlpha;
+  params.limit = kClampedSwigluLimit;
   if (expected > 3) {
     params.c = pointer(2);
   }
   params.out = const_cast<void*>(pointer(addresses.size() - 1));
   params.rows = rows;
-  params.a_row_stride = problem.hidden;
+  params.a_row_stride = interleaved ? 2 * problem.hidden : problem.hidden;
   params.b_row_stride = op_ == Op::gelu ? 0 : problem.hidden;  // gelu's b is the bias
   params.c_row_stride = (problem.flags & kGateShared) != 0 ? 0 : problem.hidden;
   params.out_row_stride = problem.hidden;
@@ -397,6 +414,9 @@ std::vector<Problem> ElementwiseFamily::common_problems(DType dtype, std::int64_
       return {make(kElementwiseFlat), make(0)};
     case Op::geglu:
       return {make(kElementwiseFlat), make(0), make(kElementwiseFlat | kGeluErf), make(kGeluErf)};
+    case Op::clamped_swiglu:  // GPT-OSS's experts: one packed row of interleaved pairs per
+                              // routed token (flat), or rows apart
+      return {make(kPackedInterleaved | kElementwiseFlat), make(kPackedInterleaved)};
     case Op::gelu:  // LTX-Video / FLUX feed-forwards use the tanh form; FLUX's single blocks
                     // write it into a slice of proj_out's input (rows apart: not flat)
       return {make(kElementwiseFlat), make(kGeluHasBias), make(0),

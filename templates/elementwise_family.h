@@ -1,4 +1,5 @@
-// The activation family: swiglu, geglu, gelu and gated_residual, all one elementwise pass
+// The activation family: swiglu, geglu, gelu, gated_residual and clamped_swiglu (GPT-OSS's
+// expert gate), all one elementwise pass
 // (kiln::elementwise in templates/kiln/elementwise.cuh) that differs only in the op applied
 // per element and in which operands it reads. One ElementwiseFamily object per op.
 //
@@ -44,6 +45,15 @@ inline constexpr std::uint32_t kElementwiseIndex64 = 32u;
 // gate as large as h: a fourth full stream that such a call never reads (tuned 1.3x slower
 // than its calls ran, and ranked for that traffic).
 inline constexpr std::uint32_t kGateShared = 64u;
+// clamped_swiglu: gate and up are the interleaved pairs of one packed [..., 2I] row (GPT-OSS's
+// gate_up_proj), not its two halves. The kernel reads each output vector's pairs as two vectors
+// at twice its column; the problem's hidden is still I.
+inline constexpr std::uint32_t kPackedInterleaved = 128u;
+
+// clamped_swiglu's scalars in a stand-alone (evaluator) run: GPT-OSS's. They are kernel
+// parameters, so every value a call passes runs the same compiled kernel, at the same speed.
+inline constexpr float kClampedSwigluAlpha = 1.702f;
+inline constexpr float kClampedSwigluLimit = 7.0f;
 
 class ElementwiseFamily : public Family {
  public:

@@ -30,6 +30,8 @@ const ElementwiseFamily kGatedResidual{Op::gated_residual};
 const ActivationBackwardFamily kSwigluBackward{Op::swiglu_backward};
 const ActivationBackwardFamily kGegluBackward{Op::geglu_backward};
 const ActivationBackwardFamily kGeluBackward{Op::gelu_backward};
+const ElementwiseFamily kClampedSwiglu{Op::clamped_swiglu};
+const ActivationBackwardFamily kClampedSwigluBackward{Op::clamped_swiglu_backward};
 
 const NormBackwardFamily kRmsNormBackward(Op::rms_norm_backward);
 const NormBackwardFamily kFusedAddRmsNormBackward(Op::fused_add_rms_norm_backward);
@@ -49,6 +51,8 @@ constexpr const Family* kFamilies[] = {
     &kGegluBackward,
     &kGeluBackward,
     &kRmsNormGated,
+    &kClampedSwiglu,
+    &kClampedSwigluBackward,
     // clang-format on
 };
 

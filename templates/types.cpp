@@ -26,6 +26,8 @@ constexpr std::array kOps = {
     Op::geglu_backward,
     Op::gelu_backward,
     Op::rms_norm_gated,
+    Op::clamped_swiglu,
+    Op::clamped_swiglu_backward,
     // clang-format on
 };
 
@@ -115,6 +117,10 @@ std::string_view op_name(Op op) {
       return "gelu_backward";
     case Op::rms_norm_gated:
       return "rms_norm_gated";
+    case Op::clamped_swiglu:
+      return "clamped_swiglu";
+    case Op::clamped_swiglu_backward:
+      return "clamped_swiglu_backward";
   }
   return "?";
 }
@@ -135,6 +141,8 @@ std::optional<Op> backward_of(Op op) {
       return Op::geglu_backward;
     case Op::gelu:
       return Op::gelu_backward;
+    case Op::clamped_swiglu:
+      return Op::clamped_swiglu_backward;
     default:
       return std::nullopt;
   }

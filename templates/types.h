@@ -43,6 +43,8 @@ enum class Op : std::uint8_t {
   geglu_backward,
   gelu_backward,
   rms_norm_gated,
+  clamped_swiglu,
+  clamped_swiglu_backward,
 };
 
 std::string_view op_name(Op op);

@@ -4,6 +4,7 @@
 
 #include "bindings/torch/activation.h"
 #include "bindings/torch/activation_backward.h"
+#include "bindings/torch/clamped_swiglu.h"
 #include "bindings/torch/tensor_checks.h"
 
 namespace kiln::torch_ops {
@@ -34,6 +35,16 @@ DType check_gated_backward(const char* op, const at::Tensor& grad_out, const at:
   c10::SmallVector<std::int64_t, 6> sizes(gate.sizes().begin(), gate.sizes().end());
   if (!up) sizes.back() /= 2;
   check_grad_out(op, grad_out, "gate", gate, sizes);
+  return dtype;
+}
+
+DType check_clamped_swiglu_backward(const at::Tensor& grad_out, const at::Tensor& gate_up,
+                                    double alpha, double limit) {
+  const char* op = "clamped_swiglu_backward";
+  const DType dtype = check_clamped_swiglu(op, gate_up, alpha, limit);
+  c10::SmallVector<std::int64_t, 6> sizes(gate_up.sizes().begin(), gate_up.sizes().end());
+  sizes.back() /= 2;
+  check_grad_out(op, grad_out, "gate_up", gate_up, sizes);
   return dtype;
 }
 

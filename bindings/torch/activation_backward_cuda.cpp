@@ -6,6 +6,7 @@
 
 #include "bindings/torch/activation.h"
 #include "bindings/torch/activation_backward.h"
+#include "bindings/torch/clamped_swiglu.h"
 #include "bindings/torch/launch_op.h"
 #include "bindings/torch/tensor_checks.h"
 #include "templates/activation_backward_family.h"
@@ -15,11 +16,13 @@ namespace kiln::torch_ops {
 namespace {
 
 // Rows of `width` elements at `data`, `row_stride` apart; `storage` keeps a contiguous copy
-// alive when one was needed.
+// alive when one was needed. `row_elements`: what the kernel reads or writes of a row where
+// that is not the problem's width (an interleaved gate_up row: twice it); 0 otherwise.
 struct Operand {
   char* data = nullptr;
   std::int64_t row_stride = 0;
   at::Tensor storage;
+  std::int64_t row_elements = 0;
 };
 
 Operand operand(const char* op, const at::Tensor& x) {
@@ -44,7 +47,8 @@ void run(const at::Tensor& like, Problem problem, std::int64_t rows,
   bool flat = flat_allowed;
   std::uintptr_t bits = 0;
   for (const Operand* o : operands) {
-    flat = flat && (o->row_stride == problem.hidden || rows == 1);
+    const std::int64_t row = o->row_elements != 0 ? o->row_elements : problem.hidden;
+    flat = flat && (o->row_stride == row || rows == 1);
     bits |= reinterpret_cast<std::uintptr_t>(o->data);
   }
   if (!flat) {
@@ -107,6 +111,53 @@ std::vector<at::Tensor> gated_backward_cuda(Op op, const at::Tensor& grad_out,
 }
 
 }  // namespace
+
+at::Tensor clamped_swiglu_backward_cuda(const at::Tensor& grad_out, const at::Tensor& gate_up,
+                                        double alpha, double limit, bool interleaved) {
+  const char* name = "clamped_swiglu_backward";
+  const DType dtype = check_clamped_swiglu_backward(grad_out, gate_up, alpha, limit);
+  require_cuda(name, "gate_up", gate_up);
+  const std::int64_t width = grad_out.size(-1);
+  at::Tensor grad =
+      at::empty(gate_up.sizes(), gate_up.options().memory_format(at::MemoryFormat::Contiguous));
+  const std::int64_t rows = grad_out.numel() / width;
+  if (rows == 0) return grad;
+
+  Operand packed = operand(name, gate_up);
+  const Operand dy = operand(name, grad_out);
+  Operand dpacked;
+  dpacked.data = static_cast<char*>(grad.data_ptr());
+  dpacked.row_stride = 2 * width;
+
+  ActivationBackwardParams params{};
+  params.alpha = static_cast<float>(alpha);
+  params.limit = static_cast<float>(limit);
+  params.a = packed.data;
+  params.dy = dy.data;
+  params.out0 = dpacked.data;
+  params.a_row_stride = packed.row_stride;
+  params.dy_row_stride = dy.row_stride;
+  params.out0_row_stride = dpacked.row_stride;
+  if (interleaved) {
+    packed.row_elements = dpacked.row_elements = 2 * width;
+    run(gate_up, Problem{Op::clamped_swiglu_backward, dtype, width, kPackedInterleaved, 16}, rows,
+        params, {&packed, &dy, &dpacked}, true);
+    return grad;
+  }
+  // The halves, read and written as swiglu_backward's packed form.
+  const std::int64_t half_bytes = width * static_cast<std::int64_t>(dtype_size(dtype));
+  Operand up = packed;
+  up.data += half_bytes;
+  Operand dup = dpacked;
+  dup.data += half_bytes;
+  params.b = up.data;
+  params.b_row_stride = up.row_stride;
+  params.out1 = dup.data;
+  params.out1_row_stride = dup.row_stride;
+  run(gate_up, Problem{Op::clamped_swiglu_backward, dtype, width, 0u, 16}, rows, params,
+      {&packed, &up, &dy, &dpacked, &dup}, false);
+  return grad;
+}
 
 std::vector<at::Tensor> swiglu_backward_cuda(const at::Tensor& grad_out, const at::Tensor& gate,
                                              const std::optional<at::Tensor>& up, bool up_first) {

@@ -2,9 +2,11 @@
 // reject the same inputs with the same words.
 #include <ATen/MemoryOverlap.h>
 
+#include <cmath>
 #include <string>
 
 #include "bindings/torch/activation.h"
+#include "bindings/torch/clamped_swiglu.h"
 #include "bindings/torch/tensor_checks.h"
 
 namespace kiln::torch_ops {
@@ -39,6 +41,20 @@ DType check_gated(const char* op, const at::Tensor& gate, const std::optional<at
                "a packed last dimension 2*I (gate and up halves) when up is None, so an even "
                "one",
                shape_text(gate));
+  }
+  return dtype;
+}
+
+DType check_clamped_swiglu(const char* op, const at::Tensor& gate_up, double alpha, double limit) {
+  const DType dtype = kernel_or_reference_dtype(op, "gate_up", gate_up);
+  check_rows(op, "gate_up", gate_up);
+  if (gate_up.size(-1) % 2 != 0) {
+    fail_value(op, "gate_up", "a packed last dimension 2*I (gate and up pairs), so an even one",
+               shape_text(gate_up));
+  }
+  if (!std::isfinite(alpha)) fail_value(op, "alpha", "a finite number", std::to_string(alpha));
+  if (!std::isfinite(limit) || limit <= 0) {
+    fail_value(op, "limit", "a finite number > 0", std::to_string(limit));
   }
   return dtype;
 }

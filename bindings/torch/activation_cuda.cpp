@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 
 #include "bindings/torch/activation.h"
+#include "bindings/torch/clamped_swiglu.h"
 #include "bindings/torch/launch_op.h"
 #include "bindings/torch/tensor_checks.h"
 #include "templates/elementwise_family.h"
@@ -14,10 +15,13 @@ namespace {
 
 // One input of the kernel: rows of `width` elements at `data`, `row_stride` apart (0: one
 // row broadcast to all). `storage` keeps a contiguous copy alive when one was needed.
+// `row_elements`: what the kernel reads of a row where that is not the problem's width (an
+// interleaved gate_up row holds two elements for each output element); 0 otherwise.
 struct Operand {
   const char* data = nullptr;
   std::int64_t row_stride = 0;
   at::Tensor storage;
+  std::int64_t row_elements = 0;
 };
 
 Operand operand(const char* op, const at::Tensor& x) {
@@ -44,7 +48,8 @@ void run(const at::Tensor& like, Problem problem, std::int64_t rows, Elementwise
   bool flat = flat_allowed && (params.out_row_stride == problem.hidden || rows == 1);
   std::uintptr_t bits = reinterpret_cast<std::uintptr_t>(params.out);
   for (const Operand* input : inputs) {
-    flat = flat && (input->row_stride == problem.hidden || rows == 1);
+    const std::int64_t row = input->row_elements != 0 ? input->row_elements : problem.hidden;
+    flat = flat && (input->row_stride == row || rows == 1);
     bits |= reinterpret_cast<std::uintptr_t>(input->data);
   }
   if (!flat) {
@@ -169,6 +174,44 @@ void gelu_into(const at::Tensor& x, const std::optional<at::Tensor>& bias,
 }
 
 }  // namespace
+
+at::Tensor clamped_swiglu_cuda(const at::Tensor& gate_up, double alpha, double limit,
+                               bool interleaved) {
+  const char* name = "clamped_swiglu";
+  const DType dtype = check_clamped_swiglu(name, gate_up, alpha, limit);
+  require_cuda(name, "gate_up", gate_up);
+  const std::int64_t width = gate_up.size(-1) / 2;
+  c10::SmallVector<std::int64_t, 6> sizes(gate_up.sizes().begin(), gate_up.sizes().end());
+  sizes.back() = width;
+  at::Tensor out = at::empty(sizes, gate_up.options().memory_format(at::MemoryFormat::Contiguous));
+  const std::int64_t rows = out.numel() / width;
+  if (rows == 0) {
+    return out;
+  }
+
+  Operand packed = operand(name, gate_up);
+  ElementwiseParams params{};
+  params.out = out.data_ptr();
+  params.out_row_stride = width;
+  params.alpha = static_cast<float>(alpha);
+  params.limit = static_cast<float>(limit);
+  params.a = packed.data;
+  params.a_row_stride = packed.row_stride;
+  if (interleaved) {
+    packed.row_elements = 2 * width;
+    run(gate_up, Problem{Op::clamped_swiglu, dtype, width, kPackedInterleaved, 16}, rows, params,
+        {&packed}, true);
+    return out;
+  }
+  Operand up = packed;
+  up.data += width * static_cast<std::int64_t>(dtype_size(dtype));
+  params.b = up.data;
+  params.b_row_stride = up.row_stride;
+  // As swiglu's packed halves: rows 2 * width apart, so flat only for a single row.
+  run(gate_up, Problem{Op::clamped_swiglu, dtype, width, 0u, 16}, rows, params, {&packed, &up},
+      true);
+  return out;
+}
 
 at::Tensor swiglu_cuda(const at::Tensor& gate, const std::optional<at::Tensor>& up, bool up_first) {
   return gated_cuda(Op::swiglu, gate, up, up_first, 0);

@@ -37,6 +37,7 @@
 #include "bindings/torch/activation.h"
 #include "bindings/torch/activation_backward.h"
 #include "bindings/torch/autograd_support.h"
+#include "bindings/torch/clamped_swiglu.h"
 #include "bindings/torch/norm.h"
 #include "bindings/torch/norm_backward.h"
 #include "bindings/torch/rope.h"
@@ -278,6 +279,8 @@ TORCH_LIBRARY_IMPL(kiln, Autograd, m) {
   m.impl("swiglu_backward", &NoBackwardOf<"swiglu_backward", swiglu_backward_cpu>::autograd);
   m.impl("geglu_backward", &NoBackwardOf<"geglu_backward", geglu_backward_cpu>::autograd);
   m.impl("gelu_backward", &NoBackwardOf<"gelu_backward", gelu_backward_cpu>::autograd);
+  m.impl("clamped_swiglu_backward",
+         &NoBackwardOf<"clamped_swiglu_backward", clamped_swiglu_backward_cpu>::autograd);
   m.impl("rms_norm_backward", &NoBackwardOf<"rms_norm_backward", rms_norm_backward_cpu>::autograd);
   m.impl("fused_add_rms_norm_backward",
          &NoBackwardOf<"fused_add_rms_norm_backward", fused_add_rms_norm_backward_cpu>::autograd);

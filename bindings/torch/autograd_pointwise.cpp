@@ -1,6 +1,6 @@
-// The autograd kernels of rope, swiglu, geglu and gelu: without grad they call the op below
-// autograd at once; with it, a torch::autograd::Function whose backward is the op's backward
-// kernel (rope.h, activation_backward.h).
+// The autograd kernels of rope, swiglu, geglu, gelu and clamped_swiglu: without grad they call the
+// op below autograd at once; with it, a torch::autograd::Function whose backward is the op's
+// backward kernel (rope.h, activation_backward.h, clamped_swiglu.h).
 //
 // Each forward keeps only what its backward reads (rope: cos and sin, never q or k; the
 // activations: their inputs). RoPE gives no gradient to cos and sin (tables built from
@@ -10,6 +10,7 @@
 #include "bindings/torch/activation.h"
 #include "bindings/torch/activation_backward.h"
 #include "bindings/torch/autograd_support.h"
+#include "bindings/torch/clamped_swiglu.h"
 #include "bindings/torch/rope.h"
 
 namespace kiln::torch_ops {
@@ -166,10 +167,46 @@ at::Tensor gelu_autograd(const at::Tensor& x, const std::optional<at::Tensor>& b
   return GeluFunction::apply(x, bias, approximate);
 }
 
+// ---- clamped_swiglu(gate_up, alpha, limit, interleaved)
+
+struct ClampedSwigluFunction : torch::autograd::Function<ClampedSwigluFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& gate_up, double alpha,
+                            double limit, bool interleaved) {
+    ctx->save_for_backward({gate_up});
+    ctx->saved_data["alpha"] = alpha;
+    ctx->saved_data["limit"] = limit;
+    ctx->saved_data["interleaved"] = interleaved;
+    const at::AutoDispatchBelowADInplaceOrView below;
+    return kiln_op<clamped_swiglu_cpu>("kiln::clamped_swiglu")
+        .call(gate_up, alpha, limit, interleaved);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const variable_list saved = ctx->get_saved_variables();
+    at::Tensor grad =
+        kiln_op<clamped_swiglu_backward_cpu>("kiln::clamped_swiglu_backward")
+            .call(grads[0], saved[0], ctx->saved_data["alpha"].toDouble(),
+                  ctx->saved_data["limit"].toDouble(), ctx->saved_data["interleaved"].toBool());
+    return {grad, at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+at::Tensor clamped_swiglu_autograd(const at::Tensor& gate_up, double alpha, double limit,
+                                   bool interleaved) {
+  refuse_tangents(kiln_op<clamped_swiglu_cpu>("kiln::clamped_swiglu"), gate_up);
+  if (!records_grad(gate_up)) {
+    const at::AutoDispatchBelowADInplaceOrView below;
+    return kiln_op<clamped_swiglu_cpu>("kiln::clamped_swiglu")
+        .call(gate_up, alpha, limit, interleaved);
+  }
+  return ClampedSwigluFunction::apply(gate_up, alpha, limit, interleaved);
+}
+
 }  // namespace
 }  // namespace kiln::torch_ops
 
 TORCH_LIBRARY_IMPL(kiln, Autograd, m) {
+  m.impl("clamped_swiglu", &kiln::torch_ops::clamped_swiglu_autograd);
   m.impl("rope", &kiln::torch_ops::rope_autograd);
   m.impl("swiglu", &kiln::torch_ops::swiglu_autograd);
   m.impl("geglu", &kiln::torch_ops::geglu_autograd);

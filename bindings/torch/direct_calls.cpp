@@ -248,6 +248,7 @@ void add_direct_calls(py::module_& parent) {
   add<at::Tensor(Tensor, OptionalTensor, bool)>(m, "swiglu", "swiglu");
   add<void(Tensor, OptionalTensor, bool, Tensor)>(m, "swiglu_out", "swiglu", "out");
   add<at::Tensor(Tensor, OptionalTensor, Str, bool)>(m, "geglu", "geglu");
+  add<at::Tensor(Tensor, double, double, bool)>(m, "clamped_swiglu", "clamped_swiglu");
   add<at::Tensor(Tensor, OptionalTensor, Str)>(m, "gelu", "gelu");
   add<void(Tensor, OptionalTensor, Str, Tensor)>(m, "gelu_out", "gelu", "out");
   add<at::Tensor(Tensor, Tensor, Tensor)>(m, "gated_residual", "gated_residual");

@@ -2,6 +2,10 @@
 //   swiglu  y = silu(g) * u:  dg = dy * u * s * (1 + g * (1 - s)), du = dy * silu(g)  (s =
 //   sigmoid(g)) geglu   y = gelu(g) * u:  dg = dy * u * gelu'(g),              du = dy * gelu(g)
 //   gelu    y = gelu(x + b):  dx = dy * gelu'(x + b),              db = sum over rows of dx
+//   clamped_swiglu  y = (u' + 1) * g' * sigmoid(alpha g')  (g' = min(g, limit), u' = u clamped
+//   to +-limit): dg = dy * (u' + 1) * s * (1 + alpha g' (1 - s)) where g <= limit, else 0;
+//   du = dy * g' * s where |u| <= limit, else 0  (s = sigmoid(alpha g'); torch.clamp's
+//   gradient passes at the limits themselves)
 // with gelu' of the tanh form s2 + x * s2 * (1 - s2) * d(2v)/dx (s2 = sigmoid(2v), v the tanh
 // argument, the forward's own sigmoid form) and of the erf form Phi(x) + x * phi(x).
 //
@@ -50,12 +54,15 @@ __device__ __forceinline__ void gelu_with_grad(float x, float& value, float& gra
 }
 
 // ---------------------------------------------------------------------------------------
-// The ops of activation_backward. kGated: b is read and out1 written.
+// The ops of activation_backward. kGated: b is read and out1 written. kInterleaved: gate and up
+// are the pairs of one packed row, read as two vectors of a at twice the output's column, and
+// their gradients written the same way into out0 (b and out1 unused).
 
 struct SiluMulBackward {
   static constexpr bool kGated = true;
+  static constexpr bool kInterleaved = false;
   __device__ __forceinline__ static void apply(float gate, float up, float dy, float& dgate,
-                                               float& dup) {
+                                               float& dup, const ActivationBackwardParams&) {
     const float s = sigmoid(gate);
     dup = dy * gate * s;
     dgate = dy * up * s * fmaf(gate, 1.0f - s, 1.0f);
@@ -65,8 +72,9 @@ struct SiluMulBackward {
 template <bool ERF>
 struct GeluMulBackward {
   static constexpr bool kGated = true;
+  static constexpr bool kInterleaved = false;
   __device__ __forceinline__ static void apply(float gate, float up, float dy, float& dgate,
-                                               float& dup) {
+                                               float& dup, const ActivationBackwardParams&) {
     float value, grad;
     gelu_with_grad<ERF>(gate, value, grad);
     dup = dy * value;
@@ -77,26 +85,72 @@ struct GeluMulBackward {
 template <bool ERF>
 struct GeluBackward {
   static constexpr bool kGated = false;
-  __device__ __forceinline__ static void apply(float x, float, float dy, float& dx, float&) {
+  static constexpr bool kInterleaved = false;
+  __device__ __forceinline__ static void apply(float x, float, float dy, float& dx, float&,
+                                               const ActivationBackwardParams&) {
     float value, grad;
     gelu_with_grad<ERF>(x, value, grad);
     dx = dy * grad;
   }
 };
 
+template <bool INTERLEAVED>
+struct ClampedSiluMulBackward {
+  static constexpr bool kGated = true;
+  static constexpr bool kInterleaved = INTERLEAVED;
+  __device__ __forceinline__ static void apply(float gate, float up, float dy, float& dgate,
+                                               float& dup, const ActivationBackwardParams& p) {
+    const float g = gate > p.limit ? p.limit : gate;
+    const bool up_inside = up >= -p.limit && up <= p.limit;
+    const float u = up_inside ? up : (up < -p.limit ? -p.limit : p.limit);
+    const float s = sigmoid(p.alpha * g);
+    dup = up_inside ? dy * g * s : 0.0f;
+    dgate = gate <= p.limit ? dy * (u + 1.0f) * s * fmaf(p.alpha * g, 1.0f - s, 1.0f) : 0.0f;
+  }
+};
+
+// Element j of the two vectors a, b read as one run of 2 * kVec elements, and its setter.
+template <typename T, int VEC_BYTES>
+__device__ __forceinline__ float pair_element(const Raw<VEC_BYTES>& a, const Raw<VEC_BYTES>& b,
+                                              int j) {
+  constexpr int kVec = VEC_BYTES / static_cast<int>(sizeof(T));
+  return j < kVec ? get_element<T>(a, j) : get_element<T>(b, j - kVec);
+}
+template <typename T, int VEC_BYTES>
+__device__ __forceinline__ void set_pair_element(Raw<VEC_BYTES>& a, Raw<VEC_BYTES>& b, int j,
+                                                 float value) {
+  constexpr int kVec = VEC_BYTES / static_cast<int>(sizeof(T));
+  if (j < kVec) {
+    set_element<T>(a, j, value);
+  } else {
+    set_element<T>(b, j - kVec, value);
+  }
+}
+
+// An interleaved op: a, b are the two input vectors of pairs, out0, out1 the two vectors of
+// their gradients in the same order.
 template <typename T, int VEC_BYTES, typename OP>
 __device__ __forceinline__ void backward_vector(const Raw<VEC_BYTES>& a, const Raw<VEC_BYTES>& b,
                                                 const Raw<VEC_BYTES>& dy, Raw<VEC_BYTES>& out0,
-                                                Raw<VEC_BYTES>& out1) {
+                                                Raw<VEC_BYTES>& out1,
+                                                const ActivationBackwardParams& p) {
 #pragma unroll
   for (int w = 0; w < (VEC_BYTES < 4 ? 1 : VEC_BYTES / 4); ++w) out0.words[w] = out1.words[w] = 0;
 #pragma unroll
   for (int i = 0; i < VEC_BYTES / static_cast<int>(sizeof(T)); ++i) {
     float first = 0.0f, second = 0.0f;
-    OP::apply(get_element<T>(a, i), OP::kGated ? get_element<T>(b, i) : 0.0f, get_element<T>(dy, i),
-              first, second);
-    set_element<T>(out0, i, first);
-    if constexpr (OP::kGated) set_element<T>(out1, i, second);
+    if constexpr (OP::kInterleaved) {
+      OP::apply(pair_element<T, VEC_BYTES>(a, b, 2 * i),
+                pair_element<T, VEC_BYTES>(a, b, 2 * i + 1), get_element<T>(dy, i), first, second,
+                p);
+      set_pair_element<T, VEC_BYTES>(out0, out1, 2 * i, first);
+      set_pair_element<T, VEC_BYTES>(out0, out1, 2 * i + 1, second);
+    } else {
+      OP::apply(get_element<T>(a, i), OP::kGated ? get_element<T>(b, i) : 0.0f,
+                get_element<T>(dy, i), first, second, p);
+      set_element<T>(out0, i, first);
+      if constexpr (OP::kGated) set_element<T>(out1, i, second);
+    }
   }
 }
 
@@ -138,19 +192,28 @@ __global__ void __launch_bounds__(CTA_THREADS)
         if constexpr (FLAT) {
           a_offset = b_offset = dy_offset = o1_offset = out0_offset[k] =
               static_cast<long long>(v) * kVec;
+          if constexpr (OP::kInterleaved) {
+            a_offset *= 2;
+            out0_offset[k] *= 2;
+          }
         } else {
           const long long row = static_cast<long long>(v / kVecsPerRow);
           const long long column = static_cast<long long>(v - row * kVecsPerRow) * kVec;
-          a_offset = row * p.a_row_stride + column;
+          const long long packed_column = OP::kInterleaved ? 2 * column : column;
+          a_offset = row * p.a_row_stride + packed_column;
           b_offset = row * p.b_row_stride + column;
           dy_offset = row * p.dy_row_stride + column;
-          out0_offset[k] = row * p.out0_row_stride + column;
+          out0_offset[k] = row * p.out0_row_stride + packed_column;
           o1_offset = row * p.out1_row_stride + column;
+        }
+        if constexpr (OP::kInterleaved) {  // the pairs' second vector, in and out
+          b_offset = a_offset + kVec;
+          o1_offset = out0_offset[k] + kVec;
         }
         ra[k] = load_global_nc<VEC_BYTES>(a + a_offset);
         rdy[k] = load_global_nc<VEC_BYTES>(dy + dy_offset);
         if constexpr (OP::kGated) {
-          rb[k] = load_global_nc<VEC_BYTES>(b + b_offset);
+          rb[k] = load_global_nc<VEC_BYTES>((OP::kInterleaved ? a : b) + b_offset);
           out1_offset[k] = o1_offset;
         }
       }
@@ -159,10 +222,10 @@ __global__ void __launch_bounds__(CTA_THREADS)
     for (int k = 0; k < UNROLL; ++k) {
       if (k == 0 || first + k * stride < total) {
         Raw<VEC_BYTES> r0, r1;
-        backward_vector<T, VEC_BYTES, OP>(ra[k], rb[OP::kGated ? k : 0], rdy[k], r0, r1);
+        backward_vector<T, VEC_BYTES, OP>(ra[k], rb[OP::kGated ? k : 0], rdy[k], r0, r1, p);
         store_global<VEC_BYTES>(out0 + out0_offset[k], r0);
         if constexpr (OP::kGated)
-          store_global<VEC_BYTES>(out1 + out1_offset[OP::kGated ? k : 0], r1);
+          store_global<VEC_BYTES>((OP::kInterleaved ? out0 : out1) + out1_offset[k], r1);
       }
     }
   }
@@ -172,14 +235,23 @@ __global__ void __launch_bounds__(CTA_THREADS)
     const unsigned long long index = total * kVec + threadIdx.x;
     if (blockIdx.x == 0 && index < elements) {
       constexpr int kBytes = static_cast<int>(sizeof(T));
-      const Raw<kBytes> ea = load_global_nc<kBytes>(a + index);
+      const unsigned long long packed = OP::kInterleaved ? 2 * index : index;
+      const Raw<kBytes> ea = load_global_nc<kBytes>(a + packed);
       const Raw<kBytes> edy = load_global_nc<kBytes>(dy + index);
       Raw<kBytes> eb = ea;
-      if constexpr (OP::kGated) eb = load_global_nc<kBytes>(b + index);
+      if constexpr (OP::kInterleaved) {
+        eb = load_global_nc<kBytes>(a + packed + 1);
+      } else if constexpr (OP::kGated) {
+        eb = load_global_nc<kBytes>(b + index);
+      }
       Raw<kBytes> r0, r1;
-      backward_vector<T, kBytes, OP>(ea, eb, edy, r0, r1);
-      store_global<kBytes>(out0 + index, r0);
-      if constexpr (OP::kGated) store_global<kBytes>(out1 + index, r1);
+      backward_vector<T, kBytes, OP>(ea, eb, edy, r0, r1, p);
+      store_global<kBytes>(out0 + packed, r0);
+      if constexpr (OP::kInterleaved) {
+        store_global<kBytes>(out0 + packed + 1, r1);
+      } else if constexpr (OP::kGated) {
+        store_global<kBytes>(out1 + index, r1);
+      }
     }
   }
 }

@@ -5,6 +5,8 @@
 // Every operand is a rows x width matrix with its own row stride (in elements); a stride of
 // 0 broadcasts one row to every row (gelu's bias). What each op reads and writes:
 //   swiglu_backward / geglu_backward: a = gate, b = up, dy -> out0 = dgate, out1 = dup
+//   clamped_swiglu_backward:          the same, or with interleaved pairs a = the packed gate_up
+//                                     row, dy -> out0 = its packed gradient (b, out1 unused)
 //   gelu_backward:                    a = x, b = bias (or null), dy -> out0 = dx, and with a
 //                                     bias the fp32 column sums of dx, one row per row group
 //                                     (the CTAs along blockIdx.y), in `partials`.
@@ -25,6 +27,9 @@ struct ActivationBackwardParams {
   long long dy_row_stride;
   long long out0_row_stride;
   long long out1_row_stride;
+  // clamped_swiglu's gate scale and clamp; unused by the other ops.
+  float alpha;
+  float limit;
 };
 
 }  // namespace kiln

@@ -18,6 +18,10 @@
 //   vectors, and the last rows * WIDTH % VEC elements (fewer than one vector) are done after
 //   the main loop, by the first threads of CTA 0, so the main loop has no tail branch.
 // WIDTH is a compile-time constant: the row/column split is a multiply by a constant.
+//
+// An op whose gate and up come interleaved in one packed row (kInterleaved: gate_up[2j] is
+// gate j, gate_up[2j + 1] up j) reads, for each output vector, the two input vectors that
+// hold its pairs (a at twice the output's column), as the first and second vectors of a.
 #pragma once
 
 #include "kiln/common.cuh"
@@ -62,7 +66,9 @@ __device__ __forceinline__ float gelu(float x) {
 // The ops. kOperands: how many of a, b, c are read. kPerSample: c has one row per
 // rows_per_sample rows. kInPlace: out may be a, so a is read with coherent loads (the
 // non-coherent path is only valid for memory the kernel never writes). kNeedsRows: an
-// operand is indexed by row or column (a broadcast), so the op cannot run flat.
+// operand is indexed by row or column (a broadcast), so the op cannot run flat. kInterleaved:
+// gate and up are the pairs of one packed row (a), b is not read. apply() also receives the
+// kernel's parameters, for ops with scalars (clamped_swiglu's alpha and limit).
 
 // swiglu: silu(gate) * up.
 struct SiluMul {
@@ -70,7 +76,9 @@ struct SiluMul {
   static constexpr bool kPerSample = false;
   static constexpr bool kInPlace = false;
   static constexpr bool kNeedsRows = false;
-  __device__ __forceinline__ static float apply(float gate, float up, float) {
+  static constexpr bool kInterleaved = false;
+  __device__ __forceinline__ static float apply(float gate, float up, float,
+                                                const ElementwiseParams&) {
     return silu(gate) * up;
   }
 };
@@ -82,7 +90,9 @@ struct GeluMul {
   static constexpr bool kPerSample = false;
   static constexpr bool kInPlace = false;
   static constexpr bool kNeedsRows = false;
-  __device__ __forceinline__ static float apply(float gate, float up, float) {
+  static constexpr bool kInterleaved = false;
+  __device__ __forceinline__ static float apply(float gate, float up, float,
+                                                const ElementwiseParams&) {
     return gelu<ERF>(gate) * up;
   }
 };
@@ -94,7 +104,9 @@ struct BiasGelu {
   static constexpr bool kPerSample = false;
   static constexpr bool kInPlace = false;
   static constexpr bool kNeedsRows = HAS_BIAS;
-  __device__ __forceinline__ static float apply(float x, float bias, float) {
+  static constexpr bool kInterleaved = false;
+  __device__ __forceinline__ static float apply(float x, float bias, float,
+                                                const ElementwiseParams&) {
     return gelu<ERF>(HAS_BIAS ? x + bias : x);
   }
 };
@@ -107,8 +119,29 @@ struct GatedResidual {
   static constexpr bool kPerSample = PER_SAMPLE;
   static constexpr bool kInPlace = IN_PLACE;
   static constexpr bool kNeedsRows = PER_SAMPLE;
-  __device__ __forceinline__ static float apply(float h, float y, float gate) {
+  static constexpr bool kInterleaved = false;
+  __device__ __forceinline__ static float apply(float h, float y, float gate,
+                                                const ElementwiseParams&) {
     return fmaf(y, gate, h);
+  }
+};
+
+// clamped_swiglu, GPT-OSS's expert gate: with g = min(gate, limit) and u = clamp(up, -limit,
+// limit), (u + 1) * g * sigmoid(alpha * g). The clamps are compare-and-select, so a NaN passes
+// through as torch.clamp passes it (fminf would return the limit). INTERLEAVED: gate and up are
+// the pairs of one packed row (GPT-OSS's gate_up_proj output); otherwise its two halves.
+template <bool INTERLEAVED>
+struct ClampedSiluMul {
+  static constexpr int kOperands = 2;
+  static constexpr bool kPerSample = false;
+  static constexpr bool kInPlace = false;
+  static constexpr bool kNeedsRows = false;
+  static constexpr bool kInterleaved = INTERLEAVED;
+  __device__ __forceinline__ static float apply(float gate, float up, float,
+                                                const ElementwiseParams& p) {
+    const float g = gate > p.limit ? p.limit : gate;
+    const float u = up < -p.limit ? -p.limit : (up > p.limit ? p.limit : up);
+    return (u + 1.0f) * times_sigmoid(g, p.alpha * g);
   }
 };
 
@@ -121,18 +154,33 @@ __device__ __forceinline__ Raw<BYTES> load_operand(const void* address) {
   }
 }
 
+// Element j of the two vectors a, b read as one run of 2 * kVec elements (an interleaved
+// op's input pairs).
+template <typename T, int VEC_BYTES>
+__device__ __forceinline__ float pair_element(const Raw<VEC_BYTES>& a, const Raw<VEC_BYTES>& b,
+                                              int j) {
+  constexpr int kVec = VEC_BYTES / static_cast<int>(sizeof(T));
+  return j < kVec ? get_element<T>(a, j) : get_element<T>(b, j - kVec);
+}
+
 template <typename T, int VEC_BYTES, typename OP>
 __device__ __forceinline__ Raw<VEC_BYTES> apply_vector(const Raw<VEC_BYTES>& a,
                                                        const Raw<VEC_BYTES>& b,
-                                                       const Raw<VEC_BYTES>& c) {
+                                                       const Raw<VEC_BYTES>& c,
+                                                       const ElementwiseParams& p) {
   Raw<VEC_BYTES> result;
 #pragma unroll
   for (int w = 0; w < (VEC_BYTES < 4 ? 1 : VEC_BYTES / 4); ++w) result.words[w] = 0;
 #pragma unroll
   for (int i = 0; i < VEC_BYTES / static_cast<int>(sizeof(T)); ++i) {
-    const float value =
-        OP::apply(get_element<T>(a, i), OP::kOperands > 1 ? get_element<T>(b, i) : 0.0f,
-                  OP::kOperands > 2 ? get_element<T>(c, i) : 0.0f);
+    float value;
+    if constexpr (OP::kInterleaved) {
+      value = OP::apply(pair_element<T, VEC_BYTES>(a, b, 2 * i),
+                        pair_element<T, VEC_BYTES>(a, b, 2 * i + 1), 0.0f, p);
+    } else {
+      value = OP::apply(get_element<T>(a, i), OP::kOperands > 1 ? get_element<T>(b, i) : 0.0f,
+                        OP::kOperands > 2 ? get_element<T>(c, i) : 0.0f, p);
+    }
     set_element<T>(result, i, value);
   }
   return result;
@@ -172,19 +220,24 @@ __device__ __forceinline__ void elementwise_pass(const ElementwiseParams& p) {
         long long a_offset, b_offset, c_offset;
         if constexpr (FLAT) {
           a_offset = b_offset = c_offset = out_offset[k] = static_cast<long long>(v) * kVec;
+          if constexpr (OP::kInterleaved) a_offset *= 2;
         } else {
           const INDEX row_index = v / kVecsPerRow;
           const long long column = static_cast<long long>(v - row_index * kVecsPerRow) * kVec;
           const auto row = static_cast<long long>(row_index);
           const auto c_row =
               OP::kPerSample ? static_cast<long long>(quotient(row_index, p.rows_per_sample)) : row;
-          a_offset = row * p.a_row_stride + column;
+          a_offset = row * p.a_row_stride + (OP::kInterleaved ? 2 * column : column);
           b_offset = row * p.b_row_stride + column;
           c_offset = c_row * p.c_row_stride + column;
           out_offset[k] = row * p.out_row_stride + column;
         }
         ra[k] = load_operand<kCoherent, VEC_BYTES>(a + a_offset);
-        if constexpr (OP::kOperands > 1) rb[k] = load_operand<kCoherent, VEC_BYTES>(b + b_offset);
+        if constexpr (OP::kInterleaved) {
+          rb[k] = load_operand<kCoherent, VEC_BYTES>(a + a_offset + kVec);
+        } else if constexpr (OP::kOperands > 1) {
+          rb[k] = load_operand<kCoherent, VEC_BYTES>(b + b_offset);
+        }
         if constexpr (OP::kOperands > 2) rc[k] = load_operand<kCoherent, VEC_BYTES>(c + c_offset);
       }
     }
@@ -192,7 +245,7 @@ __device__ __forceinline__ void elementwise_pass(const ElementwiseParams& p) {
     for (int k = 0; k < UNROLL; ++k) {
       if (k == 0 || first + k * stride < total) {
         const Raw<VEC_BYTES> result = apply_vector<T, VEC_BYTES, OP>(
-            ra[k], rb[OP::kOperands > 1 ? k : 0], rc[OP::kOperands > 2 ? k : 0]);
+            ra[k], rb[OP::kOperands > 1 ? k : 0], rc[OP::kOperands > 2 ? k : 0], p);
         store_global<VEC_BYTES>(out + out_offset[k], result);
       }
     }
@@ -203,11 +256,16 @@ __device__ __forceinline__ void elementwise_pass(const ElementwiseParams& p) {
     const unsigned long long index = static_cast<unsigned long long>(total) * kVec + threadIdx.x;
     if (blockIdx.x == 0 && index < elements) {
       constexpr int kBytes = static_cast<int>(sizeof(T));
-      const Raw<kBytes> ea = load_operand<kCoherent, kBytes>(a + index);
+      const unsigned long long a_index = OP::kInterleaved ? 2 * index : index;
+      const Raw<kBytes> ea = load_operand<kCoherent, kBytes>(a + a_index);
       Raw<kBytes> eb = ea, ec = ea;
-      if constexpr (OP::kOperands > 1) eb = load_operand<kCoherent, kBytes>(b + index);
+      if constexpr (OP::kInterleaved) {
+        eb = load_operand<kCoherent, kBytes>(a + a_index + 1);
+      } else if constexpr (OP::kOperands > 1) {
+        eb = load_operand<kCoherent, kBytes>(b + index);
+      }
       if constexpr (OP::kOperands > 2) ec = load_operand<kCoherent, kBytes>(c + index);
-      store_global<kBytes>(out + index, apply_vector<T, kBytes, OP>(ea, eb, ec));
+      store_global<kBytes>(out + index, apply_vector<T, kBytes, OP>(ea, eb, ec, p));
     }
   }
 }

@@ -51,3 +51,22 @@ def fresh(shape, dtype, device="cpu", scale=2.0, generator=None):
     """Random values of both signs, never all zeros, spanning the activations' curved part."""
     x = torch.randn(shape, device=device, generator=generator) * scale + 0.1
     return x.to(dtype)
+
+
+def clamped_swiglu_fp64(gate_up, alpha=1.702, limit=7.0, interleaved=True):
+    """GPT-OSS's expert gate (transformers' GptOssExperts._apply_gate) in fp64."""
+    x = gate_up.double()
+    gate, up = (x[..., ::2], x[..., 1::2]) if interleaved else split_packed(x, False)
+    gate = gate.clamp(max=limit)
+    up = up.clamp(min=-limit, max=limit)
+    return (up + 1) * gate * torch.sigmoid(gate * alpha)
+
+
+def gpt_oss_gate_up(shape, dtype, device="cpu", limit=7.0, generator=None):
+    """A packed gate_up whose values cross both clamps: N(0, limit) spans +-2 limits, with a
+    few elements set to exactly +-limit, where the clamps' gradient still passes."""
+    x = torch.randn(shape, device=device, generator=generator) * limit + 0.1
+    flat = x.view(-1)
+    flat[::7] = limit
+    flat[3::11] = -limit
+    return x.to(dtype)

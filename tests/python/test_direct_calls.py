@@ -47,6 +47,7 @@ def calls(gen):
         ("swiglu_out", direct.swiglu_out, ops.swiglu.out,
          (torch.cat([gate, up], -1), None, True, torch.full_like(gate, float("nan"))), (3,)),
         ("geglu", direct.geglu, ops.geglu.default, (gate, None, "none", False), ()),
+        ("clamped_swiglu", direct.clamped_swiglu, ops.clamped_swiglu.default, (gate, 1.702, 7.0, True), ()),
         ("gelu", direct.gelu, ops.gelu.default, (gate, w, "tanh"), ()),
         ("gelu_out", direct.gelu_out, ops.gelu.out,
          (gate, w, "none", torch.full_like(gate, float("nan"))), (3,)),

@@ -439,3 +439,16 @@ def test_llama4_bench_smoke_run_gates_its_experts_with_kiln(tmp_path):
             assert err["finite"] and err["max_rel"] < 5e-2
         assert case["patch"]["replaced"]["swiglu"] == 4  # each layer's experts and shared expert
         assert case["patch"]["replaced"]["rope"] == 2  # each attention's complex-frequency RoPE
+
+
+def test_gpt_oss_bench_smoke_run_gates_its_experts_with_kiln(tmp_path):
+    out = _smoke("llama.py", tmp_path, "--model", "gpt-oss", "--prefill", "2x16", "--layers", "2")
+    assert "GPT-OSS-20B-shaped decoder" in out
+    [doc_path] = [p for p in tmp_path.glob("gpt-oss-*.json") if "partial" not in p.name]
+    doc = json.loads(doc_path.read_text())
+    assert [case["case"] for case in doc["cases"]] == ["prefill"]  # no decode step for GPT-OSS
+    for case in doc["cases"]:
+        for name in ("eager+kiln", "eager+kiln, experts apart"):
+            err = case["settings"][name]["error_vs_eager"]
+            assert err["finite"] and err["max_rel"] < 5e-2
+        assert case["patch"]["replaced"]["clamped_swiglu"] == 2  # each layer's experts

@@ -80,6 +80,8 @@ def cases(device, layout):
         ("swiglu packed", ops.swiglu.default, (packed, None, True), {}),
         ("swiglu.out", ops.swiglu.out, (packed, None, False), {"out": out_glu}),
         ("geglu", ops.geglu.default, (gate, up, "none", False), {}),
+        ("clamped_swiglu", ops.clamped_swiglu.default, (packed, 1.702, 7.0, True), {}),
+        ("clamped_swiglu halves", ops.clamped_swiglu.default, (packed, 1.0, 3.0, False), {}),
         ("geglu packed", ops.geglu.default, (packed, None, "tanh", False), {}),
         ("gelu", ops.gelu.default, (x, b, "tanh"), {}),
         ("gelu no bias", ops.gelu.default, (x, None, "none"), {}),
@@ -111,7 +113,8 @@ def run_opcheck(device, layout, name):
 
 
 # The backward ops are opchecked beside their gradients' tests, over the same three layouts.
-BACKWARD_TEST_FILES = ("test_norm_backward_cpu.py", "test_autograd_pointwise_cpu.py")
+BACKWARD_TEST_FILES = ("test_norm_backward_cpu.py", "test_autograd_pointwise_cpu.py",
+                       "test_clamped_swiglu_cpu.py")
 
 
 def opchecked_in_backward_tests():

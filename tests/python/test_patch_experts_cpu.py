@@ -95,23 +95,99 @@ def test_a_class_gating_otherwise_is_left_with_the_reason():
     assert "model.layers.1.mlp.experts" in {r.path for r in report.replaced}
 
 
-def test_gpt_oss_experts_are_left_with_the_reason_and_the_rest_patched():
-    """GPT-OSS's experts gate without an act_fn (a clamped, alpha-scaled gate over interleaved
-    halves): reported as left, not skipped in silence; its norms and RoPE are replaced."""
+def _gpt_oss(implementation="grouped_mm", dtype=torch.float32):
     config = transformers.AutoConfig.for_model("gpt_oss", **dict(BASE, intermediate_size=32, num_local_experts=4,
                                                                  num_experts_per_tok=2))
     torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(config, experts_implementation="grouped_mm").eval()
+    model = transformers.AutoModelForCausalLM.from_config(config, experts_implementation=implementation)
+    # Projections of unit-sized weights, so the routed gate_up crosses GPT-OSS's clamps at +-7.
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.mlp.experts.gate_up_proj.normal_(0, 1.0)
+    return model.eval().to(dtype)
+
+
+def _count_clamped(monkeypatch):
+    calls = []
+    real = activation_ops.clamped_swiglu
+    monkeypatch.setattr(activation_ops, "clamped_swiglu", lambda x, alpha=1.702, limit=7.0, interleaved=True: calls.append(
+        (tuple(x.shape), alpha, limit, interleaved)) or real(x, alpha, limit, interleaved))
+    return calls
+
+
+@pytest.mark.parametrize("implementation", ["grouped_mm", "batched_mm"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gpt_oss_experts_gate_is_one_clamped_swiglu(implementation, dtype, monkeypatch):
+    """GPT-OSS's experts gate without an act_fn (a clamped, alpha-scaled gate over interleaved
+    pairs, seven kernels): one kiln.clamped_swiglu with the module's alpha and limit; its norms
+    and RoPE are replaced too."""
+    model = _gpt_oss(implementation, dtype)
     ids = _ids()
     with torch.no_grad():
         expected = model(ids).logits
     report = kiln.patch(model)
-    left = [entry for entry in report.left if entry.path.endswith("mlp.experts")]
-    assert len(left) == 2 and "it has no act_fn" in left[0].reason
-    assert not any(r.kind.startswith("moe experts") for r in report.replaced)
-    assert {r.op for r in report.replaced} >= {"rms_norm", "fused_add_rms_norm", "rope"}
+    experts = [r for r in report.replaced if r.kind.startswith("moe experts")]
+    assert [r.path for r in experts] == [f"model.layers.{i}.mlp.experts" for i in range(2)]
+    assert all(r.op == "clamped_swiglu" and "interleaved pairs" in r.kind for r in experts)
+    assert {r.op for r in report.replaced} >= {"rms_norm", "fused_add_rms_norm", "rope", "clamped_swiglu"}
+    calls = _count_clamped(monkeypatch)
     with torch.no_grad():
-        torch.testing.assert_close(model(ids).logits, expected, rtol=1e-4, atol=1e-4)
+        actual = model(ids).logits
+    assert calls == [((36, 64), 1.702, 7.0, True)] * 2
+    tol = 1e-4 if dtype == torch.float32 else 0.05 * expected.abs().max().item()
+    torch.testing.assert_close(actual, expected, rtol=tol, atol=tol)
+    kiln.unpatch(model)
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, expected)
+
+
+def test_gpt_oss_gate_reads_the_modules_scalars_at_each_call(monkeypatch):
+    model = _gpt_oss()
+    kiln.patch(model)
+    experts = model.model.layers[0].mlp.experts
+    experts.alpha, experts.limit = 1.25, 3
+    gate_up = torch.randn(5, 64, generator=torch.Generator().manual_seed(2)) * 6
+    with torch.no_grad():
+        torch.testing.assert_close(experts._apply_gate(gate_up), type(experts)._apply_gate(experts, gate_up))
+
+
+def test_a_clamped_gate_over_halves_is_taken_and_another_gate_left():
+    model = _gpt_oss()
+    first, second = (layer.mlp.experts for layer in model.model.layers)
+
+    class HalvesExperts(type(first)):
+        def _apply_gate(self, gate_up):
+            gate, up = gate_up.chunk(2, dim=-1)
+            gate, up = gate.clamp(max=self.limit), up.clamp(-self.limit, self.limit)
+            return (up + 1) * gate * torch.sigmoid(gate * self.alpha)
+
+    class OtherExperts(type(first)):
+        def _apply_gate(self, gate_up):
+            gate, up = gate_up[..., ::2], gate_up[..., 1::2]
+            return up * gate * torch.sigmoid(gate * self.alpha)  # no clamp, no + 1
+
+    first.__class__, second.__class__ = HalvesExperts, OtherExperts
+    report = kiln.patch(model)
+    (taken,) = [r for r in report.replaced if r.path == "model.layers.0.mlp.experts"]
+    assert taken.op == "clamped_swiglu" and "halves" in taken.kind
+    (left,) = [entry for entry in report.left if entry.path == "model.layers.1.mlp.experts"]
+    assert "does not compute GPT-OSS's clamped gate" in left.reason
+
+
+def test_compiled_gpt_oss_leaves_the_gate_to_inductor():
+    torch._dynamo.reset()
+    model = _gpt_oss()
+    ids = _ids()
+    with torch.no_grad():
+        expected = model(ids).logits
+    kiln.patch(model)
+    compiled, graphs = compile_capturing(model)
+    with torch.no_grad():
+        actual = compiled(ids).logits
+    torch._dynamo.reset()
+    assert graphs and not calls_of(graphs, torch.ops.kiln.clamped_swiglu.default)
+    assert calls_of(graphs, torch.ops.kiln.fused_add_rms_norm.default)
+    torch.testing.assert_close(actual, expected, rtol=1e-4, atol=1e-4)
     kiln.unpatch(model)
 
 

@@ -209,6 +209,18 @@ def test_models_that_hand_rope_another_table_prewarm_it(fresh_cache, tmp_path):
                                 flags=flags | layout, aux=aux)["from_cache"], config["model_type"]
 
 
+def test_gpt_oss_prewarms_its_experts_clamped_gate(fresh_cache, tmp_path):
+    # kiln's patch gates GPT-OSS's experts with clamped_swiglu over interleaved pairs (128), each
+    # routed token's packed row back to back (flat, 1) or rows apart; no SwiGLU is called.
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"model_type": "gpt_oss", "hidden_size": 2880, "intermediate_size": 2880,
+                                "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 64}))
+    assert kiln.prewarm(dtypes="bf16", archs="sm_80", config=str(path))["failed"] == 0
+    for flags in (128 | 1, 128):
+        assert kiln.compile("clamped_swiglu", "bf16", 2880, arch="sm_80", format="cubin", flags=flags)["from_cache"]
+    assert not kiln.compile("swiglu", "bf16", 2880, arch="sm_80", format="cubin", flags=1)["from_cache"]
+
+
 def test_training_adds_the_backward_kernels(fresh_cache, tmp_path):
     path = tmp_path / "config.json"
     path.write_text(json.dumps(LLAMA))

@@ -21,7 +21,7 @@ from ._api import report, tune_export, tune_import, tune_pin, tune_unpin
 from .ops import rms_norm
 from .norm_ops import (ada_values, adaln, fused_add_rms_norm, fused_add_rms_norm_, gated_adaln, layer_norm,
                        rms_norm_gated)
-from .activation_ops import gated_residual, gated_residual_, geglu, gelu, swiglu
+from .activation_ops import clamped_swiglu, gated_residual, gated_residual_, geglu, gelu, swiglu
 from . import _fakes_rope  # noqa: F401  (registers the RoPE fakes)
 from .rope_ops import head_norm_rope, head_norm_rope_, rms_norm_rope, rope, rope_, rope_3d
 from .patching import PatchReport, patch, unpatch
@@ -67,6 +67,7 @@ __all__ = [
     "rms_norm",
     "rms_norm_gated",
     "swiglu",
+    "clamped_swiglu",
     "geglu",
     "gelu",
     "gated_residual",

@@ -1,6 +1,8 @@
 """Fake (meta) implementations of the activation ops: shapes and dtypes only, mirroring the
 real implementations' rules (a new contiguous tensor of the inputs' dtype)."""
 
+import math
+
 import torch
 
 
@@ -31,6 +33,22 @@ def _swiglu_out_fake(gate, up=None, up_first=False, *, out):
     from ._fakes import check_out
 
     check_out("swiglu", out, _gated("swiglu", gate, up).shape, gate)
+
+
+def clamped_swiglu_shape(op, gate_up, alpha, limit):
+    """The output shape of clamped_swiglu (and its backward's grad_out), after its checks."""
+    torch._check(gate_up.dim() >= 1, lambda: f"kiln.{op}: gate_up: expected at least 1 dimension")
+    torch._check(gate_up.shape[-1] % 2 == 0,
+                 lambda: f"kiln.{op}: gate_up: expected a packed last dimension 2*I, got {list(gate_up.shape)}")
+    torch._check(math.isfinite(alpha), lambda: f"kiln.{op}: alpha: expected a finite number, got {alpha}")
+    torch._check(math.isfinite(limit) and limit > 0,
+                 lambda: f"kiln.{op}: limit: expected a finite number > 0, got {limit}")
+    return (*gate_up.shape[:-1], gate_up.shape[-1] // 2)
+
+
+@torch.library.register_fake("kiln::clamped_swiglu")
+def _clamped_swiglu_fake(gate_up, alpha=1.702, limit=7.0, interleaved=True):
+    return gate_up.new_empty(clamped_swiglu_shape("clamped_swiglu", gate_up, alpha, limit))
 
 
 @torch.library.register_fake("kiln::geglu")

@@ -1,9 +1,11 @@
-"""Fake (meta) implementations of the backward ops of rope, swiglu, geglu and gelu: new
-tensors of the inputs' shapes and dtype (contiguous; rope's laid out as its gradients are),
-with the real implementations' checks of grad_out against the forward output's shape."""
+"""Fake (meta) implementations of the backward ops of rope, swiglu, geglu, gelu and
+clamped_swiglu: new tensors of the inputs' shapes and dtype (contiguous; rope's laid out as its
+gradients are), with the real implementations' checks of grad_out against the forward output's
+shape."""
 
 import torch
 
+from ._fakes_activation import clamped_swiglu_shape
 from ._fakes_rope import rope_output
 
 
@@ -43,6 +45,13 @@ def _swiglu_backward_fake(grad_out, gate, up=None, up_first=False):
 def _geglu_backward_fake(grad_out, gate, up=None, approximate="tanh", up_first=False):
     _check_approximate("geglu_backward", approximate)
     return _gated_backward("geglu_backward", grad_out, gate, up)
+
+
+@torch.library.register_fake("kiln::clamped_swiglu_backward")
+def _clamped_swiglu_backward_fake(grad_out, gate_up, alpha, limit, interleaved):
+    op = "clamped_swiglu_backward"
+    _check_grad_out(op, grad_out, "gate_up", gate_up, clamped_swiglu_shape(op, gate_up, alpha, limit))
+    return gate_up.new_empty(gate_up.shape)
 
 
 @torch.library.register_fake("kiln::gelu_backward")

@@ -22,6 +22,7 @@ _geglu = torch.ops.kiln.geglu.default
 _gelu = torch.ops.kiln.gelu.default
 _gated_residual = torch.ops.kiln.gated_residual.default
 _gated_residual_ = torch.ops.kiln.gated_residual_.default
+_clamped_swiglu = torch.ops.kiln.clamped_swiglu.default
 
 
 def _into(out: torch.Tensor, name: str, *args) -> torch.Tensor:
@@ -55,6 +56,18 @@ def geglu(gate: torch.Tensor, up: Optional[torch.Tensor] = None, approximate: st
     if _compiling():
         return _geglu(gate, up, approximate, up_first)
     return _direct.geglu(gate, up, approximate, up_first)
+
+
+def clamped_swiglu(gate_up: torch.Tensor, alpha: float = 1.702, limit: float = 7.0,
+                   interleaved: bool = True) -> torch.Tensor:
+    """GPT-OSS's expert gate (vLLM's ``swigluoai_and_mul``), from one packed ``[..., 2I]``
+    tensor: with ``interleaved`` (GPT-OSS's ``gate_up_proj`` layout) gate and up are
+    ``gate_up[..., ::2]`` and ``gate_up[..., 1::2]``, otherwise its first and second halves.
+    With ``g = gate.clamp(max=limit)`` and ``u = up.clamp(-limit, limit)``, returns
+    ``(u + 1) * g * torch.sigmoid(alpha * g)``, ``[..., I]``. ``limit`` must be > 0."""
+    if _compiling():
+        return _clamped_swiglu(gate_up, alpha, limit, interleaved)
+    return _direct.clamped_swiglu(gate_up, alpha, limit, interleaved)
 
 
 def gelu(x: torch.Tensor, bias: Optional[torch.Tensor] = None, approximate: str = "tanh",

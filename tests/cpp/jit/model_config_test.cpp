@@ -103,8 +103,9 @@ TEST_CASE("models that hand RoPE another table or a slice prewarm the problems t
   const kiln::jit::ModelShape oss = kiln::jit::read_model_config(gpt_oss);
   CHECK(oss.rope_tables == std::vector<std::uint32_t>{kiln::kRopeHalfTable});
   CHECK(oss.rotary_dim == 0);
-  // Its experts' own gate is left by kiln's patch, and it has no other MLP.
+  // Its experts gate with kiln's clamped_swiglu, and it has no other MLP.
   CHECK_FALSE(oss.ops.contains(Op::swiglu));
+  CHECK(oss.ops.at(Op::clamped_swiglu) == std::vector<std::int64_t>{2880});
   CHECK(oss.ops.at(Op::fused_add_rms_norm) == std::vector<std::int64_t>{2880});
   // GLM-4: interleaved pairs over the first half of each head, half the table's columns read.
   const nlohmann::json glm4 = {{"model_type", "glm4"},        {"hidden_size", 4096},

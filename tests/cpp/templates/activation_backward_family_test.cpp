@@ -20,7 +20,8 @@ using kiln::Problem;
 
 namespace {
 
-constexpr Op kOps[] = {Op::swiglu_backward, Op::geglu_backward, Op::gelu_backward};
+constexpr Op kOps[] = {Op::swiglu_backward, Op::geglu_backward, Op::gelu_backward,
+                       Op::clamped_swiglu_backward};
 constexpr DType kDTypes[] = {DType::f32, DType::f16, DType::bf16};
 constexpr std::int64_t kWidths[] = {1, 7, 768, 1000, 4545, 8192, 14336};
 constexpr int kArchs[] = {75, 80, 90};
@@ -29,7 +30,7 @@ constexpr int kArchs[] = {75, 80, 90};
 std::vector<std::uint32_t> flag_sets(Op op) {
   const auto& f = static_cast<const ActivationBackwardFamily&>(kiln::family(op));
   std::vector<std::uint32_t> sets;
-  for (std::uint32_t flags = 0; flags < 8; ++flags) {
+  for (std::uint32_t flags = 0; flags < 256; ++flags) {
     if ((flags & ~f.allowed_flags()) != 0) continue;
     if ((flags & kiln::kElementwiseFlat) != 0 && (flags & kiln::kGeluHasBias) != 0) continue;
     sets.push_back(flags);
@@ -39,7 +40,7 @@ std::vector<std::uint32_t> flag_sets(Op op) {
 
 }  // namespace
 
-TEST_CASE("the registry serves the activation backward family for its three ops") {
+TEST_CASE("the registry serves the activation backward family for its four ops") {
   for (Op op : kOps) {
     const kiln::Family& f = kiln::family(op);
     CHECK(f.op() == op);
@@ -50,6 +51,39 @@ TEST_CASE("the registry serves the activation backward family for its three ops"
   CHECK(flag_sets(Op::swiglu_backward).size() == 2);
   CHECK(flag_sets(Op::geglu_backward).size() == 4);
   CHECK(flag_sets(Op::gelu_backward).size() == 6);
+  CHECK(flag_sets(Op::clamped_swiglu_backward).size() == 4);
+}
+
+TEST_CASE("clamped_swiglu's backward reads and writes interleaved pairs in place of two halves") {
+  const kiln::Family& f = kiln::family(Op::clamped_swiglu_backward);
+  const Problem pairs{Op::clamped_swiglu_backward, DType::bf16, 2880,
+                      kiln::kPackedInterleaved | kiln::kElementwiseFlat, 16};
+  CHECK(f.name_expression(pairs, f.heuristic(pairs, DeviceTraits::for_arch(90))) ==
+        "kiln::activation_backward<kiln::bf16, 2880, 16, 256, 1, true, "
+        "kiln::ClampedSiluMulBackward<true>>");
+  const auto specs = f.buffers(pairs, 10);
+  REQUIRE(specs.size() == 3);
+  CHECK(specs[0].name == "gate_up");
+  CHECK(specs[0].elements == 10 * 2 * 2880);
+  CHECK(specs[1].name == "dy");
+  CHECK(specs[2].is_output);
+  CHECK(specs[2].elements == 10 * 2 * 2880);
+  CHECK(f.bytes_moved(pairs, 10) == 5 * 10 * 2880 * 2);
+  const std::uint64_t addresses[] = {0x1000, 0x2000, 0x3000};
+  kiln::ActivationBackwardParams p;
+  std::memcpy(&p, f.pack_params(pairs, 10, addresses).data(), sizeof(p));
+  CHECK(p.a == reinterpret_cast<const void*>(0x1000));
+  CHECK(p.dy == reinterpret_cast<const void*>(0x2000));
+  CHECK(p.out0 == reinterpret_cast<void*>(0x3000));
+  CHECK(p.b == nullptr);
+  CHECK(p.out1 == nullptr);
+  CHECK(p.a_row_stride == 2 * 2880);
+  CHECK(p.out0_row_stride == 2 * 2880);
+  CHECK(p.dy_row_stride == 2880);
+  CHECK(p.alpha == kiln::kClampedSwigluAlpha);
+  CHECK(p.limit == kiln::kClampedSwigluLimit);
+  // The halves: swiglu_backward's five buffers.
+  CHECK(f.buffers(Problem{Op::clamped_swiglu_backward, DType::bf16, 2880, 0u, 16}, 10).size() == 5);
 }
 
 TEST_CASE("activation backward refuses problems it cannot specialise") {

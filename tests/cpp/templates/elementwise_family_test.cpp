@@ -19,7 +19,7 @@ using kiln::Problem;
 
 namespace {
 
-constexpr Op kOps[] = {Op::swiglu, Op::geglu, Op::gelu, Op::gated_residual};
+constexpr Op kOps[] = {Op::swiglu, Op::geglu, Op::gelu, Op::gated_residual, Op::clamped_swiglu};
 constexpr DType kDTypes[] = {DType::f32, DType::f16, DType::bf16};
 constexpr std::int64_t kWidths[] = {1, 7, 768, 4545, 8192, 8960, 11008, 14336, 18944, 28672};
 constexpr int kArchs[] = {75, 80, 90};
@@ -33,7 +33,7 @@ Problem problem(Op op, DType dtype, std::int64_t hidden, std::uint32_t flags = 0
 std::vector<std::uint32_t> flag_sets(Op op) {
   const auto& f = static_cast<const kiln::ElementwiseFamily&>(kiln::family(op));
   std::vector<std::uint32_t> sets;
-  for (std::uint32_t flags = 0; flags < 128; ++flags) {
+  for (std::uint32_t flags = 0; flags < 256; ++flags) {
     if ((flags & ~f.allowed_flags()) != 0) {
       continue;
     }
@@ -343,6 +343,48 @@ TEST_CASE("buffers, bytes_moved and pack_params describe a stand-alone run") {
   CHECK(params.b_row_stride == 0);  // the bias is one row for all
   CHECK(params.c == nullptr);
   CHECK_THROWS_AS(kiln::family(Op::gelu).pack_params(bias, 5, addresses), kiln::Error);
+}
+
+TEST_CASE("clamped_swiglu reads one packed row of interleaved pairs, or its halves") {
+  const kiln::Family& f = kiln::family(Op::clamped_swiglu);
+  const Problem pairs = problem(Op::clamped_swiglu, DType::bf16, 2880, kiln::kPackedInterleaved);
+  const auto buffers = f.buffers(pairs, 10);
+  REQUIRE(buffers.size() == 2);
+  CHECK(buffers[0].name == "gate_up");
+  CHECK(buffers[0].elements == 10 * 2 * 2880);
+  CHECK(buffers[1].is_output);
+  CHECK(buffers[1].elements == 10 * 2880);
+  CHECK(f.bytes_moved(pairs, 10) == 3 * 10 * 2880 * 2);
+
+  const std::uint64_t two[] = {0x1000, 0x9000};
+  kiln::ElementwiseParams params;
+  std::memcpy(&params, f.pack_params(pairs, 10, two).data(), sizeof(params));
+  CHECK(reinterpret_cast<std::uintptr_t>(params.a) == 0x1000);
+  CHECK(params.b == nullptr);
+  CHECK(reinterpret_cast<std::uintptr_t>(params.out) == 0x9000);
+  CHECK(params.a_row_stride == 2 * 2880);  // a packed row holds both of an output row's inputs
+  CHECK(params.out_row_stride == 2880);
+  CHECK(params.alpha == kiln::kClampedSwigluAlpha);
+  CHECK(params.limit == kiln::kClampedSwigluLimit);
+  const std::uint64_t three[] = {0x1000, 0x2000, 0x9000};
+  CHECK_THROWS_AS(f.pack_params(pairs, 10, three), kiln::Error);
+
+  // The halves: gate and up as two operands, as swiglu's packed form.
+  const Problem halves = problem(Op::clamped_swiglu, DType::bf16, 2880);
+  CHECK(f.buffers(halves, 10).size() == 3);
+  std::memcpy(&params, f.pack_params(halves, 10, three).data(), sizeof(params));
+  CHECK(reinterpret_cast<std::uintptr_t>(params.b) == 0x2000);
+  CHECK(params.a_row_stride == 2880);
+
+  const Config heuristic = f.heuristic(pairs, DeviceTraits::for_arch(90));
+  CHECK(f.name_expression(pairs, heuristic) ==
+        "kiln::elementwise<kiln::bf16, 2880, 16, 256, 1, false, false, "
+        "kiln::ClampedSiluMul<true>>");
+  CHECK(f.name_expression(halves, heuristic).ends_with("kiln::ClampedSiluMul<false>>"));
+  // Interleaving is clamped_swiglu's alone.
+  CHECK_THROWS_AS(kiln::family(Op::swiglu)
+                      .check(problem(Op::swiglu, DType::bf16, 64, kiln::kPackedInterleaved)),
+                  kiln::ArgumentError);
 }
 
 TEST_CASE("common problems are valid and cover both layouts") {

@@ -40,9 +40,10 @@ TEST_CASE("op names round-trip") {
   CHECK(kiln::parse_op("rms_norm") == Op::rms_norm);
   CHECK_FALSE(kiln::parse_op("softmax").has_value());
   CHECK_FALSE(kiln::parse_op("").has_value());
-  for (Op op : {Op::rms_norm, Op::fused_add_rms_norm, Op::layer_norm, Op::adaln, Op::gated_adaln,
-                Op::rope, Op::rope_3d, Op::rms_norm_rope, Op::swiglu, Op::geglu, Op::gelu,
-                Op::gated_residual, Op::rms_norm_gated}) {
+  for (Op op :
+       {Op::rms_norm, Op::fused_add_rms_norm, Op::layer_norm, Op::adaln, Op::gated_adaln, Op::rope,
+        Op::rope_3d, Op::rms_norm_rope, Op::swiglu, Op::geglu, Op::gelu, Op::gated_residual,
+        Op::rms_norm_gated, Op::clamped_swiglu, Op::clamped_swiglu_backward}) {
     CHECK(kiln::parse_op(kiln::op_name(op)) == op);
   }
 }

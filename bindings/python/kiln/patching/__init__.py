@@ -45,7 +45,7 @@ from . import (bmm_experts, detect, detect_dit, dit_block_chain, experts_gate, g
                packed_gate, replace, residual_norm_chain, residual_norm_layer, rope_attention, wan_block)
 from .report import Left, PatchReport, Replaced
 
-OPS = ("rms_norm", "layer_norm", "gelu", "swiglu", "geglu", "rms_norm_rope", "rope", "adaln")
+OPS = ("rms_norm", "layer_norm", "gelu", "swiglu", "geglu", "clamped_swiglu", "rms_norm_rope", "rope", "adaln")
 
 
 def _check_ops(ops: Optional[Iterable[str]]) -> frozenset:
