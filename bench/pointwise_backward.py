@@ -4,8 +4,9 @@ the autograd engine (what loss.backward() runs). Each backward is timed alone: t
 graph is built once and torch.autograd.grad(..., retain_graph=True) is timed. Bytes count
 every tensor the gradient must read (inputs, dy, tables) and write (the gradients) once.
 
-Usage: python bench/pointwise_backward.py [--out DIR] [--quick]
-Writes DIR/pointwise_backward-<date>-<device>.json and .md; prints the table last."""
+Usage: python bench/pointwise_backward.py [--out DIR] [--quick] [--only TEXT] [--tag TAG]
+(--only: the cases whose name holds TEXT, e.g. "clamped" for GPT-OSS's expert gate.)
+Writes DIR/pointwise_backward-<date>-<device><TAG>.json and .md; prints the table last."""
 
 import argparse
 import math
@@ -43,6 +44,18 @@ def diffusers_rope(q, k, cos, sin):
     return one(q), one(k)
 
 
+# GPT-OSS's routed rows (four experts a token) at 1024 and 4096 tokens, its experts' width.
+GPT_OSS_ROWS = [4096, 16384]
+GPT_OSS_WIDTH = 2880
+
+
+def gpt_oss_gate(p, alpha=1.702, limit=7.0):
+    """GPT-OSS's expert gate as transformers writes it (GptOssExperts._apply_gate)."""
+    gate, up = p[..., ::2], p[..., 1::2]
+    gate, up = gate.clamp(max=limit), up.clamp(-limit, limit)
+    return (up + 1) * (gate * torch.sigmoid(gate * alpha))
+
+
 def cases(quick):
     """(name, bytes, eager forward, kiln forward, kiln backward call, inputs, dy)."""
     import kiln
@@ -68,6 +81,14 @@ def cases(quick):
                    lambda x, b: F.gelu(x + b, approximate="tanh"),
                    lambda x, b: kiln.gelu(x, b, approximate="tanh"),
                    lambda g=g, b=b, dy=dy: torch.ops.kiln.gelu_backward(dy, g, b), (g, b), dy)
+
+    for rows in GPT_OSS_ROWS[:1] if quick else GPT_OSS_ROWS:
+        n = rows * GPT_OSS_WIDTH * 2
+        # Values across the clamps at +-7, as GPT-OSS's routed projections reach.
+        p = (torch.randn(rows, 2 * GPT_OSS_WIDTH, device="cuda") * 7).to(BF16).requires_grad_()
+        dy = r(rows, GPT_OSS_WIDTH, grad=False)
+        yield (f"clamped_swiglu (GPT-OSS) {rows}x{GPT_OSS_WIDTH}", 5 * n, gpt_oss_gate, kiln.clamped_swiglu,
+               lambda p=p, dy=dy: (torch.ops.kiln.clamped_swiglu_backward(dy, p, 1.702, 7.0, True),), (p,), dy)
 
     for batch, seq in ([(1, 4096)] if quick else [(1, 4096), (8, 2048)]):
         q, k = r(batch, 32, seq, 128), r(batch, 8, seq, 128)
@@ -115,12 +136,16 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default="bench/results")
     parser.add_argument("--quick", action="store_true", help="a subset of the shapes")
+    parser.add_argument("--only", default="", help="only the cases whose name holds this text")
+    parser.add_argument("--tag", default="", help="appended to the output file names")
     args = parser.parse_args()
     kiln = common.fresh_kiln(256)
     env = common.environment()
     copy_gbs = common.copy_bandwidth_gbs()
     rows = []
     for name, moved, eager, kiln_forward, kiln_backward, inputs, dy in cases(args.quick):
+        if args.only not in name:
+            continue
         got = kiln_backward()  # compile + tune outside the timing
         compiled = torch.compile(eager, dynamic=False)
         calls = {"kiln": kiln_backward,
@@ -142,7 +167,7 @@ def main():
     result = {"environment": env, "copy_gbs": copy_gbs, "backward_bf16": rows,
               "geomean_speedup_vs_best_peer": geomean, "kiln_settings": kiln.settings()}
     stamp = common.stamp(env)
-    common.write_json(os.path.join(args.out, f"pointwise_backward-{stamp}.json"), result)
+    common.write_json(os.path.join(args.out, f"pointwise_backward-{stamp}{args.tag}.json"), result)
     lines = [
         f"Backward of RoPE and the activations, bf16, {env['device']} ({env['sm']}), {env['date']}, "
         f"torch {env['versions']['torch']}, triton {env['versions'].get('triton', '-')}; "
@@ -160,7 +185,7 @@ def main():
                      f"| {r['speedup_vs_best_peer']:.2f}x | {r['max_rel_err_vs_fp64']:.1e} |")
     lines += ["", f"Geometric mean of kiln vs the best peer: {geomean:.2f}x"]
     table = "\n".join(lines)
-    with open(os.path.join(args.out, f"pointwise_backward-{stamp}.md"), "w") as f:
+    with open(os.path.join(args.out, f"pointwise_backward-{stamp}{args.tag}.md"), "w") as f:
         f.write(table + "\n")
     print(table)
 
