@@ -105,8 +105,9 @@ TINY_EXTRA = {"qwen3": dict(head_dim=16), "phi4-mini": dict(partial_rotary_facto
 # Models whose decode step this bench does not time, and why.
 PREFILL_ONLY = {"llama4": "Llama 4's cache layers for chunked attention are not reset to a fixed past by "
                           "decode_state, so repeated steps would not repeat one step",
-                "gpt-oss": "GPT-OSS's sliding-window cache layers are not reset to a fixed past by decode_state, "
-                           "so repeated steps would not repeat one step"}
+                "gpt-oss": "GPT-OSS's sliding-window cache layers roll their window at each step and count "
+                           "tokens in a Python int, which decode_state does not rewind, so repeated steps "
+                           "would not repeat one step"}
 PREFILL = (2, 2048)  # batch, tokens
 PAST = 2048  # tokens in the cache before the decode step
 CASES = ["prefill", "decode1", "decode32"]
