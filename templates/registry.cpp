@@ -60,7 +60,9 @@ constexpr const Family* kFamilies[] = {
 
 const Family& family(Op op) {
   for (const Family* f : kFamilies) {
-    if (f->op() == op) return *f;
+    if (f->op() == op) {
+      return *f;
+    }
   }
   throw Error("kiln: no op family registered for op " + std::string(op_name(op)));
 }

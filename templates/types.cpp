@@ -33,7 +33,9 @@ constexpr std::array kOps = {
 
 std::string known_ops() {
   std::string text;
-  for (Op op : kOps) text += (text.empty() ? "" : ", ") + std::string(op_name(op));
+  for (Op op : kOps) {
+    text += (text.empty() ? "" : ", ") + std::string(op_name(op));
+  }
   return text;
 }
 
@@ -69,9 +71,15 @@ std::size_t dtype_size(DType dtype) {
 
 // The spellings of torch ("float32", "bfloat16"), of C ("float", "half") and kiln's own.
 std::optional<DType> parse_dtype(std::string_view text) {
-  if (text == "fp32" || text == "float32" || text == "float") return DType::f32;
-  if (text == "fp16" || text == "float16" || text == "half") return DType::f16;
-  if (text == "bf16" || text == "bfloat16") return DType::bf16;
+  if (text == "fp32" || text == "float32" || text == "float") {
+    return DType::f32;
+  }
+  if (text == "fp16" || text == "float16" || text == "half") {
+    return DType::f16;
+  }
+  if (text == "bf16" || text == "bfloat16") {
+    return DType::bf16;
+  }
   return std::nullopt;
 }
 
@@ -150,7 +158,9 @@ std::optional<Op> backward_of(Op op) {
 
 std::optional<Op> parse_op(std::string_view text) {
   for (Op op : kOps) {
-    if (text == op_name(op)) return op;
+    if (text == op_name(op)) {
+      return op;
+    }
   }
   return std::nullopt;
 }
@@ -159,7 +169,9 @@ std::string Problem::key() const {
   std::string text = std::string(op_name(op)) + "." + std::string(dtype_name(dtype)) + ".h" +
                      std::to_string(hidden) + ".f" + std::to_string(flags) + ".a" +
                      std::to_string(align);
-  if (aux != 0) text += ".x" + std::to_string(aux);
+  if (aux != 0) {
+    text += ".x" + std::to_string(aux);
+  }
   return text;
 }
 
@@ -200,7 +212,9 @@ const nlohmann::json& require(const nlohmann::json& j, const char* what, const c
 // The value of an integer JSON number if it lies in [min, max].
 std::optional<std::int64_t> integer_in(const nlohmann::json& value, std::int64_t min,
                                        std::int64_t max) {
-  if (!value.is_number_integer()) return std::nullopt;
+  if (!value.is_number_integer()) {
+    return std::nullopt;
+  }
   if (value.is_number_unsigned()) {
     const auto v = value.get<std::uint64_t>();
     if (v > static_cast<std::uint64_t>(max) || static_cast<std::int64_t>(v) < min) {
@@ -209,7 +223,9 @@ std::optional<std::int64_t> integer_in(const nlohmann::json& value, std::int64_t
     return static_cast<std::int64_t>(v);
   }
   const auto v = value.get<std::int64_t>();
-  if (v < min || v > max) return std::nullopt;
+  if (v < min || v > max) {
+    return std::nullopt;
+  }
   return v;
 }
 
@@ -242,7 +258,9 @@ void to_json(nlohmann::json& j, const Config& config) {
                      {"threads_per_row", config.threads_per_row},
                      {"cta_threads", config.cta_threads}};
   nlohmann::json extra = nlohmann::json::object();
-  for (const auto& [name, value] : config.extra) extra[name] = value;
+  for (const auto& [name, value] : config.extra) {
+    extra[name] = value;
+  }
   j["extra"] = std::move(extra);
 }
 
@@ -275,7 +293,9 @@ void to_json(nlohmann::json& j, const Problem& problem) {
                      {"hidden", problem.hidden},
                      {"flags", problem.flags},
                      {"align", problem.align}};
-  if (problem.aux != 0) j["aux"] = problem.aux;
+  if (problem.aux != 0) {
+    j["aux"] = problem.aux;
+  }
 }
 
 void from_json(const nlohmann::json& j, Problem& problem) {
@@ -303,7 +323,9 @@ void from_json(const nlohmann::json& j, Problem& problem) {
                 std::to_string(align));
   }
   result.align = static_cast<std::uint32_t>(align);
-  if (j.contains("aux")) result.aux = require_integer(j, kWhat, "aux", 0, INT64_MAX);
+  if (j.contains("aux")) {
+    result.aux = require_integer(j, kWhat, "aux", 0, INT64_MAX);
+  }
   problem = result;
 }
 
@@ -318,33 +340,33 @@ constexpr DeviceTraits kKnownArchs[] = {
     {.sm = 90,  // H100 SXM
      .sm_count = 132,
      .max_threads_per_sm = 2048,
-     .smem_per_block_optin = 227 * 1024,
-     .smem_per_sm = 228 * 1024,
-     .l2_bytes = 50 * 1024 * 1024},
+     .smem_per_block_optin = std::int64_t{227} * 1024,
+     .smem_per_sm = std::int64_t{228} * 1024,
+     .l2_bytes = std::int64_t{50} * 1024 * 1024},
     {.sm = 89,  // L4
      .sm_count = 58,
      .max_threads_per_sm = 1536,
-     .smem_per_block_optin = 99 * 1024,
-     .smem_per_sm = 100 * 1024,
-     .l2_bytes = 48 * 1024 * 1024},
+     .smem_per_block_optin = std::int64_t{99} * 1024,
+     .smem_per_sm = std::int64_t{100} * 1024,
+     .l2_bytes = std::int64_t{48} * 1024 * 1024},
     {.sm = 86,  // A10
      .sm_count = 72,
      .max_threads_per_sm = 1536,
-     .smem_per_block_optin = 99 * 1024,
-     .smem_per_sm = 100 * 1024,
-     .l2_bytes = 6 * 1024 * 1024},
+     .smem_per_block_optin = std::int64_t{99} * 1024,
+     .smem_per_sm = std::int64_t{100} * 1024,
+     .l2_bytes = std::int64_t{6} * 1024 * 1024},
     {.sm = 80,  // A100
      .sm_count = 108,
      .max_threads_per_sm = 2048,
-     .smem_per_block_optin = 163 * 1024,
-     .smem_per_sm = 164 * 1024,
-     .l2_bytes = 40 * 1024 * 1024},
+     .smem_per_block_optin = std::int64_t{163} * 1024,
+     .smem_per_sm = std::int64_t{164} * 1024,
+     .l2_bytes = std::int64_t{40} * 1024 * 1024},
     {.sm = 75,  // T4
      .sm_count = 40,
      .max_threads_per_sm = 1024,
-     .smem_per_block_optin = 64 * 1024,
-     .smem_per_sm = 64 * 1024,
-     .l2_bytes = 4 * 1024 * 1024},
+     .smem_per_block_optin = std::int64_t{64} * 1024,
+     .smem_per_sm = std::int64_t{64} * 1024,
+     .l2_bytes = std::int64_t{4} * 1024 * 1024},
 };
 
 }  // namespace

@@ -33,7 +33,9 @@ DType check_gated_backward(const char* op, const at::Tensor& grad_out, const at:
                            const std::optional<at::Tensor>& up) {
   const DType dtype = check_gated(op, gate, up);
   c10::SmallVector<std::int64_t, 6> sizes(gate.sizes().begin(), gate.sizes().end());
-  if (!up) sizes.back() /= 2;
+  if (!up) {
+    sizes.back() /= 2;
+  }
   check_grad_out(op, grad_out, "gate", gate, sizes);
   return dtype;
 }
@@ -53,7 +55,9 @@ DType check_gelu_backward(const at::Tensor& grad_out, const at::Tensor& x,
   const char* op = "gelu_backward";
   const DType dtype = kernel_or_reference_dtype(op, "x", x);
   check_rows(op, "x", x);
-  if (bias) check_parameter(op, "bias", *bias, x);
+  if (bias) {
+    check_parameter(op, "bias", *bias, x);
+  }
   check_grad_out(op, grad_out, "x", x, x.sizes());
   return dtype;
 }

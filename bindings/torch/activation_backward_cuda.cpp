@@ -35,7 +35,9 @@ Operand operand(const char* op, const at::Tensor& x) {
 }
 
 void require_cuda(const char* op, const char* arg, const at::Tensor& x) {
-  if (!x.is_cuda()) fail_value(op, arg, "a CUDA tensor", x.device().str());
+  if (!x.is_cuda()) {
+    fail_value(op, arg, "a CUDA tensor", x.device().str());
+  }
 }
 
 // Fills the problem's alignment and layout flag from every operand and output, then
@@ -52,13 +54,45 @@ void run(const at::Tensor& like, Problem problem, std::int64_t rows,
     bits |= reinterpret_cast<std::uintptr_t>(o->data);
   }
   if (!flat) {
-    for (const Operand* o : operands) bits |= static_cast<std::uintptr_t>(o->row_stride * element);
+    for (const Operand* o : operands) {
+      bits |= static_cast<std::uintptr_t>(o->row_stride * element);
+    }
     bits |= static_cast<std::uintptr_t>(problem.hidden * element);
   }
   problem.align = common_alignment({bits});
-  if (flat) problem.flags |= kElementwiseFlat;
+  if (flat) {
+    problem.flags |= kElementwiseFlat;
+  }
   params.rows = rows;
   launch_op(like, problem, rows, &params);
+}
+
+// A gated backward's operands: gate and up read with dy, dgate and dup written, each rows of
+// the problem's width at its own address and stride.
+struct GatedOperands {
+  const Operand& gate;
+  const Operand& up;
+  const Operand& dy;
+  const Operand& dgate;
+  const Operand& dup;
+};
+
+// Fills `params`' addresses and strides from the operands and launches. An interleaved problem
+// reads its pairs from gate's rows and writes them to dgate's (up and dup name the same rows:
+// the kernel reads neither).
+void run_gated(const at::Tensor& like, const Problem& problem, std::int64_t rows,
+               const GatedOperands& o, bool flat_allowed, ActivationBackwardParams params) {
+  params.a = o.gate.data;
+  params.b = o.up.data;
+  params.dy = o.dy.data;
+  params.out0 = o.dgate.data;
+  params.out1 = o.dup.data;
+  params.a_row_stride = o.gate.row_stride;
+  params.b_row_stride = o.up.row_stride;
+  params.dy_row_stride = o.dy.row_stride;
+  params.out0_row_stride = o.dgate.row_stride;
+  params.out1_row_stride = o.dup.row_stride;
+  run(like, problem, rows, params, {&o.gate, &o.up, &o.dy, &o.dgate, &o.dup}, flat_allowed);
 }
 
 std::vector<at::Tensor> gated_backward_cuda(Op op, const at::Tensor& grad_out,
@@ -91,22 +125,13 @@ std::vector<at::Tensor> gated_backward_cuda(Op op, const at::Tensor& grad_out,
     dgate.row_stride = dup.row_stride = 2 * width;
   }
   const std::int64_t rows = grad_out.numel() / width;
-  if (rows == 0) return grads;
+  if (rows == 0) {
+    return grads;
+  }
   const Operand dy = operand(name, grad_out);
 
-  ActivationBackwardParams params{};
-  params.a = g.data;
-  params.b = u.data;
-  params.dy = dy.data;
-  params.out0 = dgate.data;
-  params.out1 = dup.data;
-  params.a_row_stride = g.row_stride;
-  params.b_row_stride = u.row_stride;
-  params.dy_row_stride = dy.row_stride;
-  params.out0_row_stride = dgate.row_stride;
-  params.out1_row_stride = dup.row_stride;
-  run(gate, Problem{op, dtype, width, flags, 16}, rows, params, {&g, &u, &dy, &dgate, &dup},
-      up.has_value());
+  run_gated(gate, Problem{op, dtype, width, flags, 16}, rows, {g, u, dy, dgate, dup},
+            up.has_value(), ActivationBackwardParams{});
   return grads;
 }
 
@@ -121,7 +146,9 @@ at::Tensor clamped_swiglu_backward_cuda(const at::Tensor& grad_out, const at::Te
   at::Tensor grad =
       at::empty(gate_up.sizes(), gate_up.options().memory_format(at::MemoryFormat::Contiguous));
   const std::int64_t rows = grad_out.numel() / width;
-  if (rows == 0) return grad;
+  if (rows == 0) {
+    return grad;
+  }
 
   Operand packed = operand(name, gate_up);
   const Operand dy = operand(name, grad_out);
@@ -132,16 +159,10 @@ at::Tensor clamped_swiglu_backward_cuda(const at::Tensor& grad_out, const at::Te
   ActivationBackwardParams params{};
   params.alpha = static_cast<float>(alpha);
   params.limit = static_cast<float>(limit);
-  params.a = packed.data;
-  params.dy = dy.data;
-  params.out0 = dpacked.data;
-  params.a_row_stride = packed.row_stride;
-  params.dy_row_stride = dy.row_stride;
-  params.out0_row_stride = dpacked.row_stride;
   if (interleaved) {
     packed.row_elements = dpacked.row_elements = 2 * width;
-    run(gate_up, Problem{Op::clamped_swiglu_backward, dtype, width, kPackedInterleaved, 16}, rows,
-        params, {&packed, &dy, &dpacked}, true);
+    run_gated(gate_up, Problem{Op::clamped_swiglu_backward, dtype, width, kPackedInterleaved, 16},
+              rows, {packed, packed, dy, dpacked, dpacked}, true, params);
     return grad;
   }
   // The halves, read and written as swiglu_backward's packed form.
@@ -150,12 +171,8 @@ at::Tensor clamped_swiglu_backward_cuda(const at::Tensor& grad_out, const at::Te
   up.data += half_bytes;
   Operand dup = dpacked;
   dup.data += half_bytes;
-  params.b = up.data;
-  params.b_row_stride = up.row_stride;
-  params.out1 = dup.data;
-  params.out1_row_stride = dup.row_stride;
-  run(gate_up, Problem{Op::clamped_swiglu_backward, dtype, width, 0u, 16}, rows, params,
-      {&packed, &up, &dy, &dpacked, &dup}, false);
+  run_gated(gate_up, Problem{Op::clamped_swiglu_backward, dtype, width, 0u, 16}, rows,
+            {packed, up, dy, dpacked, dup}, false, params);
   return grad;
 }
 
@@ -181,7 +198,9 @@ std::vector<at::Tensor> gelu_backward_cuda(const at::Tensor& grad_out, const at:
   const std::int64_t rows = x.numel() / width;
   at::Tensor dx = at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
   if (rows == 0) {
-    if (!bias) return {dx};
+    if (!bias) {
+      return {dx};
+    }
     return {dx, at::zeros({width}, x.options())};
   }
   const Operand input = operand("gelu_backward", x);

@@ -24,8 +24,12 @@ void check_same_kind(const char* op, const char* arg, const at::Tensor& other, c
 }
 
 void check_rows(const char* op, const char* arg, const at::Tensor& x) {
-  if (x.dim() == 0) fail_value(op, arg, "at least 1 dimension", "a 0-dimensional tensor");
-  if (x.size(-1) <= 0) fail_value(op, arg, "a last dimension > 0", shape_text(x));
+  if (x.dim() == 0) {
+    fail_value(op, arg, "at least 1 dimension", "a 0-dimensional tensor");
+  }
+  if (x.size(-1) <= 0) {
+    fail_value(op, arg, "a last dimension > 0", shape_text(x));
+  }
 }
 
 DType check_gated(const char* op, const at::Tensor& gate, const std::optional<at::Tensor>& up) {
@@ -52,7 +56,9 @@ DType check_clamped_swiglu(const char* op, const at::Tensor& gate_up, double alp
     fail_value(op, "gate_up", "a packed last dimension 2*I (gate and up pairs), so an even one",
                shape_text(gate_up));
   }
-  if (!std::isfinite(alpha)) fail_value(op, "alpha", "a finite number", std::to_string(alpha));
+  if (!std::isfinite(alpha)) {
+    fail_value(op, "alpha", "a finite number", std::to_string(alpha));
+  }
   if (!std::isfinite(limit) || limit <= 0) {
     fail_value(op, "limit", "a finite number > 0", std::to_string(limit));
   }
@@ -60,8 +66,12 @@ DType check_clamped_swiglu(const char* op, const at::Tensor& gate_up, double alp
 }
 
 bool gelu_is_erf(const char* op, c10::string_view approximate) {
-  if (approximate == "tanh") return false;
-  if (approximate == "none") return true;
+  if (approximate == "tanh") {
+    return false;
+  }
+  if (approximate == "none") {
+    return true;
+  }
   fail_value(op, "approximate", "'tanh' or 'none'",
              "'" + std::string(approximate.data(), approximate.size()) + "'");
 }
@@ -69,7 +79,9 @@ bool gelu_is_erf(const char* op, c10::string_view approximate) {
 DType check_gelu(const at::Tensor& x, const std::optional<at::Tensor>& bias) {
   const DType dtype = kernel_or_reference_dtype("gelu", "x", x);
   check_rows("gelu", "x", x);
-  if (bias) check_parameter("gelu", "bias", *bias, x);
+  if (bias) {
+    check_parameter("gelu", "bias", *bias, x);
+  }
   return dtype;
 }
 
@@ -90,9 +102,13 @@ GateLayout check_gated_residual(const char* op, const at::Tensor& h, const at::T
   bool sample_rows_one = pad >= 0 && size(dims - 1) == h.size(-1);
   for (std::int64_t d = 0; pad >= 0 && d < dims; ++d) {
     same = same && size(d) == h.size(d);
-    if (d >= 1 && d + 1 < dims) sample_rows_one = sample_rows_one && size(d) == 1;
+    if (d >= 1 && d + 1 < dims) {
+      sample_rows_one = sample_rows_one && size(d) == 1;
+    }
   }
-  if (same) return layout;
+  if (same) {
+    return layout;
+  }
   if (sample_rows_one && dims >= 2 && (size(0) == 1 || size(0) == h.size(0))) {
     const bool one_gate = size(0) == 1 || h.size(0) == 1;
     layout.broadcast = one_gate ? GateBroadcast::shared : GateBroadcast::per_sample;

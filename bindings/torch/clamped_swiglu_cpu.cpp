@@ -9,14 +9,18 @@ namespace kiln::torch_ops {
 namespace {
 
 void require_cpu(const char* op, const at::Tensor& x) {
-  if (!x.device().is_cpu()) fail_value(op, "gate_up", "a CPU or CUDA tensor", x.device().str());
+  if (!x.device().is_cpu()) {
+    fail_value(op, "gate_up", "a CPU or CUDA tensor", x.device().str());
+  }
 }
 
 // gate and up in the reference's math type: the pairs of each row, or its halves.
 std::pair<at::Tensor, at::Tensor> gate_and_up(const at::Tensor& gate_up, bool interleaved) {
   const at::Tensor x = gate_up.to(reference_math_type(gate_up));
   const std::int64_t half = x.size(-1) / 2;
-  if (interleaved) return {x.slice(-1, 0, c10::nullopt, 2), x.slice(-1, 1, c10::nullopt, 2)};
+  if (interleaved) {
+    return {x.slice(-1, 0, c10::nullopt, 2), x.slice(-1, 1, c10::nullopt, 2)};
+  }
   return {x.narrow(-1, 0, half), x.narrow(-1, half, half)};
 }
 

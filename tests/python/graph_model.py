@@ -64,3 +64,23 @@ def compile_capturing(module, dynamic=False):
 def calls_of(graphs, op):
     """The nodes of ``graphs`` that call ``op``."""
     return [n for gm in graphs for n in gm.graph.nodes if n.target is op]
+
+
+def patched_and_compiled(module, run):
+    """``run(module)`` unpatched, then ``kiln.patch(module)`` and ``run`` of the patched module
+    compiled with its graphs captured (compile_capturing; Dynamo reset after): returns
+    (expected, actual, graphs)."""
+    expected = run(module)
+    kiln.patch(module)
+    compiled, graphs = compile_capturing(module)
+    actual = run(compiled)
+    torch._dynamo.reset()
+    return expected, actual, graphs
+
+
+def logits_of(ids):
+    """A ``run`` for patched_and_compiled: a causal LM's logits for ``ids``, without grad."""
+    def run(model):
+        with torch.no_grad():
+            return model(ids).logits
+    return run

@@ -8,10 +8,7 @@ import torch
 import kiln
 from activation_reference import clamped_swiglu_fp64, gpt_oss_gate_up
 from reference import assert_close_to
-
-DTYPES = [torch.float32, torch.float16, torch.bfloat16]
-WIDTHS = [1, 7, 768, 1023]
-ROWS = [1, 33]
+from test_activation_cpu import DTYPES, ROWS, WIDTHS  # the activations' grid
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

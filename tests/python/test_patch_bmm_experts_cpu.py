@@ -10,7 +10,7 @@ import kiln
 
 transformers = pytest.importorskip("transformers", reason="transformers is not installed")
 
-from graph_model import calls_of, compile_capturing  # noqa: E402
+from graph_model import calls_of, logits_of, patched_and_compiled  # noqa: E402
 from test_patch_experts_cpu import _count_swiglu, _ids  # noqa: E402
 
 # Two layers: the first dense (MLP of 96), the second MoE (4 experts of 32 and a shared expert).
@@ -108,14 +108,7 @@ def test_gradients_flow_through_the_experts_gate():
 
 def test_compiled_llama4_runs_the_swiglus_in_one_graph():
     model = _model()
-    ids = _ids()
-    with torch.no_grad():
-        expected = model(ids).logits
-    kiln.patch(model)
-    compiled, graphs = compile_capturing(model)
-    with torch.no_grad():
-        actual = compiled(ids).logits
-    torch._dynamo.reset()
+    expected, actual, graphs = patched_and_compiled(model, logits_of(_ids()))
     assert len(graphs) == 1 and len(calls_of(graphs, torch.ops.kiln.swiglu.default)) == 3
     torch.testing.assert_close(actual, expected, rtol=1e-4, atol=1e-4)
     kiln.unpatch(model)

@@ -13,7 +13,7 @@ from kiln import activation_ops
 
 transformers = pytest.importorskip("transformers", reason="transformers is not installed")
 
-from graph_model import calls_of, compile_capturing  # noqa: E402
+from graph_model import calls_of, logits_of, patched_and_compiled  # noqa: E402
 
 BASE = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, head_dim=16, pad_token_id=0)
@@ -175,16 +175,8 @@ def test_a_clamped_gate_over_halves_is_taken_and_another_gate_left():
 
 
 def test_compiled_gpt_oss_leaves_the_gate_to_inductor():
-    torch._dynamo.reset()
     model = _gpt_oss()
-    ids = _ids()
-    with torch.no_grad():
-        expected = model(ids).logits
-    kiln.patch(model)
-    compiled, graphs = compile_capturing(model)
-    with torch.no_grad():
-        actual = compiled(ids).logits
-    torch._dynamo.reset()
+    expected, actual, graphs = patched_and_compiled(model, logits_of(_ids()))
     assert graphs and not calls_of(graphs, torch.ops.kiln.clamped_swiglu.default)
     assert calls_of(graphs, torch.ops.kiln.fused_add_rms_norm.default)
     torch.testing.assert_close(actual, expected, rtol=1e-4, atol=1e-4)
@@ -221,16 +213,9 @@ def test_compiled_patched_moe_leaves_the_gate_to_inductor_in_one_graph(monkeypat
     """Under torch.compile the experts' gate is the class's own (Inductor fuses it with what
     surrounds it), in one graph with the rest of the patch; called eagerly, the same patched
     model still gates through kiln."""
-    torch._dynamo.reset()
     model = _model("qwen3_moe")
     ids = _ids()
-    with torch.no_grad():
-        expected = model(ids).logits
-    kiln.patch(model)
-    compiled, graphs = compile_capturing(model)
-    with torch.no_grad():
-        actual = compiled(ids).logits
-    torch._dynamo.reset()
+    expected, actual, graphs = patched_and_compiled(model, logits_of(ids))
     assert len(graphs) == 1 and not calls_of(graphs, torch.ops.kiln.swiglu.default)
     silu = (torch.nn.functional.silu, torch.ops.aten.silu.default)
     assert len([n for gm in graphs for n in gm.graph.nodes if n.target in silu]) == 2

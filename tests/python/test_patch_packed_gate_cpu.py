@@ -11,7 +11,7 @@ import torch
 import kiln
 from kiln import activation_ops
 
-from graph_model import calls_of, compile_capturing
+from graph_model import calls_of, patched_and_compiled
 
 diffusers_attention = pytest.importorskip("diffusers.models.attention", reason="diffusers is not installed")
 transformers = pytest.importorskip("transformers", reason="transformers is not installed")
@@ -201,13 +201,12 @@ def test_training_through_the_packed_gate(activation):
 def test_compiled_feed_forward_has_kiln_geglu_in_one_graph():
     model = _feed_forward("geglu")
     x = _x()
-    with torch.no_grad():
-        expected = model(x)
-    kiln.patch(model)
-    compiled, graphs = compile_capturing(model)
-    with torch.no_grad():
-        actual = compiled(x)
-    torch._dynamo.reset()
+
+    def run(m):
+        with torch.no_grad():
+            return m(x)
+
+    expected, actual, graphs = patched_and_compiled(model, run)
     assert len(graphs) == 1 and len(calls_of(graphs, torch.ops.kiln.geglu.default)) == 1
     torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-5)
     kiln.unpatch(model)

@@ -15,7 +15,7 @@ from kiln.patching import rope_attention
 transformers = pytest.importorskip("transformers", reason="transformers is not installed")
 from transformers.models.llama import modeling_llama  # noqa: E402
 
-from graph_model import calls_of, compile_capturing  # noqa: E402
+from graph_model import calls_of, patched_and_compiled  # noqa: E402
 from test_patch_cpu import _ids, _logits, _model  # noqa: E402
 
 
@@ -132,11 +132,7 @@ def test_compiled_patched_model_has_kiln_rope_in_one_graph(arch, op, absent):
     test_patch_head_norm_cpu.py); Llama's attention has none."""
     model = _model(arch)
     ids = _ids()
-    expected = _logits(model, ids)
-    kiln.patch(model)
-    compiled, graphs = compile_capturing(model)
-    actual = _logits(compiled, ids)
-    torch._dynamo.reset()
+    expected, actual, graphs = patched_and_compiled(model, lambda m: _logits(m, ids))
     assert len(graphs) == 1 and len(calls_of(graphs, getattr(torch.ops.kiln, op).default)) == 2
     assert calls_of(graphs, getattr(torch.ops.kiln, absent).default) == []
     torch.testing.assert_close(actual, expected, rtol=1e-4, atol=1e-4)
@@ -339,11 +335,7 @@ def test_compiled_model_has_kiln_rope_in_one_graph(name):
     model = {"gpt_oss": _gpt_oss, "deepseek_v3": lambda: _deepseek_v3(True),
              "llama4": lambda: _complex_rope_model("llama4")}[name]()
     ids = torch.randint(0, 128, (2, 9), generator=torch.Generator().manual_seed(1))
-    expected = _logits(model, ids)
-    kiln.patch(model)
-    compiled, graphs = compile_capturing(model)
-    actual = _logits(compiled, ids)
-    torch._dynamo.reset()
+    expected, actual, graphs = patched_and_compiled(model, lambda m: _logits(m, ids))
     assert len(graphs) == 1 and len(calls_of(graphs, torch.ops.kiln.rope.default)) == 2
     torch.testing.assert_close(actual, expected, rtol=1e-4, atol=1e-4)
     kiln.unpatch(model)
