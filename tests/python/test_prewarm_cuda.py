@@ -300,6 +300,30 @@ def test_prewarm_from_config_serves_a_patched_moe_models_experts(tmp_path, train
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("training", [False, True])
+def test_prewarm_from_config_serves_gpt_oss_experts_clamped_gate(tmp_path, training):
+    """kiln prewarm --config of a GPT-OSS config.json compiles the clamped_swiglu its patched
+    experts call on every routed token's packed gate_up (interleaved pairs, flag 128; grouped_mm)
+    and its RoPE of half tables; with --training, the backward kernels too. The first forward
+    (and backward) on a GPU compiles nothing."""
+    transformers = pytest.importorskip("transformers")
+    if not hasattr(transformers, "GptOssConfig"):
+        pytest.skip("this transformers has no GPT-OSS")
+    config = transformers.GptOssConfig(vocab_size=128, hidden_size=256, intermediate_size=192, num_hidden_layers=2,
+                                       num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+                                       num_local_experts=4, num_experts_per_tok=2)
+    path = tmp_path / "config.json"
+    config.to_json_file(str(path))
+    warmed, stats, compiled = _prewarm_then_run(tmp_path, path, CAUSAL_LM_CALLS.format(config=path, train=training),
+                                                training)
+    print(f"gpt_oss training={training}: prewarmed {warmed['compiled']}, patched {stats['ops']}, "
+          f"compiled on the GPU: {compiled}")
+    assert "clamped_swiglu" in stats["ops"] and "rope" in stats["ops"]
+    assert any(k["problem"].startswith("clamped_swiglu.bf16.h192.f129") for k in stats["kernels"])
+    assert compiled == [] and stats["nvrtc_compiles"] == 0, compiled
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("model_type", ["llama4_text", "deepseek_v2"])
 def test_prewarm_from_config_serves_complex_frequency_rope_models(tmp_path, model_type):
     """kiln prewarm --config of a Llama 4 (experts as batched matmuls, a shared expert and a dense
