@@ -12,7 +12,8 @@ multiply become ``kiln.swiglu`` / ``kiln.geglu``; the projections stay), the sam
 and up packed in one projection (Phi-3's and GLM-4's ``gate_up_proj``, diffusers' ``GEGLU``
 and ``SwiGLU``: the op reads the packed tensor, see :mod:`.packed_gate`), the experts of
 transformers' MoE layers (their ``_apply_gate`` over every routed token's packed gate_up, see
-:mod:`.experts_gate`; Llama 4's, batched matmuls over one packed gate_up parameter, see
+:mod:`.experts_gate`; GPT-OSS's clamped gate over interleaved pairs as one
+``kiln.clamped_swiglu``; Llama 4's, batched matmuls over one packed gate_up parameter, see
 :mod:`.bmm_experts`), and transformers'
 attentions whose forward calls ``apply_rotary_pos_emb`` (q and k rotated by one
 ``kiln.rope``, see :mod:`.rope_attention`; where the forward RMS-normalises each head of q
