@@ -121,35 +121,47 @@ def test_deepseek_v3_latent_attention_on_the_gpu_compiled_and_captured(rope_inte
     kiln.unpatch(model)
 
 
+def _experts_in_bf16_patched_and_compiled(build, ids, monkeypatch):
+    """A causal LM made by ``build(dtype)`` on the GPU: its fp32 logits (the truth), then in bf16
+    before and after kiln.patch, and the patched model under torch.compile(fullgraph=True).
+    Asserts the patched logits are as close to the truth as the original's and the compiled ones
+    match the patched; returns (the patch's report, the kiln.swiglu calls of the eager patched
+    forward, those of the compiled forward), each call by its input's shape."""
+    from kiln import activation_ops
+
+    torch._dynamo.reset()
+    with torch.no_grad():
+        truth = build(torch.float32).cuda()(ids).logits.double()
+        model = build(torch.bfloat16).cuda()
+        original = model(ids).logits
+        report = kiln.patch(model)
+        calls = []
+        real = activation_ops.swiglu
+        monkeypatch.setattr(activation_ops, "swiglu", lambda *a: calls.append(a[0].shape) or real(*a))
+        patched = model(ids).logits
+        eager_calls = list(calls)
+        compiled = torch.compile(model, fullgraph=True)(ids).logits
+    err_original = (original.double() - truth).abs().max().item()
+    err_patched = (patched.double() - truth).abs().max().item()
+    assert err_patched <= 1.5 * err_original + 1e-2, (err_patched, err_original)
+    torch.testing.assert_close(compiled, patched, rtol=2e-2, atol=2e-2)
+    kiln.unpatch(model)
+    return report, eager_calls, calls[len(eager_calls):]
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("implementation", ["grouped_mm", "batched_mm"])
 def test_moe_experts_gate_on_the_gpu_and_compiled(implementation, monkeypatch):
     """A Qwen3-MoE's experts gated by one kiln.swiglu over every routed token's packed gate_up,
     in bf16 on the GPU: as close to fp32 as the original, and the same under
     torch.compile(fullgraph=True), where the gate is the class's own (Inductor's)."""
-    from kiln import activation_ops
     from test_patch_experts_cpu import _ids as moe_ids, _model as moe_model
 
-    torch._dynamo.reset()
-    ids = moe_ids().cuda()
-    with torch.no_grad():
-        truth = moe_model("qwen3_moe", implementation, torch.float32).cuda()(ids).logits.double()
-        model = moe_model("qwen3_moe", implementation, torch.bfloat16).cuda()
-        original = model(ids).logits
-        report = kiln.patch(model)
-        assert sum(r.kind.startswith("moe experts") for r in report.replaced) == 2
-        calls = []
-        real = activation_ops.swiglu
-        monkeypatch.setattr(activation_ops, "swiglu", lambda *a: calls.append(a[0].shape) or real(*a))
-        patched = model(ids).logits
-        assert len(calls) == 2
-        compiled = torch.compile(model, fullgraph=True)(ids).logits
-        assert len(calls) == 2  # none from the compiled forward
-    err_original = (original.double() - truth).abs().max().item()
-    err_patched = (patched.double() - truth).abs().max().item()
-    assert err_patched <= 1.5 * err_original + 1e-2, (err_patched, err_original)
-    torch.testing.assert_close(compiled, patched, rtol=2e-2, atol=2e-2)
-    kiln.unpatch(model)
+    report, calls, compiled_calls = _experts_in_bf16_patched_and_compiled(
+        lambda dtype: moe_model("qwen3_moe", implementation, dtype), moe_ids().cuda(), monkeypatch)
+    assert sum(r.kind.startswith("moe experts") for r in report.replaced) == 2
+    assert len(calls) == 2
+    assert compiled_calls == []  # none from the compiled forward
 
 
 @pytest.mark.gpu
@@ -157,29 +169,12 @@ def test_llama4_experts_gate_on_the_gpu_and_compiled(monkeypatch):
     """Llama 4's experts (batched matmuls over one packed gate_up) gated by one kiln.swiglu and
     its RoPE (complex frequencies) as one kiln.rope, in bf16 on the GPU: as close to fp32 as the
     original, and the same under torch.compile(fullgraph=True)."""
-    from kiln import activation_ops
     from test_patch_bmm_experts_cpu import _ids as llama4_ids, _model as llama4_model
 
-    torch._dynamo.reset()
-    ids = llama4_ids().cuda()
-    with torch.no_grad():
-        truth = llama4_model(torch.float32).cuda()(ids).logits.double()
-        model = llama4_model(torch.bfloat16).cuda()
-        original = model(ids).logits
-        report = kiln.patch(model)
-        assert sum(r.kind.startswith("moe experts swiglu (batched") for r in report.replaced) == 1
-        assert sum("apply_rotary_emb, q and k [bshd]" in r.kind for r in report.replaced) == 2
-        calls = []
-        real = activation_ops.swiglu
-        monkeypatch.setattr(activation_ops, "swiglu", lambda *a: calls.append(a[0].shape) or real(*a))
-        patched = model(ids).logits
-        assert (4, 18, 64) in calls
-        compiled = torch.compile(model, fullgraph=True)(ids).logits
-    err_original = (original.double() - truth).abs().max().item()
-    err_patched = (patched.double() - truth).abs().max().item()
-    assert err_patched <= 1.5 * err_original + 1e-2, (err_patched, err_original)
-    torch.testing.assert_close(compiled, patched, rtol=2e-2, atol=2e-2)
-    kiln.unpatch(model)
+    report, calls, _ = _experts_in_bf16_patched_and_compiled(llama4_model, llama4_ids().cuda(), monkeypatch)
+    assert sum(r.kind.startswith("moe experts swiglu (batched") for r in report.replaced) == 1
+    assert sum("apply_rotary_emb, q and k [bshd]" in r.kind for r in report.replaced) == 2
+    assert (4, 18, 64) in calls
 
 
 @pytest.mark.gpu
