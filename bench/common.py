@@ -539,6 +539,25 @@ def model_times(fn, warmup, reps, warmup_s=1.0):
     return {"ms": statistics.median(times), "host_ms": statistics.median(host)}
 
 
+def kernel_ms(fn, calls=5):
+    """The GPU time of fn()'s kernels per call, in ms: the sum of every kernel's duration under
+    torch.profiler over `calls` calls, divided by `calls`. A host-bound call's CUDA-event time
+    is its host's, which moves by tens of percent between processes; this is what the GPU
+    itself spends on it. None off the GPU."""
+    if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
+        return None
+    from torch.profiler import ProfilerActivity, profile
+
+    _sync()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        _sync()
+    total_us = sum(e.time_range.elapsed_us() for e in prof.events()
+                   if e.device_type == torch.autograd.DeviceType.CUDA)
+    return total_us / calls / 1e3
+
+
 def relative_errors(actual, expected):
     """How far `actual` is from `expected`, in fp64, relative to expected's own scale:
     max |a - e| / max |e| and mean |a - e| / mean |e| (an element-wise ratio would divide
@@ -627,13 +646,20 @@ def settings_table(document):
     """The settings rows of a model bench's table (bench/sdxl_unet.py, bench/wan.py): time,
     host time, speedup, errors against eager and first call a setting, then what kiln.patch
     replaced and left."""
-    lines = ["| setting | ms | host ms | speedup | max rel err | mean rel err | first call s |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]
+    kernels = any("kernel_ms" in s for s in document["settings"].values())
+    lines = ["| setting | ms | host ms | " + ("kernel ms | kernels vs base | " if kernels else "")
+             + "speedup | max rel err | mean rel err | first call s |",
+             "| --- " * (9 if kernels else 7) + "|"]
     for name, s in document["settings"].items():
         err = s.get("error_vs_eager")
         speedup = f"{s['speedup']:.2f}x vs {s['speedup_vs']}" if "speedup" in s else "-"
         errs = f"{err['max_rel']:.2e} | {err['mean_rel']:.2e}" if err else "- | -"
-        lines.append(f"| {name} | {s['ms']:.3f} | {host_cell(s)} | {speedup} | {errs} | {s['first_call_s']:.1f} |")
+        gpu = ""
+        if kernels:
+            base = document["settings"].get(s.get("speedup_vs"), {})
+            ratio = f"{base['kernel_ms'] / s['kernel_ms']:.2f}x" if "kernel_ms" in base and "kernel_ms" in s else "-"
+            gpu = f"{s['kernel_ms']:.3f} | {ratio} | " if "kernel_ms" in s else "- | - | "
+        lines.append(f"| {name} | {s['ms']:.3f} | {host_cell(s)} | {gpu}{speedup} | {errs} | {s['first_call_s']:.1f} |")
     if document["patch"]:
         lines += ["", f"kiln.patch: replaced {document['patch']['replaced']}, left {document['patch']['left']}"]
     return lines
@@ -661,7 +687,7 @@ def add_module_bench_arguments(parser):
 
 
 def run_model_settings(model, call, kiln, *, settings=SETTINGS, warmup=2, reps=10, graphs=False, log=print,
-                       compile_fn=compile_model, warmup_s=1.0, variants=None):
+                       compile_fn=compile_model, warmup_s=1.0, variants=None, kernel_times=False):
     """The four settings of an end-to-end benchmark on one model and one input: `eager`
     (the model as built), `compile` (compile_fn(model): torch.compile(model, dynamic=False),
     default mode, unless told otherwise),
@@ -670,8 +696,9 @@ def run_model_settings(model, call, kiln, *, settings=SETTINGS, warmup=2, reps=1
     output tensor. Each setting is timed after `warmup` calls and `warmup_s` seconds of calls
     (model_times). With graphs=True each setting is captured in a CUDA graph and its replay
     is timed. `variants` ({name: patch function}) adds eager settings patched another way
-    (each timed after the four, against eager). Returns ({setting: record}, the kiln.patch
-    report); every output is compared with the unpatched eager output. The model is
+    (each timed after the four, against eager). With kernel_times=True each record also has
+    "kernel_ms", its kernels' GPU time per forward (kernel_ms). Returns ({setting: record}, the
+    kiln.patch report); every output is compared with the unpatched eager output. The model is
     unpatched again on return."""
 
     records, report, reference = {}, None, None
@@ -703,6 +730,7 @@ def run_model_settings(model, call, kiln, *, settings=SETTINGS, warmup=2, reps=1
                 timed = lambda: call(fn)  # noqa: E731
             timing = model_times(timed, warmup, reps, warmup_s)
             ms = timing["ms"]
+            gpu_ms = kernel_ms(timed) if kernel_times else None
         graphed = graph is not None
         del graph, timed
         record = {"ms": ms, "host_ms": timing["host_ms"], "first_call_s": first_s, "output_shape": list(out.shape),
@@ -710,13 +738,16 @@ def run_model_settings(model, call, kiln, *, settings=SETTINGS, warmup=2, reps=1
                   "warmup": {"calls_at_least": warmup, "seconds_at_least": warmup_s}}
         if graph_error:
             record["cuda_graph_error"] = graph_error
+        if gpu_ms is not None:
+            record["kernel_ms"] = gpu_ms
         if reference is None:
             reference = out.clone()
         else:
             record["error_vs_eager"] = relative_errors(out, reference)
         records[name] = record
         err = record.get("error_vs_eager")
-        log(f"  {name}: {ms:.3f} ms (host {timing['host_ms']:.1f} ms), first call {first_s:.1f} s"
+        log(f"  {name}: {ms:.3f} ms (host {timing['host_ms']:.1f} ms"
+            + (f", kernels {gpu_ms:.3f} ms" if gpu_ms is not None else "") + f"), first call {first_s:.1f} s"
             + (f", max rel err {err['max_rel']:.2e}, mean rel err {err['mean_rel']:.2e}" if err else ""))
 
     def compiled_measure(name):

@@ -452,3 +452,22 @@ def test_gpt_oss_bench_smoke_run_gates_its_experts_with_kiln(tmp_path):
             err = case["settings"][name]["error_vs_eager"]
             assert err["finite"] and err["max_rel"] < 5e-2
         assert case["patch"]["replaced"]["clamped_swiglu"] == 2  # each layer's experts
+
+
+def test_settings_table_shows_kernel_time_where_measured():
+    """A model bench's table gains the kernels' GPU time and its ratio to the base setting's
+    where the records carry kernel_ms (a host-bound model's ms follows its host); off the GPU
+    kernel_ms measures nothing."""
+    common = load_bench("common")
+    settings = {"eager": {"ms": 10.0, "host_ms": 9.9, "first_call_s": 0.1, "kernel_ms": 8.0},
+                "eager+kiln": {"ms": 9.0, "host_ms": 8.9, "first_call_s": 0.2, "kernel_ms": 5.0,
+                               "speedup_vs": "eager", "speedup": 10.0 / 9.0,
+                               "error_vs_eager": {"max_rel": 1e-3, "mean_rel": 1e-4, "finite": True}}}
+    lines = common.settings_table({"settings": settings, "patch": None})
+    assert lines[0].startswith("| setting | ms | host ms | kernel ms | kernels vs base |")
+    assert lines[1].count("---") == 9
+    assert lines[3].startswith("| eager+kiln | 9.000 | 8.90 | 5.000 | 1.60x | 1.11x vs eager |")
+    del settings["eager"]["kernel_ms"], settings["eager+kiln"]["kernel_ms"]
+    assert common.settings_table({"settings": settings, "patch": None})[0].startswith("| setting | ms | host ms | speedup |")
+    if not torch.cuda.is_available():
+        assert common.kernel_ms(lambda: None) is None

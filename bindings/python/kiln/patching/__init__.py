@@ -10,7 +10,8 @@ projection's cuBLASLt epilogue instead) and gated MLPs
 ``down_proj(act_fn(gate_proj(x)) * up_proj(x))`` with SiLU or GELU (the activation and
 multiply become ``kiln.swiglu`` / ``kiln.geglu``; the projections stay), the same with gate
 and up packed in one projection (Phi-3's and GLM-4's ``gate_up_proj``, diffusers' ``GEGLU``
-and ``SwiGLU``: the op reads the packed tensor, see :mod:`.packed_gate`), the experts of
+and ``SwiGLU``: the op reads the packed tensor, see :mod:`.packed_gate`), the two-layer GELU MLPs
+of vision towers ``fc2(gelu(fc1(x)))`` (SigLIP's, Qwen3-VL's: see :mod:`.gelu_mlp`), the experts of
 transformers' MoE layers (their ``_apply_gate`` over every routed token's packed gate_up, see
 :mod:`.experts_gate`; GPT-OSS's clamped gate over interleaved pairs as one
 ``kiln.clamped_swiglu``; Llama 4's, batched matmuls over one packed gate_up parameter, see
@@ -18,7 +19,9 @@ transformers' MoE layers (their ``_apply_gate`` over every routed token's packed
 attentions whose forward calls ``apply_rotary_pos_emb`` (q and k rotated by one
 ``kiln.rope``, see :mod:`.rope_attention`; where the forward RMS-normalises each head of q
 and k right before, as Qwen3's and Gemma 3's do, norms and rotation as one
-``kiln.head_norm_rope``, see :mod:`.head_norm_attention`), and decoder layers that add a
+``kiln.head_norm_rope``, see :mod:`.head_norm_attention`; the vision towers' attentions that
+call ``apply_rotary_pos_emb_vision``, Qwen2.5-VL's, Qwen3-VL's and GLM-4V's among them: see
+:mod:`.vision_rope`), and decoder layers that add a
 block's output to the residual stream and RMS-normalise the sum (one
 ``kiln.fused_add_rms_norm``, see :mod:`.residual_norm_layer`), and the gated RMSNorms that close
 the linear attention of Qwen3-Next, Qwen3.5 and their kin and the Mamba-2 mixers of Bamba,
@@ -42,8 +45,8 @@ from typing import Iterable, Optional
 
 import torch
 
-from . import (bmm_experts, detect, detect_dit, dit_block_chain, experts_gate, gated_norm, head_norm_attention, ltx,
-               packed_gate, replace, residual_norm_chain, residual_norm_layer, rope_attention, wan_block)
+from . import (bmm_experts, detect, detect_dit, dit_block_chain, experts_gate, gated_norm, gelu_mlp, head_norm_attention,
+               ltx, packed_gate, replace, residual_norm_chain, residual_norm_layer, rope_attention, wan_block)
 from .report import Left, PatchReport, Replaced
 
 OPS = ("rms_norm", "layer_norm", "gelu", "swiglu", "geglu", "clamped_swiglu", "rms_norm_rope", "rope", "adaln")
@@ -105,6 +108,8 @@ def _patch_modules(model: torch.nn.Module, chosen: frozenset, report: PatchRepor
             classify = packed_gate.classify
         elif detect.gelu_candidate(module):
             classify = detect.classify_gelu
+        elif gelu_mlp.candidate(module):
+            classify = gelu_mlp.classify
         elif rope_attention.candidate(module):
             classify = rope_attention.classify
         elif residual_norm_layer.candidate(module):

@@ -6,7 +6,8 @@ and two concatenations a layer in eager); the multi-head latent attentions of De
 its kin (GLM-4.7-Flash, Mistral 4, LongCat) call ``apply_rotary_pos_emb_interleave`` where their
 config sets ``rope_interleave``; Llama 4's and DeepSeek-V2's call ``apply_rotary_emb(q, k,
 freqs_cis)``, adjacent pairs turned by complex frequencies (six kernels and a cast each for q and
-k). kiln does not touch those module-level functions, which every
+k); the vision towers of multimodal models call ``apply_rotary_pos_emb_vision`` (see
+:mod:`.vision_rope`). kiln does not touch those module-level functions, which every
 model of the library shares; the patched attention runs its own class forward, the same code,
 with those global names resolved to :func:`rotate_half_rope`'s replacements instead.
 Everything else the forward reads (projections, caches, the attention interface) is the
@@ -22,8 +23,9 @@ import torch
 
 from .. import rope_ops
 from .detect import Match, NoMatch, _agree
-from . import source_rewrite
+from . import source_rewrite, vision_rope
 from .forwards import kiln_can_take
+from .vision_rope import VISION_GLOBAL
 
 ROPE_GLOBAL = "apply_rotary_pos_emb"
 # DeepSeek-V3's: adjacent pairs turned by the first half of its table, written de-interleaved.
@@ -208,11 +210,12 @@ def _parameters(function: Callable) -> list:
 
 def rope_globals(function: object) -> list:
     """The rotary functions (``apply_rotary_pos_emb``, ``apply_rotary_pos_emb_interleave``,
-    ``apply_rotary_emb``) ``function`` calls by global name, where it is plain Python code (not a decorator's wrapper,
-    whose own globals are not the ones the wrapped code reads)."""
+    ``apply_rotary_emb``, ``apply_rotary_pos_emb_vision``) ``function`` calls by global name,
+    where it is plain Python code (not a decorator's wrapper, whose own globals are not the
+    ones the wrapped code reads)."""
     if not isinstance(function, types.FunctionType) or hasattr(function, "__wrapped__"):
         return []
-    return [name for name in (ROPE_GLOBAL, DEINTERLEAVE_GLOBAL, COMPLEX_GLOBAL)
+    return [name for name in (ROPE_GLOBAL, DEINTERLEAVE_GLOBAL, COMPLEX_GLOBAL, VISION_GLOBAL)
             if name in function.__code__.co_names and callable(function.__globals__.get(name))]
 
 
@@ -227,11 +230,12 @@ _KILN_COPIES: "weakref.WeakKeyDictionary[types.FunctionType, tuple]" = weakref.W
 
 
 def with_kiln_rope(function: types.FunctionType, form: Optional[str] = "full",
-                   deinterleave: bool = False, complex_layout: Optional[str] = None) -> types.FunctionType:
+                   deinterleave: bool = False, complex_layout: Optional[str] = None,
+                   vision: bool = False) -> types.FunctionType:
     """A copy of ``function`` whose global ``apply_rotary_pos_emb`` (unless ``form`` is None),
-    with ``deinterleave`` ``apply_rotary_pos_emb_interleave`` and with a ``complex_layout``
-    ``apply_rotary_emb`` are kiln's (made once per function; a class's rotary function takes
-    one table form). The copy reads a snapshot of
+    with ``deinterleave`` ``apply_rotary_pos_emb_interleave``, with a ``complex_layout``
+    ``apply_rotary_emb`` and with ``vision`` ``apply_rotary_pos_emb_vision`` are kiln's (made
+    once per function; a class's rotary function takes one table form). The copy reads a snapshot of
     the function's module globals, brought up to date at each call (a name rebound in that
     module after the last kiln.patch is not seen; objects mutated in place, like transformers'
     attention registry, are)."""
@@ -251,6 +255,9 @@ def with_kiln_rope(function: types.FunctionType, form: Optional[str] = "full",
     if complex_layout is not None:
         scope[COMPLEX_GLOBAL] = complex_rope(function.__globals__[COMPLEX_GLOBAL], complex_layout)
         names.append(COMPLEX_GLOBAL)
+    if vision:
+        scope[VISION_GLOBAL] = vision_rope.vision_rope(function.__globals__[VISION_GLOBAL])
+        names.append(VISION_GLOBAL)
     copy = types.FunctionType(function.__code__, scope, function.__name__, function.__defaults__,
                               function.__closure__)
     copy.__kwdefaults__ = function.__kwdefaults__
@@ -261,8 +268,9 @@ def with_kiln_rope(function: types.FunctionType, form: Optional[str] = "full",
 
 def candidate(module: torch.nn.Module) -> bool:
     """A module (an attention: Llama's with ``q_proj`` and ``k_proj``, Phi-3's with one
-    ``qkv_proj``, DeepSeek-V3's latent one, Llama 4's) whose class forward calls a global
-    ``apply_rotary_pos_emb``, ``apply_rotary_pos_emb_interleave`` or ``apply_rotary_emb``."""
+    ``qkv_proj``, DeepSeek-V3's latent one, Llama 4's, a vision tower's) whose class forward
+    calls a global ``apply_rotary_pos_emb``, ``apply_rotary_pos_emb_interleave``,
+    ``apply_rotary_emb`` or ``apply_rotary_pos_emb_vision``."""
     return bool(rope_globals(type(module).forward))
 
 
@@ -390,15 +398,23 @@ def classify(module: torch.nn.Module, original: Callable):
     if COMPLEX_GLOBAL in names:
         complex_layout, text = _complex_layout(forward.__globals__[COMPLEX_GLOBAL])
         (kinds if complex_layout is not None else reasons).append(text)
+    vision = False
+    if VISION_GLOBAL in names:
+        mismatch = vision_rope.compare(forward.__globals__[VISION_GLOBAL])
+        if mismatch is None:
+            vision = True
+            kinds.append(f"rotate_half in fp32 ({VISION_GLOBAL})")
+        else:
+            reasons.append(f"its {VISION_GLOBAL} is not rotate_half RoPE in fp32: {mismatch}")
     if not kinds:
         return NoMatch("rope", "; ".join(reasons))
     kind = f"rope ({'; '.join(kinds)}, in the attention's forward)"
-    if not deinterleave and complex_layout is None:
+    if not deinterleave and complex_layout is None and not vision:
         return Match(kind, "rope", _FACTORIES[form])
 
     def other_globals_factory(module: torch.nn.Module, original: Callable) -> Callable:
         return with_kiln_rope(type(module).forward, form, deinterleave=deinterleave,
-                              complex_layout=complex_layout).__get__(module)
+                              complex_layout=complex_layout, vision=vision).__get__(module)
 
     return Match(kind, "rope", other_globals_factory)
 

@@ -1,0 +1,370 @@
+"""kiln.patch of transformers' vision towers, on the CPU: the attentions' RoPE
+(``apply_rotary_pos_emb_vision`` resolved to kiln.rope) and the two-layer GELU MLPs
+(``fc2(gelu(fc1(x)))`` with kiln.gelu); what is replaced, what is left and why, and that the
+patched towers compute what the originals do."""
+
+import json
+import types
+
+import pytest
+import torch
+
+import kiln
+from kiln import activation_ops, rope_ops
+from kiln.patching import gelu_mlp, vision_rope
+
+import vision_towers  # noqa: F401  (skips the module where transformers is missing)
+from graph_model import calls_of, compile_capturing
+from vision_towers import embeddings, pixels, qwen2_5_vl, qwen3_vl, seeded
+from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import apply_rotary_pos_emb_vision
+from transformers import SiglipVisionConfig, SiglipVisionModel, CLIPVisionConfig, CLIPVisionModel
+
+
+def _count(monkeypatch, module, name):
+    """The calls of ``module.name`` from here on, as (args, kwargs)."""
+    calls = []
+    original = getattr(module, name)
+    monkeypatch.setattr(module, name, lambda *a, **kw: calls.append((a, kw)) or original(*a, **kw))
+    return calls
+
+
+def _tables(positions, dim, dtype=torch.float32, seed=3):
+    angles = torch.rand(positions, dim // 2, generator=torch.Generator().manual_seed(seed)) * 20.0
+    emb = torch.cat((angles, angles), dim=-1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def _reference(q, k, cos, sin):
+    """The towers' formula in fp64, rounded once to q's dtype."""
+    def rotate(x):
+        x = x.double()
+        c, s = cos.double().unsqueeze(-2), sin.double().unsqueeze(-2)
+        half = x.shape[-1] // 2
+        turned = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+        return (x * c + turned * s).to(q.dtype)
+    return rotate(q), rotate(k)
+
+
+# --- the attentions' RoPE -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("build", [qwen2_5_vl, qwen3_vl])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_tower_rope_reaches_kiln(build, dtype, monkeypatch):
+    """Each attention of Qwen2.5-VL's and Qwen3-VL's towers rotates its q and k (strided views of
+    one qkv projection, [patches, heads, D]) with one kiln.rope of the fp32 table; the tower's
+    merged embeddings stay what they were (fp32: to rounding; bf16: as close to the fp32 truth)."""
+    tower = seeded(build, dtype)
+    values, grid = pixels(tower)
+    expected = embeddings(tower, values, grid)
+    truth = embeddings(seeded(build), values, grid)
+    report = kiln.patch(tower)
+    ropes = [r for r in report.replaced if r.op == "rope"]
+    assert [r.path for r in ropes] == ["blocks.0.attn", "blocks.1.attn"]
+    assert all("apply_rotary_pos_emb_vision" in r.kind for r in ropes)
+    calls = _count(monkeypatch, rope_ops, "rope")
+    actual = embeddings(tower, values, grid)
+    assert len(calls) == 2
+    for (q, k, cos, sin), kwargs in calls:
+        assert q.shape == (1, 48, 2, 32) and not q.is_contiguous() and cos.dtype == torch.float32
+        assert kwargs == {"layout": "bshd"}
+    if dtype == torch.float32:
+        torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-5)
+    else:
+        assert (actual.float() - truth).abs().max() <= 1.5 * (expected.float() - truth).abs().max() + 1e-3
+    assert kiln.unpatch(tower) == len(report.replaced)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("table_dtype", ["fp32", "q's"])
+@pytest.mark.parametrize("rank", [3, 4])
+@pytest.mark.parametrize("dim", [8, 80])
+def test_replacement_matches_the_formula(dtype, table_dtype, rank, dim, monkeypatch):
+    """The replacement against the formula in fp64, rounded once: q and k as views of a packed
+    projection ([S, H, D]) or batched ([B, S, H, D]), tables in fp32 or q's dtype, an even head
+    dim of 8 or 80 (Qwen2.5-VL's), odd positions."""
+    g = torch.Generator().manual_seed(0)
+    positions, heads = 7, 3
+    if rank == 3:
+        q, k, _ = torch.randn(positions, 3, heads, dim, generator=g).to(dtype).permute(1, 0, 2, 3).unbind(0)
+    else:
+        q, k = (torch.randn(2, positions, heads, dim, generator=g).to(dtype) for _ in range(2))
+    cos, sin = _tables(positions, dim, torch.float32 if table_dtype == "fp32" else dtype)
+    calls = _count(monkeypatch, rope_ops, "rope")
+    q_out, k_out = vision_rope.vision_rope(apply_rotary_pos_emb_vision)(q, k, cos, sin)
+    assert len(calls) == 1
+    formula = apply_rotary_pos_emb_vision(q, k, cos, sin)
+    for actual, like, ref, original in zip((q_out, k_out), (q, k), _reference(q, k, cos, sin), formula):
+        assert actual.dtype == dtype and actual.shape == like.shape
+        tol = {torch.float32: 1e-5, torch.bfloat16: 8e-3, torch.float16: 1e-3}[dtype]
+        torch.testing.assert_close(actual.double(), ref.double(), rtol=tol, atol=tol)
+        torch.testing.assert_close(actual.double(), original.double(), rtol=2 * tol, atol=2 * tol)
+
+
+def _other_calls():
+    g = torch.Generator().manual_seed(1)
+    q, k = torch.randn(5, 2, 8, generator=g), torch.randn(5, 2, 8, generator=g)
+    cos, sin = _tables(5, 8)
+    half_cos, half_sin = _tables(5, 4)
+    return {
+        "a narrower table": ((q, k, half_cos[:, :4], half_sin[:, :4]), {}),
+        "a table of other positions": ((q[:4], k[:4], cos, sin), {}),
+        "a five-dimensional q": ((q[None, None], k[None, None], cos, sin), {}),
+        "a table of a third dtype": ((q.bfloat16(), k.bfloat16(), cos.half(), sin.half()), {}),
+        "k of another dtype": ((q, k.double(), cos, sin), {}),
+        "a keyword": ((q, k, cos), {"sin": sin}),
+    }
+
+
+@pytest.mark.parametrize("case", list(_other_calls()))
+def test_calls_kiln_does_not_compute_run_the_original(case, monkeypatch):
+    args, kwargs = _other_calls()[case]
+    seen = []
+
+    def original(*a, **kw):
+        seen.append(True)
+        return "original"
+
+    calls = _count(monkeypatch, rope_ops, "rope")
+    assert vision_rope.vision_rope(original)(*args, **kwargs) == "original"
+    assert seen == [True] and calls == []
+
+
+def _partial_rotation(q, k, cos, sin):
+    """MiniMax-M3-VL's apply_rotary_pos_emb_vision: the first columns rotated in q's own dtype,
+    q [B, S, H, D] only."""
+    rot = cos.shape[-1]
+    cos, sin = cos[None, :, None, :], sin[None, :, None, :]
+
+    def turn(x):
+        x_rot, x_pass = x[..., :rot], x[..., rot:]
+        half = rot // 2
+        rotated = torch.cat((-x_rot[..., half:], x_rot[..., :half]), dim=-1)
+        return torch.cat([x_rot * cos + rotated * sin, x_pass], dim=-1)
+
+    return turn(q), turn(k)
+
+
+def _partial_forward(self, x, cos, sin):
+    q = self.q_proj(x).unflatten(-1, (2, 8))
+    k = self.k_proj(x).unflatten(-1, (2, 8))
+    return apply_rotary_pos_emb_vision(q, k, cos, sin)
+
+
+class _PartialVisionAttention(torch.nn.Module):
+    # The forward's global apply_rotary_pos_emb_vision is MiniMax's, as in its own module.
+    forward = types.FunctionType(_partial_forward.__code__,
+                                 {**globals(), "apply_rotary_pos_emb_vision": _partial_rotation}, "forward")
+
+    def __init__(self):
+        super().__init__()
+        self.q_proj, self.k_proj = torch.nn.Linear(16, 16), torch.nn.Linear(16, 16)
+
+
+def test_another_vision_rotation_is_left_with_the_reason():
+    report = kiln.patch(_PartialVisionAttention())
+    assert report.replaced == []
+    assert len(report.left) == 1
+    assert "its apply_rotary_pos_emb_vision is not rotate_half RoPE in fp32" in report.left[0].reason
+
+
+class _QwenVisionAttention(torch.nn.Module):
+    """Qwen2.5-VL's rotation as its attention calls it: q, k and v views of one packed projection."""
+
+    def __init__(self, hidden=32, heads=2):
+        super().__init__()
+        self.heads = heads
+        self.qkv = torch.nn.Linear(hidden, 3 * hidden)
+
+    def forward(self, x, cos, sin):
+        q, k, v = self.qkv(x).reshape(x.shape[0], 3, self.heads, -1).permute(1, 0, 2, 3).unbind(0)
+        q, k = apply_rotary_pos_emb_vision(q, k, cos, sin)
+        return q * k + v
+
+
+def test_compiled_vision_attention_has_kiln_rope_in_one_graph():
+    torch.manual_seed(0)
+    attention = _QwenVisionAttention().eval()
+    x = torch.randn(9, 32)
+    cos, sin = _tables(9, 16)
+    with torch.no_grad():
+        expected = attention(x, cos, sin)
+        report = kiln.patch(attention)
+        assert [r.op for r in report.replaced] == ["rope"]
+        compiled, graphs = compile_capturing(attention)
+        actual = compiled(x, cos, sin)
+    torch._dynamo.reset()
+    assert len(graphs) == 1 and len(calls_of(graphs, torch.ops.kiln.rope.default)) == 1
+    torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_patched_vision_attention_backward_matches():
+    """kiln.rope's backward through the fp32 table: the gradients of x and of the projection."""
+    torch.manual_seed(0)
+    plain, patched = _QwenVisionAttention(), _QwenVisionAttention()
+    patched.load_state_dict(plain.state_dict())
+    kiln.patch(patched)
+    x = torch.randn(9, 32)
+    cos, sin = _tables(9, 16)
+    grads = []
+    for module in (plain, patched):
+        xi = x.clone().requires_grad_()
+        (module(xi, cos, sin) ** 2).sum().backward()
+        grads.append((xi.grad, module.qkv.weight.grad))
+    for expected, actual in zip(*grads):
+        torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-5)
+
+
+# --- the two-layer GELU MLPs ----------------------------------------------------------------------
+
+def _siglip(dtype=torch.float32, activation="gelu_pytorch_tanh"):
+    torch.manual_seed(0)
+    config = SiglipVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                                image_size=28, patch_size=14, hidden_act=activation)
+    return SiglipVisionModel(config).eval().to(dtype)
+
+
+def _images(seed=0):
+    return torch.randn(2, 3, 28, 28, generator=torch.Generator().manual_seed(seed))
+
+
+def _pooled(model, images):
+    with torch.no_grad():
+        return model(pixel_values=images.to(next(model.parameters()).dtype)).pooler_output
+
+
+@pytest.mark.parametrize("activation, approximate", [("gelu_pytorch_tanh", "tanh"), ("gelu", "none")])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_siglip_mlps_run_kiln_gelu(activation, approximate, dtype, monkeypatch):
+    """SigLIP's encoder MLPs and its pooling head's: ``fc2(gelu(fc1(x)))`` with kiln.gelu in the
+    form the activation computes."""
+    model = _siglip(dtype, activation)
+    images = _images()
+    expected = _pooled(model, images)
+    truth = _pooled(_siglip(torch.float32, activation), images)
+    report = kiln.patch(model)
+    mlps = {r.path: r.kind for r in report.replaced if r.op == "gelu"}
+    kind = "mlp gelu (tanh)" if approximate == "tanh" else "mlp gelu"
+    assert mlps == {"encoder.layers.0.mlp": kind, "encoder.layers.1.mlp": kind, "head.mlp": kind}
+    calls = _count(monkeypatch, activation_ops, "gelu")
+    actual = _pooled(model, images)
+    assert [(a[1], a[2]) for a, _ in calls] == [(None, approximate)] * 3
+    if dtype == torch.float32:
+        torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-5)
+    else:
+        assert (actual.float() - truth).abs().max() <= 1.5 * (expected.float() - truth).abs().max() + 1e-3
+
+
+def test_qwen3_vl_tower_runs_kiln_gelu_and_leaves_the_mergers(monkeypatch):
+    """Qwen3-VL's blocks' MLPs (linear_fc1/linear_fc2, tanh GELU) are replaced; its patch mergers,
+    which normalise before their MLP, are left with the reason."""
+    tower = seeded(qwen3_vl)
+    values, grid = pixels(tower)
+    expected = embeddings(tower, values, grid)
+    report = kiln.patch(tower)
+    assert [r.path for r in report.replaced if r.op == "gelu"] == ["blocks.0.mlp", "blocks.1.mlp"]
+    assert {l.path for l in report.left} == {"merger", "deepstack_merger_list.0"}
+    assert all("it holds norm besides its projections" in l.reason for l in report.left)
+    calls = _count(monkeypatch, activation_ops, "gelu")
+    torch.testing.assert_close(embeddings(tower, values, grid), expected, rtol=1e-5, atol=1e-5)
+    assert len(calls) == 2
+
+
+def test_quick_gelu_is_left_with_the_reason():
+    config = CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                              image_size=28, patch_size=14)
+    report = kiln.patch(CLIPVisionModel(config).eval())
+    assert [(l.path, l.reason) for l in report.left] == [
+        ("encoder.layers.0.mlp", "its activation_fn (QuickGELUActivation) is not GELU on a probe")]
+
+
+class _DropoutMLP(torch.nn.Module):
+    """Llama 4's projector: a dropout kept as a float, applied by the forward."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = torch.nn.Linear(8, 16), torch.nn.Linear(16, 8)
+        self.activation_fn = torch.nn.GELU()
+        self.dropout = 0.1
+
+    def forward(self, x):
+        x = self.activation_fn(self.fc1(x))
+        return self.fc2(torch.nn.functional.dropout(x, p=self.dropout, training=self.training))
+
+
+def test_a_forward_applying_dropout_is_left():
+    report = kiln.patch(_DropoutMLP())
+    assert [l.reason for l in report.left] == ["its forward applies a dropout, which kiln's would not"]
+
+
+def test_an_activation_set_after_the_patch_runs_as_set(monkeypatch):
+    model = _siglip()
+    kiln.patch(model)
+    mlp = model.encoder.layers[0].mlp
+    mlp.activation_fn = torch.nn.SiLU()
+    x = torch.randn(3, 32)
+    calls = _count(monkeypatch, activation_ops, "gelu")
+    with torch.no_grad():
+        torch.testing.assert_close(mlp(x), mlp.fc2(torch.nn.functional.silu(mlp.fc1(x))))
+    assert calls == []
+    assert gelu_mlp.candidate(mlp)
+
+
+def test_patched_mlp_backward_matches():
+    plain, patched = _siglip(), _siglip()
+    kiln.patch(patched)
+    images = _images()
+    grads = []
+    for model in (plain, patched):
+        x = images.clone().requires_grad_()
+        (model(pixel_values=x).pooler_output ** 2).sum().backward()
+        grads.append((x.grad, model.encoder.layers[0].mlp.fc1.weight.grad))
+    for expected, actual in zip(*grads):
+        torch.testing.assert_close(actual, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_compiled_mlp_has_kiln_gelu_in_one_graph():
+    model = _siglip()
+    mlp = model.encoder.layers[0].mlp
+    x = torch.randn(3, 5, 32)
+    with torch.no_grad():
+        expected = mlp(x)
+        kiln.patch(mlp)
+        compiled, graphs = compile_capturing(mlp)
+        actual = compiled(x)
+    torch._dynamo.reset()
+    assert len(graphs) == 1 and len(calls_of(graphs, torch.ops.kiln.gelu.default)) == 1
+    torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-5)
+
+
+# --- the benches ----------------------------------------------------------------------------------
+
+def test_the_vision_rope_bench_checks_kiln_against_transformers():
+    """bench/vision_rope.py's cases, run on the CPU at small sizes: q and k strided views of one
+    qkv, the fp32 table, kiln's replacement within bf16 rounding of transformers' function."""
+    from bench_scripts import load_bench
+
+    bench = load_bench("vision_rope")
+    q, k = bench.packed_qk(6, 80, device="cpu")
+    assert q.shape == (6, 16, 80) and q.stride(0) == 3 * 16 * 80
+    bench.SHAPES = [("tiny", 6, 80), ("tiny 72", 5, 72)]
+    cases = list(bench.cases(quick=False, device="cpu"))
+    assert [c["bytes"] for c in cases] == [2 * 2 * 2 * 6 * 16 * 80 + 2 * 6 * 80 * 4,
+                                           2 * 2 * 2 * 5 * 16 * 72 + 2 * 5 * 72 * 4]
+    for case in cases:
+        assert case["check"]() < 1e-2
+
+
+@pytest.mark.parametrize("model, replaced", [
+    ("qwen2.5-vl", {"rms_norm": 5, "rope": 2, "swiglu": 2}),
+    ("qwen3-vl", {"layer_norm": 6, "rope": 2, "gelu": 2}),
+    ("siglip", {"layer_norm": 6, "gelu": 3})])
+def test_vision_towers_bench_smoke_run(model, replaced, tmp_path):
+    from test_e2e_bench_cpu import _smoke
+
+    out = _smoke("vision_towers.py", tmp_path, "--model", model)
+    assert "| eager+kiln |" in out
+    [doc_path] = tmp_path.glob(f"vision-tower-{model}-*.json")
+    doc = json.loads(doc_path.read_text())
+    assert doc["patch"]["replaced"] == replaced
+    err = doc["settings"]["eager+kiln"]["error_vs_eager"]
+    assert err["finite"] and err["max_rel"] < 5e-2

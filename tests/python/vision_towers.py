@@ -1,0 +1,58 @@
+"""Small random vision towers of transformers' multimodal models, and their inputs, for the
+kiln.patch tests of vision RoPE and two-layer GELU MLPs (CPU and GPU)."""
+
+import torch
+
+transformers = __import__("pytest").importorskip("transformers", reason="transformers is not installed")
+from transformers.models.qwen2_5_vl import modeling_qwen2_5_vl  # noqa: E402
+from transformers.models.qwen3_vl import modeling_qwen3_vl  # noqa: E402
+
+# One image of 4 x 8 patches (a 2 x 4 grid after the 2 x 2 merge), the other of 4 x 4: the
+# towers attend within each image (and Qwen2.5-VL within windows).
+GRID_THW = [[1, 4, 8], [1, 4, 4]]
+
+
+def qwen2_5_vl(hidden=64, heads=2, layers=2):
+    """Qwen2.5-VL's tower: RMSNorms, SwiGLU MLPs, window attention with the vision RoPE (head
+    dim ``hidden // heads``)."""
+    config = transformers.Qwen2_5_VLConfig(vision_config=dict(
+        depth=layers, hidden_size=hidden, intermediate_size=2 * hidden, num_heads=heads, out_hidden_size=64,
+        patch_size=14, spatial_merge_size=2, temporal_patch_size=2, fullatt_block_indexes=[layers - 1],
+        window_size=56)).vision_config
+    return modeling_qwen2_5_vl.Qwen2_5_VisionTransformerPretrainedModel(config)
+
+
+def qwen3_vl(hidden=64, heads=2, layers=2):
+    """Qwen3-VL's tower: LayerNorms, tanh-GELU MLPs (linear_fc1/linear_fc2), the vision RoPE."""
+    config = transformers.Qwen3VLConfig(vision_config=dict(
+        depth=layers, hidden_size=hidden, intermediate_size=2 * hidden, num_heads=heads, out_hidden_size=64,
+        patch_size=16, spatial_merge_size=2, temporal_patch_size=2, num_position_embeddings=64,
+        deepstack_visual_indexes=[layers - 1])).vision_config
+    return modeling_qwen3_vl.Qwen3VLVisionModel(config)
+
+
+def pixels(tower, seed=0, grid_thw=GRID_THW):
+    """(pixel_values [patches, C * T * P * P], grid_thw) for ``tower``."""
+    config = tower.config
+    width = config.in_channels * config.temporal_patch_size * config.patch_size ** 2
+    patches = sum(t * h * w for t, h, w in grid_thw)
+    values = torch.randn(patches, width, generator=torch.Generator().manual_seed(seed))
+    return values, torch.tensor(grid_thw)
+
+
+def embeddings(tower, values, grid_thw):
+    """The tower's merged patch embeddings (what the language model reads), without grad."""
+    with torch.no_grad():
+        return tower(values.to(next(tower.parameters()).dtype), grid_thw=grid_thw).pooler_output
+
+
+def seeded(build, dtype=torch.float32, seed=0, **sizes):
+    """``build(**sizes)`` with seeded weights (norm weights made random, so they matter) in
+    ``dtype``, in eval mode."""
+    torch.manual_seed(seed)
+    tower = build(**sizes).eval()
+    with torch.no_grad():
+        for name, p in tower.named_parameters():
+            if "norm" in name:
+                p.add_(0.2 * torch.randn_like(p))
+    return tower.to(dtype)
