@@ -6,6 +6,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <string_view>
 
 #include <nlohmann/json.hpp>
 
@@ -17,10 +18,13 @@
 namespace kiln::jit {
 namespace {
 
-std::int64_t require_size(const nlohmann::json& config, const char* key) {
+// `section`: the part of config.json `config` is, for the message ("vision_config: "; empty at
+// the top level).
+std::int64_t require_size(const nlohmann::json& config, const char* key,
+                          std::string_view section = {}) {
   const auto it = config.find(key);
   if (it == config.end() || !it->is_number_integer() || it->get<std::int64_t>() <= 0) {
-    throw Error(std::string("kiln prewarm: config.json: \"") + key +
+    throw Error("kiln prewarm: config.json: " + std::string(section) + "\"" + key +
                 "\": expected a positive integer" +
                 (it == config.end() ? std::string(", but it is missing") : ", got " + it->dump()));
   }
@@ -432,6 +436,105 @@ ModelShape read_diffusion(const nlohmann::json& config, const std::string& kind)
   return model;
 }
 
+// The vision towers of multimodal models kiln's patch takes (bindings/python/kiln/patching:
+// vision_rope.py, gelu_mlp.py) whose every patched call is known here (GLM-4V's mergers, whose
+// norms and gated MLP run at widths of their own, are not), by the tower's model_type (its
+// vision_config's, "_vision" dropped, else the model's): the norm of its blocks, whether its MLP is
+// gated (gate, up and down projections: SwiGLU) or two layers around its activation (GELU), the
+// config key of the MLP's width, and whether its attention rotates q and k
+// (apply_rotary_pos_emb_vision).
+struct VisionTower {
+  const char* model_type;
+  Op norm;
+  bool gated;
+  const char* mlp_width;  // a config key; "mlp_ratio" for embed_dim x mlp_ratio (Qwen2-VL)
+  bool rope;
+};
+constexpr VisionTower kVisionTowers[] = {
+    {"qwen2_vl", Op::layer_norm, false, "mlp_ratio", true},
+    {"qwen2_5_vl", Op::rms_norm, true, "intermediate_size", true},
+    {"qwen3_vl", Op::layer_norm, false, "intermediate_size", true},
+    {"qwen3_vl_moe", Op::layer_norm, false, "intermediate_size", true},
+    {"qwen3_5", Op::layer_norm, false, "intermediate_size", true},
+    {"qwen3_5_moe", Op::layer_norm, false, "intermediate_size", true},
+    {"siglip", Op::layer_norm, false, "intermediate_size", false},
+    {"siglip2", Op::layer_norm, false, "intermediate_size", false},
+};
+
+std::string tower_type(const nlohmann::json& vision, const std::string& parent_kind) {
+  std::string type = text_of(vision, "model_type");
+  if (type.empty()) {
+    type = parent_kind;
+  }
+  for (const std::string suffix : {"_vision_model", "_vision"}) {
+    if (type.size() > suffix.size() && type.ends_with(suffix)) {
+      return type.substr(0, type.size() - suffix.size());
+    }
+  }
+  return type;
+}
+
+// A multimodal model's vision tower as kiln's patch runs it, where its config has one of
+// kVisionTowers: its norms at its width, its MLP's SwiGLU or GELU (not QuickGELU, which the
+// patch leaves), and RoPE over each head with the tower's fp32 table, q and k with its head
+// count each.
+std::optional<ModelShape> read_vision_tower(const nlohmann::json& config,
+                                            const std::string& parent_kind) {
+  const auto vision = config.find("vision_config");
+  if (vision == config.end() || !vision->is_object()) {
+    return std::nullopt;
+  }
+  const std::string type = tower_type(*vision, parent_kind);
+  const auto* rule = std::find_if(std::begin(kVisionTowers), std::end(kVisionTowers),
+                                  [&](const VisionTower& t) { return type == t.model_type; });
+  if (rule == std::end(kVisionTowers)) {
+    return std::nullopt;
+  }
+  ModelShape tower;
+  tower.kind = type + " vision tower";
+  // Qwen2-VL's tower is embed_dim wide; its hidden_size is the merger's output.
+  const bool embed = rule->mlp_width == std::string_view("mlp_ratio");
+  constexpr std::string_view kSection = "vision_config: ";
+  tower.hidden = require_size(*vision, embed ? "embed_dim" : "hidden_size", kSection);
+  if (embed) {
+    const auto ratio = vision->find("mlp_ratio");
+    const double value = ratio != vision->end() && ratio->is_number() ? ratio->get<double>() : 4.0;
+    tower.intermediate = static_cast<std::int64_t>(static_cast<double>(tower.hidden) * value);
+  } else {
+    tower.intermediate = require_size(*vision, rule->mlp_width, kSection);
+  }
+  const char* heads_key = vision->contains("num_heads") ? "num_heads" : "num_attention_heads";
+  const std::int64_t heads = require_size(*vision, heads_key, kSection);
+  if (tower.hidden % heads != 0) {
+    throw Error("kiln prewarm: config.json: vision_config: the width " +
+                std::to_string(tower.hidden) + " is not a multiple of " + heads_key + " " +
+                std::to_string(heads));
+  }
+  tower.head_dim = tower.hidden / heads;
+  tower.heads_q = tower.heads_k = heads;
+  tower.ops[rule->norm] = {tower.hidden};
+  // Qwen3-VL's deepstack mergers normalise the 2 x 2 patches they merge as one row.
+  if (auto deepstack = vision->find("deepstack_visual_indexes");
+      deepstack != vision->end() && deepstack->is_array() && !deepstack->empty()) {
+    const std::int64_t merge = size_if_set(*vision, "spatial_merge_size").value_or(2);
+    tower.ops[rule->norm].push_back(tower.hidden * merge * merge);
+  }
+  const std::string act = text_of(*vision, "hidden_act");
+  if (rule->gated && act == "silu") {
+    tower.ops[Op::swiglu] = {tower.intermediate};
+  } else if (!rule->gated && act.starts_with("gelu")) {
+    tower.ops[Op::gelu] = {tower.intermediate};
+  }
+  if (rule->rope) {
+    tower.rope = "rotate-half over each head, an fp32 table (apply_rotary_pos_emb_vision)";
+    tower.rope_tables = {kRopeTableF32};
+    tower.ops[Op::rope] = {tower.head_dim};
+  } else {
+    tower.rope = "none";
+  }
+  return tower;
+}
+
 bool is_norm(Op op) {
   switch (op) {
     case Op::rms_norm:
@@ -466,13 +569,20 @@ ModelShape read_model_config(const nlohmann::json& config) {
       return read_diffusion(config, kind);
     }
   }
+  // A multimodal model (Qwen3.5, Qwen3-VL, Gemma 3): kiln's patch takes its language model
+  // (its text_config, or the top level where older configs keep it) and its vision tower.
+  std::optional<ModelShape> model;
   if (config.contains("hidden_size")) {
-    return read_llm(config);
+    model = read_llm(config);
+  } else if (auto text = config.find("text_config");
+             text != config.end() && text->is_object() && text->contains("hidden_size")) {
+    model = read_llm(*text);
   }
-  // A multimodal model (Qwen3.5, Qwen3-VL, Gemma 3): kiln's patch takes its language model.
-  if (auto text = config.find("text_config");
-      text != config.end() && text->is_object() && text->contains("hidden_size")) {
-    return read_llm(*text);
+  if (model) {
+    if (auto tower = read_vision_tower(config, text_of(config, "model_type"))) {
+      model->towers.push_back(std::move(*tower));
+    }
+    return *model;
   }
   throw Error(
       "kiln prewarm: config.json: expected a transformers LLM config (hidden_size, "
@@ -545,7 +655,27 @@ std::vector<PrewarmTarget> model_targets(const ModelShape& model, const std::vec
   for (const auto& [op, list] : sizes) {
     chosen.push_back(op);
   }
-  return expand_targets(chosen, dtypes, sizes, archs, notes, prewarm_model(model, training));
+  auto targets =
+      expand_targets(chosen, dtypes, sizes, archs, notes, prewarm_model(model, training));
+  // A tower's own ops only (of `ops`, where given): the generic sizes are the language model's.
+  for (const ModelShape& tower : model.towers) {
+    std::vector<Op> own;
+    for (const auto& [op, list] : tower.ops) {
+      if (ops.empty() || std::find(ops.begin(), ops.end(), op) != ops.end()) {
+        own.push_back(op);
+      }
+    }
+    if (own.empty()) {
+      continue;
+    }
+    for (const auto& target : expand_targets(own, dtypes, sizes_for_ops(tower, own), archs, notes,
+                                             prewarm_model(tower, training))) {
+      if (std::find(targets.begin(), targets.end(), target) == targets.end()) {
+        targets.push_back(target);
+      }
+    }
+  }
+  return targets;
 }
 
 }  // namespace kiln::jit

@@ -12,7 +12,11 @@
 //    (shared_expert_intermediate_size) is a SwiGLU of its own size, and so are its routed
 //    experts (moe_intermediate_size, where num_experts, n_routed_experts or num_local_experts
 //    counts them). A multimodal config's
-//    language model is read from its text_config. Tables as kiln's patch hands them to
+//    language model is read from its text_config (or its top level), and its vision_config's
+//    tower, where it is Qwen2-VL's, Qwen2.5-VL's, Qwen3-VL's, Qwen3.5's or SigLIP's (Gemma 3,
+//    PaliGemma), into ModelShape::towers: its norms (RMSNorm or LayerNorm) at its width (and
+//    Qwen3-VL's deepstack mergers' at 4x), its MLP's SwiGLU or GELU, and RoPE over each of its
+//    heads from an fp32 table (not SigLIP's). Tables as kiln's patch hands them to
 //    kiln.rope: GPT-OSS's one angle a pair, GLM's (glm, glm4) interleaved pairs from half its
 //    table; Phi-2, StableLM and Persimmon slice the rotated columns off and rotate that slice
 //    as a whole head (RoPE at the rotary dim). The gated RMSNorm of linear attentions
@@ -81,6 +85,9 @@ struct ModelShape {
   std::vector<Op> fp32_ops;
   // The ops the model uses, with the sizes each is called at.
   std::map<Op, std::vector<std::int64_t>> ops;
+  // The parts of a multimodal model kiln's patch takes besides its language model (its vision
+  // tower), each prewarmed with its own sizes, head counts and table forms.
+  std::vector<ModelShape> towers;
 };
 
 // Throws kiln::Error naming the key that is missing or of the wrong type.

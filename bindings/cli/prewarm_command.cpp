@@ -121,11 +121,17 @@ int run_prewarm(const PrewarmArgs& args) {
   if (!args.config.empty()) {
     const jit::ModelShape model =
         jit::read_model_config(jit::read_config_file(args.config, "kiln prewarm"));
-    std::fprintf(stderr,
-                 "kiln prewarm: %s: hidden %lld, intermediate %lld, head dim %lld, RoPE %s\n",
-                 model.kind.c_str(), static_cast<long long>(model.hidden),
-                 static_cast<long long>(model.intermediate), static_cast<long long>(model.head_dim),
-                 model.rope.c_str());
+    std::vector<const jit::ModelShape*> parts{&model};
+    for (const jit::ModelShape& tower : model.towers) {
+      parts.push_back(&tower);
+    }
+    for (const jit::ModelShape* part : parts) {
+      std::fprintf(stderr,
+                   "kiln prewarm: %s: hidden %lld, intermediate %lld, head dim %lld, RoPE %s\n",
+                   part->kind.c_str(), static_cast<long long>(part->hidden),
+                   static_cast<long long>(part->intermediate),
+                   static_cast<long long>(part->head_dim), part->rope.c_str());
+    }
     auto more =
         jit::model_targets(model, ops, dtypes, parse_archs(args.archs, true), args.training, notes);
     targets.insert(targets.end(), more.begin(), more.end());

@@ -505,3 +505,49 @@ def test_glm5_next_prewarms_what_its_patched_language_model_calls(fresh_cache, t
     assert prewarmed("rms_norm", text.hc_mult * text.hidden_size, 0)
     assert prewarmed("rms_norm", text.kv_lora_rank, 1) and prewarmed("rms_norm", text.q_lora_rank, 1)
     assert prewarmed("layer_norm", text.index_head_dim, 3)
+
+
+@pytest.mark.parametrize("name", ["qwen2_5_vl", "qwen3_vl"])
+def test_a_multimodal_models_vision_tower_is_prewarmed_as_its_patch_calls_kiln(fresh_cache, tmp_path, name):
+    # A tiny Qwen2.5-VL and Qwen3-VL, their towers patched: each norm, MLP and attention RoPE kiln.patch
+    # replaces there is a problem the config's prewarm compiled (norms with their weight: 1, LayerNorms'
+    # bias too: 2; SwiGLU of two tensors and the GELU (tanh) of a flat row: 1; RoPE over the tower's
+    # 4 + 4 heads of 16 (16 | 32) from its fp32 table (2)), beside the language model's RoPE at its own
+    # head dim.
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.qwen2_5_vl import modeling_qwen2_5_vl
+    from transformers.models.qwen3_vl import modeling_qwen3_vl
+    text = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, vocab_size=256)
+    vision = dict(depth=2, hidden_size=64, intermediate_size=96, num_heads=4, out_hidden_size=64,
+                  spatial_merge_size=2, temporal_patch_size=2)
+    if name == "qwen2_5_vl":
+        config = transformers.Qwen2_5_VLConfig(text_config=text, vision_config=dict(
+            vision, patch_size=14, window_size=56, fullatt_block_indexes=[1]))
+        tower = modeling_qwen2_5_vl.Qwen2_5_VisionTransformerPretrainedModel(config.vision_config)
+    else:
+        config = transformers.Qwen3VLConfig(text_config=dict(text, head_dim=16), vision_config=dict(
+            vision, patch_size=16, num_position_embeddings=64, deepstack_visual_indexes=[1]))
+        tower = modeling_qwen3_vl.Qwen3VLVisionModel(config.vision_config)
+    path = tmp_path / "config.json"
+    config.to_json_file(str(path))
+    assert kiln.prewarm(dtypes="bf16", archs="sm_90", config=str(path))["failed"] == 0
+    taken = set()
+    for replaced in kiln.patch(tower).replaced:
+        module = tower.get_submodule(replaced.path)
+        if replaced.op == "rope":
+            taken.add(("rope", 16, 2 | 16 | 32))
+        elif replaced.op == "rms_norm":
+            taken.add(("rms_norm", module.weight.shape[0], 1))
+        elif replaced.op == "layer_norm":
+            taken.add(("layer_norm", module.weight.shape[0], 1 | 2))
+        elif replaced.op == "swiglu":
+            taken.add(("swiglu", module.gate_proj.out_features, 1))
+        elif replaced.op == "gelu":
+            taken.add(("gelu", module.linear_fc1.out_features, 1))
+    norm, mlp = ("rms_norm", "swiglu") if name == "qwen2_5_vl" else ("layer_norm", "gelu")
+    assert {op for op, _, _ in taken} == {"rope", norm, mlp}
+    for op, width, flags in taken:
+        assert kiln.compile(op, "bf16", width, arch="sm_90", format="cubin", flags=flags)["from_cache"], (op, width)
+    # The language model's RoPE (16-wide heads too here, from a bf16 table: flags 16) stays prewarmed.
+    assert kiln.compile("rope", "bf16", 16, arch="sm_90", format="cubin", flags=16)["from_cache"]

@@ -323,6 +323,66 @@ def test_prewarm_from_config_serves_gpt_oss_experts_clamped_gate(tmp_path, train
     assert compiled == [] and stats["nvrtc_compiles"] == 0, compiled
 
 
+# A multimodal model's vision tower (its config.json as transformers writes it), patched and run
+# in bf16 on one image of 8 x 8 patches (with autograd when training): the kernels it loaded,
+# what it compiled, and its statistics.
+TOWER_CALLS = """
+import importlib, json, torch, kiln
+modeling = importlib.import_module("transformers.models.{name}.modeling_{name}")
+configuration = importlib.import_module("transformers.models.{name}.configuration_{name}")
+vision = getattr(configuration, "{config_class}").from_json_file("{config}").vision_config
+torch.manual_seed(0)
+tower = getattr(modeling, "{tower_class}")(vision).to("cuda", torch.bfloat16)
+report = kiln.patch(tower)
+width = vision.in_channels * vision.temporal_patch_size * vision.patch_size ** 2
+pixels = torch.randn(64, width, device="cuda", dtype=torch.bfloat16, requires_grad={train})
+grid = torch.tensor([[1, 8, 8]], device="cuda")
+with torch.set_grad_enabled({train}):
+    out = tower(pixels, grid_thw=grid).pooler_output
+    if {train}:
+        out.float().square().sum().backward()
+torch.cuda.synchronize()
+print(json.dumps({{**kiln.stats(), "kernels": kiln._C.loaded_kernels(),
+                  "ops": sorted({{r.op for r in report.replaced}})}}))
+"""
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["qwen2_5_vl", "qwen3_vl"])
+@pytest.mark.parametrize("training", [False, True])
+def test_prewarm_from_config_serves_a_patched_vision_tower(tmp_path, name, training):
+    """kiln prewarm --config of a Qwen2.5-VL or Qwen3-VL config.json compiles what the patched
+    vision tower calls besides the language model: its norms (and Qwen3-VL's deepstack mergers'
+    at 4x its width), its SwiGLU or GELU, and RoPE over its 4 + 4 heads of 40 (Qwen3-VL: 72) from
+    the fp32 table (Qwen3-VL's 72, its heads' width: a head of 36 would be 8-byte aligned, which
+    prewarm does not compile); with --training, the backward kernels too. The tower's first
+    forward (and backward) on a GPU compiles nothing."""
+    transformers = pytest.importorskip("transformers")
+    text = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, vocab_size=256)
+    if name == "qwen2_5_vl":
+        config = transformers.Qwen2_5_VLConfig(text_config=text, vision_config=dict(
+            depth=2, hidden_size=160, intermediate_size=224, num_heads=4, out_hidden_size=64, patch_size=14,
+            window_size=56, fullatt_block_indexes=[1]))
+        config_class, tower_class, width = "Qwen2_5_VLConfig", "Qwen2_5_VisionTransformerPretrainedModel", 40
+    else:
+        config = transformers.Qwen3VLConfig(text_config=dict(text, head_dim=16), vision_config=dict(
+            depth=2, hidden_size=288, intermediate_size=224, num_heads=4, out_hidden_size=64, patch_size=16,
+            num_position_embeddings=64, deepstack_visual_indexes=[1]))
+        config_class, tower_class, width = "Qwen3VLConfig", "Qwen3VLVisionModel", 72
+    path = tmp_path / "config.json"
+    config.to_json_file(str(path))
+    calls = TOWER_CALLS.format(name=name, config_class=config_class, tower_class=tower_class, config=path,
+                               train=training)
+    warmed, stats, compiled = _prewarm_then_run(tmp_path, path, calls, training)
+    print(f"{name} training={training}: prewarmed {warmed['compiled']}, patched {stats['ops']}, "
+          f"compiled on the GPU: {compiled}")
+    assert "rope" in stats["ops"]
+    # The tower's RoPE: an fp32 table (2), 4 + 4 heads (16 | 32).
+    assert any(k["problem"].startswith(f"rope.bf16.h{width}.f50") for k in stats["kernels"]), stats["kernels"]
+    assert compiled == [] and stats["nvrtc_compiles"] == 0, compiled
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("model_type", ["llama4_text", "deepseek_v2"])
 def test_prewarm_from_config_serves_complex_frequency_rope_models(tmp_path, model_type):

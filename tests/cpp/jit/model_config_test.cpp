@@ -210,7 +210,12 @@ TEST_CASE("routed experts of their own width are one more SwiGLU") {
 TEST_CASE("a multimodal config's language model is read from its text_config") {
   const nlohmann::json qwen3_5 = {
       {"model_type", "qwen3_5"},
-      {"vision_config", {{"hidden_size", 1152}, {"depth", 27}}},
+      {"vision_config",
+       {{"hidden_size", 1152},
+        {"depth", 27},
+        {"intermediate_size", 4304},
+        {"num_heads", 16},
+        {"hidden_act", "gelu_pytorch_tanh"}}},
       {"text_config",
        {{"model_type", "qwen3_5_text"},
         {"hidden_size", 4096},
@@ -478,4 +483,125 @@ TEST_CASE("an adaln prewarmed from an op list covers FLUX's, LTX-Video's and Wan
       kiln::DType::bf16, 3072, kiln::jit::prewarm_model(flux, false));
   REQUIRE(flux_problems.size() == 1);
   CHECK(flux_problems[0].flags == kiln::kNormLayer);
+}
+
+TEST_CASE("a multimodal config's vision tower is prewarmed as kiln's patch runs it") {
+  // Qwen2.5-VL (an older config: the language model at the top level): RMSNorms, SwiGLU MLPs,
+  // RoPE over 16 heads of 80 from an fp32 table.
+  const nlohmann::json qwen2_5_vl = {{"model_type", "qwen2_5_vl"},
+                                     {"hidden_size", 3584},
+                                     {"intermediate_size", 18944},
+                                     {"num_attention_heads", 28},
+                                     {"num_key_value_heads", 4},
+                                     {"vision_config",
+                                      {{"model_type", "qwen2_5_vl"},
+                                       {"hidden_size", 1280},
+                                       {"intermediate_size", 3420},
+                                       {"num_heads", 16},
+                                       {"out_hidden_size", 3584},
+                                       {"hidden_act", "silu"}}}};
+  const kiln::jit::ModelShape model = kiln::jit::read_model_config(qwen2_5_vl);
+  CHECK(model.hidden == 3584);
+  REQUIRE(model.towers.size() == 1);
+  const kiln::jit::ModelShape& tower = model.towers[0];
+  CHECK(tower.kind == "qwen2_5_vl vision tower");
+  CHECK(tower.ops.at(Op::rms_norm) == std::vector<std::int64_t>{1280});
+  CHECK(tower.ops.at(Op::swiglu) == std::vector<std::int64_t>{3420});
+  CHECK(tower.ops.at(Op::rope) == std::vector<std::int64_t>{80});
+  CHECK(tower.rope_tables == std::vector<std::uint32_t>{kiln::kRopeTableF32});
+  CHECK(tower.heads_q == 16);
+  // Its targets join the language model's: the tower's RoPE at 80 with an fp32 table, its norm
+  // at 1280; the language model's RoPE at 128.
+  const auto targets = targets_of(model);
+  const auto has = [&](Op op, std::int64_t hidden, std::uint32_t flags) {
+    return std::any_of(targets.begin(), targets.end(), [&](const kiln::jit::PrewarmTarget& t) {
+      return t.problem.op == op && t.problem.hidden == hidden && (t.problem.flags & flags) == flags;
+    });
+  };
+  CHECK(has(Op::rope, 80, kiln::kRopeTableF32));
+  CHECK(has(Op::rope, 128, 0));
+  CHECK(has(Op::rms_norm, 1280, 0));
+  CHECK(has(Op::swiglu, 3420, 0));
+  CHECK_FALSE(has(Op::fused_add_rms_norm, 1280, 0));  // the tower has no residual norm
+  CHECK(std::all_of(targets.begin(), targets.end(), [&](const kiln::jit::PrewarmTarget& t) {
+    return std::count(targets.begin(), targets.end(), t) == 1;
+  }));
+  // An --op list prewarms the tower's ops among those only, at the tower's sizes.
+  std::vector<std::string> notes;
+  const auto ropes =
+      kiln::jit::model_targets(model, {Op::rope}, {kiln::DType::bf16}, {90}, false, notes);
+  CHECK(std::all_of(ropes.begin(), ropes.end(),
+                    [](const kiln::jit::PrewarmTarget& t) { return t.problem.op == Op::rope; }));
+  CHECK(std::any_of(ropes.begin(), ropes.end(),
+                    [](const kiln::jit::PrewarmTarget& t) { return t.problem.hidden == 80; }));
+
+  // Qwen3-VL (transformers 5's layout): LayerNorms, tanh-GELU MLPs, 16 heads of 72.
+  const nlohmann::json qwen3_vl = {{"model_type", "qwen3_vl"},
+                                   {"text_config",
+                                    {{"model_type", "qwen3_vl_text"},
+                                     {"hidden_size", 4096},
+                                     {"intermediate_size", 12288},
+                                     {"num_attention_heads", 32},
+                                     {"num_key_value_heads", 8},
+                                     {"head_dim", 128}}},
+                                   {"vision_config",
+                                    {{"model_type", "qwen3_vl_vision"},
+                                     {"hidden_size", 1152},
+                                     {"intermediate_size", 4304},
+                                     {"num_heads", 16},
+                                     {"deepstack_visual_indexes", {8, 16, 24}},
+                                     {"hidden_act", "gelu_pytorch_tanh"}}}};
+  const kiln::jit::ModelShape vl3 = kiln::jit::read_model_config(qwen3_vl);
+  REQUIRE(vl3.towers.size() == 1);
+  // Its blocks' and final merger's norms at 1152, the deepstack mergers' at 4 x 1152.
+  CHECK(vl3.towers[0].ops.at(Op::layer_norm) == std::vector<std::int64_t>{1152, 4608});
+  CHECK(vl3.towers[0].ops.at(Op::gelu) == std::vector<std::int64_t>{4304});
+  CHECK(vl3.towers[0].ops.at(Op::rope) == std::vector<std::int64_t>{72});
+
+  // Qwen2-VL's tower is embed_dim wide (hidden_size is its merger's output), its MLP QuickGELU,
+  // which the patch leaves.
+  nlohmann::json qwen2_vl = qwen2_5_vl;
+  qwen2_vl["model_type"] = "qwen2_vl";
+  qwen2_vl["vision_config"] = {{"embed_dim", 1280},
+                               {"hidden_size", 3584},
+                               {"mlp_ratio", 4},
+                               {"num_heads", 16},
+                               {"hidden_act", "quick_gelu"}};
+  const kiln::jit::ModelShape vl2 = kiln::jit::read_model_config(qwen2_vl);
+  REQUIRE(vl2.towers.size() == 1);
+  CHECK(vl2.towers[0].intermediate == 5120);
+  CHECK(vl2.towers[0].ops.at(Op::layer_norm) == std::vector<std::int64_t>{1280});
+  CHECK_FALSE(vl2.towers[0].ops.contains(Op::gelu));
+  CHECK(vl2.towers[0].ops.at(Op::rope) == std::vector<std::int64_t>{80});
+
+  // Gemma 3's SigLIP: LayerNorms and GELU, no RoPE.
+  const nlohmann::json gemma3 = {{"model_type", "gemma3"},
+                                 {"text_config",
+                                  {{"model_type", "gemma3_text"},
+                                   {"hidden_size", 2560},
+                                   {"intermediate_size", 10240},
+                                   {"num_attention_heads", 8},
+                                   {"num_key_value_heads", 4},
+                                   {"head_dim", 256}}},
+                                 {"vision_config",
+                                  {{"model_type", "siglip_vision_model"},
+                                   {"hidden_size", 1152},
+                                   {"intermediate_size", 4304},
+                                   {"num_attention_heads", 16},
+                                   {"hidden_act", "gelu_pytorch_tanh"}}}};
+  const kiln::jit::ModelShape siglip = kiln::jit::read_model_config(gemma3).towers.at(0);
+  CHECK(siglip.ops.at(Op::layer_norm) == std::vector<std::int64_t>{1152});
+  CHECK(siglip.ops.at(Op::gelu) == std::vector<std::int64_t>{4304});
+  CHECK_FALSE(siglip.ops.contains(Op::rope));
+
+  // A tower kiln's patch does not know is not prewarmed; a known one missing a size names it.
+  nlohmann::json other = gemma3;
+  other["vision_config"]["model_type"] = "clip_vision_model";
+  CHECK(kiln::jit::read_model_config(other).towers.empty());
+  nlohmann::json missing = qwen3_vl;
+  missing["vision_config"].erase("num_heads");
+  CHECK_THROWS_WITH_AS(kiln::jit::read_model_config(missing),
+                       "kiln prewarm: config.json: vision_config: \"num_attention_heads\": "
+                       "expected a positive integer, but it is missing",
+                       kiln::Error);
 }
