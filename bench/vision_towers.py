@@ -48,32 +48,29 @@ TINY_GRIDS = {"qwen2.5-vl": [1, 8, 8], "qwen3-vl": [1, 8, 8]}
 SIGLIP_IMAGES = 8
 
 
+# The Qwen towers' modules: (transformers' model folder, the multimodal config class, the tower class).
+QWEN_CLASSES = {"qwen2.5-vl": ("qwen2_5_vl", "Qwen2_5_VLConfig", "Qwen2_5_VisionTransformerPretrainedModel"),
+                "qwen3-vl": ("qwen3_vl", "Qwen3VLConfig", "Qwen3VLVisionModel")}
+
+
 def build(name, tiny=False, device="cuda", dtype=torch.bfloat16, seed=0):
     """(the tower, its blocks) with random weights, sdpa attention, in eval mode."""
+    import importlib
+
     import transformers
 
     config = (TINY if tiny else TOWERS)[name]
     torch.manual_seed(seed)
-    if name == "qwen2.5-vl":
-        from transformers.models.qwen2_5_vl import modeling_qwen2_5_vl
-        vision = transformers.Qwen2_5_VLConfig(vision_config=config).vision_config
-        vision._attn_implementation = "sdpa"
-        with torch.device(device):
-            tower = modeling_qwen2_5_vl.Qwen2_5_VisionTransformerPretrainedModel(vision)
-        blocks = list(tower.blocks)
-    elif name == "qwen3-vl":
-        from transformers.models.qwen3_vl import modeling_qwen3_vl
-        vision = transformers.Qwen3VLConfig(vision_config=config).vision_config
-        vision._attn_implementation = "sdpa"
-        with torch.device(device):
-            tower = modeling_qwen3_vl.Qwen3VLVisionModel(vision)
-        blocks = list(tower.blocks)
+    if name in QWEN_CLASSES:
+        folder, config_class, tower_class = QWEN_CLASSES[name]
+        vision = getattr(transformers, config_class)(vision_config=config).vision_config
+        modeling = importlib.import_module(f"transformers.models.{folder}.modeling_{folder}")
     else:
-        vision = transformers.SiglipVisionConfig(**config)
-        vision._attn_implementation = "sdpa"
-        with torch.device(device):
-            tower = transformers.SiglipVisionModel(vision)
-        blocks = list(tower.encoder.layers)
+        vision, modeling, tower_class = transformers.SiglipVisionConfig(**config), transformers, "SiglipVisionModel"
+    vision._attn_implementation = "sdpa"
+    with torch.device(device):
+        tower = getattr(modeling, tower_class)(vision)
+    blocks = list(tower.blocks) if name in QWEN_CLASSES else list(tower.encoder.layers)
     return tower.to(dtype).eval(), blocks
 
 

@@ -13,9 +13,8 @@ import kiln
 from kiln import activation_ops, rope_ops
 from kiln.patching import gelu_mlp, vision_rope
 
-import vision_towers  # noqa: F401  (skips the module where transformers is missing)
 from graph_model import calls_of, compile_capturing
-from vision_towers import embeddings, pixels, qwen2_5_vl, qwen3_vl, seeded
+from vision_towers import embeddings, pixels, qwen2_5_vl, qwen3_vl, seeded  # skips where transformers is missing
 from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import apply_rotary_pos_emb_vision
 from transformers import SiglipVisionConfig, SiglipVisionModel, CLIPVisionConfig, CLIPVisionModel
 

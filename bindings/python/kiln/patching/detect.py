@@ -394,21 +394,37 @@ def classify_mlp(module: torch.nn.Module, original: Callable) -> Union[Match, No
     act = _identify_activation(act_fn)
     if act is None:
         return NoMatch("mlp", f"its {attr} ({type(act_fn).__name__}) is not SiLU or GELU on a probe")
-    dtype = probe_dtype(module.gate_proj)
-    generator = torch.Generator().manual_seed(0)
-    hidden, inner = 24, 40
-    children = {name: probe_linear(n_in, n_out, getattr(module, name), dtype, generator)
-                for name, n_in, n_out in (("gate_proj", hidden, inner), ("up_proj", hidden, inner),
-                                          ("down_proj", inner, hidden))}
-    dtypes = (dtype,) + tuple(d for d in _PROBE_DTYPES if d != dtype)
-    inputs = with_large_values(_probe_inputs(hidden, dtypes, generator))
     kind, op = _MLP_OPS[act]
     factory = forwards.gated_mlp(act, attr)
+    why = compare_with_probe_projections(module, original, factory, attr, (
+        ("gate_proj", _MLP_HIDDEN, _MLP_INNER), ("up_proj", _MLP_HIDDEN, _MLP_INNER),
+        ("down_proj", _MLP_INNER, _MLP_HIDDEN)))
+    if why is not None:
+        return NoMatch("mlp", f"does not compute down_proj({attr}(gate_proj(x)) * up_proj(x)): {why}")
+    return Match(kind, op, factory)
+
+
+# An MLP probe's widths: its input and output rows, and between its projections.
+_MLP_HIDDEN, _MLP_INNER = 24, 40
+
+
+def compare_with_probe_projections(module: torch.nn.Module, original: Callable, factory: Callable, attr: str,
+                                   projections: tuple) -> Optional[str]:
+    """None when the replacement ``factory`` makes agrees with ``original`` on probes run with the
+    module's ``projections`` ((name, in, out) each; the first takes the probe's rows) swapped for
+    small random ones, in the first's dtype and the others; else why not. The module's ``attr``
+    activation is marked as the one probed (:func:`.forwards.remember_activation`), and unmarked
+    where they differ."""
+    dtype = probe_dtype(getattr(module, projections[0][0]))
+    generator = torch.Generator().manual_seed(0)
+    children = {name: probe_linear(n_in, n_out, getattr(module, name), dtype, generator)
+                for name, n_in, n_out in projections}
+    dtypes = (dtype,) + tuple(d for d in _PROBE_DTYPES if d != dtype)
+    inputs = with_large_values(_probe_inputs(projections[0][1], dtypes, generator))
     forwards.remember_activation(module, attr)  # the replacement runs kiln's op only for it
-    # The down projection sums many rounded products: the bound scales with the output's size.
+    # The last projection sums many rounded products: the bound scales with the output's size.
     with torch.no_grad(), _Swapped(module, children=children):
         why = _compare(original, factory(module, original), inputs, scale_of=lambda out: out.abs().max().item())
     if why is not None:
         forwards.forget_activation(module)
-        return NoMatch("mlp", f"does not compute down_proj({attr}(gate_proj(x)) * up_proj(x)): {why}")
-    return Match(kind, op, factory)
+    return why

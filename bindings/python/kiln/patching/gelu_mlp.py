@@ -14,8 +14,8 @@ import torch
 
 from .. import activation_ops
 from . import forwards
-from .detect import (_PROBE_DTYPES, Match, NoMatch, _compare, _identify_activation, _probe_inputs, _Swapped,
-                     has_child, other_children, probe_dtype, probe_linear, with_large_values)
+from .detect import (_MLP_HIDDEN, _MLP_INNER, Match, NoMatch, _identify_activation, compare_with_probe_projections,
+                     has_child, other_children)
 
 # The projections' names, as each family spells them.
 PROJECTIONS = (("fc1", "fc2"), ("linear_fc1", "linear_fc2"))
@@ -75,19 +75,10 @@ def classify(module: torch.nn.Module, original: Callable) -> Union[Match, NoMatc
     if act not in _APPROXIMATE:
         return NoMatch("mlp", f"its {attr} ({type(act_fn).__name__}) is not GELU on a probe")
     approximate = _APPROXIMATE[act]
-    dtype = probe_dtype(getattr(module, first))
-    generator = torch.Generator().manual_seed(0)
-    hidden, inner = 24, 40
-    children = {first: probe_linear(hidden, inner, getattr(module, first), dtype, generator),
-                second: probe_linear(inner, hidden, getattr(module, second), dtype, generator)}
-    dtypes = (dtype,) + tuple(d for d in _PROBE_DTYPES if d != dtype)
-    inputs = with_large_values(_probe_inputs(hidden, dtypes, generator))
     factory = gelu_between(first, second, attr, approximate)
-    forwards.remember_activation(module, attr)  # the replacement runs kiln's op only for it
-    with torch.no_grad(), _Swapped(module, children=children):
-        why = _compare(original, factory(module, original), inputs, scale_of=lambda out: out.abs().max().item())
+    why = compare_with_probe_projections(module, original, factory, attr,
+                                         ((first, _MLP_HIDDEN, _MLP_INNER), (second, _MLP_INNER, _MLP_HIDDEN)))
     if why is not None:
-        forwards.forget_activation(module)
         return NoMatch("mlp", f"does not compute {second}({attr}({first}(x))): {why}")
     kind = "mlp gelu (tanh)" if approximate == "tanh" else "mlp gelu"
     return Match(kind, "gelu", factory)

@@ -22,9 +22,10 @@ from typing import Callable, Optional
 import torch
 
 from .. import rope_ops
-from .detect import Match, NoMatch, _agree
+from .detect import Match, NoMatch
 from . import source_rewrite, vision_rope
 from .forwards import kiln_can_take
+from .rotation_probes import disagreement
 from .vision_rope import VISION_GLOBAL
 
 ROPE_GLOBAL = "apply_rotary_pos_emb"
@@ -290,55 +291,27 @@ def probe(dtype: torch.dtype, generator: torch.Generator, form: str = "full", di
 def _compare(function: Callable, form: str):
     """None when ``function`` computes what kiln.rope computes on random probes of the table
     form (fp32 and bf16); else (whether the function itself failed on the probe, the reason)."""
-    replacement = rotate_half_rope(function, form)
     generator = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for dtype in (torch.float32, torch.bfloat16):
-            q, k, cos, sin = probe(dtype, generator, form)
-            try:
-                expected = function(q, k, cos, sin)
-            except Exception as e:
-                return True, f"its {function.__name__} fails on a probe ({type(e).__name__}: {e})"
-            try:
-                actual = replacement(q, k, cos, sin)
-            except Exception as e:
-                return False, f"kiln.rope fails on a {dtype} probe ({type(e).__name__}: {e})"
-            if not (isinstance(expected, tuple) and len(expected) == 2):
-                return False, f"its {function.__name__} does not return (q, k)"
-            for e, a in zip(expected, actual):
-                why = _agree(e, a)
-                if why is not None:
-                    return False, f"on a {dtype} probe kiln.rope {why}"
-    return None
+    probes = (("", tuple(probe(dtype, generator, form))) for dtype in (torch.float32, torch.bfloat16))
+    return disagreement(function, rotate_half_rope(function, form), probes)
 
 
 def _compare_complex(function: Callable, layout: str) -> Optional[str]:
     """None when ``function(q, k, freqs_cis)`` computes what kiln.rope computes with q and k in
     ``layout`` on random probes (fp32 and bf16; q with more heads than k, and batch, heads and
     positions of different sizes, so that broadcasting over the wrong axis fails); else why not."""
-    replacement = complex_rope(function, layout)
     generator = torch.Generator().manual_seed(0)
     shape_q, shape_k = ((2, 5, 4, 8), (2, 5, 2, 8)) if layout == "bshd" else ((2, 4, 5, 8), (2, 2, 5, 8))
-    with torch.no_grad():
+
+    def probes():
         for dtype in (torch.float32, torch.bfloat16):
             q = torch.randn(shape_q, generator=generator).to(dtype)
             k = torch.randn(shape_k, generator=generator).to(dtype)
             freqs = torch.polar(torch.ones(2, 5, 4), torch.rand(2, 5, 4, generator=generator) * 20.0)
-            try:
-                expected = function(q, k, freqs)
-            except Exception as e:
-                return f"its {function.__name__} fails on a [{layout}] probe ({type(e).__name__}: {e})"
-            try:
-                actual = replacement(q, k, freqs)
-            except Exception as e:
-                return f"kiln.rope fails on a {dtype} probe ({type(e).__name__}: {e})"
-            if not (isinstance(expected, tuple) and len(expected) == 2):
-                return f"its {function.__name__} does not return (q, k)"
-            for e, a in zip(expected, actual):
-                why = _agree(e, a)
-                if why is not None:
-                    return f"on a {dtype} [{layout}] probe kiln.rope {why}"
-    return None
+            yield f"[{layout}] ", (q, k, freqs)
+
+    found = disagreement(function, complex_rope(function, layout), probes())
+    return None if found is None else found[1]
 
 
 def _complex_layout(function: Callable) -> tuple:

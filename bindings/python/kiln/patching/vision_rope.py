@@ -14,8 +14,8 @@ from typing import Callable, Optional
 import torch
 
 from .. import rope_ops
-from .detect import _agree
 from .forwards import kiln_can_take
+from .rotation_probes import disagreement
 
 VISION_GLOBAL = "apply_rotary_pos_emb_vision"
 
@@ -69,23 +69,8 @@ def _probes(dtype: torch.dtype, generator: torch.Generator):
 def compare(function: Callable) -> Optional[str]:
     """None when ``function`` computes what kiln.rope computes on the towers' probes (q and k
     in fp32 and bf16, three and four dimensions); else why not."""
-    replacement = vision_rope(function)
     generator = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for dtype in (torch.float32, torch.bfloat16):
-            for q, k, cos, sin in _probes(dtype, generator):
-                try:
-                    expected = function(q, k, cos, sin)
-                except Exception as e:
-                    return f"its {VISION_GLOBAL} fails on a {q.dim()}-D probe ({type(e).__name__}: {e})"
-                try:
-                    actual = replacement(q, k, cos, sin)
-                except Exception as e:
-                    return f"kiln.rope fails on a {dtype} probe ({type(e).__name__}: {e})"
-                if not (isinstance(expected, tuple) and len(expected) == 2):
-                    return f"its {VISION_GLOBAL} does not return (q, k)"
-                for e, a in zip(expected, actual):
-                    why = _agree(e, a)
-                    if why is not None:
-                        return f"on a {dtype} {q.dim()}-D probe kiln.rope {why}"
-    return None
+    probes = ((f"{args[0].dim()}-D ", args) for dtype in (torch.float32, torch.bfloat16)
+              for args in _probes(dtype, generator))
+    found = disagreement(function, vision_rope(function), probes, VISION_GLOBAL)
+    return None if found is None else found[1]
