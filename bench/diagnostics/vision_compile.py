@@ -7,7 +7,7 @@ host-bound time moves by tens of percent between processes). Per setting and rou
 graph breaks and unique graphs.
 
 Usage: python bench/diagnostics/vision_compile.py [--model qwen3-vl] [--rounds 2] [--reps 20]
-       [--tiny --device cpu]"""
+       [--settings eager,eager+kiln,...] [--tiny] [--device cpu]"""
 
 import argparse
 import os
@@ -32,7 +32,13 @@ def main():
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--tiny", action="store_true")
     parser.add_argument("--device", default="cuda")
+    parser.add_argument("--settings", default=",".join(name for name, _, _ in SETTINGS),
+                        help="the settings to run, comma separated")
     args = parser.parse_args()
+    chosen = args.settings.split(",")
+    unknown = sorted(set(chosen) - {name for name, _, _ in SETTINGS})
+    if unknown:
+        raise SystemExit(f"vision_compile.py: --settings: unknown {unknown}")
     kiln = common.fresh_kiln(1024)
     from torch._dynamo.utils import counters
 
@@ -40,7 +46,7 @@ def main():
     kwargs = vision_towers.inputs(args.model, tower, args.tiny, args.device)
     forward = lambda: tower(**kwargs)  # noqa: E731
     for round_ in range(args.rounds):
-        for name, compiled, ops in SETTINGS:
+        for name, compiled, ops in (setting for setting in SETTINGS if setting[0] in chosen):
             torch._dynamo.reset()
             counters.clear()
             if ops is not None:
