@@ -437,18 +437,20 @@ ModelShape read_diffusion(const nlohmann::json& config, const std::string& kind)
 }
 
 // The vision towers of multimodal models kiln's patch takes (bindings/python/kiln/patching:
-// vision_rope.py, gelu_mlp.py) whose every patched call is known here (GLM-4V's mergers, whose
-// norms and gated MLP run at widths of their own, are not), by the tower's model_type (its
-// vision_config's, "_vision" dropped, else the model's): the norm of its blocks, whether its MLP is
-// gated (gate, up and down projections: SwiGLU) or two layers around its activation (GELU), the
-// config key of the MLP's width, and whether its attention rotates q and k
-// (apply_rotary_pos_emb_vision).
+// vision_rope.py, gelu_mlp.py), by the tower's model_type (its vision_config's, "_vision"
+// dropped, else the model's): the norm of its blocks, whether its MLP is gated (gate, up and
+// down projections: SwiGLU) or two layers around its activation (GELU), the config key of the
+// MLP's width, whether its attention rotates q and k (apply_rotary_pos_emb_vision), and a
+// merger's norm of another kind and width where it has one (GLM-4V's LayerNorm after its
+// projection to out_hidden_size; its merger's own gated MLP, beside that projection, is left).
 struct VisionTower {
   const char* model_type;
   Op norm;
   bool gated;
   const char* mlp_width;  // a config key; "mlp_ratio" for embed_dim x mlp_ratio (Qwen2-VL)
   bool rope;
+  Op merger_norm = Op::layer_norm;
+  const char* merger_norm_width = nullptr;  // a config key, or none
 };
 constexpr VisionTower kVisionTowers[] = {
     {"qwen2_vl", Op::layer_norm, false, "mlp_ratio", true},
@@ -457,6 +459,8 @@ constexpr VisionTower kVisionTowers[] = {
     {"qwen3_vl_moe", Op::layer_norm, false, "intermediate_size", true},
     {"qwen3_5", Op::layer_norm, false, "intermediate_size", true},
     {"qwen3_5_moe", Op::layer_norm, false, "intermediate_size", true},
+    {"glm4v", Op::rms_norm, true, "out_hidden_size", true, Op::layer_norm, "out_hidden_size"},
+    {"glm4v_moe", Op::rms_norm, true, "out_hidden_size", true, Op::layer_norm, "out_hidden_size"},
     {"siglip", Op::layer_norm, false, "intermediate_size", false},
     {"siglip2", Op::layer_norm, false, "intermediate_size", false},
 };
@@ -513,6 +517,13 @@ std::optional<ModelShape> read_vision_tower(const nlohmann::json& config,
   tower.head_dim = tower.hidden / heads;
   tower.heads_q = tower.heads_k = heads;
   tower.ops[rule->norm] = {tower.hidden};
+  if (rule->merger_norm_width != nullptr) {
+    auto& widths = tower.ops[rule->merger_norm];
+    const std::int64_t width = require_size(*vision, rule->merger_norm_width, kSection);
+    if (std::find(widths.begin(), widths.end(), width) == widths.end()) {
+      widths.push_back(width);
+    }
+  }
   // Qwen3-VL's deepstack mergers normalise the 2 x 2 patches they merge as one row.
   if (auto deepstack = vision->find("deepstack_visual_indexes");
       deepstack != vision->end() && deepstack->is_array() && !deepstack->empty()) {

@@ -507,10 +507,10 @@ def test_glm5_next_prewarms_what_its_patched_language_model_calls(fresh_cache, t
     assert prewarmed("layer_norm", text.index_head_dim, 3)
 
 
-@pytest.mark.parametrize("name", ["qwen2_5_vl", "qwen3_vl"])
+@pytest.mark.parametrize("name", ["qwen2_5_vl", "qwen3_vl", "glm4v"])
 def test_a_multimodal_models_vision_tower_is_prewarmed_as_its_patch_calls_kiln(fresh_cache, tmp_path, name):
-    # A tiny Qwen2.5-VL and Qwen3-VL, their towers patched: each norm, MLP and attention RoPE kiln.patch
-    # replaces there is a problem the config's prewarm compiled (norms with their weight: 1, LayerNorms'
+    # A tiny Qwen2.5-VL, Qwen3-VL and GLM-4V, their towers patched: each norm, MLP and attention RoPE
+    # kiln.patch replaces there is a problem the config's prewarm compiled (norms with their weight: 1, LayerNorms'
     # bias too: 2; SwiGLU of two tensors and the GELU (tanh) of a flat row: 1; RoPE over the tower's
     # 4 + 4 heads of 16 (16 | 32) from its fp32 table (2)), beside the language model's RoPE at its own
     # head dim.
@@ -525,10 +525,14 @@ def test_a_multimodal_models_vision_tower_is_prewarmed_as_its_patch_calls_kiln(f
         config = transformers.Qwen2_5_VLConfig(text_config=text, vision_config=dict(
             vision, patch_size=14, window_size=56, fullatt_block_indexes=[1]))
         tower = modeling_qwen2_5_vl.Qwen2_5_VisionTransformerPretrainedModel(config.vision_config)
-    else:
+    elif name == "qwen3_vl":
         config = transformers.Qwen3VLConfig(text_config=dict(text, head_dim=16), vision_config=dict(
             vision, patch_size=16, num_position_embeddings=64, deepstack_visual_indexes=[1]))
         tower = modeling_qwen3_vl.Qwen3VLVisionModel(config.vision_config)
+    else:
+        from transformers.models.glm4v import modeling_glm4v
+        config = transformers.Glm4vConfig(text_config=text, vision_config=dict(vision, patch_size=14))
+        tower = modeling_glm4v.Glm4vVisionModel(config.vision_config)
     path = tmp_path / "config.json"
     config.to_json_file(str(path))
     assert kiln.prewarm(dtypes="bf16", archs="sm_90", config=str(path))["failed"] == 0
@@ -545,8 +549,9 @@ def test_a_multimodal_models_vision_tower_is_prewarmed_as_its_patch_calls_kiln(f
             taken.add(("swiglu", module.gate_proj.out_features, 1))
         elif replaced.op == "gelu":
             taken.add(("gelu", module.linear_fc1.out_features, 1))
-    norm, mlp = ("rms_norm", "swiglu") if name == "qwen2_5_vl" else ("layer_norm", "gelu")
-    assert {op for op, _, _ in taken} == {"rope", norm, mlp}
+    ops = {"qwen2_5_vl": {"rms_norm", "swiglu"}, "qwen3_vl": {"layer_norm", "gelu"},
+           "glm4v": {"rms_norm", "layer_norm", "swiglu"}}[name]  # GLM-4V's merger: a LayerNorm
+    assert {op for op, _, _ in taken} == {"rope"} | ops
     for op, width, flags in taken:
         assert kiln.compile(op, "bf16", width, arch="sm_90", format="cubin", flags=flags)["from_cache"], (op, width)
     # The language model's RoPE (16-wide heads too here, from a bf16 table: flags 16) stays prewarmed.

@@ -594,6 +594,28 @@ TEST_CASE("a multimodal config's vision tower is prewarmed as kiln's patch runs 
   CHECK(siglip.ops.at(Op::gelu) == std::vector<std::int64_t>{4304});
   CHECK_FALSE(siglip.ops.contains(Op::rope));
 
+  // GLM-4V: RMSNorms and SwiGLU MLPs of out_hidden_size in its blocks, its merger's LayerNorm
+  // at out_hidden_size, 12 heads of 128.
+  const nlohmann::json glm4v = {{"model_type", "glm4v"},
+                                {"text_config",
+                                 {{"model_type", "glm4v_text"},
+                                  {"hidden_size", 4096},
+                                  {"intermediate_size", 13696},
+                                  {"num_attention_heads", 32},
+                                  {"num_key_value_heads", 2}}},
+                                {"vision_config",
+                                 {{"model_type", "glm4v_vision"},
+                                  {"hidden_size", 1536},
+                                  {"intermediate_size", 13696},
+                                  {"out_hidden_size", 4096},
+                                  {"num_heads", 12},
+                                  {"hidden_act", "silu"}}}};
+  const kiln::jit::ModelShape glm = kiln::jit::read_model_config(glm4v).towers.at(0);
+  CHECK(glm.ops.at(Op::rms_norm) == std::vector<std::int64_t>{1536});
+  CHECK(glm.ops.at(Op::layer_norm) == std::vector<std::int64_t>{4096});
+  CHECK(glm.ops.at(Op::swiglu) == std::vector<std::int64_t>{4096});
+  CHECK(glm.ops.at(Op::rope) == std::vector<std::int64_t>{128});
+
   // A tower kiln's patch does not know is not prewarmed; a known one missing a size names it.
   nlohmann::json other = gemma3;
   other["vision_config"]["model_type"] = "clip_vision_model";
