@@ -348,15 +348,15 @@ print(json.dumps({{**kiln.stats(), "kernels": kiln._C.loaded_kernels(),
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("name", ["qwen2_5_vl", "qwen3_vl"])
+@pytest.mark.parametrize("name", ["qwen2_5_vl", "qwen3_vl", "glm4v"])
 @pytest.mark.parametrize("training", [False, True])
 def test_prewarm_from_config_serves_a_patched_vision_tower(tmp_path, name, training):
-    """kiln prewarm --config of a Qwen2.5-VL or Qwen3-VL config.json compiles what the patched
-    vision tower calls besides the language model: its norms (and Qwen3-VL's deepstack mergers'
-    at 4x its width), its SwiGLU or GELU, and RoPE over its 4 + 4 heads of 40 (Qwen3-VL: 72) from
-    the fp32 table (Qwen3-VL's 72, its heads' width: a head of 36 would be 8-byte aligned, which
-    prewarm does not compile); with --training, the backward kernels too. The tower's first
-    forward (and backward) on a GPU compiles nothing."""
+    """kiln prewarm --config of a Qwen2.5-VL, Qwen3-VL or GLM-4V config.json compiles what the
+    patched vision tower calls besides the language model: its norms (and Qwen3-VL's deepstack
+    mergers' at 4x its width, GLM-4V's merger's at out_hidden_size), its SwiGLU or GELU, and RoPE
+    over its 4 + 4 heads of 40 (Qwen3-VL: 72, its released heads' width; a head of 36 would be
+    8-byte aligned, which prewarm does not compile) from the fp32 table; with --training, the
+    backward kernels too. The tower's first forward (and backward) on a GPU compiles nothing."""
     transformers = pytest.importorskip("transformers")
     text = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                 num_key_value_heads=2, vocab_size=256)
@@ -365,11 +365,15 @@ def test_prewarm_from_config_serves_a_patched_vision_tower(tmp_path, name, train
             depth=2, hidden_size=160, intermediate_size=224, num_heads=4, out_hidden_size=64, patch_size=14,
             window_size=56, fullatt_block_indexes=[1]))
         config_class, tower_class, width = "Qwen2_5_VLConfig", "Qwen2_5_VisionTransformerPretrainedModel", 40
-    else:
+    elif name == "qwen3_vl":
         config = transformers.Qwen3VLConfig(text_config=dict(text, head_dim=16), vision_config=dict(
             depth=2, hidden_size=288, intermediate_size=224, num_heads=4, out_hidden_size=64, patch_size=16,
             num_position_embeddings=64, deepstack_visual_indexes=[1]))
         config_class, tower_class, width = "Qwen3VLConfig", "Qwen3VLVisionModel", 72
+    else:
+        config = transformers.Glm4vConfig(text_config=text, vision_config=dict(
+            depth=2, hidden_size=160, intermediate_size=224, num_heads=4, out_hidden_size=64, patch_size=14))
+        config_class, tower_class, width = "Glm4vConfig", "Glm4vVisionModel", 40
     path = tmp_path / "config.json"
     config.to_json_file(str(path))
     calls = TOWER_CALLS.format(name=name, config_class=config_class, tower_class=tower_class, config=path,
