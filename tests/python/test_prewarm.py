@@ -507,9 +507,10 @@ def test_glm5_next_prewarms_what_its_patched_language_model_calls(fresh_cache, t
     assert prewarmed("layer_norm", text.index_head_dim, 3)
 
 
-@pytest.mark.parametrize("name", ["qwen2_5_vl", "qwen3_vl", "glm4v"])
+@pytest.mark.parametrize("name", ["qwen2_5_vl", "qwen3_vl", "glm4v", "gemma3"])
 def test_a_multimodal_models_vision_tower_is_prewarmed_as_its_patch_calls_kiln(fresh_cache, tmp_path, name):
-    # A tiny Qwen2.5-VL, Qwen3-VL and GLM-4V, their towers patched: each norm, MLP and attention RoPE
+    # A tiny Qwen2.5-VL, Qwen3-VL, GLM-4V and Gemma 3 (SigLIP, no RoPE), their towers patched: each
+    # norm, MLP and attention RoPE
     # kiln.patch replaces there is a problem the config's prewarm compiled (norms with their weight: 1, LayerNorms'
     # bias too: 2; SwiGLU of two tensors and the GELU (tanh) of a flat row: 1; RoPE over the tower's
     # 4 + 4 heads of 16 (16 | 32) from its fp32 table (2)), beside the language model's RoPE at its own
@@ -529,10 +530,15 @@ def test_a_multimodal_models_vision_tower_is_prewarmed_as_its_patch_calls_kiln(f
         config = transformers.Qwen3VLConfig(text_config=dict(text, head_dim=16), vision_config=dict(
             vision, patch_size=16, num_position_embeddings=64, deepstack_visual_indexes=[1]))
         tower = modeling_qwen3_vl.Qwen3VLVisionModel(config.vision_config)
-    else:
+    elif name == "glm4v":
         from transformers.models.glm4v import modeling_glm4v
         config = transformers.Glm4vConfig(text_config=text, vision_config=dict(vision, patch_size=14))
         tower = modeling_glm4v.Glm4vVisionModel(config.vision_config)
+    else:
+        config = transformers.Gemma3Config(text_config=dict(text, head_dim=16), vision_config=dict(
+            hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, image_size=56,
+            patch_size=14, vision_use_head=True))
+        tower = transformers.SiglipVisionModel(config.vision_config)
     path = tmp_path / "config.json"
     config.to_json_file(str(path))
     assert kiln.prewarm(dtypes="bf16", archs="sm_90", config=str(path))["failed"] == 0
@@ -548,10 +554,12 @@ def test_a_multimodal_models_vision_tower_is_prewarmed_as_its_patch_calls_kiln(f
         elif replaced.op == "swiglu":
             taken.add(("swiglu", module.gate_proj.out_features, 1))
         elif replaced.op == "gelu":
-            taken.add(("gelu", module.linear_fc1.out_features, 1))
-    ops = {"qwen2_5_vl": {"rms_norm", "swiglu"}, "qwen3_vl": {"layer_norm", "gelu"},
-           "glm4v": {"rms_norm", "layer_norm", "swiglu"}}[name]  # GLM-4V's merger: a LayerNorm
-    assert {op for op, _, _ in taken} == {"rope"} | ops
+            first = module.linear_fc1 if hasattr(module, "linear_fc1") else module.fc1
+            taken.add(("gelu", first.out_features, 1))
+    ops = {"qwen2_5_vl": {"rope", "rms_norm", "swiglu"}, "qwen3_vl": {"rope", "layer_norm", "gelu"},
+           "glm4v": {"rope", "rms_norm", "layer_norm", "swiglu"},  # GLM-4V's merger: a LayerNorm
+           "gemma3": {"layer_norm", "gelu"}}[name]
+    assert {op for op, _, _ in taken} == ops
     for op, width, flags in taken:
         assert kiln.compile(op, "bf16", width, arch="sm_90", format="cubin", flags=flags)["from_cache"], (op, width)
     # The language model's RoPE (16-wide heads too here, from a bf16 table: flags 16) stays prewarmed.
