@@ -507,9 +507,10 @@ def test_glm5_next_prewarms_what_its_patched_language_model_calls(fresh_cache, t
     assert prewarmed("layer_norm", text.index_head_dim, 3)
 
 
-@pytest.mark.parametrize("name", ["qwen2_5_vl", "qwen3_vl", "glm4v", "gemma3"])
+@pytest.mark.parametrize("name", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "glm4v", "gemma3"])
 def test_a_multimodal_models_vision_tower_is_prewarmed_as_its_patch_calls_kiln(fresh_cache, tmp_path, name):
-    # A tiny Qwen2.5-VL, Qwen3-VL, GLM-4V and Gemma 3 (SigLIP, no RoPE), their towers patched: each
+    # A tiny Qwen2-VL (its QuickGELU MLPs left), Qwen2.5-VL, Qwen3-VL, GLM-4V and Gemma 3 (SigLIP, no
+    # RoPE), their towers patched: each
     # norm, MLP and attention RoPE
     # kiln.patch replaces there is a problem the config's prewarm compiled (norms with their weight: 1, LayerNorms'
     # bias too: 2; SwiGLU of two tensors and the GELU (tanh) of a flat row: 1; RoPE over the tower's
@@ -522,7 +523,13 @@ def test_a_multimodal_models_vision_tower_is_prewarmed_as_its_patch_calls_kiln(f
                 num_key_value_heads=2, vocab_size=256)
     vision = dict(depth=2, hidden_size=64, intermediate_size=96, num_heads=4, out_hidden_size=64,
                   spatial_merge_size=2, temporal_patch_size=2)
-    if name == "qwen2_5_vl":
+    if name == "qwen2_vl":
+        from transformers.models.qwen2_vl import modeling_qwen2_vl
+        config = transformers.Qwen2VLConfig(text_config=text, vision_config=dict(
+            depth=2, embed_dim=64, hidden_size=64, mlp_ratio=2, num_heads=4, patch_size=14, spatial_merge_size=2,
+            temporal_patch_size=2))
+        tower = modeling_qwen2_vl.Qwen2VisionTransformerPretrainedModel(config.vision_config)
+    elif name == "qwen2_5_vl":
         config = transformers.Qwen2_5_VLConfig(text_config=text, vision_config=dict(
             vision, patch_size=14, window_size=56, fullatt_block_indexes=[1]))
         tower = modeling_qwen2_5_vl.Qwen2_5_VisionTransformerPretrainedModel(config.vision_config)
@@ -556,7 +563,7 @@ def test_a_multimodal_models_vision_tower_is_prewarmed_as_its_patch_calls_kiln(f
         elif replaced.op == "gelu":
             first = module.linear_fc1 if hasattr(module, "linear_fc1") else module.fc1
             taken.add(("gelu", first.out_features, 1))
-    ops = {"qwen2_5_vl": {"rope", "rms_norm", "swiglu"}, "qwen3_vl": {"rope", "layer_norm", "gelu"},
+    ops = {"qwen2_vl": {"rope", "layer_norm"}, "qwen2_5_vl": {"rope", "rms_norm", "swiglu"}, "qwen3_vl": {"rope", "layer_norm", "gelu"},
            "glm4v": {"rope", "rms_norm", "layer_norm", "swiglu"},  # GLM-4V's merger: a LayerNorm
            "gemma3": {"layer_norm", "gelu"}}[name]
     assert {op for op, _, _ in taken} == ops
