@@ -51,6 +51,13 @@ std::optional<std::int64_t> size_unless_zero(const nlohmann::json& config, const
   return size_if_set(config, key);
 }
 
+// Adds `size` to an op's sizes unless it is there already.
+void add_size(std::vector<std::int64_t>& sizes, std::int64_t size) {
+  if (std::find(sizes.begin(), sizes.end(), size) == sizes.end()) {
+    sizes.push_back(size);
+  }
+}
+
 std::string text_of(const nlohmann::json& config, const char* key) {
   const auto it = config.find(key);
   return it != config.end() && it->is_string() ? it->get<std::string>() : std::string();
@@ -296,25 +303,16 @@ ModelShape read_llm(const nlohmann::json& config) {
                count->get<std::int64_t>() > 0;
       });
   if (const auto expert = size_if_set(config, "moe_intermediate_size"); routed && expert) {
-    auto& widths = model.ops[Op::swiglu];
-    if (std::find(widths.begin(), widths.end(), *expert) == widths.end()) {
-      widths.push_back(*expert);
-    }
+    add_size(model.ops[Op::swiglu], *expert);
   }
   // Llama 4: its dense layers' MLP has a width of its own (its experts and shared expert take
   // intermediate_size), and use_qk_norm normalises each head of q and k (no weight).
   if (const auto dense = size_if_set(config, "intermediate_size_mlp")) {
-    auto& widths = model.ops[Op::swiglu];
-    if (std::find(widths.begin(), widths.end(), *dense) == widths.end()) {
-      widths.push_back(*dense);
-    }
+    add_size(model.ops[Op::swiglu], *dense);
   }
   if (auto qk_norm = config.find("use_qk_norm");
       qk_norm != config.end() && qk_norm->is_boolean() && qk_norm->get<bool>()) {
-    auto& norms = model.ops[Op::rms_norm];
-    if (std::find(norms.begin(), norms.end(), model.head_dim) == norms.end()) {
-      norms.push_back(model.head_dim);
-    }
+    add_size(model.ops[Op::rms_norm], model.head_dim);
   }
   if (model.kind == "gpt_oss") {
     // Every GPT-OSS MLP is its experts, which gate themselves with no act_fn: a clamped SwiGLU
@@ -326,10 +324,7 @@ ModelShape read_llm(const nlohmann::json& config) {
   // where it has one, its compressed q.
   for (const char* key : {"kv_lora_rank", "q_lora_rank"}) {
     if (const auto width = size_if_set(config, key)) {
-      auto& norms = model.ops[Op::rms_norm];
-      if (std::find(norms.begin(), norms.end(), *width) == norms.end()) {
-        norms.push_back(*width);
-      }
+      add_size(model.ops[Op::rms_norm], *width);
     }
   }
   // GLM-5 Next: its hyper-connections normalise hc_mult streams of the hidden state as one row
@@ -447,22 +442,26 @@ struct VisionTower {
   const char* model_type;
   Op norm;
   bool gated;
-  const char* mlp_width;  // a config key; "mlp_ratio" for embed_dim x mlp_ratio (Qwen2-VL)
+  const char* width;      // the config key of the blocks' width
+  const char* mlp_width;  // the config key of the MLP's width, or "mlp_ratio": width x mlp_ratio
   bool rope;
   Op merger_norm = Op::layer_norm;
   const char* merger_norm_width = nullptr;  // a config key, or none
 };
 constexpr VisionTower kVisionTowers[] = {
-    {"qwen2_vl", Op::layer_norm, false, "mlp_ratio", true},
-    {"qwen2_5_vl", Op::rms_norm, true, "intermediate_size", true},
-    {"qwen3_vl", Op::layer_norm, false, "intermediate_size", true},
-    {"qwen3_vl_moe", Op::layer_norm, false, "intermediate_size", true},
-    {"qwen3_5", Op::layer_norm, false, "intermediate_size", true},
-    {"qwen3_5_moe", Op::layer_norm, false, "intermediate_size", true},
-    {"glm4v", Op::rms_norm, true, "out_hidden_size", true, Op::layer_norm, "out_hidden_size"},
-    {"glm4v_moe", Op::rms_norm, true, "out_hidden_size", true, Op::layer_norm, "out_hidden_size"},
-    {"siglip", Op::layer_norm, false, "intermediate_size", false},
-    {"siglip2", Op::layer_norm, false, "intermediate_size", false},
+    // Qwen2-VL's tower is embed_dim wide; its hidden_size is the merger's output.
+    {"qwen2_vl", Op::layer_norm, false, "embed_dim", "mlp_ratio", true},
+    {"qwen2_5_vl", Op::rms_norm, true, "hidden_size", "intermediate_size", true},
+    {"qwen3_vl", Op::layer_norm, false, "hidden_size", "intermediate_size", true},
+    {"qwen3_vl_moe", Op::layer_norm, false, "hidden_size", "intermediate_size", true},
+    {"qwen3_5", Op::layer_norm, false, "hidden_size", "intermediate_size", true},
+    {"qwen3_5_moe", Op::layer_norm, false, "hidden_size", "intermediate_size", true},
+    {"glm4v", Op::rms_norm, true, "hidden_size", "out_hidden_size", true, Op::layer_norm,
+     "out_hidden_size"},
+    {"glm4v_moe", Op::rms_norm, true, "hidden_size", "out_hidden_size", true, Op::layer_norm,
+     "out_hidden_size"},
+    {"siglip", Op::layer_norm, false, "hidden_size", "intermediate_size", false},
+    {"siglip2", Op::layer_norm, false, "hidden_size", "intermediate_size", false},
 };
 
 std::string tower_type(const nlohmann::json& vision, const std::string& parent_kind) {
@@ -496,11 +495,9 @@ std::optional<ModelShape> read_vision_tower(const nlohmann::json& config,
   }
   ModelShape tower;
   tower.kind = type + " vision tower";
-  // Qwen2-VL's tower is embed_dim wide; its hidden_size is the merger's output.
-  const bool embed = rule->mlp_width == std::string_view("mlp_ratio");
   constexpr std::string_view kSection = "vision_config: ";
-  tower.hidden = require_size(*vision, embed ? "embed_dim" : "hidden_size", kSection);
-  if (embed) {
+  tower.hidden = require_size(*vision, rule->width, kSection);
+  if (rule->mlp_width == std::string_view("mlp_ratio")) {
     const auto ratio = vision->find("mlp_ratio");
     const double value = ratio != vision->end() && ratio->is_number() ? ratio->get<double>() : 4.0;
     tower.intermediate = static_cast<std::int64_t>(static_cast<double>(tower.hidden) * value);
@@ -518,17 +515,14 @@ std::optional<ModelShape> read_vision_tower(const nlohmann::json& config,
   tower.heads_q = tower.heads_k = heads;
   tower.ops[rule->norm] = {tower.hidden};
   if (rule->merger_norm_width != nullptr) {
-    auto& widths = tower.ops[rule->merger_norm];
-    const std::int64_t width = require_size(*vision, rule->merger_norm_width, kSection);
-    if (std::find(widths.begin(), widths.end(), width) == widths.end()) {
-      widths.push_back(width);
-    }
+    add_size(tower.ops[rule->merger_norm],
+             require_size(*vision, rule->merger_norm_width, kSection));
   }
   // Qwen3-VL's deepstack mergers normalise the 2 x 2 patches they merge as one row.
   if (auto deepstack = vision->find("deepstack_visual_indexes");
       deepstack != vision->end() && deepstack->is_array() && !deepstack->empty()) {
     const std::int64_t merge = size_if_set(*vision, "spatial_merge_size").value_or(2);
-    tower.ops[rule->norm].push_back(tower.hidden * merge * merge);
+    add_size(tower.ops[rule->norm], tower.hidden * merge * merge);
   }
   const std::string act = text_of(*vision, "hidden_act");
   if (rule->gated && act == "silu") {
