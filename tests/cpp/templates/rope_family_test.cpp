@@ -102,6 +102,35 @@ TEST_CASE("every config of the rope space keeps whole rotation units in one thre
   }
 }
 
+TEST_CASE("the rope heuristic gives a head one rotation unit a thread, rounding up") {
+  const DeviceTraits device = DeviceTraits::for_arch(90);
+  const auto& f = kiln::family(Op::rope);
+  const std::uint32_t heads = kiln::kRopeHeadsEven | kiln::kRopeHeadsBy4;
+  // (head dim, rotary dim, alignment) -> (vector bytes, threads a row): 5 units of 16 bytes a
+  // half for 80, 9 of 8 bytes for 72 (a 16-byte vector would straddle its half), 6 for 96.
+  struct Expected {
+    std::int64_t d, aux, align;
+    int vec, tpr;
+  };
+  for (const Expected& e :
+       {Expected{80, 0, 16, 16, 8}, Expected{72, 0, 16, 8, 16}, Expected{96, 0, 16, 16, 8},
+        Expected{128, 96, 16, 16, 8}, Expected{128, 0, 16, 16, 8}, Expected{64, 0, 16, 16, 4}}) {
+    CAPTURE(e.d);
+    CAPTURE(e.aux);
+    const Problem p = rope(DType::bf16, e.d, heads | kiln::kRopeTableF32, e.aux, e.align);
+    const Config h = f.heuristic(p, device);
+    CHECK(h.vec_bytes == e.vec);
+    CHECK(h.threads_per_row == e.tpr);
+    CHECK(kiln::RopeFamily::rows_per_thread(h) == 2);
+    CHECK(h.cta_threads == 128);
+    CHECK(f.invalid_reason(p, h, device).empty());
+  }
+  // Long rows keep two units a thread: LTX-Video's 2048-wide interleaved rows, 256 units.
+  const Config video =
+      kiln::family(Op::rope_3d).heuristic(Problem{Op::rope_3d, DType::bf16, 2048, 0, 16}, device);
+  CHECK(video.threads_per_row == 128);
+}
+
 TEST_CASE("the rope heuristic gives a 128-wide bf16 head eight threads of 16-byte vectors") {
   const DeviceTraits device = DeviceTraits::for_arch(90);
   const Config h = kiln::family(Op::rope).heuristic(rope(DType::bf16, 128), device);
