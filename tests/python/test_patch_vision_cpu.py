@@ -14,7 +14,8 @@ from kiln import activation_ops, rope_ops
 from kiln.patching import gelu_mlp, vision_rope
 
 from graph_model import calls_of, compile_capturing
-from vision_towers import embeddings, pixels, qwen2_5_vl, qwen3_vl, seeded  # skips where transformers is missing
+from vision_towers import (embeddings, inkling2, minimax_m3_vl, other_tower_inputs, pixels, qwen2_5_vl, qwen3_vl,
+                           seeded)  # skips where transformers is missing
 from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import apply_rotary_pos_emb_vision
 from transformers import SiglipVisionConfig, SiglipVisionModel, CLIPVisionConfig, CLIPVisionModel
 
@@ -128,42 +129,186 @@ def test_calls_kiln_does_not_compute_run_the_original(case, monkeypatch):
     assert seen == [True] and calls == []
 
 
-def _partial_rotation(q, k, cos, sin):
-    """MiniMax-M3-VL's apply_rotary_pos_emb_vision: the first columns rotated in q's own dtype,
-    q [B, S, H, D] only."""
+def _four_dimensional_rotation(q, k, cos, sin):
+    """MiniMax-M3-VL's rotation in transformers 5.17: the first cos.shape[-1] columns rotated in
+    q's own dtype, its table broadcast for [B, S, H, D] q only (a three-dimensional q comes out
+    four-dimensional)."""
     rot = cos.shape[-1]
     cos, sin = cos[None, :, None, :], sin[None, :, None, :]
 
     def turn(x):
         x_rot, x_pass = x[..., :rot], x[..., rot:]
-        half = rot // 2
-        rotated = torch.cat((-x_rot[..., half:], x_rot[..., :half]), dim=-1)
-        return torch.cat([x_rot * cos + rotated * sin, x_pass], dim=-1)
+        turned = torch.cat((-x_rot[..., rot // 2:], x_rot[..., :rot // 2]), dim=-1)
+        return torch.cat([x_rot * cos + turned * sin, x_pass], dim=-1)
 
     return turn(q), turn(k)
 
 
-def _partial_forward(self, x, cos, sin):
+def _inverse_rotation(q, k, cos, sin):
+    """A rotation by the negative angles: no form kiln.rope computes."""
+    c, s = cos.unsqueeze(-2), sin.unsqueeze(-2)
+
+    def turn(x):
+        half = x.shape[-1] // 2
+        return x * c - torch.cat((-x[..., half:], x[..., :half]), dim=-1) * s
+
+    return turn(q), turn(k)
+
+
+def _four_dimensional_forward(self, x, cos, sin):
     q = self.q_proj(x).unflatten(-1, (2, 8))
     k = self.k_proj(x).unflatten(-1, (2, 8))
     return apply_rotary_pos_emb_vision(q, k, cos, sin)
 
 
-class _PartialVisionAttention(torch.nn.Module):
-    # The forward's global apply_rotary_pos_emb_vision is MiniMax's, as in its own module.
-    forward = types.FunctionType(_partial_forward.__code__,
-                                 {**globals(), "apply_rotary_pos_emb_vision": _partial_rotation}, "forward")
+def _attention_calling(rotation):
+    """An attention class whose forward's global apply_rotary_pos_emb_vision is ``rotation``, as
+    in its own module; x [B, S, 16] -> q, k [B, S, 2, 8]."""
+    forward = types.FunctionType(_four_dimensional_forward.__code__,
+                                 {**globals(), "apply_rotary_pos_emb_vision": rotation}, "forward")
 
     def __init__(self):
-        super().__init__()
+        torch.nn.Module.__init__(self)
         self.q_proj, self.k_proj = torch.nn.Linear(16, 16), torch.nn.Linear(16, 16)
+
+    return type("VisionAttention", (torch.nn.Module,), {"forward": forward, "__init__": __init__})
 
 
 def test_another_vision_rotation_is_left_with_the_reason():
-    report = kiln.patch(_PartialVisionAttention())
+    report = kiln.patch(_attention_calling(_inverse_rotation)())
     assert report.replaced == []
     assert len(report.left) == 1
-    assert "its apply_rotary_pos_emb_vision is not rotate_half RoPE in fp32" in report.left[0].reason
+    reason = report.left[0].reason
+    assert "its apply_rotary_pos_emb_vision is not replaced: it is neither rotate_half nor interleaved RoPE" in reason
+
+
+def test_a_rotation_of_four_dimensional_q_only_is_taken_for_those(monkeypatch):
+    """transformers 5.17's MiniMax-M3-VL rotation (four-dimensional q only, the first columns, in
+    q's dtype): the attention's calls go to kiln.rope; a three-dimensional call keeps the original."""
+    torch.manual_seed(0)
+    attention = _attention_calling(_four_dimensional_rotation)().eval()
+    x = torch.randn(2, 5, 16)
+    cos, sin = _tables(5, 6)
+    with torch.no_grad():
+        expected = attention(x, cos, sin)
+        report = kiln.patch(attention)
+        assert [r.op for r in report.replaced] == ["rope"]
+        assert "the first cos.shape[-1] columns of each head, q of 4 dimensions only" in report.replaced[0].kind
+        calls = _count(monkeypatch, rope_ops, "rope")
+        actual = attention(x, cos, sin)
+    assert len(calls) == 1 and calls[0][1] == {"layout": "bshd", "rotary_dim": 6}
+    for a, e in zip(actual, expected):
+        torch.testing.assert_close(a, e, rtol=1e-5, atol=1e-5)
+    q, k = torch.randn(5, 2, 8), torch.randn(5, 2, 8)
+    replacement = vision_rope.vision_rope(_four_dimensional_rotation, vision_rope.compare(_four_dimensional_rotation)[0])
+    calls.clear()
+    with pytest.raises(RuntimeError, match="same number of dimensions"):  # the original's own error
+        replacement(q, k, cos, sin)
+    assert calls == []
+
+
+def _vision_function(module_name):
+    module = pytest.importorskip(f"transformers.models.{module_name}.modeling_{module_name}")
+    return module.apply_rotary_pos_emb_vision
+
+
+@pytest.mark.parametrize("module_name, form", [
+    ("qwen2_5_vl", vision_rope.VisionForm(interleaved=False, partial=False, fp32_table=True)),
+    ("minimax_m3_vl", vision_rope.VisionForm(interleaved=False, partial=True, fp32_table=False)),
+    ("inkling2", vision_rope.VisionForm(interleaved=True, partial=False, fp32_table=True)),
+])
+def test_vision_rotation_forms_are_told_apart(module_name, form):
+    """Qwen's rotate_half in fp32; MiniMax-M3-VL's rotate_half of the first cos.shape[-1]
+    columns in q's dtype (an fp32 table promotes its output, so only tables of q's dtype are
+    taken); Inkling 2's interleaved pairs."""
+    found, text = vision_rope.compare(_vision_function(module_name))
+    assert found == form, text
+    assert ("interleaved pairs" in text) == form.interleaved
+    assert ("the first cos.shape[-1] columns" in text) == form.partial
+
+
+def _reference_of(form, q, k, cos, sin):
+    """The form's formula in fp64 over the table's first columns, rounded once to q's dtype."""
+    def turn(x):
+        x, r = x.double(), cos.shape[-1]
+        c, s = cos.double().unsqueeze(-2), sin.double().unsqueeze(-2)
+        x_rot = x[..., :r]
+        if form.interleaved:
+            pairs = x_rot.unflatten(-1, (-1, 2))
+            turned = torch.stack((-pairs[..., 1], pairs[..., 0]), dim=-1).flatten(-2)
+        else:
+            turned = torch.cat((-x_rot[..., r // 2:], x_rot[..., :r // 2]), dim=-1)
+        return torch.cat((x_rot * c + turned * s, x[..., r:]), dim=-1).to(q.dtype)
+    return turn(q), turn(k)
+
+
+@pytest.mark.parametrize("module_name, rotated", [("minimax_m3_vl", 78), ("minimax_m3_vl", 80), ("inkling2", 80)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rank", [3, 4])
+def test_other_vision_forms_match_their_formula(module_name, rotated, dtype, rank, monkeypatch):
+    """The forms kiln.rope takes for MiniMax-M3-VL (78 of 80 columns, as its tower makes them, and
+    all 80) and Inkling 2, tables of q's dtype, against the formula in fp64 and the function."""
+    function = _vision_function(module_name)
+    form, _ = vision_rope.compare(function)
+    g = torch.Generator().manual_seed(4)
+    positions, heads = 7, 3
+    if rank == 3:
+        q, k, _ = torch.randn(positions, 3, heads, 80, generator=g).to(dtype).permute(1, 0, 2, 3).unbind(0)
+    else:
+        q, k = (torch.randn(2, positions, heads, 80, generator=g).to(dtype) for _ in range(2))
+    angles = torch.rand(positions, rotated, generator=g) * 20.0
+    cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)
+    calls = _count(monkeypatch, rope_ops, "rope")
+    actual = vision_rope.vision_rope(function, form)(q, k, cos, sin)
+    assert len(calls) == 1
+    assert calls[0][1] == {"layout": "bshd", **({"interleaved": True} if form.interleaved else {}),
+                           **({"rotary_dim": rotated} if rotated != 80 else {})}
+    tol = {torch.float32: 1e-5, torch.bfloat16: 8e-3}[dtype]
+    for a, like, ref, original in zip(actual, (q, k), _reference_of(form, q, k, cos, sin), function(q, k, cos, sin)):
+        assert a.dtype == dtype and a.shape == like.shape
+        torch.testing.assert_close(a.double(), ref.double(), rtol=tol, atol=tol)
+        torch.testing.assert_close(a.double(), original.double(), rtol=2 * tol, atol=2 * tol)
+
+
+def test_a_form_of_q_dtype_tables_leaves_an_fp32_table_to_the_original(monkeypatch):
+    """MiniMax-M3-VL's rotation of bf16 q by an fp32 table gives fp32 (promoted): left to it."""
+    function = _vision_function("minimax_m3_vl")
+    form, _ = vision_rope.compare(function)
+    q, k = torch.randn(5, 2, 8).bfloat16(), torch.randn(5, 2, 8).bfloat16()
+    cos, sin = _tables(5, 8)
+    calls = _count(monkeypatch, rope_ops, "rope")
+    q_out, _ = vision_rope.vision_rope(function, form)(q, k, cos, sin)
+    assert calls == [] and q_out.dtype == torch.float32
+
+
+@pytest.mark.parametrize("build", [minimax_m3_vl, inkling2])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_other_towers_rope_reaches_kiln(build, dtype, monkeypatch):
+    """MiniMax-M3-VL's and Inkling 2's towers: each attention's rotation is one kiln.rope (the
+    partial rotate_half, the interleaved pairs); the towers' outputs stay what they were (fp32:
+    to rounding; bf16: as close to the fp32 truth)."""
+    if build() is None:
+        pytest.skip(f"this transformers has no {build.__name__}")
+    tower = seeded(build, dtype)
+    inputs = other_tower_inputs(tower)
+    truth_tower = seeded(build)
+    with torch.no_grad():
+        expected = tower(**inputs).last_hidden_state
+        truth = truth_tower(**{k: v.float() if v.is_floating_point() else v for k, v in inputs.items()}).last_hidden_state
+        report = kiln.patch(tower)
+        ropes = [r for r in report.replaced if r.op == "rope"]
+        assert len(ropes) == 2 and all("apply_rotary_pos_emb_vision" in r.kind for r in ropes)
+        calls = _count(monkeypatch, rope_ops, "rope")
+        actual = tower(**inputs).last_hidden_state
+    assert len(calls) == 2
+    options = calls[0][1]
+    assert options.get("interleaved", False) == (build is inkling2)
+    assert options.get("rotary_dim") == (78 if build is minimax_m3_vl else None)
+    if dtype == torch.float32:
+        torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-5)
+    else:
+        assert (actual.float() - truth).abs().max() <= 1.5 * (expected.float() - truth).abs().max() + 1e-3
+    assert kiln.unpatch(tower) == len(report.replaced)
 
 
 class _QwenVisionAttention(torch.nn.Module):
@@ -339,16 +484,20 @@ def test_compiled_mlp_has_kiln_gelu_in_one_graph():
 
 def test_the_vision_rope_bench_checks_kiln_against_transformers():
     """bench/vision_rope.py's cases, run on the CPU at small sizes: q and k strided views of one
-    qkv, the fp32 table, kiln's replacement within bf16 rounding of transformers' function."""
+    qkv, the fp32 table (MiniMax-M3-VL's: separate q and k, 78 of 80 columns by a bf16 table),
+    kiln's replacement within bf16 rounding of transformers' function."""
     from bench_scripts import load_bench
 
     bench = load_bench("vision_rope")
     q, k = bench.packed_qk(6, 80, device="cpu")
     assert q.shape == (6, 16, 80) and q.stride(0) == 3 * 16 * 80
-    bench.SHAPES = [("tiny", 6, 80), ("tiny 72", 5, 72)]
+    bench.SHAPES = [("tiny", 6, 80, "qwen2_5_vl"), ("tiny 72", 5, 72, "qwen2_5_vl"), ("tiny MiniMax", 6, 80, "minimax_m3_vl")]
+    if minimax_m3_vl() is None:
+        bench.SHAPES = bench.SHAPES[:2]
     cases = list(bench.cases(quick=False, device="cpu"))
     assert [c["bytes"] for c in cases] == [2 * 2 * 2 * 6 * 16 * 80 + 2 * 6 * 80 * 4,
-                                           2 * 2 * 2 * 5 * 16 * 72 + 2 * 5 * 72 * 4]
+                                           2 * 2 * 2 * 5 * 16 * 72 + 2 * 5 * 72 * 4,
+                                           2 * 2 * 2 * 6 * 16 * 80 + 2 * 6 * 78 * 2][:len(cases)]
     for case in cases:
         assert case["check"]() < 1e-2
 

@@ -56,3 +56,45 @@ def seeded(build, dtype=torch.float32, seed=0, **sizes):
             if "norm" in name:
                 p.add_(0.2 * torch.randn_like(p))
     return tower.to(dtype)
+
+
+def minimax_m3_vl(hidden=160, heads=2, layers=2):
+    """MiniMax-M3-VL's tower: its 3-D RoPE rotates the first 78 of each head's 80 columns (26 per
+    axis), in the tower's dtype; LayerNorms, GELU MLPs (fc1/fc2). None
+    where this transformers has no MiniMax-M3-VL."""
+    try:
+        from transformers.models.minimax_m3_vl import configuration_minimax_m3_vl, modeling_minimax_m3_vl
+    except ImportError:
+        return None
+    config = configuration_minimax_m3_vl.MiniMaxM3VLVisionConfig(
+        hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers, num_attention_heads=heads)
+    config._attn_implementation = "sdpa"
+    return modeling_minimax_m3_vl.MiniMaxM3VLVisionModel(config)
+
+
+def inkling2(hidden=64, heads=2, layers=2):
+    """Inkling 2's tower: its RoPE rotates interleaved pairs (``rotate_pairwise``); LayerNorms,
+    GELU MLPs. None where this transformers has no Inkling 2."""
+    try:
+        from transformers.models.inkling2 import configuration_inkling2, modeling_inkling2
+    except ImportError:
+        return None
+    config = configuration_inkling2.Inkling2VisionConfig(
+        hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads, projection_hidden_dim=64,
+        text_hidden_size=64, posemb_grid_size=4)
+    config._attn_implementation = "sdpa"
+    return modeling_inkling2.Inkling2VisionModel(config)
+
+
+def other_tower_inputs(tower, seed=0):
+    """The keyword arguments of one forward of a MiniMax-M3-VL (an 8 x 8 patch grid) or Inkling 2
+    tower (one image of 3 x 4 merged tokens, each 2 x 2 patches of 20 x 20 pixels)."""
+    g = torch.Generator().manual_seed(seed)
+    dtype = next(tower.parameters()).dtype
+    config = tower.config
+    if config.model_type == "inkling2_vision":
+        side = config.patch_size * config.spatial_merge_size
+        values = torch.rand(12, side, side, config.num_channels, generator=g) * 2 - 1
+        return {"pixel_values": values.to(dtype), "image_grid_thw": torch.tensor([[1, 3, 4]])}
+    width = config.num_channels * config.temporal_patch_size * config.patch_size ** 2
+    return {"pixel_values": torch.randn(64, width, generator=g).to(dtype), "grid_thw": torch.tensor([[1, 8, 8]])}

@@ -232,10 +232,10 @@ _KILN_COPIES: "weakref.WeakKeyDictionary[types.FunctionType, tuple]" = weakref.W
 
 def with_kiln_rope(function: types.FunctionType, form: Optional[str] = "full",
                    deinterleave: bool = False, complex_layout: Optional[str] = None,
-                   vision: bool = False) -> types.FunctionType:
+                   vision: Optional[vision_rope.VisionForm] = None) -> types.FunctionType:
     """A copy of ``function`` whose global ``apply_rotary_pos_emb`` (unless ``form`` is None),
     with ``deinterleave`` ``apply_rotary_pos_emb_interleave``, with a ``complex_layout``
-    ``apply_rotary_emb`` and with ``vision`` ``apply_rotary_pos_emb_vision`` are kiln's (made
+    ``apply_rotary_emb`` and with a ``vision`` form ``apply_rotary_pos_emb_vision`` are kiln's (made
     once per function; a class's rotary function takes one table form). The copy reads a snapshot of
     the function's module globals, brought up to date at each call (a name rebound in that
     module after the last kiln.patch is not seen; objects mutated in place, like transformers'
@@ -256,8 +256,8 @@ def with_kiln_rope(function: types.FunctionType, form: Optional[str] = "full",
     if complex_layout is not None:
         scope[COMPLEX_GLOBAL] = complex_rope(function.__globals__[COMPLEX_GLOBAL], complex_layout)
         names.append(COMPLEX_GLOBAL)
-    if vision:
-        scope[VISION_GLOBAL] = vision_rope.vision_rope(function.__globals__[VISION_GLOBAL])
+    if vision is not None:
+        scope[VISION_GLOBAL] = vision_rope.vision_rope(function.__globals__[VISION_GLOBAL], vision)
         names.append(VISION_GLOBAL)
     copy = types.FunctionType(function.__code__, scope, function.__name__, function.__defaults__,
                               function.__closure__)
@@ -371,18 +371,17 @@ def classify(module: torch.nn.Module, original: Callable):
     if COMPLEX_GLOBAL in names:
         complex_layout, text = _complex_layout(forward.__globals__[COMPLEX_GLOBAL])
         (kinds if complex_layout is not None else reasons).append(text)
-    vision = False
+    vision = None
     if VISION_GLOBAL in names:
-        mismatch = vision_rope.compare(forward.__globals__[VISION_GLOBAL])
-        if mismatch is None:
-            vision = True
-            kinds.append(f"rotate_half in fp32 ({VISION_GLOBAL})")
+        vision, text = vision_rope.compare(forward.__globals__[VISION_GLOBAL])
+        if vision is not None:
+            kinds.append(f"{text} ({VISION_GLOBAL})")
         else:
-            reasons.append(f"its {VISION_GLOBAL} is not rotate_half RoPE in fp32: {mismatch}")
+            reasons.append(f"its {VISION_GLOBAL} is not replaced: {text}")
     if not kinds:
         return NoMatch("rope", "; ".join(reasons))
     kind = f"rope ({'; '.join(kinds)}, in the attention's forward)"
-    if not deinterleave and complex_layout is None and not vision:
+    if not deinterleave and complex_layout is None and vision is None:
         return Match(kind, "rope", _FACTORIES[form])
 
     def other_globals_factory(module: torch.nn.Module, original: Callable) -> Callable:
