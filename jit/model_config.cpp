@@ -437,7 +437,8 @@ ModelShape read_diffusion(const nlohmann::json& config, const std::string& kind)
 // down projections: SwiGLU) or two layers around its activation (GELU), the config key of the
 // MLP's width, whether its attention rotates q and k (apply_rotary_pos_emb_vision), and a
 // merger's norm of another kind and width where it has one (GLM-4V's LayerNorm after its
-// projection to out_hidden_size; its merger's own gated MLP, beside that projection, is left).
+// projection to out_hidden_size; its merger's own gated MLP, beside that projection, is left),
+// and how its RoPE rotates.
 struct VisionTower {
   const char* model_type;
   Op norm;
@@ -447,6 +448,12 @@ struct VisionTower {
   bool rope;
   Op merger_norm = Op::layer_norm;
   const char* merger_norm_width = nullptr;  // a config key, or none
+  // RoPE's flags for the table its attention hands over: the Qwen towers' fp32 one of
+  // rotate_half's halves, MiniMax-M3-VL's of the tower's dtype (0).
+  std::uint32_t rope_table = kRopeTableF32;
+  // Its RoPE rotates three axes' even thirds of each head (MiniMax-M3-VL's 3-D RoPE: 2 x (D / 3
+  // / 2) columns an axis, 78 of 80), the rest passed through.
+  bool axial_thirds = false;
 };
 constexpr VisionTower kVisionTowers[] = {
     // Qwen2-VL's tower is embed_dim wide; its hidden_size is the merger's output.
@@ -462,6 +469,8 @@ constexpr VisionTower kVisionTowers[] = {
      "out_hidden_size"},
     {"siglip", Op::layer_norm, false, "hidden_size", "intermediate_size", false},
     {"siglip2", Op::layer_norm, false, "hidden_size", "intermediate_size", false},
+    {"minimax_m3_vl", Op::layer_norm, false, "hidden_size", "intermediate_size", true,
+     Op::layer_norm, nullptr, 0u, true},
 };
 
 std::string tower_type(const nlohmann::json& vision, const std::string& parent_kind) {
@@ -531,8 +540,16 @@ std::optional<ModelShape> read_vision_tower(const nlohmann::json& config,
     tower.ops[Op::gelu] = {tower.intermediate};
   }
   if (rule->rope) {
-    tower.rope = "rotate-half over each head, an fp32 table (apply_rotary_pos_emb_vision)";
-    tower.rope_tables = {kRopeTableF32};
+    tower.rope = std::string("rotate-half over each head, ") +
+                 ((rule->rope_table & kRopeTableF32) != 0 ? "an fp32 table"
+                                                          : "a table of the tower's dtype");
+    if (rule->axial_thirds) {
+      tower.rotary_dim = std::int64_t{3} * 2 * (tower.head_dim / 3 / 2);
+      tower.rope += ", the first " + std::to_string(tower.rotary_dim) + " of " +
+                    std::to_string(tower.head_dim) + " columns";
+    }
+    tower.rope += " (apply_rotary_pos_emb_vision)";
+    tower.rope_tables = {rule->rope_table};
     tower.ops[Op::rope] = {tower.head_dim};
   } else {
     tower.rope = "none";

@@ -507,15 +507,15 @@ def test_glm5_next_prewarms_what_its_patched_language_model_calls(fresh_cache, t
     assert prewarmed("layer_norm", text.index_head_dim, 3)
 
 
-@pytest.mark.parametrize("name", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "glm4v", "gemma3"])
+@pytest.mark.parametrize("name", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "glm4v", "gemma3", "minimax_m3_vl"])
 def test_a_multimodal_models_vision_tower_is_prewarmed_as_its_patch_calls_kiln(fresh_cache, tmp_path, name):
-    # A tiny Qwen2-VL (its QuickGELU MLPs left), Qwen2.5-VL, Qwen3-VL, GLM-4V and Gemma 3 (SigLIP, no
-    # RoPE), their towers patched: each
-    # norm, MLP and attention RoPE
-    # kiln.patch replaces there is a problem the config's prewarm compiled (norms with their weight: 1, LayerNorms'
-    # bias too: 2; SwiGLU of two tensors and the GELU (tanh) of a flat row: 1; RoPE over the tower's
-    # 4 + 4 heads of 16 (16 | 32) from its fp32 table (2)), beside the language model's RoPE at its own
-    # head dim.
+    # A tiny Qwen2-VL (its QuickGELU MLPs left), Qwen2.5-VL, Qwen3-VL, GLM-4V, Gemma 3 (SigLIP, no
+    # RoPE) and MiniMax-M3-VL, their towers patched: each norm, MLP and attention RoPE kiln.patch
+    # replaces there is a problem the config's prewarm compiled (norms with their weight: 1,
+    # LayerNorms' bias too: 2; SwiGLU of two tensors and the GELU (tanh) of a flat row: 1, erf: 1 | 2;
+    # RoPE over the tower's 4 + 4 heads of 16 (16 | 32) from its fp32 table (2), MiniMax-M3-VL's
+    # first 12 columns from a table of the tower's dtype), beside the language model's RoPE at its
+    # own head dim.
     transformers = pytest.importorskip("transformers")
     from transformers.models.qwen2_5_vl import modeling_qwen2_5_vl
     from transformers.models.qwen3_vl import modeling_qwen3_vl
@@ -541,6 +541,12 @@ def test_a_multimodal_models_vision_tower_is_prewarmed_as_its_patch_calls_kiln(f
         from transformers.models.glm4v import modeling_glm4v
         config = transformers.Glm4vConfig(text_config=text, vision_config=dict(vision, patch_size=14))
         tower = modeling_glm4v.Glm4vVisionModel(config.vision_config)
+    elif name == "minimax_m3_vl":
+        configuration = pytest.importorskip("transformers.models.minimax_m3_vl.configuration_minimax_m3_vl")
+        modeling = pytest.importorskip("transformers.models.minimax_m3_vl.modeling_minimax_m3_vl")
+        config = configuration.MiniMaxM3VLConfig(text_config=dict(text, head_dim=16), vision_config=dict(
+            hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4))
+        tower = modeling.MiniMaxM3VLVisionModel(config.vision_config)
     else:
         config = transformers.Gemma3Config(text_config=dict(text, head_dim=16), vision_config=dict(
             hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, image_size=56,
@@ -553,7 +559,7 @@ def test_a_multimodal_models_vision_tower_is_prewarmed_as_its_patch_calls_kiln(f
     for replaced in kiln.patch(tower).replaced:
         module = tower.get_submodule(replaced.path)
         if replaced.op == "rope":
-            taken.add(("rope", 16, 2 | 16 | 32))
+            taken.add(("rope", 16, 16 | 32, 12) if name == "minimax_m3_vl" else ("rope", 16, 2 | 16 | 32))
         elif replaced.op == "rms_norm":
             taken.add(("rms_norm", module.weight.shape[0], 1))
         elif replaced.op == "layer_norm":
@@ -562,12 +568,13 @@ def test_a_multimodal_models_vision_tower_is_prewarmed_as_its_patch_calls_kiln(f
             taken.add(("swiglu", module.gate_proj.out_features, 1))
         elif replaced.op == "gelu":
             first = module.linear_fc1 if hasattr(module, "linear_fc1") else module.fc1
-            taken.add(("gelu", first.out_features, 1))
+            taken.add(("gelu", first.out_features, 1 | 2 if config.vision_config.hidden_act == "gelu" else 1))
     ops = {"qwen2_vl": {"rope", "layer_norm"}, "qwen2_5_vl": {"rope", "rms_norm", "swiglu"}, "qwen3_vl": {"rope", "layer_norm", "gelu"},
            "glm4v": {"rope", "rms_norm", "layer_norm", "swiglu"},  # GLM-4V's merger: a LayerNorm
-           "gemma3": {"layer_norm", "gelu"}}[name]
-    assert {op for op, _, _ in taken} == ops
-    for op, width, flags in taken:
-        assert kiln.compile(op, "bf16", width, arch="sm_90", format="cubin", flags=flags)["from_cache"], (op, width)
+           "gemma3": {"layer_norm", "gelu"}, "minimax_m3_vl": {"rope", "layer_norm", "gelu"}}[name]
+    assert {op for op, *_ in taken} == ops
+    for op, width, flags, *aux in taken:
+        assert kiln.compile(op, "bf16", width, arch="sm_90", format="cubin", flags=flags,
+                            aux=aux[0] if aux else 0)["from_cache"], (op, width)
     # The language model's RoPE (16-wide heads too here, from a bf16 table: flags 16) stays prewarmed.
     assert kiln.compile("rope", "bf16", 16, arch="sm_90", format="cubin", flags=16)["from_cache"]

@@ -616,6 +616,28 @@ TEST_CASE("a multimodal config's vision tower is prewarmed as kiln's patch runs 
   CHECK(glm.ops.at(Op::swiglu) == std::vector<std::int64_t>{4096});
   CHECK(glm.ops.at(Op::rope) == std::vector<std::int64_t>{128});
 
+  // MiniMax-M3-VL: LayerNorms and erf-GELU MLPs at 1280, its 3-D RoPE over the first 78 of each
+  // of 16 heads' 80 columns (26 an axis) from a table of the tower's dtype.
+  nlohmann::json minimax = gemma3;
+  minimax["model_type"] = "minimax_m3_vl";
+  minimax["vision_config"] = {{"model_type", "minimax_m3_vl_vision"},
+                              {"hidden_size", 1280},
+                              {"intermediate_size", 5120},
+                              {"num_attention_heads", 16},
+                              {"hidden_act", "gelu"}};
+  const kiln::jit::ModelShape m3 = kiln::jit::read_model_config(minimax).towers.at(0);
+  CHECK(m3.ops.at(Op::layer_norm) == std::vector<std::int64_t>{1280});
+  CHECK(m3.ops.at(Op::gelu) == std::vector<std::int64_t>{5120});
+  CHECK(m3.ops.at(Op::rope) == std::vector<std::int64_t>{80});
+  CHECK(m3.rotary_dim == 78);
+  CHECK(m3.rope_tables == std::vector<std::uint32_t>{0u});
+  CHECK(m3.rope.find("the first 78 of 80 columns") != std::string::npos);
+  const auto m3_targets = targets_of(kiln::jit::read_model_config(minimax));
+  CHECK(std::any_of(m3_targets.begin(), m3_targets.end(), [](const kiln::jit::PrewarmTarget& t) {
+    return t.problem.op == Op::rope && t.problem.hidden == 80 && t.problem.aux == 78 &&
+           (t.problem.flags & kiln::kRopeTableF32) == 0;
+  }));
+
   // A tower kiln's patch does not know is not prewarmed; a known one missing a size names it.
   nlohmann::json other = gemma3;
   other["vision_config"]["model_type"] = "clip_vision_model";
