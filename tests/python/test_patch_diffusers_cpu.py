@@ -96,6 +96,17 @@ def test_diffusers_rms_norm_without_weight(dtype, monkeypatch):
     torch.testing.assert_close(actual, expected, **_close_in(dtype))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_diffusers_rms_norm_of_unknown_width(dtype, monkeypatch):
+    """Mochi's norms are RMSNorm(0, eps, False): no weight, so the width is the input's alone;
+    the probe picks one and the patched norm takes any."""
+    norm = RMSNorm(0, eps=1e-5, elementwise_affine=False)
+    report, counter, expected, actual = _patched_vs_original(norm, _input((3, 5, 96), dtype), monkeypatch)
+    assert [(r.path, r.op) for r in report.replaced] == [("", "rms_norm")]
+    assert counter.calls["rms_norm"] == 1
+    torch.testing.assert_close(actual, expected, **_close_in(dtype))
+
+
 @pytest.mark.parametrize("weight_dtype,x_dtype", [(torch.bfloat16, torch.float32), (torch.float32, torch.bfloat16),
                                                   (torch.bfloat16, torch.float16)])
 def test_diffusers_rms_norm_mixed_dtypes(weight_dtype, x_dtype, monkeypatch):

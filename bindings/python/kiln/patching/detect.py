@@ -270,7 +270,8 @@ def _classify_norm(module: torch.nn.Module, original: Callable) -> Union[Match, 
     generator = torch.Generator().manual_seed(0)
     swap = {}
     if weight is None and bias is None:
-        hidden = shape[-1] if shape else 64
+        # Without a weight the width is the input's: a norm may not know it (Mochi's RMSNorm(0)).
+        hidden = shape[-1] if shape and shape[-1] > 0 else 64
         variants = NORM_VARIANTS[-1:]
         dtypes = _PROBE_DTYPES
     else:
