@@ -333,9 +333,10 @@ std::vector<Config> RopeFamily::space(const Problem& problem, const DeviceTraits
   return configs;
 }
 
-// The widest vector; one rotation unit per thread for a head (so a head of 128 bf16 elements
-// is 8 threads, 16-byte accesses, and one of 80 also 8), two for longer rows; two rows per thread
-// (a token's heads share cos/sin); 128-thread CTAs, wider when a row needs more threads.
+// The widest vector; one rotation unit per thread for a head of up to 16 units (so a head of
+// 128 bf16 elements is 8 threads, 16-byte accesses, and one of 80 also 8), one or two for
+// longer rows; two rows per thread (a token's heads share cos/sin); 128-thread CTAs, wider
+// when a row needs more threads.
 Config RopeFamily::heuristic(const Problem& problem, const DeviceTraits& device) const {
   const std::vector<Config> configs = space(problem, device);
   if (configs.empty()) {
@@ -347,12 +348,13 @@ Config RopeFamily::heuristic(const Problem& problem, const DeviceTraits& device)
   probe.vec_bytes = vec;
   const std::int64_t units = shape_of(problem, probe).rot_units;
   int target_tpr = 1;
-  if (units <= 64) {
-    // A head: one unit a thread, in one step. Where the units are not a power of two, the
-    // next power of two of threads leaves some idle, which costs less than a second step for
-    // the rest: full tunes on the H200 (bench/diagnostics/rope_full_tunes.py) put heads of 80
-    // (5 units), 72 (9) and 96 (6) 0-4.5% behind their best that way (at 64 to 262144 rows),
-    // and 3-25% behind with the power of two below.
+  if (units <= 16) {
+    // A head of up to 16 units: one unit a thread, in one step. Where the units are not a
+    // power of two, the next power of two of threads leaves some idle, which costs less than a
+    // second step for the rest: full tunes on the H200 (bench/diagnostics/rope_full_tunes.py)
+    // put heads of 80 (5 units), 72 (9) and 96 (6) 0-4.5% behind their best that way (at 64 to
+    // 262144 rows), and 3-25% behind with the power of two below. Longer rows are unmeasured
+    // so: the largest power of two of threads at most the units, halved past 64 units.
     while (target_tpr < units) {
       target_tpr *= 2;
     }
@@ -360,7 +362,9 @@ Config RopeFamily::heuristic(const Problem& problem, const DeviceTraits& device)
     while (target_tpr < 256 && std::int64_t{target_tpr} * 2 <= units) {
       target_tpr *= 2;
     }
-    target_tpr = std::max(1, target_tpr / 2);  // long rows: two units each
+    if (units > 64) {
+      target_tpr = std::max(1, target_tpr / 2);  // long rows: two units each
+    }
   }
   const int target_cta = std::max(128, std::min(512, 2 * target_tpr));
   const Config* best = nullptr;

@@ -125,7 +125,11 @@ TEST_CASE("the rope heuristic gives a head one rotation unit a thread, rounding 
     CHECK(h.cta_threads == 128);
     CHECK(f.invalid_reason(p, h, device).empty());
   }
-  // Long rows keep two units a thread: LTX-Video's 2048-wide interleaved rows, 256 units.
+  // Longer rows keep the power of two below: 39 units (MiniMax-M3-VL's 78 rotated columns of 80
+  // in 2-byte vectors) take 32 threads; LTX-Video's 2048-wide interleaved rows, 256 units, two
+  // units a thread.
+  const Problem minimax = rope(DType::bf16, 80, heads, 78);
+  CHECK(f.heuristic(minimax, device).threads_per_row == 32);
   const Config video =
       kiln::family(Op::rope_3d).heuristic(Problem{Op::rope_3d, DType::bf16, 2048, 0, 16}, device);
   CHECK(video.threads_per_row == 128);
