@@ -63,16 +63,14 @@ def vision_rope(original: Callable, form: VisionForm = VisionForm()) -> Callable
     :func:`_rotary_dim` allows, the ``original`` function otherwise (other signatures
     included)."""
 
+    whole = {"layout": "bshd", **({"interleaved": True} if form.interleaved else {})}
+
     def apply_rotary_pos_emb_vision(*args, **kwargs):
         rotary = None if len(args) != 4 or kwargs else _rotary_dim(*args, form)
         if rotary is None:
             return original(*args, **kwargs)
         q, k, cos, sin = args
-        options = {"layout": "bshd"}
-        if form.interleaved:
-            options["interleaved"] = True
-        if rotary != q.shape[-1]:
-            options["rotary_dim"] = rotary
+        options = whole if rotary == q.shape[-1] else {**whole, "rotary_dim": rotary}
         if q.dim() == 4:
             return rope_ops.rope(q, k, cos, sin, **options)
         q_out, k_out = rope_ops.rope(q.unsqueeze(0), k.unsqueeze(0), cos, sin, **options)
