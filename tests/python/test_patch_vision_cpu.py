@@ -207,6 +207,40 @@ def test_a_rotation_of_four_dimensional_q_only_is_taken_for_those(monkeypatch):
     assert calls == []
 
 
+class _Block(torch.nn.Module):
+    def __init__(self, attention):
+        super().__init__()
+        self.attention = attention
+
+    def forward(self, x, cos, sin):
+        q, k = self.attention(x, cos, sin)
+        return q + k
+
+
+def test_a_patched_attention_inlined_into_a_compiled_block_keeps_its_graph():
+    """The block, not the attention, is compiled (as models are compiled by block): Dynamo
+    inlines the attention's kiln copy and guards on what its rotation reads through the
+    copy's globals, which it finds again by their module's name. Named as the original's
+    module, the guards read the original rotation and fail to build."""
+    torch.manual_seed(0)
+    block = _Block(_attention_calling(_four_dimensional_rotation)()).eval()
+    x = torch.randn(2, 5, 16)
+    cos, sin = _tables(5, 6)
+    with torch.no_grad():
+        expected = block(x, cos, sin)
+        kiln.patch(block)
+        compiled, graphs = compile_capturing(block)
+        try:
+            with torch._dynamo.config.patch(error_on_recompile=True):
+                actual = compiled(x, cos, sin)
+                again = compiled(x, cos, sin)
+        finally:
+            torch._dynamo.reset()
+    assert len(graphs) == 1 and len(calls_of(graphs, torch.ops.kiln.rope.default)) == 1
+    torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(again, actual, rtol=0, atol=0)
+
+
 def _vision_function(module_name):
     module = pytest.importorskip(f"transformers.models.{module_name}.modeling_{module_name}")
     return module.apply_rotary_pos_emb_vision
@@ -309,6 +343,42 @@ def test_other_towers_rope_reaches_kiln(build, dtype, monkeypatch):
     else:
         assert (actual.float() - truth).abs().max() <= 1.5 * (expected.float() - truth).abs().max() + 1e-3
     assert kiln.unpatch(tower) == len(report.replaced)
+
+
+@pytest.mark.parametrize("build", [minimax_m3_vl, inkling2])
+def test_towers_compiled_by_block_run_kiln_rope(build):
+    """Each block compiled on its own, as models are compiled by block: the patched attention,
+    inlined into its block's graph, calls kiln.rope there, and the other block and a second
+    forward reuse the graphs. Dynamo finds an inlined function's globals again by their module's name, so the
+    attention's kiln copy must not name the original's module: its guards would then read
+    the original rotation, not kiln's (transformers 5.17's MiniMax-M3-VL failed so)."""
+    if build() is None:
+        pytest.skip(f"this transformers has no {build.__name__}")
+    tower = seeded(build)
+    inputs = other_tower_inputs(tower)
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    with torch.no_grad():
+        expected = tower(**inputs).last_hidden_state
+        kiln.patch(tower)
+        torch._dynamo.reset()
+        for layer in tower.layers:
+            layer.compile(backend=backend)
+        try:
+            with torch._dynamo.config.patch(error_on_recompile=True):
+                actual = tower(**inputs).last_hidden_state
+                again = tower(**inputs).last_hidden_state
+        finally:
+            torch._dynamo.reset()
+    # The blocks share their code and so their graphs (later transformers break them at the
+    # attention's sequence lengths): the rotation is in one.
+    assert len(calls_of(graphs, torch.ops.kiln.rope.default)) == 1
+    torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(again, actual, rtol=0, atol=0)
 
 
 class _QwenVisionAttention(torch.nn.Module):

@@ -245,7 +245,7 @@ def with_kiln_rope(function: types.FunctionType, form: Optional[str] = "full",
         copy, names = kept
         source_rewrite.refresh(copy.__globals__, function, {name: copy.__globals__[name] for name in names})
         return copy
-    scope = dict(function.__globals__)
+    scope = source_rewrite.module_scope(function, "rope")
     names = []
     if form is not None:
         scope[ROPE_GLOBAL] = rotate_half_rope(function.__globals__[ROPE_GLOBAL], form)
