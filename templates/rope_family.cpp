@@ -21,7 +21,6 @@ constexpr std::array<int, 4> kVecBytes = {16, 8, 4, 2};  // widest first: the ca
 constexpr std::array<int, 9> kThreadsPerRow = {1, 2, 4, 8, 16, 32, 64, 128, 256};
 constexpr std::array<int, 4> kCtaThreads = {64, 128, 256, 512};
 constexpr std::array<int, 3> kRowsPerThreadValues = {1, 2, 4};
-constexpr std::array<int, 3> kFlatRowsPerThread = {1, 2, 4};
 // 32-bit words a thread may hold (its rows' raw vectors plus fp32 cos/sin) before the
 // kernel would spill: the row kernels' budget, less room for addresses and indices.
 constexpr std::int64_t kMaxHeldWords = 96;
@@ -46,18 +45,16 @@ std::optional<ArgumentError> problem_error(Op op, const Problem& problem) {
     return ArgumentError(name, "q", "alignment a power of two in [1, 16] bytes",
                          std::to_string(problem.align));
   }
-  const std::uint32_t allowed = op == Op::rope
-                                    ? (kRopeInterleaved | kRopeTableF32 | kRopeInverse |
-                                       kRopePositionsInner | kRopeHeadCountFlags | kRopeHalfTable |
-                                       kRopeHeadNorm | kRopeDeinterleave | kRopeDataAligned16)
-                                    : 0u;
+  const std::uint32_t allowed =
+      op == Op::rope ? (kRopeInterleaved | kRopeTableF32 | kRopeInverse | kRopePositionsInner |
+                        kRopeHeadCountFlags | kRopeHalfTable | kRopeHeadNorm | kRopeDeinterleave)
+                     : 0u;
   if ((problem.flags & ~allowed) != 0) {
     return ArgumentError(name, "flags",
                          op == Op::rope ? "only interleaved (1), table-fp32 (2), inverse (4), "
                                           "positions-inner (8), heads-even (16), heads-by-4 "
                                           "(32, with 16), one-head-each (64), half-table (128), "
-                                          "head-norm (256), de-interleave (512) and "
-                                          "data-aligned-16 (1024)"
+                                          "head-norm (256) and de-interleave (512)"
                                         : "none",
                          std::to_string(problem.flags));
   }
@@ -79,11 +76,6 @@ std::optional<ArgumentError> problem_error(Op op, const Problem& problem) {
                          "de-interleave (512) without interleaved (1) or head-norm (256): it "
                          "de-interleaves the raw row for a half-split rotation",
                          std::to_string(problem.flags));
-  }
-  if ((problem.flags & kRopeDataAligned16) != 0 && problem.align >= 16) {
-    return ArgumentError(name, "flags",
-                         "data-aligned-16 (1024) only below a common alignment of 16",
-                         "alignment " + std::to_string(problem.align));
   }
   if (op == Op::rope_3d && problem.aux != 0) {
     return ArgumentError(name, "rotary_dim", "the whole row (aux 0)", std::to_string(problem.aux));
@@ -149,123 +141,6 @@ std::int64_t resident(const Problem& problem, const Config& config, const Device
 // table rope's when the host flags it.
 bool one_head_each(const Problem& problem) {
   return problem.op == Op::rope_3d || (problem.flags & kRopeOneHeadEach) != 0;
-}
-
-// The alignment kiln::rope_flat may read and write q and k at: 16 bytes where the host says the
-// data is (kRopeDataAligned16), else every operand's.
-std::int64_t data_align(const Problem& problem) {
-  return (problem.flags & kRopeDataAligned16) != 0 ? 16 : effective_align(problem);
-}
-
-// The widest vector (bytes) whose elements tile a width of `elements`, at most `align` bytes.
-int widest_vector(std::int64_t elements, int element, std::int64_t align) {
-  for (int vec : kVecBytes) {
-    if (vec >= element && vec <= align && (elements * element) % vec == 0) {
-      return vec;
-    }
-  }
-  return element;
-}
-
-// Whether kiln::rope_flat is offered: a half-split table rotation (no head norm, no
-// de-interleaving) whose row it could read in wider vectors than kiln::rope's pairs allow.
-bool flat_offered(const Problem& problem) {
-  constexpr std::uint32_t kOther = kRopeInterleaved | kRopeHeadNorm | kRopeDeinterleave;
-  if (problem.op != Op::rope || (problem.flags & kOther) != 0) {
-    return false;
-  }
-  const auto element = static_cast<int>(dtype_size(problem.dtype));
-  const std::int64_t rd = RopeFamily::rotary_dim(problem);
-  const std::int64_t align = effective_align(problem);
-  const int pairs =
-      std::min(widest_vector(rd / 2, element, align),
-               rd == problem.hidden ? 16 : widest_vector(problem.hidden - rd, element, align));
-  return widest_vector(problem.hidden, element, data_align(problem)) > pairs;
-}
-
-// A flat config's rows a thread (extra "flat"; 0: a kiln::rope config).
-int flat_rows(const Config& config) {
-  return static_cast<int>(config.extra_or(RopeFamily::kFlat, 0));
-}
-
-// kiln::rope_flat's threads a row: one a vector.
-int flat_threads_per_row(const Problem& problem, int vec_bytes) {
-  const std::int64_t vec = std::max<std::int64_t>(1, vec_bytes / dtype_size(problem.dtype));
-  return static_cast<int>(ceil_div(problem.hidden, vec));
-}
-
-// The rows a CTA of kiln::rope_flat covers whole: its groups of flat_rows rows.
-std::int64_t flat_rows_per_cta(const Problem& problem, const Config& config) {
-  return std::int64_t{config.cta_threads} /
-         std::max(1, flat_threads_per_row(problem, config.vec_bytes)) * flat_rows(config);
-}
-
-// Whether a flat config's thread reads one cos/sin row for all its rows: heads inner, its
-// rows one token's (the heads a multiple of its rows, as the head-count flags say).
-bool flat_shared_table(const Problem& problem, const Config& config) {
-  if ((problem.flags & kRopePositionsInner) != 0) {
-    return false;
-  }
-  switch (flat_rows(config)) {
-    case 1:
-      return true;
-    case 2:
-      return (problem.flags & (kRopeHeadsEven | kRopeOneHeadEach)) != 0;
-    case 4:
-      return (problem.flags & kRopeHeadsBy4) != 0;
-    default:
-      return false;
-  }
-}
-
-std::string flat_invalid_reason(const Problem& problem, const Config& config,
-                                const DeviceTraits& device) {
-  const std::string name(op_name(problem.op));
-  for (const auto& [extra, value] : config.extra) {
-    if (extra != RopeFamily::kFlat) {
-      return "a flat config takes no '" + extra + "'";
-    }
-  }
-  if (!flat_offered(problem)) {
-    return "flat rows are for half-split rotations whose half is not whole vectors of the "
-           "widest width the data allows";
-  }
-  const int rows = flat_rows(config);
-  if (!one_of(kFlatRowsPerThread, rows)) {
-    return "flat " + std::to_string(rows) + " is not 1, 2 or 4 rows a thread";
-  }
-  const auto element = static_cast<int>(dtype_size(problem.dtype));
-  const int vec = config.vec_bytes;
-  if (!one_of(kVecBytes, vec) || vec < element) {
-    return "vec_bytes " + std::to_string(vec) + " is not 16, 8, 4 or 2 whole elements";
-  }
-  if (vec > data_align(problem)) {
-    return "vec_bytes " + std::to_string(vec) + " exceeds the data alignment " +
-           std::to_string(data_align(problem));
-  }
-  if ((problem.hidden * element) % vec != 0) {
-    return "a row of " + std::to_string(problem.hidden) + " is not whole " + std::to_string(vec) +
-           "-byte vectors";
-  }
-  if (config.threads_per_row != flat_threads_per_row(problem, vec)) {
-    return "threads_per_row of a flat config is its row's vectors (" +
-           std::to_string(flat_threads_per_row(problem, vec)) + ")";
-  }
-  const int cta = config.cta_threads;
-  if (!one_of(kCtaThreads, cta) || cta > device.max_threads_per_block) {
-    return "cta_threads " + std::to_string(cta) + " is not 64..512 within the device's limit";
-  }
-  if (flat_rows_per_cta(problem, config) < 1) {
-    return "a CTA's vectors do not cover a row";
-  }
-  // Each row's raw vector and its partners, and fp32 cos/sin of each table row read.
-  const std::int64_t tables = flat_shared_table(problem, config) ? 1 : rows;
-  const std::int64_t held = std::int64_t{rows} * 2 * (vec / 4 + 1) + tables * 2 * (vec / element);
-  if (held > kMaxHeldWords) {
-    return "each thread would hold about " + std::to_string(held) + " words, more than " +
-           std::to_string(kMaxHeldWords);
-  }
-  return {};
 }
 
 // The kernel's defaulted template arguments (HALF_TABLE, HEAD_NORM, DEINTERLEAVE) up to the
@@ -350,9 +225,6 @@ std::string RopeFamily::invalid_reason(const Problem& problem, const Config& con
                                        const DeviceTraits& device) const {
   if (auto error = problem_error(op_, problem)) {
     return error->message();
-  }
-  if (flat_rows(config) != 0) {
-    return flat_invalid_reason(problem, config, device);
   }
   for (const auto& [name, value] : config.extra) {
     if (name != kRowsPerThread && name != "grid") {
@@ -458,22 +330,6 @@ std::vector<Config> RopeFamily::space(const Problem& problem, const DeviceTraits
       }
     }
   }
-  if (flat_offered(problem)) {
-    for (int vec : kVecBytes) {
-      for (int cta : kCtaThreads) {
-        for (int rows : kFlatRowsPerThread) {
-          Config config;
-          config.vec_bytes = vec;
-          config.threads_per_row = flat_threads_per_row(problem, vec);
-          config.cta_threads = cta;
-          config.extra[kFlat] = rows;
-          if (invalid_reason(problem, config, device).empty()) {
-            configs.push_back(std::move(config));
-          }
-        }
-      }
-    }
-  }
   return configs;
 }
 
@@ -529,17 +385,6 @@ std::string RopeFamily::name_expression(const Problem& problem, const Config& co
   const std::string type(dtype_cuda_type(problem.dtype));
   const bool video = op_ == Op::rope_3d;
   const std::string table = (video || (problem.flags & kRopeTableF32)) ? "float" : type;
-  if (flat_rows(config) != 0) {
-    const std::int64_t table_bytes = std::max<std::int64_t>(
-        effective_align(problem), (problem.flags & kRopeTableF32) != 0 ? 4 : 2);
-    return "kiln::rope_flat<" + type + ", " + table + ", " + std::to_string(problem.hidden) + ", " +
-           std::to_string(rotary_dim(problem)) + ", " + std::to_string(config.vec_bytes) + ", " +
-           std::to_string(table_bytes) + ", " + std::to_string(config.cta_threads) + ", " +
-           std::to_string(flat_rows(config)) + ", " +
-           (flat_shared_table(problem, config) ? "true" : "false") + ", " +
-           ((problem.flags & kRopeInverse) != 0 ? "true" : "false") + ", " +
-           ((problem.flags & kRopeHalfTable) != 0 ? "true" : "false") + ">";
-  }
   return "kiln::rope<" + type + ", " + table + ", " + std::to_string(problem.hidden) + ", " +
          std::to_string(rotary_dim(problem)) + ", " + std::to_string(config.vec_bytes) + ", " +
          std::to_string(config.threads_per_row) + ", " + std::to_string(config.cta_threads) + ", " +
@@ -553,11 +398,10 @@ std::string RopeFamily::name_expression(const Problem& problem, const Config& co
 
 LaunchGeometry RopeFamily::geometry(const Problem& problem, const Config& config,
                                     std::int64_t rows) const {
+  (void)problem;
   const std::int64_t rows_per_cta =
-      flat_rows(config) != 0
-          ? std::max<std::int64_t>(1, flat_rows_per_cta(problem, config))
-          : std::int64_t{std::max(1, config.cta_threads / std::max(1, config.threads_per_row))} *
-                rows_per_thread(config);
+      std::int64_t{std::max(1, config.cta_threads / std::max(1, config.threads_per_row))} *
+      rows_per_thread(config);
   LaunchGeometry geometry;
   geometry.grid[0] = capped_grid(covering_grid(rows, rows_per_cta), config);
   geometry.block[0] = static_cast<std::uint32_t>(config.cta_threads);

@@ -56,11 +56,6 @@ inline constexpr std::uint32_t kRopeHeadNorm = 256u;
 // rope_interleave. With kRopeInverse the transpose (read R/2 apart, written adjacent). Not with
 // kRopeInterleaved or kRopeHeadNorm, and never in place.
 inline constexpr std::uint32_t kRopeDeinterleave = 512u;
-// q, k and the outputs are 16-byte aligned (addresses and strides) where Problem::align, the
-// alignment of every operand, is lower because of the tables (MiniMax-M3-VL's [S, 78] bf16
-// cos/sin rows are 4-byte aligned): kiln::rope_flat reads and writes the data in 16-byte vectors
-// and the tables as their alignment allows. The host sets it.
-inline constexpr std::uint32_t kRopeDataAligned16 = 1024u;
 // Every flag that rope_head_flags() may set.
 inline constexpr std::uint32_t kRopeHeadCountFlags =
     kRopeHeadsEven | kRopeHeadsBy4 | kRopeOneHeadEach;
@@ -84,10 +79,6 @@ class RopeFamily : public Family {
   static constexpr std::int64_t kMaxHeadDim = 16384;
   // rows_per_thread: consecutive rows (heads) a thread rotates with one load of cos/sin.
   static constexpr const char* kRowsPerThread = "rows_per_thread";
-  // flat: kiln::rope_flat with this many rows a thread (1, 2, 4; threads_per_row the row's
-  // vectors, one a thread), for half-split heads whose half is not whole vectors of the widest
-  // width (see rope_flat.cuh).
-  static constexpr const char* kFlat = "flat";
 
   explicit RopeFamily(Op op);  // Op::rope or Op::rope_3d
 

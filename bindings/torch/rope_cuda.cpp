@@ -157,7 +157,6 @@ std::optional<Launch> plan(const RopeShape& shape, const at::Tensor& q, const at
     }
     unit_last = unit_last && geometry[t][3] == 1;
   }
-  const std::uintptr_t data_bits = bits;
   std::array<std::int64_t, 3> tables[2] = {};
   if (!video) {
     tables[0] = table_strides(cos, shape);
@@ -201,9 +200,6 @@ std::optional<Launch> plan(const RopeShape& shape, const at::Tensor& q, const at
         (head_norm != nullptr ? kRopeHeadNorm : 0u) | (shape.deinterleave ? kRopeDeinterleave : 0u);
   }
   problem.align = common_alignment({bits});
-  if (!video && problem.align < 16 && common_alignment({data_bits}) >= 16) {
-    problem.flags |= kRopeDataAligned16;
-  }
 
   RopeParams& p = launch.params;
   p.q = addresses[0];

@@ -597,6 +597,3 @@ __global__ void __launch_bounds__(CTA_THREADS) rope(const RopeParams p) {
 }
 
 }  // namespace kiln
-
-// Heads whose half is not whole vectors: kiln::rope_flat, chosen by the same family.
-#include "kiln/rope_flat.cuh"

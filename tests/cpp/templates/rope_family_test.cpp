@@ -4,7 +4,6 @@
 #include <cstring>
 #include <span>
 #include <string>
-#include <tuple>
 
 #include "cache/error.h"
 #include "templates/family.h"
@@ -52,12 +51,7 @@ TEST_CASE("rope refuses problems it cannot specialise") {
   CHECK_THROWS_AS(f.check(rope(DType::bf16, 128, 0, 130)), kiln::ArgumentError);
   CHECK_THROWS_AS(f.check(rope(DType::bf16, 128, 0, 33)), kiln::ArgumentError);
   CHECK_NOTHROW(f.check(rope(DType::bf16, 128, kiln::kRopePositionsInner)));
-  CHECK_THROWS_AS(f.check(rope(DType::bf16, 128, 2048)), kiln::ArgumentError);
-  CHECK_NOTHROW(f.check(rope(DType::bf16, 80, kiln::kRopeDataAligned16, 78, 4)));
-  CHECK_THROWS_WITH_AS(f.check(rope(DType::bf16, 128, kiln::kRopeDataAligned16)),
-                       "kiln.rope: flags: expected data-aligned-16 (1024) only below a common "
-                       "alignment of 16, got alignment 16",
-                       kiln::ArgumentError);
+  CHECK_THROWS_AS(f.check(rope(DType::bf16, 128, 1024)), kiln::ArgumentError);
   CHECK_NOTHROW(f.check(rope(DType::bf16, 128, kiln::kRopeHeadNorm)));
   CHECK_NOTHROW(f.check(rope(DType::bf16, 128, kiln::kRopeHalfTable)));
   CHECK_THROWS_AS(kiln::family(Op::rope_3d)
@@ -92,12 +86,6 @@ TEST_CASE("every config of the rope space keeps whole rotation units in one thre
           for (const Config& c : configs) {
             const std::int64_t vec = c.vec_bytes / element(p);
             CHECK(c.vec_bytes >= element(p));
-            if (c.extra.contains(kiln::RopeFamily::kFlat)) {
-              // kiln::rope_flat: whole vectors of the row, none of the rotation's units.
-              CHECK(d % vec == 0);
-              CHECK_FALSE(interleaved);
-              continue;
-            }
             CHECK(rd % (interleaved ? vec : 2 * vec) == 0);
             CHECK((d - rd) % vec == 0);
             if (interleaved) CHECK(vec % 2 == 0);
@@ -112,77 +100,6 @@ TEST_CASE("every config of the rope space keeps whole rotation units in one thre
       }
     }
   }
-}
-
-TEST_CASE("flat rows are offered where a half is not whole vectors of the widest width") {
-  const DeviceTraits device = DeviceTraits::for_arch(90);
-  const auto& family = kiln::family(Op::rope);
-  const auto flat = [&](const Problem& p) {
-    std::vector<Config> configs;
-    for (const Config& c : family.space(p, device)) {
-      if (c.extra.contains(kiln::RopeFamily::kFlat)) configs.push_back(c);
-    }
-    return configs;
-  };
-  // Qwen3-VL's 72-wide heads: halves of 72 bytes in bf16 (8-byte pairs), rows of 144 (16-byte
-  // vectors); in fp32 the halves are whole 16-byte vectors already.
-  const Problem qwen3_vl = rope(DType::bf16, 72, kiln::kRopeTableF32);
-  const auto configs = flat(qwen3_vl);
-  REQUIRE_FALSE(configs.empty());
-  CHECK(configs.front().vec_bytes == 16);
-  for (const Config& c : configs) {
-    const std::int64_t rows = c.extra.at(kiln::RopeFamily::kFlat);
-    // A thread a vector of the row, the same vector of `rows` rows; a CTA covers whole groups.
-    CHECK(c.threads_per_row == 72 * 2 / c.vec_bytes);
-    const kiln::LaunchGeometry g = family.geometry(qwen3_vl, c, 1000);
-    const std::int64_t rows_per_cta = c.cta_threads / c.threads_per_row * rows;
-    CHECK(g.grid[0] == (1000 + rows_per_cta - 1) / rows_per_cta);
-    // Without head-count flags only a thread of one row reads a table row for all its rows.
-    CHECK(family.name_expression(qwen3_vl, c) ==
-          "kiln::rope_flat<kiln::bf16, float, 72, 72, " + std::to_string(c.vec_bytes) + ", 16, " +
-              std::to_string(c.cta_threads) + ", " + std::to_string(rows) +
-              (rows == 1 ? ", true" : ", false") + ", false, false>");
-  }
-  // Heads in fours: a thread's 4 rows are one token's heads, one table row; positions inner a
-  // thread's rows are a head's positions, a table row each.
-  for (const auto& [layout, rows, shared] :
-       {std::tuple{0u, 4, true}, std::tuple{kiln::kRopePositionsInner, 2, false}}) {
-    const Problem grouped =
-        rope(DType::bf16, 72, kiln::kRopeTableF32 | kiln::rope_head_flags(16, 16) | layout);
-    Config config = configs.front();
-    config.extra[kiln::RopeFamily::kFlat] = rows;
-    REQUIRE(family.invalid_reason(grouped, config, device).empty());
-    CHECK(family.name_expression(grouped, config)
-              .ends_with(", " + std::to_string(rows) + (shared ? ", true" : ", false") +
-                         ", false, false>"));
-  }
-  CHECK(flat(rope(DType::f32, 72, kiln::kRopeTableF32)).empty());
-  CHECK(flat(rope(DType::bf16, 128)).empty());
-  CHECK(flat(rope(DType::bf16, 80)).empty());
-  CHECK(flat(rope(DType::bf16, 72, kiln::kRopeInterleaved | kiln::kRopeTableF32)).empty());
-  CHECK(flat(rope(DType::bf16, 72, kiln::kRopeHeadNorm)).empty());
-  // MiniMax-M3-VL: 78 of 80 rotated from a bf16 table of 4-byte aligned rows. Without the
-  // host's word that q and k are 16-byte aligned, the table's alignment bounds the data too.
-  const Problem minimax = rope(DType::bf16, 80, kiln::kRopeDataAligned16, 78, 4);
-  REQUIRE_FALSE(flat(minimax).empty());
-  CHECK(flat(minimax).front().vec_bytes == 16);
-  CHECK(family.name_expression(minimax, flat(minimax).front())
-            .starts_with("kiln::rope_flat<kiln::bf16, kiln::bf16, 80, 78, 16, 4, "));
-  for (const Config& c : family.space(minimax, device)) {
-    if (!c.extra.contains(kiln::RopeFamily::kFlat)) CHECK(c.vec_bytes <= 4);
-  }
-  const std::vector<Config> narrow = flat(rope(DType::bf16, 80, 0u, 78, 4));
-  REQUIRE_FALSE(narrow.empty());
-  CHECK(narrow.front().vec_bytes == 4);
-  // The heuristic stays kiln::rope's; a flat config with another tunable is refused.
-  CHECK_FALSE(family.heuristic(qwen3_vl, device).extra.contains(kiln::RopeFamily::kFlat));
-  Config mixed = configs.front();
-  mixed.extra[kiln::RopeFamily::kRowsPerThread] = 2;
-  CHECK(family.invalid_reason(qwen3_vl, mixed, device).find("takes no 'rows_per_thread'") !=
-        std::string::npos);
-  Config wrong_split = configs.front();
-  wrong_split.threads_per_row = 16;
-  CHECK_FALSE(family.invalid_reason(qwen3_vl, wrong_split, device).empty());
 }
 
 TEST_CASE("the rope heuristic gives a head one rotation unit a thread, rounding up") {
