@@ -51,7 +51,9 @@ TEST_CASE("every fast-tune candidate of the RoPE families compiles for sm_75, sm
     for (const Problem& p : problems) {
       // The older archs: the video angles (rms_norm_rope's parked in shared memory across its
       // barrier) and the grouped rows.
-      if (sm != 90 && p.op == Op::rope && (p.flags & kRopeHeadsBy4) == 0) continue;
+      if (sm != 90 && p.op == Op::rope && (p.flags & kRopeHeadsBy4) == 0) {
+        continue;
+      }
       const DeviceTraits traits = DeviceTraits::for_arch(sm);
       for (const Config& c : candidates(family(p.op), p, traits, TuneMode::fast, 8, 32768)) {
         requests.push_back({&family(p.op), p, c, sm, BinaryFormat::cubin});
@@ -71,10 +73,17 @@ TEST_CASE("every fast-tune candidate of the RoPE families compiles for sm_75, sm
     }
   };
   std::vector<std::thread> threads;
-  for (int t = 0; t < 2; ++t) threads.emplace_back(work);
-  for (auto& t : threads) t.join();
+  threads.reserve(2);
+  for (int t = 0; t < 2; ++t) {
+    threads.emplace_back(work);
+  }
+  for (auto& t : threads) {
+    t.join();
+  }
   for (const auto& e : errors) {
-    if (!e.empty()) MESSAGE(e);
+    if (!e.empty()) {
+      MESSAGE(e);
+    }
   }
   CHECK(failures == 0);
 }
