@@ -17,6 +17,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import activations  # noqa: E402
+from profiled_calls import profile_once  # noqa: E402
 
 import kiln  # noqa: E402
 
@@ -30,21 +31,5 @@ def calls():
         yield f"kiln swiglu packed {rows}x2880", lambda p=p: kiln.swiglu(p)
 
 
-def main():
-    work = list(calls())
-    for _ in range(3):
-        for _, call in work:
-            call()
-    torch.cuda.synchronize()
-    torch.cuda.cudart().cudaProfilerStart()
-    for name, call in work:
-        torch.cuda.nvtx.range_push(name)
-        call()
-        torch.cuda.nvtx.range_pop()
-    torch.cuda.synchronize()
-    torch.cuda.cudart().cudaProfilerStop()
-    print("\n".join(name for name, _ in work))
-
-
 if __name__ == "__main__":
-    main()
+    profile_once(calls(), warmups=3)

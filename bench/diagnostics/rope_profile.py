@@ -16,6 +16,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import rope as rope_bench  # noqa: E402
+from profiled_calls import profile_once  # noqa: E402
 
 import kiln  # noqa: E402
 
@@ -49,20 +50,5 @@ def calls():
     yield "neg 88 MB", lambda: torch.neg(both, out=out)
 
 
-def main():
-    chosen = list(calls())
-    for _, call in chosen:
-        call()
-    torch.cuda.synchronize()
-    torch.cuda.profiler.start()
-    for name, call in chosen:
-        torch.cuda.nvtx.range_push(name)
-        call()
-        torch.cuda.nvtx.range_pop()
-    torch.cuda.synchronize()
-    torch.cuda.profiler.stop()
-    print("\n".join(name for name, _ in chosen))
-
-
 if __name__ == "__main__":
-    main()
+    profile_once(calls())

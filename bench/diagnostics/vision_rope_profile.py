@@ -1,9 +1,7 @@
 """The vision towers' RoPE calls (bench/vision_rope.py) as kiln.patch runs them and as
 torch.compile runs transformers' function, beside PyTorch's copy and negation of the same q and
-k, for `ncu`: each is called once between cudaProfilerStart and Stop, after warm-up calls that
-fill kiln's cache (tunes included) and compile the peer, so a profiler that starts there sees
-one launch of each and nothing of the tuning. With TORCH_LOGS=output_code the warm-up prints
-Inductor's kernels.
+k, each launched once for `ncu` (profiled_calls.py). With TORCH_LOGS=output_code the warm-up
+prints Inductor's kernels.
 
 Usage (on the GPU machine):
   python bench/diagnostics/vision_rope_profile.py            # warm kiln's cache
@@ -18,6 +16,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import vision_rope as bench  # noqa: E402
+from profiled_calls import profile_once  # noqa: E402
 
 BF16 = torch.bfloat16
 
@@ -49,21 +48,5 @@ def calls():
         yield f"{name} neg", lambda o=out, b=both: torch.neg(b, out=o)
 
 
-def main():
-    chosen = list(calls())
-    for _ in range(3):
-        for _, call in chosen:
-            call()
-    torch.cuda.synchronize()
-    torch.cuda.profiler.start()
-    for name, call in chosen:
-        torch.cuda.nvtx.range_push(name)
-        call()
-        torch.cuda.nvtx.range_pop()
-    torch.cuda.synchronize()
-    torch.cuda.profiler.stop()
-    print("\n".join(name for name, _ in chosen))
-
-
 if __name__ == "__main__":
-    main()
+    profile_once(calls(), warmups=3)
