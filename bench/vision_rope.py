@@ -103,7 +103,7 @@ def main():
     parser.add_argument("--quick", action="store_true", help="one image of each tower")
     parser.add_argument("--tag", default="", help="appended to the file names")
     args = parser.parse_args()
-    common.eager_compiled_bench("vision_rope", "Vision towers' RoPE (fp32 table, q and k of one qkv)",
+    common.eager_compiled_bench("vision_rope", "Vision towers' RoPE (each tower's table and q, k as its attention hands them over)",
                                 cases(args.quick), args.out, args.tag)
 
 
