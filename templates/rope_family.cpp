@@ -143,6 +143,24 @@ bool one_head_each(const Problem& problem) {
   return problem.op == Op::rope_3d || (problem.flags & kRopeOneHeadEach) != 0;
 }
 
+// The alignment a model's call of this form has: 16 bytes (the allocations') unless a row of
+// q and k or of the table is not whole 16-byte multiples, since the host takes every operand's
+// row stride into the problem's alignment (MiniMax-M3-VL's [S, 78] bf16 tables: 156-byte rows,
+// 4-byte aligned calls; 36-wide bf16 heads: 72-byte rows, 8).
+std::uint32_t call_alignment(DType dtype, std::int64_t hidden, std::uint32_t flags,
+                             std::int64_t aux) {
+  const Problem problem{Op::rope, dtype, hidden, flags, 16, aux};
+  const auto element = static_cast<std::int64_t>(dtype_size(dtype));
+  const std::int64_t row = hidden * element;
+  const std::int64_t table_row =
+      RopeFamily::table_width(problem) * ((flags & kRopeTableF32) != 0 ? 4 : element);
+  std::uint32_t align = 16;
+  while (align > 1 && (row % align != 0 || table_row % align != 0)) {
+    align /= 2;
+  }
+  return align;
+}
+
 // The kernel's defaulted template arguments (HALF_TABLE, HEAD_NORM, DEINTERLEAVE) up to the
 // last that is set, so a kernel without them keeps the name it had before they existed.
 std::string defaulted_arguments(const Problem& problem) {
@@ -529,14 +547,17 @@ std::vector<Problem> RopeFamily::common_problems(DType dtype, std::int64_t hidde
   }
   std::vector<Problem> problems;
   for (std::uint32_t layout : layouts) {
-    problems.push_back(Problem{Op::rope, dtype, hidden, layout | heads, 16, aux});
+    const std::uint32_t align = call_alignment(dtype, hidden, layout, aux);
+    problems.push_back(Problem{Op::rope, dtype, hidden, layout | heads, align, aux});
     // The attention in kiln's patch normalises each head in the same call (no backward:
     // training takes the norms and the rotation alone).
     if (model.head_norm_layout == layout) {
-      problems.push_back(Problem{Op::rope, dtype, hidden, layout | heads | kRopeHeadNorm, 16, aux});
+      problems.push_back(
+          Problem{Op::rope, dtype, hidden, layout | heads | kRopeHeadNorm, align, aux});
     }
     if (model.training) {
-      problems.push_back(Problem{Op::rope, dtype, hidden, layout | heads | kRopeInverse, 16, aux});
+      problems.push_back(
+          Problem{Op::rope, dtype, hidden, layout | heads | kRopeInverse, align, aux});
     }
   }
   return problems;
