@@ -118,8 +118,9 @@ class Family {
   // diagonal neighbours. None by default.
   virtual std::span<const std::string_view> row_forms() const { return {}; }
 
-  // The specialisations models with this hidden size typically ask for, 16-byte aligned
-  // (what `kiln prewarm` compiles for the op), for `model`.
+  // The specialisations models with this hidden size typically ask for, for `model` (what
+  // `kiln prewarm` compiles for the op): 16-byte aligned, or as aligned as the model's calls are
+  // where the family knows them to be less (RoPE's tables of rows that are not 16-byte multiples).
   virtual std::vector<Problem> common_problems(DType dtype, std::int64_t hidden,
                                                const PrewarmModel& /*model*/) const {
     Problem problem;
