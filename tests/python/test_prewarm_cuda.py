@@ -354,9 +354,9 @@ def test_prewarm_from_config_serves_a_patched_vision_tower(tmp_path, name, train
     """kiln prewarm --config of a Qwen2.5-VL, Qwen3-VL or GLM-4V config.json compiles what the
     patched vision tower calls besides the language model: its norms (and Qwen3-VL's deepstack
     mergers' at 4x its width, GLM-4V's merger's at out_hidden_size), its SwiGLU or GELU, and RoPE
-    over its 4 + 4 heads of 40 (Qwen3-VL: 72, its released heads' width; a head of 36 would be
-    8-byte aligned, which prewarm does not compile) from the fp32 table; with --training, the
-    backward kernels too. The tower's first forward (and backward) on a GPU compiles nothing."""
+    over its 4 + 4 heads of 40 (Qwen3-VL: 72, its released heads' width) from the fp32 table;
+    with --training, the backward kernels too. The tower's first forward (and backward) on a GPU
+    compiles nothing."""
     transformers = pytest.importorskip("transformers")
     text = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                 num_key_value_heads=2, vocab_size=256)
