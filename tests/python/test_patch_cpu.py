@@ -290,6 +290,82 @@ def test_llama_norm_fp32_weight_bf16_input():
     assert (actual - expected).abs().max().item() <= bound
 
 
+class _Fp32MultiplyNorm(torch.nn.Module):
+    """Inkling 2's RMSNorm form: normalised in fp32, multiplied by the weight in the promoted
+    dtype, rounded once to x's dtype (fp32 rows with a bf16 weight: all in fp32)."""
+
+    def __init__(self, hidden):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.ones(hidden))
+        self.variance_epsilon = 1e-6
+
+    def forward(self, hidden_states):
+        x = hidden_states.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+        return (self.weight * x).to(hidden_states.dtype)
+
+
+def _norm_of_form(form, hidden, weight_dtype):
+    if form == "llama":
+        from transformers.models.llama.modeling_llama import LlamaRMSNorm
+        norm = LlamaRMSNorm(hidden, eps=1e-6)
+    else:
+        norm = _Fp32MultiplyNorm(hidden)
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(hidden, generator=torch.Generator().manual_seed(3)))
+    return norm.to(weight_dtype)
+
+
+@pytest.mark.parametrize("form", ["plain", "llama"])
+@pytest.mark.parametrize("weight_dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("hidden", [37, 64])
+def test_fp32_rows_with_a_half_weight_are_one_fp32_call(form, weight_dtype, hidden, monkeypatch):
+    """A model with an fp32 residual stream and half weights (Inkling 2's decoder norms): every
+    rule multiplies in fp32 there, so the patch makes one fp32 kiln call with the weight's exact
+    fp32 copy, kept between calls and made again when the weight changes in place."""
+    norm = _norm_of_form(form, hidden, weight_dtype)
+    x = torch.randn(5, 3, hidden, generator=torch.Generator().manual_seed(4)) + 0.5
+    with torch.no_grad():
+        expected = norm(x)
+        report = kiln.patch(norm)
+        assert [r.op for r in report.replaced] == ["rms_norm"]
+        calls = []
+        real = kiln_ops.rms_norm
+        monkeypatch.setattr(kiln_ops, "rms_norm", lambda x, weight, eps: calls.append(
+            (x.dtype, None if weight is None else weight.dtype)) or real(x, weight, eps))
+        actual = norm(x)
+        assert calls == [(torch.float32, torch.float32)]
+        torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-5)
+        assert actual.dtype == expected.dtype == torch.float32
+        _change_in_place(norm.weight)
+        changed = norm(x)
+        kiln.unpatch(norm)
+        torch.testing.assert_close(changed, norm(x), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("form", ["plain", "llama"])
+def test_fp32_rows_with_a_half_weight_train_the_weight(form):
+    """Training: the fp32 copy is made inside the graph, so the half weight gets its gradient
+    (rounded once to its dtype, as the original's)."""
+    norm = _norm_of_form(form, 48, torch.bfloat16)
+    x = torch.randn(6, 48, generator=torch.Generator().manual_seed(5))
+    grad = torch.randn(6, 48, generator=torch.Generator().manual_seed(6))
+
+    def gradients():
+        xs = x.clone().requires_grad_()
+        norm.weight.grad = None
+        norm(xs).backward(grad)
+        return xs.grad, norm.weight.grad
+
+    expected = gradients()
+    kiln.patch(norm)
+    actual = gradients()
+    kiln.unpatch(norm)
+    torch.testing.assert_close(actual[0], expected[0], rtol=1e-5, atol=1e-5)
+    assert actual[1].dtype == torch.bfloat16
+    torch.testing.assert_close(actual[1], expected[1], rtol=2 * 2**-8, atol=2 * 2**-8)
+
+
 def _change_in_place(weight):
     weight.mul_(-2.0)  # the version counter moves
 
@@ -335,7 +411,7 @@ def test_gemma_offset_weight_of_another_tensor_is_not_taken():
     with torch.no_grad():
         norm.weight = stale
         norm(x)  # keeps 1 + stale
-        assert norm.__dict__[forwards.OFFSET_CACHE][0] is stale
+        assert norm.__dict__[forwards.KEPT_WEIGHT][0] is stale
         norm.weight = kept
         assert kept._version == stale._version
         actual = norm(x)

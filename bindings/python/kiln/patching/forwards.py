@@ -114,15 +114,27 @@ def _single_tensor_call(args, kwargs) -> bool:
     return len(args) == 1 and not kwargs and isinstance(args[0], torch.Tensor)
 
 
+_HALF_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def _fp32_input_half_weight(x: torch.Tensor, weight: Optional[torch.Tensor]) -> bool:
+    return weight is not None and x.dtype == torch.float32 and weight.dtype in _HALF_DTYPES \
+        and weight.device == x.device
+
+
 def rms_norm_plain(module: torch.nn.Module, original: Callable) -> Callable:
     """``x * rsqrt(mean(x^2) + eps) * weight`` rounded once to x's dtype (``nn.RMSNorm``,
-    or a norm with no weight). A weight of another dtype keeps the original forward."""
+    or a norm with no weight). An fp32 x with a half weight (an fp32 residual stream, as
+    Inkling 2's) multiplies in fp32 by the weight's exact fp32 value: one fp32 call. A weight
+    of another dtype otherwise keeps the original forward."""
 
     def forward(*args, **kwargs):
         if not _single_tensor_call(args, kwargs):
             return original(*args, **kwargs)
         x = args[0]
         weight = module.weight if isinstance(getattr(module, "weight", None), torch.Tensor) else None
+        if _fp32_input_half_weight(x, weight) and kiln_can_take(x, differentiable=True):
+            return ops.rms_norm(x, _fp32_weight(module), norm_eps(module, x))
         tensors = (x,) if weight is None else (x, weight)
         if not kiln_can_take(*tensors, differentiable=True):
             return original(x)
@@ -135,9 +147,10 @@ def rms_norm_llama(module: torch.nn.Module, original: Callable) -> Callable:
     """transformers' ``LlamaRMSNorm`` (and the Mistral, Qwen2, Qwen3 copies of it):
     ``weight * normalized.to(input_dtype)``, the output dtype the promotion of the weight's
     and the input's. With one dtype that is one kiln call (kiln rounds once, after the
-    weight multiply, where the original rounds before it too: at most an ulp apart); with
-    two, kiln normalises and rounds to the input dtype and the weight multiplies after, in
-    the promoted dtype, as the original does."""
+    weight multiply, where the original rounds before it too: at most an ulp apart). An fp32
+    input with a half weight is one fp32 call too: nothing rounds before the product, which
+    promotes to fp32. With other pairs, kiln normalises and rounds to the input dtype and the
+    weight multiplies after, in the promoted dtype, as the original does."""
 
     def forward(*args, **kwargs):
         if not _single_tensor_call(args, kwargs):
@@ -149,12 +162,11 @@ def rms_norm_llama(module: torch.nn.Module, original: Callable) -> Callable:
         eps = norm_eps(module, x)
         if weight.dtype == x.dtype and kiln_can_take(x, weight, differentiable=True):
             return ops.rms_norm(x, weight, eps)
+        if _fp32_input_half_weight(x, weight):
+            return ops.rms_norm(x, _fp32_weight(module), eps)
         return weight * ops.rms_norm(x, None, eps)
 
     return forward
-
-
-_HALF_DTYPES = (torch.float16, torch.bfloat16)
 
 
 def rms_norm_diffusers(module: torch.nn.Module, original: Callable) -> Callable:
@@ -281,30 +293,43 @@ def _gemm_gelu_epilogue(proj: torch.nn.Module, x: torch.Tensor) -> Optional[torc
     return out.view(*x.shape[:-1], weight.shape[0])
 
 
-OFFSET_CACHE = "_kiln_offset_weight"
+KEPT_WEIGHT = "_kiln_kept_weight"
 
 
-def _offset_weight(module: torch.nn.Module, dtype: torch.dtype) -> torch.Tensor:
-    """``(1 + weight.float())`` in ``dtype``, kept between calls and made again when the
-    weight changes: in place (its version counter moves), given new data through
-    ``weight.data = ...`` (which moves no counter, but the address changes), or replaced
-    (another tensor, told apart by identity, since a new tensor may take the freed one's
-    address). An in-place write through ``weight.data`` moves neither, as autograd does not
-    see it either: the README says how to drop what is kept after one."""
+def _kept_weight(module: torch.nn.Module, dtype: torch.dtype, make: Callable) -> torch.Tensor:
+    """``make(weight)`` in ``dtype``, the form of the module's weight its kiln call takes, kept
+    between calls and made again when the weight changes: in place (its version counter
+    moves), given new data through ``weight.data = ...`` (which moves no counter, but the
+    address changes), or replaced (another tensor, told apart by identity, since a new tensor
+    may take the freed one's address). An in-place write through ``weight.data`` moves
+    neither, as autograd does not see it either: the README says how to drop what is kept
+    after one. Made inside the graph where autograd records one for the weight, so that the
+    weight gets its gradient."""
     weight = module.weight
-    if recording_a_graph(weight):  # a tensor made there is filled only when the graph runs
-        return (1.0 + weight.float()).to(dtype)
+    if (torch.is_grad_enabled() and weight.requires_grad) or recording_a_graph(weight):
+        # (A tensor made while a CUDA graph records is filled only when the graph runs.)
+        return make(weight).to(dtype)
     try:
         key = (weight._version, weight.data_ptr(), weight.device, dtype)
     except RuntimeError:  # an inference-mode tensor has no version counter
-        return (1.0 + weight.float()).to(dtype)
-    cached = module.__dict__.get(OFFSET_CACHE)
+        return make(weight).to(dtype)
+    cached = module.__dict__.get(KEPT_WEIGHT)
     if cached is not None and cached[0] is weight and cached[1] == key:
         return cached[2]
     with torch.no_grad():
-        value = (1.0 + weight.float()).to(dtype)
-    module.__dict__[OFFSET_CACHE] = (weight, key, value)
+        value = make(weight).to(dtype)
+    module.__dict__[KEPT_WEIGHT] = (weight, key, value)
     return value
+
+
+def _offset_weight(module: torch.nn.Module, dtype: torch.dtype) -> torch.Tensor:
+    """Gemma's ``1 + weight.float()`` in ``dtype``, kept (_kept_weight)."""
+    return _kept_weight(module, dtype, lambda weight: 1.0 + weight.float())
+
+
+def _fp32_weight(module: torch.nn.Module) -> torch.Tensor:
+    """A half weight's exact fp32 value, kept (_kept_weight)."""
+    return _kept_weight(module, torch.float32, lambda weight: weight)
 
 
 def rms_norm_offset(module: torch.nn.Module, original: Callable) -> Callable:
@@ -319,12 +344,7 @@ def rms_norm_offset(module: torch.nn.Module, original: Callable) -> Callable:
         weight = module.weight
         if weight.device != x.device or not kiln_can_take(x, differentiable=True):
             return original(x)
-        if torch.is_grad_enabled() and weight.requires_grad:
-            # Training: 1 + weight inside the graph, so that the weight gets its gradient.
-            offset = (1.0 + weight.float()).to(x.dtype)
-        else:
-            offset = _offset_weight(module, x.dtype)
-        return ops.rms_norm(x, offset, norm_eps(module, x))
+        return ops.rms_norm(x, _offset_weight(module, x.dtype), norm_eps(module, x))
 
     return forward
 

@@ -247,7 +247,7 @@ def _probe_disagrees(module: torch.nn.Module, rule: str, original_rope: Callable
                  for n, w in zip(norms, weights) if isinstance(w, torch.Tensor)]
         with torch.no_grad(), contextlib.ExitStack() as stack:
             for norm in norms:  # 1 + weight made of a probe's weight is not kept
-                stack.callback(norm.__dict__.pop, forwards.OFFSET_CACHE, None)
+                stack.callback(norm.__dict__.pop, forwards.KEPT_WEIGHT, None)
             for swap in swaps:
                 stack.enter_context(swap)
             try:

@@ -150,7 +150,7 @@ def uninstall(module: torch.nn.Module, path: str) -> bool:
     state = module.__dict__.pop(_STATE, None)
     if state is None:
         return False
-    module.__dict__.pop(forwards.OFFSET_CACHE, None)
+    module.__dict__.pop(forwards.KEPT_WEIGHT, None)
     module.__dict__.pop("_kiln_probed", None)  # probed.py's mark, for a fused op of another module
     forwards.forget_activation(module)
     if isinstance(state, ProcessorState):

@@ -341,7 +341,7 @@ def probe_disagrees(norm: torch.nn.Module, rule: str) -> Optional[str]:
         left, right = (torch.randn(3, 5, hidden, generator=g).to(dtype) for _ in range(2))
         swap = {} if weight is None else {"weight": (1.0 + 0.3 * torch.randn(hidden, generator=g)).to(dtype)}
         with torch.no_grad(), detect._Swapped(norm, params=swap), contextlib.ExitStack() as stack:
-            stack.callback(norm.__dict__.pop, forwards.OFFSET_CACHE, None)  # not a probe's 1 + weight
+            stack.callback(norm.__dict__.pop, forwards.KEPT_WEIGHT, None)  # not a probe's 1 + weight
             try:
                 total = left + right
                 expected = original(total)
