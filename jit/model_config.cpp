@@ -208,6 +208,24 @@ void falcon_h1_gated_norm(const nlohmann::json& config, ModelShape& model) {
       kNormWeight | (flag("mamba_norm_before_gate", true) ? 0u : kNormGateFirst);
 }
 
+// Inkling 2's language model as kiln's patch takes it: RMSNorms over an fp32 residual stream
+// (the decoder layers' norms take fp32 rows with their half weight, the block attention
+// residuals' unweighted norms fp32 stacked states), the value heads' unweighted norms in fp32
+// (head_dim, and swa_head_dim in its sliding layers), the embedding's norm in the model's
+// dtype. It has no RoPE (its attention adds relative-position logits) and no residual add
+// before a norm, and its experts' softcapped SwiGLU is left to transformers.
+void inkling2_text(const nlohmann::json& config, ModelShape& model) {
+  model.ops.erase(Op::rope);
+  model.ops.erase(Op::fused_add_rms_norm);
+  model.ops.erase(Op::swiglu);
+  model.rope = "none (relative-position logits)";
+  add_size(model.ops[Op::rms_norm], model.head_dim);
+  if (const auto sliding = size_if_set(config, "swa_head_dim")) {
+    add_size(model.ops[Op::rms_norm], *sliding);
+  }
+  model.fp32_ops = {Op::rms_norm};
+}
+
 // The keys configs count their routed experts under (Qwen3-MoE's and OLMoE's, DeepSeek's,
 // Mixtral's).
 constexpr const char* kExpertCounts[] = {"num_experts", "n_routed_experts", "num_local_experts"};
@@ -219,7 +237,20 @@ ModelShape read_llm(const nlohmann::json& config) {
     model.kind = "llm";
   }
   model.hidden = require_size(config, "hidden_size");
-  model.intermediate = require_size(config, "intermediate_size");
+  // The width of routed experts of their own (moe_intermediate_size; Mixtral's are
+  // intermediate_size), 0 where there are none.
+  const bool routed =
+      std::any_of(std::begin(kExpertCounts), std::end(kExpertCounts), [&](const char* key) {
+        const auto count = config.find(key);
+        return count != config.end() && count->is_number_integer() &&
+               count->get<std::int64_t>() > 0;
+      });
+  const std::int64_t expert_width =
+      routed ? size_if_set(config, "moe_intermediate_size").value_or(0) : 0;
+  // A model whose every MLP is its routed experts (Inkling 2) has no dense width of its own.
+  model.intermediate = expert_width > 0 && !config.contains("intermediate_size")
+                           ? expert_width
+                           : require_size(config, "intermediate_size");
   if (const auto head_dim = size_unless_zero(config, "head_dim")) {
     model.head_dim = *head_dim;
   } else {
@@ -293,17 +324,10 @@ ModelShape read_llm(const nlohmann::json& config) {
   if (shared && *shared != model.intermediate) {
     model.ops[Op::swiglu].push_back(*shared);
   }
-  // Routed experts of their own width (moe_intermediate_size; Mixtral's are intermediate_size):
   // transformers' experts implementations gate every routed token's packed gate_up at once,
-  // which kiln's patch runs as one SwiGLU of that width.
-  const bool routed =
-      std::any_of(std::begin(kExpertCounts), std::end(kExpertCounts), [&](const char* key) {
-        const auto count = config.find(key);
-        return count != config.end() && count->is_number_integer() &&
-               count->get<std::int64_t>() > 0;
-      });
-  if (const auto expert = size_if_set(config, "moe_intermediate_size"); routed && expert) {
-    add_size(model.ops[Op::swiglu], *expert);
+  // which kiln's patch runs as one SwiGLU of the experts' width.
+  if (expert_width > 0) {
+    add_size(model.ops[Op::swiglu], expert_width);
   }
   // Llama 4: its dense layers' MLP has a width of its own (its experts and shared expert take
   // intermediate_size), and use_qk_norm normalises each head of q and k (no weight).
@@ -313,6 +337,9 @@ ModelShape read_llm(const nlohmann::json& config) {
   if (auto qk_norm = config.find("use_qk_norm");
       qk_norm != config.end() && qk_norm->is_boolean() && qk_norm->get<bool>()) {
     add_size(model.ops[Op::rms_norm], model.head_dim);
+  }
+  if (model.kind == "inkling2_text") {
+    inkling2_text(config, model);
   }
   if (model.kind == "gpt_oss") {
     // Every GPT-OSS MLP is its experts, which gate themselves with no act_fn: a clamped SwiGLU
@@ -449,7 +476,8 @@ struct VisionTower {
   Op merger_norm = Op::layer_norm;
   const char* merger_norm_width = nullptr;  // a config key, or none
   // RoPE's flags for the table its attention hands over: the Qwen towers' fp32 one of
-  // rotate_half's halves, MiniMax-M3-VL's of the tower's dtype (0).
+  // rotate_half's halves, MiniMax-M3-VL's of the tower's dtype (0), Inkling 2's fp32 one of
+  // interleaved pairs (rotate_pairwise).
   std::uint32_t rope_table = kRopeTableF32;
   // Its RoPE rotates three axes' even thirds of each head (MiniMax-M3-VL's 3-D RoPE: 2 x (D / 3
   // / 2) columns an axis, 78 of 80), the rest passed through.
@@ -471,6 +499,8 @@ constexpr VisionTower kVisionTowers[] = {
     {"siglip2", Op::layer_norm, false, "hidden_size", "intermediate_size", false},
     {"minimax_m3_vl", Op::layer_norm, false, "hidden_size", "intermediate_size", true,
      Op::layer_norm, nullptr, 0u, true},
+    {"inkling2", Op::layer_norm, false, "hidden_size", "intermediate_size", true, Op::layer_norm,
+     nullptr, kRopeInterleaved | kRopeTableF32},
 };
 
 std::string tower_type(const nlohmann::json& vision, const std::string& parent_kind) {
@@ -540,7 +570,9 @@ std::optional<ModelShape> read_vision_tower(const nlohmann::json& config,
     tower.ops[Op::gelu] = {tower.intermediate};
   }
   if (rule->rope) {
-    tower.rope = std::string("rotate-half over each head, ") +
+    tower.rope = std::string((rule->rope_table & kRopeInterleaved) != 0 ? "interleaved pairs"
+                                                                        : "rotate-half") +
+                 " over each head, " +
                  ((rule->rope_table & kRopeTableF32) != 0 ? "an fp32 table"
                                                           : "a table of the tower's dtype");
     if (rule->axial_thirds) {

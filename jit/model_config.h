@@ -11,13 +11,16 @@
 //    int(head_dim * factor) columns, as transformers computes it; an MoE's shared expert
 //    (shared_expert_intermediate_size) is a SwiGLU of its own size, and so are its routed
 //    experts (moe_intermediate_size, where num_experts, n_routed_experts or num_local_experts
-//    counts them). A multimodal config's
+//    counts them; a config with those and no intermediate_size has no dense MLP). Inkling 2's
+//    language model (inkling2_text): RMSNorms at hidden_size and its value heads' widths, in
+//    fp32 too (its residual stream is fp32), no RoPE, its experts' softcapped SwiGLU left.
+//    A multimodal config's
 //    language model is read from its text_config (or its top level), and its vision_config's
-//    tower, where it is Qwen2-VL's, Qwen2.5-VL's, Qwen3-VL's, Qwen3.5's, GLM-4V's or SigLIP's
-//    (Gemma 3, PaliGemma), into ModelShape::towers: its norms (RMSNorm or LayerNorm) at its
-//    width (and Qwen3-VL's deepstack mergers' at 4x, GLM-4V's merger's LayerNorm at
-//    out_hidden_size), its MLP's SwiGLU or GELU, and RoPE over each of its heads from an fp32
-//    table (not SigLIP's). Tables as kiln's patch hands them to
+//    tower, where it is Qwen2-VL's, Qwen2.5-VL's, Qwen3-VL's, Qwen3.5's, GLM-4V's,
+//    MiniMax-M3-VL's, Inkling 2's or SigLIP's (Gemma 3, PaliGemma), into ModelShape::towers:
+//    its norms (RMSNorm or LayerNorm) at its width (and Qwen3-VL's deepstack mergers' at 4x,
+//    GLM-4V's merger's LayerNorm at out_hidden_size), its MLP's SwiGLU or GELU, and RoPE over
+//    each of its heads from its table (not SigLIP's). Tables as kiln's patch hands them to
 //    kiln.rope: GPT-OSS's one angle a pair, GLM's (glm, glm4) interleaved pairs from half its
 //    table; Phi-2, StableLM and Persimmon slice the rotated columns off and rotate that slice
 //    as a whole head (RoPE at the rotary dim). The gated RMSNorm of linear attentions

@@ -580,3 +580,72 @@ def test_a_multimodal_models_vision_tower_is_prewarmed_as_its_patch_calls_kiln(f
                             align=align)["from_cache"], (op, width)
     # The language model's RoPE (16-wide heads too here, from a bf16 table: flags 16) stays prewarmed.
     assert kiln.compile("rope", "bf16", 16, arch="sm_90", format="cubin", flags=16)["from_cache"]
+
+
+def test_inkling2_prewarms_every_call_its_patched_model_makes(fresh_cache, tmp_path):
+    # Inkling 2's config has no intermediate_size (every MLP of its language model is its
+    # experts, whose softcapped gate kiln's patch leaves), which the prewarm read as missing. A
+    # tiny one, patched, runs its language model and its tower on the CPU; every kiln call they
+    # make, as each op's dispatcher sees it, is a problem its config's prewarm compiled: the
+    # decoder norms over its fp32 residual stream (with their bf16 weight, kept as fp32), the
+    # block residuals' and value heads' unweighted fp32 norms, the embedding's bf16 norm; the
+    # tower's LayerNorms, erf GELU (flat rows: 1 | 2) and RoPE of interleaved pairs from an fp32
+    # table over its 2 + 2 heads (1 | 2 | 16).
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+    configuration = pytest.importorskip("transformers.models.inkling2.configuration_inkling2")
+    modeling = pytest.importorskip("transformers.models.inkling2.modeling_inkling2")
+    from vision_towers import other_tower_inputs
+    config = configuration.Inkling2Config(
+        text_config=dict(hidden_size=64, num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=2,
+                         head_dim=16, swa_num_attention_heads=4, swa_num_key_value_heads=2, swa_head_dim=24,
+                         moe_intermediate_size=32, n_routed_experts=4, num_experts_per_tok=2, vocab_size=256,
+                         unpadded_vocab_size=256, d_rel=8, eos_token_id=2),
+        vision_config=dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, projection_hidden_dim=64,
+                           text_hidden_size=64, posemb_grid_size=4))
+    path = tmp_path / "config.json"
+    config.to_json_file(str(path))
+    assert "intermediate_size" not in json.loads(path.read_text())["text_config"]
+    assert kiln.prewarm(dtypes="bf16", archs="sm_90", config=str(path))["failed"] == 0
+
+    config.text_config._attn_implementation = "eager"  # its attention has no sdpa path
+    language = modeling.Inkling2ForCausalLM(config.text_config).to(torch.bfloat16)
+    for module in language.modules():
+        if isinstance(module, modeling.Inkling2TopKRouter):
+            module.float()  # routing runs in fp32, as the checkpoint keeps it
+    config.vision_config._attn_implementation = "sdpa"
+    tower = modeling.Inkling2VisionModel(config.vision_config).to(torch.bfloat16)
+    kiln.patch(language)
+    kiln.patch(tower)
+
+    calls = set()
+
+    class Calls(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.namespace == "kiln":
+                calls.add((func.__name__.split(".")[0], args))
+            return func(*args, **(kwargs or {}))
+
+    with torch.no_grad(), Calls():
+        language(input_ids=torch.randint(0, 256, (1, 7), generator=torch.Generator().manual_seed(0)))
+        tower(**other_tower_inputs(tower))
+    dtypes = {torch.bfloat16: "bf16", torch.float32: "fp32"}
+    taken = set()
+    for op, args in calls:
+        x = args[0]
+        if op == "rms_norm":
+            taken.add((op, dtypes[x.dtype], x.shape[-1], 1 if args[1] is not None else 0))
+        elif op == "layer_norm":
+            taken.add((op, dtypes[x.dtype], x.shape[-1], 1 | 2))
+        elif op == "gelu":
+            assert args[2] == "none"
+            taken.add((op, dtypes[x.dtype], x.shape[-1], 1 | 2))
+        else:
+            assert op == "rope" and args[4] is True and args[2].dtype == torch.float32
+            taken.add((op, dtypes[x.dtype], x.shape[-1], 1 | 2 | 16))
+    assert taken == {("rms_norm", "bf16", 64, 1), ("rms_norm", "fp32", 64, 1), ("rms_norm", "fp32", 64, 0),
+                     ("rms_norm", "fp32", 16, 0), ("rms_norm", "fp32", 24, 0), ("layer_norm", "bf16", 64, 3),
+                     ("gelu", "bf16", 256, 3), ("rope", "bf16", 32, 19)}
+    for op, dtype, width, flags in taken:
+        assert kiln.compile(op, dtype, width, arch="sm_90", format="cubin", flags=flags)["from_cache"], \
+            (op, dtype, width, flags)

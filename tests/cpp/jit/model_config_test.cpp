@@ -655,3 +655,64 @@ TEST_CASE("a multimodal config's vision tower is prewarmed as kiln's patch runs 
                        "expected a positive integer, but it is missing",
                        kiln::Error);
 }
+
+TEST_CASE("Inkling 2 is prewarmed as its patched language model and tower call kiln") {
+  // Its config.json's keys kiln reads: a language model whose every MLP is its routed experts
+  // (no intermediate_size), value heads of 128 in both attentions, a tower of 16 heads of 64.
+  const nlohmann::json inkling2 = {{"model_type", "inkling2"},
+                                   {"text_config",
+                                    {{"model_type", "inkling2_text"},
+                                     {"hidden_size", 4608},
+                                     {"moe_intermediate_size", 2304},
+                                     {"n_routed_experts", 384},
+                                     {"num_attention_heads", 48},
+                                     {"num_key_value_heads", 8},
+                                     {"head_dim", 128},
+                                     {"swa_head_dim", 128}}},
+                                   {"vision_config",
+                                    {{"model_type", "inkling2_vision"},
+                                     {"hidden_size", 1024},
+                                     {"intermediate_size", 4096},
+                                     {"num_attention_heads", 16},
+                                     {"hidden_act", "gelu"}}}};
+  const kiln::jit::ModelShape model = kiln::jit::read_model_config(inkling2);
+  CHECK(model.intermediate == 2304);
+  // Norms alone: no RoPE, no residual-add norm, and the experts' softcapped gate is left.
+  CHECK(model.ops.size() == 1);
+  CHECK(model.ops.at(Op::rms_norm) == std::vector<std::int64_t>{4608, 128});
+  const auto targets = targets_of(model);
+  // The decoder layers' norms take fp32 rows with their weight, the block residuals' and value
+  // heads' fp32 rows without; the embedding's norm the model's dtype.
+  CHECK(prewarmed_flags(targets, Op::rms_norm, 4608, kiln::DType::f32) ==
+        std::vector<std::uint32_t>{0u, kiln::kNormWeight});
+  CHECK(prewarmed_flags(targets, Op::rms_norm, 128, kiln::DType::f32).size() == 2);
+  CHECK(!prewarmed_flags(targets, Op::rms_norm, 4608, kiln::DType::bf16).empty());
+  REQUIRE(model.towers.size() == 1);
+  const kiln::jit::ModelShape& tower = model.towers[0];
+  CHECK(tower.ops.at(Op::layer_norm) == std::vector<std::int64_t>{1024});
+  CHECK(tower.ops.at(Op::gelu) == std::vector<std::int64_t>{4096});
+  CHECK(tower.ops.at(Op::rope) == std::vector<std::int64_t>{64});
+  CHECK(tower.rope_tables ==
+        std::vector<std::uint32_t>{kiln::kRopeInterleaved | kiln::kRopeTableF32});
+  CHECK(tower.rope.starts_with("interleaved pairs"));
+  const std::uint32_t heads = kiln::rope_head_flags(16, 16);
+  const auto rope = prewarmed_flags(targets, Op::rope, 64, kiln::DType::bf16);
+  CHECK(std::count(rope.begin(), rope.end(),
+                   kiln::kRopeInterleaved | kiln::kRopeTableF32 | heads) == 1);
+
+  // Another MoE with no dense width: its experts' SwiGLU is its only MLP's.
+  const nlohmann::json experts_only = {{"model_type", "moe"},
+                                       {"hidden_size", 2048},
+                                       {"moe_intermediate_size", 768},
+                                       {"num_experts", 64},
+                                       {"num_attention_heads", 16}};
+  CHECK(kiln::jit::read_model_config(experts_only).ops.at(Op::swiglu) ==
+        std::vector<std::int64_t>{768});
+  // Without routed experts, a missing intermediate_size is still named.
+  nlohmann::json dense = experts_only;
+  dense.erase("num_experts");
+  CHECK_THROWS_WITH_AS(kiln::jit::read_model_config(dense),
+                       "kiln prewarm: config.json: \"intermediate_size\": expected a positive "
+                       "integer, but it is missing",
+                       kiln::Error);
+}
