@@ -518,19 +518,20 @@ std::string tower_type(const nlohmann::json& vision, const std::string& parent_k
 
 // A multimodal model's vision tower as kiln's patch runs it, where its config has one of
 // kVisionTowers: its norms at its width, its MLP's SwiGLU or GELU (not QuickGELU, which the
-// patch leaves), and RoPE over each head with the tower's fp32 table, q and k with its head
-// count each.
-std::optional<ModelShape> read_vision_tower(const nlohmann::json& config,
-                                            const std::string& parent_kind) {
+// patch leaves), and RoPE over each head from the tower's table, q and k with its head count
+// each. None where it has none of them; two where transformers' releases run its RoPE in two
+// forms from the same config (MiniMax-M3-VL's), the second with RoPE alone.
+std::vector<ModelShape> read_vision_tower(const nlohmann::json& config,
+                                          const std::string& parent_kind) {
   const auto vision = config.find("vision_config");
   if (vision == config.end() || !vision->is_object()) {
-    return std::nullopt;
+    return {};
   }
   const std::string type = tower_type(*vision, parent_kind);
   const auto* rule = std::find_if(std::begin(kVisionTowers), std::end(kVisionTowers),
                                   [&](const VisionTower& t) { return type == t.model_type; });
   if (rule == std::end(kVisionTowers)) {
-    return std::nullopt;
+    return {};
   }
   ModelShape tower;
   tower.kind = type + " vision tower";
@@ -586,7 +587,17 @@ std::optional<ModelShape> read_vision_tower(const nlohmann::json& config,
   } else {
     tower.rope = "none";
   }
-  return tower;
+  if (!rule->axial_thirds) {
+    return {tower};
+  }
+  // transformers releases before MiniMax-M3-VL's 3-D RoPE (5.17's) rotate each whole head by a
+  // 2-D RoPE from the same config: the model's code decides, so both forms.
+  ModelShape whole = tower;
+  whole.kind += ", as earlier transformers rotate it";
+  whole.rotary_dim = 0;
+  whole.rope = "rotate-half over each whole head, a table of the tower's dtype";
+  whole.ops = {{Op::rope, {tower.head_dim}}};
+  return {tower, whole};
 }
 
 bool is_norm(Op op) {
@@ -633,9 +644,7 @@ ModelShape read_model_config(const nlohmann::json& config) {
     model = read_llm(*text);
   }
   if (model) {
-    if (auto tower = read_vision_tower(config, text_of(config, "model_type"))) {
-      model->towers.push_back(std::move(*tower));
-    }
+    model->towers = read_vision_tower(config, text_of(config, "model_type"));
     return *model;
   }
   throw Error(

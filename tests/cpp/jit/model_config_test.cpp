@@ -643,6 +643,16 @@ TEST_CASE("a multimodal config's vision tower is prewarmed as kiln's patch runs 
       std::any_of(m3_targets.begin(), m3_targets.end(), [](const kiln::jit::PrewarmTarget& t) {
         return t.problem.op == Op::rope && t.problem.aux == 78 && t.problem.align == 16;
       }));
+  // Earlier transformers (5.17) rotate each whole head by a 2-D RoPE from the same config: that
+  // form too, RoPE alone.
+  const auto m3_towers = kiln::jit::read_model_config(minimax).towers;
+  REQUIRE(m3_towers.size() == 2);
+  CHECK(m3_towers[1].ops.size() == 1);
+  CHECK(m3_towers[1].rotary_dim == 0);
+  CHECK(std::any_of(m3_targets.begin(), m3_targets.end(), [](const kiln::jit::PrewarmTarget& t) {
+    return t.problem.op == Op::rope && t.problem.hidden == 80 && t.problem.aux == 0 &&
+           (t.problem.flags & kiln::kRopeTableF32) == 0 && t.problem.align == 16;
+  }));
 
   // A tower kiln's patch does not know is not prewarmed; a known one missing a size names it.
   nlohmann::json other = gemma3;
