@@ -374,7 +374,13 @@ std::int64_t ActivationBackwardFamily::bytes_moved(const Problem& problem,
 
 std::vector<Problem> ActivationBackwardFamily::common_problems(
     DType dtype, std::int64_t hidden, const PrewarmModel& /*model*/) const {
-  auto make = [&](std::uint32_t flags) { return Problem{op_, dtype, hidden, flags, 16}; };
+  // Rows back to back (flat) take only the allocations' addresses into the alignment; rows
+  // apart take their width too.
+  const std::uint32_t rows_apart =
+      row_alignment({hidden * static_cast<std::int64_t>(dtype_size(dtype))});
+  auto make = [&](std::uint32_t flags) {
+    return Problem{op_, dtype, hidden, flags, (flags & kElementwiseFlat) != 0 ? 16u : rows_apart};
+  };
   switch (op_) {
     case Op::swiglu_backward:  // two tensors; one packed gate_up tensor
       return {make(kElementwiseFlat), make(0)};

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 
 #include "templates/types.h"
@@ -44,6 +45,21 @@ constexpr int log2_ceil(int value) {
 inline std::int64_t effective_align(const Problem& problem) {
   return std::max<std::int64_t>(problem.align,
                                 static_cast<std::int64_t>(dtype_size(problem.dtype)));
+}
+
+// The alignment of a model's call whose operands are whole allocations (16-byte aligned) in
+// rows of these byte widths: the host takes every operand's address and row stride into a
+// problem's alignment, so a row that is not whole 16-byte multiples lowers it (a norm's row of
+// a width that is not a multiple of 8 bf16 elements; MiniMax-M3-VL's [S, 78] bf16 RoPE tables).
+// What `kiln prewarm` compiles a model's calls at, so that their first call finds them.
+inline std::uint32_t row_alignment(std::initializer_list<std::int64_t> row_bytes) {
+  std::uint32_t align = 16;
+  for (const std::int64_t bytes : row_bytes) {
+    while (align > 1 && bytes % align != 0) {
+      align /= 2;
+    }
+  }
+  return align;
 }
 
 // The most CTAs a launch's grid takes in x.

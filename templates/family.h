@@ -119,8 +119,8 @@ class Family {
   virtual std::span<const std::string_view> row_forms() const { return {}; }
 
   // The specialisations models with this hidden size typically ask for, for `model` (what
-  // `kiln prewarm` compiles for the op): 16-byte aligned, or as aligned as the model's calls are
-  // where the family knows them to be less (RoPE's tables of rows that are not 16-byte multiples).
+  // `kiln prewarm` compiles for the op), as aligned as the model's calls are: 16 bytes unless
+  // their rows are not whole 16-byte multiples (config_rules.h's row_alignment).
   virtual std::vector<Problem> common_problems(DType dtype, std::int64_t hidden,
                                                const PrewarmModel& /*model*/) const {
     Problem problem;

@@ -429,13 +429,16 @@ std::int64_t RmsNormRopeFamily::bytes_moved(const Problem& problem, std::int64_t
 
 std::vector<Problem> RmsNormRopeFamily::common_problems(DType dtype, std::int64_t hidden,
                                                         const PrewarmModel& model) const {
+  const std::int64_t row = hidden * static_cast<std::int64_t>(dtype_size(dtype));
   if (model.rms_norm_rope_half_table != 0) {  // Wan: diffusers' fp32 tables, halved
-    return {Problem{Op::rms_norm_rope, dtype, hidden, kRmsNormRopeTableF32, 16,
-                    model.rms_norm_rope_half_table}};
+    const std::int64_t half_table = model.rms_norm_rope_half_table / 2;
+    return {Problem{Op::rms_norm_rope, dtype, hidden, kRmsNormRopeTableF32,
+                    row_alignment({row, half_table * 4}), model.rms_norm_rope_half_table}};
   }
-  // LTX-Video: angles from the video grid, or diffusers' fp32 table
-  return {Problem{Op::rms_norm_rope, dtype, hidden, kRmsNormRopeTableF32, 16},
-          Problem{Op::rms_norm_rope, dtype, hidden, kRmsNormRopeVideo, 16}};
+  // LTX-Video: angles from the video grid, or diffusers' fp32 table (rows of the width)
+  return {Problem{Op::rms_norm_rope, dtype, hidden, kRmsNormRopeTableF32,
+                  row_alignment({row, hidden * 4})},
+          Problem{Op::rms_norm_rope, dtype, hidden, kRmsNormRopeVideo, row_alignment({row})}};
 }
 
 }  // namespace kiln

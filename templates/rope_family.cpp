@@ -143,22 +143,16 @@ bool one_head_each(const Problem& problem) {
   return problem.op == Op::rope_3d || (problem.flags & kRopeOneHeadEach) != 0;
 }
 
-// The alignment a model's call of this form has: 16 bytes (the allocations') unless a row of
-// q and k or of the table is not whole 16-byte multiples, since the host takes every operand's
-// row stride into the problem's alignment (MiniMax-M3-VL's [S, 78] bf16 tables: 156-byte rows,
-// 4-byte aligned calls; 36-wide bf16 heads: 72-byte rows, 8).
+// The alignment a model's call of this form has (row_alignment): its heads' rows and its
+// table's (MiniMax-M3-VL's [S, 78] bf16 tables: 156-byte rows, 4-byte aligned calls; 36-wide
+// bf16 heads: 72-byte rows, 8).
 std::uint32_t call_alignment(DType dtype, std::int64_t hidden, std::uint32_t flags,
                              std::int64_t aux) {
-  const Problem problem{Op::rope, dtype, hidden, flags, 16, aux};
   const auto element = static_cast<std::int64_t>(dtype_size(dtype));
-  const std::int64_t row = hidden * element;
-  const std::int64_t table_row =
-      RopeFamily::table_width(problem) * ((flags & kRopeTableF32) != 0 ? 4 : element);
-  std::uint32_t align = 16;
-  while (align > 1 && (row % align != 0 || table_row % align != 0)) {
-    align /= 2;
-  }
-  return align;
+  const std::int64_t table_width =
+      RopeFamily::table_width(Problem{Op::rope, dtype, hidden, flags, 16, aux});
+  return row_alignment(
+      {hidden * element, table_width * ((flags & kRopeTableF32) != 0 ? 4 : element)});
 }
 
 // The kernel's defaulted template arguments (HALF_TABLE, HEAD_NORM, DEINTERLEAVE) up to the
@@ -524,7 +518,8 @@ std::int64_t RopeFamily::bytes_moved(const Problem& problem, std::int64_t rows) 
 std::vector<Problem> RopeFamily::common_problems(DType dtype, std::int64_t hidden,
                                                  const PrewarmModel& model) const {
   if (op_ == Op::rope_3d) {
-    return {Problem{Op::rope_3d, dtype, hidden, 0u, 16}};
+    return {Problem{Op::rope_3d, dtype, hidden, 0u,
+                    row_alignment({hidden * static_cast<std::int64_t>(dtype_size(dtype))})}};
   }
   // transformers (half-split, table in the model's dtype, or the model's own table form; q and
   // k as its attentions hand them over, [B, S, H, D] memory viewed as [B, H, S, D], and

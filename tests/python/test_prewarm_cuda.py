@@ -2,6 +2,7 @@
 compile and no tuning (the prewarm record decides the config; see jit/prewarm.h)."""
 
 import json
+import os
 
 import pytest
 
@@ -301,6 +302,30 @@ def test_prewarm_from_config_serves_a_patched_moe_models_experts(tmp_path, train
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("training", [False, True])
+def test_prewarm_from_config_serves_rows_that_are_not_16_byte_multiples(tmp_path, training):
+    """A model whose rows are not whole 16-byte multiples makes calls of a lower alignment (the
+    host takes every row stride into it): a Qwen3 of width 100 (200-byte rows) with heads of 20
+    (40 bytes, normalised and rotated in one call) and an MLP of 108, its norms and RoPE 8-byte
+    aligned in bf16. kiln prewarm --config compiles them at that alignment, so the first forward
+    (and backward) on a GPU compiles nothing."""
+    configuration = pytest.importorskip("transformers.models.qwen3.configuration_qwen3")
+    config = configuration.Qwen3Config(
+        vocab_size=128, hidden_size=100, intermediate_size=108, num_hidden_layers=2, num_attention_heads=5,
+        num_key_value_heads=5, head_dim=20)
+    path = tmp_path / "config.json"
+    config.to_json_file(str(path))
+    warmed, stats, compiled = _prewarm_then_run(tmp_path, path, CAUSAL_LM_CALLS.format(config=path, train=training),
+                                                training)
+    problems = {k["problem"] for k in stats["kernels"]}
+    print(f"qwen3 of width 100 training={training}: prewarmed {warmed['compiled']}, patched {stats['ops']}, "
+          f"loaded {sorted(problems)}, compiled on the GPU: {compiled}")
+    assert any(p.startswith("rms_norm.bf16.h100.") and "a8" in p.split(".") for p in problems), problems
+    assert any(p.startswith("rope.bf16.h20.") and "a8" in p.split(".") for p in problems), problems
+    assert compiled == [] and stats["nvrtc_compiles"] == 0, compiled
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("training", [False, True])
 def test_prewarm_from_config_serves_gpt_oss_experts_clamped_gate(tmp_path, training):
     """kiln prewarm --config of a GPT-OSS config.json compiles the clamped_swiglu its patched
     experts call on every routed token's packed gate_up (interleaved pairs, flag 128; grouped_mm)
@@ -384,6 +409,74 @@ def test_prewarm_from_config_serves_a_patched_vision_tower(tmp_path, name, train
     assert "rope" in stats["ops"]
     # The tower's RoPE: an fp32 table (2), 4 + 4 heads (16 | 32).
     assert any(k["problem"].startswith(f"rope.bf16.h{width}.f50") for k in stats["kernels"]), stats["kernels"]
+    assert compiled == [] and stats["nvrtc_compiles"] == 0, compiled
+
+
+# A MiniMax-M3-VL or Inkling 2 tower (and Inkling 2's language model) from its model's
+# config.json, patched and run in bf16 on vision_towers' inputs.
+OTHER_TOWER_CALLS = """
+import importlib, json, sys, torch, kiln
+sys.path.insert(0, {tests!r})
+from vision_towers import other_tower_inputs
+modeling = importlib.import_module("transformers.models.{name}.modeling_{name}")
+configuration = importlib.import_module("transformers.models.{name}.configuration_{name}")
+config = getattr(configuration, "{config_class}").from_json_file("{config}")
+torch.manual_seed(0)
+config.vision_config._attn_implementation = "sdpa"
+tower = getattr(modeling, "{tower_class}")(config.vision_config).to("cuda", torch.bfloat16)
+ops = {{r.op for r in kiln.patch(tower).replaced}}
+with torch.no_grad():
+    tower(**{{k: v.cuda() for k, v in other_tower_inputs(tower).items()}})
+    if "{name}" == "inkling2":
+        config.text_config._attn_implementation = "eager"
+        language = modeling.Inkling2ForCausalLM(config.text_config).to("cuda", torch.bfloat16)
+        for module in language.modules():
+            if isinstance(module, modeling.Inkling2TopKRouter):
+                module.float()
+        ops |= {{r.op for r in kiln.patch(language).replaced}}
+        language(torch.randint(0, 256, (2, 16), device="cuda"))
+torch.cuda.synchronize()
+print(json.dumps({{**kiln.stats(), "kernels": kiln._C.loaded_kernels(), "ops": sorted(ops)}}))
+"""
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["minimax_m3_vl", "inkling2"])
+def test_prewarm_from_config_serves_towers_of_their_own_inputs(tmp_path, name):
+    """kiln prewarm --config of a MiniMax-M3-VL config.json compiles its tower's RoPE in both forms
+    transformers' releases run from it: the first 78 of 80 columns from [S, 78] bf16 tables
+    (156-byte rows: 4-byte aligned calls), and each whole head (5.17's 2-D RoPE); of an Inkling 2
+    one (no intermediate_size), its tower's interleaved RoPE and its language model's RMSNorms,
+    in fp32 over its residual stream. Their first forwards on a GPU compile nothing."""
+    configuration = pytest.importorskip(f"transformers.models.{name}.configuration_{name}")
+    if name == "minimax_m3_vl":
+        config = configuration.MiniMaxM3VLConfig(
+            text_config=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                             num_key_value_heads=2, head_dim=16, vocab_size=256),
+            vision_config=dict(hidden_size=160, intermediate_size=320, num_hidden_layers=2, num_attention_heads=2))
+        classes = dict(config_class="MiniMaxM3VLConfig", tower_class="MiniMaxM3VLVisionModel")
+    else:
+        config = configuration.Inkling2Config(
+            text_config=dict(hidden_size=64, num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=2,
+                             head_dim=16, swa_num_attention_heads=4, swa_num_key_value_heads=2, swa_head_dim=24,
+                             moe_intermediate_size=32, n_routed_experts=4, num_experts_per_tok=2, vocab_size=256,
+                             unpadded_vocab_size=256, d_rel=8, eos_token_id=2),
+            vision_config=dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, projection_hidden_dim=64,
+                               text_hidden_size=64, posemb_grid_size=4))
+        classes = dict(config_class="Inkling2Config", tower_class="Inkling2VisionModel")
+    path = tmp_path / "config.json"
+    config.to_json_file(str(path))
+    calls = OTHER_TOWER_CALLS.format(name=name, config=path, tests=os.path.dirname(os.path.abspath(__file__)),
+                                     **classes)
+    warmed, stats, compiled = _prewarm_then_run(tmp_path, path, calls)
+    problems = {k["problem"] for k in stats["kernels"]}
+    print(f"{name}: prewarmed {warmed['compiled']}, patched {stats['ops']}, loaded {sorted(problems)}, "
+          f"compiled on the GPU: {compiled}")
+    assert "rope" in stats["ops"]
+    if name == "minimax_m3_vl":
+        assert any(p.startswith("rope.bf16.h80.") for p in problems), problems
+    else:
+        assert any(p.startswith("rms_norm.fp32.h64.f1.") for p in problems), problems
     assert compiled == [] and stats["nvrtc_compiles"] == 0, compiled
 
 
