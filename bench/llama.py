@@ -17,7 +17,12 @@ with --model llama4, Llama4ForCausalLM with Llama-4-Scout's text widths (hidden 
 of 8192 run over every token as batched matmuls, a shared expert, 40 and 8 heads of 128,
 vocabulary 202048); or, with --model gpt-oss, GptOssForCausalLM with GPT-OSS-20B's widths (hidden
 2880, 32 experts of 2880 with four a token gated by their clamped SwiGLU over interleaved pairs,
-64 and 8 heads of 64 with attention sinks, so transformers' eager attention; prefill only).
+64 and 8 heads of 64 with attention sinks, so transformers' eager attention; prefill only); or,
+with --model inkling2, Inkling2ForCausalLM with Inkling-2's text widths (hidden 4608, an fp32
+residual stream whose RMSNorms take bf16 weights, 32 of its 384 experts of 2304 with eight a
+token gated by their softcapped SwiGLU, which kiln leaves, 48 and 8 heads of 128 in sliding and
+full layers, relative-position logits and no RoPE, vocabulary 201024; eager attention, prefill
+only; --layers 6, its attention-residual block, by default).
 Settings of eager +
 kiln without one of the patch's fusions (--apart: the layers' residual add and norm as one
 fused_add_rms_norm, the head norms and RoPE as one head_norm_rope, the packed gate_up
@@ -29,7 +34,7 @@ generate computes them), and one decode step at batch 1 and 32 after 2048 cached
 setting: median time, speedup over its baseline, the first call's time (compile, JIT),
 and the logits' relative error against the unpatched eager logits.
 
-Usage: python bench/llama.py [--out DIR] [--model llama|qwen3|phi4-mini|deepseek-v3|qwen3-moe|llama4|gpt-oss] [--quick] [--layers N] [--cases prefill,decode1,decode32]
+Usage: python bench/llama.py [--out DIR] [--model llama|qwen3|phi4-mini|deepseek-v3|qwen3-moe|llama4|gpt-oss|inkling2] [--quick] [--layers N] [--cases prefill,decode1,decode32]
        [--settings eager,compile,eager+kiln,compile+kiln] [--apart residual-norms,head-norms] [--device cuda|cpu]
        [--tiny]
 Writes DIR/<model>-<date>-<device>.json and .md; prints the table last. --device cpu with
@@ -85,14 +90,23 @@ GPT_OSS_20B = dict(hidden_size=2880, intermediate_size=2880, num_local_experts=3
                    num_attention_heads=64, num_key_value_heads=8, head_dim=64, vocab_size=201088,
                    rope_theta=150000.0, rms_norm_eps=1e-5, sliding_window=128, max_position_embeddings=8192,
                    tie_word_embeddings=False)
+# Inkling-2's language model: a hybrid of sliding-window and full attention layers (with short
+# convolutions, relative-position logits, no RoPE), its residual stream in fp32 between
+# attention-residual blocks of 6 layers, every MLP its experts (32 of its 384 here: a token's
+# eight cost the same), their gate softcapped.
+INKLING2 = dict(hidden_size=4608, moe_intermediate_size=2304, n_routed_experts=32, num_experts_per_tok=8,
+                num_attention_heads=48, num_key_value_heads=8, head_dim=128, swa_num_attention_heads=48,
+                swa_num_key_value_heads=8, swa_head_dim=128, vocab_size=201024, unpadded_vocab_size=200058,
+                rms_norm_eps=1e-6, tie_word_embeddings=False, eos_token_id=200006)
 MODELS = {"llama": ("LlamaConfig", LLAMA3_8B, "Llama-3-8B"), "qwen3": ("Qwen3Config", QWEN3_8B, "Qwen3-8B"),
           "phi4-mini": ("Phi3Config", PHI4_MINI, "Phi-4-mini"),
           "deepseek-v3": ("DeepseekV3Config", DEEPSEEK_V3_DENSE, "DeepSeek-V3 (dense layers)"),
           "qwen3-moe": ("Qwen3MoeConfig", QWEN3_30B_A3B, "Qwen3-30B-A3B"),
           "llama4": ("Llama4TextConfig", LLAMA4_SCOUT, "Llama-4-Scout"),
-          "gpt-oss": ("GptOssConfig", GPT_OSS_20B, "GPT-OSS-20B")}
+          "gpt-oss": ("GptOssConfig", GPT_OSS_20B, "GPT-OSS-20B"),
+          "inkling2": ("Inkling2TextConfig", INKLING2, "Inkling-2")}
 # Attention implementations other than SDPA, for models that do not support it.
-ATTENTION = {"gpt-oss": "eager"}
+ATTENTION = {"gpt-oss": "eager", "inkling2": "eager"}
 # The tiny config's widths as each model's family needs them.
 TINY_EXTRA = {"qwen3": dict(head_dim=16), "phi4-mini": dict(partial_rotary_factor=0.75, pad_token_id=0),
               "deepseek-v3": dict(num_key_value_heads=4, q_lora_rank=24, kv_lora_rank=16, qk_rope_head_dim=8,
@@ -101,13 +115,21 @@ TINY_EXTRA = {"qwen3": dict(head_dim=16), "phi4-mini": dict(partial_rotary_facto
               "qwen3-moe": dict(head_dim=16, moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2),
               "llama4": dict(head_dim=16, intermediate_size=32, intermediate_size_mlp=96, num_local_experts=4,
                              num_experts_per_tok=1, interleave_moe_layer_step=1, use_qk_norm=True),
-              "gpt-oss": dict(head_dim=16, intermediate_size=32, num_local_experts=4, num_experts_per_tok=2)}
+              "gpt-oss": dict(head_dim=16, intermediate_size=32, num_local_experts=4, num_experts_per_tok=2),
+              "inkling2": dict(head_dim=16, swa_num_attention_heads=4, swa_num_key_value_heads=2, swa_head_dim=16,
+                               moe_intermediate_size=32, n_routed_experts=4, num_experts_per_tok=2,
+                               unpadded_vocab_size=128, d_rel=8, eos_token_id=2)}
 # Models whose decode step this bench does not time, and why.
 PREFILL_ONLY = {"llama4": "Llama 4's cache layers for chunked attention are not reset to a fixed past by "
                           "decode_state, so repeated steps would not repeat one step",
                 "gpt-oss": "GPT-OSS's sliding-window cache layers roll their window at each step and count "
                            "tokens in a Python int, which decode_state does not rewind, so repeated steps "
-                           "would not repeat one step"}
+                           "would not repeat one step",
+                "inkling2": "Inkling 2's layers keep short-convolution states in the cache beside keys and "
+                            "values, which decode_state does not rewind"}
+# Layers where the default (4) would cut a model's structure short: Inkling 2's attention
+# residuals come in blocks of 6.
+DEFAULT_LAYERS = {"inkling2": 6}
 PREFILL = (2, 2048)  # batch, tokens
 PAST = 2048  # tokens in the cache before the decode step
 CASES = ["prefill", "decode1", "decode32"]
@@ -198,7 +220,7 @@ APART = {"head-norms": ("eager+kiln, head norms apart", head_norms_apart),
 # What each model's run sets apart where --apart is not given.
 DEFAULT_APART = {"llama": ["residual-norms"], "qwen3": ["residual-norms", "head-norms"],
                  "phi4-mini": ["residual-norms", "packed-gates", "rope"], "deepseek-v3": ["residual-norms", "rope"],
-                 "qwen3-moe": ["experts"], "llama4": ["bmm-experts", "rope"], "gpt-oss": ["experts"]}
+                 "qwen3-moe": ["experts"], "llama4": ["bmm-experts", "rope"], "gpt-oss": ["experts"], "inkling2": []}
 
 
 def build_model(config, device="cuda", dtype=torch.bfloat16, seed=0, attention="sdpa"):
@@ -214,6 +236,10 @@ def build_model(config, device="cuda", dtype=torch.bfloat16, seed=0, attention="
             for name, p in model.named_parameters():
                 if "norm" in name:
                     p.add_(0.1 * torch.randn_like(p))
+        # Routers that run in fp32 whatever the model's dtype (Inkling 2's), as checkpoints keep them.
+        for module in model.modules():
+            if type(module).__name__ == "Inkling2TopKRouter":
+                module.float()
     return model.eval()
 
 
@@ -278,7 +304,7 @@ def parse_args(argv=None):
 def main(argv=None):
     args = parse_args(argv)
     kiln = common.fresh_kiln(1024)
-    layers = args.layers if args.layers is not None else (2 if args.quick else 4)
+    layers = args.layers if args.layers is not None else DEFAULT_LAYERS.get(args.model, 2 if args.quick else 4)
     cases = args.cases.split(",") if args.cases else (["prefill", "decode32"] if args.quick else CASES)
     settings = common.model_settings(args.settings, "llama")
     bad = [c for c in cases if c != "prefill" and not (c.startswith("decode") and c[6:].isdigit())]

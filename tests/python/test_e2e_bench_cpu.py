@@ -471,3 +471,18 @@ def test_settings_table_shows_kernel_time_where_measured():
     assert common.settings_table({"settings": settings, "patch": None})[0].startswith("| setting | ms | host ms | speedup |")
     if not torch.cuda.is_available():
         assert common.kernel_ms(lambda: None) is None
+
+
+def test_inkling2_bench_smoke_run_normalises_its_fp32_stream_with_kiln(tmp_path):
+    pytest.importorskip("transformers.models.inkling2")
+    out = _smoke("llama.py", tmp_path, "--model", "inkling2", "--prefill", "2x16")
+    assert "Inkling-2-shaped decoder: 6 layers" in out
+    [doc_path] = [p for p in tmp_path.glob("inkling2-*.json") if "partial" not in p.name]
+    doc = json.loads(doc_path.read_text())
+    assert [case["case"] for case in doc["cases"]] == ["prefill"]  # no decode step for Inkling 2
+    for case in doc["cases"]:
+        err = case["settings"]["eager+kiln"]["error_vs_eager"]
+        assert err["finite"] and err["max_rel"] < 5e-2
+        # Every RMSNorm: 16 weighted (the embedding's, the layers', the final one), 18 unweighted
+        # (the attention residuals' and the value heads'), no MLP (the experts' gate is left).
+        assert case["patch"]["replaced"] == {"rms_norm": 34}
