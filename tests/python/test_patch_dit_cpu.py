@@ -533,13 +533,108 @@ def test_flux_text_key_projection_alone_trains_through_kiln():
                                               "transformer_blocks.0.attn.add_k_proj.weight")
 
 
-def test_flux_adaln_with_affine_norm_is_left():
+def _affine_adaln(dtype):
+    """AdaLayerNormContinuous over a LayerNorm with a weight and a bias, both random."""
     from diffusers.models.normalization import AdaLayerNormContinuous
 
-    norm = AdaLayerNormContinuous(32, 16, elementwise_affine=True, eps=1e-6)
-    report = kiln.patch(norm)
-    assert [(l.path, l.cls) for l in report.left] == [("", "AdaLayerNormContinuous")]
-    assert "bias" in report.left[0].reason
+    module = AdaLayerNormContinuous(32, 16, elementwise_affine=True, eps=1e-6).eval()
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        module.norm.weight.copy_(1 + 0.3 * torch.randn(32, generator=g))
+        module.norm.bias.copy_(0.3 * torch.randn(32, generator=g))
+    return module.to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_adaln_with_an_affine_norm_folds_its_bias_into_the_shift(dtype, monkeypatch):
+    """(x^ w + b) (1 + scale) + shift as one kiln.adaln of x^ w with the shift plus b (1 + scale):
+    the bias costs a [B, D] product, not a pass over x."""
+    module = _affine_adaln(dtype)
+    g = torch.Generator().manual_seed(0)
+    x, e = (torch.randn(3, 7, 32, generator=g) + 0.5).to(dtype), torch.randn(3, 16, generator=g).to(dtype)
+    with torch.no_grad():
+        expected = module(x, e)
+        report = kiln.patch(module)
+        assert [r.kind for r in report.replaced] == ["adaln (layer norm, continuous)", "layer_norm"]
+        counter = Counter(monkeypatch)
+        actual = module(x, e)
+    assert counter.used() == {"adaln": 1}
+    _agree(actual, expected, dtype)
+
+
+def test_adaln_with_an_affine_norm_trains_its_weight_and_bias_through_kiln():
+    module = _affine_adaln(torch.float32)
+    g = torch.Generator().manual_seed(0)
+    x, e = torch.randn(3, 7, 32, generator=g) + 0.5, torch.randn(3, 16, generator=g)
+
+    def grads():
+        module.zero_grad()
+        module(x, e).pow(2).mean().backward()
+        return {name: p.grad.clone() for name, p in module.named_parameters()}
+
+    expected = grads()
+    kiln.patch(module)
+    actual = grads()
+    assert set(actual) == {"linear.weight", "linear.bias", "norm.weight", "norm.bias"}
+    for name in expected:
+        torch.testing.assert_close(actual[name], expected[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+def _cogvideox(dtype, device="cpu"):
+    """A tiny CogVideoX transformer, its norms' weights and biases random (they start at 1 and 0)."""
+    torch.manual_seed(0)
+    model = diffusers.CogVideoXTransformer3DModel(
+        num_attention_heads=2, attention_head_dim=16, in_channels=4, out_channels=4, time_embed_dim=32,
+        text_embed_dim=32, num_layers=2, sample_width=8, sample_height=8, sample_frames=5, patch_size=2,
+        max_text_seq_length=8).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.add_(0.2 * torch.randn_like(p))
+    return model.to(device=device, dtype=dtype)
+
+
+def _cogvideox_inputs(dtype, device="cpu"):
+    g = torch.Generator().manual_seed(3)
+    return dict(hidden_states=torch.randn(2, 2, 4, 8, 8, generator=g).to(device, dtype),
+                encoder_hidden_states=torch.randn(2, 8, 32, generator=g).to(device, dtype),
+                timestep=torch.tensor([10, 500], device=device), return_dict=False)
+
+
+# Each block's two CogVideoXLayerNormZero: video and text an adaln each; the output AdaLayerNorm;
+# the attention's q/k LayerNorms and the final LayerNorm; the feed-forwards' GELU.
+COGVIDEOX_CALLS = {"adaln": 9, "layer_norm": 5, "gelu": 2}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cogvideox_modulated_norms_are_kiln_adaln(dtype, monkeypatch):
+    """CogVideoX's CogVideoXLayerNormZero (an affine LayerNorm of the video and of the text
+    tokens, one embedding's six chunks) and its output AdaLayerNorm (chunk_dim 1: shift first)
+    are each one kiln.adaln a stream, the norm's bias folded into the shift."""
+    model = _cogvideox(dtype)
+    inputs = _cogvideox_inputs(dtype)
+    with torch.no_grad():
+        expected = model(**inputs)[0]
+        report = kiln.patch(model)
+        kinds = {r.path: r.kind for r in report.replaced}
+        assert kinds["transformer_blocks.0.norm1"] == kinds["transformer_blocks.1.norm2"] \
+            == "adaln (layer norm, cogvideox video and text)"
+        assert kinds["norm_out"] == "adaln (layer norm, shift scale)"
+        assert report.left == []
+        counter = Counter(monkeypatch)
+        actual = model(**inputs)[0]
+        assert counter.used() == COGVIDEOX_CALLS
+        _agree(actual, expected, dtype)
+        assert kiln.unpatch(model) == len(report.replaced)
+        assert _instance_forwards(model) == []
+        assert torch.equal(model(**inputs)[0], expected)
+
+
+def test_cogvideox_modulated_norm_bias_trains_through_kiln():
+    model = _cogvideox(torch.float32).requires_grad_(False)
+    model.transformer_blocks[0].norm1.norm.bias.requires_grad_(True)
+    _assert_one_parameter_trains_as_diffusers(model, _cogvideox_inputs(torch.float32),
+                                              "transformer_blocks.0.norm1.norm.bias")
 
 
 @pytest.mark.parametrize("norm_type", ["layer_norm", "rms_norm"])

@@ -15,7 +15,8 @@ from diffusers.models.transformers.transformer_ltx import (  # noqa: E402
     LTXVideoRotaryPosEmbed, LTXVideoTransformerBlock)
 
 from test_patch_diffusers_cpu import _ltx, _ltx_inputs, _ltx_out  # noqa: E402
-from test_patch_dit_cpu import FLUX_FUSED, LTX_FUSED, Counter, _flux, _flux_inputs, _flux_out  # noqa: E402
+from test_patch_dit_cpu import (COGVIDEOX_CALLS, FLUX_FUSED, LTX_FUSED, Counter, _cogvideox,  # noqa: E402
+                                _cogvideox_inputs, _flux, _flux_inputs, _flux_out)
 
 
 def _on_cuda(fused, after_projection=None):
@@ -78,6 +79,25 @@ def test_flux_tiny_bf16_cuda(monkeypatch):
     _as_close_as_the_original(patched, original, truth)
     kiln.unpatch(model)
     assert torch.equal(_flux_out(model, inputs), original)
+
+
+@pytest.mark.gpu
+def test_cogvideox_tiny_bf16_cuda(monkeypatch):
+    """CogVideoX's modulated LayerNorms (weight and bias) as kiln.adaln on the GPU: as close to
+    the fp32 model as diffusers' own bf16 forward."""
+    with torch.no_grad():
+        truth = _cogvideox(torch.float32, "cuda")(**_cogvideox_inputs(torch.float32, "cuda"))[0]
+        model = _cogvideox(torch.bfloat16, "cuda")
+        inputs = _cogvideox_inputs(torch.bfloat16, "cuda")
+        original = model(**inputs)[0]
+        report = kiln.patch(model)
+        assert report.left == []
+        counter = _count_epilogues(Counter(monkeypatch), monkeypatch)
+        patched = model(**inputs)[0]
+        assert counter.used() == _on_cuda(COGVIDEOX_CALLS)
+        _as_close_as_the_original(patched, original, truth)
+        kiln.unpatch(model)
+        assert torch.equal(model(**inputs)[0], original)
 
 
 @pytest.mark.gpu

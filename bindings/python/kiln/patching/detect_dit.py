@@ -144,13 +144,18 @@ def _linear(n_in: int, n_out: int, g: torch.Generator, bias: bool = True) -> tor
 
 
 def _norm_weights(module: torch.nn.Module, names, g: torch.Generator) -> list:
-    """Swaps for the named child norms' weights: random fp32 values near 1."""
+    """Swaps for the named child norms' weights and biases: random fp32 values near 1 and 0."""
     swaps = []
     for name in names:
         norm = getattr(module, name, None)
-        weight = getattr(norm, "weight", None)
+        weight, bias = getattr(norm, "weight", None), getattr(norm, "bias", None)
+        params = {}
         if isinstance(weight, torch.Tensor):
-            swaps.append(_Swapped(norm, params={"weight": 1 + 0.3 * torch.randn(weight.shape, generator=g)}))
+            params["weight"] = 1 + 0.3 * torch.randn(weight.shape, generator=g)
+        if isinstance(bias, torch.Tensor):
+            params["bias"] = 0.3 * torch.randn(bias.shape, generator=g)
+        if params:
+            swaps.append(_Swapped(norm, params=params))
     return swaps
 
 
@@ -578,31 +583,43 @@ def classify_wan_block(module: torch.nn.Module, original: Callable) -> Union[Dit
                     wan_block.wan_block)
 
 
-def classify_adaln(module: torch.nn.Module, original: Callable) -> Union[DitMatch, NoMatch]:
-    nm = module.norm
+def _modulated_norm_kind(nm: torch.nn.Module) -> Union[str, NoMatch]:
+    """The norm an AdaLN module modulates, as kiln.adaln names it: "layer" (a LayerNorm, its
+    weight and bias, if any, as modulated_norm takes them) or "rms"."""
     result = detect.classify_norm(nm, replace.original_forward(nm))
     if isinstance(result, NoMatch):
         return NoMatch("adaln", f"its norm {result.reason}")
     if result.factory is detect.forwards.layer_norm:
-        kind = "layer"
-    elif result.op == "rms_norm" and result.factory is not detect.forwards.rms_norm_offset:
-        kind = "rms"
-    else:
-        return NoMatch("adaln", f"its norm computes {result.kind}")
-    if getattr(nm, "bias", None) is not None:
-        return NoMatch("adaln", "its norm has a bias; kiln.adaln's LayerNorm takes none")
+        return "layer"
+    if result.op == "rms_norm" and result.factory is not detect.forwards.rms_norm_offset:
+        return "rms"
+    return NoMatch("adaln", f"its norm computes {result.kind}")
+
+
+def _norm_width(nm: torch.nn.Module) -> Optional[int]:
     shape = detect._normalized_shape(nm)
     weight = getattr(nm, "weight", None)
-    d = shape[-1] if shape else (weight.shape[0] if isinstance(weight, torch.Tensor) else None)
+    return shape[-1] if shape else (weight.shape[0] if isinstance(weight, torch.Tensor) else None)
+
+
+def classify_adaln(module: torch.nn.Module, original: Callable) -> Union[DitMatch, NoMatch]:
+    kind = _modulated_norm_kind(module.norm)
+    if isinstance(kind, NoMatch):
+        return kind
+    d = _norm_width(module.norm)
     out = module.linear.out_features
     if not d or out % d:
         return NoMatch("adaln", f"its linear's {out} outputs are not whole chunks of the norm's width {d}")
-    layout = {6: "zero", 3: "zero_single", 2: "continuous"}.get(out // d)
-    if layout is None:
+    layouts = {6: ["zero"], 3: ["zero_single"], 2: ["continuous", "shift_scale"]}.get(out // d)
+    if layouts is None:
         return NoMatch("adaln", f"its linear makes {out // d} chunks; kiln knows AdaLN layouts of 6, 3 and 2")
+    params = inspect.signature(original).parameters
+    # Two chunks: AdaLayerNormContinuous's (conditioning_embedding) or AdaLayerNorm's (temb).
+    named = [layout for layout in layouts if flux.ADALN_LAYOUTS[layout][1] in params]
+    if not named:
+        return NoMatch("adaln", f"its forward takes no {flux.ADALN_LAYOUTS[layouts[0]][1]!r}")
+    layout = named[0]
     emb_name = flux.ADALN_LAYOUTS[layout][1]
-    if emb_name not in inspect.signature(original).parameters:
-        return NoMatch("adaln", f"its forward takes no {emb_name!r}")
     if getattr(module, "emb", None) is not None:
         return NoMatch("adaln", "it embeds the timestep itself (its emb module)")
     g = torch.Generator().manual_seed(0)
@@ -619,6 +636,38 @@ def classify_adaln(module: torch.nn.Module, original: Callable) -> Union[DitMatc
                     "adaln", "adaln", factory)
 
 
+def layer_norm_zero_candidate(module: torch.nn.Module) -> bool:
+    """CogVideoX's CogVideoXLayerNormZero: an AdaLN module of the video and the text tokens."""
+    if not adaln_candidate(module):
+        return False
+    try:
+        params = tuple(inspect.signature(replace.original_forward(module)).parameters)
+    except (TypeError, ValueError):
+        return False
+    return params == ("hidden_states", "encoder_hidden_states", "temb")
+
+
+def classify_layer_norm_zero(module: torch.nn.Module, original: Callable) -> Union[DitMatch, NoMatch]:
+    kind = _modulated_norm_kind(module.norm)
+    if isinstance(kind, NoMatch):
+        return kind
+    d = _norm_width(module.norm)
+    out = module.linear.out_features
+    if not d or out != 6 * d:
+        return NoMatch("adaln", f"its linear's {out} outputs are not 6 chunks of the norm's width {d}")
+    g = torch.Generator().manual_seed(0)
+    lin = _linear(16, out, g, bias=getattr(module.linear, "bias", None) is not None)
+    calls = [((torch.randn(2, 5, d, generator=g) + 0.5, torch.randn(2, 3, d, generator=g) - 0.25,
+               torch.randn(2, 16, generator=g)), {})]
+    factory = flux.layer_norm_zero(kind)
+    swaps = [_Swapped(module, children={"linear": lin})] + _norm_weights(module, ("norm",), g)
+    with torch.no_grad(), _Stack(swaps):
+        why = _compare_calls(original, factory(module, original), calls)
+    if why is not None:
+        return NoMatch("adaln", f"does not compute CogVideoX's norm(x) * (1 + scale) + shift of video and text: {why}")
+    return DitMatch(f"adaln ({kind} norm, cogvideox video and text)", "adaln", "adaln", factory)
+
+
 # Tried in this order; the first candidate test that holds decides the classifier.
 CANDIDATES = (
     (video_rope_candidate, classify_video_rope),
@@ -629,5 +678,6 @@ CANDIDATES = (
     (wan_block_candidate, classify_wan_block),
     (flux_double_block_candidate, classify_flux_double_block),
     (flux_single_block_candidate, classify_flux_single_block),
+    (layer_norm_zero_candidate, classify_layer_norm_zero),
     (adaln_candidate, classify_adaln),
 )

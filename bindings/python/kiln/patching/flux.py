@@ -1,5 +1,6 @@
 """FLUX's replacements (diffusers' ``FluxTransformer2DModel``): its AdaLN modules (norm plus
-modulation as one ``kiln.adaln``) and its attention processor: the per-head q/k RMSNorms and
+modulation as one ``kiln.adaln``; CogVideoX's ``CogVideoXLayerNormZero`` too) and its attention
+processor: the per-head q/k RMSNorms and
 the rotation of q and k as one ``kiln.head_norm_rope`` where the norms are RMSNorms kiln
 computes and no autograd graph is recorded (the fused op has no backward), else the norms as
 modules (patched as norms) and the rotation as one ``kiln.rope``.
@@ -19,14 +20,34 @@ ADALN_LAYOUTS = {
              ("gate", "shift_mlp", "scale_mlp", "gate_mlp")),
     "zero_single": (3, "emb", ("shift", "scale", "gate"), ("gate",)),
     "continuous": (2, "conditioning_embedding", ("scale", "shift"), ()),
+    # AdaLayerNorm with chunk_dim 1 (CogVideoX's and OmniGen's output norm)
+    "shift_scale": (2, "temb", ("shift", "scale"), ()),
 }
+
+
+def modulated_norm(nm: torch.nn.Module, x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor,
+                   norm: str, *also: torch.Tensor) -> torch.Tensor:
+    """``nm(x) * (1 + scale[:, None]) + shift[:, None]`` for x ``[B, T, D]`` and scale and shift
+    ``[B, D]`` (chunks of an embedding, read in place; ``also``: other tensors kiln must take
+    with them) as one ``kiln.adaln`` (``norm``: ``"layer"`` or ``"rms"``), else as written. A
+    LayerNorm's bias folds into the shift, ``(x^ w + b) (1 + scale) + shift = x^ w (1 + scale) +
+    (shift + b (1 + scale))``: one small ``[B, D]`` product beside the pass over x."""
+    params = [getattr(nm, name, None) for name in ("weight", "bias")]
+    weight, bias = [p if isinstance(p, torch.Tensor) else None for p in params]
+    tensors = (x, scale, shift, *also, *[p for p in (weight, bias) if p is not None])
+    if scale.dim() == 2 and scale.shape[0] == x.shape[0] and scale.shape[1] == x.shape[2] and x.dim() == 3 \
+            and kiln_can_take(*tensors, differentiable=True):
+        if bias is not None:
+            shift = torch.addcmul(shift, bias, 1 + scale)
+        return norm_ops.adaln(x, scale[:, None], shift[:, None], weight, norm_eps(nm, x), norm)
+    return nm(x) * (1 + scale[:, None]) + shift[:, None]
 
 
 def adaln_module(layout: str, norm: str) -> Callable:
     """diffusers' ``AdaLayerNormZero`` / ``AdaLayerNormZeroSingle`` /
-    ``AdaLayerNormContinuous``: ``emb = linear(silu(emb))`` as the module computes it, then
+    ``AdaLayerNormContinuous`` / ``AdaLayerNorm`` (chunk_dim 1): ``emb = linear(silu(emb))`` as the module computes it, then
     ``norm(x) * (1 + scale) + shift`` as one ``kiln.adaln`` reading scale and shift in place
-    from emb's chunks (``norm``: ``"layer"`` or ``"rms"``)."""
+    from emb's chunks (``norm``: ``"layer"`` or ``"rms"``; modulated_norm)."""
     chunks, emb_name, order, returned = ADALN_LAYOUTS[layout]
 
     def factory(module: torch.nn.Module, original: Callable) -> Callable:
@@ -40,24 +61,40 @@ def adaln_module(layout: str, norm: str) -> Callable:
             if getattr(module, "emb", None) is not None or not isinstance(x, torch.Tensor) \
                     or not isinstance(e, torch.Tensor) or x.dim() != 3:
                 return original(*args, **kwargs)
-            nm = module.norm
-            weight = getattr(nm, "weight", None)
-            weight = weight if isinstance(weight, torch.Tensor) else None
-            if getattr(nm, "bias", None) is not None:
-                return original(*args, **kwargs)
             silu = module.silu(e)
             emb = module.linear(silu.to(x.dtype) if layout == "continuous" else silu)
             parts = dict(zip(order, emb.chunk(chunks, dim=1)))
-            scale, shift = parts["scale"], parts["shift"]
-            tensors = (x, emb) if weight is None else (x, emb, weight)
-            if emb.dim() == 2 and emb.shape[0] == x.shape[0] and scale.shape[1] == x.shape[2] \
-                    and kiln_can_take(*tensors, differentiable=True):
-                out = norm_ops.adaln(x, scale[:, None], shift[:, None], weight, norm_eps(nm, x), norm)
-            else:
-                out = nm(x) * (1 + scale[:, None]) + shift[:, None]
+            out = modulated_norm(module.norm, x, parts["scale"], parts["shift"], norm, emb)
             if not returned:
                 return out
             return (out,) + tuple(parts[name] for name in returned)
+
+        return forward
+
+    return factory
+
+
+def layer_norm_zero(norm: str) -> Callable:
+    """diffusers' ``CogVideoXLayerNormZero``: ``linear(silu(temb))`` as the module computes it,
+    its six chunks (shift, scale, gate, then the text's), and the video's and the text's
+    ``norm(x) * (1 + scale) + shift`` each as one ``kiln.adaln`` (modulated_norm); the gates
+    returned as the module returns them."""
+
+    def factory(module: torch.nn.Module, original: Callable) -> Callable:
+        bind = argument_binder(original)
+
+        def forward(*args, **kwargs):
+            a = bind(args, kwargs)
+            if a is None:
+                return original(*args, **kwargs)
+            h, enc, temb = a.get("hidden_states"), a.get("encoder_hidden_states"), a.get("temb")
+            if not all(isinstance(t, torch.Tensor) for t in (h, enc, temb)):
+                return original(*args, **kwargs)
+            emb = module.linear(module.silu(temb))
+            shift, scale, gate, enc_shift, enc_scale, enc_gate = emb.chunk(6, dim=1)
+            h = modulated_norm(module.norm, h, scale, shift, norm, emb)
+            enc = modulated_norm(module.norm, enc, enc_scale, enc_shift, norm, emb)
+            return h, enc, gate[:, None, :], enc_gate[:, None, :]
 
         return forward
 
