@@ -486,3 +486,16 @@ def test_inkling2_bench_smoke_run_normalises_its_fp32_stream_with_kiln(tmp_path)
         # Every RMSNorm: 16 weighted (the embedding's, the layers', the final one), 18 unweighted
         # (the attention residuals' and the value heads'), no MLP (the experts' gate is left).
         assert case["patch"]["replaced"] == {"rms_norm": 34}
+
+
+@pytest.mark.parametrize("model", ["2b", "5b"])
+def test_cogvideox_bench_smoke_run_modulates_its_affine_norms_with_kiln(tmp_path, model):
+    pytest.importorskip("diffusers")
+    out = _smoke("cogvideox.py", tmp_path, "--model", model)
+    assert f"CogVideoX {model}-shaped transformer" in out
+    [doc_path] = [p for p in tmp_path.glob(f"cogvideox-{model}-*.json") if "partial" not in p.name]
+    doc = json.loads(doc_path.read_text())
+    err = doc["settings"]["eager+kiln"]["error_vs_eager"]
+    assert err["finite"] and err["max_rel"] < 5e-2
+    # Each block's two CogVideoXLayerNormZero and the output AdaLayerNorm.
+    assert doc["patch"]["replaced"]["adaln"] == 5
