@@ -393,11 +393,16 @@ def _flux(dtype, device="cpu"):
         patch_size=1, in_channels=8, num_layers=1, num_single_layers=2, attention_head_dim=16,
         num_attention_heads=2, joint_attention_dim=24, pooled_projection_dim=12, guidance_embeds=False,
         axes_dims_rope=(4, 6, 6)).eval()
+    return _norms_spread(model).to(device=device, dtype=dtype)
+
+
+def _norms_spread(model):
+    """The model with a random spread on its norms' parameters (weights start at 1, biases at 0)."""
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "norm" in name:
                 p.add_(0.2 * torch.randn_like(p))
-    return model.to(device=device, dtype=dtype)
+    return model
 
 
 def _flux_inputs(dtype, device="cpu"):
@@ -587,11 +592,7 @@ def _cogvideox(dtype, device="cpu"):
         num_attention_heads=2, attention_head_dim=16, in_channels=4, out_channels=4, time_embed_dim=32,
         text_embed_dim=32, num_layers=2, sample_width=8, sample_height=8, sample_frames=5, patch_size=2,
         max_text_seq_length=8).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.add_(0.2 * torch.randn_like(p))
-    return model.to(device=device, dtype=dtype)
+    return _norms_spread(model).to(device=device, dtype=dtype)
 
 
 def _cogvideox_inputs(dtype, device="cpu"):

@@ -593,16 +593,9 @@ def test_inkling2_prewarms_every_call_its_patched_model_makes(fresh_cache, tmp_p
     # table over its 2 + 2 heads (1 | 2 | 16).
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
-    configuration = pytest.importorskip("transformers.models.inkling2.configuration_inkling2")
     modeling = pytest.importorskip("transformers.models.inkling2.modeling_inkling2")
-    from vision_towers import other_tower_inputs
-    config = configuration.Inkling2Config(
-        text_config=dict(hidden_size=64, num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=2,
-                         head_dim=16, swa_num_attention_heads=4, swa_num_key_value_heads=2, swa_head_dim=24,
-                         moe_intermediate_size=32, n_routed_experts=4, num_experts_per_tok=2, vocab_size=256,
-                         unpadded_vocab_size=256, d_rel=8, eos_token_id=2),
-        vision_config=dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, projection_hidden_dim=64,
-                           text_hidden_size=64, posemb_grid_size=4))
+    from vision_towers import inkling2_model_config, other_tower_inputs
+    config = inkling2_model_config()
     path = tmp_path / "config.json"
     config.to_json_file(str(path))
     assert "intermediate_size" not in json.loads(path.read_text())["text_config"]

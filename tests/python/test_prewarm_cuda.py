@@ -456,13 +456,8 @@ def test_prewarm_from_config_serves_towers_of_their_own_inputs(tmp_path, name):
             vision_config=dict(hidden_size=160, intermediate_size=320, num_hidden_layers=2, num_attention_heads=2))
         classes = dict(config_class="MiniMaxM3VLConfig", tower_class="MiniMaxM3VLVisionModel")
     else:
-        config = configuration.Inkling2Config(
-            text_config=dict(hidden_size=64, num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=2,
-                             head_dim=16, swa_num_attention_heads=4, swa_num_key_value_heads=2, swa_head_dim=24,
-                             moe_intermediate_size=32, n_routed_experts=4, num_experts_per_tok=2, vocab_size=256,
-                             unpadded_vocab_size=256, d_rel=8, eos_token_id=2),
-            vision_config=dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, projection_hidden_dim=64,
-                               text_hidden_size=64, posemb_grid_size=4))
+        from vision_towers import inkling2_model_config
+        config = inkling2_model_config()
         classes = dict(config_class="Inkling2Config", tower_class="Inkling2VisionModel")
     path = tmp_path / "config.json"
     config.to_json_file(str(path))

@@ -86,6 +86,23 @@ def inkling2(hidden=64, heads=2, layers=2):
     return modeling_inkling2.Inkling2VisionModel(config)
 
 
+def inkling2_model_config():
+    """A tiny Inkling 2 (its configuration module's Inkling2Config): a language model of one
+    attention-residual block (6 layers), value heads of 16 and, in its sliding layers, 24, four
+    experts; a tower of 2 heads of 32. None where this transformers has no Inkling 2."""
+    try:
+        from transformers.models.inkling2 import configuration_inkling2
+    except ImportError:
+        return None
+    return configuration_inkling2.Inkling2Config(
+        text_config=dict(hidden_size=64, num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=2,
+                         head_dim=16, swa_num_attention_heads=4, swa_num_key_value_heads=2, swa_head_dim=24,
+                         moe_intermediate_size=32, n_routed_experts=4, num_experts_per_tok=2, vocab_size=256,
+                         unpadded_vocab_size=256, d_rel=8, eos_token_id=2),
+        vision_config=dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, projection_hidden_dim=64,
+                           text_hidden_size=64, posemb_grid_size=4))
+
+
 def other_tower_inputs(tower, seed=0):
     """The keyword arguments of one forward of a MiniMax-M3-VL (an 8 x 8 patch grid) or Inkling 2
     tower (one image of 3 x 4 merged tokens, each 2 x 2 patches of 20 x 20 pixels)."""

@@ -15,7 +15,7 @@ import functools
 import inspect
 import math
 from dataclasses import dataclass
-from typing import Callable, Dict, Optional, Union
+from typing import Callable, Dict, Optional, Tuple, Union
 
 import torch
 
@@ -602,12 +602,20 @@ def _norm_width(nm: torch.nn.Module) -> Optional[int]:
     return shape[-1] if shape else (weight.shape[0] if isinstance(weight, torch.Tensor) else None)
 
 
-def classify_adaln(module: torch.nn.Module, original: Callable) -> Union[DitMatch, NoMatch]:
+def _adaln_parts(module: torch.nn.Module) -> Union[Tuple[str, Optional[int], int], NoMatch]:
+    """An AdaLN module's norm kind (_modulated_norm_kind), its norm's width and its linear's
+    outputs."""
     kind = _modulated_norm_kind(module.norm)
     if isinstance(kind, NoMatch):
         return kind
-    d = _norm_width(module.norm)
-    out = module.linear.out_features
+    return kind, _norm_width(module.norm), module.linear.out_features
+
+
+def classify_adaln(module: torch.nn.Module, original: Callable) -> Union[DitMatch, NoMatch]:
+    parts = _adaln_parts(module)
+    if isinstance(parts, NoMatch):
+        return parts
+    kind, d, out = parts
     if not d or out % d:
         return NoMatch("adaln", f"its linear's {out} outputs are not whole chunks of the norm's width {d}")
     layouts = {6: ["zero"], 3: ["zero_single"], 2: ["continuous", "shift_scale"]}.get(out // d)
@@ -648,11 +656,10 @@ def layer_norm_zero_candidate(module: torch.nn.Module) -> bool:
 
 
 def classify_layer_norm_zero(module: torch.nn.Module, original: Callable) -> Union[DitMatch, NoMatch]:
-    kind = _modulated_norm_kind(module.norm)
-    if isinstance(kind, NoMatch):
-        return kind
-    d = _norm_width(module.norm)
-    out = module.linear.out_features
+    parts = _adaln_parts(module)
+    if isinstance(parts, NoMatch):
+        return parts
+    kind, d, out = parts
     if not d or out != 6 * d:
         return NoMatch("adaln", f"its linear's {out} outputs are not 6 chunks of the norm's width {d}")
     g = torch.Generator().manual_seed(0)
