@@ -602,16 +602,19 @@ def _cogvideox_inputs(dtype, device="cpu"):
                 timestep=torch.tensor([10, 500], device=device), return_dict=False)
 
 
-# Each block's two CogVideoXLayerNormZero: video and text an adaln each; the output AdaLayerNorm;
-# the attention's q/k LayerNorms and the final LayerNorm; the feed-forwards' GELU.
-COGVIDEOX_CALLS = {"adaln": 9, "layer_norm": 5, "gelu": 2}
+# Each block's norm1 (video and text an adaln each) and, a stream each, its attention's gated
+# residual with norm2's modulation (gated_adaln) and its feed-forward's gated residual
+# (gated_residual_); the output AdaLayerNorm; the attention's q/k LayerNorms and the final
+# LayerNorm; the feed-forwards' GELU.
+COGVIDEOX_CALLS = {"adaln": 5, "gated_adaln": 4, "gated_residual_": 4, "layer_norm": 5, "gelu": 2}
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_cogvideox_modulated_norms_are_kiln_adaln(dtype, monkeypatch):
     """CogVideoX's CogVideoXLayerNormZero (an affine LayerNorm of the video and of the text
     tokens, one embedding's six chunks) and its output AdaLayerNorm (chunk_dim 1: shift first)
-    are each one kiln.adaln a stream, the norm's bias folded into the shift."""
+    are each one kiln.adaln a stream, the norm's bias folded into the shift; its blocks' seams
+    are kiln.gated_adaln (the attention's gated residual and norm2) and kiln.gated_residual_."""
     model = _cogvideox(dtype)
     inputs = _cogvideox_inputs(dtype)
     with torch.no_grad():
@@ -621,6 +624,7 @@ def test_cogvideox_modulated_norms_are_kiln_adaln(dtype, monkeypatch):
         assert kinds["transformer_blocks.0.norm1"] == kinds["transformer_blocks.1.norm2"] \
             == "adaln (layer norm, cogvideox video and text)"
         assert kinds["norm_out"] == "adaln (layer norm, shift scale)"
+        assert kinds["transformer_blocks.1"] == "cogvideox block (gated residual + norm seams)"
         assert report.left == []
         counter = Counter(monkeypatch)
         actual = model(**inputs)[0]
@@ -629,6 +633,23 @@ def test_cogvideox_modulated_norms_are_kiln_adaln(dtype, monkeypatch):
         assert kiln.unpatch(model) == len(report.replaced)
         assert _instance_forwards(model) == []
         assert torch.equal(model(**inputs)[0], expected)
+
+
+def test_cogvideox_block_is_left_to_inductor_under_torch_compile():
+    """Compiled, a patched block runs diffusers' seams (Inductor fuses them with their
+    neighbours) and its AdaLN modules stay kiln.adaln."""
+    model = _cogvideox(torch.float32)
+    inputs = _cogvideox_inputs(torch.float32)
+    with torch.no_grad():
+        expected = model(**inputs)[0]
+        kiln.patch(model)
+        compiled, graphs = compile_capturing(model.transformer_blocks[0])
+        block_inputs = (torch.randn(2, 32, 32), torch.randn(2, 8, 32), torch.randn(2, 32))
+        compiled(*block_inputs)
+        assert calls_of(graphs, torch.ops.kiln.gated_adaln.default) == []
+        assert len(calls_of(graphs, torch.ops.kiln.adaln.default)) == 4
+        torch._dynamo.reset()
+        _agree(model(**inputs)[0], expected, torch.float32)
 
 
 def test_cogvideox_modulated_norm_bias_trains_through_kiln():

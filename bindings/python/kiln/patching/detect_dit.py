@@ -19,7 +19,7 @@ from typing import Callable, Dict, Optional, Tuple, Union
 
 import torch
 
-from . import detect, flux, flux_block, ltx, ltx_rope, replace, wan, wan_block
+from . import cogvideox_block, detect, flux, flux_block, ltx, ltx_rope, replace, wan, wan_block
 from .. import rope_ops
 from .detect import NoMatch, _Swapped
 
@@ -675,6 +675,57 @@ def classify_layer_norm_zero(module: torch.nn.Module, original: Callable) -> Uni
     return DitMatch(f"adaln ({kind} norm, cogvideox video and text)", "adaln", "adaln", factory)
 
 
+# ---- CogVideoX --------------------------------------------------------------------------
+
+
+_COGVIDEOX_BLOCK_ARGUMENTS = ("hidden_states", "encoder_hidden_states", "temb", "image_rotary_emb",
+                              "attention_kwargs")
+
+
+def cogvideox_block_candidate(module: torch.nn.Module) -> bool:
+    return all(isinstance(getattr(module, n, None), torch.nn.Module) for n in ("norm1", "attn1", "norm2", "ff")) \
+        and layer_norm_zero_candidate(module.norm2)
+
+
+class _ProbeLayerNormZero(torch.nn.Module):
+    """A stand-in for CogVideoX's norm1: both streams transformed, and two [B, 1, D] gates
+    from temb."""
+
+    def __init__(self, dim: int, temb: int, g: torch.Generator):
+        super().__init__()
+        self.w, self.c = torch.randn(dim, generator=g), torch.randn(dim, generator=g)
+        self.gates = torch.randn(2, temb, dim, generator=g) / temb ** 0.5
+
+    def forward(self, hidden_states, encoder_hidden_states, temb):
+        gate, enc_gate = (torch.tanh(temb @ m)[:, None, :] for m in self.gates)
+        return torch.tanh(hidden_states * self.w), torch.tanh(encoder_hidden_states * self.c), gate, enc_gate
+
+
+def classify_cogvideox_block(module: torch.nn.Module, original: Callable) -> Union[DitMatch, NoMatch]:
+    norm = module.norm2.norm
+    if type(norm) is not torch.nn.LayerNorm or len(norm.normalized_shape) != 1:
+        return NoMatch("block", "its norm2's norm is not a LayerNorm over the last dimension")
+    if tuple(inspect.signature(original).parameters) != _COGVIDEOX_BLOCK_ARGUMENTS:
+        return NoMatch("block", f"its forward does not take CogVideoX's block arguments {_COGVIDEOX_BLOCK_ARGUMENTS}")
+    d, temb = norm.normalized_shape[0], 16
+    g = torch.Generator().manual_seed(0)
+    children = {"norm1": _ProbeLayerNormZero(d, temb, g), "attn1": _FluxProbeAttention(d, g, joint=True),
+                "ff": _ProbeFF(d, g)}
+    norm2 = module.norm2
+    lin = _linear(temb, 6 * d, g, bias=getattr(norm2.linear, "bias", None) is not None)
+    swaps = [_Swapped(module, children=children), _Swapped(norm2, children={"linear": lin})] \
+        + _norm_weights(norm2, ("norm",), g)
+    calls = [((torch.randn(2, 5, d, generator=g) + 0.5, torch.randn(2, 3, d, generator=g) - 0.25,
+               torch.randn(2, temb, generator=g)), {})]
+    patched = cogvideox_block.cogvideox_block(module, original)
+    with torch.no_grad(), _Stack(swaps):
+        why = _compare_calls(original, patched, calls)
+    if why is not None:
+        return NoMatch("block", f"does not compute CogVideoX's block seams: {why}")
+    return DitMatch("cogvideox block (gated residual + norm seams)", cogvideox_block.BLOCK_OPS, "adaln",
+                    cogvideox_block.cogvideox_block)
+
+
 # Tried in this order; the first candidate test that holds decides the classifier.
 CANDIDATES = (
     (video_rope_candidate, classify_video_rope),
@@ -685,6 +736,7 @@ CANDIDATES = (
     (wan_block_candidate, classify_wan_block),
     (flux_double_block_candidate, classify_flux_double_block),
     (flux_single_block_candidate, classify_flux_single_block),
+    (cogvideox_block_candidate, classify_cogvideox_block),
     (layer_norm_zero_candidate, classify_layer_norm_zero),
     (adaln_candidate, classify_adaln),
 )
