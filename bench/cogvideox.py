@@ -5,9 +5,11 @@ frames at 480x720 (13 x 30 x 45 = 17550 latent tokens) and 226 text tokens, batc
 pipeline's classifier-free guidance). What kiln takes there: each block's two
 CogVideoXLayerNormZero (an affine LayerNorm of the video and of the text tokens, modulated by
 one embedding's chunks: a kiln.adaln a stream, the norm's bias folded into the shift), the
-output AdaLayerNorm, the attention's q/k LayerNorms and the feed-forward's GELU (tanh). A fifth
-setting, "eager+kiln, modulations apart", leaves the AdaLN modules to diffusers (their LayerNorms
-still kiln's): what the modulations' fusion gives.
+output AdaLayerNorm, each block's seams (a stream each: the attention's gated residual with
+norm2's modulation as one kiln.gated_adaln, the feed-forward's gated residual as one
+kiln.gated_residual_), the attention's q/k LayerNorms and the feed-forward's GELU (tanh). A fifth
+setting, "eager+kiln, modulations apart", leaves the AdaLN modules and the blocks' seams to
+diffusers (their LayerNorms still kiln's): what those fusions give.
 
 Usage: python bench/cogvideox.py [--out DIR] [--quick] [--model 2b|5b] [--layers N] [--frames F]
        [--settings ...] [--device cuda|cpu] [--tiny] [--tag TAG]
@@ -81,11 +83,11 @@ def inputs(model, frames, height, width, device="cuda", seed=1):
 
 
 def modulations_apart(kiln):
-    """kiln.patch with the AdaLN modules left to diffusers, their LayerNorms patched as norms
-    (the patch before kiln.adaln took a LayerNorm's bias)."""
+    """kiln.patch with the AdaLN modules and the blocks' seams left to diffusers, their LayerNorms
+    patched as norms (the patch before kiln.adaln took a LayerNorm's bias)."""
     from kiln.patching import detect_dit
 
-    left = (detect_dit.classify_layer_norm_zero, detect_dit.classify_adaln)
+    left = (detect_dit.classify_layer_norm_zero, detect_dit.classify_adaln, detect_dit.classify_cogvideox_block)
 
     def patch(model):
         kept = detect_dit.CANDIDATES
