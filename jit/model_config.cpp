@@ -418,6 +418,20 @@ ModelShape read_diffusion(const nlohmann::json& config, const std::string& kind)
         {Op::gelu, {model.intermediate}},  {Op::rms_norm, {model.head_dim}},
         {Op::rope, {model.head_dim}},
     };
+  } else if (kind == "cogvideox") {
+    // Its patched blocks: each stream's AdaLN over an affine LayerNorm (the weight in the
+    // kernel, the bias folded into the shift), per sample; the attention's gated residual with
+    // norm2's modulation (gated_adaln) and the feed-forward's gated residual in place; the
+    // attention's q/k LayerNorms over each head and the final LayerNorm, with weight and bias.
+    // Its RoPE (CogVideoX-5b's) is left to diffusers.
+    model.heads_q = model.heads_k = model.hidden / model.head_dim;
+    model.rope = "none kiln takes (diffusers' apply_rotary_emb where the model rotates)";
+    model.modulation_flags = {kNormLayer | kNormWeight};
+    model.ops = {
+        {Op::adaln, {model.hidden}},          {Op::gated_adaln, {model.hidden}},
+        {Op::gated_residual, {model.hidden}}, {Op::layer_norm, {model.hidden, model.head_dim}},
+        {Op::gelu, {model.intermediate}},
+    };
   } else if (kind == "wan") {
     model.intermediate = require_size(config, "ffn_dim");
     model.heads_q = model.heads_k = model.hidden / model.head_dim;
@@ -629,7 +643,8 @@ ModelShape read_model_config(const nlohmann::json& config) {
   // diffusers' transformers, by the class that wrote the config
   for (const auto& [diffusers_class, kind] :
        {std::pair{"LTXVideoTransformer3DModel", "ltx-video"},
-        std::pair{"FluxTransformer2DModel", "flux"}, std::pair{"WanTransformer3DModel", "wan"}}) {
+        std::pair{"FluxTransformer2DModel", "flux"}, std::pair{"WanTransformer3DModel", "wan"},
+        std::pair{"CogVideoXTransformer3DModel", "cogvideox"}}) {
     if (class_name == diffusers_class) {
       return read_diffusion(config, kind);
     }
@@ -650,7 +665,7 @@ ModelShape read_model_config(const nlohmann::json& config) {
   throw Error(
       "kiln prewarm: config.json: expected a transformers LLM config (hidden_size, "
       "intermediate_size, ...) or a diffusers LTXVideoTransformer3DModel, "
-      "FluxTransformer2DModel or WanTransformer3DModel config, got " +
+      "FluxTransformer2DModel, WanTransformer3DModel or CogVideoXTransformer3DModel config, got " +
       (class_name.empty() ? std::string("neither") : "_class_name \"" + class_name + "\""));
 }
 

@@ -42,6 +42,11 @@
 //    as half tables (the norms and kiln.rope when training), RMSNorm q/k norms in
 //    cross-attention, a GELU (tanh) feed-forward of ffn_dim, the output LayerNorm in fp32;
 //    with image_dim (image to video), the image embedder's LayerNorms (fp32) and GELU.
+//  - diffusers CogVideoXTransformer3DModel: the same inner dim; AdaLN over an affine LayerNorm
+//    (its weight in the kernel, its bias folded into the shift), per sample, of the video and the
+//    text tokens, the blocks' seams (gated_adaln, the gated residual in place), the q/k
+//    LayerNorms of the head dim and the final LayerNorm, a GELU (tanh) feed-forward of 4x the
+//    inner dim; its RoPE (5b's) is diffusers'.
 //  - diffusers FluxTransformer2DModel: the same inner dim; LayerNorm and AdaLN-Zero over it,
 //    RMSNorm q/k norm per head (attention_head_dim) and RoPE from a table over axes_dims_rope
 //    (3 axes), interleaved, fused as one head_norm_rope where kiln's patch can (else the norm

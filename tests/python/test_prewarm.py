@@ -642,3 +642,59 @@ def test_inkling2_prewarms_every_call_its_patched_model_makes(fresh_cache, tmp_p
     for op, dtype, width, flags in taken:
         assert kiln.compile(op, dtype, width, arch="sm_90", format="cubin", flags=flags)["from_cache"], \
             (op, dtype, width, flags)
+
+
+def test_cogvideox_prewarms_every_call_its_patched_transformer_makes(fresh_cache, tmp_path):
+    # A tiny CogVideoX (diffusers), patched and run on the CPU: every kiln call it makes, as each
+    # op's dispatcher sees it, is a problem its config's prewarm compiled: each stream's AdaLN
+    # and block seam over an affine LayerNorm (its weight in the kernel: 1 | 4), the gated
+    # residual in place per sample (8 | 16), the q/k LayerNorms of each head and the final one
+    # (1 | 2), the feed-forward's tanh GELU of a flat row (1).
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+    diffusers = pytest.importorskip("diffusers")
+    torch.manual_seed(0)
+    model = diffusers.CogVideoXTransformer3DModel(
+        num_attention_heads=2, attention_head_dim=16, in_channels=4, out_channels=4, time_embed_dim=32,
+        text_embed_dim=32, num_layers=2, sample_width=8, sample_height=8, sample_frames=5, patch_size=2,
+        max_text_seq_length=8).eval().to(torch.bfloat16)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"_class_name": "CogVideoXTransformer3DModel", **model.config}))
+    assert kiln.prewarm(dtypes="bf16", archs="sm_90", config=str(path))["failed"] == 0
+    kiln.patch(model)
+
+    calls = set()
+
+    class Calls(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.namespace == "kiln":
+                calls.add((func.__name__.split(".")[0], args))
+            return func(*args, **(kwargs or {}))
+
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad(), Calls():
+        model(hidden_states=torch.randn(2, 2, 4, 8, 8, generator=g).to(torch.bfloat16),
+              encoder_hidden_states=torch.randn(2, 8, 32, generator=g).to(torch.bfloat16),
+              timestep=torch.tensor([10, 500]))
+    taken = set()
+    for op, args in calls:
+        x = args[0]
+        if op in ("adaln", "gated_adaln"):
+            weight = args[3] if op == "adaln" else args[5]
+            norm = args[5] if op == "adaln" else args[7]
+            assert weight is not None and norm == "layer"
+            taken.add((op, x.shape[-1], 1 | 4))
+        elif op == "gated_residual_":
+            assert args[2].shape == (x.shape[0], 1, x.shape[-1])  # per sample
+            taken.add(("gated_residual", x.shape[-1], 8 | 16))
+        elif op == "layer_norm":
+            assert args[1] is not None and args[2] is not None
+            taken.add((op, x.shape[-1], 1 | 2))
+        else:
+            assert op == "gelu"
+            taken.add((op, x.shape[-1], 1))
+    assert taken == {("adaln", 32, 5), ("gated_adaln", 32, 5), ("gated_residual", 32, 24), ("layer_norm", 32, 3),
+                     ("layer_norm", 16, 3), ("gelu", 128, 1)}
+    for op, width, flags in taken:
+        assert kiln.compile(op, "bf16", width, arch="sm_90", format="cubin", flags=flags)["from_cache"], \
+            (op, width, flags)

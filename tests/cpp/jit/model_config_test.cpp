@@ -10,6 +10,7 @@
 
 #include "cache/error.h"
 #include "jit/prewarm.h"
+#include "templates/elementwise_family.h"
 #include "templates/family.h"
 #include "templates/norm_family.h"
 #include "templates/rms_norm_rope_family.h"
@@ -725,4 +726,30 @@ TEST_CASE("Inkling 2 is prewarmed as its patched language model and tower call k
                        "kiln prewarm: config.json: \"intermediate_size\": expected a positive "
                        "integer, but it is missing",
                        kiln::Error);
+}
+
+TEST_CASE("CogVideoX's patched blocks are prewarmed as they call kiln") {
+  // CogVideoX-2b's config.json, the keys kiln reads.
+  const nlohmann::json cogvideox = {{"_class_name", "CogVideoXTransformer3DModel"},
+                                    {"attention_head_dim", 64},
+                                    {"num_attention_heads", 30},
+                                    {"num_layers", 30},
+                                    {"use_rotary_positional_embeddings", false}};
+  const kiln::jit::ModelShape model = kiln::jit::read_model_config(cogvideox);
+  CHECK(model.kind == "cogvideox");
+  CHECK(model.ops.at(Op::layer_norm) == std::vector<std::int64_t>{1920, 64});
+  CHECK(model.ops.at(Op::gelu) == std::vector<std::int64_t>{7680});
+  CHECK_FALSE(model.ops.contains(Op::rope));
+  const auto targets = targets_of(model);
+  // Each stream's AdaLN and block seam over an affine LayerNorm (its weight in the kernel),
+  // per sample; the gated residual in place, per sample.
+  for (Op op : {Op::adaln, Op::gated_adaln}) {
+    CHECK(prewarmed_flags(targets, op, 1920, kiln::DType::bf16) ==
+          std::vector<std::uint32_t>{kiln::kNormWeight | kiln::kNormLayer});
+  }
+  const auto residual = prewarmed_flags(targets, Op::gated_residual, 1920, kiln::DType::bf16);
+  CHECK(std::count(residual.begin(), residual.end(),
+                   kiln::kGatePerSample | kiln::kGatedResidualInPlace) == 1);
+  CHECK(prewarmed_flags(targets, Op::layer_norm, 64, kiln::DType::bf16) ==
+        std::vector<std::uint32_t>{0u, kiln::kNormWeight | kiln::kNormBias});
 }
