@@ -7,6 +7,7 @@ import shutil
 import subprocess
 
 import pytest
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import kiln
 from cache_helpers import entry_files
@@ -23,6 +24,20 @@ FLUX = {"_class_name": "FluxTransformer2DModel", "attention_head_dim": 128,
         "num_attention_heads": 24, "axes_dims_rope": [16, 56, 56]}
 WAN = {"_class_name": "WanTransformer3DModel", "attention_head_dim": 128, "num_attention_heads": 12,
        "ffn_dim": 8960, "qk_norm": "rms_norm_across_heads", "cross_attn_norm": True}
+
+
+class KilnCalls(TorchDispatchMode):
+    """Within it, every kiln op call as its dispatcher sees it: a set of (op name, args)."""
+
+    def __enter__(self):
+        super().__enter__()
+        self.calls = set()
+        return self.calls
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.namespace == "kiln":
+            self.calls.add((func.__name__.split(".")[0], args))
+        return func(*args, **(kwargs or {}))
 
 
 @pytest.fixture
@@ -592,7 +607,6 @@ def test_inkling2_prewarms_every_call_its_patched_model_makes(fresh_cache, tmp_p
     # tower's LayerNorms, erf GELU (flat rows: 1 | 2) and RoPE of interleaved pairs from an fp32
     # table over its 2 + 2 heads (1 | 2 | 16).
     import torch
-    from torch.utils._python_dispatch import TorchDispatchMode
     modeling = pytest.importorskip("transformers.models.inkling2.modeling_inkling2")
     from vision_towers import inkling2_model_config, other_tower_inputs
     config = inkling2_model_config()
@@ -611,15 +625,7 @@ def test_inkling2_prewarms_every_call_its_patched_model_makes(fresh_cache, tmp_p
     kiln.patch(language)
     kiln.patch(tower)
 
-    calls = set()
-
-    class Calls(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            if func.namespace == "kiln":
-                calls.add((func.__name__.split(".")[0], args))
-            return func(*args, **(kwargs or {}))
-
-    with torch.no_grad(), Calls():
+    with torch.no_grad(), KilnCalls() as calls:
         language(input_ids=torch.randint(0, 256, (1, 7), generator=torch.Generator().manual_seed(0)))
         tower(**other_tower_inputs(tower))
     dtypes = {torch.bfloat16: "bf16", torch.float32: "fp32"}
@@ -651,7 +657,6 @@ def test_cogvideox_prewarms_every_call_its_patched_transformer_makes(fresh_cache
     # residual in place per sample (8 | 16), the q/k LayerNorms of each head and the final one
     # (1 | 2), the feed-forward's tanh GELU of a flat row (1).
     import torch
-    from torch.utils._python_dispatch import TorchDispatchMode
     diffusers = pytest.importorskip("diffusers")
     torch.manual_seed(0)
     model = diffusers.CogVideoXTransformer3DModel(
@@ -663,16 +668,8 @@ def test_cogvideox_prewarms_every_call_its_patched_transformer_makes(fresh_cache
     assert kiln.prewarm(dtypes="bf16", archs="sm_90", config=str(path))["failed"] == 0
     kiln.patch(model)
 
-    calls = set()
-
-    class Calls(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            if func.namespace == "kiln":
-                calls.add((func.__name__.split(".")[0], args))
-            return func(*args, **(kwargs or {}))
-
     g = torch.Generator().manual_seed(1)
-    with torch.no_grad(), Calls():
+    with torch.no_grad(), KilnCalls() as calls:
         model(hidden_states=torch.randn(2, 2, 4, 8, 8, generator=g).to(torch.bfloat16),
               encoder_hidden_states=torch.randn(2, 8, 32, generator=g).to(torch.bfloat16),
               timestep=torch.tensor([10, 500]))
