@@ -62,6 +62,11 @@ inline std::uint32_t row_alignment(std::initializer_list<std::int64_t> row_bytes
   return align;
 }
 
+// The bytes of a row of `elements` elements of `dtype`.
+inline std::int64_t row_bytes(DType dtype, std::int64_t elements) {
+  return elements * static_cast<std::int64_t>(dtype_size(dtype));
+}
+
 // The most CTAs a launch's grid takes in x.
 inline constexpr std::int64_t kMaxGridCtas = 0x7fffffff;
 

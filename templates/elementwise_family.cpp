@@ -410,8 +410,7 @@ std::vector<Problem> ElementwiseFamily::common_problems(DType dtype, std::int64_
                                                         const PrewarmModel& /*model*/) const {
   // Rows back to back (flat) take only the allocations' addresses into the alignment; rows
   // apart take their width too.
-  const std::uint32_t rows_apart =
-      row_alignment({hidden * static_cast<std::int64_t>(dtype_size(dtype))});
+  const std::uint32_t rows_apart = row_alignment({row_bytes(dtype, hidden)});
   auto make = [&](std::uint32_t flags) {
     return Problem{op_, dtype, hidden, flags, (flags & kElementwiseFlat) != 0 ? 16u : rows_apart};
   };

@@ -649,8 +649,7 @@ std::int64_t NormBackwardFamily::bytes_moved(const Problem& problem, std::int64_
 
 std::vector<Problem> NormBackwardFamily::common_problems(DType dtype, std::int64_t hidden,
                                                          const PrewarmModel& /*model*/) const {
-  const std::uint32_t align =
-      row_alignment({hidden * static_cast<std::int64_t>(dtype_size(dtype))});
+  const std::uint32_t align = row_alignment({row_bytes(dtype, hidden)});
   auto make = [&](std::uint32_t flags) { return Problem{op_, dtype, hidden, flags, align}; };
   // Full training (its gradients' partial sums added up by the sums' kernel, which the host
   // always calls at 16), and LoRA's (the norm's parameters and the modulation frozen: dx only).

@@ -911,8 +911,7 @@ bool NormFamily::worth_measuring(const Problem& problem, const Config& config,
 
 std::vector<Problem> NormFamily::common_problems(DType dtype, std::int64_t hidden,
                                                  const PrewarmModel& model) const {
-  const std::uint32_t align =
-      row_alignment({hidden * static_cast<std::int64_t>(dtype_size(dtype))});
+  const std::uint32_t align = row_alignment({row_bytes(dtype, hidden)});
   auto make = [&](std::uint32_t flags) { return Problem{op_, dtype, hidden, flags, align}; };
   switch (op_) {
     case Op::rms_norm:  // diffusers' q/k norms and DiT blocks have no weight

@@ -429,7 +429,7 @@ std::int64_t RmsNormRopeFamily::bytes_moved(const Problem& problem, std::int64_t
 
 std::vector<Problem> RmsNormRopeFamily::common_problems(DType dtype, std::int64_t hidden,
                                                         const PrewarmModel& model) const {
-  const std::int64_t row = hidden * static_cast<std::int64_t>(dtype_size(dtype));
+  const std::int64_t row = row_bytes(dtype, hidden);
   if (model.rms_norm_rope_half_table != 0) {  // Wan: diffusers' fp32 tables, halved
     const std::int64_t half_table = model.rms_norm_rope_half_table / 2;
     return {Problem{Op::rms_norm_rope, dtype, hidden, kRmsNormRopeTableF32,

@@ -148,11 +148,10 @@ bool one_head_each(const Problem& problem) {
 // bf16 heads: 72-byte rows, 8).
 std::uint32_t call_alignment(DType dtype, std::int64_t hidden, std::uint32_t flags,
                              std::int64_t aux) {
-  const auto element = static_cast<std::int64_t>(dtype_size(dtype));
   const std::int64_t table_width =
       RopeFamily::table_width(Problem{Op::rope, dtype, hidden, flags, 16, aux});
-  return row_alignment(
-      {hidden * element, table_width * ((flags & kRopeTableF32) != 0 ? 4 : element)});
+  return row_alignment({row_bytes(dtype, hidden),
+                        row_bytes((flags & kRopeTableF32) != 0 ? DType::f32 : dtype, table_width)});
 }
 
 // The kernel's defaulted template arguments (HALF_TABLE, HEAD_NORM, DEINTERLEAVE) up to the
@@ -518,8 +517,7 @@ std::int64_t RopeFamily::bytes_moved(const Problem& problem, std::int64_t rows) 
 std::vector<Problem> RopeFamily::common_problems(DType dtype, std::int64_t hidden,
                                                  const PrewarmModel& model) const {
   if (op_ == Op::rope_3d) {
-    return {Problem{Op::rope_3d, dtype, hidden, 0u,
-                    row_alignment({hidden * static_cast<std::int64_t>(dtype_size(dtype))})}};
+    return {Problem{Op::rope_3d, dtype, hidden, 0u, row_alignment({row_bytes(dtype, hidden)})}};
   }
   // transformers (half-split, table in the model's dtype, or the model's own table form; q and
   // k as its attentions hand them over, [B, S, H, D] memory viewed as [B, H, S, D], and

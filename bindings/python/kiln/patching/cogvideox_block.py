@@ -4,7 +4,7 @@ whole hidden state; kiln, for the video stream and for the text stream:
 
 * ``h + gate_msa * attn`` then norm2's ``norm(h) * (1 + scale) + shift`` -> one
   ``kiln.gated_adaln`` (norm2's LayerNorm weight read by the kernel, its bias folded into the
-  shift as ``flux.modulated_norm`` folds it);
+  shift: ``flux.folded_shift``);
 * ``h + gate_ff * ff[:, stream]`` -> one ``kiln.gated_residual_`` into that new h.
 
 Each seam is rounded once to h's dtype where diffusers rounds after each product and sum. The
@@ -21,6 +21,7 @@ from typing import Callable, Optional, Tuple
 import torch
 
 from .. import activation_ops, norm_ops
+from .flux import folded_shift
 from .forwards import any_hooks, kiln_can_take, norm_eps, records_parameters
 
 BLOCK_OPS = "gated_adaln + gated_residual"
@@ -45,9 +46,8 @@ def _seam(norm: torch.nn.LayerNorm, h: torch.Tensor, attn: torch.Tensor, gate: t
     operands = [t for t in (h, attn, gate, scale, shift, weight, bias) if t is not None]
     if attn.shape != h.shape or gate.shape != (h.shape[0], 1, h.shape[2]) or not kiln_can_take(*operands):
         return None
-    if bias is not None:
-        shift = torch.addcmul(shift, bias, 1 + scale)
-    return norm_ops.gated_adaln(h, attn, gate, scale[:, None], shift[:, None], weight, norm_eps(norm, h), "layer")
+    return norm_ops.gated_adaln(h, attn, gate, scale[:, None], folded_shift(shift, scale, bias)[:, None], weight,
+                                norm_eps(norm, h), "layer")
 
 
 def _residual(h: torch.Tensor, y: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:

@@ -25,21 +25,26 @@ ADALN_LAYOUTS = {
 }
 
 
+def folded_shift(shift: torch.Tensor, scale: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+    """The shift kiln.adaln and kiln.gated_adaln take for a LayerNorm with ``bias``:
+    ``(x^ w + b) (1 + scale) + shift = x^ w (1 + scale) + (shift + b (1 + scale))``, one small
+    ``[B, D]`` product beside the pass over x."""
+    return shift if bias is None else torch.addcmul(shift, bias, 1 + scale)
+
+
 def modulated_norm(nm: torch.nn.Module, x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor,
                    norm: str, *also: torch.Tensor) -> torch.Tensor:
     """``nm(x) * (1 + scale[:, None]) + shift[:, None]`` for x ``[B, T, D]`` and scale and shift
     ``[B, D]`` (chunks of an embedding, read in place; ``also``: other tensors kiln must take
     with them) as one ``kiln.adaln`` (``norm``: ``"layer"`` or ``"rms"``), else as written. A
-    LayerNorm's bias folds into the shift, ``(x^ w + b) (1 + scale) + shift = x^ w (1 + scale) +
-    (shift + b (1 + scale))``: one small ``[B, D]`` product beside the pass over x."""
+    LayerNorm's bias folds into the shift (folded_shift)."""
     params = [getattr(nm, name, None) for name in ("weight", "bias")]
     weight, bias = [p if isinstance(p, torch.Tensor) else None for p in params]
     tensors = (x, scale, shift, *also, *[p for p in (weight, bias) if p is not None])
     if scale.dim() == 2 and scale.shape[0] == x.shape[0] and scale.shape[1] == x.shape[2] and x.dim() == 3 \
             and kiln_can_take(*tensors, differentiable=True):
-        if bias is not None:
-            shift = torch.addcmul(shift, bias, 1 + scale)
-        return norm_ops.adaln(x, scale[:, None], shift[:, None], weight, norm_eps(nm, x), norm)
+        return norm_ops.adaln(x, scale[:, None], folded_shift(shift, scale, bias)[:, None], weight,
+                              norm_eps(nm, x), norm)
     return nm(x) * (1 + scale[:, None]) + shift[:, None]
 
 
