@@ -12,50 +12,21 @@ Everything else is diffusers' code, called in diffusers' order.
 """
 
 import sys
-import weakref
 from typing import Optional
 
 import torch
 
 from .. import rope_ops
-from .forwards import SharedAttentionSettings, any_hooks, kiln_can_take, norm_eps, recording_a_graph, signature_kept
-
-
-class _HalfTables:
-    """The half tables of the last (cos, sin) seen: every block of one forward receives the
-    same tensors, so the slices are copied once a forward, not once a block. The sources are
-    referred to weakly, so that the entry goes with them (no table outlives its forward, and
-    a new table at a dead one's address is no match), and an entry is one tuple, replaced
-    whole, so that a thread never reads another thread's halves with its own sources."""
-
-    def __init__(self):
-        self.entry = None  # (weak cos, weak sin, their versions, the halves)
-
-    def get(self, cos: torch.Tensor, sin: torch.Tensor):
-        # Inference tensors keep no version counter: an in-place change would go unseen.
-        if recording_a_graph(cos) or cos.is_inference() or sin.is_inference():
-            return _halves(cos, sin)
-        versions = (cos._version, sin._version)
-        entry = self.entry
-        if entry is not None and entry[0]() is cos and entry[1]() is sin and entry[2] == versions:
-            return entry[3]
-        halves = _halves(cos, sin)
-        entry = None
-
-        def forget(_):
-            if self.entry is entry:
-                self.entry = None
-
-        entry = (weakref.ref(cos, forget), weakref.ref(sin, forget), versions, halves)
-        self.entry = entry
-        return halves
+from .forwards import SharedAttentionSettings, any_hooks, kiln_can_take, norm_eps, signature_kept
+from .per_forward import OncePerForward
 
 
 def _halves(cos: torch.Tensor, sin: torch.Tensor):
     return cos[..., 0::2].contiguous(), sin[..., 1::2].contiguous()
 
 
-_HALF_TABLES = _HalfTables()
+# Looked up when called, so that a test may count the copies.
+_HALF_TABLES = OncePerForward(lambda cos, sin: _halves(cos, sin))
 
 
 def diffusers_rotation(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
