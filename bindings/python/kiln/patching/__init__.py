@@ -34,7 +34,10 @@ AdaLN and gated-residual seams (``kiln.adaln``, ``kiln.gated_residual``,
 ``kiln.gated_adaln``, also across consecutive blocks: see :mod:`.dit_block_chain`), FLUX's attention processor (q and k rotated
 by one ``kiln.rope``), FLUX's blocks (their seams as ``kiln.gated_adaln`` and
 ``kiln.gated_residual``, the single blocks' activation written into ``proj_out``'s input: see
-:mod:`.flux_block`) and diffusers' AdaLN modules (``kiln.adaln``). A patched forward whose
+:mod:`.flux_block`), Qwen-Image's attention processor and blocks (each stream's q/k norms and
+complex rotation as one ``kiln.head_norm_rope_``, the seams as ``kiln.adaln``,
+``kiln.gated_adaln`` and ``kiln.gated_residual_``: see :mod:`.qwen_image`) and diffusers' AdaLN
+modules (``kiln.adaln``). A patched forward whose
 kiln ops have no backward (LTX-Video's fused seams) calls the original where it would record
 an autograd graph.
 """
@@ -45,9 +48,15 @@ from typing import Iterable, Optional
 
 import torch
 
-from . import (bmm_experts, detect, detect_dit, dit_block_chain, experts_gate, gated_norm, gelu_mlp, head_norm_attention,
-               ltx, packed_gate, replace, residual_norm_chain, residual_norm_layer, rope_attention, wan_block)
+from . import (bmm_experts, detect, detect_dit, detect_qwen_image, dit_block_chain, experts_gate, gated_norm, gelu_mlp,
+               head_norm_attention, ltx, packed_gate, replace, residual_norm_chain, residual_norm_layer, rope_attention,
+               wan_block)
 from .report import Left, PatchReport, Replaced
+
+# The attentions whose processor is replaced, and those of them whose head norms may join the rotation.
+_NORM_FUSING = (detect_dit.classify_flux_attention, detect_dit.classify_wan_attention,
+                detect_qwen_image.classify_attention)
+_PROCESSORS = (detect_dit.classify_ltx_attention,) + _NORM_FUSING
 
 OPS = ("rms_norm", "layer_norm", "gelu", "swiglu", "geglu", "clamped_swiglu", "rms_norm_rope", "rope", "adaln")
 
@@ -138,16 +147,14 @@ def _is_patched_block(module: torch.nn.Module, block_ops: str) -> bool:
 def _patch_dit(path: str, module: torch.nn.Module, chosen: frozenset, report: PatchReport) -> bool:
     """The diffusion-transformer patterns (:mod:`.detect_dit`); True if the module was one
     of their candidates (replaced or left)."""
-    for candidate, classify in detect_dit.CANDIDATES:
+    for candidate, classify in detect_dit.CANDIDATES + detect_qwen_image.CANDIDATES:
         if candidate(module):
             break
     else:
         return False
     cls = type(module).__name__
-    processor = classify in (detect_dit.classify_ltx_attention, detect_dit.classify_flux_attention,
-                             detect_dit.classify_wan_attention)
-    original = module.processor if processor else replace.inner_forward(module)
-    if classify in (detect_dit.classify_flux_attention, detect_dit.classify_wan_attention):
+    original = module.processor if classify in _PROCESSORS else replace.inner_forward(module)
+    if classify in _NORM_FUSING:
         # The head norms join the rotation only where rms_norm is patched too, as in transformers' attentions.
         result = classify(module, original, fuse_norms="rms_norm" in chosen)
     else:
