@@ -432,6 +432,38 @@ ModelShape read_diffusion(const nlohmann::json& config, const std::string& kind)
         {Op::gated_residual, {model.hidden}}, {Op::layer_norm, {model.hidden, model.head_dim}},
         {Op::gelu, {model.intermediate}},
     };
+  } else if (kind == "qwen-image") {
+    // Its patched blocks: each stream's AdaLN over a LayerNorm with no affine, per sample (per
+    // token too for Qwen-Image-Edit-2511's zero_cond_t: the target's and the condition image's
+    // tokens take different timesteps), its seams (gated_adaln, the gated residual in place);
+    // the attention's per-head q/k RMSNorms and rotation by complex frequencies, read as fp32
+    // half tables (interleaved pairs), one head_norm_rope a stream (training: the norms and
+    // kiln.rope); the text input's RMSNorm at joint_attention_dim; the output AdaLN.
+    model.heads_q = model.heads_k = model.hidden / model.head_dim;
+    constexpr std::uint32_t kComplexTable = kRopeInterleaved | kRopeTableF32 | kRopeHalfTable;
+    model.head_norm_layout = kComplexTable;
+    model.rope_tables = {kComplexTable};
+    model.rope = "3-D (axes_dims_rope";
+    if (auto axes = config.find("axes_dims_rope"); axes != config.end() && axes->is_array()) {
+      model.rope += " " + axes->dump();
+    }
+    model.rope +=
+        "), complex frequencies read as fp32 half tables, interleaved pairs, after the per-head "
+        "q/k RMSNorms";
+    model.modulation_flags = {kNormLayer};
+    if (auto zero_cond = config.find("zero_cond_t");
+        zero_cond != config.end() && zero_cond->is_boolean() && zero_cond->get<bool>()) {
+      model.modulation_flags->push_back(kNormLayer | kNormPerToken);
+    }
+    model.ops = {
+        {Op::layer_norm, {model.hidden}},
+        {Op::adaln, {model.hidden}},
+        {Op::gated_adaln, {model.hidden}},
+        {Op::gated_residual, {model.hidden}},
+        {Op::gelu, {model.intermediate}},
+        {Op::rms_norm, {model.head_dim, require_size(config, "joint_attention_dim")}},
+        {Op::rope, {model.head_dim}},
+    };
   } else if (kind == "wan") {
     model.intermediate = require_size(config, "ffn_dim");
     model.heads_q = model.heads_k = model.hidden / model.head_dim;
@@ -644,7 +676,8 @@ ModelShape read_model_config(const nlohmann::json& config) {
   for (const auto& [diffusers_class, kind] :
        {std::pair{"LTXVideoTransformer3DModel", "ltx-video"},
         std::pair{"FluxTransformer2DModel", "flux"}, std::pair{"WanTransformer3DModel", "wan"},
-        std::pair{"CogVideoXTransformer3DModel", "cogvideox"}}) {
+        std::pair{"CogVideoXTransformer3DModel", "cogvideox"},
+        std::pair{"QwenImageTransformer2DModel", "qwen-image"}}) {
     if (class_name == diffusers_class) {
       return read_diffusion(config, kind);
     }
@@ -665,7 +698,8 @@ ModelShape read_model_config(const nlohmann::json& config) {
   throw Error(
       "kiln prewarm: config.json: expected a transformers LLM config (hidden_size, "
       "intermediate_size, ...) or a diffusers LTXVideoTransformer3DModel, "
-      "FluxTransformer2DModel, WanTransformer3DModel or CogVideoXTransformer3DModel config, got " +
+      "FluxTransformer2DModel, WanTransformer3DModel, CogVideoXTransformer3DModel or "
+      "QwenImageTransformer2DModel config, got " +
       (class_name.empty() ? std::string("neither") : "_class_name \"" + class_name + "\""));
 }
 

@@ -47,6 +47,12 @@
 //    text tokens, the blocks' seams (gated_adaln, the gated residual in place), the q/k
 //    LayerNorms of the head dim and the final LayerNorm, a GELU (tanh) feed-forward of 4x the
 //    inner dim; its RoPE (5b's) is diffusers'.
+//  - diffusers QwenImageTransformer2DModel (Qwen-Image, Qwen-Image-Edit): the same inner dim;
+//    AdaLN over a LayerNorm with no affine, per sample (and per token with zero_cond_t), the
+//    blocks' seams (gated_adaln, the gated residual in place), the per-head q/k RMSNorms and
+//    RoPE from complex frequencies (fp32 half tables, interleaved) as one head_norm_rope a
+//    stream (else the norms and kiln.rope), the text input's RMSNorm at joint_attention_dim, a
+//    GELU (tanh) feed-forward of 4x the inner dim.
 //  - diffusers FluxTransformer2DModel: the same inner dim; LayerNorm and AdaLN-Zero over it,
 //    RMSNorm q/k norm per head (attention_head_dim) and RoPE from a table over axes_dims_rope
 //    (3 axes), interleaved, fused as one head_norm_rope where kiln's patch can (else the norm
@@ -69,7 +75,7 @@
 namespace kiln::jit {
 
 struct ModelShape {
-  std::string kind;  // "llama", "mistral", "qwen2", ..., "ltx-video", "flux", "wan"
+  std::string kind;  // "llama", "mistral", "qwen2", ..., "ltx-video", "flux", "wan", "qwen-image"
   std::int64_t hidden = 0;
   std::int64_t intermediate = 0;
   std::int64_t head_dim = 0;

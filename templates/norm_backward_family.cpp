@@ -648,7 +648,7 @@ std::int64_t NormBackwardFamily::bytes_moved(const Problem& problem, std::int64_
 }
 
 std::vector<Problem> NormBackwardFamily::common_problems(DType dtype, std::int64_t hidden,
-                                                         const PrewarmModel& /*model*/) const {
+                                                         const PrewarmModel& model) const {
   const std::uint32_t align = row_alignment({row_bytes(dtype, hidden)});
   auto make = [&](std::uint32_t flags) { return Problem{op_, dtype, hidden, flags, align}; };
   // Full training (its gradients' partial sums added up by the sums' kernel, which the host
@@ -672,6 +672,13 @@ std::vector<Problem> NormBackwardFamily::common_problems(DType dtype, std::int64
       constexpr std::uint32_t kLtx = kNormTable | kNormScalePerToken | kNormShiftPerToken;
       problems = {make(kNormLayer), sums, make(kNormLayer | kFrozen),
                   make(kLtx | kNormTableScaleGrad | kNormTableShiftGrad), make(kLtx | kFrozen)};
+      // A modulated norm with a weight in the kernel (CogVideoX's affine LayerNorms) trains
+      // that weight too.
+      for (std::uint32_t flags : model.modulation_flags.value_or(std::vector<std::uint32_t>{})) {
+        if ((flags & kNormWeight) != 0 && (flags & kNormTable) == 0) {
+          problems.push_back(make(flags));
+        }
+      }
       break;
     }
     default:

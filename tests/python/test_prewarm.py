@@ -695,3 +695,63 @@ def test_cogvideox_prewarms_every_call_its_patched_transformer_makes(fresh_cache
     for op, width, flags in taken:
         assert kiln.compile(op, "bf16", width, arch="sm_90", format="cubin", flags=flags)["from_cache"], \
             (op, width, flags)
+
+
+@pytest.mark.parametrize("edit", [False, True])
+def test_qwen_image_prewarms_every_call_its_patched_transformer_makes(fresh_cache, tmp_path, edit):
+    # A tiny Qwen-Image (diffusers; with `edit`, Qwen-Image-Edit-2511's per-token modulation),
+    # patched and run on the CPU: every kiln call it makes, as each op's dispatcher sees it, is a
+    # problem its config's prewarm compiled: each stream's AdaLN and block seam over a LayerNorm
+    # with no affine (4; per token, 32, for the edit's image tokens), the gated residual in place
+    # (16; per sample, 8), the text input's RMSNorm with its weight (1), the feed-forward's tanh
+    # GELU of a flat row (1), and each stream's per-head q/k norms and rotation in place from the
+    # complex frequencies' fp32 half tables, interleaved, 4 + 4 heads (1 | 2 | 128 | 48 | 256).
+    import torch
+    diffusers = pytest.importorskip("diffusers")
+    if not hasattr(diffusers, "QwenImageTransformer2DModel"):
+        pytest.skip("this diffusers has no Qwen-Image transformer")
+    torch.manual_seed(0)
+    model = diffusers.QwenImageTransformer2DModel(
+        patch_size=2, in_channels=16, out_channels=4, num_layers=2, attention_head_dim=16, num_attention_heads=4,
+        joint_attention_dim=32, axes_dims_rope=(4, 6, 6), zero_cond_t=edit).eval().to(torch.bfloat16)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"_class_name": "QwenImageTransformer2DModel", **model.config}))
+    assert kiln.prewarm(dtypes="bf16", archs="sm_90", config=str(path))["failed"] == 0
+    kiln.patch(model)
+
+    g = torch.Generator().manual_seed(1)
+    images = 2 if edit else 1
+    with torch.no_grad(), KilnCalls() as calls:
+        model(hidden_states=torch.randn(2, 24 * images, 16, generator=g).to(torch.bfloat16),
+              encoder_hidden_states=torch.randn(2, 7, 32, generator=g).to(torch.bfloat16),
+              encoder_hidden_states_mask=torch.ones(2, 7, dtype=torch.long),
+              timestep=torch.tensor([0.3, 0.8]).to(torch.bfloat16), img_shapes=[[(1, 4, 6)] * images] * 2)
+    taken = set()
+    for op, args in calls:
+        x = args[0]
+        if op in ("adaln", "gated_adaln"):
+            weight, norm = (args[3], args[5]) if op == "adaln" else (args[5], args[7])
+            per_token = args[1 if op == "adaln" else 3].shape[1] != 1
+            assert weight is None and norm == "layer"
+            taken.add((op, x.shape[-1], 4 | (32 if per_token else 0)))
+        elif op == "gated_residual_":
+            per_sample = args[2].shape == (x.shape[0], 1, x.shape[-1])
+            taken.add(("gated_residual", x.shape[-1], 16 | (8 if per_sample else 0)))
+        elif op == "rms_norm":
+            assert args[1] is not None
+            taken.add((op, x.shape[-1], 1))
+        elif op == "head_norm_rope_":
+            q, k, cos = args[0], args[1], args[4]
+            assert q.shape[2] == k.shape[2] == 4 and cos.dtype == torch.float32 and cos.shape[-1] == 8
+            taken.add(("rope", q.shape[-1], 1 | 2 | 128 | 48 | 256))
+        else:
+            assert op == "gelu"
+            taken.add((op, x.shape[-1], 1))
+    expected = {("adaln", 64, 4), ("gated_adaln", 64, 4), ("gated_residual", 64, 24), ("rms_norm", 32, 1),
+                ("gelu", 256, 1), ("rope", 16, 435)}
+    if edit:  # the image stream's modulations are per token, the text's per sample
+        expected |= {("adaln", 64, 36), ("gated_adaln", 64, 36), ("gated_residual", 64, 16)}
+    assert taken == expected
+    for op, width, flags in taken:
+        assert kiln.compile(op, "bf16", width, arch="sm_90", format="cubin", flags=flags)["from_cache"], \
+            (op, width, flags)

@@ -534,6 +534,18 @@ if "{cls}" == "FluxTransformer2DModel":
                   pooled_projections=torch.randn(2, config["pooled_projection_dim"], generator=g))
     extra = dict(img_ids=ids.cuda(), txt_ids=torch.zeros(text, 3, device="cuda"))
     timesteps = [torch.tensor([0.3, 0.7])]
+elif "{cls}" == "QwenImageTransformer2DModel":
+    images = 2 if config.get("zero_cond_t") else 1  # Qwen-Image-Edit-2511: a condition image too
+    tokens = images * height * width
+    inputs = dict(hidden_states=torch.randn(2, tokens, config["in_channels"], generator=g),
+                  encoder_hidden_states=torch.randn(2, text, config["joint_attention_dim"], generator=g))
+    extra = dict(encoder_hidden_states_mask=torch.ones(2, text, dtype=torch.long, device="cuda"),
+                 img_shapes=[[(1, height, width)] * images] * 2)
+    timesteps = [torch.tensor([0.3, 0.7])]
+elif "{cls}" == "CogVideoXTransformer3DModel":
+    inputs = dict(hidden_states=torch.randn(2, frames, config["in_channels"], 2 * height, 2 * width, generator=g),
+                  encoder_hidden_states=torch.randn(2, text, config["text_embed_dim"], generator=g))
+    timesteps = [torch.tensor([10, 500])]
 elif "{cls}" == "LTXVideoTransformer3DModel":
     inputs = dict(hidden_states=torch.randn(2, tokens, config["in_channels"], generator=g),
                   encoder_hidden_states=torch.randn(2, text, config["caption_channels"], generator=g),
@@ -578,11 +590,24 @@ DIT_MODELS = {
         patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=16, in_channels=4, out_channels=4,
         text_dim=16, freq_dim=16, ffn_dim=64, num_layers=2, cross_attn_norm=True, rope_max_seq_len=32,
         image_dim=24, added_kv_proj_dim=32), ("adaln + gated_adaln",)),
+    "qwen-image": ("QwenImageTransformer2DModel", dict(
+        patch_size=2, in_channels=16, out_channels=4, num_layers=2, attention_head_dim=16, num_attention_heads=4,
+        joint_attention_dim=32, axes_dims_rope=(4, 6, 6)), ("adaln + gated_adaln + gated_residual",)),
+    "qwen-image-edit": ("QwenImageTransformer2DModel", dict(
+        patch_size=2, in_channels=16, out_channels=4, num_layers=2, attention_head_dim=16, num_attention_heads=4,
+        joint_attention_dim=32, axes_dims_rope=(4, 6, 6), zero_cond_t=True), ("adaln + gated_adaln + gated_residual",)),
+    # Its text length is its position embedding's (max_text_seq_length).
+    "cogvideox": ("CogVideoXTransformer3DModel", dict(
+        num_attention_heads=2, attention_head_dim=16, in_channels=4, out_channels=4, time_embed_dim=32,
+        text_embed_dim=32, num_layers=2, sample_width=8, sample_height=8, sample_frames=5, patch_size=2,
+        max_text_seq_length=5), ("gated_adaln + gated_residual",)),
 }
 
-# What the patched attentions call without autograd: the q/k norms and rotation in one kernel.
+# What the patched attentions call without autograd: the q/k norms and rotation in one kernel
+# (CogVideoX's q/k LayerNorms alone: its rotation, where it has one, is diffusers').
 FUSED_ATTENTION = {"flux": "head_norm_rope", "ltx-video": "rms_norm_rope (angles in-kernel)",
-                   "wan": "rms_norm_rope", "wan-i2v": "rms_norm_rope"}
+                   "wan": "rms_norm_rope", "wan-i2v": "rms_norm_rope", "qwen-image": "head_norm_rope",
+                   "qwen-image-edit": "head_norm_rope", "cogvideox": "layer_norm"}
 
 
 def _prewarm_then_run_dit(tmp_path, name, training):
@@ -603,8 +628,8 @@ def _prewarm_then_run_dit(tmp_path, name, training):
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", list(DIT_MODELS))
 def test_prewarm_from_config_serves_a_patched_diffusion_transformer(tmp_path, name):
-    """kiln prewarm --config of a FLUX, LTX-Video or Wan config.json, with no GPU, compiles
-    every kernel the patched transformer then calls without autograd (the blocks' AdaLN seams
+    """kiln prewarm --config of a FLUX, LTX-Video, Wan, Qwen-Image or CogVideoX config.json, with
+    no GPU, compiles every kernel the patched transformer then calls without autograd (the blocks' AdaLN seams
     and gated residuals, a timestep per sample and per token, each attention's fused q/k norms
     and rotation, the cross-attention norms, FLUX's activation written into proj_out's input,
     the output norm: Wan's in fp32, as are the LayerNorms of Wan's image embedder for image to

@@ -752,4 +752,42 @@ TEST_CASE("CogVideoX's patched blocks are prewarmed as they call kiln") {
                    kiln::kGatePerSample | kiln::kGatedResidualInPlace) == 1);
   CHECK(prewarmed_flags(targets, Op::layer_norm, 64, kiln::DType::bf16) ==
         std::vector<std::uint32_t>{0u, kiln::kNormWeight | kiln::kNormBias});
+  // Training: the AdaLN's backward with the norm's weight (its gradient too).
+  const auto backward =
+      prewarmed_flags(targets_of(model, true), Op::adaln_backward, 1920, kiln::DType::bf16);
+  CHECK(std::count(backward.begin(), backward.end(), kiln::kNormWeight | kiln::kNormLayer) == 1);
+}
+
+TEST_CASE("Qwen-Image's patched blocks and attention are prewarmed as they call kiln") {
+  // Qwen-Image's config.json, the keys kiln reads; Qwen-Image-Edit-2511's adds zero_cond_t.
+  nlohmann::json qwen_image = {{"_class_name", "QwenImageTransformer2DModel"},
+                               {"attention_head_dim", 128},
+                               {"num_attention_heads", 24},
+                               {"joint_attention_dim", 3584},
+                               {"num_layers", 60},
+                               {"axes_dims_rope", {16, 56, 56}}};
+  const kiln::jit::ModelShape model = kiln::jit::read_model_config(qwen_image);
+  CHECK(model.kind == "qwen-image");
+  CHECK(model.ops.at(Op::rms_norm) == std::vector<std::int64_t>{128, 3584});
+  CHECK(model.ops.at(Op::gelu) == std::vector<std::int64_t>{12288});
+  const auto targets = targets_of(model);
+  // Each stream's AdaLN and block seam over a LayerNorm with no affine, per sample.
+  for (Op op : {Op::adaln, Op::gated_adaln}) {
+    CHECK(prewarmed_flags(targets, op, 3072, kiln::DType::bf16) ==
+          std::vector<std::uint32_t>{kiln::kNormLayer});
+  }
+  // The per-head q/k norms and the rotation from the complex frequencies' fp32 half tables,
+  // interleaved pairs, q and k [B, S, H, D] with 24 heads each.
+  const std::uint32_t table = kiln::kRopeInterleaved | kiln::kRopeTableF32 | kiln::kRopeHalfTable;
+  const std::uint32_t heads = kiln::kRopeHeadsEven | kiln::kRopeHeadsBy4;
+  const auto rope = prewarmed_flags(targets, Op::rope, 128, kiln::DType::bf16);
+  CHECK(std::count(rope.begin(), rope.end(), table | heads | kiln::kRopeHeadNorm) == 1);
+  CHECK(std::count(rope.begin(), rope.end(), table | heads) == 1);
+
+  qwen_image["zero_cond_t"] = true;
+  const auto edit = targets_of(kiln::jit::read_model_config(qwen_image));
+  for (Op op : {Op::adaln, Op::gated_adaln}) {
+    CHECK(prewarmed_flags(edit, op, 3072, kiln::DType::bf16) ==
+          std::vector<std::uint32_t>{kiln::kNormLayer, kiln::kNormLayer | kiln::kNormPerToken});
+  }
 }
