@@ -499,3 +499,22 @@ def test_cogvideox_bench_smoke_run_modulates_its_affine_norms_with_kiln(tmp_path
     assert err["finite"] and err["max_rel"] < 5e-2
     # Each block's two CogVideoXLayerNormZero and the output AdaLayerNorm.
     assert doc["patch"]["replaced"]["adaln"] == 5
+
+
+@pytest.mark.parametrize("edit", [False, True])
+def test_qwen_image_bench_smoke_run_fuses_its_blocks_and_attention(tmp_path, edit):
+    diffusers = pytest.importorskip("diffusers")
+    if not hasattr(diffusers, "QwenImageTransformer2DModel"):
+        pytest.skip("this diffusers has no Qwen-Image transformer")
+    out = _smoke("qwen_image.py", tmp_path, *(["--edit"] if edit else []))
+    assert "Qwen-Image" in out
+    name = "qwen-image-edit" if edit else "qwen-image"
+    [doc_path] = [p for p in tmp_path.glob(f"{name}-2*.json") if "partial" not in p.name]
+    doc = json.loads(doc_path.read_text())
+    for setting in ("eager+kiln", "eager+kiln, blocks apart"):
+        err = doc["settings"][setting]["error_vs_eager"]
+        assert err["finite"] and err["max_rel"] < 5e-2
+    # Both blocks and their attentions, the output AdaLN.
+    replaced = doc["patch"]["replaced"]
+    assert replaced["adaln + gated_adaln + gated_residual"] == 2 and replaced["head_norm_rope"] == 2
+    assert replaced["adaln"] == 1
