@@ -313,3 +313,86 @@ def test_the_probes_run_kilns_ops(monkeypatch):
     llama = LlamaMLP(transformers.LlamaConfig(hidden_size=DIM, intermediate_size=80, num_attention_heads=4))
     assert len(kiln.patch(llama).replaced) == 1
     assert ("swiglu", True, False, None) in calls.calls
+
+
+class _PackedActivation(torch.nn.Module):
+    """An activation of a packed tensor with no projection of its own, as FLUX.2's Flux2SwiGLU
+    (its projection fused into the feed-forward's first linear): ``act(x[..., :half]) *
+    x[..., half:]`` (``up_first``: the halves the other way round)."""
+
+    def __init__(self, act=None, up_first=False):
+        super().__init__()
+        self.gate_fn = act if act is not None else torch.nn.SiLU()
+        self.up_first = up_first
+
+    def forward(self, x):
+        half = x.shape[-1] // 2
+        first, second = x[..., :half], x[..., half:]
+        return self.gate_fn(second) * first if self.up_first else self.gate_fn(first) * second
+
+
+@pytest.mark.parametrize("act, up_first, op, kind", [
+    (None, False, "swiglu", "swiglu, packed (gate first)"),
+    (None, True, "swiglu", "swiglu, packed (up first)"),
+    (torch.nn.GELU(approximate="tanh"), False, "geglu", "geglu (tanh), packed (gate first)")])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_packed_activation_without_a_projection_is_one_kiln_call(act, up_first, op, kind, dtype, monkeypatch):
+    module = _PackedActivation(act, up_first)
+    x = torch.randn(3, 5, 2 * 40, generator=torch.Generator().manual_seed(2)).to(dtype)
+    expected = module(x)
+    report = kiln.patch(module)
+    assert [(r.kind, r.op) for r in report.replaced] == [(kind, op)]
+    calls = _Calls(monkeypatch)
+    actual = module(x)
+    assert [c[:3] for c in calls.calls] == [(op, False, up_first)]
+    torch.testing.assert_close(actual, expected, **({} if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)))
+    # An odd width goes to the module's own forward (which has no product of unequal halves).
+    odd = torch.randn(2, 81, generator=torch.Generator().manual_seed(3)).to(dtype)
+    calls.calls.clear()
+    with pytest.raises(RuntimeError, match="must match"):
+        module(odd)
+    assert calls.calls == []
+    kiln.unpatch(module)
+    assert torch.equal(module(x), expected)
+
+
+def test_a_packed_activation_with_parameters_or_another_formula_is_left():
+    scaled = _PackedActivation()
+    scaled.scale = torch.nn.Parameter(torch.ones(1))
+    assert kiln.patch(scaled).replaced == []
+
+    class Summed(_PackedActivation):
+        def forward(self, x):
+            half = x.shape[-1] // 2
+            return self.gate_fn(x[..., :half]) + x[..., half:]
+
+    report = kiln.patch(Summed())
+    assert report.replaced == [] and "halves" in report.left[0].reason
+
+
+def test_flux2_feed_forwards_and_single_blocks_gate_in_one_kiln_call(monkeypatch):
+    """FLUX.2's Flux2SwiGLU (its double blocks' feed-forwards, its single blocks' mlp_act_fn):
+    one kiln.swiglu of the packed projection each, the model's output unchanged."""
+    diffusers = pytest.importorskip("diffusers")
+    if not hasattr(diffusers, "Flux2Transformer2DModel"):
+        pytest.skip("this diffusers has no FLUX.2 transformer")
+    torch.manual_seed(0)
+    model = diffusers.Flux2Transformer2DModel(
+        patch_size=1, in_channels=8, num_layers=1, num_single_layers=2, attention_head_dim=16, num_attention_heads=2,
+        joint_attention_dim=24, axes_dims_rope=(4, 4, 4, 4), timestep_guidance_channels=16).eval()
+    g = torch.Generator().manual_seed(3)
+    ids = torch.stack(torch.meshgrid(torch.zeros(1), torch.zeros(1), torch.arange(3.0), torch.arange(4.0),
+                                     indexing="ij"), -1).reshape(12, 4)
+    inputs = dict(hidden_states=torch.randn(2, 12, 8, generator=g), encoder_hidden_states=torch.randn(2, 5, 24, generator=g),
+                  timestep=torch.tensor([0.3, 0.7]), guidance=torch.tensor([3.5, 3.5]), img_ids=ids,
+                  txt_ids=torch.zeros(5, 4), return_dict=False)
+    with torch.no_grad():
+        expected = model(**inputs)[0]
+        report = kiln.patch(model)
+        gated = sorted(r.path for r in report.replaced if r.op == "swiglu")
+        assert gated == ["single_transformer_blocks.0.attn.mlp_act_fn", "single_transformer_blocks.1.attn.mlp_act_fn",
+                         "transformer_blocks.0.ff.act_fn", "transformer_blocks.0.ff_context.act_fn"]
+        calls = _Calls(monkeypatch)
+        actual = model(**inputs)[0]
+    assert [c[0] for c in calls.calls] == ["swiglu"] * 4
+    torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-5)

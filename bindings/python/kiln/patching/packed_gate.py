@@ -7,11 +7,15 @@ diffusers' ``GEGLU`` and ``SwiGLU`` (``h, gate = proj(x).chunk(2, dim=-1)``, the
 of Mochi's) split the projection's output into two strided views and run the activation and
 the multiply as two kernels over them. kiln's ``swiglu`` and ``geglu`` read the packed
 tensor as it is, with the order of its halves a parameter, so the split, the activation and
-the multiply become one call; the projections stay the module's own.
+the multiply become one call; the projections stay the module's own. A module that is only
+the activation of a packed tensor (FLUX.2's ``Flux2SwiGLU``: ``gate_fn(x[..., :half]) *
+x[..., half:]``, its projection fused into the feed-forward's first linear, and its single
+blocks' ``mlp_act_fn``) becomes the same one call.
 
 A module is a candidate by its attributes (a ``gate_up_proj`` and a ``down_proj`` child and
 an ``activation_fn`` or ``act_fn``; or a ``proj`` Linear and a ``gelu`` or ``activation``
-but no ``approximate``, which is diffusers' ``GELU``) and is matched by what its forward
+but no ``approximate``, which is diffusers' ``GELU``; or no parameters and one child, a
+``gate_fn``, ``act_fn`` or ``activation_fn`` module) and is matched by what its forward
 computes on a random probe, each order of the halves tried (:mod:`.detect`).
 """
 
@@ -29,7 +33,7 @@ from .forwards import (PACKED_OPS, _single_tensor_call, forget_activation, gate_
 class Layout:
     """Where a module keeps its packed gate."""
 
-    proj: str  # the projection whose output holds both halves
+    proj: Optional[str]  # the projection whose output holds both halves (None: the input does)
     down: Optional[str]  # the projection applied to the product, where the module has one
     activation: str  # the attribute that applies the activation to the gate
 
@@ -44,6 +48,10 @@ def layout_of(module: torch.nn.Module) -> Optional[Layout]:
         for name in ("gelu", "activation"):
             if callable(getattr(module, name, None)):
                 return Layout("proj", None, name)
+    children = [name for name, _ in module.named_children()]
+    if len(children) == 1 and children[0] in ("gate_fn", "act_fn", "activation_fn") \
+            and next(module.parameters(), None) is None:
+        return Layout(None, None, children[0])
     return None
 
 
@@ -58,10 +66,12 @@ def packed_gate(layout: Layout, activation: str, up_first: bool) -> Callable:
         def forward(*args, **kwargs):
             if not _single_tensor_call(args, kwargs):
                 return original(*args, **kwargs)
-            packed = getattr(module, layout.proj)(args[0])
+            packed = args[0] if layout.proj is None else getattr(module, layout.proj)(args[0])
             if packed.shape[-1] % 2 == 0 and runs_probed_activation(module, getattr(module, layout.activation)) \
                     and kiln_can_take(packed, differentiable=True):
                 hidden = gate_packed(activation, packed, up_first)
+            elif layout.proj is None:
+                return original(*args, **kwargs)
             else:
                 first, second = packed.chunk(2, dim=-1)
                 gate, up = (second, first) if up_first else (first, second)
@@ -78,6 +88,8 @@ def _kind(layout: Layout, activation: str, up_first: bool) -> str:
     form = " (tanh)" if approximate == "tanh" else ""
     if layout.down is not None:
         return f"mlp {op}{form}, one gate_up projection"
+    if layout.proj is None:
+        return f"{op}{form}, packed ({'up' if up_first else 'gate'} first)"
     return f"{op}{form}, one projection ({'up' if up_first else 'gate'} first)"
 
 
@@ -91,11 +103,16 @@ def classify(module: torch.nn.Module, original: Callable) -> Union[detect.Match,
     if activation is None:
         return detect.NoMatch("gated projection", f"its {layout.activation} ({type(act_fn).__name__}) is not "
                                                   "SiLU or GELU on a probe")
-    proj = getattr(module, layout.proj)
-    dtype = detect.probe_dtype(proj)
     generator = torch.Generator().manual_seed(0)
     hidden, inner = 24, 40
-    children = {layout.proj: detect.probe_linear(hidden, 2 * inner, proj, dtype, generator)}
+    children = {}
+    if layout.proj is None:
+        # Its input is the packed tensor itself.
+        dtype, hidden = torch.float32, 2 * inner
+    else:
+        proj = getattr(module, layout.proj)
+        dtype = detect.probe_dtype(proj)
+        children[layout.proj] = detect.probe_linear(hidden, 2 * inner, proj, dtype, generator)
     if layout.down is not None:
         children[layout.down] = detect.probe_linear(inner, hidden, getattr(module, layout.down), dtype, generator)
     dtypes = (dtype,) + tuple(d for d in detect._PROBE_DTYPES if d != dtype)
@@ -117,5 +134,6 @@ def classify(module: torch.nn.Module, original: Callable) -> Union[detect.Match,
     if len(reasons) == 1:
         return detect.NoMatch("gated projection", reasons[0])
     product = "up * act(gate)" if layout.down is None else f"{layout.down}(up * act(gate))"
-    return detect.NoMatch("gated projection", f"does not compute {product} of {layout.proj}(x)'s halves, gate first "
+    packed = "x" if layout.proj is None else f"{layout.proj}(x)"
+    return detect.NoMatch("gated projection", f"does not compute {product} of {packed}'s halves, gate first "
                                               f"({reasons[0]}) or up first ({reasons[1]})")
