@@ -10,7 +10,8 @@ projection's cuBLASLt epilogue instead) and gated MLPs
 ``down_proj(act_fn(gate_proj(x)) * up_proj(x))`` with SiLU or GELU (the activation and
 multiply become ``kiln.swiglu`` / ``kiln.geglu``; the projections stay), the same with gate
 and up packed in one projection (Phi-3's and GLM-4's ``gate_up_proj``, diffusers' ``GEGLU``
-and ``SwiGLU``: the op reads the packed tensor, see :mod:`.packed_gate`), the two-layer GELU MLPs
+and ``SwiGLU``, FLUX.2's ``Flux2SwiGLU`` with no projection of its own: the op reads the packed
+tensor, see :mod:`.packed_gate`), the two-layer GELU MLPs
 of vision towers ``fc2(gelu(fc1(x)))`` (SigLIP's, Qwen3-VL's: see :mod:`.gelu_mlp`), the experts of
 transformers' MoE layers (their ``_apply_gate`` over every routed token's packed gate_up, see
 :mod:`.experts_gate`; GPT-OSS's clamped gate over interleaved pairs as one
@@ -48,14 +49,14 @@ from typing import Iterable, Optional
 
 import torch
 
-from . import (bmm_experts, detect, detect_dit, detect_qwen_image, dit_block_chain, experts_gate, gated_norm, gelu_mlp,
+from . import (bmm_experts, detect, detect_dit, detect_flux2, detect_qwen_image, dit_block_chain, experts_gate, gated_norm, gelu_mlp,
                head_norm_attention, ltx, packed_gate, replace, residual_norm_chain, residual_norm_layer, rope_attention,
                wan_block)
 from .report import Left, PatchReport, Replaced
 
 # The attentions whose processor is replaced, and those of them whose head norms may join the rotation.
 _NORM_FUSING = (detect_dit.classify_flux_attention, detect_dit.classify_wan_attention,
-                detect_qwen_image.classify_attention)
+                detect_qwen_image.classify_attention, detect_flux2.classify_parallel_attention)
 _PROCESSORS = (detect_dit.classify_ltx_attention,) + _NORM_FUSING
 
 OPS = ("rms_norm", "layer_norm", "gelu", "swiglu", "geglu", "clamped_swiglu", "rms_norm_rope", "rope", "adaln")
@@ -147,7 +148,7 @@ def _is_patched_block(module: torch.nn.Module, block_ops: str) -> bool:
 def _patch_dit(path: str, module: torch.nn.Module, chosen: frozenset, report: PatchReport) -> bool:
     """The diffusion-transformer patterns (:mod:`.detect_dit`); True if the module was one
     of their candidates (replaced or left)."""
-    for candidate, classify in detect_dit.CANDIDATES + detect_qwen_image.CANDIDATES:
+    for candidate, classify in detect_flux2.CANDIDATES + detect_dit.CANDIDATES + detect_qwen_image.CANDIDATES:
         if candidate(module):
             break
     else:

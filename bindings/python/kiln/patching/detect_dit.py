@@ -53,7 +53,8 @@ def ltx_attention_candidate(module: torch.nn.Module) -> bool:
 
 
 def flux_attention_candidate(module: torch.nn.Module) -> bool:
-    return _processor_call(module) == "FluxAttnProcessor.__call__"
+    # FLUX.2's double-stream attention computes what FLUX.1's does (its probe confirms it).
+    return _processor_call(module) in ("FluxAttnProcessor.__call__", "Flux2AttnProcessor.__call__")
 
 
 def wan_attention_candidate(module: torch.nn.Module) -> bool:
