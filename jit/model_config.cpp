@@ -432,6 +432,32 @@ ModelShape read_diffusion(const nlohmann::json& config, const std::string& kind)
         {Op::gated_residual, {model.hidden}}, {Op::layer_norm, {model.hidden, model.head_dim}},
         {Op::gelu, {model.intermediate}},
     };
+  } else if (kind == "flux2") {
+    // Its patched blocks: each stream's AdaLN over a LayerNorm with no affine from the model's
+    // shared modulation (per sample), the double blocks' seams (gated_adaln, the gated residual
+    // in place), the single blocks' gated residual; each attention's per-head q/k RMSNorms and
+    // rotation from diffusers' fp32 table (interleaved) as one head_norm_rope; the feed-forwards'
+    // SwiGLU of the packed projection, mlp_ratio x the inner dim (the single blocks' written into
+    // to_out's input).
+    model.heads_q = model.heads_k = model.hidden / model.head_dim;
+    model.head_norm_layout = kRopeInterleaved | kRopeTableF32;
+    model.modulation_flags = {kNormLayer};
+    double mlp_ratio = 3.0;  // Flux2Transformer2DModel's default
+    if (auto ratio = config.find("mlp_ratio"); ratio != config.end() && ratio->is_number()) {
+      mlp_ratio = ratio->get<double>();
+    }
+    model.intermediate = static_cast<std::int64_t>(static_cast<double>(model.hidden) * mlp_ratio);
+    model.rope = "4-D (axes_dims_rope";
+    if (auto axes = config.find("axes_dims_rope"); axes != config.end() && axes->is_array()) {
+      model.rope += " " + axes->dump();
+    }
+    model.rope += "), a table, interleaved pairs, after the per-head q/k RMSNorms";
+    model.ops = {
+        {Op::layer_norm, {model.hidden}},   {Op::adaln, {model.hidden}},
+        {Op::gated_adaln, {model.hidden}},  {Op::gated_residual, {model.hidden}},
+        {Op::swiglu, {model.intermediate}}, {Op::rms_norm, {model.head_dim}},
+        {Op::rope, {model.head_dim}},
+    };
   } else if (kind == "qwen-image") {
     // Its patched blocks: each stream's AdaLN over a LayerNorm with no affine, per sample (per
     // token too for Qwen-Image-Edit-2511's zero_cond_t: the target's and the condition image's
@@ -677,7 +703,8 @@ ModelShape read_model_config(const nlohmann::json& config) {
        {std::pair{"LTXVideoTransformer3DModel", "ltx-video"},
         std::pair{"FluxTransformer2DModel", "flux"}, std::pair{"WanTransformer3DModel", "wan"},
         std::pair{"CogVideoXTransformer3DModel", "cogvideox"},
-        std::pair{"QwenImageTransformer2DModel", "qwen-image"}}) {
+        std::pair{"QwenImageTransformer2DModel", "qwen-image"},
+        std::pair{"Flux2Transformer2DModel", "flux2"}}) {
     if (class_name == diffusers_class) {
       return read_diffusion(config, kind);
     }
@@ -698,8 +725,8 @@ ModelShape read_model_config(const nlohmann::json& config) {
   throw Error(
       "kiln prewarm: config.json: expected a transformers LLM config (hidden_size, "
       "intermediate_size, ...) or a diffusers LTXVideoTransformer3DModel, "
-      "FluxTransformer2DModel, WanTransformer3DModel, CogVideoXTransformer3DModel or "
-      "QwenImageTransformer2DModel config, got " +
+      "FluxTransformer2DModel, Flux2Transformer2DModel, WanTransformer3DModel, "
+      "CogVideoXTransformer3DModel or QwenImageTransformer2DModel config, got " +
       (class_name.empty() ? std::string("neither") : "_class_name \"" + class_name + "\""));
 }
 

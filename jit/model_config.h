@@ -47,6 +47,11 @@
 //    text tokens, the blocks' seams (gated_adaln, the gated residual in place), the q/k
 //    LayerNorms of the head dim and the final LayerNorm, a GELU (tanh) feed-forward of 4x the
 //    inner dim; its RoPE (5b's) is diffusers'.
+//  - diffusers Flux2Transformer2DModel (FLUX.2): the same inner dim; AdaLN over a LayerNorm with
+//    no affine from the shared modulation, the blocks' seams (gated_adaln, gated residuals), the
+//    per-head q/k RMSNorms and RoPE from diffusers' fp32 table (interleaved) as one
+//    head_norm_rope (else the norms and kiln.rope), the feed-forwards' SwiGLU of mlp_ratio x the
+//    inner dim.
 //  - diffusers QwenImageTransformer2DModel (Qwen-Image, Qwen-Image-Edit): the same inner dim;
 //    AdaLN over a LayerNorm with no affine, per sample (and per token with zero_cond_t), the
 //    blocks' seams (gated_adaln, the gated residual in place), the per-head q/k RMSNorms and

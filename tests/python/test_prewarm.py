@@ -755,3 +755,57 @@ def test_qwen_image_prewarms_every_call_its_patched_transformer_makes(fresh_cach
     for op, width, flags in taken:
         assert kiln.compile(op, "bf16", width, arch="sm_90", format="cubin", flags=flags)["from_cache"], \
             (op, width, flags)
+
+
+def test_flux2_prewarms_every_call_its_patched_transformer_makes(fresh_cache, tmp_path):
+    # A tiny FLUX.2 (diffusers), patched and run on the CPU: every kiln call it makes, as each op's
+    # dispatcher sees it, is a problem its config's prewarm compiled: the blocks' AdaLN and seams
+    # over a LayerNorm with no affine (4), the gated residuals per sample (8; in place, 16), the
+    # feed-forwards' SwiGLU of the packed projection (flat, 1; the single blocks' into a slice of
+    # to_out's input, rows apart, 0), each attention's per-head q/k norms and rotation from the
+    # fp32 table, interleaved, 2 + 2 heads (1 | 2 | 16 | 256; 32 where the counts are fours).
+    import torch
+    diffusers = pytest.importorskip("diffusers")
+    if not hasattr(diffusers, "Flux2Transformer2DModel"):
+        pytest.skip("this diffusers has no FLUX.2 transformer")
+    torch.manual_seed(0)
+    model = diffusers.Flux2Transformer2DModel(
+        patch_size=1, in_channels=8, num_layers=1, num_single_layers=2, attention_head_dim=16, num_attention_heads=4,
+        joint_attention_dim=24, axes_dims_rope=(4, 4, 4, 4), timestep_guidance_channels=16).eval().to(torch.bfloat16)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"_class_name": "Flux2Transformer2DModel", **model.config}))
+    assert kiln.prewarm(dtypes="bf16", archs="sm_90", config=str(path))["failed"] == 0
+    kiln.patch(model)
+
+    g = torch.Generator().manual_seed(1)
+    ids = torch.stack(torch.meshgrid(torch.zeros(1), torch.arange(3.0), torch.arange(4.0), torch.zeros(1),
+                                     indexing="ij"), -1).reshape(12, 4)
+    with torch.no_grad(), KilnCalls() as calls:
+        model(hidden_states=torch.randn(1, 12, 8, generator=g).to(torch.bfloat16),
+              encoder_hidden_states=torch.randn(1, 5, 24, generator=g).to(torch.bfloat16),
+              timestep=torch.tensor([0.5]).to(torch.bfloat16), guidance=torch.tensor([4.0]), img_ids=ids,
+              txt_ids=torch.zeros(5, 4))
+    taken = set()
+    for op, args in calls:
+        x = args[0]
+        if op in ("adaln", "gated_adaln"):
+            weight, norm = (args[3], args[5]) if op == "adaln" else (args[5], args[7])
+            assert weight is None and norm == "layer" and args[1 if op == "adaln" else 3].shape[1] == 1
+            taken.add((op, x.shape[-1], 4))
+        elif op in ("gated_residual", "gated_residual_"):
+            assert args[2].shape == (x.shape[0], 1, x.shape[-1])
+            taken.add(("gated_residual", x.shape[-1], 8 | (16 if op == "gated_residual_" else 0)))
+        elif op == "swiglu":
+            assert len(args) == 1 or args[1] is None  # the packed projection
+            # The feed-forwards' is the projection's whole output; the single blocks' a slice of it.
+            taken.add((op, x.shape[-1] // 2, 1 if x.is_contiguous() else 0))
+        else:
+            assert op in ("head_norm_rope", "head_norm_rope_")
+            q, k, cos = args[0], args[1], args[4]
+            assert q.shape[2] == k.shape[2] == 4 and cos.dtype == torch.float32 and cos.shape[-1] == 16
+            taken.add(("rope", q.shape[-1], 1 | 2 | 16 | 32 | 256))
+    assert taken == {("adaln", 64, 4), ("gated_adaln", 64, 4), ("gated_residual", 64, 8),
+                     ("gated_residual", 64, 24), ("swiglu", 192, 1), ("swiglu", 192, 0), ("rope", 16, 307)}
+    for op, width, flags in taken:
+        assert kiln.compile(op, "bf16", width, arch="sm_90", format="cubin", flags=flags)["from_cache"], \
+            (op, width, flags)

@@ -534,6 +534,15 @@ if "{cls}" == "FluxTransformer2DModel":
                   pooled_projections=torch.randn(2, config["pooled_projection_dim"], generator=g))
     extra = dict(img_ids=ids.cuda(), txt_ids=torch.zeros(text, 3, device="cuda"))
     timesteps = [torch.tensor([0.3, 0.7])]
+elif "{cls}" == "Flux2Transformer2DModel":
+    tokens = height * width
+    ids = torch.stack(torch.meshgrid(torch.zeros(1), torch.arange(height * 1.0), torch.arange(width * 1.0),
+                                     torch.zeros(1), indexing="ij"), -1).reshape(tokens, 4)
+    inputs = dict(hidden_states=torch.randn(2, tokens, config["in_channels"], generator=g),
+                  encoder_hidden_states=torch.randn(2, text, config["joint_attention_dim"], generator=g))
+    extra = dict(img_ids=ids.cuda(), txt_ids=torch.zeros(text, 4, device="cuda"),
+                 guidance=torch.full((2,), 4.0, device="cuda"))
+    timesteps = [torch.tensor([0.3, 0.7])]
 elif "{cls}" == "QwenImageTransformer2DModel":
     images = 2 if config.get("zero_cond_t") else 1  # Qwen-Image-Edit-2511: a condition image too
     tokens = images * height * width
@@ -590,6 +599,10 @@ DIT_MODELS = {
         patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=16, in_channels=4, out_channels=4,
         text_dim=16, freq_dim=16, ffn_dim=64, num_layers=2, cross_attn_norm=True, rope_max_seq_len=32,
         image_dim=24, added_kv_proj_dim=32), ("adaln + gated_adaln",)),
+    "flux2": ("Flux2Transformer2DModel", dict(
+        patch_size=1, in_channels=8, num_layers=1, num_single_layers=2, attention_head_dim=16, num_attention_heads=4,
+        joint_attention_dim=24, axes_dims_rope=(4, 4, 4, 4), timestep_guidance_channels=16),
+        ("adaln + gated_adaln + gated_residual", "adaln + gated_residual")),
     "qwen-image": ("QwenImageTransformer2DModel", dict(
         patch_size=2, in_channels=16, out_channels=4, num_layers=2, attention_head_dim=16, num_attention_heads=4,
         joint_attention_dim=32, axes_dims_rope=(4, 6, 6)), ("adaln + gated_adaln + gated_residual",)),
@@ -607,7 +620,7 @@ DIT_MODELS = {
 # (CogVideoX's q/k LayerNorms alone: its rotation, where it has one, is diffusers').
 FUSED_ATTENTION = {"flux": "head_norm_rope", "ltx-video": "rms_norm_rope (angles in-kernel)",
                    "wan": "rms_norm_rope", "wan-i2v": "rms_norm_rope", "qwen-image": "head_norm_rope",
-                   "qwen-image-edit": "head_norm_rope", "cogvideox": "layer_norm"}
+                   "qwen-image-edit": "head_norm_rope", "cogvideox": "layer_norm", "flux2": "head_norm_rope"}
 
 
 def _prewarm_then_run_dit(tmp_path, name, training):
@@ -628,7 +641,7 @@ def _prewarm_then_run_dit(tmp_path, name, training):
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", list(DIT_MODELS))
 def test_prewarm_from_config_serves_a_patched_diffusion_transformer(tmp_path, name):
-    """kiln prewarm --config of a FLUX, LTX-Video, Wan, Qwen-Image or CogVideoX config.json, with
+    """kiln prewarm --config of a FLUX, FLUX.2, LTX-Video, Wan, Qwen-Image or CogVideoX config.json, with
     no GPU, compiles every kernel the patched transformer then calls without autograd (the blocks' AdaLN seams
     and gated residuals, a timestep per sample and per token, each attention's fused q/k norms
     and rotation, the cross-attention norms, FLUX's activation written into proj_out's input,

@@ -791,3 +791,26 @@ TEST_CASE("Qwen-Image's patched blocks and attention are prewarmed as they call 
           std::vector<std::uint32_t>{kiln::kNormLayer, kiln::kNormLayer | kiln::kNormPerToken});
   }
 }
+
+TEST_CASE("FLUX.2's patched blocks and attentions are prewarmed as they call kiln") {
+  // FLUX.2-dev's config.json, the keys kiln reads.
+  const nlohmann::json flux2 = {{"_class_name", "Flux2Transformer2DModel"},
+                                {"attention_head_dim", 128},
+                                {"num_attention_heads", 48},
+                                {"mlp_ratio", 3.0},
+                                {"axes_dims_rope", {32, 32, 32, 32}}};
+  const kiln::jit::ModelShape model = kiln::jit::read_model_config(flux2);
+  CHECK(model.kind == "flux2");
+  CHECK(model.ops.at(Op::swiglu) == std::vector<std::int64_t>{18432});
+  CHECK(model.ops.at(Op::rms_norm) == std::vector<std::int64_t>{128});
+  const auto targets = targets_of(model);
+  for (Op op : {Op::adaln, Op::gated_adaln}) {
+    CHECK(prewarmed_flags(targets, op, 6144, kiln::DType::bf16) ==
+          std::vector<std::uint32_t>{kiln::kNormLayer});
+  }
+  // The per-head q/k norms and rotation from diffusers' fp32 table, interleaved, 48 + 48 heads.
+  const std::uint32_t fused = kiln::kRopeInterleaved | kiln::kRopeTableF32 | kiln::kRopeHeadsEven |
+                              kiln::kRopeHeadsBy4 | kiln::kRopeHeadNorm;
+  const auto rope = prewarmed_flags(targets, Op::rope, 128, kiln::DType::bf16);
+  CHECK(std::count(rope.begin(), rope.end(), fused) == 1);
+}
