@@ -518,3 +518,20 @@ def test_qwen_image_bench_smoke_run_fuses_its_blocks_and_attention(tmp_path, edi
     replaced = doc["patch"]["replaced"]
     assert replaced["adaln + gated_adaln + gated_residual"] == 2 and replaced["head_norm_rope"] == 2
     assert replaced["adaln"] == 1
+
+
+def test_flux2_bench_smoke_run_fuses_its_blocks_and_attentions(tmp_path):
+    diffusers = pytest.importorskip("diffusers")
+    if not hasattr(diffusers, "Flux2Transformer2DModel"):
+        pytest.skip("this diffusers has no FLUX.2 transformer")
+    out = _smoke("flux2.py", tmp_path)
+    assert "FLUX.2-dev-shaped transformer" in out
+    [doc_path] = [p for p in tmp_path.glob("flux2-dev-*.json") if "partial" not in p.name]
+    doc = json.loads(doc_path.read_text())
+    for setting in ("eager+kiln", "eager+kiln, blocks apart"):
+        err = doc["settings"][setting]["error_vs_eager"]
+        assert err["finite"] and err["max_rel"] < 5e-2
+    # The double block, both single blocks, every attention, every SwiGLU.
+    replaced = doc["patch"]["replaced"]
+    assert replaced["adaln + gated_adaln + gated_residual"] == 1 and replaced["adaln + gated_residual"] == 2
+    assert replaced["head_norm_rope"] == 3 and replaced["swiglu"] == 4
