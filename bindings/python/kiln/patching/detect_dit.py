@@ -135,6 +135,17 @@ def _compare_calls(original: Callable, patched: Callable, calls) -> Optional[str
     return None
 
 
+def _confirmed(match: DitMatch, original: Callable, patched: Callable, calls, swaps, computes: str,
+               what: str = "block") -> Union[DitMatch, NoMatch]:
+    """``match`` where ``patched`` computes what ``original`` does on every probe call (with
+    ``swaps`` in place, no autograd); else why not (``computes``: what the original computes)."""
+    with torch.no_grad(), _Stack(swaps):
+        why = _compare_calls(original, patched, calls)
+    if why is not None:
+        return NoMatch(what, f"does not compute {computes}: {why}")
+    return match
+
+
 def _linear(n_in: int, n_out: int, g: torch.Generator, bias: bool = True) -> torch.nn.Linear:
     lin = torch.nn.Linear(n_in, n_out, bias=bias)
     with torch.no_grad():
@@ -333,12 +344,10 @@ def classify_ltx_block(module: torch.nn.Module, original: Callable) -> Union[Dit
                        image_rotary_emb=rope, encoder_attention_mask=mask)) for t in (1, 5)]
     patched = ltx.ltx_block(module, original)
     swaps = [_Swapped(module, params={"scale_shift_table": torch.randn(6, d, generator=g) / d ** 0.5}, children=children)]
-    with torch.no_grad(), _Stack(swaps + _norm_weights(module, ("norm1", "norm2"), g)):
-        why = _compare_calls(original, patched, calls)
-    if why is not None:
-        return NoMatch("block", f"does not compute LTX-Video's block seams: {why}")
-    return DitMatch("ltx block (adaln, gated residual, residual + adaln seam)",
-                    ltx.BLOCK_OPS, "adaln", ltx.ltx_block)
+    match = DitMatch("ltx block (adaln, gated residual, residual + adaln seam)", ltx.BLOCK_OPS, "adaln",
+                     ltx.ltx_block)
+    return _confirmed(match, original, patched, calls, swaps + _norm_weights(module, ("norm1", "norm2"), g),
+                      "LTX-Video's block seams")
 
 
 # ---- FLUX ------------------------------------------------------------------------------
@@ -470,12 +479,10 @@ def classify_flux_double_block(module: torch.nn.Module, original: Callable) -> U
     children = {"norm1": _ProbeAdaLN(d, 4, g), "norm1_context": _ProbeAdaLN(d, 4, g),
                 "attn": _FluxProbeAttention(d, g, joint=True), "ff": _ProbeFF(d, g), "ff_context": _ProbeFF(d, g)}
     patched = flux_block.flux_double_block(module, original)
-    with torch.no_grad(), _Stack([_Swapped(module, children=children)]):
-        why = _compare_calls(original, patched, _flux_block_calls(d, g, adjacent=False))
-    if why is not None:
-        return NoMatch("block", f"does not compute FLUX's double-stream block seams: {why}")
-    return DitMatch("flux double block (gated residual + norm seams)", flux_block.DOUBLE_OPS, "adaln",
-                    flux_block.flux_double_block)
+    match = DitMatch("flux double block (gated residual + norm seams)", flux_block.DOUBLE_OPS, "adaln",
+                     flux_block.flux_double_block)
+    return _confirmed(match, original, patched, _flux_block_calls(d, g, adjacent=False),
+                      [_Swapped(module, children=children)], "FLUX's double-stream block seams")
 
 
 def classify_flux_single_block(module: torch.nn.Module, original: Callable) -> Union[DitMatch, NoMatch]:
@@ -489,12 +496,10 @@ def classify_flux_single_block(module: torch.nn.Module, original: Callable) -> U
     children = {"norm": _ProbeAdaLN(d, 1, g), "proj_mlp": _linear(d, mlp, g), "proj_out": _ProbeProjOut(d, mlp, g),
                 "attn": _FluxProbeAttention(d, g, joint=False)}
     patched = flux_block.flux_single_block(module, original)
-    with torch.no_grad(), _Stack([_Swapped(module, children=children)]):
-        why = _compare_calls(original, patched, _flux_block_calls(d, g, adjacent=True))
-    if why is not None:
-        return NoMatch("block", f"does not compute FLUX's single-stream block: {why}")
-    return DitMatch("flux single block (gelu into proj_out's input, gated residual)", flux_block.SINGLE_OPS, "gelu",
-                    flux_block.flux_single_block)
+    match = DitMatch("flux single block (gelu into proj_out's input, gated residual)", flux_block.SINGLE_OPS, "gelu",
+                     flux_block.flux_single_block)
+    return _confirmed(match, original, patched, _flux_block_calls(d, g, adjacent=True),
+                      [_Swapped(module, children=children)], "FLUX's single-stream block")
 
 
 # ---- Wan -------------------------------------------------------------------------------
@@ -576,12 +581,9 @@ def classify_wan_block(module: torch.nn.Module, original: Callable) -> Union[Dit
         swaps.append(_Swapped(norm2, params={"weight": 1 + 0.3 * torch.randn(d, generator=g)}
                               | ({"bias": 0.3 * torch.randn(d, generator=g)} if norm2.bias is not None else {})))
     patched = wan_block.wan_block(module, original)
-    with torch.no_grad(), _Stack(swaps):
-        why = _compare_calls(original, patched, calls)
-    if why is not None:
-        return NoMatch("block", f"does not compute Wan's block seams: {why}")
-    return DitMatch("wan block (adaln, gated residual + norm seams)", wan_block.BLOCK_OPS, "adaln",
-                    wan_block.wan_block)
+    match = DitMatch("wan block (adaln, gated residual + norm seams)", wan_block.BLOCK_OPS, "adaln",
+                     wan_block.wan_block)
+    return _confirmed(match, original, patched, calls, swaps, "Wan's block seams")
 
 
 def _modulated_norm_kind(nm: torch.nn.Module) -> Union[str, NoMatch]:
@@ -637,12 +639,10 @@ def classify_adaln(module: torch.nn.Module, original: Callable) -> Union[DitMatc
     calls = [((x,), {emb_name: torch.randn(2, 16, generator=g)})]
     factory = flux.adaln_module(layout, kind)
     swaps = [_Swapped(module, children={"linear": lin})] + _norm_weights(module, ("norm",), g)
-    with torch.no_grad(), _Stack(swaps):
-        why = _compare_calls(original, factory(module, original), calls)
-    if why is not None:
-        return NoMatch("adaln", f"does not compute norm(x) * (1 + scale) + shift with {layout} chunks: {why}")
-    return DitMatch(f"adaln ({'layer' if kind == 'layer' else 'rms'} norm, {layout.replace('_', ' ')})",
-                    "adaln", "adaln", factory)
+    match = DitMatch(f"adaln ({'layer' if kind == 'layer' else 'rms'} norm, {layout.replace('_', ' ')})", "adaln",
+                     "adaln", factory)
+    return _confirmed(match, original, factory(module, original), calls, swaps,
+                      f"norm(x) * (1 + scale) + shift with {layout} chunks", what="adaln")
 
 
 def layer_norm_zero_candidate(module: torch.nn.Module) -> bool:
@@ -669,11 +669,9 @@ def classify_layer_norm_zero(module: torch.nn.Module, original: Callable) -> Uni
                torch.randn(2, 16, generator=g)), {})]
     factory = flux.layer_norm_zero(kind)
     swaps = [_Swapped(module, children={"linear": lin})] + _norm_weights(module, ("norm",), g)
-    with torch.no_grad(), _Stack(swaps):
-        why = _compare_calls(original, factory(module, original), calls)
-    if why is not None:
-        return NoMatch("adaln", f"does not compute CogVideoX's norm(x) * (1 + scale) + shift of video and text: {why}")
-    return DitMatch(f"adaln ({kind} norm, cogvideox video and text)", "adaln", "adaln", factory)
+    match = DitMatch(f"adaln ({kind} norm, cogvideox video and text)", "adaln", "adaln", factory)
+    return _confirmed(match, original, factory(module, original), calls, swaps,
+                      "CogVideoX's norm(x) * (1 + scale) + shift of video and text", what="adaln")
 
 
 # ---- CogVideoX --------------------------------------------------------------------------
@@ -719,12 +717,9 @@ def classify_cogvideox_block(module: torch.nn.Module, original: Callable) -> Uni
     calls = [((torch.randn(2, 5, d, generator=g) + 0.5, torch.randn(2, 3, d, generator=g) - 0.25,
                torch.randn(2, temb, generator=g)), {})]
     patched = cogvideox_block.cogvideox_block(module, original)
-    with torch.no_grad(), _Stack(swaps):
-        why = _compare_calls(original, patched, calls)
-    if why is not None:
-        return NoMatch("block", f"does not compute CogVideoX's block seams: {why}")
-    return DitMatch("cogvideox block (gated residual + norm seams)", cogvideox_block.BLOCK_OPS, "adaln",
-                    cogvideox_block.cogvideox_block)
+    match = DitMatch("cogvideox block (gated residual + norm seams)", cogvideox_block.BLOCK_OPS, "adaln",
+                     cogvideox_block.cogvideox_block)
+    return _confirmed(match, original, patched, calls, swaps, "CogVideoX's block seams")
 
 
 # Tried in this order; the first candidate test that holds decides the classifier.

@@ -11,8 +11,8 @@ import torch
 
 from . import flux2, replace
 from .detect import NoMatch, _Swapped
-from .detect_dit import (_PROBE_DIM, DitMatch, _compare_calls, _FluxProbeAttention, _fused_or_plain, _linear,
-                         _ProbeFF, _ProbeMixer, _processor_call, _Stack)
+from .detect_dit import (_PROBE_DIM, DitMatch, _confirmed, _FluxProbeAttention, _fused_or_plain, _linear,
+                         _ProbeFF, _ProbeMixer, _processor_call)
 
 _DOUBLE_ARGUMENTS = ("hidden_states", "encoder_hidden_states", "temb_mod_img", "temb_mod_txt", "image_rotary_emb",
                      "joint_attention_kwargs")
@@ -91,12 +91,10 @@ def classify_double_block(module: torch.nn.Module, original: Callable) -> Union[
     rope = 0.1 * torch.randn(d, generator=g)
     calls = [((h, c, torch.randn(2, 6 * d, generator=g), torch.randn(2, 6 * d, generator=g), rope, None), {})]
     patched = flux2.flux2_double_block(module, original)
-    with torch.no_grad(), _Stack([_Swapped(module, children=children)]):
-        why = _compare_calls(original, patched, calls)
-    if why is not None:
-        return NoMatch("block", f"does not compute FLUX.2's double-stream block seams: {why}")
-    return DitMatch("flux.2 double block (adaln, gated residual + norm seams)", flux2.DOUBLE_OPS, "adaln",
-                    flux2.flux2_double_block)
+    match = DitMatch("flux.2 double block (adaln, gated residual + norm seams)", flux2.DOUBLE_OPS, "adaln",
+                     flux2.flux2_double_block)
+    return _confirmed(match, original, patched, calls, [_Swapped(module, children=children)],
+                      "FLUX.2's double-stream block seams")
 
 
 def classify_single_block(module: torch.nn.Module, original: Callable) -> Union[DitMatch, NoMatch]:
@@ -110,12 +108,9 @@ def classify_single_block(module: torch.nn.Module, original: Callable) -> Union[
     calls = [((x, None, temb, rope, None), {}),
              ((x[:, 3:], x[:, :3], temb, rope, None), dict(split_hidden_states=True))]
     patched = flux2.flux2_single_block(module, original)
-    with torch.no_grad(), _Stack([_Swapped(module, children={"attn": _ProbeMixer(d, g)})]):
-        why = _compare_calls(original, patched, calls)
-    if why is not None:
-        return NoMatch("block", f"does not compute FLUX.2's single-stream block seams: {why}")
-    return DitMatch("flux.2 single block (adaln, gated residual)", flux2.SINGLE_OPS, "adaln",
-                    flux2.flux2_single_block)
+    match = DitMatch("flux.2 single block (adaln, gated residual)", flux2.SINGLE_OPS, "adaln", flux2.flux2_single_block)
+    swaps = [_Swapped(module, children={"attn": _ProbeMixer(d, g)})]
+    return _confirmed(match, original, patched, calls, swaps, "FLUX.2's single-stream block seams")
 
 
 # Tried before detect_dit's: FLUX.1's double-block candidate has a FLUX.2 block's children too.

@@ -10,8 +10,8 @@ import torch
 
 from . import qwen_image
 from .detect import NoMatch, _Swapped
-from .detect_dit import (_PROBE_DIM, DitMatch, _compare_calls, _fused_or_plain, _linear, _norm_weights, _ProbeFF,
-                         _processor_call, _Stack)
+from .detect_dit import (_PROBE_DIM, DitMatch, _confirmed, _fused_or_plain, _linear, _norm_weights, _ProbeFF,
+                         _processor_call)
 
 _BLOCK_CHILDREN = ("img_mod", "img_norm1", "attn", "img_norm2", "img_mlp", "txt_mod", "txt_norm1", "txt_norm2",
                    "txt_mlp")
@@ -101,12 +101,9 @@ def classify_block(module: torch.nn.Module, original: Callable) -> Union[DitMatc
     else:
         calls = [((h, c, None, torch.randn(2, d, generator=g), rope), {})]
     patched = qwen_image.qwen_image_block(module, original)
-    with torch.no_grad(), _Stack(swaps):
-        why = _compare_calls(original, patched, calls)
-    if why is not None:
-        return NoMatch("block", f"does not compute Qwen-Image's block seams: {why}")
-    return DitMatch("qwen-image block (adaln, gated residual + norm seams)", qwen_image.BLOCK_OPS, "adaln",
-                    qwen_image.qwen_image_block)
+    match = DitMatch("qwen-image block (adaln, gated residual + norm seams)", qwen_image.BLOCK_OPS, "adaln",
+                     qwen_image.qwen_image_block)
+    return _confirmed(match, original, patched, calls, swaps, "Qwen-Image's block seams")
 
 
 CANDIDATES = (
