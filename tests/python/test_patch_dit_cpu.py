@@ -89,6 +89,24 @@ def _assert_one_parameter_trains_as_diffusers(model, inputs, name, rtol=1e-4, at
                                rtol=rtol, atol=atol)
 
 
+def _trains_as_diffusers(model, inputs, counter) -> dict:
+    """The fp32 model, patched while every parameter trains: its output and every parameter's
+    gradient of mean(output^2) match the unpatched model's. Returns the kiln calls the patched
+    forward made (``counter()``'s)."""
+    expected, grads = _loss_grads(model, inputs)
+    kiln.patch(model)
+    calls = counter()
+    actual = model(**inputs)[0]
+    used = calls.used()
+    _agree(actual, expected, torch.float32)
+    actual.pow(2).mean().backward()
+    actual_grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+    assert actual_grads.keys() == grads.keys()
+    for name, grad in actual_grads.items():
+        torch.testing.assert_close(grad, grads[name], rtol=1e-4, atol=1e-6, msg=name)
+    return used
+
+
 def _processors(model):
     return {n: m.processor for n, m in model.named_modules() if hasattr(m, "processor")}
 

@@ -15,7 +15,7 @@ if not hasattr(diffusers, "Flux2Transformer2DModel"):
     pytest.skip("this diffusers has no FLUX.2 transformer", allow_module_level=True)
 
 from graph_model import calls_of, compile_capturing  # noqa: E402
-from test_patch_dit_cpu import Counter, _agree, _instance_forwards  # noqa: E402
+from test_patch_dit_cpu import Counter, _agree, _instance_forwards, _trains_as_diffusers  # noqa: E402
 
 
 def _flux2(dtype, device="cpu"):
@@ -37,7 +37,8 @@ def _flux2_inputs(dtype, device="cpu"):
     text_ids = torch.stack([torch.zeros(5), torch.zeros(5), torch.zeros(5), torch.arange(5.0)], -1)
     return dict(hidden_states=torch.randn(2, 12, 8, generator=g).to(device, dtype),
                 encoder_hidden_states=torch.randn(2, 5, 24, generator=g).to(device, dtype),
-                timestep=torch.tensor([0.3, 0.7]).to(device, dtype), guidance=torch.tensor([3.5, 3.5]).to(device, dtype),
+                timestep=torch.tensor([0.3, 0.7]).to(device, dtype),
+                guidance=torch.tensor([3.5, 3.5]).to(device, dtype),
                 img_ids=ids.to(device), txt_ids=text_ids.to(device), return_dict=False)
 
 
@@ -86,23 +87,8 @@ def test_flux2_patched_agrees_and_unpatch_restores(dtype, monkeypatch):
 def test_flux2_trains_through_kiln_norms_and_rope(monkeypatch):
     """Recording a graph, the blocks run diffusers' forward and the attentions their norm modules
     and one kiln.rope each; every gradient agrees."""
-    model = _flux2(torch.float32)
-    inputs = _flux2_inputs(torch.float32)
-    expected = model(**inputs)[0]
-    expected.pow(2).mean().backward()
-    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
-    model.zero_grad()
-    kiln.patch(model)
-    calls = _Calls(monkeypatch)
-    actual = model(**inputs)[0]
-    used = calls.used()
+    used = _trains_as_diffusers(_flux2(torch.float32), _flux2_inputs(torch.float32), lambda: _Calls(monkeypatch))
     assert used["rope"] == 3 and "head_norm_rope" not in used and "gated_adaln" not in used
-    _agree(actual, expected, torch.float32)
-    actual.pow(2).mean().backward()
-    actual_grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
-    assert actual_grads.keys() == grads.keys()
-    for name, grad in actual_grads.items():
-        torch.testing.assert_close(grad, grads[name], rtol=1e-4, atol=1e-6, msg=name)
 
 
 def test_flux2_blocks_are_left_to_inductor_under_torch_compile():
