@@ -87,16 +87,8 @@ def modulations_apart(kiln):
     patched as norms (the patch before kiln.adaln took a LayerNorm's bias)."""
     from kiln.patching import detect_dit
 
-    left = (detect_dit.classify_layer_norm_zero, detect_dit.classify_adaln, detect_dit.classify_cogvideox_block)
-
-    def patch(model):
-        kept = detect_dit.CANDIDATES
-        detect_dit.CANDIDATES = tuple(pair for pair in kept if pair[1] not in left)
-        try:
-            return kiln.patch(model)
-        finally:
-            detect_dit.CANDIDATES = kept
-    return patch
+    return common.patch_leaving(kiln, detect_dit, (detect_dit.classify_layer_norm_zero, detect_dit.classify_adaln,
+                                                   detect_dit.classify_cogvideox_block))
 
 
 def main(argv=None):

@@ -435,6 +435,20 @@ def write_json(path, document):
         f.write("\n")
 
 
+def patch_leaving(kiln, detect_module, leave=None):
+    """A patch function for run_model_settings' variants: kiln.patch with the candidates of
+    ``detect_module`` (one of kiln.patching's detect modules) whose classifier is in ``leave``
+    (all of them where None) left to the model: what those patterns give."""
+    def patch(model):
+        kept = detect_module.CANDIDATES
+        detect_module.CANDIDATES = tuple(pair for pair in kept if leave is not None and pair[1] not in leave)
+        try:
+            return kiln.patch(model)
+        finally:
+            detect_module.CANDIDATES = kept
+    return patch
+
+
 def fresh_kiln(recompile_limit=1024):
     """kiln on a fresh, empty cache (so each specialisation's first call is a true cold
     start), with torch.compile allowed one static compile per shape, as a user with fixed

@@ -87,14 +87,7 @@ def blocks_apart(kiln):
     attention, norms, SwiGLU and output AdaLN still kiln's)."""
     from kiln.patching import detect_flux2
 
-    def patch(model):
-        kept = detect_flux2.CANDIDATES
-        detect_flux2.CANDIDATES = ()
-        try:
-            return kiln.patch(model)
-        finally:
-            detect_flux2.CANDIDATES = kept
-    return patch
+    return common.patch_leaving(kiln, detect_flux2)
 
 
 def main(argv=None):

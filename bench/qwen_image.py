@@ -76,14 +76,7 @@ def blocks_apart(kiln):
     GELUs patched as such)."""
     from kiln.patching import detect_qwen_image
 
-    def patch(model):
-        kept = detect_qwen_image.CANDIDATES
-        detect_qwen_image.CANDIDATES = ()
-        try:
-            return kiln.patch(model)
-        finally:
-            detect_qwen_image.CANDIDATES = kept
-    return patch
+    return common.patch_leaving(kiln, detect_qwen_image)
 
 
 def main(argv=None):
