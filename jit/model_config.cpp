@@ -392,6 +392,17 @@ ModelShape read_llm(const nlohmann::json& config) {
   return model;
 }
 
+// "<dims> (axes_dims_rope [...]), <how>": the axes a diffusers config's RoPE turns by, for the
+// summary.
+std::string axes_rope(const nlohmann::json& config, const std::string& dims,
+                      const std::string& how) {
+  std::string text = dims + " (axes_dims_rope";
+  if (auto axes = config.find("axes_dims_rope"); axes != config.end() && axes->is_array()) {
+    text += " " + axes->dump();
+  }
+  return text + "), " + how;
+}
+
 // diffusers' FeedForward default: inner width = 4 x dim (FLUX's single blocks use
 // mlp_ratio 4.0 too).
 constexpr std::int64_t kDiffusersFeedForwardMult = 4;
@@ -407,11 +418,8 @@ ModelShape read_diffusion(const nlohmann::json& config, const std::string& kind)
     model.heads_q = model.heads_k = model.hidden / model.head_dim;
     model.head_norm_layout = kRopeInterleaved | kRopeTableF32;
     model.modulation_flags = {kNormLayer};  // AdaLayerNormZero and the double blocks' seams
-    model.rope = "3-D (axes_dims_rope";
-    if (auto axes = config.find("axes_dims_rope"); axes != config.end() && axes->is_array()) {
-      model.rope += " " + axes->dump();
-    }
-    model.rope += "), a table, interleaved pairs, after the per-head q/k RMSNorms";
+    model.rope =
+        axes_rope(config, "3-D", "a table, interleaved pairs, after the per-head q/k RMSNorms");
     model.ops = {
         {Op::layer_norm, {model.hidden}},  {Op::adaln, {model.hidden}},
         {Op::gated_adaln, {model.hidden}}, {Op::gated_residual, {model.hidden}},
@@ -447,11 +455,8 @@ ModelShape read_diffusion(const nlohmann::json& config, const std::string& kind)
       mlp_ratio = ratio->get<double>();
     }
     model.intermediate = static_cast<std::int64_t>(static_cast<double>(model.hidden) * mlp_ratio);
-    model.rope = "4-D (axes_dims_rope";
-    if (auto axes = config.find("axes_dims_rope"); axes != config.end() && axes->is_array()) {
-      model.rope += " " + axes->dump();
-    }
-    model.rope += "), a table, interleaved pairs, after the per-head q/k RMSNorms";
+    model.rope =
+        axes_rope(config, "4-D", "a table, interleaved pairs, after the per-head q/k RMSNorms");
     model.ops = {
         {Op::layer_norm, {model.hidden}},   {Op::adaln, {model.hidden}},
         {Op::gated_adaln, {model.hidden}},  {Op::gated_residual, {model.hidden}},
@@ -469,13 +474,9 @@ ModelShape read_diffusion(const nlohmann::json& config, const std::string& kind)
     constexpr std::uint32_t kComplexTable = kRopeInterleaved | kRopeTableF32 | kRopeHalfTable;
     model.head_norm_layout = kComplexTable;
     model.rope_tables = {kComplexTable};
-    model.rope = "3-D (axes_dims_rope";
-    if (auto axes = config.find("axes_dims_rope"); axes != config.end() && axes->is_array()) {
-      model.rope += " " + axes->dump();
-    }
-    model.rope +=
-        "), complex frequencies read as fp32 half tables, interleaved pairs, after the per-head "
-        "q/k RMSNorms";
+    model.rope = axes_rope(config, "3-D",
+                           "complex frequencies read as fp32 half tables, interleaved pairs, after "
+                           "the per-head q/k RMSNorms");
     model.modulation_flags = {kNormLayer};
     if (auto zero_cond = config.find("zero_cond_t");
         zero_cond != config.end() && zero_cond->is_boolean() && zero_cond->get<bool>()) {
