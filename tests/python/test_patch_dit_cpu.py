@@ -107,6 +107,18 @@ def _trains_as_diffusers(model, inputs, counter) -> dict:
     return used
 
 
+def _compiled_patched_graphs(model, inputs) -> list:
+    """The graphs torch.compile makes of the patched fp32 model, whose compiled output agrees
+    with the unpatched model's."""
+    with torch.no_grad():
+        expected = model(**inputs)[0]
+        kiln.patch(model)
+        compiled, graphs = compile_capturing(model)
+        _agree(compiled(**inputs)[0], expected, torch.float32)
+    torch._dynamo.reset()
+    return graphs
+
+
 def _processors(model):
     return {n: m.processor for n, m in model.named_modules() if hasattr(m, "processor")}
 

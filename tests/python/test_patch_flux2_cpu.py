@@ -14,8 +14,9 @@ diffusers = pytest.importorskip("diffusers", reason="diffusers is not installed"
 if not hasattr(diffusers, "Flux2Transformer2DModel"):
     pytest.skip("this diffusers has no FLUX.2 transformer", allow_module_level=True)
 
-from graph_model import calls_of, compile_capturing  # noqa: E402
-from test_patch_dit_cpu import Counter, _agree, _instance_forwards, _trains_as_diffusers  # noqa: E402
+from graph_model import calls_of  # noqa: E402
+from test_patch_dit_cpu import (Counter, _agree, _compiled_patched_graphs, _instance_forwards,  # noqa: E402
+                                _trains_as_diffusers)
 
 
 def _flux2(dtype, device="cpu"):
@@ -94,16 +95,9 @@ def test_flux2_trains_through_kiln_norms_and_rope(monkeypatch):
 def test_flux2_blocks_are_left_to_inductor_under_torch_compile():
     """Compiled, the blocks run diffusers' seams (Inductor fuses them) and the attentions still
     normalise and rotate in kiln's launches."""
-    model = _flux2(torch.float32)
-    inputs = _flux2_inputs(torch.float32)
-    with torch.no_grad():
-        expected = model(**inputs)[0]
-        kiln.patch(model)
-        compiled, graphs = compile_capturing(model)
-        _agree(compiled(**inputs)[0], expected, torch.float32)
-        assert calls_of(graphs, torch.ops.kiln.gated_adaln.default) == []
-        assert len(calls_of(graphs, torch.ops.kiln.head_norm_rope.default)) == 2
-        torch._dynamo.reset()
+    graphs = _compiled_patched_graphs(_flux2(torch.float32), _flux2_inputs(torch.float32))
+    assert calls_of(graphs, torch.ops.kiln.gated_adaln.default) == []
+    assert len(calls_of(graphs, torch.ops.kiln.head_norm_rope.default)) == 2
 
 
 def test_flux2_single_block_given_both_streams_splits_them_as_diffusers():

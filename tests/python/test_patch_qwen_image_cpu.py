@@ -13,8 +13,9 @@ diffusers = pytest.importorskip("diffusers", reason="diffusers is not installed"
 pytest.importorskip("diffusers.models.transformers.transformer_qwenimage",
                     reason="this diffusers has no Qwen-Image transformer")
 
-from graph_model import calls_of, compile_capturing  # noqa: E402
-from test_patch_dit_cpu import Counter, _agree, _instance_forwards, _norms_spread, _trains_as_diffusers  # noqa: E402
+from graph_model import calls_of  # noqa: E402
+from test_patch_dit_cpu import (Counter, _agree, _compiled_patched_graphs, _instance_forwards,  # noqa: E402
+                                _norms_spread, _trains_as_diffusers)
 
 ATTENTION = "qwen-image attention (per-head q/k rms_norm + rope)"
 BLOCK = "qwen-image block (adaln, gated residual + norm seams)"
@@ -106,16 +107,9 @@ def test_qwen_image_trains_through_kiln_rope_and_diffusers_seams(monkeypatch):
 def test_qwen_image_block_is_left_to_inductor_under_torch_compile():
     """Compiled, a patched block runs diffusers' seams (Inductor fuses them with their
     neighbours); its attention still normalises and rotates in kiln's launches."""
-    model = _qwen_image(torch.float32)
-    inputs = _qwen_image_inputs(torch.float32)
-    with torch.no_grad():
-        expected = model(**inputs)[0]
-        kiln.patch(model)
-        compiled, graphs = compile_capturing(model)
-        _agree(compiled(**inputs)[0], expected, torch.float32)
-        assert calls_of(graphs, torch.ops.kiln.gated_adaln.default) == []
-        assert len(calls_of(graphs, torch.ops.kiln.head_norm_rope_.default)) == 4
-        torch._dynamo.reset()
+    graphs = _compiled_patched_graphs(_qwen_image(torch.float32), _qwen_image_inputs(torch.float32))
+    assert calls_of(graphs, torch.ops.kiln.gated_adaln.default) == []
+    assert len(calls_of(graphs, torch.ops.kiln.head_norm_rope_.default)) == 4
 
 
 def test_qwen_image_attention_with_another_rotation_is_left():
