@@ -24,7 +24,7 @@ def _diffusers_module(processor: object):
     return sys.modules[type(processor).__module__]
 
 
-def _constant(cache: dict, like: torch.Tensor, make: Callable[[], object]):
+def constant(cache: dict, like: torch.Tensor, make: Callable[[], object]):
     """``make()``, kept in ``cache`` (one entry: for like's width, dtype and device) so that
     a constant operand costs no fill kernel per call; made afresh where a graph is recorded."""
     if recording_a_graph(like):
@@ -36,12 +36,12 @@ def _constant(cache: dict, like: torch.Tensor, make: Callable[[], object]):
     return cache[key]
 
 
-def _weight(norm: torch.nn.Module, like: torch.Tensor, cache: dict) -> Optional[torch.Tensor]:
+def norm_weight(norm: torch.nn.Module, like: torch.Tensor, cache: dict) -> Optional[torch.Tensor]:
     weight = getattr(norm, "weight", None)
     if isinstance(weight, torch.Tensor):
         return weight
     # rms_norm_rope takes a weight; a norm without one multiplies by ones.
-    return _constant(cache, like, lambda: torch.ones(like.shape[-1], dtype=like.dtype, device=like.device))
+    return constant(cache, like, lambda: torch.ones(like.shape[-1], dtype=like.dtype, device=like.device))
 
 
 @signature_kept
@@ -61,7 +61,7 @@ class LTXAttnProcessor(SharedAttentionSettings):
 
     def _norms(self, attn, query, key, image_rotary_emb):
         """``norm_q(query)``, ``norm_k(key)`` then the rotation, as kiln calls where they can."""
-        wq, wk = _weight(attn.norm_q, query, self._ones), _weight(attn.norm_k, key, self._ones)
+        wq, wk = norm_weight(attn.norm_q, query, self._ones), norm_weight(attn.norm_k, key, self._ones)
         eps = norm_eps(attn.norm_q, query)
         if not kiln_can_take(query, key, wq, wk) or eps != norm_eps(attn.norm_k, key) \
                 or query.dim() != 3 or wq.shape != (query.shape[-1],) or wk.shape != (key.shape[-1],):
@@ -78,7 +78,7 @@ class LTXAttnProcessor(SharedAttentionSettings):
                 base_num_frames=r.base_sizes[0], base_height=r.base_sizes[1], base_width=r.base_sizes[2],
                 patch_size_t=r.patch_sizes[0], patch_size=r.patch_sizes[1], theta=r.theta)
         cos, sin = image_rotary_emb
-        if _table_fits(cos, query) and _table_fits(sin, query):
+        if table_fits(cos, query) and table_fits(sin, query):
             return rope_ops.rms_norm_rope(query, key, wq, wk, eps, cos, sin)
         return self._diffusers_norms(attn, query, key, image_rotary_emb)
 
@@ -117,7 +117,7 @@ class LTXAttnProcessor(SharedAttentionSettings):
         return hidden_states
 
 
-def _table_fits(table, x: torch.Tensor) -> bool:
+def table_fits(table, x: torch.Tensor) -> bool:
     """A cos/sin table rms_norm_rope reads as it is: [S, C] or [B or 1, S, C], fp32 or x's dtype."""
     if not isinstance(table, torch.Tensor) or table.device != x.device:
         return False
@@ -187,7 +187,7 @@ def ltx_block(module: torch.nn.Module, original: Callable) -> Callable:
         h = _residual(h, attn_out, gate_msa)
         attn_out = module.attn2(h, encoder_hidden_states=encoder_hidden_states, image_rotary_emb=None,
                                 attention_mask=encoder_attention_mask)
-        zero, one = _constant(constants, h, lambda: (h.new_zeros(1, 1, d), h.new_ones(d)))
+        zero, one = constant(constants, h, lambda: (h.new_zeros(1, 1, d), h.new_ones(d)))
         if attn_out.shape != h.shape or not kiln_can_take(h, attn_out):
             h = h + attn_out
             norm_h = norm_ops.adaln(h, scale_mlp, shift_mlp, w2, norm_eps(module.norm2, h), "rms",
