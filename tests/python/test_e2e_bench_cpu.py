@@ -535,3 +535,23 @@ def test_flux2_bench_smoke_run_fuses_its_blocks_and_attentions(tmp_path):
     replaced = doc["patch"]["replaced"]
     assert replaced["adaln + gated_adaln + gated_residual"] == 1 and replaced["adaln + gated_residual"] == 2
     assert replaced["head_norm_rope"] == 3 and replaced["swiglu"] == 4
+
+
+@pytest.mark.parametrize("version, rope", [("2.0", "split"), ("2.0", "interleaved"), ("2.3", "split")])
+def test_ltx2_bench_smoke_run_fuses_its_blocks_and_attentions(tmp_path, version, rope):
+    diffusers = pytest.importorskip("diffusers")
+    if not hasattr(diffusers, "LTX2VideoTransformer3DModel"):
+        pytest.skip("this diffusers has no LTX-2 transformer")
+    out = _smoke("ltx2.py", tmp_path, "--rope", rope, "--model", version)
+    assert f"LTX-{version}-shaped transformer" in out
+    name = ("ltx2" if version == "2.0" else "ltx2.3") + ("" if rope == "split" else "-interleaved")
+    [doc_path] = [p for p in tmp_path.glob(f"{name}-2*.json") if "partial" not in p.name]
+    doc = json.loads(doc_path.read_text())
+    for setting in ("eager+kiln", "eager+kiln, blocks apart"):
+        err = doc["settings"][setting]["error_vs_eager"]
+        assert err["finite"] and err["max_rel"] < 5e-2
+    # Both blocks and their six attentions each (interleaved: norms and rotation fused where the
+    # two take one table, the self-attentions), the two output LayerNorms.
+    replaced = doc["patch"]["replaced"]
+    assert replaced["adaln + gated_adaln + gated_residual"] == 2 and replaced["layer_norm"] == 2
+    assert replaced["rope" if rope == "split" else "rms_norm_rope"] == 12
