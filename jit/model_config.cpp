@@ -407,6 +407,57 @@ std::string axes_rope(const nlohmann::json& config, const std::string& dims,
 // mlp_ratio 4.0 too).
 constexpr std::int64_t kDiffusersFeedForwardMult = 4;
 
+// LTX-2 and LTX-2.3 (diffusers' LTX2VideoTransformer3DModel): a video stream (the model's
+// sizes) and an audio stream (a part of its own). Each stream's patched blocks: AdaLN over an
+// RMSNorm with no weight, the table rows beside temb, per sample or per token (conditioned
+// frames); the seams (gated_adaln, the gated residual in place); the q/k RMSNorms across the
+// heads of each attention, then the rotation. LTX-2's checkpoints rotate each head's halves
+// (rope_type "split"): kiln's patch rotates each token's heads as rows of one head with an fp32
+// half table, q and k together in the self-attentions and each alone (a partner of no heads, a
+// part of its own) in the audio-video attentions. diffusers' default rotates interleaved pairs
+// across the row: the self-attentions' norms and rotation as one rms_norm_rope, the
+// audio-video attentions' rotation from full-row tables. The output LayerNorms have no affine.
+void read_ltx2(const nlohmann::json& config, ModelShape& model) {
+  const bool split = text_of(config, "rope_type") == "split";
+  const std::int64_t audio_head = size_if_set(config, "audio_attention_head_dim").value_or(64);
+  const std::int64_t audio_width =
+      audio_head * size_if_set(config, "audio_num_attention_heads").value_or(32);
+  const std::uint32_t table =
+      split ? (kRopeTableF32 | kRopeHalfTable) : (kRopeInterleaved | kRopeTableF32);
+  model.heads_q = model.heads_k = 1;
+  model.rope_tables = {table};
+  model.modulation_flags = {kNormTable, kNormTable | kNormPerToken};
+  model.rope = split ? "video and audio positions, each head's halves by fp32 half tables, "
+                       "after the q/k RMSNorms across heads"
+                     : "video and audio positions, interleaved pairs across the row by fp32 "
+                       "tables, after the q/k RMSNorms across heads";
+  ModelShape audio = model;
+  audio.kind = "ltx2 audio stream";
+  audio.head_dim = audio_head;
+  audio.hidden = audio_width;
+  audio.intermediate = kDiffusersFeedForwardMult * audio_width;
+  for (ModelShape* stream : {&model, &audio}) {
+    const std::int64_t width = stream->hidden;
+    stream->ops = {
+        {Op::rms_norm, {width}},
+        {Op::layer_norm, {width}},
+        {Op::adaln, {width}},
+        {Op::gated_adaln, {width}},
+        {Op::gated_residual, {width}},
+        {Op::gelu, {stream->intermediate}},
+        {Op::rope, {split ? stream->head_dim : width}},
+    };
+    if (!split) {
+      stream->ops[Op::rms_norm_rope] = {width};
+    }
+  }
+  ModelShape across = audio;
+  across.kind = "ltx2 audio-video attentions";
+  across.heads_k = 0;
+  across.ops = {{Op::rope, {split ? audio_head : audio_width}}};
+  model.towers = {audio, across};
+}
+
 ModelShape read_diffusion(const nlohmann::json& config, const std::string& kind) {
   ModelShape model;
   model.kind = kind;
@@ -491,6 +542,8 @@ ModelShape read_diffusion(const nlohmann::json& config, const std::string& kind)
         {Op::rms_norm, {model.head_dim, require_size(config, "joint_attention_dim")}},
         {Op::rope, {model.head_dim}},
     };
+  } else if (kind == "ltx2") {
+    read_ltx2(config, model);
   } else if (kind == "wan") {
     model.intermediate = require_size(config, "ffn_dim");
     model.heads_q = model.heads_k = model.hidden / model.head_dim;
@@ -705,7 +758,8 @@ ModelShape read_model_config(const nlohmann::json& config) {
         std::pair{"FluxTransformer2DModel", "flux"}, std::pair{"WanTransformer3DModel", "wan"},
         std::pair{"CogVideoXTransformer3DModel", "cogvideox"},
         std::pair{"QwenImageTransformer2DModel", "qwen-image"},
-        std::pair{"Flux2Transformer2DModel", "flux2"}}) {
+        std::pair{"Flux2Transformer2DModel", "flux2"},
+        std::pair{"LTX2VideoTransformer3DModel", "ltx2"}}) {
     if (class_name == diffusers_class) {
       return read_diffusion(config, kind);
     }
@@ -726,8 +780,9 @@ ModelShape read_model_config(const nlohmann::json& config) {
   throw Error(
       "kiln prewarm: config.json: expected a transformers LLM config (hidden_size, "
       "intermediate_size, ...) or a diffusers LTXVideoTransformer3DModel, "
-      "FluxTransformer2DModel, Flux2Transformer2DModel, WanTransformer3DModel, "
-      "CogVideoXTransformer3DModel or QwenImageTransformer2DModel config, got " +
+      "LTX2VideoTransformer3DModel, FluxTransformer2DModel, Flux2Transformer2DModel, "
+      "WanTransformer3DModel, CogVideoXTransformer3DModel or QwenImageTransformer2DModel "
+      "config, got " +
       (class_name.empty() ? std::string("neither") : "_class_name \"" + class_name + "\""));
 }
 

@@ -809,3 +809,83 @@ def test_flux2_prewarms_every_call_its_patched_transformer_makes(fresh_cache, tm
     for op, width, flags in taken:
         assert kiln.compile(op, "bf16", width, arch="sm_90", format="cubin", flags=flags)["from_cache"], \
             (op, width, flags)
+
+
+@pytest.mark.parametrize("rope", ["split", "interleaved"])
+def test_ltx2_prewarms_every_call_its_patched_transformer_makes(fresh_cache, tmp_path, rope):
+    # A tiny LTX-2 (diffusers), patched and run on the CPU with a timestep per video token (its
+    # conditioned frames' form): every kiln call it makes, as each op's dispatcher sees it, is a
+    # problem its config's prewarm compiled. Each stream's AdaLN and seams over an RMSNorm with no
+    # weight, the table rows beside temb (16; per token, 32, in the video stream), the gated
+    # residual in place (16; per sample, 8, in the audio stream), the q/k norms across heads (1),
+    # the feed-forwards' tanh GELU (1), the output LayerNorms (0); split: each token's heads as
+    # rows of one head with an fp32 half table (2 | 128), q and k together (one head each, 64) or
+    # alone; interleaved: the self-attentions' norms and rotation fused (rms_norm_rope 2), the
+    # audio-video attentions' q and k rotated alone by full-row tables (1 | 2).
+    import torch
+    diffusers = pytest.importorskip("diffusers")
+    if not hasattr(diffusers, "LTX2VideoTransformer3DModel"):
+        pytest.skip("this diffusers has no LTX-2 transformer")
+    torch.manual_seed(0)
+    model = diffusers.LTX2VideoTransformer3DModel(
+        in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=8, cross_attention_dim=16,
+        audio_in_channels=4, audio_out_channels=4, audio_num_attention_heads=2, audio_attention_head_dim=4,
+        audio_cross_attention_dim=8, num_layers=2, caption_channels=16, rope_type=rope).eval().to(torch.bfloat16)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"_class_name": "LTX2VideoTransformer3DModel", **model.config}))
+    assert kiln.prewarm(dtypes="bf16", archs="sm_90", config=str(path))["failed"] == 0
+    kiln.patch(model)
+
+    g = torch.Generator().manual_seed(1)
+    bf16 = torch.bfloat16
+    with torch.no_grad(), KilnCalls() as calls:
+        model(hidden_states=torch.randn(2, 24, 4, generator=g).to(bf16),
+              audio_hidden_states=torch.randn(2, 5, 4, generator=g).to(bf16),
+              encoder_hidden_states=torch.randn(2, 7, 16, generator=g).to(bf16),
+              audio_encoder_hidden_states=torch.randn(2, 7, 16, generator=g).to(bf16),
+              timestep=(1000 * torch.rand(2, 24, generator=g)).to(bf16), audio_timestep=torch.tensor([300.0, 700.0]),
+              num_frames=2, height=3, width=4, audio_num_frames=5)
+    taken = set()
+    for op, args in calls:
+        x = args[0]
+        if op in ("adaln", "gated_adaln"):
+            weight, norm, rows = (args[3], args[5], args[6:]) if op == "adaln" else (args[5], args[7], args[8:])
+            operands = args[1:3] if op == "adaln" else args[2:5]
+            assert weight is None and norm == "rms" and all(r is not None for r in rows)
+            per_token = any(t.shape[1] != 1 for t in operands)
+            taken.add((op, x.shape[-1], 16 | (32 if per_token else 0)))
+        elif op == "gated_residual_":
+            per_sample = args[2].shape == (x.shape[0], 1, x.shape[-1])
+            taken.add(("gated_residual", x.shape[-1], 16 | (8 if per_sample else 0)))
+        elif op == "rms_norm":
+            assert args[1] is not None
+            taken.add((op, x.shape[-1], 1))
+        elif op == "layer_norm":
+            assert args[1] is None
+            taken.add((op, x.shape[-1], 0))
+        elif op == "rope":
+            q, k, cos = args[0], args[1], args[2]
+            assert cos.dtype == torch.float32 and q.dim() == 3 and k.shape[:2] == q.shape[:2]
+            heads = (64 if k.shape[-1] else 0)
+            if rope == "split":
+                taken.add(("rope", q.shape[-1], 2 | 128 | heads))
+            else:
+                assert k.shape[-1] == 0
+                taken.add(("rope", q.shape[-1], 1 | 2))
+        elif op == "rms_norm_rope":
+            assert rope == "interleaved" and args[5].dtype == torch.float32
+            taken.add((op, x.shape[-1], 2))
+        else:
+            assert op == "gelu"
+            taken.add((op, x.shape[-1], 1))
+    expected = {("adaln", 16, 48), ("gated_adaln", 16, 48), ("adaln", 8, 16), ("gated_adaln", 8, 16),
+                ("gated_residual", 16, 16), ("gated_residual", 8, 24), ("rms_norm", 16, 1), ("rms_norm", 8, 1),
+                ("layer_norm", 16, 0), ("layer_norm", 8, 0), ("gelu", 64, 1), ("gelu", 32, 1)}
+    if rope == "split":
+        expected |= {("rope", 8, 194), ("rope", 4, 194), ("rope", 4, 130)}
+    else:
+        expected |= {("rms_norm_rope", 16, 2), ("rms_norm_rope", 8, 2), ("rope", 8, 3)}
+    assert taken == expected
+    for op, width, flags in taken:
+        assert kiln.compile(op, "bf16", width, arch="sm_90", format="cubin", flags=flags)["from_cache"], \
+            (op, width, flags)

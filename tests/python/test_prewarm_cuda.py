@@ -555,6 +555,19 @@ elif "{cls}" == "CogVideoXTransformer3DModel":
     inputs = dict(hidden_states=torch.randn(2, frames, config["in_channels"], 2 * height, 2 * width, generator=g),
                   encoder_hidden_states=torch.randn(2, text, config["text_embed_dim"], generator=g))
     timesteps = [torch.tensor([10, 500])]
+elif "{cls}" == "LTX2VideoTransformer3DModel":
+    # Without a caption projection (LTX-2.3) each stream's text comes at its attention's width.
+    projected = config["use_prompt_embeddings"]
+    inputs = dict(hidden_states=torch.randn(2, tokens, config["in_channels"], generator=g),
+                  audio_hidden_states=torch.randn(2, 5, config["audio_in_channels"], generator=g),
+                  encoder_hidden_states=torch.randn(
+                      2, text, config["caption_channels" if projected else "cross_attention_dim"], generator=g),
+                  audio_encoder_hidden_states=torch.randn(
+                      2, text, config["caption_channels" if projected else "audio_cross_attention_dim"], generator=g))
+    # sigma: LTX-2.3's text modulation reads it.
+    extra = dict(num_frames=frames, height=height, width=width, audio_num_frames=5,
+                 sigma=torch.tensor([0.01, 0.5], device="cuda"))
+    timesteps = [torch.tensor([10, 500]), torch.randint(0, 1000, (2, tokens), generator=g)]
 elif "{cls}" == "LTXVideoTransformer3DModel":
     inputs = dict(hidden_states=torch.randn(2, tokens, config["in_channels"], generator=g),
                   encoder_hidden_states=torch.randn(2, text, config["caption_channels"], generator=g),
@@ -609,6 +622,18 @@ DIT_MODELS = {
     "qwen-image-edit": ("QwenImageTransformer2DModel", dict(
         patch_size=2, in_channels=16, out_channels=4, num_layers=2, attention_head_dim=16, num_attention_heads=4,
         joint_attention_dim=32, axes_dims_rope=(4, 6, 6), zero_cond_t=True), ("adaln + gated_adaln + gated_residual",)),
+    # Head dims of 16 and 8: rows and half tables 16-byte aligned, as real LTX-2's (128 and 64) are.
+    "ltx2": ("LTX2VideoTransformer3DModel", dict(
+        in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=16, cross_attention_dim=32,
+        audio_in_channels=4, audio_out_channels=4, audio_num_attention_heads=2, audio_attention_head_dim=8,
+        audio_cross_attention_dim=16, num_layers=2, caption_channels=16, rope_type="split"),
+        ("adaln + gated_adaln + gated_residual",)),
+    "ltx2.3": ("LTX2VideoTransformer3DModel", dict(
+        in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=16, cross_attention_dim=32,
+        audio_in_channels=4, audio_out_channels=4, audio_num_attention_heads=2, audio_attention_head_dim=8,
+        audio_cross_attention_dim=16, num_layers=2, caption_channels=16, rope_type="split", gated_attn=True,
+        cross_attn_mod=True, audio_gated_attn=True, audio_cross_attn_mod=True, perturbed_attn=True,
+        use_prompt_embeddings=False), ("adaln + gated_adaln + gated_residual",)),
     # Its text length is its position embedding's (max_text_seq_length).
     "cogvideox": ("CogVideoXTransformer3DModel", dict(
         num_attention_heads=2, attention_head_dim=16, in_channels=4, out_channels=4, time_embed_dim=32,
@@ -620,7 +645,8 @@ DIT_MODELS = {
 # (CogVideoX's q/k LayerNorms alone: its rotation, where it has one, is diffusers').
 FUSED_ATTENTION = {"flux": "head_norm_rope", "ltx-video": "rms_norm_rope (angles in-kernel)",
                    "wan": "rms_norm_rope", "wan-i2v": "rms_norm_rope", "qwen-image": "head_norm_rope",
-                   "qwen-image-edit": "head_norm_rope", "cogvideox": "layer_norm", "flux2": "head_norm_rope"}
+                   "qwen-image-edit": "head_norm_rope", "cogvideox": "layer_norm", "flux2": "head_norm_rope",
+                   "ltx2": "rope", "ltx2.3": "rope"}
 
 
 def _prewarm_then_run_dit(tmp_path, name, training):
@@ -641,7 +667,7 @@ def _prewarm_then_run_dit(tmp_path, name, training):
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", list(DIT_MODELS))
 def test_prewarm_from_config_serves_a_patched_diffusion_transformer(tmp_path, name):
-    """kiln prewarm --config of a FLUX, FLUX.2, LTX-Video, Wan, Qwen-Image or CogVideoX config.json, with
+    """kiln prewarm --config of a FLUX, FLUX.2, LTX-Video, LTX-2, Wan, Qwen-Image or CogVideoX config.json, with
     no GPU, compiles every kernel the patched transformer then calls without autograd (the blocks' AdaLN seams
     and gated residuals, a timestep per sample and per token, each attention's fused q/k norms
     and rotation, the cross-attention norms, FLUX's activation written into proj_out's input,

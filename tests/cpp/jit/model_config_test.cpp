@@ -814,3 +814,46 @@ TEST_CASE("FLUX.2's patched blocks and attentions are prewarmed as they call kil
   const auto rope = prewarmed_flags(targets, Op::rope, 128, kiln::DType::bf16);
   CHECK(std::count(rope.begin(), rope.end(), fused) == 1);
 }
+
+TEST_CASE("LTX-2's two streams and audio-video attentions are prewarmed as they call kiln") {
+  // LTX-2's config.json, the keys kiln reads (its checkpoints rotate each head's halves).
+  nlohmann::json ltx2 = {{"_class_name", "LTX2VideoTransformer3DModel"},
+                         {"attention_head_dim", 128},
+                         {"num_attention_heads", 32},
+                         {"audio_attention_head_dim", 64},
+                         {"audio_num_attention_heads", 32},
+                         {"rope_type", "split"}};
+  const kiln::jit::ModelShape model = kiln::jit::read_model_config(ltx2);
+  CHECK(model.kind == "ltx2");
+  REQUIRE(model.towers.size() == 2);
+  CHECK(model.ops.at(Op::gelu) == std::vector<std::int64_t>{16384});
+  CHECK(model.towers[0].ops.at(Op::gelu) == std::vector<std::int64_t>{8192});
+  const auto targets = targets_of(model);
+  // Each stream's AdaLN and seams over an RMSNorm, table rows beside temb, per sample or token.
+  for (std::int64_t width : {4096, 2048}) {
+    for (Op op : {Op::adaln, Op::gated_adaln}) {
+      CHECK(prewarmed_flags(targets, op, width, kiln::DType::bf16) ==
+            std::vector<std::uint32_t>{kiln::kNormTable, kiln::kNormTable | kiln::kNormPerToken});
+    }
+  }
+  // Each token's heads as rows of one head, an fp32 half table: q and k together (one head
+  // each) in the self-attentions, each alone (no partner's heads) in the audio-video ones.
+  const std::uint32_t half = kiln::kRopeTableF32 | kiln::kRopeHalfTable;
+  const auto video = prewarmed_flags(targets, Op::rope, 128, kiln::DType::bf16);
+  CHECK(std::count(video.begin(), video.end(), half | kiln::kRopeOneHeadEach) == 1);
+  const auto audio = prewarmed_flags(targets, Op::rope, 64, kiln::DType::bf16);
+  CHECK(std::count(audio.begin(), audio.end(), half | kiln::kRopeOneHeadEach) == 1);
+  CHECK(std::count(audio.begin(), audio.end(), half) == 1);
+  CHECK(prewarmed_flags(targets, Op::rms_norm_rope, 4096, kiln::DType::bf16).empty());
+
+  // diffusers' default rotation: interleaved pairs across the row, the self-attentions' norms
+  // and rotation fused, the audio-video attentions' queries and keys rotated alone.
+  ltx2.erase("rope_type");
+  const auto interleaved = targets_of(kiln::jit::read_model_config(ltx2));
+  for (std::int64_t width : {4096, 2048}) {
+    const auto fused = prewarmed_flags(interleaved, Op::rms_norm_rope, width, kiln::DType::bf16);
+    CHECK(std::count(fused.begin(), fused.end(), kiln::kRmsNormRopeTableF32) == 1);
+  }
+  const auto alone = prewarmed_flags(interleaved, Op::rope, 2048, kiln::DType::bf16);
+  CHECK(std::count(alone.begin(), alone.end(), kiln::kRopeInterleaved | kiln::kRopeTableF32) == 1);
+}
