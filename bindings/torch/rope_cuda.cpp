@@ -151,6 +151,11 @@ std::optional<Launch> plan(const RopeShape& shape, const at::Tensor& q, const at
   std::uintptr_t bits = 0;
   bool unit_last = true;
   for (int t = 0; t < 4; ++t) {
+    // A k of no heads (q rotated alone) is never read or written: its strides (a zero-filled
+    // gradient's rows are 1 element apart) say nothing of the launch's alignment.
+    if (t % 2 == 1 && shape.heads_k == 0) {
+      continue;
+    }
     bits |= reinterpret_cast<std::uintptr_t>(addresses[t]);
     for (int i = 0; i < 3; ++i) {
       bits |= static_cast<std::uintptr_t>(geometry[t][i] * element);

@@ -52,16 +52,23 @@ def _half_split(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.
 @pytest.mark.parametrize("tokens, heads, head_dim", [(1, 32, 128), (768, 32, 128), (126, 32, 64), (37, 3, 24)])
 def test_rope_of_q_alone_cuda(dtype, tokens, heads, head_dim):
     """LTX-2's audio-video attentions rotate q and k by tables of their own: kiln.rope of one
-    tensor (a partner of no heads), each token's heads as rows with a half table, against the
-    fp64 formula, the output poisoned first."""
+    tensor (a partner of no heads), each token's heads as rows with a half table, forward and
+    backward against the fp64 formula, the output poisoned first."""
     g = torch.Generator().manual_seed(tokens)
-    q = torch.randn(2, tokens * heads, head_dim, generator=g).to("cuda", dtype)
+    q = torch.randn(2, tokens * heads, head_dim, generator=g).to("cuda", dtype).requires_grad_()
     angles = 30 * torch.randn(2, tokens * heads, head_dim // 2, generator=g, dtype=torch.float64)
     cos, sin = angles.cos().float().cuda(), angles.sin().float().cuda()
     out = torch.full_like(q, float("nan"))
     rotated, none = rope_ops.rope(q, q[..., :0], cos, sin, rotary_dim=head_dim, layout="bshd", head_dim=head_dim)
-    out.copy_(rotated)
-    expected = _half_split(q.double(), cos.double(), sin.double())
+    with torch.no_grad():
+        out.copy_(rotated)
+    reference = q.detach().double().requires_grad_()
+    expected = _half_split(reference, cos.double(), sin.double())
     assert none.shape == (2, tokens * heads, 0)
     tol = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}[dtype]
-    torch.testing.assert_close(out.double(), expected, rtol=tol, atol=tol * expected.abs().max().item())
+    torch.testing.assert_close(out.double(), expected.detach(), rtol=tol, atol=tol * expected.abs().max().item())
+    # Its backward (autograd hands the empty k a zero-filled gradient): the inverse rotation.
+    dy = torch.randn(q.shape, generator=g).to("cuda", dtype)
+    (rotated * dy).sum().backward()
+    (expected * dy.double()).sum().backward()
+    torch.testing.assert_close(q.grad.double(), reference.grad, rtol=tol, atol=tol * reference.grad.abs().max().item())

@@ -564,9 +564,10 @@ elif "{cls}" == "LTX2VideoTransformer3DModel":
                       2, text, config["caption_channels" if projected else "cross_attention_dim"], generator=g),
                   audio_encoder_hidden_states=torch.randn(
                       2, text, config["caption_channels" if projected else "audio_cross_attention_dim"], generator=g))
-    # sigma: LTX-2.3's text modulation reads it.
+    # sigma: LTX-2.3's text modulation reads it; the audio's timestep per sample (the video's may
+    # be per token).
     extra = dict(num_frames=frames, height=height, width=width, audio_num_frames=5,
-                 sigma=torch.tensor([0.01, 0.5], device="cuda"))
+                 sigma=torch.tensor([0.01, 0.5], device="cuda"), audio_timestep=torch.tensor([10, 500], device="cuda"))
     timesteps = [torch.tensor([10, 500]), torch.randint(0, 1000, (2, tokens), generator=g)]
 elif "{cls}" == "LTXVideoTransformer3DModel":
     inputs = dict(hidden_states=torch.randn(2, tokens, config["in_channels"], generator=g),
