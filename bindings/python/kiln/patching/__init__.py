@@ -37,7 +37,9 @@ by one ``kiln.rope``), FLUX's blocks (their seams as ``kiln.gated_adaln`` and
 ``kiln.gated_residual``, the single blocks' activation written into ``proj_out``'s input: see
 :mod:`.flux_block`), Qwen-Image's attention processor and blocks (each stream's q/k norms and
 complex rotation as one ``kiln.head_norm_rope_``, the seams as ``kiln.adaln``,
-``kiln.gated_adaln`` and ``kiln.gated_residual_``: see :mod:`.qwen_image`) and diffusers' AdaLN
+``kiln.gated_adaln`` and ``kiln.gated_residual_``: see :mod:`.qwen_image`), LTX-2's attention
+processors and audio-video blocks (q and k rotated by ``kiln.rope``, each stream's seams as
+``kiln.adaln``, ``kiln.gated_adaln`` and ``kiln.gated_residual_``: see :mod:`.ltx2`) and diffusers' AdaLN
 modules (``kiln.adaln``). A patched forward whose
 kiln ops have no backward (LTX-Video's fused seams) calls the original where it would record
 an autograd graph.
