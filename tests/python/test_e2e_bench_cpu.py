@@ -501,57 +501,47 @@ def test_cogvideox_bench_smoke_run_modulates_its_affine_norms_with_kiln(tmp_path
     assert doc["patch"]["replaced"]["adaln"] == 5
 
 
-@pytest.mark.parametrize("edit", [False, True])
-def test_qwen_image_bench_smoke_run_fuses_its_blocks_and_attention(tmp_path, edit):
+def _transformer_smoke(tmp_path, script, cls, name, *args):
+    """A --tiny run of a diffusion transformer's bench (skipped where diffusers lacks ``cls``):
+    its printed output and the patch's replaced counts, once eager + kiln's and the blocks-apart
+    setting's outputs are checked against eager's."""
     diffusers = pytest.importorskip("diffusers")
-    if not hasattr(diffusers, "QwenImageTransformer2DModel"):
-        pytest.skip("this diffusers has no Qwen-Image transformer")
-    out = _smoke("qwen_image.py", tmp_path, *(["--edit"] if edit else []))
-    assert "Qwen-Image" in out
-    name = "qwen-image-edit" if edit else "qwen-image"
+    if not hasattr(diffusers, cls):
+        pytest.skip(f"this diffusers has no {cls}")
+    out = _smoke(script, tmp_path, *args)
     [doc_path] = [p for p in tmp_path.glob(f"{name}-2*.json") if "partial" not in p.name]
     doc = json.loads(doc_path.read_text())
     for setting in ("eager+kiln", "eager+kiln, blocks apart"):
         err = doc["settings"][setting]["error_vs_eager"]
         assert err["finite"] and err["max_rel"] < 5e-2
+    return out, doc["patch"]["replaced"]
+
+
+@pytest.mark.parametrize("edit", [False, True])
+def test_qwen_image_bench_smoke_run_fuses_its_blocks_and_attention(tmp_path, edit):
+    out, replaced = _transformer_smoke(tmp_path, "qwen_image.py", "QwenImageTransformer2DModel",
+                                       "qwen-image-edit" if edit else "qwen-image", *(["--edit"] if edit else []))
+    assert "Qwen-Image" in out
     # Both blocks and their attentions, the output AdaLN.
-    replaced = doc["patch"]["replaced"]
     assert replaced["adaln + gated_adaln + gated_residual"] == 2 and replaced["head_norm_rope"] == 2
     assert replaced["adaln"] == 1
 
 
 def test_flux2_bench_smoke_run_fuses_its_blocks_and_attentions(tmp_path):
-    diffusers = pytest.importorskip("diffusers")
-    if not hasattr(diffusers, "Flux2Transformer2DModel"):
-        pytest.skip("this diffusers has no FLUX.2 transformer")
-    out = _smoke("flux2.py", tmp_path)
+    out, replaced = _transformer_smoke(tmp_path, "flux2.py", "Flux2Transformer2DModel", "flux2-dev")
     assert "FLUX.2-dev-shaped transformer" in out
-    [doc_path] = [p for p in tmp_path.glob("flux2-dev-*.json") if "partial" not in p.name]
-    doc = json.loads(doc_path.read_text())
-    for setting in ("eager+kiln", "eager+kiln, blocks apart"):
-        err = doc["settings"][setting]["error_vs_eager"]
-        assert err["finite"] and err["max_rel"] < 5e-2
     # The double block, both single blocks, every attention, every SwiGLU.
-    replaced = doc["patch"]["replaced"]
     assert replaced["adaln + gated_adaln + gated_residual"] == 1 and replaced["adaln + gated_residual"] == 2
     assert replaced["head_norm_rope"] == 3 and replaced["swiglu"] == 4
 
 
 @pytest.mark.parametrize("version, rope", [("2.0", "split"), ("2.0", "interleaved"), ("2.3", "split")])
 def test_ltx2_bench_smoke_run_fuses_its_blocks_and_attentions(tmp_path, version, rope):
-    diffusers = pytest.importorskip("diffusers")
-    if not hasattr(diffusers, "LTX2VideoTransformer3DModel"):
-        pytest.skip("this diffusers has no LTX-2 transformer")
-    out = _smoke("ltx2.py", tmp_path, "--rope", rope, "--model", version)
-    assert f"LTX-{version}-shaped transformer" in out
     name = ("ltx2" if version == "2.0" else "ltx2.3") + ("" if rope == "split" else "-interleaved")
-    [doc_path] = [p for p in tmp_path.glob(f"{name}-2*.json") if "partial" not in p.name]
-    doc = json.loads(doc_path.read_text())
-    for setting in ("eager+kiln", "eager+kiln, blocks apart"):
-        err = doc["settings"][setting]["error_vs_eager"]
-        assert err["finite"] and err["max_rel"] < 5e-2
+    out, replaced = _transformer_smoke(tmp_path, "ltx2.py", "LTX2VideoTransformer3DModel", name, "--rope", rope,
+                                       "--model", version)
+    assert f"LTX-{version}-shaped transformer" in out
     # Both blocks and their six attentions each (interleaved: norms and rotation fused where the
     # two take one table, the self-attentions), the two output LayerNorms.
-    replaced = doc["patch"]["replaced"]
     assert replaced["adaln + gated_adaln + gated_residual"] == 2 and replaced["layer_norm"] == 2
     assert replaced["rope" if rope == "split" else "rms_norm_rope"] == 12
