@@ -35,12 +35,13 @@ WRAPPED = ((kiln_ops, "rms_norm"), (norm_ops, "layer_norm"), (norm_ops, "adaln")
 
 
 class Counter:
-    """Counts the kiln op wrappers' calls (and rms_norm_rope's calls with a grid)."""
+    """Counts the kiln op wrappers' calls (and rms_norm_rope's calls with a grid); ``more``:
+    (module, name) pairs of other wrappers to count."""
 
-    def __init__(self, monkeypatch):
-        self.calls = {name: 0 for _, name in WRAPPED}
+    def __init__(self, monkeypatch, more=()):
+        self.calls = {name: 0 for _, name in WRAPPED + tuple(more)}
         self.calls["rms_norm_rope grid"] = 0
-        for module, name in WRAPPED:
+        for module, name in WRAPPED + tuple(more):
             monkeypatch.setattr(module, name, self._wrap(name, getattr(module, name)))
 
     def _wrap(self, name, fn):

@@ -47,9 +47,7 @@ class _Calls(Counter):
     """Counter's kiln calls and kiln.swiglu's."""
 
     def __init__(self, monkeypatch):
-        super().__init__(monkeypatch)
-        self.calls["swiglu"] = 0
-        monkeypatch.setattr(activation_ops, "swiglu", self._wrap("swiglu", activation_ops.swiglu))
+        super().__init__(monkeypatch, more=((activation_ops, "swiglu"),))
 
 
 # The double block: an adaln, a gated_adaln and a gated_residual_ a stream, the joint attention's
