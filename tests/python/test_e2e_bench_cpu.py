@@ -545,3 +545,11 @@ def test_ltx2_bench_smoke_run_fuses_its_blocks_and_attentions(tmp_path, version,
     # two take one table, the self-attentions), the two output LayerNorms.
     assert replaced["adaln + gated_adaln + gated_residual"] == 2 and replaced["layer_norm"] == 2
     assert replaced["rope" if rope == "split" else "rms_norm_rope"] == 12
+
+
+def test_z_image_bench_smoke_run_fuses_its_blocks_attentions_and_feed_forwards(tmp_path):
+    out, replaced = _transformer_smoke(tmp_path, "z_image.py", "ZImageTransformer2DModel", "z-image")
+    assert "Z-Image-shaped transformer" in out
+    # The three modulated blocks, every attention and feed-forward (the caption refiner's too).
+    assert replaced["adaln + gated_adaln + gated_residual"] == 3
+    assert replaced["head_norm_rope"] == 4 and replaced["swiglu"] == 4
