@@ -392,12 +392,12 @@ ModelShape read_llm(const nlohmann::json& config) {
   return model;
 }
 
-// "<dims> (axes_dims_rope [...]), <how>": the axes a diffusers config's RoPE turns by, for the
-// summary.
-std::string axes_rope(const nlohmann::json& config, const std::string& dims,
-                      const std::string& how) {
-  std::string text = dims + " (axes_dims_rope";
-  if (auto axes = config.find("axes_dims_rope"); axes != config.end() && axes->is_array()) {
+// "<dims> (axes_dims_rope [...]), <how>": the axes a diffusers config's RoPE turns by (under
+// `key`), for the summary.
+std::string axes_rope(const nlohmann::json& config, const std::string& dims, const std::string& how,
+                      const char* key = "axes_dims_rope") {
+  std::string text = dims + " (" + key;
+  if (auto axes = config.find(key); axes != config.end() && axes->is_array()) {
     text += " " + axes->dump();
   }
   return text + "), " + how;
@@ -584,6 +584,51 @@ ModelShape read_diffusion(const nlohmann::json& config, const std::string& kind)
   return model;
 }
 
+// Z-Image (diffusers' ZImageTransformer2DModel: Z-Image, Z-Image-Turbo, Z-Image-Omni with
+// siglip_feat_dim). Its patched modulated blocks: AdaLN over an RMSNorm with its weight (no shift,
+// no table), per sample or per token (Omni's noisy and clean tokens); the attention's gated
+// residual with the feed-forward's modulated norm (gated_adaln); the feed-forward's gated residual
+// in place; the sublayers' output RMSNorms and the caption (and SigLIP) embedder's. Each
+// attention's per-head q/k RMSNorms and rotation by complex frequencies read as fp32 half tables,
+// interleaved pairs, in one head_norm_rope (training: the norms and kiln.rope); each feed-forward's
+// SwiGLU of two projections, dim / 3 * 8 wide; the final LayerNorm with no affine.
+ModelShape read_z_image(const nlohmann::json& config) {
+  ModelShape model;
+  model.kind = "z-image";
+  model.hidden = size_if_set(config, "dim").value_or(3840);
+  const std::int64_t heads = size_if_set(config, "n_heads").value_or(30);
+  if (model.hidden % heads != 0) {
+    throw Error("kiln prewarm: config.json: expected dim divisible by n_heads, got dim " +
+                std::to_string(model.hidden) + " and n_heads " + std::to_string(heads));
+  }
+  model.head_dim = model.hidden / heads;
+  model.intermediate = model.hidden * 8 / 3;  // diffusers: int(dim / 3 * 8)
+  model.heads_q = model.heads_k = heads;
+  constexpr std::uint32_t kComplexTable = kRopeInterleaved | kRopeTableF32 | kRopeHalfTable;
+  model.head_norm_layout = kComplexTable;
+  model.rope_tables = {kComplexTable};
+  model.rope = axes_rope(config, "3-D",
+                         "complex frequencies read as fp32 half tables, interleaved pairs, after "
+                         "the per-head q/k RMSNorms",
+                         "axes_dims");
+  model.modulation_flags = {kNormWeight, kNormWeight | kNormPerToken};
+  std::vector<std::int64_t> norms = {model.hidden, model.head_dim,
+                                     size_if_set(config, "cap_feat_dim").value_or(2560)};
+  if (const auto siglip = size_if_set(config, "siglip_feat_dim")) {
+    norms.push_back(*siglip);
+  }
+  model.ops = {
+      {Op::rms_norm, norms},
+      {Op::layer_norm, {model.hidden}},
+      {Op::adaln, {model.hidden}},
+      {Op::gated_adaln, {model.hidden}},
+      {Op::gated_residual, {model.hidden}},
+      {Op::swiglu, {model.intermediate}},
+      {Op::rope, {model.head_dim}},
+  };
+  return model;
+}
+
 // The vision towers of multimodal models kiln's patch takes (bindings/python/kiln/patching:
 // vision_rope.py, gelu_mlp.py), by the tower's model_type (its vision_config's, "_vision"
 // dropped, else the model's): the norm of its blocks, whether its MLP is gated (gate, up and
@@ -752,6 +797,9 @@ ModelShape read_model_config(const nlohmann::json& config) {
     throw Error("kiln prewarm: config.json: expected a JSON object");
   }
   const std::string class_name = text_of(config, "_class_name");
+  if (class_name == "ZImageTransformer2DModel") {
+    return read_z_image(config);
+  }
   // diffusers' transformers, by the class that wrote the config
   for (const auto& [diffusers_class, kind] :
        {std::pair{"LTXVideoTransformer3DModel", "ltx-video"},
@@ -781,8 +829,8 @@ ModelShape read_model_config(const nlohmann::json& config) {
       "kiln prewarm: config.json: expected a transformers LLM config (hidden_size, "
       "intermediate_size, ...) or a diffusers LTXVideoTransformer3DModel, "
       "LTX2VideoTransformer3DModel, FluxTransformer2DModel, Flux2Transformer2DModel, "
-      "WanTransformer3DModel, CogVideoXTransformer3DModel or QwenImageTransformer2DModel "
-      "config, got " +
+      "WanTransformer3DModel, CogVideoXTransformer3DModel, QwenImageTransformer2DModel or "
+      "ZImageTransformer2DModel config, got " +
       (class_name.empty() ? std::string("neither") : "_class_name \"" + class_name + "\""));
 }
 

@@ -889,3 +889,63 @@ def test_ltx2_prewarms_every_call_its_patched_transformer_makes(fresh_cache, tmp
     for op, width, flags in taken:
         assert kiln.compile(op, "bf16", width, arch="sm_90", format="cubin", flags=flags)["from_cache"], \
             (op, width, flags)
+
+
+def test_z_image_prewarms_every_call_its_patched_transformer_makes(fresh_cache, tmp_path):
+    # A tiny Z-Image (diffusers), patched and run on the CPU with captions of two lengths: every
+    # kiln call it makes, as each op's dispatcher sees it, is a problem its config's prewarm
+    # compiled. The modulated blocks' AdaLN and seam over an RMSNorm with its weight (1), per
+    # sample, the gated residual in place (16 | 8), the sublayers' and the caption embedder's
+    # RMSNorms with their weights (1), the final LayerNorm with no affine (0), each feed-forward's
+    # SwiGLU of two projections (flat, 1) and each attention's per-head q/k norms and rotation from
+    # the complex frequencies' fp32 half tables, interleaved, 2 + 2 heads (1 | 2 | 16 | 128 | 256).
+    import torch
+    diffusers = pytest.importorskip("diffusers")
+    if not hasattr(diffusers, "ZImageTransformer2DModel"):
+        pytest.skip("this diffusers has no Z-Image transformer")
+    torch.manual_seed(0)
+    model = diffusers.ZImageTransformer2DModel(
+        all_patch_size=(2,), all_f_patch_size=(1,), in_channels=4, dim=32, n_layers=2, n_refiner_layers=1, n_heads=2,
+        n_kv_heads=2, cap_feat_dim=16, axes_dims=[4, 6, 6], axes_lens=[64, 16, 16]).eval().to(torch.bfloat16)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"_class_name": "ZImageTransformer2DModel", **model.config}))
+    assert kiln.prewarm(dtypes="bf16", archs="sm_90", config=str(path))["failed"] == 0
+    kiln.patch(model)
+
+    g = torch.Generator().manual_seed(1)
+    bf16 = torch.bfloat16
+    with torch.no_grad(), KilnCalls() as calls:
+        model(x=[torch.randn(4, 1, 8, 8, generator=g).to(bf16) for _ in range(2)], t=torch.tensor([0.3, 0.7]).to(bf16),
+              cap_feats=[torch.randn(n, 16, generator=g).to(bf16) for n in (7, 5)])
+    taken = set()
+    for op, args in calls:
+        x = args[0]
+        if op in ("adaln", "gated_adaln"):
+            # The dispatcher leaves out trailing arguments at their defaults (the norm "rms", no table rows).
+            first = 3 if op == "adaln" else 5
+            assert args[first] is not None and args[first + 2:first + 3] in ((), ("rms",))
+            assert all(r is None for r in args[first + 3:])
+            assert args[1 if op == "adaln" else 3].shape[1] == 1
+            taken.add((op, x.shape[-1], 1))
+        elif op == "gated_residual_":
+            assert args[2].shape == (x.shape[0], 1, x.shape[-1])
+            taken.add(("gated_residual", x.shape[-1], 16 | 8))
+        elif op == "rms_norm":
+            assert args[1] is not None
+            taken.add((op, x.shape[-1], 1))
+        elif op == "layer_norm":
+            assert args[1] is None
+            taken.add((op, x.shape[-1], 0))
+        elif op == "swiglu":
+            assert args[1] is not None and x.is_contiguous()
+            taken.add((op, x.shape[-1], 1))
+        else:
+            assert op == "head_norm_rope"
+            q, k, cos = args[0], args[1], args[4]
+            assert q.shape[2] == k.shape[2] == 2 and cos.dtype == torch.float32 and cos.shape[-1] == 8
+            taken.add(("rope", q.shape[-1], 1 | 2 | 16 | 128 | 256))
+    assert taken == {("adaln", 32, 1), ("gated_adaln", 32, 1), ("gated_residual", 32, 24), ("rms_norm", 32, 1),
+                     ("rms_norm", 16, 1), ("layer_norm", 32, 0), ("swiglu", 85, 1), ("rope", 16, 403)}
+    for op, width, flags in taken:
+        assert kiln.compile(op, "bf16", width, arch="sm_90", format="cubin", flags=flags)["from_cache"], \
+            (op, width, flags)

@@ -524,6 +524,7 @@ g = torch.Generator().manual_seed(3)
 frames, height, width, text = 2, 2, 3, 5
 tokens = frames * height * width
 extra = {{}}
+time_key = "timestep"
 if "{cls}" == "FluxTransformer2DModel":
     frames = 1
     tokens = height * width
@@ -569,6 +570,12 @@ elif "{cls}" == "LTX2VideoTransformer3DModel":
     extra = dict(num_frames=frames, height=height, width=width, audio_num_frames=5,
                  sigma=torch.tensor([0.01, 0.5], device="cuda"), audio_timestep=torch.tensor([10, 500], device="cuda"))
     timesteps = [torch.tensor([10, 500]), torch.randint(0, 1000, (2, tokens), generator=g)]
+elif "{cls}" == "ZImageTransformer2DModel":
+    # Lists of latents and captions (of two lengths: padded, masked), the timestep as t.
+    inputs = dict(x=[torch.randn(config["in_channels"], 1, 2 * height, 2 * width, generator=g) for _ in range(2)],
+                  cap_feats=[torch.randn(n, config["cap_feat_dim"], generator=g) for n in (text, text + 2)])
+    timesteps = [torch.tensor([0.3, 0.7])]
+    time_key = "t"
 elif "{cls}" == "LTXVideoTransformer3DModel":
     inputs = dict(hidden_states=torch.randn(2, tokens, config["in_channels"], generator=g),
                   encoder_hidden_states=torch.randn(2, text, config["caption_channels"], generator=g),
@@ -582,12 +589,13 @@ else:
     if config.get("image_dim"):  # image to video: the image encoder's tokens
         inputs["encoder_hidden_states_image"] = torch.randn(2, 7, config["image_dim"], generator=g)
     timesteps = [torch.tensor([10, 500]), torch.randint(0, 1000, (2, tokens), generator=g)]
-inputs = {{k: v.to("cuda", torch.bfloat16) for k, v in inputs.items()}}
+inputs = {{k: [e.to("cuda", torch.bfloat16) for e in v] if isinstance(v, list) else v.to("cuda", torch.bfloat16)
+          for k, v in inputs.items()}}
 for timestep in timesteps:
     with torch.set_grad_enabled(TRAIN):
-        out = model(**inputs, **extra, timestep=timestep.cuda(), return_dict=False)[0]
+        out = model(**inputs, **extra, **{{time_key: timestep.cuda()}}, return_dict=False)[0]
     if TRAIN:
-        out.float().square().mean().backward()
+        (torch.stack(out) if isinstance(out, list) else out).float().square().mean().backward()
 torch.cuda.synchronize()
 print(json.dumps({{**kiln.stats(), "kernels": kiln._C.loaded_kernels(),
                   "ops": sorted({{r.op for r in report.replaced}})}}))
@@ -635,6 +643,11 @@ DIT_MODELS = {
         audio_cross_attention_dim=16, num_layers=2, caption_channels=16, rope_type="split", gated_attn=True,
         cross_attn_mod=True, audio_gated_attn=True, audio_cross_attn_mod=True, perturbed_attn=True,
         use_prompt_embeddings=False), ("adaln + gated_adaln + gated_residual",)),
+    # Head dims of 16: half tables of 32-byte rows, 16-byte aligned as real Z-Image's (128) are.
+    "z-image": ("ZImageTransformer2DModel", dict(
+        all_patch_size=(2,), all_f_patch_size=(1,), in_channels=4, dim=32, n_layers=2, n_refiner_layers=1, n_heads=2,
+        n_kv_heads=2, cap_feat_dim=16, axes_dims=[4, 6, 6], axes_lens=[64, 16, 16]),
+        ("adaln + gated_adaln + gated_residual",)),
     # Its text length is its position embedding's (max_text_seq_length).
     "cogvideox": ("CogVideoXTransformer3DModel", dict(
         num_attention_heads=2, attention_head_dim=16, in_channels=4, out_channels=4, time_embed_dim=32,
@@ -647,7 +660,7 @@ DIT_MODELS = {
 FUSED_ATTENTION = {"flux": "head_norm_rope", "ltx-video": "rms_norm_rope (angles in-kernel)",
                    "wan": "rms_norm_rope", "wan-i2v": "rms_norm_rope", "qwen-image": "head_norm_rope",
                    "qwen-image-edit": "head_norm_rope", "cogvideox": "layer_norm", "flux2": "head_norm_rope",
-                   "ltx2": "rope", "ltx2.3": "rope"}
+                   "ltx2": "rope", "ltx2.3": "rope", "z-image": "head_norm_rope"}
 
 
 def _prewarm_then_run_dit(tmp_path, name, training):
@@ -668,7 +681,7 @@ def _prewarm_then_run_dit(tmp_path, name, training):
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", list(DIT_MODELS))
 def test_prewarm_from_config_serves_a_patched_diffusion_transformer(tmp_path, name):
-    """kiln prewarm --config of a FLUX, FLUX.2, LTX-Video, LTX-2, Wan, Qwen-Image or CogVideoX config.json, with
+    """kiln prewarm --config of a FLUX, FLUX.2, LTX-Video, LTX-2, Wan, Qwen-Image, Z-Image or CogVideoX config.json, with
     no GPU, compiles every kernel the patched transformer then calls without autograd (the blocks' AdaLN seams
     and gated residuals, a timestep per sample and per token, each attention's fused q/k norms
     and rotation, the cross-attention norms, FLUX's activation written into proj_out's input,

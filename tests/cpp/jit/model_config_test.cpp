@@ -857,3 +857,35 @@ TEST_CASE("LTX-2's two streams and audio-video attentions are prewarmed as they 
   const auto alone = prewarmed_flags(interleaved, Op::rope, 2048, kiln::DType::bf16);
   CHECK(std::count(alone.begin(), alone.end(), kiln::kRopeInterleaved | kiln::kRopeTableF32) == 1);
 }
+
+TEST_CASE(
+    "Z-Image's patched blocks, attentions and feed-forwards are prewarmed as they call kiln") {
+  // Z-Image's config.json, the keys kiln reads; Z-Image-Omni's adds siglip_feat_dim.
+  nlohmann::json z_image = {{"_class_name", "ZImageTransformer2DModel"},
+                            {"dim", 3840},
+                            {"n_heads", 30},
+                            {"cap_feat_dim", 2560},
+                            {"axes_dims", {32, 48, 48}}};
+  const kiln::jit::ModelShape model = kiln::jit::read_model_config(z_image);
+  CHECK(model.kind == "z-image");
+  CHECK(model.ops.at(Op::swiglu) == std::vector<std::int64_t>{10240});
+  CHECK(model.ops.at(Op::rms_norm) == std::vector<std::int64_t>{3840, 128, 2560});
+  CHECK(model.rope.find("axes_dims [32,48,48]") != std::string::npos);
+  const auto targets = targets_of(model);
+  // The modulated norms with their weight, no shift or table, per sample or per token.
+  for (Op op : {Op::adaln, Op::gated_adaln}) {
+    CHECK(prewarmed_flags(targets, op, 3840, kiln::DType::bf16) ==
+          std::vector<std::uint32_t>{kiln::kNormWeight, kiln::kNormWeight | kiln::kNormPerToken});
+  }
+  // The per-head q/k norms and rotation from fp32 half tables, 30 + 30 heads.
+  const std::uint32_t table = kiln::kRopeInterleaved | kiln::kRopeTableF32 | kiln::kRopeHalfTable;
+  const auto rope = prewarmed_flags(targets, Op::rope, 128, kiln::DType::bf16);
+  CHECK(std::count(rope.begin(), rope.end(), table | kiln::kRopeHeadsEven | kiln::kRopeHeadNorm) ==
+        1);
+
+  z_image["siglip_feat_dim"] = 1152;
+  CHECK(kiln::jit::read_model_config(z_image).ops.at(Op::rms_norm).back() == 1152);
+  z_image["n_heads"] = 7;
+  CHECK_THROWS_WITH_AS(kiln::jit::read_model_config(z_image),
+                       doctest::Contains("dim divisible by n_heads"), kiln::Error);
+}
