@@ -40,6 +40,31 @@ class KilnCalls(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+def modulation_flags(op, args) -> int:
+    """The flags kiln's host keys an adaln or gated_adaln call by, from the arguments its
+    dispatcher saw (trailing defaults left out): the norm's weight (1), a LayerNorm (4), table
+    rows of the activations' dtype (16), an operand per token (32)."""
+    first = 3 if op == "adaln" else 5  # the weight; then eps, the norm, the table rows
+    given = tuple(args) + (None,) * (first + 6 - len(args))
+    weight, norm, rows = given[first], given[first + 2], given[first + 3:]
+    operands = args[1:3] if op == "adaln" else args[2:5]
+    return ((1 if weight is not None else 0) | (4 if norm == "layer" else 0)
+            | (16 if any(r is not None for r in rows) else 0) | (32 if any(t.shape[1] != 1 for t in operands) else 0))
+
+
+def gated_residual_flags(op, args) -> int:
+    """The flags of a gated_residual(_) call: a gate per sample (8), in place (16)."""
+    x, gate = args[0], args[2]
+    return (8 if gate.shape == (x.shape[0], 1, x.shape[-1]) else 0) | (16 if op == "gated_residual_" else 0)
+
+
+def assert_prewarmed(taken):
+    """Each (op, width, flags) a patched model called is in the cache its config's prewarm filled."""
+    for op, width, flags in taken:
+        assert kiln.compile(op, "bf16", width, arch="sm_90", format="cubin", flags=flags)["from_cache"], \
+            (op, width, flags)
+
+
 @pytest.fixture
 def fresh_cache(tmp_path):
     before = kiln.settings()
@@ -677,13 +702,9 @@ def test_cogvideox_prewarms_every_call_its_patched_transformer_makes(fresh_cache
     for op, args in calls:
         x = args[0]
         if op in ("adaln", "gated_adaln"):
-            weight = args[3] if op == "adaln" else args[5]
-            norm = args[5] if op == "adaln" else args[7]
-            assert weight is not None and norm == "layer"
-            taken.add((op, x.shape[-1], 1 | 4))
+            taken.add((op, x.shape[-1], modulation_flags(op, args)))
         elif op == "gated_residual_":
-            assert args[2].shape == (x.shape[0], 1, x.shape[-1])  # per sample
-            taken.add(("gated_residual", x.shape[-1], 8 | 16))
+            taken.add(("gated_residual", x.shape[-1], gated_residual_flags(op, args)))
         elif op == "layer_norm":
             assert args[1] is not None and args[2] is not None
             taken.add((op, x.shape[-1], 1 | 2))
@@ -692,9 +713,7 @@ def test_cogvideox_prewarms_every_call_its_patched_transformer_makes(fresh_cache
             taken.add((op, x.shape[-1], 1))
     assert taken == {("adaln", 32, 5), ("gated_adaln", 32, 5), ("gated_residual", 32, 24), ("layer_norm", 32, 3),
                      ("layer_norm", 16, 3), ("gelu", 128, 1)}
-    for op, width, flags in taken:
-        assert kiln.compile(op, "bf16", width, arch="sm_90", format="cubin", flags=flags)["from_cache"], \
-            (op, width, flags)
+    assert_prewarmed(taken)
 
 
 @pytest.mark.parametrize("edit", [False, True])
@@ -730,13 +749,9 @@ def test_qwen_image_prewarms_every_call_its_patched_transformer_makes(fresh_cach
     for op, args in calls:
         x = args[0]
         if op in ("adaln", "gated_adaln"):
-            weight, norm = (args[3], args[5]) if op == "adaln" else (args[5], args[7])
-            per_token = args[1 if op == "adaln" else 3].shape[1] != 1
-            assert weight is None and norm == "layer"
-            taken.add((op, x.shape[-1], 4 | (32 if per_token else 0)))
+            taken.add((op, x.shape[-1], modulation_flags(op, args)))
         elif op == "gated_residual_":
-            per_sample = args[2].shape == (x.shape[0], 1, x.shape[-1])
-            taken.add(("gated_residual", x.shape[-1], 16 | (8 if per_sample else 0)))
+            taken.add(("gated_residual", x.shape[-1], gated_residual_flags(op, args)))
         elif op == "rms_norm":
             assert args[1] is not None
             taken.add((op, x.shape[-1], 1))
@@ -752,9 +767,7 @@ def test_qwen_image_prewarms_every_call_its_patched_transformer_makes(fresh_cach
     if edit:  # the image stream's modulations are per token, the text's per sample
         expected |= {("adaln", 64, 36), ("gated_adaln", 64, 36), ("gated_residual", 64, 16)}
     assert taken == expected
-    for op, width, flags in taken:
-        assert kiln.compile(op, "bf16", width, arch="sm_90", format="cubin", flags=flags)["from_cache"], \
-            (op, width, flags)
+    assert_prewarmed(taken)
 
 
 def test_flux2_prewarms_every_call_its_patched_transformer_makes(fresh_cache, tmp_path):
@@ -789,12 +802,9 @@ def test_flux2_prewarms_every_call_its_patched_transformer_makes(fresh_cache, tm
     for op, args in calls:
         x = args[0]
         if op in ("adaln", "gated_adaln"):
-            weight, norm = (args[3], args[5]) if op == "adaln" else (args[5], args[7])
-            assert weight is None and norm == "layer" and args[1 if op == "adaln" else 3].shape[1] == 1
-            taken.add((op, x.shape[-1], 4))
+            taken.add((op, x.shape[-1], modulation_flags(op, args)))
         elif op in ("gated_residual", "gated_residual_"):
-            assert args[2].shape == (x.shape[0], 1, x.shape[-1])
-            taken.add(("gated_residual", x.shape[-1], 8 | (16 if op == "gated_residual_" else 0)))
+            taken.add(("gated_residual", x.shape[-1], gated_residual_flags(op, args)))
         elif op == "swiglu":
             assert len(args) == 1 or args[1] is None  # the packed projection
             # The feed-forwards' is the projection's whole output; the single blocks' a slice of it.
@@ -806,9 +816,7 @@ def test_flux2_prewarms_every_call_its_patched_transformer_makes(fresh_cache, tm
             taken.add(("rope", q.shape[-1], 1 | 2 | 16 | 32 | 256))
     assert taken == {("adaln", 64, 4), ("gated_adaln", 64, 4), ("gated_residual", 64, 8),
                      ("gated_residual", 64, 24), ("swiglu", 192, 1), ("swiglu", 192, 0), ("rope", 16, 307)}
-    for op, width, flags in taken:
-        assert kiln.compile(op, "bf16", width, arch="sm_90", format="cubin", flags=flags)["from_cache"], \
-            (op, width, flags)
+    assert_prewarmed(taken)
 
 
 @pytest.mark.parametrize("rope", ["split", "interleaved"])
@@ -849,14 +857,9 @@ def test_ltx2_prewarms_every_call_its_patched_transformer_makes(fresh_cache, tmp
     for op, args in calls:
         x = args[0]
         if op in ("adaln", "gated_adaln"):
-            weight, norm, rows = (args[3], args[5], args[6:]) if op == "adaln" else (args[5], args[7], args[8:])
-            operands = args[1:3] if op == "adaln" else args[2:5]
-            assert weight is None and norm == "rms" and all(r is not None for r in rows)
-            per_token = any(t.shape[1] != 1 for t in operands)
-            taken.add((op, x.shape[-1], 16 | (32 if per_token else 0)))
+            taken.add((op, x.shape[-1], modulation_flags(op, args)))
         elif op == "gated_residual_":
-            per_sample = args[2].shape == (x.shape[0], 1, x.shape[-1])
-            taken.add(("gated_residual", x.shape[-1], 16 | (8 if per_sample else 0)))
+            taken.add(("gated_residual", x.shape[-1], gated_residual_flags(op, args)))
         elif op == "rms_norm":
             assert args[1] is not None
             taken.add((op, x.shape[-1], 1))
@@ -886,9 +889,7 @@ def test_ltx2_prewarms_every_call_its_patched_transformer_makes(fresh_cache, tmp
     else:
         expected |= {("rms_norm_rope", 16, 2), ("rms_norm_rope", 8, 2), ("rope", 8, 3)}
     assert taken == expected
-    for op, width, flags in taken:
-        assert kiln.compile(op, "bf16", width, arch="sm_90", format="cubin", flags=flags)["from_cache"], \
-            (op, width, flags)
+    assert_prewarmed(taken)
 
 
 def test_z_image_prewarms_every_call_its_patched_transformer_makes(fresh_cache, tmp_path):
@@ -921,15 +922,9 @@ def test_z_image_prewarms_every_call_its_patched_transformer_makes(fresh_cache, 
     for op, args in calls:
         x = args[0]
         if op in ("adaln", "gated_adaln"):
-            # The dispatcher leaves out trailing arguments at their defaults (the norm "rms", no table rows).
-            first = 3 if op == "adaln" else 5
-            assert args[first] is not None and args[first + 2:first + 3] in ((), ("rms",))
-            assert all(r is None for r in args[first + 3:])
-            assert args[1 if op == "adaln" else 3].shape[1] == 1
-            taken.add((op, x.shape[-1], 1))
+            taken.add((op, x.shape[-1], modulation_flags(op, args)))
         elif op == "gated_residual_":
-            assert args[2].shape == (x.shape[0], 1, x.shape[-1])
-            taken.add(("gated_residual", x.shape[-1], 16 | 8))
+            taken.add(("gated_residual", x.shape[-1], gated_residual_flags(op, args)))
         elif op == "rms_norm":
             assert args[1] is not None
             taken.add((op, x.shape[-1], 1))
@@ -946,6 +941,4 @@ def test_z_image_prewarms_every_call_its_patched_transformer_makes(fresh_cache, 
             taken.add(("rope", q.shape[-1], 1 | 2 | 16 | 128 | 256))
     assert taken == {("adaln", 32, 1), ("gated_adaln", 32, 1), ("gated_residual", 32, 24), ("rms_norm", 32, 1),
                      ("rms_norm", 16, 1), ("layer_norm", 32, 0), ("swiglu", 85, 1), ("rope", 16, 403)}
-    for op, width, flags in taken:
-        assert kiln.compile(op, "bf16", width, arch="sm_90", format="cubin", flags=flags)["from_cache"], \
-            (op, width, flags)
+    assert_prewarmed(taken)
