@@ -65,6 +65,22 @@ def assert_prewarmed(taken):
             (op, width, flags)
 
 
+def _prewarmed_and_patched(tmp_path, cls, **config):
+    """A tiny diffusers ``cls`` of ``config`` in bf16, its config.json prewarmed (no failure), then
+    patched; skipped where diffusers lacks ``cls``."""
+    import torch
+    diffusers = pytest.importorskip("diffusers")
+    if not hasattr(diffusers, cls):
+        pytest.skip(f"this diffusers has no {cls}")
+    torch.manual_seed(0)
+    model = getattr(diffusers, cls)(**config).eval().to(torch.bfloat16)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"_class_name": cls, **model.config}))
+    assert kiln.prewarm(dtypes="bf16", archs="sm_90", config=str(path))["failed"] == 0
+    kiln.patch(model)
+    return model
+
+
 @pytest.fixture
 def fresh_cache(tmp_path):
     before = kiln.settings()
@@ -682,16 +698,11 @@ def test_cogvideox_prewarms_every_call_its_patched_transformer_makes(fresh_cache
     # residual in place per sample (8 | 16), the q/k LayerNorms of each head and the final one
     # (1 | 2), the feed-forward's tanh GELU of a flat row (1).
     import torch
-    diffusers = pytest.importorskip("diffusers")
-    torch.manual_seed(0)
-    model = diffusers.CogVideoXTransformer3DModel(
+    model = _prewarmed_and_patched(
+        tmp_path, "CogVideoXTransformer3DModel",
         num_attention_heads=2, attention_head_dim=16, in_channels=4, out_channels=4, time_embed_dim=32,
         text_embed_dim=32, num_layers=2, sample_width=8, sample_height=8, sample_frames=5, patch_size=2,
-        max_text_seq_length=8).eval().to(torch.bfloat16)
-    path = tmp_path / "config.json"
-    path.write_text(json.dumps({"_class_name": "CogVideoXTransformer3DModel", **model.config}))
-    assert kiln.prewarm(dtypes="bf16", archs="sm_90", config=str(path))["failed"] == 0
-    kiln.patch(model)
+        max_text_seq_length=8)
 
     g = torch.Generator().manual_seed(1)
     with torch.no_grad(), KilnCalls() as calls:
@@ -726,17 +737,10 @@ def test_qwen_image_prewarms_every_call_its_patched_transformer_makes(fresh_cach
     # GELU of a flat row (1), and each stream's per-head q/k norms and rotation in place from the
     # complex frequencies' fp32 half tables, interleaved, 4 + 4 heads (1 | 2 | 128 | 48 | 256).
     import torch
-    diffusers = pytest.importorskip("diffusers")
-    if not hasattr(diffusers, "QwenImageTransformer2DModel"):
-        pytest.skip("this diffusers has no Qwen-Image transformer")
-    torch.manual_seed(0)
-    model = diffusers.QwenImageTransformer2DModel(
+    model = _prewarmed_and_patched(
+        tmp_path, "QwenImageTransformer2DModel",
         patch_size=2, in_channels=16, out_channels=4, num_layers=2, attention_head_dim=16, num_attention_heads=4,
-        joint_attention_dim=32, axes_dims_rope=(4, 6, 6), zero_cond_t=edit).eval().to(torch.bfloat16)
-    path = tmp_path / "config.json"
-    path.write_text(json.dumps({"_class_name": "QwenImageTransformer2DModel", **model.config}))
-    assert kiln.prewarm(dtypes="bf16", archs="sm_90", config=str(path))["failed"] == 0
-    kiln.patch(model)
+        joint_attention_dim=32, axes_dims_rope=(4, 6, 6), zero_cond_t=edit)
 
     g = torch.Generator().manual_seed(1)
     images = 2 if edit else 1
@@ -778,17 +782,10 @@ def test_flux2_prewarms_every_call_its_patched_transformer_makes(fresh_cache, tm
     # to_out's input, rows apart, 0), each attention's per-head q/k norms and rotation from the
     # fp32 table, interleaved, 2 + 2 heads (1 | 2 | 16 | 256; 32 where the counts are fours).
     import torch
-    diffusers = pytest.importorskip("diffusers")
-    if not hasattr(diffusers, "Flux2Transformer2DModel"):
-        pytest.skip("this diffusers has no FLUX.2 transformer")
-    torch.manual_seed(0)
-    model = diffusers.Flux2Transformer2DModel(
+    model = _prewarmed_and_patched(
+        tmp_path, "Flux2Transformer2DModel",
         patch_size=1, in_channels=8, num_layers=1, num_single_layers=2, attention_head_dim=16, num_attention_heads=4,
-        joint_attention_dim=24, axes_dims_rope=(4, 4, 4, 4), timestep_guidance_channels=16).eval().to(torch.bfloat16)
-    path = tmp_path / "config.json"
-    path.write_text(json.dumps({"_class_name": "Flux2Transformer2DModel", **model.config}))
-    assert kiln.prewarm(dtypes="bf16", archs="sm_90", config=str(path))["failed"] == 0
-    kiln.patch(model)
+        joint_attention_dim=24, axes_dims_rope=(4, 4, 4, 4), timestep_guidance_channels=16)
 
     g = torch.Generator().manual_seed(1)
     ids = torch.stack(torch.meshgrid(torch.zeros(1), torch.arange(3.0), torch.arange(4.0), torch.zeros(1),
@@ -831,18 +828,11 @@ def test_ltx2_prewarms_every_call_its_patched_transformer_makes(fresh_cache, tmp
     # alone; interleaved: the self-attentions' norms and rotation fused (rms_norm_rope 2), the
     # audio-video attentions' q and k rotated alone by full-row tables (1 | 2).
     import torch
-    diffusers = pytest.importorskip("diffusers")
-    if not hasattr(diffusers, "LTX2VideoTransformer3DModel"):
-        pytest.skip("this diffusers has no LTX-2 transformer")
-    torch.manual_seed(0)
-    model = diffusers.LTX2VideoTransformer3DModel(
+    model = _prewarmed_and_patched(
+        tmp_path, "LTX2VideoTransformer3DModel",
         in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=8, cross_attention_dim=16,
         audio_in_channels=4, audio_out_channels=4, audio_num_attention_heads=2, audio_attention_head_dim=4,
-        audio_cross_attention_dim=8, num_layers=2, caption_channels=16, rope_type=rope).eval().to(torch.bfloat16)
-    path = tmp_path / "config.json"
-    path.write_text(json.dumps({"_class_name": "LTX2VideoTransformer3DModel", **model.config}))
-    assert kiln.prewarm(dtypes="bf16", archs="sm_90", config=str(path))["failed"] == 0
-    kiln.patch(model)
+        audio_cross_attention_dim=8, num_layers=2, caption_channels=16, rope_type=rope)
 
     g = torch.Generator().manual_seed(1)
     bf16 = torch.bfloat16
@@ -901,17 +891,10 @@ def test_z_image_prewarms_every_call_its_patched_transformer_makes(fresh_cache, 
     # SwiGLU of two projections (flat, 1) and each attention's per-head q/k norms and rotation from
     # the complex frequencies' fp32 half tables, interleaved, 2 + 2 heads (1 | 2 | 16 | 128 | 256).
     import torch
-    diffusers = pytest.importorskip("diffusers")
-    if not hasattr(diffusers, "ZImageTransformer2DModel"):
-        pytest.skip("this diffusers has no Z-Image transformer")
-    torch.manual_seed(0)
-    model = diffusers.ZImageTransformer2DModel(
+    model = _prewarmed_and_patched(
+        tmp_path, "ZImageTransformer2DModel",
         all_patch_size=(2,), all_f_patch_size=(1,), in_channels=4, dim=32, n_layers=2, n_refiner_layers=1, n_heads=2,
-        n_kv_heads=2, cap_feat_dim=16, axes_dims=[4, 6, 6], axes_lens=[64, 16, 16]).eval().to(torch.bfloat16)
-    path = tmp_path / "config.json"
-    path.write_text(json.dumps({"_class_name": "ZImageTransformer2DModel", **model.config}))
-    assert kiln.prewarm(dtypes="bf16", archs="sm_90", config=str(path))["failed"] == 0
-    kiln.patch(model)
+        n_kv_heads=2, cap_feat_dim=16, axes_dims=[4, 6, 6], axes_lens=[64, 16, 16])
 
     g = torch.Generator().manual_seed(1)
     bf16 = torch.bfloat16
