@@ -244,17 +244,21 @@ def gelu_after_proj(module: torch.nn.Module, original: Callable) -> Callable:
     return forward
 
 
-def argument_binder(original: Callable) -> Callable[[tuple, dict], Optional[dict]]:
+def argument_binder(original: Callable, defaults: bool = False) -> Callable[[tuple, dict], Optional[dict]]:
     """For a replacement that reads the original forward's arguments by name: a function of
-    one call's (args, kwargs) giving them, or None where they do not bind (the replacement
-    then calls the original, which raises as it would have)."""
+    one call's (args, kwargs) giving them (with ``defaults``, those not given at their
+    defaults too), or None where they do not bind (the replacement then calls the original,
+    which raises as it would have)."""
     signature = inspect.signature(original)
 
     def bind(args: tuple, kwargs: dict) -> Optional[dict]:
         try:
-            return signature.bind(*args, **kwargs).arguments
+            bound = signature.bind(*args, **kwargs)
         except TypeError:
             return None
+        if defaults:
+            bound.apply_defaults()
+        return bound.arguments
 
     return bind
 

@@ -31,15 +31,14 @@ not take) runs diffusers' forward, and so does torch.compile's tracing, where In
 seams with their neighbours itself.
 """
 
-import inspect
 import sys
 from typing import Callable, Optional
 
 import torch
 
 from .. import activation_ops, norm_ops, rope_ops
-from .forwards import (SharedAttentionSettings, any_hooks, kiln_can_take, norm_eps, records_parameters,
-                       signature_kept)
+from .forwards import (SharedAttentionSettings, any_hooks, argument_binder, kiln_can_take, norm_eps,
+                       records_parameters, signature_kept)
 from .ltx import constant, norm_weight, table_fits
 
 BLOCK_OPS = "adaln + gated_adaln + gated_residual"
@@ -263,23 +262,9 @@ def _seam(s: _Stream, i: int, h, y, gate, scale, shift, rows, consts):
     return norm_ops.gated_adaln(h, y, gate, scale, shift, s.weight(i), s.eps(i, h), "rms", gate_row, *rows)
 
 
-def _bound(original: Callable) -> Callable:
-    signature = inspect.signature(original)
-
-    def bind(args, kwargs) -> Optional[dict]:
-        try:
-            bound = signature.bind(*args, **kwargs)
-        except TypeError:
-            return None
-        bound.apply_defaults()
-        return bound.arguments
-
-    return bind
-
-
 def ltx2_block(module: torch.nn.Module, original: Callable) -> Callable:
     """``LTX2VideoTransformerBlock.forward`` with its seams fused (see the module's docstring)."""
-    bind = _bound(original)
+    bind = argument_binder(original, defaults=True)
     consts = {}
 
     def forward(*args, **kwargs):
