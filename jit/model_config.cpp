@@ -407,6 +407,45 @@ std::string axes_rope(const nlohmann::json& config, const std::string& dims, con
 // mlp_ratio 4.0 too).
 constexpr std::int64_t kDiffusersFeedForwardMult = 4;
 
+// The feed-forwards' inner width, `mlp_ratio` (or `fallback` where the config has none) x hidden,
+// truncated as diffusers' int(hidden * mlp_ratio).
+std::int64_t mlp_width(const nlohmann::json& config, std::int64_t hidden, double fallback) {
+  double ratio = fallback;
+  if (auto it = config.find("mlp_ratio"); it != config.end() && it->is_number()) {
+    ratio = it->get<double>();
+  }
+  return static_cast<std::int64_t>(static_cast<double>(hidden) * ratio);
+}
+
+// HunyuanVideo (diffusers' HunyuanVideoTransformer3DModel and its FramePack variant) and
+// HunyuanVideo 1.5: FLUX's blocks with the video stream first (AdaLN over a LayerNorm with no
+// affine, per sample; the double blocks' seams, gated_adaln and the gated residual in place; the
+// single blocks' gated residual and GELU written into proj_out's input), each attention's per-head
+// q/k RMSNorms and the video tokens' rotation from diffusers' fp32 table (interleaved pairs) as one
+// head_norm_rope in place, the text tokens' norms alone; the token refiner's affine LayerNorms.
+// HunyuanVideo 1.5 (double blocks only) adds the LayerNorms of its ByT5 and image projections.
+void read_hunyuan_video(const nlohmann::json& config, ModelShape& model) {
+  model.heads_q = model.heads_k = model.hidden / model.head_dim;
+  model.head_norm_layout = kRopeInterleaved | kRopeTableF32;
+  model.modulation_flags = {kNormLayer};
+  model.intermediate = mlp_width(config, model.hidden, 4.0);
+  model.rope = axes_rope(config, "3-D",
+                         "a table, interleaved pairs, the video tokens' alone, after the per-head "
+                         "q/k RMSNorms",
+                         "rope_axes_dim");
+  std::vector<std::int64_t> layer_norms = {model.hidden};
+  if (model.kind == "hunyuan-video-1.5") {
+    layer_norms.push_back(size_if_set(config, "text_embed_2_dim").value_or(1472));
+    layer_norms.push_back(size_if_set(config, "image_embed_dim").value_or(1152));
+  }
+  model.ops = {
+      {Op::layer_norm, layer_norms},     {Op::adaln, {model.hidden}},
+      {Op::gated_adaln, {model.hidden}}, {Op::gated_residual, {model.hidden}},
+      {Op::gelu, {model.intermediate}},  {Op::rms_norm, {model.head_dim}},
+      {Op::rope, {model.head_dim}},
+  };
+}
+
 // LTX-2 and LTX-2.3 (diffusers' LTX2VideoTransformer3DModel): a video stream (the model's
 // sizes) and an audio stream (a part of its own). Each stream's patched blocks: AdaLN over an
 // RMSNorm with no weight, the table rows beside temb, per sample or per token (conditioned
@@ -501,11 +540,7 @@ ModelShape read_diffusion(const nlohmann::json& config, const std::string& kind)
     model.heads_q = model.heads_k = model.hidden / model.head_dim;
     model.head_norm_layout = kRopeInterleaved | kRopeTableF32;
     model.modulation_flags = {kNormLayer};
-    double mlp_ratio = 3.0;  // Flux2Transformer2DModel's default
-    if (auto ratio = config.find("mlp_ratio"); ratio != config.end() && ratio->is_number()) {
-      mlp_ratio = ratio->get<double>();
-    }
-    model.intermediate = static_cast<std::int64_t>(static_cast<double>(model.hidden) * mlp_ratio);
+    model.intermediate = mlp_width(config, model.hidden, 3.0);  // Flux2Transformer2DModel's default
     model.rope =
         axes_rope(config, "4-D", "a table, interleaved pairs, after the per-head q/k RMSNorms");
     model.ops = {
@@ -544,6 +579,8 @@ ModelShape read_diffusion(const nlohmann::json& config, const std::string& kind)
     };
   } else if (kind == "ltx2") {
     read_ltx2(config, model);
+  } else if (kind.starts_with("hunyuan-video")) {
+    read_hunyuan_video(config, model);
   } else if (kind == "wan") {
     model.intermediate = require_size(config, "ffn_dim");
     model.heads_q = model.heads_k = model.hidden / model.head_dim;
@@ -807,7 +844,10 @@ ModelShape read_model_config(const nlohmann::json& config) {
         std::pair{"CogVideoXTransformer3DModel", "cogvideox"},
         std::pair{"QwenImageTransformer2DModel", "qwen-image"},
         std::pair{"Flux2Transformer2DModel", "flux2"},
-        std::pair{"LTX2VideoTransformer3DModel", "ltx2"}}) {
+        std::pair{"LTX2VideoTransformer3DModel", "ltx2"},
+        std::pair{"HunyuanVideoTransformer3DModel", "hunyuan-video"},
+        std::pair{"HunyuanVideoFramepackTransformer3DModel", "hunyuan-video"},
+        std::pair{"HunyuanVideo15Transformer3DModel", "hunyuan-video-1.5"}}) {
     if (class_name == diffusers_class) {
       return read_diffusion(config, kind);
     }
@@ -829,7 +869,8 @@ ModelShape read_model_config(const nlohmann::json& config) {
       "kiln prewarm: config.json: expected a transformers LLM config (hidden_size, "
       "intermediate_size, ...) or a diffusers LTXVideoTransformer3DModel, "
       "LTX2VideoTransformer3DModel, FluxTransformer2DModel, Flux2Transformer2DModel, "
-      "WanTransformer3DModel, CogVideoXTransformer3DModel, QwenImageTransformer2DModel or "
+      "WanTransformer3DModel, CogVideoXTransformer3DModel, QwenImageTransformer2DModel, "
+      "HunyuanVideoTransformer3DModel, HunyuanVideo15Transformer3DModel or "
       "ZImageTransformer2DModel config, got " +
       (class_name.empty() ? std::string("neither") : "_class_name \"" + class_name + "\""));
 }

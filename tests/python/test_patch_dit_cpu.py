@@ -495,17 +495,17 @@ def test_flux_patched_agrees_and_unpatch_restores(dtype, monkeypatch):
 def test_flux_single_block_reads_adjacent_streams_without_concatenating():
     """A single block's text and image streams, as the previous single block returns them, are
     the two halves of its output: read as that tensor, not copied. Anything else is concatenated."""
-    from kiln.patching.flux_block import _joined
+    from kiln.patching.flux_block import joined
 
     out = torch.randn(2, 8, 6)
-    assert _joined(out[:, :3], out[:, 3:]) is out
+    assert joined(out[:, :3], out[:, 3:]) is out
     for c, h in [(out[:, 3:], out[:, :3]),  # swapped
                  (out[:, :3], out[:, 4:]),  # a gap
                  (out[:, :3, :4], out[:, 3:, :4]),  # narrower than the tensor
                  (out[:, :3].clone(), out[:, 3:]),
                  (out[:1, :3], out[:1, 3:])]:  # one sample of a batch
-        joined = _joined(c, h)
-        assert joined is not out and torch.equal(joined, torch.cat([c, h], dim=1))
+        both = joined(c, h)
+        assert both is not out and torch.equal(both, torch.cat([c, h], dim=1))
 
 
 def test_flux_blocks_run_diffusers_forward_where_kiln_would_differ(monkeypatch):

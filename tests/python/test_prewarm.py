@@ -925,3 +925,78 @@ def test_z_image_prewarms_every_call_its_patched_transformer_makes(fresh_cache, 
     assert taken == {("adaln", 32, 1), ("gated_adaln", 32, 1), ("gated_residual", 32, 24), ("rms_norm", 32, 1),
                      ("rms_norm", 16, 1), ("layer_norm", 32, 0), ("swiglu", 85, 1), ("rope", 16, 403)}
     assert_prewarmed(taken)
+
+
+class KilnCallsAndOuts(KilnCalls):
+    """KilnCalls with each call into a given output (an ``.out`` overload) named "<op> out"."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.namespace == "kiln" and kwargs and "out" in kwargs:
+            self.calls.add((func.__name__.split(".")[0] + " out", args))
+            return func(*args, **kwargs)
+        return super().__torch_dispatch__(func, types, args, kwargs)
+
+
+@pytest.mark.parametrize("cls", ["HunyuanVideoTransformer3DModel", "HunyuanVideo15Transformer3DModel"])
+def test_hunyuan_video_prewarms_every_call_its_patched_transformer_makes(fresh_cache, tmp_path, cls):
+    # A tiny HunyuanVideo (diffusers; or HunyuanVideo 1.5, double blocks only), patched and run on
+    # the CPU with a padded prompt: every kiln call it makes, as each op's dispatcher sees it, is a
+    # problem its config's prewarm compiled. Each stream's AdaLN and block seam over a LayerNorm with
+    # no affine (4), the gated residual in place and not (16; per sample, 8), the text tokens' q/k
+    # RMSNorms with their weights (1), the token refiner's and the projections' affine LayerNorms
+    # (1 | 2), the feed-forwards' tanh GELU of a flat row (1) and the single blocks' into proj_out's
+    # input (0), the video tokens' per-head q/k norms and rotation in place from diffusers' fp32
+    # table, interleaved, 2 + 2 heads (1 | 2 | 16 | 256).
+    import torch
+    v15 = cls == "HunyuanVideo15Transformer3DModel"
+    sizes = dict(in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=16, num_layers=2,
+                 num_refiner_layers=1, text_embed_dim=16, rope_axes_dim=(4, 6, 6))
+    more = dict(text_embed_2_dim=12, image_embed_dim=24) if v15 else dict(
+        num_single_layers=2, patch_size=1, patch_size_t=1, pooled_projection_dim=8)
+    model = _prewarmed_and_patched(tmp_path, cls, **sizes, **more)
+
+    g = torch.Generator().manual_seed(1)
+    bf16 = torch.bfloat16
+    inputs = dict(hidden_states=torch.randn(2, 4, 3, 4, 4, generator=g).to(bf16),
+                  encoder_hidden_states=torch.randn(2, 7, 16, generator=g).to(bf16),
+                  encoder_attention_mask=torch.tensor([[1] * 7, [1] * 4 + [0] * 3]))
+    if v15:
+        inputs.update(timestep=torch.tensor([300.0, 700.0]).to(bf16),
+                      encoder_hidden_states_2=torch.randn(2, 5, 12, generator=g).to(bf16),
+                      encoder_attention_mask_2=torch.tensor([[1] * 5, [1] * 2 + [0] * 3]),
+                      image_embeds=torch.randn(2, 3, 24, generator=g).to(bf16))
+    else:
+        inputs.update(timestep=torch.tensor([300, 700]), pooled_projections=torch.randn(2, 8, generator=g).to(bf16),
+                      guidance=torch.tensor([3000.0, 3000.0]).to(bf16))
+    with torch.no_grad(), KilnCallsAndOuts() as calls:
+        model(**inputs)
+    taken = set()
+    for op, args in calls:
+        x = args[0]
+        if op in ("adaln", "gated_adaln"):
+            taken.add((op, x.shape[-1], modulation_flags(op, args)))
+        elif op in ("gated_residual", "gated_residual_"):
+            taken.add(("gated_residual", x.shape[-1], gated_residual_flags(op, args)))
+        elif op == "rms_norm":
+            assert args[1] is not None
+            taken.add((op, x.shape[-1], 1))
+        elif op == "layer_norm":
+            weight, bias = (tuple(args[1:3]) + (None, None))[:2]
+            assert (weight is None) == (bias is None)
+            taken.add((op, x.shape[-1], 0 if weight is None else 1 | 2))
+        elif op in ("gelu", "gelu out"):
+            assert tuple(args[1:3]) in ((), (None,), (None, "tanh"))  # trailing defaults left out
+            taken.add(("gelu", x.shape[-1], 1 if op == "gelu" else 0))
+        else:
+            assert op == "head_norm_rope_"
+            q, k, cos = args[0], args[1], args[4]
+            assert q.shape[2] == k.shape[2] == 2 and cos.dtype == torch.float32 and cos.shape[-1] == 16
+            taken.add(("rope", q.shape[-1], 1 | 2 | 16 | 256))
+    expected = {("adaln", 32, 4), ("gated_adaln", 32, 4), ("gated_residual", 32, 24), ("rms_norm", 16, 1),
+                ("layer_norm", 32, 3), ("gelu", 128, 1), ("rope", 16, 275)}
+    if v15:
+        expected |= {("layer_norm", 12, 3), ("layer_norm", 24, 3)}
+    else:
+        expected |= {("gated_residual", 32, 8), ("gelu", 128, 0)}
+    assert taken == expected
+    assert_prewarmed(taken)

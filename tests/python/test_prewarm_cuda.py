@@ -576,6 +576,21 @@ elif "{cls}" == "ZImageTransformer2DModel":
                   cap_feats=[torch.randn(n, config["cap_feat_dim"], generator=g) for n in (text, text + 2)])
     timesteps = [torch.tensor([0.3, 0.7])]
     time_key = "t"
+elif "{cls}" in ("HunyuanVideoTransformer3DModel", "HunyuanVideo15Transformer3DModel"):
+    # A padded prompt (its mask long, as the pipelines pass it); HunyuanVideo 1.5's second text
+    # encoder's and an image's tokens too, its timestep in the model's dtype.
+    inputs = dict(hidden_states=torch.randn(2, config["in_channels"], frames, height, width, generator=g),
+                  encoder_hidden_states=torch.randn(2, text, config["text_embed_dim"], generator=g))
+    extra = dict(encoder_attention_mask=torch.tensor([[1] * text, [1] * (text - 2) + [0] * 2], device="cuda"))
+    if "{cls}" == "HunyuanVideo15Transformer3DModel":
+        inputs.update(encoder_hidden_states_2=torch.randn(2, 4, config["text_embed_2_dim"], generator=g),
+                      image_embeds=torch.randn(2, 3, config["image_embed_dim"], generator=g))
+        extra["encoder_attention_mask_2"] = torch.tensor([[1] * 4, [1] * 2 + [0] * 2], device="cuda")
+        timesteps = [torch.tensor([10.0, 500.0]).bfloat16()]
+    else:
+        inputs["pooled_projections"] = torch.randn(2, config["pooled_projection_dim"], generator=g)
+        extra["guidance"] = torch.full((2,), 3000.0, device="cuda")
+        timesteps = [torch.tensor([10, 500])]
 elif "{cls}" == "LTXVideoTransformer3DModel":
     inputs = dict(hidden_states=torch.randn(2, tokens, config["in_channels"], generator=g),
                   encoder_hidden_states=torch.randn(2, text, config["caption_channels"], generator=g),
@@ -648,6 +663,15 @@ DIT_MODELS = {
         all_patch_size=(2,), all_f_patch_size=(1,), in_channels=4, dim=32, n_layers=2, n_refiner_layers=1, n_heads=2,
         n_kv_heads=2, cap_feat_dim=16, axes_dims=[4, 6, 6], axes_lens=[64, 16, 16]),
         ("adaln + gated_adaln + gated_residual",)),
+    # Head dims of 16: table rows of 64 bytes, 16-byte aligned as real HunyuanVideo's (128) are.
+    "hunyuan-video": ("HunyuanVideoTransformer3DModel", dict(
+        in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=16, num_layers=1, num_single_layers=2,
+        num_refiner_layers=1, patch_size=1, patch_size_t=1, text_embed_dim=16, pooled_projection_dim=8,
+        rope_axes_dim=(4, 6, 6)), ("gated_adaln + gated_residual", "gelu + gated_residual")),
+    "hunyuan-video-1.5": ("HunyuanVideo15Transformer3DModel", dict(
+        in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=16, num_layers=2,
+        num_refiner_layers=1, text_embed_dim=16, text_embed_2_dim=12, image_embed_dim=24, rope_axes_dim=(4, 6, 6)),
+        ("gated_adaln + gated_residual",)),
     # Its text length is its position embedding's (max_text_seq_length).
     "cogvideox": ("CogVideoXTransformer3DModel", dict(
         num_attention_heads=2, attention_head_dim=16, in_channels=4, out_channels=4, time_embed_dim=32,
@@ -660,7 +684,8 @@ DIT_MODELS = {
 FUSED_ATTENTION = {"flux": "head_norm_rope", "ltx-video": "rms_norm_rope (angles in-kernel)",
                    "wan": "rms_norm_rope", "wan-i2v": "rms_norm_rope", "qwen-image": "head_norm_rope",
                    "qwen-image-edit": "head_norm_rope", "cogvideox": "layer_norm", "flux2": "head_norm_rope",
-                   "ltx2": "rope", "ltx2.3": "rope", "z-image": "head_norm_rope"}
+                   "ltx2": "rope", "ltx2.3": "rope", "z-image": "head_norm_rope", "hunyuan-video": "head_norm_rope",
+                   "hunyuan-video-1.5": "head_norm_rope"}
 
 
 def _prewarm_then_run_dit(tmp_path, name, training):
@@ -681,7 +706,8 @@ def _prewarm_then_run_dit(tmp_path, name, training):
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", list(DIT_MODELS))
 def test_prewarm_from_config_serves_a_patched_diffusion_transformer(tmp_path, name):
-    """kiln prewarm --config of a FLUX, FLUX.2, LTX-Video, LTX-2, Wan, Qwen-Image, Z-Image or CogVideoX config.json, with
+    """kiln prewarm --config of a FLUX, FLUX.2, LTX-Video, LTX-2, Wan, Qwen-Image, Z-Image, HunyuanVideo (1.5) or
+    CogVideoX config.json, with
     no GPU, compiles every kernel the patched transformer then calls without autograd (the blocks' AdaLN seams
     and gated residuals, a timestep per sample and per token, each attention's fused q/k norms
     and rotation, the cross-attention norms, FLUX's activation written into proj_out's input,

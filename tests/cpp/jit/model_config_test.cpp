@@ -889,3 +889,42 @@ TEST_CASE(
   CHECK_THROWS_WITH_AS(kiln::jit::read_model_config(z_image),
                        doctest::Contains("dim divisible by n_heads"), kiln::Error);
 }
+
+TEST_CASE("HunyuanVideo's patched blocks and attentions are prewarmed as they call kiln") {
+  // HunyuanVideo's config.json, the keys kiln reads; its FramePack variant's reads alike.
+  nlohmann::json hunyuan = {{"_class_name", "HunyuanVideoTransformer3DModel"},
+                            {"attention_head_dim", 128},
+                            {"num_attention_heads", 24},
+                            {"mlp_ratio", 4.0},
+                            {"rope_axes_dim", {16, 56, 56}}};
+  const kiln::jit::ModelShape model = kiln::jit::read_model_config(hunyuan);
+  CHECK(model.kind == "hunyuan-video");
+  CHECK(model.ops.at(Op::gelu) == std::vector<std::int64_t>{12288});
+  CHECK(model.ops.at(Op::layer_norm) == std::vector<std::int64_t>{3072});
+  CHECK(model.ops.at(Op::rms_norm) == std::vector<std::int64_t>{128});
+  CHECK(model.rope.find("rope_axes_dim [16,56,56]") != std::string::npos);
+  const auto targets = targets_of(model);
+  // The modulated LayerNorms with no affine, per sample.
+  for (Op op : {Op::adaln, Op::gated_adaln}) {
+    CHECK(prewarmed_flags(targets, op, 3072, kiln::DType::bf16) ==
+          std::vector<std::uint32_t>{kiln::kNormLayer});
+  }
+  // The per-head q/k norms and the rotation from diffusers' fp32 table, 24 + 24 heads.
+  const std::uint32_t fused = kiln::kRopeInterleaved | kiln::kRopeTableF32 | kiln::kRopeHeadsEven |
+                              kiln::kRopeHeadsBy4 | kiln::kRopeHeadNorm;
+  const auto rope = prewarmed_flags(targets, Op::rope, 128, kiln::DType::bf16);
+  CHECK(std::count(rope.begin(), rope.end(), fused) == 1);
+
+  hunyuan["_class_name"] = "HunyuanVideoFramepackTransformer3DModel";
+  CHECK(kiln::jit::read_model_config(hunyuan).kind == "hunyuan-video");
+  // HunyuanVideo 1.5: 16 heads, the LayerNorms of its ByT5 and image projections too.
+  const kiln::jit::ModelShape v15 =
+      kiln::jit::read_model_config({{"_class_name", "HunyuanVideo15Transformer3DModel"},
+                                    {"attention_head_dim", 128},
+                                    {"num_attention_heads", 16},
+                                    {"text_embed_2_dim", 1472},
+                                    {"image_embed_dim", 1152}});
+  CHECK(v15.kind == "hunyuan-video-1.5");
+  CHECK(v15.ops.at(Op::layer_norm) == std::vector<std::int64_t>{2048, 1472, 1152});
+  CHECK(v15.ops.at(Op::gelu) == std::vector<std::int64_t>{8192});
+}

@@ -38,7 +38,7 @@ def _plain_layer_norm(norm: torch.nn.Module, width: int) -> bool:
         and tuple(norm.normalized_shape) == (width,) and not any_hooks(norm)
 
 
-def _fits_double(module: torch.nn.Module, h, c, temb, joint_attention_kwargs) -> bool:
+def fits_double(module: torch.nn.Module, h, c, temb, joint_attention_kwargs) -> bool:
     if not (isinstance(h, torch.Tensor) and isinstance(c, torch.Tensor) and isinstance(temb, torch.Tensor)
             and h.dim() == 3 and c.dim() == 3 and kiln_can_take(h, c)):
         return False
@@ -49,7 +49,7 @@ def _fits_double(module: torch.nn.Module, h, c, temb, joint_attention_kwargs) ->
         and not records_parameters(module)
 
 
-def _stream(norm, ff, h, attn, gate_msa, shift_mlp, scale_mlp, gate_mlp) -> Optional[torch.Tensor]:
+def _kiln_stream(norm, ff, h, attn, gate_msa, shift_mlp, scale_mlp, gate_mlp) -> Optional[torch.Tensor]:
     """One stream of the double block after its attention: None where the attention's output
     is not of h's shape and kind (the caller then computes it as diffusers does)."""
     if attn.shape != h.shape or not kiln_can_take(h, attn, gate_msa, scale_mlp, shift_mlp, gate_mlp):
@@ -68,24 +68,30 @@ def _stream_as_diffusers(norm, ff, h, attn, gate_msa, shift_mlp, scale_mlp, gate
     return h + gate_mlp.unsqueeze(1) * ff(norm_h)
 
 
+def double_stream(norm, ff, h, attn, gate_msa, shift_mlp, scale_mlp, gate_mlp) -> torch.Tensor:
+    """One stream of a FLUX-like double block after its attention (``h + gate_msa * attn``, the
+    modulated norm2, ``+ gate_mlp * ff``): kiln's seams where they take the tensors, else as
+    diffusers computes it."""
+    new_h = _kiln_stream(norm, ff, h, attn, gate_msa, shift_mlp, scale_mlp, gate_mlp)
+    if new_h is None:
+        new_h = _stream_as_diffusers(norm, ff, h, attn, gate_msa, shift_mlp, scale_mlp, gate_mlp)
+    return new_h
+
+
 def flux_double_block(module: torch.nn.Module, original: Callable) -> Callable:
     """``FluxTransformerBlock.forward`` with its seams fused (see the module's docstring)."""
 
     def forward(hidden_states, encoder_hidden_states, temb, image_rotary_emb=None, joint_attention_kwargs=None):
         h, c = hidden_states, encoder_hidden_states
-        if not _fits_double(module, h, c, temb, joint_attention_kwargs):
+        if not fits_double(module, h, c, temb, joint_attention_kwargs):
             return original(hidden_states, encoder_hidden_states, temb, image_rotary_emb, joint_attention_kwargs)
         norm_h, *image = module.norm1(h, emb=temb)
         norm_c, *text = module.norm1_context(c, emb=temb)
         outputs = module.attn(hidden_states=norm_h, encoder_hidden_states=norm_c, image_rotary_emb=image_rotary_emb,
                               **(joint_attention_kwargs or {}))
         attn, c_attn = outputs[0], outputs[1]
-        new_h = _stream(module.norm2, module.ff, h, attn, *image)
-        if new_h is None:
-            new_h = _stream_as_diffusers(module.norm2, module.ff, h, attn, *image)
-        new_c = _stream(module.norm2_context, module.ff_context, c, c_attn, *text)
-        if new_c is None:
-            new_c = _stream_as_diffusers(module.norm2_context, module.ff_context, c, c_attn, *text)
+        new_h = double_stream(module.norm2, module.ff, h, attn, *image)
+        new_c = double_stream(module.norm2_context, module.ff_context, c, c_attn, *text)
         if len(outputs) == 3:
             new_h = new_h + outputs[2]
         if new_c.dtype == torch.float16:
@@ -95,12 +101,13 @@ def flux_double_block(module: torch.nn.Module, original: Callable) -> Callable:
     return forward
 
 
-def _joined(c: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+def joined(c: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
     """``torch.cat([c, h], dim=1)``; without a copy where c and h are the two halves, in that
     order, of one contiguous tensor (the previous single block's output, split): that tensor
-    holds exactly what the concatenation would."""
+    holds exactly what the concatenation would. Traced by torch.compile, the concatenation
+    (Dynamo does not trace data pointers)."""
     base = c._base
-    if base is None or h._base is not base or base.dim() != 3 or not base.is_contiguous() \
+    if torch.compiler.is_compiling() or base is None or h._base is not base or base.dim() != 3 or not base.is_contiguous() \
             or base.shape[1] != c.shape[1] + h.shape[1] or c.stride() != base.stride() \
             or h.stride() != base.stride() or c.shape[::2] != base.shape[::2] or h.shape[::2] != base.shape[::2] \
             or c.data_ptr() != base.data_ptr() \
@@ -109,7 +116,7 @@ def _joined(c: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
     return base
 
 
-def _fits_single(module: torch.nn.Module, h, c, temb, joint_attention_kwargs) -> bool:
+def fits_single(module: torch.nn.Module, h, c, temb, joint_attention_kwargs) -> bool:
     if torch.compiler.is_compiling():
         return False
     if not (isinstance(h, torch.Tensor) and isinstance(c, torch.Tensor) and isinstance(temb, torch.Tensor)
@@ -121,31 +128,38 @@ def _fits_single(module: torch.nn.Module, h, c, temb, joint_attention_kwargs) ->
     return not joint_attention_kwargs and not records_parameters(module)
 
 
+def single_output(module: torch.nn.Module, x: torch.Tensor, attn: torch.Tensor, mlp: torch.Tensor,
+                  gate: torch.Tensor) -> torch.Tensor:
+    """``x + gate * proj_out(cat([attn, act_mlp(mlp)], -1))`` for a single-stream block's joined
+    stream x [B, N, D]: the activation written beside the attention's output into the buffer
+    proj_out reads, the gated residual one kiln call; as written where kiln does not take them."""
+    if attn.shape[:2] != x.shape[:2] or mlp.shape[:2] != x.shape[:2] or not kiln_can_take(x, attn, mlp, gate):
+        both = torch.cat([attn, module.act_mlp(mlp)], dim=2)
+    else:
+        d = attn.shape[-1]
+        both = x.new_empty(*x.shape[:2], d + mlp.shape[-1])
+        both[..., :d].copy_(attn)
+        activation_ops.gelu(mlp, None, module.act_mlp.approximate, out=both[..., d:])
+    out = module.proj_out(both)
+    if out.shape == x.shape and kiln_can_take(x, out, gate):
+        return activation_ops.gated_residual(x, out, gate[:, None])
+    return x + gate.unsqueeze(1) * out
+
+
 def flux_single_block(module: torch.nn.Module, original: Callable) -> Callable:
     """``FluxSingleTransformerBlock.forward`` with its concatenations and gated residual fused
     (see the module's docstring)."""
 
     def forward(hidden_states, encoder_hidden_states, temb, image_rotary_emb=None, joint_attention_kwargs=None):
         h, c = hidden_states, encoder_hidden_states
-        if not _fits_single(module, h, c, temb, joint_attention_kwargs):
+        if not fits_single(module, h, c, temb, joint_attention_kwargs):
             return original(hidden_states, encoder_hidden_states, temb, image_rotary_emb, joint_attention_kwargs)
         text = c.shape[1]
-        x = _joined(c, h)
+        x = joined(c, h)
         norm_x, gate = module.norm(x, emb=temb)
         mlp = module.proj_mlp(norm_x)
         attn = module.attn(hidden_states=norm_x, image_rotary_emb=image_rotary_emb)
-        if attn.shape[:2] != x.shape[:2] or mlp.shape[:2] != x.shape[:2] or not kiln_can_take(x, attn, mlp, gate):
-            joined = torch.cat([attn, module.act_mlp(mlp)], dim=2)
-        else:
-            d = attn.shape[-1]
-            joined = x.new_empty(*x.shape[:2], d + mlp.shape[-1])
-            joined[..., :d].copy_(attn)
-            activation_ops.gelu(mlp, None, module.act_mlp.approximate, out=joined[..., d:])
-        out = module.proj_out(joined)
-        if out.shape == x.shape and kiln_can_take(x, out, gate):
-            x = activation_ops.gated_residual(x, out, gate[:, None])
-        else:
-            x = x + gate.unsqueeze(1) * out
+        x = single_output(module, x, attn, mlp, gate)
         if x.dtype == torch.float16:
             x = x.clip(-_FP16_MAX, _FP16_MAX)
         return x[:, :text], x[:, text:]
