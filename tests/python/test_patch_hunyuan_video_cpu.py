@@ -110,6 +110,33 @@ def test_hunyuan_video_15_patched_agrees_and_unpatch_restores(dtype, monkeypatch
     assert kinds["transformer_blocks.1.attn"] == ATTENTION
 
 
+def test_hunyuan_video_15_makes_its_pair_mask_once_a_forward(monkeypatch):
+    """HunyuanVideo 1.5's mask of valid query and key pairs, which diffusers builds in every
+    block, is made once a forward (a new forward, a new mask), and is diffusers' mask."""
+    from kiln.patching import hunyuan_video
+
+    made = []
+    pair_mask = hunyuan_video._pair_mask
+
+    def counted(attention_mask, seq):
+        made.append(seq)
+        return pair_mask(attention_mask, seq)
+
+    monkeypatch.setattr(hunyuan_video, "_pair_mask", counted)
+    model = _hunyuan_video_15(torch.float32)
+    inputs = _hunyuan_video_15_inputs(torch.float32)
+    with torch.no_grad():
+        expected = model(**inputs)[0]
+        kiln.patch(model)
+        made.clear()  # the probes' masks
+        for forwards in (1, 2):
+            _agree(model(**inputs)[0], expected, torch.float32)
+            assert made == [63] * forwards  # 48 video, 7 + 5 text and 3 image tokens
+    valid = torch.tensor([[1, 1, 0], [1, 0, 1]])
+    rows = torch.nn.functional.pad(valid, (2, 0), value=True).bool().view(2, 1, 1, 5).repeat(1, 1, 5, 1)
+    assert torch.equal(pair_mask(valid, 5), rows & rows.transpose(2, 3))
+
+
 def test_hunyuan_video_unpadded_prompt():
     model = _hunyuan_video(torch.float32)
     inputs = _hunyuan_video_inputs(torch.float32, prompt=(7, 7))

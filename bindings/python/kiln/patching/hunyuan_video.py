@@ -15,9 +15,11 @@ The blocks are FLUX's with HunyuanVideo's arguments and the video stream first: 
 double-stream block's seams (``kiln.gated_adaln``, ``kiln.gated_residual_``) and the
 single-stream block's (the activation written into ``proj_out``'s input, ``kiln.gated_residual``,
 the streams received as the halves of the previous block's output not concatenated again): see
-:mod:`.flux_block`. HunyuanVideo 1.5 has double-stream blocks only, and builds its attention
-mask inside its processor, as kiln's does. The image-to-video "token replace" blocks, whose
-first frame takes a modulation of its own, keep diffusers' forward.
+:mod:`.flux_block`. HunyuanVideo 1.5 has double-stream blocks only; its processor builds a
+mask of the valid query and key pairs ([B, 1, S, S]) from the text tokens' in every block, by
+repeating the token mask S times and and-ing it with its transpose (a strided read of S^2
+bytes); kiln's builds the same mask in one broadcast, once a forward. The image-to-video "token
+replace" blocks, whose first frame takes a modulation of its own, keep diffusers' forward.
 """
 
 import importlib
@@ -30,6 +32,7 @@ from .. import rope_ops
 from .flux import FluxAttnProcessor
 from .flux_block import DOUBLE_OPS, SINGLE_OPS, double_stream, fits_double, fits_single, joined, single_output
 from .forwards import SharedAttentionSettings, any_hooks, kiln_can_take, norm_eps, signature_kept
+from .per_forward import OncePerForward
 
 __all__ = ["DOUBLE_OPS", "SINGLE_OPS", "HunyuanVideoAttnProcessor", "HunyuanVideo15AttnProcessor",
            "double_block", "single_block"]
@@ -130,16 +133,32 @@ class HunyuanVideoAttnProcessor(SharedAttentionSettings):
         return hidden_states, encoder_hidden_states
 
 
+def _pair_mask(attention_mask: torch.Tensor, seq: int) -> torch.Tensor:
+    """HunyuanVideo 1.5's [B, 1, S, S] mask of the query and key pairs that are both valid (the
+    text tokens' mask padded with the video's, valid), in one broadcast where diffusers repeats the
+    token mask S times and ands it with its transpose."""
+    valid = torch.nn.functional.pad(attention_mask, (seq - attention_mask.shape[1], 0), value=True).bool()
+    return valid[:, None, :, None] & valid[:, None, None, :]
+
+
+# Every block of a forward receives the same text mask: its pair mask (S^2 bytes) is made once.
+# (_pair_mask looked up when called, so that a test may count the masks made.)
+_PAIR_MASKS = OncePerForward(lambda attention_mask, seq: _pair_mask(attention_mask, seq))
+
+
 @signature_kept
 class HunyuanVideo15AttnProcessor(HunyuanVideoAttnProcessor):
     """diffusers' ``HunyuanVideo15AttnProcessor2_0.__call__``: HunyuanVideo's joint attention,
-    its mask built from the text tokens' as diffusers builds it (valid query and key tokens)."""
+    its mask of valid query and key pairs as diffusers builds it from the text tokens' (made once
+    a forward)."""
 
     def _mask(self, attention_mask, query: torch.Tensor):
-        batch, seq = query.shape[:2]
-        mask = torch.nn.functional.pad(attention_mask, (seq - attention_mask.shape[1], 0), value=True).bool()
-        rows = mask.view(batch, 1, 1, seq).repeat(1, 1, seq, 1)
-        return (rows & rows.transpose(2, 3)).bool()
+        if attention_mask.dim() != 2 or attention_mask.shape[0] != query.shape[0]:
+            batch, seq = query.shape[:2]
+            mask = torch.nn.functional.pad(attention_mask, (seq - attention_mask.shape[1], 0), value=True).bool()
+            rows = mask.view(batch, 1, 1, seq).repeat(1, 1, seq, 1)
+            return (rows & rows.transpose(2, 3)).bool()
+        return _PAIR_MASKS.get(attention_mask, extra=(query.shape[1],))
 
 
 # ---- the blocks ------------------------------------------------------------------------------

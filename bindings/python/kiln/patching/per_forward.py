@@ -19,15 +19,17 @@ class OncePerForward:
         self.make = make
         self.entry = None  # (weak sources, their versions, what was made)
 
-    def get(self, *sources: torch.Tensor):
+    def get(self, *sources: torch.Tensor, extra: tuple = ()):
+        """``make(*sources, *extra)``; ``extra``: hashable values (sizes) what is made depends on
+        beside the sources."""
         # Inference tensors keep no version counter: an in-place change would go unseen.
         if recording_a_graph(sources[0]) or any(s.is_inference() for s in sources):
-            return self.make(*sources)
-        versions = tuple(s._version for s in sources)
+            return self.make(*sources, *extra)
+        versions = tuple(s._version for s in sources) + tuple(extra)
         entry = self.entry
         if entry is not None and entry[1] == versions and all(w() is s for w, s in zip(entry[0], sources)):
             return entry[2]
-        made = self.make(*sources)
+        made = self.make(*sources, *extra)
         entry = None
 
         def forget(_):
