@@ -164,6 +164,30 @@ def test_hunyuan_video_under_torch_compile():
     assert calls_of(graphs, torch.ops.kiln.gated_residual.default) == []
 
 
+def test_hunyuan_video_15_block_under_torch_compile():
+    """A patched HunyuanVideo 1.5 block compiles whole (fullgraph): its pair mask traced as a
+    broadcast, its seams and the video tokens' norms and rotation kiln's; it agrees with diffusers'."""
+    from graph_model import compile_capturing
+
+    model = _hunyuan_video_15(torch.float32)
+    block = model.transformer_blocks[0]
+    g = torch.Generator().manual_seed(5)
+    angles = torch.randn(12, 8, generator=g)
+    args = (torch.randn(2, 12, 32, generator=g), torch.randn(2, 6, 32, generator=g), torch.randn(2, 32, generator=g),
+            torch.tensor([[1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1]]),
+            (angles.cos().repeat_interleave(2, -1), angles.sin().repeat_interleave(2, -1)))
+    with torch.no_grad():
+        expected = block(*args)
+        kiln.patch(model)
+        compiled, graphs = compile_capturing(block)
+        actual = compiled(*args)
+    torch._dynamo.reset()
+    for a, e in zip(actual, expected):
+        _agree(a, e, torch.float32)
+    assert len(calls_of(graphs, torch.ops.kiln.head_norm_rope_.default)) == 1
+    assert len(calls_of(graphs, torch.ops.kiln.gated_adaln.default)) == 2
+
+
 def test_hunyuan_video_token_replace_blocks_are_left():
     """The image-to-video model's token-replace blocks (the first frame modulated apart) keep
     diffusers' forward; their attentions are kiln's, and the model agrees."""

@@ -153,6 +153,8 @@ class HunyuanVideo15AttnProcessor(HunyuanVideoAttnProcessor):
     a forward)."""
 
     def _mask(self, attention_mask, query: torch.Tensor):
+        if torch.compiler.is_compiling():  # Inductor fuses the broadcast into the attention's graph
+            return _pair_mask(attention_mask, query.shape[1])
         if attention_mask.dim() != 2 or attention_mask.shape[0] != query.shape[0]:
             batch, seq = query.shape[:2]
             mask = torch.nn.functional.pad(attention_mask, (seq - attention_mask.shape[1], 0), value=True).bool()
