@@ -12,7 +12,7 @@ from typing import Callable, Optional
 import torch
 
 from .. import norm_ops, rope_ops
-from .forwards import SharedAttentionSettings, argument_binder, kiln_can_take, norm_eps, signature_kept
+from .forwards import SharedAttentionSettings, argument_binder, fused_head_norms, kiln_can_take, norm_eps, signature_kept
 
 # chunk count, the emb argument's name, the order of the chunks, what is returned after x.
 ADALN_LAYOUTS = {
@@ -150,19 +150,11 @@ class FluxAttnProcessor(SharedAttentionSettings):
         text = 0 if encoder_query is None else encoder_query.shape[1]
         table = self._table(query, key, image_rotary_emb, text)
         names = ("norm_q", "norm_k") + (() if encoder_query is None else ("norm_added_q", "norm_added_k"))
-        norms = [getattr(attn, name) for name in names]
-        weights = [getattr(n, "weight", None) for n in norms]
-        if table is None or any(w is not None and not isinstance(w, torch.Tensor) for w in weights):
+        streams = (key,) if encoder_query is None else (key, encoder_query, encoder_key)
+        norms = fused_head_norms([getattr(attn, name) for name in names], query, *streams)
+        if norms is None or table is None or (torch.is_grad_enabled() and any(t.requires_grad for t in table)):
             return None
-        given = [w for w in weights if w is not None]
-        streams = (query, key) if encoder_query is None else (query, key, encoder_query, encoder_key)
-        if not kiln_can_take(*streams, *given) or any(w.shape != (query.shape[3],) for w in given) \
-                or (torch.is_grad_enabled() and any(t.requires_grad for t in table)):
-            return None
-        eps = {norm_eps(n, query) for n in norms}
-        if len(eps) != 1:
-            return None
-        return weights, eps.pop(), table
+        return (*norms, table)
 
     def _norm_rotate(self, query, key, fused, text: int):
         """The fused norms and rotation of q and k [B, text + S, H, D]: in place on the joint

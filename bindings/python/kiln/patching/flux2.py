@@ -29,7 +29,8 @@ import torch
 from .. import activation_ops, norm_ops, rope_ops
 from .flux import FluxAttnProcessor
 from .flux_block import _plain_layer_norm
-from .forwards import SharedAttentionSettings, any_hooks, kiln_can_take, norm_eps, records_parameters, signature_kept
+from .forwards import (SharedAttentionSettings, any_hooks, fused_head_norms, kiln_can_take, norm_eps,
+                       records_parameters, signature_kept)
 
 DOUBLE_OPS = "adaln + gated_adaln + gated_residual"
 SINGLE_OPS = "adaln + gated_residual"
@@ -151,16 +152,11 @@ class Flux2ParallelAttnProcessor(SharedAttentionSettings):
 
     def _norms_and_rotation(self, attn, query, key, image_rotary_emb):
         table = FluxAttnProcessor._table(query, key, image_rotary_emb) if image_rotary_emb is not None else None
-        norms = (attn.norm_q, attn.norm_k)
-        weights = [getattr(n, "weight", None) for n in norms]
-        given = [w for w in weights if w is not None]
-        if (self.fuse_norms and table is not None and not any(any_hooks(n) for n in norms)
-                and all(isinstance(w, torch.Tensor) and w.shape == (query.shape[3],) for w in given)
-                and kiln_can_take(query, key, *given)
-                and not (torch.is_grad_enabled() and any(t.requires_grad for t in table))
-                and norm_eps(norms[0], query) == norm_eps(norms[1], key)):
-            return rope_ops.head_norm_rope(query, key, weights[0], weights[1], *table, norm_eps(norms[0], query),
-                                           interleaved=True, layout="bshd")
+        norms = fused_head_norms((attn.norm_q, attn.norm_k), query, key) if self.fuse_norms else None
+        if norms is not None and table is not None \
+                and not (torch.is_grad_enabled() and any(t.requires_grad for t in table)):
+            (wq, wk), eps = norms
+            return rope_ops.head_norm_rope(query, key, wq, wk, *table, eps, interleaved=True, layout="bshd")
         query, key = attn.norm_q(query), attn.norm_k(key)
         if image_rotary_emb is None:
             return query, key

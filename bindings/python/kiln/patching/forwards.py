@@ -276,6 +276,22 @@ def any_hooks(module: torch.nn.Module) -> bool:
     return torch_hooks(module) or hasattr(module, "_hf_hook") or hasattr(module, "_diffusers_hook")
 
 
+def fused_head_norms(norms, x: torch.Tensor, *tensors: torch.Tensor):
+    """(the norms' weights, their one eps) where one ``kiln.head_norm_rope`` computes what the
+    per-head RMSNorms ``norms`` of x [..., D] compute (each norm present with no hook around it,
+    its weight None or a [D] tensor kiln takes with x and ``tensors``, one eps for all); else None.
+    The caller knows the norms are RMSNorms kiln computes (checked when patched)."""
+    if any(n is None or any_hooks(n) for n in norms):
+        return None
+    weights = [getattr(n, "weight", None) for n in norms]
+    given = [w for w in weights if w is not None]
+    if any(not isinstance(w, torch.Tensor) or w.shape != (x.shape[-1],) for w in given) \
+            or not kiln_can_take(x, *tensors, *given):
+        return None
+    eps = {norm_eps(n, x) for n in norms}
+    return (weights, eps.pop()) if len(eps) == 1 else None
+
+
 def _gemm_gelu_epilogue(proj: torch.nn.Module, x: torch.Tensor) -> Optional[torch.Tensor]:
     """``gelu(proj(x), approximate="tanh")`` as one cuBLASLt GEMM whose epilogue adds the bias
     to the fp32 accumulator and applies the GELU before the single rounding, so the

@@ -31,7 +31,7 @@ import torch
 from .. import rope_ops
 from .flux import FluxAttnProcessor
 from .flux_block import DOUBLE_OPS, SINGLE_OPS, double_stream, fits_double, fits_single, joined, single_output
-from .forwards import SharedAttentionSettings, any_hooks, kiln_can_take, norm_eps, signature_kept
+from .forwards import SharedAttentionSettings, fused_head_norms, kiln_can_take, signature_kept
 from .per_forward import OncePerForward
 
 __all__ = ["DOUBLE_OPS", "SINGLE_OPS", "HunyuanVideoAttnProcessor", "HunyuanVideo15AttnProcessor",
@@ -60,21 +60,11 @@ class HunyuanVideoAttnProcessor(SharedAttentionSettings):
         q and k, or None."""
         if not self.fuse_norms or image_rotary_emb is None:
             return None
-        norms = (attn.norm_q, attn.norm_k)
-        if any(n is None or any_hooks(n) for n in norms):
-            return None
-        weights = [getattr(n, "weight", None) for n in norms]
-        if any(w is not None and not isinstance(w, torch.Tensor) for w in weights):
-            return None
-        given = [w for w in weights if w is not None]
+        norms = fused_head_norms((attn.norm_q, attn.norm_k), query, key)
         table = FluxAttnProcessor._table(query[:, :video], key[:, :video], image_rotary_emb)
-        if table is None or not kiln_can_take(query, key, *given) or any(w.shape != (query.shape[3],) for w in given) \
-                or (torch.is_grad_enabled() and any(t.requires_grad for t in table)):
+        if norms is None or table is None or (torch.is_grad_enabled() and any(t.requires_grad for t in table)):
             return None
-        eps = {norm_eps(n, query) for n in norms}
-        if len(eps) != 1:
-            return None
-        return weights, eps.pop(), table
+        return (*norms, table)
 
     def _rotated(self, x_q, x_k, image_rotary_emb, video: int):
         """q and k with their first ``video`` tokens rotated (diffusers' order: after the norms)."""

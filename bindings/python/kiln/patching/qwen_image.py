@@ -33,8 +33,8 @@ import torch
 
 from .. import activation_ops, norm_ops, rope_ops
 from .flux import folded_shift
-from .forwards import (SharedAttentionSettings, any_hooks, kiln_can_take, norm_eps, records_parameters,
-                       signature_kept)
+from .forwards import (SharedAttentionSettings, any_hooks, fused_head_norms, kiln_can_take, norm_eps,
+                       records_parameters, signature_kept)
 from .per_forward import OncePerForward
 
 BLOCK_OPS = "adaln + gated_adaln + gated_residual"
@@ -87,20 +87,13 @@ class QwenImageAttnProcessor(SharedAttentionSettings):
         else None."""
         if not self.fuse_norms or image_rotary_emb is None:
             return None
-        norms = [getattr(attn, name, None) for name in ("norm_q", "norm_k", "norm_added_q", "norm_added_k")]
-        if any(n is None or any_hooks(n) for n in norms):
-            return None
-        weights = [getattr(n, "weight", None) for n in norms]
-        if any(w is not None and not isinstance(w, torch.Tensor) for w in weights):
-            return None
-        given = [w for w in weights if w is not None]
-        if not kiln_can_take(img_q, img_k, txt_q, txt_k, *given) or any(w.shape != (img_q.shape[3],) for w in given):
-            return None
-        eps = {norm_eps(n, img_q) for n in norms}
+        norms = fused_head_norms([getattr(attn, name, None) for name in ("norm_q", "norm_k", "norm_added_q",
+                                                                          "norm_added_k")],
+                                 img_q, img_k, txt_q, txt_k)
         tables = self._tables(image_rotary_emb, img_q, img_k, txt_q, txt_k)
-        if len(eps) != 1 or tables is None:
+        if norms is None or tables is None:
             return None
-        return weights, eps.pop(), tables
+        return (*norms, tables)
 
     def _rotate(self, x_q, x_k, freqs, cos, sin):
         if cos is not None and kiln_can_take(x_q, x_k, differentiable=True):

@@ -32,8 +32,8 @@ from typing import Callable, Optional
 import torch
 
 from .. import activation_ops, norm_ops, rope_ops
-from .forwards import (SharedAttentionSettings, any_hooks, kiln_can_take, norm_eps, records_parameters,
-                       runs_probed_activation, signature_kept)
+from .forwards import (SharedAttentionSettings, any_hooks, fused_head_norms, kiln_can_take, norm_eps,
+                       records_parameters, runs_probed_activation, signature_kept)
 from .ltx import constant
 from .per_forward import OncePerForward
 
@@ -71,20 +71,15 @@ class ZImageAttnProcessor(SharedAttentionSettings):
 
     def _fused(self, attn, query, key, freqs_cis):
         """norm_q, norm_k and the rotation as one kiln.head_norm_rope, or None."""
-        norms = (attn.norm_q, attn.norm_k)
-        if not self.fuse_norms or freqs_cis is None or any(n is None or any_hooks(n) for n in norms):
+        if not self.fuse_norms or freqs_cis is None or query.shape != key.shape:
             return None
-        weights = [getattr(n, "weight", None) for n in norms]
-        if any(w is not None and not isinstance(w, torch.Tensor) for w in weights):
-            return None
-        given = [w for w in weights if w is not None]
-        eps = {norm_eps(n, query) for n in norms}
+        norms = fused_head_norms((attn.norm_q, attn.norm_k), query, key)
         tables = _tables(freqs_cis, query)
-        if tables is None or len(eps) != 1 or query.shape != key.shape or not kiln_can_take(query, key, *given) \
-                or any(w.shape != (query.shape[3],) for w in given):
+        if norms is None or tables is None:
             return None
-        return rope_ops.head_norm_rope(query, key, weights[0], weights[1], *tables, eps.pop(), interleaved=True,
-                                       rotary_dim=query.shape[3], layout="bshd")
+        (wq, wk), eps = norms
+        return rope_ops.head_norm_rope(query, key, wq, wk, *tables, eps, interleaved=True, rotary_dim=query.shape[3],
+                                       layout="bshd")
 
     def _rotated(self, query, key, freqs_cis):
         tables = _tables(freqs_cis, query)
