@@ -9,7 +9,8 @@ from typing import Callable, Union
 import torch
 
 from . import z_image
-from .detect import NoMatch, _Swapped, compare_with_probe_projections, has_child, other_children
+from .detect import (_MLP_HIDDEN, _MLP_INNER, NoMatch, _Swapped, compare_with_probe_projections, has_child,
+                     other_children)
 from .detect_dit import (_PROBE_DIM, DitMatch, _confirmed, _fused_or_plain, _linear, _norm_weights, _ProbeFF,
                          _processor_call, _rms_norm_child)
 
@@ -67,7 +68,7 @@ def classify_feed_forward(module: torch.nn.Module, original: Callable) -> Union[
     others = other_children(module, _FF_PROJECTIONS)
     if others:
         return NoMatch("mlp", others)
-    hidden, inner = 24, 40
+    hidden, inner = _MLP_HIDDEN, _MLP_INNER
     why = compare_with_probe_projections(module, original, z_image.feed_forward, z_image.GATING, (
         ("w1", hidden, inner), ("w3", hidden, inner), ("w2", inner, hidden)))
     if why is not None:
