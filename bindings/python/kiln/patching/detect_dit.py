@@ -465,16 +465,24 @@ def _flux_block_calls(d: int, g: torch.Generator, adjacent: bool):
     return calls
 
 
-def classify_flux_double_block(module: torch.nn.Module, original: Callable) -> Union[DitMatch, NoMatch]:
+def double_block_width(module: torch.nn.Module, model: str) -> Union[int, NoMatch]:
+    """The width of a FLUX-like double block whose norm2 and norm2_context are LayerNorms over the
+    last dimension with no parameters, as ``model``'s are (flux_block's seams); else why not."""
     norm2 = module.norm2
     if not isinstance(norm2, torch.nn.LayerNorm) or len(norm2.normalized_shape) != 1:
         return NoMatch("block", "its norm2 is not a LayerNorm over the last dimension")
     for name in ("norm2", "norm2_context"):
         if getattr(module, name).weight is not None or getattr(module, name).bias is not None:
-            return NoMatch("block", f"its {name} has parameters; FLUX's have none")
+            return NoMatch("block", f"its {name} has parameters; {model}'s have none")
+    return norm2.normalized_shape[0]
+
+
+def classify_flux_double_block(module: torch.nn.Module, original: Callable) -> Union[DitMatch, NoMatch]:
+    d = double_block_width(module, "FLUX")
+    if isinstance(d, NoMatch):
+        return d
     if tuple(inspect.signature(original).parameters) != _FLUX_BLOCK_ARGUMENTS:
         return NoMatch("block", f"its forward does not take FLUX's block arguments {_FLUX_BLOCK_ARGUMENTS}")
-    d = norm2.normalized_shape[0]
     g = torch.Generator().manual_seed(0)
     children = {"norm1": _ProbeAdaLN(d, 4, g), "norm1_context": _ProbeAdaLN(d, 4, g),
                 "attn": _FluxProbeAttention(d, g, joint=True), "ff": _ProbeFF(d, g), "ff_context": _ProbeFF(d, g)}

@@ -11,7 +11,7 @@ import torch
 from . import flux_block, hunyuan_video
 from .detect import NoMatch, _Swapped
 from .detect_dit import (_PROBE_DIM, DitMatch, _confirmed, _fused_or_plain, _linear, _ProbeAdaLN, _ProbeFF,
-                         _ProbeMixer, _ProbeProjOut, _processor_call)
+                         _ProbeMixer, _ProbeProjOut, _processor_call, double_block_width)
 from .detect_flux2 import _takes
 
 _DOUBLE_ARGUMENTS = ("hidden_states", "encoder_hidden_states", "temb", "attention_mask", "freqs_cis", "args",
@@ -117,13 +117,9 @@ def _block_calls(d: int, g: torch.Generator, adjacent: bool):
 
 
 def classify_double_block(module: torch.nn.Module, original: Callable) -> Union[DitMatch, NoMatch]:
-    norm2 = module.norm2
-    if not isinstance(norm2, torch.nn.LayerNorm) or len(norm2.normalized_shape) != 1:
-        return NoMatch("block", "its norm2 is not a LayerNorm over the last dimension")
-    for name in ("norm2", "norm2_context"):
-        if getattr(module, name).weight is not None or getattr(module, name).bias is not None:
-            return NoMatch("block", f"its {name} has parameters; HunyuanVideo's have none")
-    d = norm2.normalized_shape[0]
+    d = double_block_width(module, "HunyuanVideo")
+    if isinstance(d, NoMatch):
+        return d
     g = torch.Generator().manual_seed(0)
     children = {"norm1": _ProbeAdaLN(d, 4, g), "norm1_context": _ProbeAdaLN(d, 4, g), "attn": _ProbeAttention(d, g),
                 "ff": _ProbeFF(d, g), "ff_context": _ProbeFF(d, g)}
