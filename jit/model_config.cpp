@@ -423,20 +423,25 @@ std::int64_t mlp_width(const nlohmann::json& config, std::int64_t hidden, double
 // single blocks' gated residual and GELU written into proj_out's input), each attention's per-head
 // q/k RMSNorms and the video tokens' rotation from diffusers' fp32 table (interleaved pairs) as one
 // head_norm_rope in place, the text tokens' norms alone; the token refiner's affine LayerNorms.
-// HunyuanVideo 1.5 (double blocks only) adds the LayerNorms of its ByT5 and image projections.
+// HunyuanVideo 1.5 (double blocks only) adds the LayerNorms of its ByT5 and image projections;
+// HunyuanImage 2.1 (HunyuanVideo's blocks over an image's 2-D positions) its ByT5 projection's,
+// where it has one.
 void read_hunyuan_video(const nlohmann::json& config, ModelShape& model) {
   model.heads_q = model.heads_k = model.hidden / model.head_dim;
   model.head_norm_layout = kRopeInterleaved | kRopeTableF32;
   model.modulation_flags = {kNormLayer};
   model.intermediate = mlp_width(config, model.hidden, 4.0);
-  model.rope = axes_rope(config, "3-D",
-                         "a table, interleaved pairs, the video tokens' alone, after the per-head "
-                         "q/k RMSNorms",
+  model.rope = axes_rope(config, model.kind == "hunyuan-image" ? "2-D" : "3-D",
+                         "a table, interleaved pairs, the image or video tokens' alone, after the "
+                         "per-head q/k RMSNorms",
                          "rope_axes_dim");
   std::vector<std::int64_t> layer_norms = {model.hidden};
   if (model.kind == "hunyuan-video-1.5") {
     layer_norms.push_back(size_if_set(config, "text_embed_2_dim").value_or(1472));
     layer_norms.push_back(size_if_set(config, "image_embed_dim").value_or(1152));
+  } else if (const auto byt5 = size_if_set(config, "text_embed_2_dim");
+             byt5 && model.kind == "hunyuan-image") {
+    layer_norms.push_back(*byt5);
   }
   model.ops = {
       {Op::layer_norm, layer_norms},     {Op::adaln, {model.hidden}},
@@ -579,7 +584,7 @@ ModelShape read_diffusion(const nlohmann::json& config, const std::string& kind)
     };
   } else if (kind == "ltx2") {
     read_ltx2(config, model);
-  } else if (kind.starts_with("hunyuan-video")) {
+  } else if (kind.starts_with("hunyuan-")) {
     read_hunyuan_video(config, model);
   } else if (kind == "wan") {
     model.intermediate = require_size(config, "ffn_dim");
@@ -847,7 +852,8 @@ ModelShape read_model_config(const nlohmann::json& config) {
         std::pair{"LTX2VideoTransformer3DModel", "ltx2"},
         std::pair{"HunyuanVideoTransformer3DModel", "hunyuan-video"},
         std::pair{"HunyuanVideoFramepackTransformer3DModel", "hunyuan-video"},
-        std::pair{"HunyuanVideo15Transformer3DModel", "hunyuan-video-1.5"}}) {
+        std::pair{"HunyuanVideo15Transformer3DModel", "hunyuan-video-1.5"},
+        std::pair{"HunyuanImageTransformer2DModel", "hunyuan-image"}}) {
     if (class_name == diffusers_class) {
       return read_diffusion(config, kind);
     }
@@ -870,7 +876,8 @@ ModelShape read_model_config(const nlohmann::json& config) {
       "intermediate_size, ...) or a diffusers LTXVideoTransformer3DModel, "
       "LTX2VideoTransformer3DModel, FluxTransformer2DModel, Flux2Transformer2DModel, "
       "WanTransformer3DModel, CogVideoXTransformer3DModel, QwenImageTransformer2DModel, "
-      "HunyuanVideoTransformer3DModel, HunyuanVideo15Transformer3DModel or "
+      "HunyuanVideoTransformer3DModel, HunyuanVideo15Transformer3DModel, "
+      "HunyuanImageTransformer2DModel or "
       "ZImageTransformer2DModel config, got " +
       (class_name.empty() ? std::string("neither") : "_class_name \"" + class_name + "\""));
 }

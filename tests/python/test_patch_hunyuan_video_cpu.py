@@ -1,8 +1,9 @@
 """kiln.patch on HunyuanVideo's transformers (diffusers' HunyuanVideoTransformer3DModel and
-HunyuanVideo15Transformer3DModel), on the CPU: their attentions' video-token q/k norms and rotation
-as kiln.head_norm_rope_, their double blocks' seams as kiln.gated_adaln and kiln.gated_residual_,
-the single blocks' as kiln.gelu into proj_out's input and kiln.gated_residual, against diffusers'
-own forward (fp32 and bf16), with a padded prompt, under autograd and under torch.compile."""
+HunyuanVideo15Transformer3DModel; HunyuanImageTransformer2DModel, built of HunyuanVideo's blocks),
+on the CPU: their attentions' video-token q/k norms and rotation as kiln.head_norm_rope_, their
+double blocks' seams as kiln.gated_adaln and kiln.gated_residual_, the single blocks' as kiln.gelu
+into proj_out's input and kiln.gated_residual, against diffusers' own forward (fp32 and bf16),
+with a padded prompt, under autograd and under torch.compile."""
 
 import pytest
 import torch
@@ -66,6 +67,26 @@ def _hunyuan_video_15_inputs(dtype, device="cpu"):
                 image_embeds=torch.randn(2, 3, 10, generator=g).to(device, dtype), return_dict=False)
 
 
+def _hunyuan_image(dtype, device="cpu"):
+    """A tiny HunyuanImage 2.1 transformer (two double-stream, two single-stream blocks, a ByT5
+    projection), its norms' weights spread."""
+    torch.manual_seed(0)
+    sizes = dict(_SIZES, rope_axes_dim=(8, 8))
+    model = diffusers.HunyuanImageTransformer2DModel(num_single_layers=2, text_embed_2_dim=12, **sizes).eval()
+    return _norms_spread(model).to(device=device, dtype=dtype)
+
+
+def _hunyuan_image_inputs(dtype, device="cpu"):
+    """Two 4 x 6 latents, padded prompts of both text encoders."""
+    g = torch.Generator().manual_seed(3)
+    return dict(hidden_states=torch.randn(2, 4, 4, 6, generator=g).to(device, dtype),
+                timestep=torch.tensor([300.0, 700.0]).to(device, dtype),
+                encoder_hidden_states=torch.randn(2, 7, 16, generator=g).to(device, dtype),
+                encoder_attention_mask=torch.tensor([[1] * 7, [1] * 4 + [0] * 3], device=device),
+                encoder_hidden_states_2=torch.randn(2, 5, 12, generator=g).to(device, dtype),
+                encoder_attention_mask_2=torch.tensor([[1] * 5, [1] * 2 + [0] * 3], device=device), return_dict=False)
+
+
 # Each double block: two adaln (norm1, norm1_context), the video tokens' q/k norms and rotation
 # (head_norm_rope_), the text's q/k norms (two rms_norm), two gated_adaln, two gated_residual_, two
 # gelu; each single block: one adaln, one head_norm_rope_, the text tokens' q/k norms (two rms_norm),
@@ -76,6 +97,10 @@ HUNYUAN_VIDEO_CALLS = {"adaln": 7, "head_norm_rope_": 4, "rms_norm": 8, "gated_a
 # the image projection's two.
 HUNYUAN_VIDEO_15_CALLS = {"adaln": 5, "head_norm_rope_": 2, "rms_norm": 4, "gated_adaln": 4, "gated_residual_": 4,
                           "gelu": 4, "layer_norm": 5}
+
+
+# HunyuanVideo's calls, its ByT5 projection's LayerNorm too.
+HUNYUAN_IMAGE_CALLS = dict(HUNYUAN_VIDEO_CALLS, layer_norm=3)
 
 
 def _patched_agrees(model, inputs, dtype, calls, monkeypatch):
@@ -135,6 +160,17 @@ def test_hunyuan_video_15_makes_its_pair_mask_once_a_forward(monkeypatch):
     valid = torch.tensor([[1, 1, 0], [1, 0, 1]])
     rows = torch.nn.functional.pad(valid, (2, 0), value=True).bool().view(2, 1, 1, 5).repeat(1, 1, 5, 1)
     assert torch.equal(pair_mask(valid, 5), rows & rows.transpose(2, 3))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_hunyuan_image_patched_agrees_and_unpatch_restores(dtype, monkeypatch):
+    """HunyuanImage 2.1's blocks and attentions are HunyuanVideo's (its double block names the
+    rotation image_rotary_emb, and is called with it by name)."""
+    kinds = _patched_agrees(_hunyuan_image(dtype), _hunyuan_image_inputs(dtype), dtype, HUNYUAN_IMAGE_CALLS,
+                            monkeypatch)
+    assert kinds["transformer_blocks.0"] == kinds["transformer_blocks.1"] == DOUBLE
+    assert kinds["single_transformer_blocks.0"] == kinds["single_transformer_blocks.1"] == SINGLE
+    assert kinds["transformer_blocks.0.attn"] == kinds["single_transformer_blocks.1.attn"] == ATTENTION
 
 
 def test_hunyuan_video_unpadded_prompt():

@@ -1,4 +1,4 @@
-"""kiln.patch on tiny HunyuanVideo and HunyuanVideo 1.5 transformers on a GPU in bf16: as close to
+"""kiln.patch on tiny HunyuanVideo, HunyuanVideo 1.5 and HunyuanImage transformers on a GPU in bf16: as close to
 the fp32 model as diffusers' own bf16 forward, with the calls test_patch_hunyuan_video_cpu.py counts
 (but GELU's: on CUDA the feed-forwards' tanh GELU joins its projection's epilogue)."""
 
@@ -13,12 +13,14 @@ pytest.importorskip("diffusers.models.transformers.transformer_hunyuan_video15",
 
 from test_patch_dit_cpu import Counter  # noqa: E402
 from test_patch_dit_cuda import _as_close_as_the_original  # noqa: E402
-from test_patch_hunyuan_video_cpu import (HUNYUAN_VIDEO_15_CALLS, HUNYUAN_VIDEO_CALLS, REFINER_FF,  # noqa: E402
+from test_patch_hunyuan_video_cpu import (HUNYUAN_IMAGE_CALLS, HUNYUAN_VIDEO_15_CALLS,  # noqa: E402
+                                          HUNYUAN_VIDEO_CALLS, REFINER_FF, _hunyuan_image, _hunyuan_image_inputs,
                                           _hunyuan_video, _hunyuan_video_15, _hunyuan_video_15_inputs,
                                           _hunyuan_video_inputs)
 
 MODELS = {"hunyuan-video": (_hunyuan_video, _hunyuan_video_inputs, HUNYUAN_VIDEO_CALLS),
-          "hunyuan-video-1.5": (_hunyuan_video_15, _hunyuan_video_15_inputs, HUNYUAN_VIDEO_15_CALLS)}
+          "hunyuan-video-1.5": (_hunyuan_video_15, _hunyuan_video_15_inputs, HUNYUAN_VIDEO_15_CALLS),
+          "hunyuan-image": (_hunyuan_image, _hunyuan_image_inputs, HUNYUAN_IMAGE_CALLS)}
 
 
 def _but_gelu(calls: dict) -> dict:

@@ -937,10 +937,11 @@ class KilnCallsAndOuts(KilnCalls):
         return super().__torch_dispatch__(func, types, args, kwargs)
 
 
-@pytest.mark.parametrize("cls", ["HunyuanVideoTransformer3DModel", "HunyuanVideo15Transformer3DModel"])
+@pytest.mark.parametrize("cls", ["HunyuanVideoTransformer3DModel", "HunyuanVideo15Transformer3DModel",
+                                 "HunyuanImageTransformer2DModel"])
 def test_hunyuan_video_prewarms_every_call_its_patched_transformer_makes(fresh_cache, tmp_path, cls):
-    # A tiny HunyuanVideo (diffusers; or HunyuanVideo 1.5, double blocks only), patched and run on
-    # the CPU with a padded prompt: every kiln call it makes, as each op's dispatcher sees it, is a
+    # A tiny HunyuanVideo (diffusers; or HunyuanVideo 1.5, double blocks only; or HunyuanImage 2.1,
+    # HunyuanVideo's blocks over an image), patched and run on the CPU with a padded prompt: every kiln call it makes, as each op's dispatcher sees it, is a
     # problem its config's prewarm compiled. Each stream's AdaLN and block seam over a LayerNorm with
     # no affine (4), the gated residual in place and not (16; per sample, 8), the text tokens' q/k
     # RMSNorms with their weights (1), the token refiner's and the projections' affine LayerNorms
@@ -948,19 +949,24 @@ def test_hunyuan_video_prewarms_every_call_its_patched_transformer_makes(fresh_c
     # input (0), the video tokens' per-head q/k norms and rotation in place from diffusers' fp32
     # table, interleaved, 2 + 2 heads (1 | 2 | 16 | 256).
     import torch
-    v15 = cls == "HunyuanVideo15Transformer3DModel"
+    v15, image = cls == "HunyuanVideo15Transformer3DModel", cls == "HunyuanImageTransformer2DModel"
     sizes = dict(in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=16, num_layers=2,
-                 num_refiner_layers=1, text_embed_dim=16, rope_axes_dim=(4, 6, 6))
+                 num_refiner_layers=1, text_embed_dim=16, rope_axes_dim=(8, 8) if image else (4, 6, 6))
     more = dict(text_embed_2_dim=12, image_embed_dim=24) if v15 else dict(
+        num_single_layers=2, text_embed_2_dim=12) if image else dict(
         num_single_layers=2, patch_size=1, patch_size_t=1, pooled_projection_dim=8)
     model = _prewarmed_and_patched(tmp_path, cls, **sizes, **more)
 
     g = torch.Generator().manual_seed(1)
     bf16 = torch.bfloat16
-    inputs = dict(hidden_states=torch.randn(2, 4, 3, 4, 4, generator=g).to(bf16),
+    inputs = dict(hidden_states=torch.randn(2, 4, *((4, 6) if image else (3, 4, 4)), generator=g).to(bf16),
                   encoder_hidden_states=torch.randn(2, 7, 16, generator=g).to(bf16),
                   encoder_attention_mask=torch.tensor([[1] * 7, [1] * 4 + [0] * 3]))
-    if v15:
+    if image:
+        inputs.update(timestep=torch.tensor([300.0, 700.0]).to(bf16),
+                      encoder_hidden_states_2=torch.randn(2, 5, 12, generator=g).to(bf16),
+                      encoder_attention_mask_2=torch.tensor([[1] * 5, [1] * 2 + [0] * 3]))
+    elif v15:
         inputs.update(timestep=torch.tensor([300.0, 700.0]).to(bf16),
                       encoder_hidden_states_2=torch.randn(2, 5, 12, generator=g).to(bf16),
                       encoder_attention_mask_2=torch.tensor([[1] * 5, [1] * 2 + [0] * 3]),
@@ -997,6 +1003,6 @@ def test_hunyuan_video_prewarms_every_call_its_patched_transformer_makes(fresh_c
     if v15:
         expected |= {("layer_norm", 12, 3), ("layer_norm", 24, 3)}
     else:
-        expected |= {("gated_residual", 32, 8), ("gelu", 128, 0)}
+        expected |= {("gated_residual", 32, 8), ("gelu", 128, 0)} | ({("layer_norm", 12, 3)} if image else set())
     assert taken == expected
     assert_prewarmed(taken)

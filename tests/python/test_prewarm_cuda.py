@@ -576,6 +576,14 @@ elif "{cls}" == "ZImageTransformer2DModel":
                   cap_feats=[torch.randn(n, config["cap_feat_dim"], generator=g) for n in (text, text + 2)])
     timesteps = [torch.tensor([0.3, 0.7])]
     time_key = "t"
+elif "{cls}" == "HunyuanImageTransformer2DModel":
+    # An image's latents, padded prompts of both text encoders, the timestep in the model's dtype.
+    inputs = dict(hidden_states=torch.randn(2, config["in_channels"], 2 * height, 2 * width, generator=g),
+                  encoder_hidden_states=torch.randn(2, text, config["text_embed_dim"], generator=g),
+                  encoder_hidden_states_2=torch.randn(2, 4, config["text_embed_2_dim"], generator=g))
+    extra = dict(encoder_attention_mask=torch.tensor([[1] * text, [1] * (text - 2) + [0] * 2], device="cuda"),
+                 encoder_attention_mask_2=torch.tensor([[1] * 4, [1] * 2 + [0] * 2], device="cuda"))
+    timesteps = [torch.tensor([10.0, 500.0]).bfloat16()]
 elif "{cls}" in ("HunyuanVideoTransformer3DModel", "HunyuanVideo15Transformer3DModel"):
     # A padded prompt (its mask long, as the pipelines pass it); HunyuanVideo 1.5's second text
     # encoder's and an image's tokens too, its timestep in the model's dtype.
@@ -668,6 +676,10 @@ DIT_MODELS = {
         in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=16, num_layers=1, num_single_layers=2,
         num_refiner_layers=1, patch_size=1, patch_size_t=1, text_embed_dim=16, pooled_projection_dim=8,
         rope_axes_dim=(4, 6, 6)), ("gated_adaln + gated_residual", "gelu + gated_residual")),
+    "hunyuan-image": ("HunyuanImageTransformer2DModel", dict(
+        in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=16, num_layers=1, num_single_layers=2,
+        num_refiner_layers=1, text_embed_dim=16, text_embed_2_dim=12, rope_axes_dim=(8, 8)),
+        ("gated_adaln + gated_residual", "gelu + gated_residual")),
     "hunyuan-video-1.5": ("HunyuanVideo15Transformer3DModel", dict(
         in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=16, num_layers=2,
         num_refiner_layers=1, text_embed_dim=16, text_embed_2_dim=12, image_embed_dim=24, rope_axes_dim=(4, 6, 6)),
@@ -685,7 +697,7 @@ FUSED_ATTENTION = {"flux": "head_norm_rope", "ltx-video": "rms_norm_rope (angles
                    "wan": "rms_norm_rope", "wan-i2v": "rms_norm_rope", "qwen-image": "head_norm_rope",
                    "qwen-image-edit": "head_norm_rope", "cogvideox": "layer_norm", "flux2": "head_norm_rope",
                    "ltx2": "rope", "ltx2.3": "rope", "z-image": "head_norm_rope", "hunyuan-video": "head_norm_rope",
-                   "hunyuan-video-1.5": "head_norm_rope"}
+                   "hunyuan-video-1.5": "head_norm_rope", "hunyuan-image": "head_norm_rope"}
 
 
 def _prewarm_then_run_dit(tmp_path, name, training):
@@ -706,8 +718,8 @@ def _prewarm_then_run_dit(tmp_path, name, training):
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", list(DIT_MODELS))
 def test_prewarm_from_config_serves_a_patched_diffusion_transformer(tmp_path, name):
-    """kiln prewarm --config of a FLUX, FLUX.2, LTX-Video, LTX-2, Wan, Qwen-Image, Z-Image, HunyuanVideo (1.5) or
-    CogVideoX config.json, with
+    """kiln prewarm --config of a FLUX, FLUX.2, LTX-Video, LTX-2, Wan, Qwen-Image, Z-Image, HunyuanVideo (1.5),
+    HunyuanImage or CogVideoX config.json, with
     no GPU, compiles every kernel the patched transformer then calls without autograd (the blocks' AdaLN seams
     and gated residuals, a timestep per sample and per token, each attention's fused q/k norms
     and rotation, the cross-attention norms, FLUX's activation written into proj_out's input,

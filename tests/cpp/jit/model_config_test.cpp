@@ -927,4 +927,17 @@ TEST_CASE("HunyuanVideo's patched blocks and attentions are prewarmed as they ca
   CHECK(v15.kind == "hunyuan-video-1.5");
   CHECK(v15.ops.at(Op::layer_norm) == std::vector<std::int64_t>{2048, 1472, 1152});
   CHECK(v15.ops.at(Op::gelu) == std::vector<std::int64_t>{8192});
+  // HunyuanImage 2.1: 28 heads, 2-D positions, its ByT5 projection's LayerNorm where it has one.
+  nlohmann::json image = {{"_class_name", "HunyuanImageTransformer2DModel"},
+                          {"attention_head_dim", 128},
+                          {"num_attention_heads", 28},
+                          {"text_embed_2_dim", 1472},
+                          {"rope_axes_dim", {64, 64}}};
+  const kiln::jit::ModelShape hunyuan_image = kiln::jit::read_model_config(image);
+  CHECK(hunyuan_image.kind == "hunyuan-image");
+  CHECK(hunyuan_image.ops.at(Op::layer_norm) == std::vector<std::int64_t>{3584, 1472});
+  CHECK(hunyuan_image.rope.starts_with("2-D (rope_axes_dim [64,64])"));
+  image.erase("text_embed_2_dim");
+  CHECK(kiln::jit::read_model_config(image).ops.at(Op::layer_norm) ==
+        std::vector<std::int64_t>{3584});
 }

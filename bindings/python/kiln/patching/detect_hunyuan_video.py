@@ -1,9 +1,10 @@
-"""HunyuanVideo's patterns (:mod:`.hunyuan_video`), each confirmed on a probe as
+"""HunyuanVideo's and HunyuanImage's patterns (:mod:`.hunyuan_video`), each confirmed on a probe as
 :mod:`.detect_dit`'s are: its attentions (found by their processors' ``__call__``) and its
 double- and single-stream blocks (found by their children and their forwards' arguments, which
 FLUX's blocks do not share)."""
 
 import functools
+import inspect
 from typing import Callable, Union
 
 import torch
@@ -14,11 +15,13 @@ from .detect_dit import (_PROBE_DIM, DitMatch, _confirmed, _fused_or_plain, _lin
                          _ProbeMixer, _ProbeProjOut, _processor_call, double_block_width)
 from .detect_flux2 import _takes
 
-_DOUBLE_ARGUMENTS = ("hidden_states", "encoder_hidden_states", "temb", "attention_mask", "freqs_cis", "args",
-                     "kwargs")
+# HunyuanImage's double block names its rotation image_rotary_emb.
+_DOUBLE_ARGUMENTS = [("hidden_states", "encoder_hidden_states", "temb", "attention_mask", rope, "args", "kwargs")
+                     for rope in ("freqs_cis", "image_rotary_emb")]
 _SINGLE_ARGUMENTS = ("hidden_states", "encoder_hidden_states", "temb", "attention_mask", "image_rotary_emb", "args",
                      "kwargs")
 _PROCESSORS = {"HunyuanVideoAttnProcessor2_0.__call__": hunyuan_video.HunyuanVideoAttnProcessor,
+               "HunyuanImageAttnProcessor.__call__": hunyuan_video.HunyuanVideoAttnProcessor,
                "HunyuanVideo15AttnProcessor2_0.__call__": hunyuan_video.HunyuanVideo15AttnProcessor}
 
 
@@ -29,7 +32,7 @@ def attention_candidate(module: torch.nn.Module) -> bool:
 def double_block_candidate(module: torch.nn.Module) -> bool:
     return all(isinstance(getattr(module, n, None), torch.nn.Module)
                for n in ("norm1", "norm1_context", "attn", "norm2", "norm2_context", "ff", "ff_context")) \
-        and _takes(module, _DOUBLE_ARGUMENTS)
+        and any(_takes(module, arguments) for arguments in _DOUBLE_ARGUMENTS)
 
 
 def single_block_candidate(module: torch.nn.Module) -> bool:
@@ -102,14 +105,17 @@ class _ProbeAttention(_ProbeMixer):
         return y, torch.tanh(encoder_hidden_states * self.c)
 
 
-def _block_calls(d: int, g: torch.Generator, adjacent: bool):
-    """Probe calls of a block: 5 video and 3 text tokens of width d; with `adjacent`, one more
-    whose streams are the two halves of one tensor."""
+def _block_calls(original: Callable, d: int, g: torch.Generator, adjacent: bool):
+    """Probe calls of a block: 5 video and 3 text tokens of width d, the mask and rotation passed
+    by position and by name; with `adjacent`, one more whose streams are the two halves of one
+    tensor."""
     h = torch.randn(2, 5, d, generator=g) + 0.5
     c = torch.randn(2, 3, d, generator=g) - 0.5
     temb, rope = torch.randn(2, d, generator=g), 0.1 * torch.randn(d, generator=g)
     mask = torch.rand(2, 1, 1, 8, generator=g)
-    calls = [((h, c, temb, mask, rope), {}), ((h, c, temb), {})]
+    rope_name = tuple(inspect.signature(original).parameters)[4]
+    calls = [((h, c, temb, mask, rope), {}), ((h, c, temb), {}),
+             ((h, c, temb), {"attention_mask": mask, rope_name: rope})]
     if adjacent:
         both = torch.randn(2, 8, d, generator=g)
         calls.append(((both[:, :5], both[:, 5:], temb, mask, rope), {}))
@@ -125,7 +131,7 @@ def classify_double_block(module: torch.nn.Module, original: Callable) -> Union[
                 "ff": _ProbeFF(d, g), "ff_context": _ProbeFF(d, g)}
     match = DitMatch("hunyuan-video double block (gated residual + norm seams)", flux_block.DOUBLE_OPS, "adaln",
                      hunyuan_video.double_block)
-    return _confirmed(match, original, hunyuan_video.double_block(module, original), _block_calls(d, g, False),
+    return _confirmed(match, original, hunyuan_video.double_block(module, original), _block_calls(original, d, g, False),
                       [_Swapped(module, children=children)], "HunyuanVideo's double-stream block seams")
 
 
@@ -139,7 +145,7 @@ def classify_single_block(module: torch.nn.Module, original: Callable) -> Union[
                 "attn": _ProbeAttention(d, g)}
     match = DitMatch("hunyuan-video single block (gelu into proj_out's input, gated residual)", flux_block.SINGLE_OPS,
                      "gelu", hunyuan_video.single_block)
-    return _confirmed(match, original, hunyuan_video.single_block(module, original), _block_calls(d, g, True),
+    return _confirmed(match, original, hunyuan_video.single_block(module, original), _block_calls(original, d, g, True),
                       [_Swapped(module, children=children)], "HunyuanVideo's single-stream block")
 
 

@@ -1,6 +1,7 @@
 """HunyuanVideo's transformers (diffusers' ``HunyuanVideoTransformer3DModel``, its FramePack
-variant, and ``HunyuanVideo15Transformer3DModel``): their attention processors and their
-double- and single-stream blocks' seams.
+variant, and ``HunyuanVideo15Transformer3DModel``) and HunyuanImage 2.1's
+(``HunyuanImageTransformer2DModel``, HunyuanVideo's blocks and attention for images): their
+attention processors and their double- and single-stream blocks' seams.
 
 The attention RMS-normalises each head of q and k and rotates the video tokens' q and k (not the
 text's) by diffusers' fp32 table, interleaved pairs: diffusers runs the rotation as about a dozen
@@ -23,6 +24,7 @@ replace" blocks, whose first frame takes a modulation of its own, keep diffusers
 """
 
 import importlib
+import inspect
 import sys
 from typing import Callable, Optional
 
@@ -157,17 +159,20 @@ class HunyuanVideo15AttnProcessor(HunyuanVideoAttnProcessor):
 
 
 def double_block(module: torch.nn.Module, original: Callable) -> Callable:
-    """``HunyuanVideoTransformerBlock.forward`` (and HunyuanVideo 1.5's) with its seams fused as
-    FLUX's double block's are."""
+    """``HunyuanVideoTransformerBlock.forward`` (and HunyuanVideo 1.5's and HunyuanImage's) with its
+    seams fused as FLUX's double block's are."""
+    # The rotation's argument: freqs_cis (HunyuanVideo's), image_rotary_emb (HunyuanImage's).
+    rope_name = tuple(inspect.signature(original).parameters)[4]
 
-    def forward(hidden_states, encoder_hidden_states, temb, attention_mask=None, freqs_cis=None, *args, **kwargs):
+    def forward(hidden_states, encoder_hidden_states, temb, attention_mask=None, *args, **kwargs):
         h, c = hidden_states, encoder_hidden_states
         if not fits_double(module, h, c, temb, None):
-            return original(hidden_states, encoder_hidden_states, temb, attention_mask, freqs_cis, *args, **kwargs)
+            return original(hidden_states, encoder_hidden_states, temb, attention_mask, *args, **kwargs)
+        rope = args[0] if args else kwargs.get(rope_name)
         norm_h, *video = module.norm1(h, emb=temb)
         norm_c, *text = module.norm1_context(c, emb=temb)
         attn, c_attn = module.attn(hidden_states=norm_h, encoder_hidden_states=norm_c, attention_mask=attention_mask,
-                                   image_rotary_emb=freqs_cis)
+                                   image_rotary_emb=rope)
         return (double_stream(module.norm2, module.ff, h, attn, *video),
                 double_stream(module.norm2_context, module.ff_context, c, c_attn, *text))
 
