@@ -12,9 +12,10 @@ feed-forwards' GELU, the token refiner's LayerNorms. A fifth setting, "eager+kil
 leaves the blocks and the attention processors to diffusers (their norms, AdaLNs and GELUs still
 kiln's): what those fusions give.
 
-Usage: python bench/hunyuan_video.py [--out DIR] [--quick] [--layers N] [--frames N] [--model 1.5]
+Usage: python bench/hunyuan_video.py [--out DIR] [--quick] [--layers N] [--frames N] [--model 1.5|image]
        [--settings ...] [--device cuda|cpu] [--tiny] [--tag TAG]
-Writes DIR/hunyuan-video[-1.5]-<date>-<device>.json and .md; prints the table last."""
+Writes DIR/hunyuan-video[-1.5]-<date>-<device>.json (hunyuan-image-... with --model image) and .md;
+prints the table last."""
 
 import argparse
 import os
@@ -36,14 +37,23 @@ CONFIGS = {
     "1.5": dict(in_channels=65, out_channels=32, num_attention_heads=16, attention_head_dim=128, num_layers=54,
                 num_refiner_layers=2, text_embed_dim=3584, text_embed_2_dim=1472, image_embed_dim=1152,
                 rope_axes_dim=(16, 56, 56)),
+    # HunyuanImage 2.1: 20 double- and 40 single-stream blocks of width 3584 (28 heads of 128).
+    "image": dict(in_channels=64, out_channels=64, num_attention_heads=28, attention_head_dim=128, num_layers=20,
+                  num_single_layers=40, num_refiner_layers=2, text_embed_dim=3584, text_embed_2_dim=1472,
+                  rope_axes_dim=(64, 64)),
 }
 TINY = {"1.0": dict(in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=16, num_layers=1,
                     num_single_layers=2, num_refiner_layers=1, patch_size=1, patch_size_t=1, text_embed_dim=16,
                     pooled_projection_dim=8, rope_axes_dim=(4, 6, 6)),
         "1.5": dict(in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=16, num_layers=2,
                     num_refiner_layers=1, text_embed_dim=16, text_embed_2_dim=12, image_embed_dim=24,
-                    rope_axes_dim=(4, 6, 6))}
-SIZES = {"1.0": (544, 960), "1.5": (480, 848)}  # (height, width) in pixels
+                    rope_axes_dim=(4, 6, 6)),
+        "image": dict(in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=16, num_layers=1,
+                      num_single_layers=2, num_refiner_layers=1, text_embed_dim=16, text_embed_2_dim=12,
+                      rope_axes_dim=(8, 8))}
+SIZES = {"1.0": (544, 960), "1.5": (480, 848), "image": (2048, 2048)}  # (height, width) in pixels
+# The VAE's spatial compression: 8x (HunyuanVideo), 16x (1.5), 32x (HunyuanImage 2.1).
+COMPRESSION = {"1.0": 8, "1.5": 16, "image": 32}
 PROMPT_TOKENS, BYT5_TOKENS, IMAGE_TOKENS = 256, 64, 729
 
 
@@ -52,11 +62,12 @@ def build_model(layers=None, tiny=False, device="cuda", seed=0, version="1.0"):
     the double-stream blocks (HunyuanVideo: twice as many single-stream ones, its proportion)."""
     import diffusers
 
-    cls = diffusers.HunyuanVideoTransformer3DModel if version == "1.0" else diffusers.HunyuanVideo15Transformer3DModel
+    cls = {"1.0": diffusers.HunyuanVideoTransformer3DModel, "1.5": diffusers.HunyuanVideo15Transformer3DModel,
+           "image": diffusers.HunyuanImageTransformer2DModel}[version]
     config = dict((TINY if tiny else CONFIGS)[version])
     if layers and not tiny:
         config["num_layers"] = layers
-        if version == "1.0":
+        if "num_single_layers" in config:
             config["num_single_layers"] = 2 * layers
     torch.manual_seed(seed)
     with torch.device(device):
@@ -75,25 +86,31 @@ def inputs(model, frames, version, device="cuda", seed=1):
     g = torch.Generator(device).manual_seed(seed)
     tiny = config.attention_head_dim == 16
     height, width = SIZES[version]
-    latent = (3, 4, 4) if tiny else ((frames - 1) // 4 + 1, height // (8 if version == "1.0" else 16),
-                                     width // (8 if version == "1.0" else 16))
+    latent = (3, 4, 4) if tiny else ((frames - 1) // 4 + 1, height // COMPRESSION[version],
+                                     width // COMPRESSION[version])
+    if version == "image":  # one image: no frames
+        latent = latent[1:]
     prompt = 7 if tiny else PROMPT_TOKENS
 
     def randn(*shape):
         return torch.randn(*shape, device=device, dtype=BF16, generator=g)
 
-    kwargs = dict(hidden_states=randn(1, config.in_channels, *latent), encoder_hidden_states=randn(1, prompt,
-                                                                                                   config.text_embed_dim),
+    kwargs = dict(hidden_states=randn(1, config.in_channels, *latent),
+                  encoder_hidden_states=randn(1, prompt, config.text_embed_dim),
                   encoder_attention_mask=torch.ones(1, prompt, device=device, dtype=torch.long), return_dict=False)
     if version == "1.0":
-        kwargs.update(timestep=torch.tensor([500], device=device), pooled_projections=randn(1, config.pooled_projection_dim),
+        kwargs.update(timestep=torch.tensor([500], device=device),
+                      pooled_projections=randn(1, config.pooled_projection_dim),
                       guidance=torch.tensor([6000.0], device=device, dtype=BF16))
     else:
         byt5, image = (5, 3) if tiny else (BYT5_TOKENS, IMAGE_TOKENS)
         kwargs.update(timestep=torch.tensor([500.0], device=device, dtype=BF16),
                       encoder_hidden_states_2=randn(1, byt5, config.text_embed_2_dim),
-                      encoder_attention_mask_2=torch.ones(1, byt5, device=device, dtype=torch.long),
-                      image_embeds=torch.zeros(1, image, config.image_embed_dim, device=device, dtype=BF16))
+                      encoder_attention_mask_2=torch.ones(1, byt5, device=device, dtype=torch.long))
+        if version == "1.5":
+            kwargs["image_embeds"] = torch.zeros(1, image, config.image_embed_dim, device=device, dtype=BF16)
+    if version == "image":  # patch_size (1, 1)
+        return kwargs, latent[0] * latent[1]
     patch, patch_t = getattr(config, "patch_size", 1), getattr(config, "patch_size_t", 1)
     return kwargs, (latent[0] // patch_t) * (latent[1] // patch) * (latent[2] // patch)
 
@@ -112,7 +129,8 @@ def main(argv=None):
     parser.add_argument("--layers", type=int, default=5,
                         help="double-stream blocks (HunyuanVideo: and twice as many single-stream; 0: all)")
     parser.add_argument("--frames", type=int, default=33, help="the video's frames")
-    parser.add_argument("--model", choices=sorted(CONFIGS), default="1.0", help="HunyuanVideo's version")
+    parser.add_argument("--model", choices=sorted(CONFIGS), default="1.0",
+                        help="HunyuanVideo's version, or HunyuanImage 2.1 (image)")
     args = parser.parse_args(argv)
     settings = common.model_settings(args.settings, "hunyuan_video")
     kiln = common.fresh_kiln(1024)
@@ -123,8 +141,8 @@ def main(argv=None):
     billions = sum(p.numel() for p in model.parameters()) / 1e9
     singles = getattr(model.config, "num_single_layers", 0)
     print(f"HunyuanVideo {args.model}-shaped transformer: {billions:.2f}B parameters, {model.config.num_layers} double "
-          f"and {singles} single blocks, {tokens} video tokens, built in {time.perf_counter() - started:.1f} s",
-          flush=True)
+          f"and {singles} single blocks, {tokens} video or image tokens, built in "
+          f"{time.perf_counter() - started:.1f} s", flush=True)
     blocks = list(model.transformer_blocks) + list(getattr(model, "single_transformer_blocks", []))
     records, report = common.run_model_settings(
         model, lambda fn: fn(**kwargs)[0], kiln, settings=settings, reps=args.reps or (3 if args.quick else 10),
@@ -132,7 +150,7 @@ def main(argv=None):
         variants={"eager+kiln, blocks apart": blocks_apart(kiln)} if "eager+kiln" in settings else None)
     document = {"environment": env, "dtype": "bf16", "model": args.model, "frames": args.frames, "tokens": tokens,
                 "config": dict(model.config), "settings": records, "patch": common.patch_summary(report)}
-    name = "hunyuan-video" if args.model == "1.0" else "hunyuan-video-1.5"
+    name = {"1.0": "hunyuan-video", "1.5": "hunyuan-video-1.5", "image": "hunyuan-image"}[args.model]
     common.finish_model_bench(args, name, env, document, markdown(env, document), started)
     return document
 
@@ -142,11 +160,17 @@ def markdown(env, document):
     height, width = SIZES[version]
     singles = config.get("num_single_layers", 0)
     text = f"{PROMPT_TOKENS} prompt tokens" + (
-        "" if version == "1.0" else f", {BYT5_TOKENS} of the second text encoder, {IMAGE_TOKENS} image tokens (masked)")
+        "" if version == "1.0" else f", {BYT5_TOKENS} of the second text encoder" + (
+            f", {IMAGE_TOKENS} image tokens (masked)" if version == "1.5" else ""))
+    if version == "image":
+        model, shape = "HunyuanImage 2.1", f"an image at {height}x{width} ({document['tokens']} image tokens"
+    else:
+        model = f"HunyuanVideo {version}"
+        shape = f"{document['frames']} frames at {height}x{width} ({document['tokens']} video tokens"
     lines = [
-        f"HunyuanVideo {version}-shaped transformer ({config['num_layers']} double-stream and {singles} single-stream "
+        f"{model}-shaped transformer ({config['num_layers']} double-stream and {singles} single-stream "
         f"blocks, {config['num_attention_heads']} heads of {config['attention_head_dim']}), one step of "
-        f"{document['frames']} frames at {height}x{width} ({document['tokens']} video tokens, {text}, batch 1), bf16, "
+        f"{shape}, {text}, batch 1), bf16, "
         f"{env['device']} ({env['sm']}), {env['date']}, torch {env['versions']['torch']}; random weights. ms = median "
         "per forward, each call timed alone after at least 1 s of warm-up calls; host ms = median time the host takes "
         "to issue one; speedup of eager+kiln over eager and of compile+kiln over compile (compiled by block); "
