@@ -555,13 +555,14 @@ def test_z_image_bench_smoke_run_fuses_its_blocks_attentions_and_feed_forwards(t
     assert replaced["head_norm_rope"] == 4 and replaced["swiglu"] == 4
 
 
-@pytest.mark.parametrize("version", ["1.0", "1.5"])
+@pytest.mark.parametrize("version", ["1.0", "1.5", "image"])
 def test_hunyuan_video_bench_smoke_run_fuses_its_blocks_and_attentions(tmp_path, version):
-    name = "hunyuan-video" if version == "1.0" else "hunyuan-video-1.5"
-    cls = "HunyuanVideoTransformer3DModel" if version == "1.0" else "HunyuanVideo15Transformer3DModel"
+    name, cls = {"1.0": ("hunyuan-video", "HunyuanVideoTransformer3DModel"),
+                 "1.5": ("hunyuan-video-1.5", "HunyuanVideo15Transformer3DModel"),
+                 "image": ("hunyuan-image", "HunyuanImageTransformer2DModel")}[version]
     out, replaced = _transformer_smoke(tmp_path, "hunyuan_video.py", cls, name, "--model", version)
     assert f"HunyuanVideo {version}-shaped transformer" in out
-    if version == "1.0":  # one double and two single blocks, each with its attention
+    if version != "1.5":  # one double and two single blocks, each with its attention
         assert replaced["gated_adaln + gated_residual"] == 1 and replaced["gelu + gated_residual"] == 2
         assert replaced["head_norm_rope"] == 3
     else:  # two double blocks
