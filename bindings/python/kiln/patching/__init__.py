@@ -42,10 +42,10 @@ processors and audio-video blocks (q and k rotated by ``kiln.rope``, each stream
 ``kiln.adaln``, ``kiln.gated_adaln`` and ``kiln.gated_residual_``: see :mod:`.ltx2`), Z-Image's
 attention processor, feed-forward and modulated blocks (per-head q/k norms and complex rotation as
 one ``kiln.head_norm_rope``, ``kiln.swiglu``, the seams as ``kiln.adaln``, ``kiln.gated_adaln`` and
-``kiln.gated_residual_``: see :mod:`.z_image`), HunyuanVideo's, HunyuanVideo 1.5's and HunyuanImage 2.1's
-attention processors and blocks (the video tokens' per-head q/k norms and rotation as one
-``kiln.head_norm_rope_``, FLUX's block seams: see :mod:`.hunyuan_video`) and diffusers' AdaLN
-modules (``kiln.adaln``). A patched forward whose
+``kiln.gated_residual_``: see :mod:`.z_image`), HunyuanVideo's, HunyuanVideo 1.5's and
+HunyuanImage 2.1's attention processors and blocks (the video tokens' per-head q/k norms and
+rotation as one ``kiln.head_norm_rope_``, FLUX's block seams: see :mod:`.hunyuan_video`) and
+diffusers' AdaLN modules (``kiln.adaln``). A patched forward whose
 kiln ops have no backward (LTX-Video's fused seams) calls the original where it would record
 an autograd graph.
 """

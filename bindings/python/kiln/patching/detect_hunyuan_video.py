@@ -131,8 +131,9 @@ def classify_double_block(module: torch.nn.Module, original: Callable) -> Union[
                 "ff": _ProbeFF(d, g), "ff_context": _ProbeFF(d, g)}
     match = DitMatch("hunyuan-video double block (gated residual + norm seams)", flux_block.DOUBLE_OPS, "adaln",
                      hunyuan_video.double_block)
-    return _confirmed(match, original, hunyuan_video.double_block(module, original), _block_calls(original, d, g, False),
-                      [_Swapped(module, children=children)], "HunyuanVideo's double-stream block seams")
+    return _confirmed(match, original, hunyuan_video.double_block(module, original),
+                      _block_calls(original, d, g, False), [_Swapped(module, children=children)],
+                      "HunyuanVideo's double-stream block seams")
 
 
 def classify_single_block(module: torch.nn.Module, original: Callable) -> Union[DitMatch, NoMatch]:
@@ -145,8 +146,9 @@ def classify_single_block(module: torch.nn.Module, original: Callable) -> Union[
                 "attn": _ProbeAttention(d, g)}
     match = DitMatch("hunyuan-video single block (gelu into proj_out's input, gated residual)", flux_block.SINGLE_OPS,
                      "gelu", hunyuan_video.single_block)
-    return _confirmed(match, original, hunyuan_video.single_block(module, original), _block_calls(original, d, g, True),
-                      [_Swapped(module, children=children)], "HunyuanVideo's single-stream block")
+    return _confirmed(match, original, hunyuan_video.single_block(module, original),
+                      _block_calls(original, d, g, True), [_Swapped(module, children=children)],
+                      "HunyuanVideo's single-stream block")
 
 
 CANDIDATES = (

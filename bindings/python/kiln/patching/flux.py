@@ -12,7 +12,8 @@ from typing import Callable, Optional
 import torch
 
 from .. import norm_ops, rope_ops
-from .forwards import SharedAttentionSettings, argument_binder, fused_head_norms, kiln_can_take, norm_eps, signature_kept
+from .forwards import (SharedAttentionSettings, argument_binder, fused_head_norms, kiln_can_take, norm_eps,
+                       signature_kept)
 
 # chunk count, the emb argument's name, the order of the chunks, what is returned after x.
 ADALN_LAYOUTS = {
