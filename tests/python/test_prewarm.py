@@ -58,6 +58,16 @@ def gated_residual_flags(op, args) -> int:
     return (8 if gate.shape == (x.shape[0], 1, x.shape[-1]) else 0) | (16 if op == "gated_residual_" else 0)
 
 
+def seam_problem(op, args):
+    """(op, width, flags) of an adaln, gated_adaln or gated_residual(_) call as kiln's host keys
+    it (the gated residual's both forms under one op), or None for any other op."""
+    if op in ("adaln", "gated_adaln"):
+        return op, args[0].shape[-1], modulation_flags(op, args)
+    if op in ("gated_residual", "gated_residual_"):
+        return "gated_residual", args[0].shape[-1], gated_residual_flags(op, args)
+    return None
+
+
 def assert_prewarmed(taken):
     """Each (op, width, flags) a patched model called is in the cache its config's prewarm filled."""
     for op, width, flags in taken:
@@ -712,10 +722,8 @@ def test_cogvideox_prewarms_every_call_its_patched_transformer_makes(fresh_cache
     taken = set()
     for op, args in calls:
         x = args[0]
-        if op in ("adaln", "gated_adaln"):
-            taken.add((op, x.shape[-1], modulation_flags(op, args)))
-        elif op == "gated_residual_":
-            taken.add(("gated_residual", x.shape[-1], gated_residual_flags(op, args)))
+        if (seam := seam_problem(op, args)) is not None:
+            taken.add(seam)
         elif op == "layer_norm":
             assert args[1] is not None and args[2] is not None
             taken.add((op, x.shape[-1], 1 | 2))
@@ -752,10 +760,8 @@ def test_qwen_image_prewarms_every_call_its_patched_transformer_makes(fresh_cach
     taken = set()
     for op, args in calls:
         x = args[0]
-        if op in ("adaln", "gated_adaln"):
-            taken.add((op, x.shape[-1], modulation_flags(op, args)))
-        elif op == "gated_residual_":
-            taken.add(("gated_residual", x.shape[-1], gated_residual_flags(op, args)))
+        if (seam := seam_problem(op, args)) is not None:
+            taken.add(seam)
         elif op == "rms_norm":
             assert args[1] is not None
             taken.add((op, x.shape[-1], 1))
@@ -798,10 +804,8 @@ def test_flux2_prewarms_every_call_its_patched_transformer_makes(fresh_cache, tm
     taken = set()
     for op, args in calls:
         x = args[0]
-        if op in ("adaln", "gated_adaln"):
-            taken.add((op, x.shape[-1], modulation_flags(op, args)))
-        elif op in ("gated_residual", "gated_residual_"):
-            taken.add(("gated_residual", x.shape[-1], gated_residual_flags(op, args)))
+        if (seam := seam_problem(op, args)) is not None:
+            taken.add(seam)
         elif op == "swiglu":
             assert len(args) == 1 or args[1] is None  # the packed projection
             # The feed-forwards' is the projection's whole output; the single blocks' a slice of it.
@@ -846,10 +850,8 @@ def test_ltx2_prewarms_every_call_its_patched_transformer_makes(fresh_cache, tmp
     taken = set()
     for op, args in calls:
         x = args[0]
-        if op in ("adaln", "gated_adaln"):
-            taken.add((op, x.shape[-1], modulation_flags(op, args)))
-        elif op == "gated_residual_":
-            taken.add(("gated_residual", x.shape[-1], gated_residual_flags(op, args)))
+        if (seam := seam_problem(op, args)) is not None:
+            taken.add(seam)
         elif op == "rms_norm":
             assert args[1] is not None
             taken.add((op, x.shape[-1], 1))
@@ -904,10 +906,8 @@ def test_z_image_prewarms_every_call_its_patched_transformer_makes(fresh_cache, 
     taken = set()
     for op, args in calls:
         x = args[0]
-        if op in ("adaln", "gated_adaln"):
-            taken.add((op, x.shape[-1], modulation_flags(op, args)))
-        elif op == "gated_residual_":
-            taken.add(("gated_residual", x.shape[-1], gated_residual_flags(op, args)))
+        if (seam := seam_problem(op, args)) is not None:
+            taken.add(seam)
         elif op == "rms_norm":
             assert args[1] is not None
             taken.add((op, x.shape[-1], 1))
@@ -979,10 +979,8 @@ def test_hunyuan_video_prewarms_every_call_its_patched_transformer_makes(fresh_c
     taken = set()
     for op, args in calls:
         x = args[0]
-        if op in ("adaln", "gated_adaln"):
-            taken.add((op, x.shape[-1], modulation_flags(op, args)))
-        elif op in ("gated_residual", "gated_residual_"):
-            taken.add(("gated_residual", x.shape[-1], gated_residual_flags(op, args)))
+        if (seam := seam_problem(op, args)) is not None:
+            taken.add(seam)
         elif op == "rms_norm":
             assert args[1] is not None
             taken.add((op, x.shape[-1], 1))
