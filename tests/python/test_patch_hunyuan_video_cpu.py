@@ -143,9 +143,9 @@ def test_hunyuan_video_15_makes_its_pair_mask_once_a_forward(monkeypatch):
     made = []
     pair_mask = hunyuan_video._pair_mask
 
-    def counted(attention_mask, seq):
+    def counted(attention_mask, batch, seq):
         made.append(seq)
-        return pair_mask(attention_mask, seq)
+        return pair_mask(attention_mask, batch, seq)
 
     monkeypatch.setattr(hunyuan_video, "_pair_mask", counted)
     model = _hunyuan_video_15(torch.float32)
@@ -159,7 +159,7 @@ def test_hunyuan_video_15_makes_its_pair_mask_once_a_forward(monkeypatch):
             assert made == [63] * forwards  # 48 video, 7 + 5 text and 3 image tokens
     valid = torch.tensor([[1, 1, 0], [1, 0, 1]])
     rows = torch.nn.functional.pad(valid, (2, 0), value=True).bool().view(2, 1, 1, 5).repeat(1, 1, 5, 1)
-    assert torch.equal(pair_mask(valid, 5), rows & rows.transpose(2, 3))
+    assert torch.equal(pair_mask(valid, 2, 5), rows & rows.transpose(2, 3))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

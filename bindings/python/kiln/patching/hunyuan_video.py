@@ -32,12 +32,9 @@ import torch
 
 from .. import rope_ops
 from .flux import FluxAttnProcessor
-from .flux_block import DOUBLE_OPS, SINGLE_OPS, double_stream, fits_double, fits_single, joined, single_output
+from .flux_block import double_stream, fits_double, fits_single, joined, single_output
 from .forwards import SharedAttentionSettings, fused_head_norms, kiln_can_take, signature_kept
 from .per_forward import OncePerForward
-
-__all__ = ["DOUBLE_OPS", "SINGLE_OPS", "HunyuanVideoAttnProcessor", "HunyuanVideo15AttnProcessor",
-           "double_block", "single_block"]
 
 
 @signature_kept
@@ -125,17 +122,18 @@ class HunyuanVideoAttnProcessor(SharedAttentionSettings):
         return hidden_states, encoder_hidden_states
 
 
-def _pair_mask(attention_mask: torch.Tensor, seq: int) -> torch.Tensor:
+def _pair_mask(attention_mask: torch.Tensor, batch: int, seq: int) -> torch.Tensor:
     """HunyuanVideo 1.5's [B, 1, S, S] mask of the query and key pairs that are both valid (the
     text tokens' mask padded with the video's, valid), in one broadcast where diffusers repeats the
     token mask S times and ands it with its transpose."""
-    valid = torch.nn.functional.pad(attention_mask, (seq - attention_mask.shape[1], 0), value=True).bool()
+    valid = torch.nn.functional.pad(attention_mask, (seq - attention_mask.shape[-1], 0), value=True)
+    valid = valid.bool().reshape(batch, seq)  # as diffusers' view(batch, 1, 1, seq) reads it
     return valid[:, None, :, None] & valid[:, None, None, :]
 
 
 # Every block of a forward receives the same text mask: its pair mask (S^2 bytes) is made once.
 # (_pair_mask looked up when called, so that a test may count the masks made.)
-_PAIR_MASKS = OncePerForward(lambda attention_mask, seq: _pair_mask(attention_mask, seq))
+_PAIR_MASKS = OncePerForward(lambda attention_mask, batch, seq: _pair_mask(attention_mask, batch, seq))
 
 
 @signature_kept
@@ -146,13 +144,8 @@ class HunyuanVideo15AttnProcessor(HunyuanVideoAttnProcessor):
 
     def _mask(self, attention_mask, query: torch.Tensor):
         if torch.compiler.is_compiling():  # Inductor fuses the broadcast into the attention's graph
-            return _pair_mask(attention_mask, query.shape[1])
-        if attention_mask.dim() != 2 or attention_mask.shape[0] != query.shape[0]:
-            batch, seq = query.shape[:2]
-            mask = torch.nn.functional.pad(attention_mask, (seq - attention_mask.shape[1], 0), value=True).bool()
-            rows = mask.view(batch, 1, 1, seq).repeat(1, 1, seq, 1)
-            return (rows & rows.transpose(2, 3)).bool()
-        return _PAIR_MASKS.get(attention_mask, extra=(query.shape[1],))
+            return _pair_mask(attention_mask, *query.shape[:2])
+        return _PAIR_MASKS.get(attention_mask, extra=tuple(query.shape[:2]))
 
 
 # ---- the blocks ------------------------------------------------------------------------------
