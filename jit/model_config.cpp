@@ -451,6 +451,36 @@ void read_hunyuan_video(const nlohmann::json& config, ModelShape& model) {
   };
 }
 
+// Mochi (diffusers' MochiTransformer3DModel): a video stream (the inner dim) and a text stream
+// (pooled_projection_dim). Each stream's patched block: the AdaLN over an RMSNorm with no weight
+// (per sample, no shift), the gated norms of the attention's and the feed-forward's outputs (an
+// AdaLN whose scale is the gate plus an fp32 table row), the residual add with the next norm's
+// modulation (gated_adaln, fp32 table rows); the feed-forwards' SwiGLU of the packed projection,
+// (4 x width x 2) / 3 wide; the per-head q/k RMSNorms, then the rotation by learned per-head
+// frequencies: diffusers' fp32 [N, H, D/2] tables read as one half table a token, each token's
+// heads rotating as one row (one head of q, one of k). The output AdaLN over a LayerNorm. Where
+// autograd records, the blocks are diffusers' (their RMSNorms with no weight, fp32 inputs, at
+// each stream's width) and so is the rotation (its frequencies train).
+void read_mochi(const nlohmann::json& config, ModelShape& model) {
+  const std::int64_t text = size_if_set(config, "pooled_projection_dim").value_or(1536);
+  const auto mochi_mlp = [](std::int64_t width) { return 4 * width * 2 / 3; };
+  model.intermediate = mochi_mlp(model.hidden);
+  model.heads_q = model.heads_k = 1;
+  model.rope_tables = {kRopeInterleaved | kRopeTableF32 | kRopeHalfTable};
+  model.rope =
+      "3-D (frames, height, width) by learned per-head frequencies: diffusers' fp32 tables, "
+      "interleaved pairs, each token's heads as one row, after the per-head q/k RMSNorms";
+  model.modulation_flags = {0u, kNormTable | kNormTableF32, kNormLayer};
+  model.ops = {
+      {Op::adaln, {model.hidden, text}},
+      {Op::gated_adaln, {model.hidden, text}},
+      {Op::rms_norm, {model.head_dim, model.hidden, text}},
+      {Op::rope, {model.hidden}},
+      {Op::swiglu, {model.intermediate, mochi_mlp(text)}},
+  };
+  model.fp32_ops = {Op::rms_norm};
+}
+
 // LTX-2 and LTX-2.3 (diffusers' LTX2VideoTransformer3DModel): a video stream (the model's
 // sizes) and an audio stream (a part of its own). Each stream's patched blocks: AdaLN over an
 // RMSNorm with no weight, the table rows beside temb, per sample or per token (conditioned
@@ -586,6 +616,8 @@ ModelShape read_diffusion(const nlohmann::json& config, const std::string& kind)
     read_ltx2(config, model);
   } else if (kind.starts_with("hunyuan-")) {
     read_hunyuan_video(config, model);
+  } else if (kind == "mochi") {
+    read_mochi(config, model);
   } else if (kind == "wan") {
     model.intermediate = require_size(config, "ffn_dim");
     model.heads_q = model.heads_k = model.hidden / model.head_dim;
@@ -853,7 +885,8 @@ ModelShape read_model_config(const nlohmann::json& config) {
         std::pair{"HunyuanVideoTransformer3DModel", "hunyuan-video"},
         std::pair{"HunyuanVideoFramepackTransformer3DModel", "hunyuan-video"},
         std::pair{"HunyuanVideo15Transformer3DModel", "hunyuan-video-1.5"},
-        std::pair{"HunyuanImageTransformer2DModel", "hunyuan-image"}}) {
+        std::pair{"HunyuanImageTransformer2DModel", "hunyuan-image"},
+        std::pair{"MochiTransformer3DModel", "mochi"}}) {
     if (class_name == diffusers_class) {
       return read_diffusion(config, kind);
     }
@@ -877,7 +910,7 @@ ModelShape read_model_config(const nlohmann::json& config) {
       "LTX2VideoTransformer3DModel, FluxTransformer2DModel, Flux2Transformer2DModel, "
       "WanTransformer3DModel, CogVideoXTransformer3DModel, QwenImageTransformer2DModel, "
       "HunyuanVideoTransformer3DModel, HunyuanVideo15Transformer3DModel, "
-      "HunyuanImageTransformer2DModel or "
+      "HunyuanImageTransformer2DModel, MochiTransformer3DModel or "
       "ZImageTransformer2DModel config, got " +
       (class_name.empty() ? std::string("neither") : "_class_name \"" + class_name + "\""));
 }

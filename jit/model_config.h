@@ -58,6 +58,12 @@
 //    RoPE from complex frequencies (fp32 half tables, interleaved) as one head_norm_rope a
 //    stream (else the norms and kiln.rope), the text input's RMSNorm at joint_attention_dim, a
 //    GELU (tanh) feed-forward of 4x the inner dim.
+//  - diffusers MochiTransformer3DModel: the same inner dim and a text stream of
+//    pooled_projection_dim; each stream's AdaLN over an RMSNorm with no weight (per sample), the
+//    gated norms of its sublayers' outputs (fp32 table rows), the residual add with the next
+//    norm (gated_adaln), the feed-forwards' SwiGLU of (4 x width x 2) / 3; the per-head q/k
+//    RMSNorms and the rotation by per-head tables (fp32, read as one half table a token: q and
+//    k one head each, the whole row); the output AdaLN over a LayerNorm.
 //  - diffusers FluxTransformer2DModel: the same inner dim; LayerNorm and AdaLN-Zero over it,
 //    RMSNorm q/k norm per head (attention_head_dim) and RoPE from a table over axes_dims_rope
 //    (3 axes), interleaved, fused as one head_norm_rope where kiln's patch can (else the norm

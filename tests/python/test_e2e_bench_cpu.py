@@ -567,3 +567,10 @@ def test_hunyuan_video_bench_smoke_run_fuses_its_blocks_and_attentions(tmp_path,
         assert replaced["head_norm_rope"] == 3
     else:  # two double blocks
         assert replaced["gated_adaln + gated_residual"] == 2 and replaced["head_norm_rope"] == 2
+
+
+def test_mochi_bench_smoke_run_fuses_its_blocks_and_attentions(tmp_path):
+    out, replaced = _transformer_smoke(tmp_path, "mochi.py", "MochiTransformer3DModel", "mochi")
+    assert "Mochi-shaped transformer" in out
+    # The three blocks and their attentions (each rotation one kiln.rope), every SwiGLU.
+    assert replaced["adaln + gated_adaln"] == 3 and replaced["rope"] == 3 and replaced["swiglu"] == 5

@@ -43,13 +43,14 @@ class KilnCalls(TorchDispatchMode):
 def modulation_flags(op, args) -> int:
     """The flags kiln's host keys an adaln or gated_adaln call by, from the arguments its
     dispatcher saw (trailing defaults left out): the norm's weight (1), a LayerNorm (4), table
-    rows of the activations' dtype (16), an operand per token (32)."""
+    rows (16; fp32 rows beside 16-bit activations, 16 | 128), an operand per token (32)."""
     first = 3 if op == "adaln" else 5  # the weight; then eps, the norm, the table rows
     given = tuple(args) + (None,) * (first + 6 - len(args))
     weight, norm, rows = given[first], given[first + 2], given[first + 3:]
     operands = args[1:3] if op == "adaln" else args[2:5]
     return ((1 if weight is not None else 0) | (4 if norm == "layer" else 0)
-            | (16 if any(r is not None for r in rows) else 0) | (32 if any(t.shape[1] != 1 for t in operands) else 0))
+            | (16 if any(r is not None for r in rows) else 0) | (32 if any(t.shape[1] != 1 for t in operands) else 0)
+            | (128 if any(r is not None and r.dtype != args[0].dtype for r in rows) else 0))
 
 
 def gated_residual_flags(op, args) -> int:
@@ -1003,4 +1004,44 @@ def test_hunyuan_video_prewarms_every_call_its_patched_transformer_makes(fresh_c
     else:
         expected |= {("gated_residual", 32, 8), ("gelu", 128, 0)} | ({("layer_norm", 12, 3)} if image else set())
     assert taken == expected
+    assert_prewarmed(taken)
+
+
+def test_mochi_prewarms_every_call_its_patched_transformer_makes(fresh_cache, tmp_path):
+    # A tiny Mochi (diffusers), patched and run on the CPU with a padded prompt: every kiln call it
+    # makes, as each op's dispatcher sees it, is a problem its config's prewarm compiled. Each
+    # stream's AdaLN over an RMSNorm with no weight (0), the gated norms of the sublayers' outputs
+    # and the residual add with the next norm, fp32 table rows (16 | 128), the output AdaLN over a
+    # LayerNorm (4), the per-head q/k RMSNorms with their weights (1), the feed-forwards' SwiGLU of
+    # the packed projection (a flat row, 1), and the rotation of each token's heads as one
+    # row by an fp32 half table, interleaved, one head of q and one of k (1 | 2 | 64 | 128).
+    import torch
+    model = _prewarmed_and_patched(tmp_path, "MochiTransformer3DModel", patch_size=2, num_attention_heads=2,
+                                   attention_head_dim=16, num_layers=2, pooled_projection_dim=24, in_channels=4,
+                                   text_embed_dim=16, time_embed_dim=8, max_sequence_length=8)
+    g = torch.Generator().manual_seed(1)
+    bf16 = torch.bfloat16
+    with torch.no_grad(), KilnCalls() as calls:
+        model(hidden_states=torch.randn(2, 4, 3, 8, 8, generator=g).to(bf16),
+              encoder_hidden_states=torch.randn(2, 8, 16, generator=g).to(bf16), timestep=torch.tensor([300, 700]),
+              encoder_attention_mask=torch.tensor([[1] * 8, [1] * 5 + [0] * 3]))
+    taken = set()
+    for op, args in calls:
+        x = args[0]
+        if (seam := seam_problem(op, args)) is not None:
+            taken.add(seam)
+        elif op == "rms_norm":
+            assert args[1] is not None
+            taken.add((op, x.shape[-1], 1))
+        elif op == "swiglu":
+            assert (len(args) == 1 or args[1] is None) and x.is_contiguous()  # the packed projection
+            taken.add((op, x.shape[-1] // 2, 1))
+        else:
+            assert op == "rope"
+            q, k, cos = args[0], args[1], args[2]
+            assert q.dim() == k.dim() == 3 and cos.dtype == torch.float32 and cos.shape[-1] * 2 == q.shape[-1]
+            taken.add(("rope", q.shape[-1], 1 | 2 | 64 | 128))
+    assert taken == {("adaln", 32, 0), ("adaln", 24, 0), ("adaln", 32, 144), ("adaln", 24, 144),
+                     ("gated_adaln", 32, 144), ("gated_adaln", 24, 144), ("adaln", 32, 4), ("rms_norm", 16, 1),
+                     ("swiglu", 85, 1), ("swiglu", 64, 1), ("rope", 32, 195)}
     assert_prewarmed(taken)

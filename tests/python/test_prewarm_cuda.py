@@ -599,6 +599,12 @@ elif "{cls}" in ("HunyuanVideoTransformer3DModel", "HunyuanVideo15Transformer3DM
         inputs["pooled_projections"] = torch.randn(2, config["pooled_projection_dim"], generator=g)
         extra["guidance"] = torch.full((2,), 3000.0, device="cuda")
         timesteps = [torch.tensor([10, 500])]
+elif "{cls}" == "MochiTransformer3DModel":
+    # A padded prompt (its mask long, as the pipeline passes it).
+    inputs = dict(hidden_states=torch.randn(2, config["in_channels"], frames, 2 * height, 2 * width, generator=g),
+                  encoder_hidden_states=torch.randn(2, text, config["text_embed_dim"], generator=g))
+    extra = dict(encoder_attention_mask=torch.tensor([[1] * text, [1] * (text - 2) + [0] * 2], device="cuda"))
+    timesteps = [torch.tensor([10, 500])]
 elif "{cls}" == "LTXVideoTransformer3DModel":
     inputs = dict(hidden_states=torch.randn(2, tokens, config["in_channels"], generator=g),
                   encoder_hidden_states=torch.randn(2, text, config["caption_channels"], generator=g),
@@ -684,6 +690,11 @@ DIT_MODELS = {
         in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=16, num_layers=2,
         num_refiner_layers=1, text_embed_dim=16, text_embed_2_dim=12, image_embed_dim=24, rope_axes_dim=(4, 6, 6)),
         ("gated_adaln + gated_residual",)),
+    # Patches of 2 x 2, as Mochi's; the last block's text stream ends at its norm.
+    "mochi": ("MochiTransformer3DModel", dict(
+        patch_size=2, num_attention_heads=2, attention_head_dim=16, num_layers=2, pooled_projection_dim=24,
+        in_channels=4, text_embed_dim=16, time_embed_dim=8, max_sequence_length=8),
+        ("adaln + gated_adaln",)),
     # Its text length is its position embedding's (max_text_seq_length).
     "cogvideox": ("CogVideoXTransformer3DModel", dict(
         num_attention_heads=2, attention_head_dim=16, in_channels=4, out_channels=4, time_embed_dim=32,
@@ -697,7 +708,7 @@ FUSED_ATTENTION = {"flux": "head_norm_rope", "ltx-video": "rms_norm_rope (angles
                    "wan": "rms_norm_rope", "wan-i2v": "rms_norm_rope", "qwen-image": "head_norm_rope",
                    "qwen-image-edit": "head_norm_rope", "cogvideox": "layer_norm", "flux2": "head_norm_rope",
                    "ltx2": "rope", "ltx2.3": "rope", "z-image": "head_norm_rope", "hunyuan-video": "head_norm_rope",
-                   "hunyuan-video-1.5": "head_norm_rope", "hunyuan-image": "head_norm_rope"}
+                   "hunyuan-video-1.5": "head_norm_rope", "hunyuan-image": "head_norm_rope", "mochi": "rope"}
 
 
 def _prewarm_then_run_dit(tmp_path, name, training):
@@ -719,7 +730,7 @@ def _prewarm_then_run_dit(tmp_path, name, training):
 @pytest.mark.parametrize("name", list(DIT_MODELS))
 def test_prewarm_from_config_serves_a_patched_diffusion_transformer(tmp_path, name):
     """kiln prewarm --config of a FLUX, FLUX.2, LTX-Video, LTX-2, Wan, Qwen-Image, Z-Image, HunyuanVideo (1.5),
-    HunyuanImage or CogVideoX config.json, with
+    HunyuanImage, Mochi or CogVideoX config.json, with
     no GPU, compiles every kernel the patched transformer then calls without autograd (the blocks' AdaLN seams
     and gated residuals, a timestep per sample and per token, each attention's fused q/k norms
     and rotation, the cross-attention norms, FLUX's activation written into proj_out's input,

@@ -941,3 +941,33 @@ TEST_CASE("HunyuanVideo's patched blocks and attentions are prewarmed as they ca
   CHECK(kiln::jit::read_model_config(image).ops.at(Op::layer_norm) ==
         std::vector<std::int64_t>{3584});
 }
+
+TEST_CASE("Mochi's patched blocks and attentions are prewarmed as they call kiln") {
+  // Mochi 1's config.json, the keys kiln reads.
+  const kiln::jit::ModelShape model =
+      kiln::jit::read_model_config({{"_class_name", "MochiTransformer3DModel"},
+                                    {"attention_head_dim", 128},
+                                    {"num_attention_heads", 24},
+                                    {"pooled_projection_dim", 1536}});
+  CHECK(model.kind == "mochi");
+  // Each stream's feed-forward: (4 x width x 2) / 3.
+  CHECK(model.ops.at(Op::swiglu) == std::vector<std::int64_t>{8192, 4096});
+  CHECK(model.ops.at(Op::adaln) == std::vector<std::int64_t>{3072, 1536});
+  CHECK(model.ops.at(Op::gated_adaln) == std::vector<std::int64_t>{3072, 1536});
+  const auto targets = targets_of(model);
+  // The plain modulated RMSNorm, the output AdaLN, the gated norms and seams (fp32 table rows).
+  const std::vector<std::uint32_t> modulations = {0u, kiln::kNormLayer,
+                                                  kiln::kNormTable | kiln::kNormTableF32};
+  for (std::int64_t width : {3072, 1536}) {
+    CHECK(prewarmed_flags(targets, Op::gated_adaln, width, kiln::DType::bf16) == modulations);
+  }
+  // Each token's heads rotate as one row of 3072 by an fp32 half table, one head of q and of k.
+  const std::uint32_t row =
+      kiln::kRopeInterleaved | kiln::kRopeTableF32 | kiln::kRopeHalfTable | kiln::kRopeOneHeadEach;
+  const auto rope = prewarmed_flags(targets, Op::rope, 3072, kiln::DType::bf16);
+  CHECK(std::count(rope.begin(), rope.end(), row) == 1);
+  CHECK(prewarmed_flags(targets, Op::rope, 128, kiln::DType::bf16).empty());
+  // The per-head q/k RMSNorms; training runs the blocks' RMSNorms (no weight) on fp32 inputs.
+  CHECK(!prewarmed_flags(targets, Op::rms_norm, 128, kiln::DType::bf16).empty());
+  CHECK(!prewarmed_flags(targets, Op::rms_norm, 3072, kiln::DType::f32).empty());
+}

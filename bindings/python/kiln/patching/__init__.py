@@ -44,8 +44,10 @@ attention processor, feed-forward and modulated blocks (per-head q/k norms and c
 one ``kiln.head_norm_rope``, ``kiln.swiglu``, the seams as ``kiln.adaln``, ``kiln.gated_adaln`` and
 ``kiln.gated_residual_``: see :mod:`.z_image`), HunyuanVideo's, HunyuanVideo 1.5's and
 HunyuanImage 2.1's attention processors and blocks (the video tokens' per-head q/k norms and
-rotation as one ``kiln.head_norm_rope_``, FLUX's block seams: see :mod:`.hunyuan_video`) and
-diffusers' AdaLN modules (``kiln.adaln``). A patched forward whose
+rotation as one ``kiln.head_norm_rope_``, FLUX's block seams: see :mod:`.hunyuan_video`), Mochi's
+attention processor and blocks (q and k rotated by per-head tables in one ``kiln.rope``, the valid
+text tokens found once a forward, the modulated RMSNorm seams as ``kiln.adaln`` and
+``kiln.gated_adaln``: see :mod:`.mochi`) and diffusers' AdaLN modules (``kiln.adaln``). A patched forward whose
 kiln ops have no backward (LTX-Video's fused seams) calls the original where it would record
 an autograd graph.
 """
@@ -56,9 +58,10 @@ from typing import Iterable, Optional
 
 import torch
 
-from . import (bmm_experts, detect, detect_dit, detect_flux2, detect_hunyuan_video, detect_ltx2, detect_qwen_image,
-               detect_z_image, dit_block_chain, experts_gate, gated_norm, gelu_mlp, head_norm_attention, ltx,
-               packed_gate, replace, residual_norm_chain, residual_norm_layer, rope_attention, wan_block)
+from . import (bmm_experts, detect, detect_dit, detect_flux2, detect_hunyuan_video, detect_ltx2, detect_mochi,
+               detect_qwen_image, detect_z_image, dit_block_chain, experts_gate, gated_norm, gelu_mlp,
+               head_norm_attention, ltx, packed_gate, replace, residual_norm_chain, residual_norm_layer,
+               rope_attention, wan_block)
 from .report import Left, PatchReport, Replaced
 
 # The attentions whose processor is replaced, and those of them whose head norms may join the rotation.
@@ -66,7 +69,7 @@ _NORM_FUSING = (detect_dit.classify_flux_attention, detect_dit.classify_wan_atte
                 detect_qwen_image.classify_attention, detect_flux2.classify_parallel_attention,
                 detect_ltx2.classify_attention, detect_z_image.classify_attention,
                 detect_hunyuan_video.classify_attention)
-_PROCESSORS = (detect_dit.classify_ltx_attention,) + _NORM_FUSING
+_PROCESSORS = (detect_dit.classify_ltx_attention, detect_mochi.classify_attention) + _NORM_FUSING
 
 OPS = ("rms_norm", "layer_norm", "gelu", "swiglu", "geglu", "clamped_swiglu", "rms_norm_rope", "rope", "adaln")
 
@@ -157,8 +160,8 @@ def _is_patched_block(module: torch.nn.Module, block_ops: str) -> bool:
 def _patch_dit(path: str, module: torch.nn.Module, chosen: frozenset, report: PatchReport) -> bool:
     """The diffusion-transformer patterns (:mod:`.detect_dit`); True if the module was one
     of their candidates (replaced or left)."""
-    for candidate, classify in detect_flux2.CANDIDATES + detect_hunyuan_video.CANDIDATES + detect_ltx2.CANDIDATES \
-            + detect_z_image.CANDIDATES + detect_dit.CANDIDATES + detect_qwen_image.CANDIDATES:
+    for candidate, classify in detect_flux2.CANDIDATES + detect_hunyuan_video.CANDIDATES + detect_mochi.CANDIDATES \
+            + detect_ltx2.CANDIDATES + detect_z_image.CANDIDATES + detect_dit.CANDIDATES + detect_qwen_image.CANDIDATES:
         if candidate(module):
             break
     else:
