@@ -7,9 +7,11 @@ CogVideoXLayerNormZero (an affine LayerNorm of the video and of the text tokens,
 one embedding's chunks: a kiln.adaln a stream, the norm's bias folded into the shift), the
 output AdaLayerNorm, each block's seams (a stream each: the attention's gated residual with
 norm2's modulation as one kiln.gated_adaln, the feed-forward's gated residual as one
-kiln.gated_residual_), the attention's q/k LayerNorms and the feed-forward's GELU (tanh). A fifth
-setting, "eager+kiln, modulations apart", leaves the AdaLN modules and the blocks' seams to
-diffusers (their LayerNorms still kiln's): what those fusions give.
+kiln.gated_residual_), the attention's q/k LayerNorms, 5b's rotation of the video tokens' q and k
+(one kiln.rope_ in place) and the feed-forward's GELU (tanh). A fifth setting, "eager+kiln,
+modulations apart", leaves the AdaLN modules and the blocks' seams to diffusers (their LayerNorms
+still kiln's): what those fusions give; for 5b a sixth, "eager+kiln, rotation apart", leaves the
+attention processors to diffusers: what the rotation gives.
 
 Usage: python bench/cogvideox.py [--out DIR] [--quick] [--model 2b|5b] [--layers N] [--frames F]
        [--settings ...] [--device cuda|cpu] [--tiny] [--tag TAG]
@@ -91,6 +93,13 @@ def modulations_apart(kiln):
                                                    detect_dit.classify_cogvideox_block))
 
 
+def rotation_apart(kiln):
+    """kiln.patch with the attention processors left to diffusers (5b's rotation diffusers')."""
+    from kiln.patching import detect_cogvideox
+
+    return common.patch_leaving(kiln, detect_cogvideox)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser()
     common.add_module_bench_arguments(parser)
@@ -110,10 +119,14 @@ def main(argv=None):
     billions = sum(p.numel() for p in model.parameters()) / 1e9
     print(f"CogVideoX {args.model}-shaped transformer: {billions:.2f}B parameters, {model.config.num_layers} blocks, "
           f"{tokens} video tokens, built in {time.perf_counter() - started:.1f} s", flush=True)
+    variants = None
+    if "eager+kiln" in settings:
+        variants = {"eager+kiln, modulations apart": modulations_apart(kiln)}
+        if model.config.use_rotary_positional_embeddings:
+            variants["eager+kiln, rotation apart"] = rotation_apart(kiln)
     records, report = common.run_model_settings(
         model, lambda fn: fn(**kwargs)[0], kiln, settings=settings, reps=args.reps or (3 if args.quick else 10),
-        compile_fn=common.compile_blocks(list(model.transformer_blocks)),
-        variants={"eager+kiln, modulations apart": modulations_apart(kiln)} if "eager+kiln" in settings else None)
+        compile_fn=common.compile_blocks(list(model.transformer_blocks)), variants=variants)
     document = {"environment": env, "dtype": "bf16", "frames": frames, "height": height, "width": width,
                 "tokens": tokens, "config": dict(model.config), "settings": records,
                 "patch": common.patch_summary(report)}

@@ -556,15 +556,25 @@ ModelShape read_diffusion(const nlohmann::json& config, const std::string& kind)
     // kernel, the bias folded into the shift), per sample; the attention's gated residual with
     // norm2's modulation (gated_adaln) and the feed-forward's gated residual in place; the
     // attention's q/k LayerNorms over each head and the final LayerNorm, with weight and bias.
-    // Its RoPE (CogVideoX-5b's) is left to diffusers.
+    // CogVideoX-5b and 1.5 (use_rotary_positional_embeddings) rotate the video tokens' q and k
+    // in place, from the pipeline's fp32 tables, interleaved pairs.
     model.heads_q = model.heads_k = model.hidden / model.head_dim;
-    model.rope = "none kiln takes (diffusers' apply_rotary_emb where the model rotates)";
     model.modulation_flags = {kNormLayer | kNormWeight};
     model.ops = {
         {Op::adaln, {model.hidden}},          {Op::gated_adaln, {model.hidden}},
         {Op::gated_residual, {model.hidden}}, {Op::layer_norm, {model.hidden, model.head_dim}},
         {Op::gelu, {model.intermediate}},
     };
+    if (auto rotary = config.find("use_rotary_positional_embeddings");
+        rotary != config.end() && rotary->is_boolean() && rotary->get<bool>()) {
+      model.rope =
+          "3-D (frames, height, width) from the pipeline's fp32 tables, interleaved pairs, the "
+          "video tokens' q and k in place after the per-head q/k LayerNorms";
+      model.rope_tables = {kRopeInterleaved | kRopeTableF32};
+      model.ops[Op::rope] = {model.head_dim};
+    } else {
+      model.rope = "none (learned positions)";
+    }
   } else if (kind == "flux2") {
     // Its patched blocks: each stream's AdaLN over a LayerNorm with no affine from the model's
     // shared modulation (per sample), the double blocks' seams (gated_adaln, the gated residual

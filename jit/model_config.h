@@ -46,7 +46,8 @@
 //    (its weight in the kernel, its bias folded into the shift), per sample, of the video and the
 //    text tokens, the blocks' seams (gated_adaln, the gated residual in place), the q/k
 //    LayerNorms of the head dim and the final LayerNorm, a GELU (tanh) feed-forward of 4x the
-//    inner dim; its RoPE (5b's) is diffusers'.
+//    inner dim; with use_rotary_positional_embeddings (5b, 1.5), the video tokens' q and k
+//    rotated in place from the pipeline's fp32 tables (interleaved).
 //  - diffusers Flux2Transformer2DModel (FLUX.2): the same inner dim; AdaLN over a LayerNorm with
 //    no affine from the shared modulation, the blocks' seams (gated_adaln, gated residuals), the
 //    per-head q/k RMSNorms and RoPE from diffusers' fp32 table (interleaved) as one

@@ -616,13 +616,13 @@ def test_adaln_with_an_affine_norm_trains_its_weight_and_bias_through_kiln():
         torch.testing.assert_close(actual[name], expected[name], rtol=1e-4, atol=1e-6, msg=name)
 
 
-def _cogvideox(dtype, device="cpu"):
+def _cogvideox(dtype, device="cpu", **config):
     """A tiny CogVideoX transformer, its norms' weights and biases random (they start at 1 and 0)."""
     torch.manual_seed(0)
-    model = diffusers.CogVideoXTransformer3DModel(
-        num_attention_heads=2, attention_head_dim=16, in_channels=4, out_channels=4, time_embed_dim=32,
-        text_embed_dim=32, num_layers=2, sample_width=8, sample_height=8, sample_frames=5, patch_size=2,
-        max_text_seq_length=8).eval()
+    sizes = dict(num_attention_heads=2, attention_head_dim=16, in_channels=4, out_channels=4, time_embed_dim=32,
+                 text_embed_dim=32, num_layers=2, sample_width=8, sample_height=8, sample_frames=5, patch_size=2,
+                 max_text_seq_length=8)
+    model = diffusers.CogVideoXTransformer3DModel(**dict(sizes, **config)).eval()
     return _norms_spread(model).to(device=device, dtype=dtype)
 
 

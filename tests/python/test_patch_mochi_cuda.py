@@ -62,3 +62,23 @@ def test_mochi_block_at_mochi_width_bf16_cuda():
         patched = block(*half)
     for p, o, t in zip(patched, original, truth):
         _as_close_as_the_original(p, o, t)
+
+
+@pytest.mark.gpu
+def test_mochi_attention_takes_a_mask_on_the_cpu_cuda():
+    """An attention called with its prompt mask on the CPU (diffusers' processor indexes the GPU's
+    tensors with the mask's indices): kiln's agrees, scattered valid tokens included."""
+    model = _mochi(torch.bfloat16, "cuda")
+    attn = model.transformer_blocks[0].attn1
+    g = torch.Generator().manual_seed(4)
+    x, enc = torch.randn(2, 12, 32, generator=g), torch.randn(2, 8, 24, generator=g)
+    angles = torch.randn(12, 2, 8, generator=g)
+    args = dict(hidden_states=x.cuda().bfloat16(), encoder_hidden_states=enc.cuda().bfloat16(),
+                attention_mask=torch.tensor(MASKS["scattered"]), image_rotary_emb=(angles.cos().cuda(),
+                                                                                   angles.sin().cuda()))
+    with torch.no_grad():
+        expected = attn(**args)
+        kiln.patch(model)
+        actual = attn(**args)
+    for a, e in zip(actual, expected):
+        torch.testing.assert_close(a, e, rtol=2e-2, atol=2e-2)

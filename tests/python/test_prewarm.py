@@ -702,24 +702,29 @@ def test_inkling2_prewarms_every_call_its_patched_model_makes(fresh_cache, tmp_p
             (op, dtype, width, flags)
 
 
-def test_cogvideox_prewarms_every_call_its_patched_transformer_makes(fresh_cache, tmp_path):
-    # A tiny CogVideoX (diffusers), patched and run on the CPU: every kiln call it makes, as each
-    # op's dispatcher sees it, is a problem its config's prewarm compiled: each stream's AdaLN
-    # and block seam over an affine LayerNorm (its weight in the kernel: 1 | 4), the gated
-    # residual in place per sample (8 | 16), the q/k LayerNorms of each head and the final one
-    # (1 | 2), the feed-forward's tanh GELU of a flat row (1).
+@pytest.mark.parametrize("rotary", [False, True])
+def test_cogvideox_prewarms_every_call_its_patched_transformer_makes(fresh_cache, tmp_path, rotary):
+    # A tiny CogVideoX (diffusers; with `rotary`, CogVideoX-5b's form), patched and run on the CPU:
+    # every kiln call it makes, as each op's dispatcher sees it, is a problem its config's prewarm
+    # compiled: each stream's AdaLN and block seam over an affine LayerNorm (its weight in the
+    # kernel: 1 | 4), the gated residual in place per sample (8 | 16), the q/k LayerNorms of each
+    # head and the final one (1 | 2), the feed-forward's tanh GELU of a flat row (1); 5b's rotation
+    # of the video tokens' q and k [B, H, S, D] in place from fp32 tables, interleaved, 2 + 2 heads
+    # (1 | 2 | 16; positions inner, 8, where the norms leave each head's positions together).
     import torch
     model = _prewarmed_and_patched(
         tmp_path, "CogVideoXTransformer3DModel",
         num_attention_heads=2, attention_head_dim=16, in_channels=4, out_channels=4, time_embed_dim=32,
         text_embed_dim=32, num_layers=2, sample_width=8, sample_height=8, sample_frames=5, patch_size=2,
-        max_text_seq_length=8)
+        max_text_seq_length=8, use_rotary_positional_embeddings=rotary)
 
     g = torch.Generator().manual_seed(1)
+    angles = torch.randn(32, 8, generator=g)
+    tables = (angles.cos().repeat_interleave(2, -1), angles.sin().repeat_interleave(2, -1)) if rotary else None
     with torch.no_grad(), KilnCalls() as calls:
         model(hidden_states=torch.randn(2, 2, 4, 8, 8, generator=g).to(torch.bfloat16),
               encoder_hidden_states=torch.randn(2, 8, 32, generator=g).to(torch.bfloat16),
-              timestep=torch.tensor([10, 500]))
+              timestep=torch.tensor([10, 500]), image_rotary_emb=tables)
     taken = set()
     for op, args in calls:
         x = args[0]
@@ -728,11 +733,16 @@ def test_cogvideox_prewarms_every_call_its_patched_transformer_makes(fresh_cache
         elif op == "layer_norm":
             assert args[1] is not None and args[2] is not None
             taken.add((op, x.shape[-1], 1 | 2))
+        elif op == "rope_":
+            q, k, cos = args[0], args[1], args[2]
+            assert q.shape[1] == k.shape[1] == 2 and cos.dtype == torch.float32 and cos.shape == (32, 16)
+            taken.add(("rope", q.shape[-1], 1 | 2 | 16 | (8 if q.stride(2) == q.shape[-1] else 0)))
         else:
             assert op == "gelu"
             taken.add((op, x.shape[-1], 1))
-    assert taken == {("adaln", 32, 5), ("gated_adaln", 32, 5), ("gated_residual", 32, 24), ("layer_norm", 32, 3),
-                     ("layer_norm", 16, 3), ("gelu", 128, 1)}
+    expected = {("adaln", 32, 5), ("gated_adaln", 32, 5), ("gated_residual", 32, 24), ("layer_norm", 32, 3),
+                ("layer_norm", 16, 3), ("gelu", 128, 1)}
+    assert taken - expected == ({("rope", 16, 27)} if rotary else set()) and expected <= taken
     assert_prewarmed(taken)
 
 

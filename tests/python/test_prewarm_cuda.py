@@ -555,6 +555,10 @@ elif "{cls}" == "QwenImageTransformer2DModel":
 elif "{cls}" == "CogVideoXTransformer3DModel":
     inputs = dict(hidden_states=torch.randn(2, frames, config["in_channels"], 2 * height, 2 * width, generator=g),
                   encoder_hidden_states=torch.randn(2, text, config["text_embed_dim"], generator=g))
+    if config["use_rotary_positional_embeddings"]:  # 5b: the pipeline's fp32 tables, interleaved pairs
+        angles = torch.randn(tokens, config["attention_head_dim"] // 2, generator=g)
+        extra = dict(image_rotary_emb=(angles.cos().repeat_interleave(2, -1).cuda(),
+                                       angles.sin().repeat_interleave(2, -1).cuda()))
     timesteps = [torch.tensor([10, 500])]
 elif "{cls}" == "LTX2VideoTransformer3DModel":
     # Without a caption projection (LTX-2.3) each stream's text comes at its attention's width.
@@ -700,15 +704,20 @@ DIT_MODELS = {
         num_attention_heads=2, attention_head_dim=16, in_channels=4, out_channels=4, time_embed_dim=32,
         text_embed_dim=32, num_layers=2, sample_width=8, sample_height=8, sample_frames=5, patch_size=2,
         max_text_seq_length=5), ("gated_adaln + gated_residual",)),
+    "cogvideox-5b": ("CogVideoXTransformer3DModel", dict(
+        num_attention_heads=2, attention_head_dim=16, in_channels=4, out_channels=4, time_embed_dim=32,
+        text_embed_dim=32, num_layers=2, sample_width=8, sample_height=8, sample_frames=5, patch_size=2,
+        max_text_seq_length=5, use_rotary_positional_embeddings=True), ("gated_adaln + gated_residual",)),
 }
 
 # What the patched attentions call without autograd: the q/k norms and rotation in one kernel
-# (CogVideoX's q/k LayerNorms alone: its rotation, where it has one, is diffusers').
+# (CogVideoX-2b's q/k LayerNorms alone: it rotates nothing; 5b's rotation is kiln.rope_ after them).
 FUSED_ATTENTION = {"flux": "head_norm_rope", "ltx-video": "rms_norm_rope (angles in-kernel)",
                    "wan": "rms_norm_rope", "wan-i2v": "rms_norm_rope", "qwen-image": "head_norm_rope",
                    "qwen-image-edit": "head_norm_rope", "cogvideox": "layer_norm", "flux2": "head_norm_rope",
                    "ltx2": "rope", "ltx2.3": "rope", "z-image": "head_norm_rope", "hunyuan-video": "head_norm_rope",
-                   "hunyuan-video-1.5": "head_norm_rope", "hunyuan-image": "head_norm_rope", "mochi": "rope"}
+                   "hunyuan-video-1.5": "head_norm_rope", "hunyuan-image": "head_norm_rope", "mochi": "rope",
+                   "cogvideox-5b": "rope"}
 
 
 def _prewarm_then_run_dit(tmp_path, name, training):

@@ -756,6 +756,19 @@ TEST_CASE("CogVideoX's patched blocks are prewarmed as they call kiln") {
   const auto backward =
       prewarmed_flags(targets_of(model, true), Op::adaln_backward, 1920, kiln::DType::bf16);
   CHECK(std::count(backward.begin(), backward.end(), kiln::kNormWeight | kiln::kNormLayer) == 1);
+
+  // CogVideoX-5b: 48 heads of 64, the video tokens' q and k rotated from fp32 tables
+  // (interleaved pairs), [B, H, S, D] whichever memory order the norms leave.
+  nlohmann::json five_b = cogvideox;
+  five_b["num_attention_heads"] = 48;
+  five_b["use_rotary_positional_embeddings"] = true;
+  const kiln::jit::ModelShape rotating = kiln::jit::read_model_config(five_b);
+  CHECK(rotating.ops.at(Op::rope) == std::vector<std::int64_t>{64});
+  const auto rope = prewarmed_flags(targets_of(rotating), Op::rope, 64, kiln::DType::bf16);
+  const std::uint32_t table =
+      kiln::kRopeInterleaved | kiln::kRopeTableF32 | kiln::kRopeHeadsEven | kiln::kRopeHeadsBy4;
+  CHECK(std::count(rope.begin(), rope.end(), table) == 1);
+  CHECK(std::count(rope.begin(), rope.end(), table | kiln::kRopePositionsInner) == 1);
 }
 
 TEST_CASE("Qwen-Image's patched blocks and attention are prewarmed as they call kiln") {

@@ -58,8 +58,8 @@ from typing import Iterable, Optional
 
 import torch
 
-from . import (bmm_experts, detect, detect_dit, detect_flux2, detect_hunyuan_video, detect_ltx2, detect_mochi,
-               detect_qwen_image, detect_z_image, dit_block_chain, experts_gate, gated_norm, gelu_mlp,
+from . import (bmm_experts, detect, detect_cogvideox, detect_dit, detect_flux2, detect_hunyuan_video, detect_ltx2,
+               detect_mochi, detect_qwen_image, detect_z_image, dit_block_chain, experts_gate, gated_norm, gelu_mlp,
                head_norm_attention, ltx, packed_gate, replace, residual_norm_chain, residual_norm_layer,
                rope_attention, wan_block)
 from .report import Left, PatchReport, Replaced
@@ -69,7 +69,8 @@ _NORM_FUSING = (detect_dit.classify_flux_attention, detect_dit.classify_wan_atte
                 detect_qwen_image.classify_attention, detect_flux2.classify_parallel_attention,
                 detect_ltx2.classify_attention, detect_z_image.classify_attention,
                 detect_hunyuan_video.classify_attention)
-_PROCESSORS = (detect_dit.classify_ltx_attention, detect_mochi.classify_attention) + _NORM_FUSING
+_PROCESSORS = (detect_dit.classify_ltx_attention, detect_mochi.classify_attention,
+               detect_cogvideox.classify_attention) + _NORM_FUSING
 
 OPS = ("rms_norm", "layer_norm", "gelu", "swiglu", "geglu", "clamped_swiglu", "rms_norm_rope", "rope", "adaln")
 
@@ -161,7 +162,7 @@ def _patch_dit(path: str, module: torch.nn.Module, chosen: frozenset, report: Pa
     """The diffusion-transformer patterns (:mod:`.detect_dit`); True if the module was one
     of their candidates (replaced or left)."""
     for candidate, classify in detect_flux2.CANDIDATES + detect_hunyuan_video.CANDIDATES + detect_mochi.CANDIDATES \
-            + detect_ltx2.CANDIDATES + detect_z_image.CANDIDATES + detect_dit.CANDIDATES + detect_qwen_image.CANDIDATES:
+            + detect_cogvideox.CANDIDATES + detect_ltx2.CANDIDATES + detect_z_image.CANDIDATES + detect_dit.CANDIDATES + detect_qwen_image.CANDIDATES:
         if candidate(module):
             break
     else:

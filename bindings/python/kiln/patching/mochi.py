@@ -117,7 +117,7 @@ class MochiAttnProcessor:
             if isinstance(valid, int):
                 q, k, v = (t[entry:entry + 1, :video + valid] for t in (query, key, value))
             else:
-                index = torch.cat([torch.arange(video, device=valid.device), video + valid])
+                index = torch.cat([torch.arange(video, device=query.device), video + valid.to(query.device)])
                 q, k, v = (t[entry:entry + 1].index_select(1, index) for t in (query, key, value))
             rows = q.shape[1]
             out[entry, :rows] = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
