@@ -451,6 +451,26 @@ void read_hunyuan_video(const nlohmann::json& config, ModelShape& model) {
   };
 }
 
+// Stable Diffusion 3 and 3.5 (diffusers' SD3Transformer2DModel): FLUX's double-stream block
+// under other arguments. Its AdaLN modules over a LayerNorm with no affine (per sample), the
+// blocks' seams (gated_adaln, the gated residual in place; SD3.5 Medium's dual-attention blocks
+// add the second attention's gated residual out of place, and modulate its norm1's LayerNorm in
+// torch), the feed-forwards' tanh GELU of 4x the inner dim; SD3.5's per-head q/k RMSNorms
+// (qk_norm "rms_norm"). No RoPE: its positions are learned.
+void read_sd3(const nlohmann::json& config, ModelShape& model) {
+  model.heads_q = model.heads_k = model.hidden / model.head_dim;
+  model.rope = "none (learned positions)";
+  model.modulation_flags = {kNormLayer};
+  model.ops = {
+      {Op::layer_norm, {model.hidden}},  {Op::adaln, {model.hidden}},
+      {Op::gated_adaln, {model.hidden}}, {Op::gated_residual, {model.hidden}},
+      {Op::gelu, {model.intermediate}},
+  };
+  if (text_of(config, "qk_norm") == "rms_norm") {
+    model.ops[Op::rms_norm] = {model.head_dim};
+  }
+}
+
 // Mochi (diffusers' MochiTransformer3DModel): a video stream (the inner dim) and a text stream
 // (pooled_projection_dim). Each stream's patched block: the AdaLN over an RMSNorm with no weight
 // (per sample, no shift), the gated norms of the attention's and the feed-forward's outputs (an
@@ -628,6 +648,8 @@ ModelShape read_diffusion(const nlohmann::json& config, const std::string& kind)
     read_hunyuan_video(config, model);
   } else if (kind == "mochi") {
     read_mochi(config, model);
+  } else if (kind == "sd3") {
+    read_sd3(config, model);
   } else if (kind == "wan") {
     model.intermediate = require_size(config, "ffn_dim");
     model.heads_q = model.heads_k = model.hidden / model.head_dim;
@@ -896,7 +918,7 @@ ModelShape read_model_config(const nlohmann::json& config) {
         std::pair{"HunyuanVideoFramepackTransformer3DModel", "hunyuan-video"},
         std::pair{"HunyuanVideo15Transformer3DModel", "hunyuan-video-1.5"},
         std::pair{"HunyuanImageTransformer2DModel", "hunyuan-image"},
-        std::pair{"MochiTransformer3DModel", "mochi"}}) {
+        std::pair{"MochiTransformer3DModel", "mochi"}, std::pair{"SD3Transformer2DModel", "sd3"}}) {
     if (class_name == diffusers_class) {
       return read_diffusion(config, kind);
     }
@@ -920,7 +942,7 @@ ModelShape read_model_config(const nlohmann::json& config) {
       "LTX2VideoTransformer3DModel, FluxTransformer2DModel, Flux2Transformer2DModel, "
       "WanTransformer3DModel, CogVideoXTransformer3DModel, QwenImageTransformer2DModel, "
       "HunyuanVideoTransformer3DModel, HunyuanVideo15Transformer3DModel, "
-      "HunyuanImageTransformer2DModel, MochiTransformer3DModel or "
+      "HunyuanImageTransformer2DModel, MochiTransformer3DModel, SD3Transformer2DModel or "
       "ZImageTransformer2DModel config, got " +
       (class_name.empty() ? std::string("neither") : "_class_name \"" + class_name + "\""));
 }

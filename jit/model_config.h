@@ -59,6 +59,9 @@
 //    RoPE from complex frequencies (fp32 half tables, interleaved) as one head_norm_rope a
 //    stream (else the norms and kiln.rope), the text input's RMSNorm at joint_attention_dim, a
 //    GELU (tanh) feed-forward of 4x the inner dim.
+//  - diffusers SD3Transformer2DModel (Stable Diffusion 3, 3.5): the same inner dim; AdaLN over a
+//    LayerNorm with no affine, FLUX's double-block seams (gated_adaln, gated residuals), a GELU
+//    (tanh) feed-forward of 4x the inner dim, SD3.5's per-head q/k RMSNorms; no RoPE.
 //  - diffusers MochiTransformer3DModel: the same inner dim and a text stream of
 //    pooled_projection_dim; each stream's AdaLN over an RMSNorm with no weight (per sample), the
 //    gated norms of its sublayers' outputs (fp32 table rows), the residual add with the next

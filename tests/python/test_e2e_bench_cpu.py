@@ -577,3 +577,10 @@ def test_mochi_bench_smoke_run_fuses_its_blocks_and_attentions(tmp_path):
     assert "Mochi-shaped transformer" in out
     # The three blocks and their attentions (each rotation one kiln.rope), every SwiGLU.
     assert replaced["adaln + gated_adaln"] == 3 and replaced["rope"] == 3 and replaced["swiglu"] == 5
+
+
+def test_sd3_bench_smoke_run_fuses_its_blocks(tmp_path):
+    out, replaced = _transformer_smoke(tmp_path, "sd3.py", "SD3Transformer2DModel", "sd3.5-large")
+    assert "SD3.5 large-shaped transformer" in out
+    # The tiny model's three joint blocks (the first with a second attention, the last ending the text).
+    assert replaced["gated_adaln + gated_residual"] == 3

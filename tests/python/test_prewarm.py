@@ -1055,3 +1055,44 @@ def test_mochi_prewarms_every_call_its_patched_transformer_makes(fresh_cache, tm
                      ("gated_adaln", 32, 144), ("gated_adaln", 24, 144), ("adaln", 32, 4), ("rms_norm", 16, 1),
                      ("swiglu", 85, 1), ("swiglu", 64, 1), ("rope", 32, 195)}
     assert_prewarmed(taken)
+
+
+@pytest.mark.parametrize("medium", [False, True])
+def test_sd3_prewarms_every_call_its_patched_transformer_makes(fresh_cache, tmp_path, medium):
+    # A tiny Stable Diffusion 3 (diffusers; with `medium`, SD3.5 Medium's per-head q/k RMSNorms and
+    # a dual-attention block), patched and run on the CPU: every kiln call it makes, as each op's
+    # dispatcher sees it, is a problem its config's prewarm compiled. The AdaLN modules and the
+    # blocks' seams over a LayerNorm with no affine (4), the gated residual in place and, for the
+    # dual block's second attention, not (per sample: 8 | 16, 8), the dual norm1's LayerNorm (0),
+    # the q/k RMSNorms with their weights (1), the feed-forwards' tanh GELU of a flat row (1).
+    import torch
+    model = _prewarmed_and_patched(
+        tmp_path, "SD3Transformer2DModel", sample_size=8, patch_size=2, in_channels=4, out_channels=4, num_layers=3,
+        attention_head_dim=16, num_attention_heads=2, joint_attention_dim=24, caption_projection_dim=32,
+        pooled_projection_dim=12, pos_embed_max_size=16,
+        **(dict(qk_norm="rms_norm", dual_attention_layers=(0,)) if medium else {}))
+    g = torch.Generator().manual_seed(1)
+    bf16 = torch.bfloat16
+    with torch.no_grad(), KilnCalls() as calls:
+        model(hidden_states=torch.randn(2, 4, 8, 8, generator=g).to(bf16),
+              encoder_hidden_states=torch.randn(2, 7, 24, generator=g).to(bf16),
+              pooled_projections=torch.randn(2, 12, generator=g).to(bf16), timestep=torch.tensor([300, 700]))
+    taken = set()
+    for op, args in calls:
+        x = args[0]
+        if (seam := seam_problem(op, args)) is not None:
+            taken.add(seam)
+        elif op == "rms_norm":
+            assert args[1] is not None
+            taken.add((op, x.shape[-1], 1))
+        elif op == "layer_norm":
+            assert (tuple(args[1:3]) + (None, None))[:2] == (None, None)
+            taken.add((op, x.shape[-1], 0))
+        else:
+            assert op == "gelu"
+            taken.add((op, x.shape[-1], 1))
+    expected = {("adaln", 32, 4), ("gated_adaln", 32, 4), ("gated_residual", 32, 24), ("gelu", 128, 1)}
+    if medium:
+        expected |= {("gated_residual", 32, 8), ("layer_norm", 32, 0), ("rms_norm", 16, 1)}
+    assert taken == expected
+    assert_prewarmed(taken)

@@ -603,6 +603,11 @@ elif "{cls}" in ("HunyuanVideoTransformer3DModel", "HunyuanVideo15Transformer3DM
         inputs["pooled_projections"] = torch.randn(2, config["pooled_projection_dim"], generator=g)
         extra["guidance"] = torch.full((2,), 3000.0, device="cuda")
         timesteps = [torch.tensor([10, 500])]
+elif "{cls}" == "SD3Transformer2DModel":
+    inputs = dict(hidden_states=torch.randn(2, config["in_channels"], 2 * height, 2 * width, generator=g),
+                  encoder_hidden_states=torch.randn(2, text, config["joint_attention_dim"], generator=g),
+                  pooled_projections=torch.randn(2, config["pooled_projection_dim"], generator=g))
+    timesteps = [torch.tensor([10, 500])]
 elif "{cls}" == "MochiTransformer3DModel":
     # A padded prompt (its mask long, as the pipeline passes it).
     inputs = dict(hidden_states=torch.randn(2, config["in_channels"], frames, 2 * height, 2 * width, generator=g),
@@ -704,6 +709,13 @@ DIT_MODELS = {
         num_attention_heads=2, attention_head_dim=16, in_channels=4, out_channels=4, time_embed_dim=32,
         text_embed_dim=32, num_layers=2, sample_width=8, sample_height=8, sample_frames=5, patch_size=2,
         max_text_seq_length=5), ("gated_adaln + gated_residual",)),
+    # SD3.5 Medium's form: per-head q/k RMSNorms, a dual-attention block; the last block's text
+    # stream ends at its norm.
+    "sd3.5-medium": ("SD3Transformer2DModel", dict(
+        sample_size=8, patch_size=2, in_channels=4, out_channels=4, num_layers=3, attention_head_dim=16,
+        num_attention_heads=2, joint_attention_dim=24, caption_projection_dim=32, pooled_projection_dim=12,
+        pos_embed_max_size=16, qk_norm="rms_norm", dual_attention_layers=(0,)),
+        ("gated_adaln + gated_residual",)),
     "cogvideox-5b": ("CogVideoXTransformer3DModel", dict(
         num_attention_heads=2, attention_head_dim=16, in_channels=4, out_channels=4, time_embed_dim=32,
         text_embed_dim=32, num_layers=2, sample_width=8, sample_height=8, sample_frames=5, patch_size=2,
@@ -717,7 +729,7 @@ FUSED_ATTENTION = {"flux": "head_norm_rope", "ltx-video": "rms_norm_rope (angles
                    "qwen-image-edit": "head_norm_rope", "cogvideox": "layer_norm", "flux2": "head_norm_rope",
                    "ltx2": "rope", "ltx2.3": "rope", "z-image": "head_norm_rope", "hunyuan-video": "head_norm_rope",
                    "hunyuan-video-1.5": "head_norm_rope", "hunyuan-image": "head_norm_rope", "mochi": "rope",
-                   "cogvideox-5b": "rope"}
+                   "cogvideox-5b": "rope", "sd3.5-medium": "rms_norm"}
 
 
 def _prewarm_then_run_dit(tmp_path, name, training):
@@ -739,7 +751,7 @@ def _prewarm_then_run_dit(tmp_path, name, training):
 @pytest.mark.parametrize("name", list(DIT_MODELS))
 def test_prewarm_from_config_serves_a_patched_diffusion_transformer(tmp_path, name):
     """kiln prewarm --config of a FLUX, FLUX.2, LTX-Video, LTX-2, Wan, Qwen-Image, Z-Image, HunyuanVideo (1.5),
-    HunyuanImage, Mochi or CogVideoX config.json, with
+    HunyuanImage, Mochi, SD3 or CogVideoX config.json, with
     no GPU, compiles every kernel the patched transformer then calls without autograd (the blocks' AdaLN seams
     and gated residuals, a timestep per sample and per token, each attention's fused q/k norms
     and rotation, the cross-attention norms, FLUX's activation written into proj_out's input,

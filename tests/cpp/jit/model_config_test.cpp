@@ -984,3 +984,30 @@ TEST_CASE("Mochi's patched blocks and attentions are prewarmed as they call kiln
   CHECK(!prewarmed_flags(targets, Op::rms_norm, 128, kiln::DType::bf16).empty());
   CHECK(!prewarmed_flags(targets, Op::rms_norm, 3072, kiln::DType::f32).empty());
 }
+
+TEST_CASE("Stable Diffusion 3's patched blocks are prewarmed as they call kiln") {
+  // SD3.5 Large's config.json, the keys kiln reads.
+  nlohmann::json sd35 = {{"_class_name", "SD3Transformer2DModel"},
+                         {"attention_head_dim", 64},
+                         {"num_attention_heads", 38},
+                         {"qk_norm", "rms_norm"}};
+  const kiln::jit::ModelShape model = kiln::jit::read_model_config(sd35);
+  CHECK(model.kind == "sd3");
+  CHECK(model.ops.at(Op::gelu) == std::vector<std::int64_t>{9728});
+  CHECK(model.ops.at(Op::rms_norm) == std::vector<std::int64_t>{64});
+  CHECK_FALSE(model.ops.contains(Op::rope));
+  const auto targets = targets_of(model);
+  for (Op op : {Op::adaln, Op::gated_adaln}) {
+    CHECK(prewarmed_flags(targets, op, 2432, kiln::DType::bf16) ==
+          std::vector<std::uint32_t>{kiln::kNormLayer});
+  }
+  // The gated residuals: in place (a stream's feed-forward) and not (SD3.5 Medium's second
+  // attention), per sample.
+  const auto residual = prewarmed_flags(targets, Op::gated_residual, 2432, kiln::DType::bf16);
+  CHECK(std::count(residual.begin(), residual.end(),
+                   kiln::kGatePerSample | kiln::kGatedResidualInPlace) == 1);
+  CHECK(std::count(residual.begin(), residual.end(), kiln::kGatePerSample) == 1);
+  // SD3 (no q/k norms).
+  sd35.erase("qk_norm");
+  CHECK_FALSE(kiln::jit::read_model_config(sd35).ops.contains(Op::rms_norm));
+}

@@ -107,12 +107,16 @@ def _rms_norm_child(module: torch.nn.Module, name: str) -> Union[detect.Match, N
 
 def _worst(expected, actual) -> Optional[str]:
     """None when every tensor of actual agrees with expected's (within fp32 rounding of the
-    output's own scale), else how they differ."""
+    output's own scale) and it returns None where expected does, else how they differ."""
     if isinstance(expected, torch.Tensor):
         expected, actual = (expected,), (actual,) if isinstance(actual, torch.Tensor) else actual
     if not isinstance(actual, tuple) or len(actual) != len(expected):
         return f"returns {type(actual).__name__} where the original returns {len(expected)} tensors"
     for e, a in zip(expected, actual):
+        if e is None or a is None:
+            if e is not a:
+                return "returns None where the original returns a tensor, or the other way round"
+            continue
         why = detect._agree(e, a, scale=e.abs().max().item() if e.numel() else 0.0)
         if why is not None:
             return why
@@ -466,13 +470,15 @@ def _flux_block_calls(d: int, g: torch.Generator, adjacent: bool):
 
 
 def double_block_width(module: torch.nn.Module, model: str) -> Union[int, NoMatch]:
-    """The width of a FLUX-like double block whose norm2 and norm2_context are LayerNorms over the
-    last dimension with no parameters, as ``model``'s are (flux_block's seams); else why not."""
+    """The width of a FLUX-like double block whose norm2 and norm2_context (where it has one: a
+    last block whose text stream ends at its norm has none) are LayerNorms over the last dimension
+    with no parameters, as ``model``'s are (flux_block's seams); else why not."""
     norm2 = module.norm2
     if not isinstance(norm2, torch.nn.LayerNorm) or len(norm2.normalized_shape) != 1:
         return NoMatch("block", "its norm2 is not a LayerNorm over the last dimension")
     for name in ("norm2", "norm2_context"):
-        if getattr(module, name).weight is not None or getattr(module, name).bias is not None:
+        norm = getattr(module, name, None)
+        if norm is not None and (norm.weight is not None or norm.bias is not None):
             return NoMatch("block", f"its {name} has parameters; {model}'s have none")
     return norm2.normalized_shape[0]
 

@@ -28,7 +28,7 @@ import torch
 
 from .. import activation_ops, norm_ops, rope_ops
 from .flux import FluxAttnProcessor
-from .flux_block import _plain_layer_norm
+from .flux_block import plain_layer_norm
 from .forwards import (SharedAttentionSettings, any_hooks, fused_head_norms, kiln_can_take, norm_eps,
                        records_parameters, signature_kept)
 
@@ -67,7 +67,7 @@ def flux2_double_block(module: torch.nn.Module, original: Callable) -> Callable:
             image, text = _chunks(temb_mod_img, 2), _chunks(temb_mod_txt, 2)
             d = h.shape[-1]
             fits = _fits(h, *image) and _fits(c, *text) and all(
-                _plain_layer_norm(getattr(module, name), d) for name in ("norm1", "norm1_context", "norm2",
+                plain_layer_norm(getattr(module, name), d) for name in ("norm1", "norm1_context", "norm2",
                                                                          "norm2_context"))
         if not fits:
             return original(hidden_states, encoder_hidden_states, temb_mod_img, temb_mod_txt, image_rotary_emb,
@@ -109,7 +109,7 @@ def flux2_single_block(module: torch.nn.Module, original: Callable) -> Callable:
                 split_hidden_states=False, text_seq_len=None):
         x = hidden_states
         fits = _blocks_run_kiln(module, joint_attention_kwargs) and isinstance(x, torch.Tensor) and x.dim() == 3 \
-            and isinstance(temb_mod, torch.Tensor) and _plain_layer_norm(module.norm, x.shape[-1])
+            and isinstance(temb_mod, torch.Tensor) and plain_layer_norm(module.norm, x.shape[-1])
         if fits and encoder_hidden_states is not None:
             fits = isinstance(encoder_hidden_states, torch.Tensor) and encoder_hidden_states.shape[::2] == x.shape[::2]
         if fits:

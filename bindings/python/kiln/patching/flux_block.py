@@ -33,7 +33,7 @@ SINGLE_OPS = "gelu + gated_residual"
 _FP16_MAX = 65504
 
 
-def _plain_layer_norm(norm: torch.nn.Module, width: int) -> bool:
+def plain_layer_norm(norm: torch.nn.Module, width: int) -> bool:
     return type(norm) is torch.nn.LayerNorm and norm.weight is None and norm.bias is None \
         and tuple(norm.normalized_shape) == (width,) and not any_hooks(norm)
 
@@ -45,7 +45,7 @@ def fits_double(module: torch.nn.Module, h, c, temb, joint_attention_kwargs) -> 
     if joint_attention_kwargs and any(k.startswith("ip_") for k in joint_attention_kwargs):
         return False
     d = h.shape[-1]
-    return _plain_layer_norm(module.norm2, d) and _plain_layer_norm(module.norm2_context, d) \
+    return plain_layer_norm(module.norm2, d) and plain_layer_norm(module.norm2_context, d) \
         and not records_parameters(module)
 
 
