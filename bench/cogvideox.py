@@ -137,17 +137,12 @@ def main(argv=None):
 
 def markdown(env, document, args):
     config = document["config"]
-    lines = [
+    heading = (
         f"CogVideoX {args.model}-shaped transformer ({config['num_layers']} blocks, {config['num_attention_heads']} "
         f"heads of {config['attention_head_dim']}), one step of {document['frames']} frames at "
         f"{document['height']}x{document['width']} ({document['tokens']} video tokens, batch 2), bf16, "
-        f"{env['device']} ({env['sm']}), {env['date']}, torch {env['versions']['torch']}; random weights. "
-        "ms = median per forward, each call timed alone after at least 1 s of warm-up calls; host ms = median "
-        "time the host takes to issue one; speedup of eager+kiln over eager and of compile+kiln over compile "
-        f"(compiled by block); {common.ERRORS}; first call = the compile or kiln's JIT and tuning.",
-        "",
-    ] + common.settings_table(document)
-    return "\n".join(lines)
+        f"{env['device']} ({env['sm']}), {env['date']}, torch {env['versions']['torch']}; random weights.")
+    return common.blockwise_markdown(heading, document)
 
 
 if __name__ == "__main__":

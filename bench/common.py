@@ -637,6 +637,16 @@ def compile_blocks(blocks):
 
 
 ERRORS = "max_rel = max|out - eager| / max|eager|, mean_rel = mean|out - eager| / mean|eager|"
+# How the diffusion transformers' benches time their settings, compiled by block.
+BLOCKWISE_TIMING = ("ms = median per forward, each call timed alone after at least 1 s of warm-up calls; host ms = "
+                    "median time the host takes to issue one; speedup of eager+kiln over eager and of compile+kiln "
+                    f"over compile (compiled by block); {ERRORS}; first call = the compile or kiln's JIT and tuning.")
+
+
+def blockwise_markdown(heading: str, document: dict) -> str:
+    """A diffusion transformer bench's markdown: ``heading`` (what was run, where), how it was timed,
+    the settings' table."""
+    return "\n".join([f"{heading} {BLOCKWISE_TIMING}", ""] + settings_table(document))
 
 
 def write_results(out, stem, env, tag, document, table):

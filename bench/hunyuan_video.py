@@ -167,17 +167,12 @@ def markdown(env, document):
     else:
         model = f"HunyuanVideo {version}"
         shape = f"{document['frames']} frames at {height}x{width} ({document['tokens']} video tokens"
-    lines = [
+    heading = (
         f"{model}-shaped transformer ({config['num_layers']} double-stream and {singles} single-stream "
         f"blocks, {config['num_attention_heads']} heads of {config['attention_head_dim']}), one step of "
         f"{shape}, {text}, batch 1), bf16, "
-        f"{env['device']} ({env['sm']}), {env['date']}, torch {env['versions']['torch']}; random weights. ms = median "
-        "per forward, each call timed alone after at least 1 s of warm-up calls; host ms = median time the host takes "
-        "to issue one; speedup of eager+kiln over eager and of compile+kiln over compile (compiled by block); "
-        f"{common.ERRORS}; first call = the compile or kiln's JIT and tuning.",
-        "",
-    ] + common.settings_table(document)
-    return "\n".join(lines)
+        f"{env['device']} ({env['sm']}), {env['date']}, torch {env['versions']['torch']}; random weights.")
+    return common.blockwise_markdown(heading, document)
 
 
 if __name__ == "__main__":

@@ -107,18 +107,13 @@ def main(argv=None):
 
 def markdown(env, document):
     config = document["config"]
-    lines = [
+    heading = (
         f"Mochi-shaped transformer ({config['num_layers']} blocks, {config['num_attention_heads']} heads of "
         f"{config['attention_head_dim']}), one step of {document['frames']} frames at {HEIGHT}x{WIDTH} "
         f"({document['tokens']} video tokens), batch 2 (guidance), prompts of {PROMPT_TOKENS} tokens "
         f"({VALID_TOKENS[0]} and {VALID_TOKENS[1]} valid), bf16, {env['device']} ({env['sm']}), {env['date']}, "
-        f"torch {env['versions']['torch']}; random weights. ms = median per forward, each call timed alone after at "
-        "least 1 s of warm-up calls; host ms = median time the host takes to issue one; speedup of eager+kiln over "
-        "eager and of compile+kiln over compile (compiled by block); "
-        f"{common.ERRORS}; first call = the compile or kiln's JIT and tuning.",
-        "",
-    ] + common.settings_table(document)
-    return "\n".join(lines)
+        f"torch {env['versions']['torch']}; random weights.")
+    return common.blockwise_markdown(heading, document)
 
 
 if __name__ == "__main__":

@@ -110,17 +110,12 @@ def main(argv=None):
 def markdown(env, document, args):
     config = document["config"]
     form = "an edit (target and condition image, per-token modulation)" if document["edit"] else "one image"
-    lines = [
+    heading = (
         f"Qwen-Image-shaped transformer ({config['num_layers']} blocks, {config['num_attention_heads']} heads of "
         f"{config['attention_head_dim']}), one step of {form} at {document['size']}x{document['size']} "
         f"({document['tokens']} image tokens, {TEXT_TOKENS} text tokens, batch 1), bf16, {env['device']} "
-        f"({env['sm']}), {env['date']}, torch {env['versions']['torch']}; random weights. "
-        "ms = median per forward, each call timed alone after at least 1 s of warm-up calls; host ms = median "
-        "time the host takes to issue one; speedup of eager+kiln over eager and of compile+kiln over compile "
-        f"(compiled by block); {common.ERRORS}; first call = the compile or kiln's JIT and tuning.",
-        "",
-    ] + common.settings_table(document)
-    return "\n".join(lines)
+        f"({env['sm']}), {env['date']}, torch {env['versions']['torch']}; random weights.")
+    return common.blockwise_markdown(heading, document)
 
 
 if __name__ == "__main__":

@@ -112,18 +112,13 @@ def main(argv=None):
 def markdown(env, document):
     config = document["config"]
     duals = len(config.get("dual_attention_layers") or ())
-    lines = [
+    heading = (
         f"SD3.5 {document['model']}-shaped transformer ({config['num_layers']} blocks"
         f"{f', {duals} with a second attention' if duals else ''}, {config['num_attention_heads']} heads of "
         f"{config['attention_head_dim']}), one step of a {SIZE}x{SIZE} image ({document['tokens']} image tokens), "
         f"{PROMPT_TOKENS} prompt tokens, batch 2 (guidance), bf16, {env['device']} ({env['sm']}), {env['date']}, "
-        f"torch {env['versions']['torch']}; random weights. ms = median per forward, each call timed alone after at "
-        "least 1 s of warm-up calls; host ms = median time the host takes to issue one; speedup of eager+kiln over "
-        "eager and of compile+kiln over compile (compiled by block); "
-        f"{common.ERRORS}; first call = the compile or kiln's JIT and tuning.",
-        "",
-    ] + common.settings_table(document)
-    return "\n".join(lines)
+        f"torch {env['versions']['torch']}; random weights.")
+    return common.blockwise_markdown(heading, document)
 
 
 if __name__ == "__main__":

@@ -101,17 +101,13 @@ def main(argv=None):
 
 def markdown(env, document):
     config = document["config"]
-    lines = [
+    heading = (
         f"Z-Image-shaped transformer ({config['n_layers']} main blocks and {config['n_refiner_layers']} refiner blocks "
         f"of each kind, {config['n_heads']} heads of {config['dim'] // config['n_heads']}), one step at "
         f"{document['size']}x{document['size']} ({document['tokens']} image tokens, {CAPTION_TOKENS} caption tokens, "
         f"batch 1), bf16, {env['device']} ({env['sm']}), {env['date']}, torch {env['versions']['torch']}; random "
-        "weights. ms = median per forward, each call timed alone after at least 1 s of warm-up calls; host ms = "
-        "median time the host takes to issue one; speedup of eager+kiln over eager and of compile+kiln over compile "
-        f"(compiled by block); {common.ERRORS}; first call = the compile or kiln's JIT and tuning.",
-        "",
-    ] + common.settings_table(document)
-    return "\n".join(lines)
+        "weights.")
+    return common.blockwise_markdown(heading, document)
 
 
 if __name__ == "__main__":
