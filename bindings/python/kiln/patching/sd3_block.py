@@ -27,7 +27,7 @@ def _fits(module: torch.nn.Module, h, c, temb, joint_attention_kwargs) -> bool:
     if not (isinstance(h, torch.Tensor) and isinstance(c, torch.Tensor) and isinstance(temb, torch.Tensor)
             and h.dim() == 3 and c.dim() == 3 and kiln_can_take(h, c)):
         return False
-    if module._chunk_size is not None or (joint_attention_kwargs and any(
+    if getattr(module, "_chunk_size", None) is not None or (joint_attention_kwargs and any(
             k.startswith("ip_") for k in joint_attention_kwargs)):
         return False
     d = h.shape[-1]
