@@ -71,6 +71,21 @@ def recording_a_graph(like: torch.Tensor) -> bool:
     return torch.compiler.is_compiling() or (like.is_cuda and torch.cuda.is_current_stream_capturing())
 
 
+def kept_while_unchanged(cache: dict, name: str, sources: tuple, like: torch.Tensor, make: Callable):
+    """``make()``, kept in ``cache[name]`` while ``sources`` (tensors, held and compared by
+    identity: an id alone could be a replaced parameter's, reused) keep their version counters;
+    made afresh where a graph is recorded or a source is an inference tensor (no counter)."""
+    if recording_a_graph(like) or any(t.is_inference() for t in sources if isinstance(t, torch.Tensor)):
+        return make()
+    versions = tuple(t._version if isinstance(t, torch.Tensor) else None for t in sources)
+    key = (like.shape[-1], like.dtype, like.device)
+    held = cache.get(name)
+    if held is None or held[2] != key or held[1] != versions or any(a is not b for a, b in zip(held[0], sources)):
+        held = (sources, versions, key, make())
+        cache[name] = held
+    return held[3]
+
+
 class SharedAttentionSettings:
     """For a processor kiln installs in place of ``self.original``: diffusers sets the attention
     backend and the parallel settings on every processor of a model; set on either processor,

@@ -33,7 +33,8 @@ import torch
 import torch.nn.functional as F
 
 from .. import norm_ops, rope_ops
-from .forwards import any_hooks, kiln_can_take, norm_eps, recording_a_graph, records_parameters, signature_kept
+from .forwards import (any_hooks, kept_while_unchanged, kiln_can_take, norm_eps, recording_a_graph,
+                       records_parameters, signature_kept)
 from .per_forward import OncePerForward
 
 BLOCK_OPS = "adaln + gated_adaln"
@@ -135,24 +136,17 @@ class MochiAttnProcessor:
 # ---- the block -------------------------------------------------------------------------------
 
 
-class _Rows:
+def _rows(cache: dict, stream: str, like: torch.Tensor):
     """The fp32 table rows the seams add to their operands (-1: a gate read as a scale, 0, 1) and
-    a [B, 1, D] zero operand of the stream's dtype; kept per width, dtype and device, made afresh
-    where a graph is recorded (a capture records the kernel that fills them without running it)."""
+    a [B, 1, D] zero operand of the stream's dtype, kept per stream."""
+    d = like.shape[-1]
 
-    def __init__(self):
-        self.held = {}
+    def make():
+        zero = torch.zeros(d, dtype=torch.float32, device=like.device)
+        return zero - 1, zero, zero + 1, like.new_zeros(1, 1, d)
 
-    def get(self, like: torch.Tensor):
-        d = like.shape[-1]
-        key = (d, like.dtype, like.device)
-        rows = self.held.get(key)
-        if rows is None or recording_a_graph(like):
-            zero = torch.zeros(d, dtype=torch.float32, device=like.device)
-            rows = (zero - 1, zero, zero + 1, like.new_zeros(1, 1, d))
-            if not recording_a_graph(like):
-                self.held[key] = rows
-        return rows[:3] + (rows[3].expand(like.shape[0], 1, d),)
+    rows = kept_while_unchanged(cache, stream, (), like, make)
+    return rows[:3] + (rows[3].expand(like.shape[0], 1, d),)
 
 
 def _plain_rms_norm(norm: torch.nn.Module) -> bool:
@@ -212,13 +206,13 @@ def _modulated(norm: torch.nn.Module, x: torch.Tensor, scale: torch.Tensor, rows
 
 def mochi_block(module: torch.nn.Module, original: Callable) -> Callable:
     """``MochiTransformerBlock.forward`` with its seams fused (see the module's docstring)."""
-    rows = _Rows()
+    cache = {}
 
     def forward(hidden_states, encoder_hidden_states, temb, encoder_attention_mask, image_rotary_emb=None):
         h, c = hidden_states, encoder_hidden_states
         if not _fits(module, h, c, temb):
             return original(hidden_states, encoder_hidden_states, temb, encoder_attention_mask, image_rotary_emb)
-        h_rows, c_rows = rows.get(h), rows.get(c)
+        h_rows, c_rows = _rows(cache, "video", h), _rows(cache, "text", c)
         norm1 = module.norm1
         scale_msa, gate_msa, scale_mlp, gate_mlp = norm1.linear(norm1.silu(temb)).chunk(4, dim=1)
         norm_h = _modulated(norm1.norm, h, scale_msa, h_rows)

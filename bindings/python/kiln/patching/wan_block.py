@@ -26,24 +26,9 @@ import torch
 
 from .. import norm_ops
 from . import dit_block_chain
-from .forwards import any_hooks, kiln_can_take, norm_eps, recording_a_graph, records_parameters
+from .forwards import any_hooks, kept_while_unchanged, kiln_can_take, norm_eps, records_parameters
 
 BLOCK_OPS = "adaln + gated_adaln"
-
-
-def _kept(cache: dict, name: str, sources: tuple, like: torch.Tensor, make: Callable):
-    """``make()``, kept in ``cache[name]`` while ``sources`` (tensors, held and compared by
-    identity: an id alone could be a replaced parameter's, reused) keep their version counters;
-    made afresh where a graph is recorded or a source is an inference tensor (no counter)."""
-    if recording_a_graph(like) or any(t.is_inference() for t in sources if isinstance(t, torch.Tensor)):
-        return make()
-    versions = tuple(t._version if isinstance(t, torch.Tensor) else None for t in sources)
-    key = (like.shape[-1], like.dtype, like.device)
-    held = cache.get(name)
-    if held is None or held[2] != key or held[1] != versions or any(a is not b for a, b in zip(held[0], sources)):
-        held = (sources, versions, key, make())
-        cache[name] = held
-    return held[3]
 
 
 def _rows(module: torch.nn.Module, h: torch.Tensor, cache: dict):
@@ -63,13 +48,13 @@ def _rows(module: torch.nn.Module, h: torch.Tensor, cache: dict):
         shift = bias.float() if isinstance(bias, torch.Tensor) else rows[0].new_zeros(d)
         return rows, scale, shift, rows[0].new_ones(d)
 
-    return _kept(cache, "rows", (table, weight, bias), h, make)
+    return kept_while_unchanged(cache, "rows", (table, weight, bias), h, make)
 
 
 def _zero_operand(h: torch.Tensor, cache: dict) -> torch.Tensor:
     """A [B, 1, D] zero modulation operand of h's dtype."""
     b, d = h.shape[0], h.shape[-1]
-    return _kept(cache, "zero", (), h, lambda: h.new_zeros(1, 1, d)).expand(b, 1, d)
+    return kept_while_unchanged(cache, "zero", (), h, lambda: h.new_zeros(1, 1, d)).expand(b, 1, d)
 
 
 def _operands(temb: torch.Tensor, h: torch.Tensor):
@@ -173,7 +158,7 @@ def _hand_over(module, nxt, h, ff_out, c_gate_msa, gate_row, ops, temb, cache) -
             or table.device != h.device or norm is None \
             or (table.requires_grad and torch.is_grad_enabled()):
         return None
-    rows = _kept(cache, "next", (table,), h, lambda: table[0].float().unbind(0))
+    rows = kept_while_unchanged(cache, "next", (table,), h, lambda: table[0].float().unbind(0))
     shift, scale = ops[0], ops[1]
     h, norm_h = norm_ops.gated_adaln(h, ff_out, c_gate_msa, scale, shift, None, norm_eps(norm, h), "layer",
                                      gate_row, rows[1], rows[0])
