@@ -39,17 +39,18 @@ TINY = dict(COMMON, num_attention_heads=2, attention_head_dim=12, in_channels=4,
             freq_dim=16, ffn_dim=32, num_layers=2, rope_max_seq_len=32)
 
 
-def build_model(name, layers=None, tiny=False, device="cuda", seed=0):
-    """The model in bf16 with the modules diffusers' loader keeps in fp32 (``_keep_in_fp32_modules``:
-    the rotary tables, the time embedder, the modulation tables, the norms' parameters) in fp32."""
-    from diffusers import WanTransformer3DModel
+def build_model(name, layers=None, tiny=False, device="cuda", seed=0, cls="WanTransformer3DModel", **more):
+    """The model (diffusers' ``cls``: Wan's, or one built on its blocks, with ``more`` config) in bf16
+    with the modules diffusers' loader keeps in fp32 (``_keep_in_fp32_modules``: the rotary tables,
+    the time embedder, the modulation tables, the norms' parameters) in fp32."""
+    import diffusers
 
-    config = TINY if tiny else dict(COMMON, **MODELS[name])
+    config = dict(TINY if tiny else dict(COMMON, **MODELS[name]), **more)
     if layers and not tiny:
         config = dict(config, num_layers=layers)
     torch.manual_seed(seed)
     with torch.device(device):
-        model = WanTransformer3DModel(**config)
+        model = getattr(diffusers, cls)(**config)
     model = model.to(BF16).eval()
     keep = model._keep_in_fp32_modules
     for name_, tensor in list(model.named_parameters()) + list(model.named_buffers()):

@@ -558,8 +558,11 @@ ModelShape read_diffusion(const nlohmann::json& config, const std::string& kind)
   model.head_dim = require_size(config, "attention_head_dim");
   model.hidden = model.head_dim * require_size(config, "num_attention_heads");
   model.intermediate = kDiffusersFeedForwardMult * model.hidden;
-  if (kind == "flux") {
+  if (kind == "flux" || kind == "chroma") {
     // q and k share the head count; kiln's patch rotates them with diffusers' fp32 table.
+    // Chroma's blocks are FLUX's with the modulation projections pruned: the same kernels, its
+    // pruned AdaLN modules' too (the rows come from the model's approximator, whose RMSNorms
+    // run at its own width).
     model.heads_q = model.heads_k = model.hidden / model.head_dim;
     model.head_norm_layout = kRopeInterleaved | kRopeTableF32;
     model.modulation_flags = {kNormLayer};  // AdaLayerNormZero and the double blocks' seams
@@ -571,6 +574,9 @@ ModelShape read_diffusion(const nlohmann::json& config, const std::string& kind)
         {Op::gelu, {model.intermediate}},  {Op::rms_norm, {model.head_dim}},
         {Op::rope, {model.head_dim}},
     };
+    if (kind == "chroma") {
+      add_size(model.ops[Op::rms_norm], require_size(config, "approximator_hidden_dim"));
+    }
   } else if (kind == "cogvideox") {
     // Its patched blocks: each stream's AdaLN over an affine LayerNorm (the weight in the
     // kernel, the bias folded into the shift), per sample; the attention's gated residual with
@@ -650,7 +656,10 @@ ModelShape read_diffusion(const nlohmann::json& config, const std::string& kind)
     read_mochi(config, model);
   } else if (kind == "sd3") {
     read_sd3(config, model);
-  } else if (kind == "wan") {
+  } else if (kind == "wan" || kind == "wan-vace" || kind == "skyreels-v2") {
+    // Wan VACE's control blocks are Wan's blocks over the control stream; SkyReels-V2's are
+    // Wan's (its self-attention masked across frame blocks; its diffusion forcing modulates
+    // each token, as Wan 2.2's TI2V does).
     model.intermediate = require_size(config, "ffn_dim");
     model.heads_q = model.heads_k = model.hidden / model.head_dim;
     model.rope =
@@ -918,7 +927,10 @@ ModelShape read_model_config(const nlohmann::json& config) {
         std::pair{"HunyuanVideoFramepackTransformer3DModel", "hunyuan-video"},
         std::pair{"HunyuanVideo15Transformer3DModel", "hunyuan-video-1.5"},
         std::pair{"HunyuanImageTransformer2DModel", "hunyuan-image"},
-        std::pair{"MochiTransformer3DModel", "mochi"}, std::pair{"SD3Transformer2DModel", "sd3"}}) {
+        std::pair{"MochiTransformer3DModel", "mochi"}, std::pair{"SD3Transformer2DModel", "sd3"},
+        std::pair{"ChromaTransformer2DModel", "chroma"},
+        std::pair{"SkyReelsV2Transformer3DModel", "skyreels-v2"},
+        std::pair{"WanVACETransformer3DModel", "wan-vace"}}) {
     if (class_name == diffusers_class) {
       return read_diffusion(config, kind);
     }
@@ -942,7 +954,8 @@ ModelShape read_model_config(const nlohmann::json& config) {
       "LTX2VideoTransformer3DModel, FluxTransformer2DModel, Flux2Transformer2DModel, "
       "WanTransformer3DModel, CogVideoXTransformer3DModel, QwenImageTransformer2DModel, "
       "HunyuanVideoTransformer3DModel, HunyuanVideo15Transformer3DModel, "
-      "HunyuanImageTransformer2DModel, MochiTransformer3DModel, SD3Transformer2DModel or "
+      "HunyuanImageTransformer2DModel, MochiTransformer3DModel, SD3Transformer2DModel, "
+      "ChromaTransformer2DModel, SkyReelsV2Transformer3DModel, WanVACETransformer3DModel or "
       "ZImageTransformer2DModel config, got " +
       (class_name.empty() ? std::string("neither") : "_class_name \"" + class_name + "\""));
 }

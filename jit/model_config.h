@@ -72,6 +72,11 @@
 //    RMSNorm q/k norm per head (attention_head_dim) and RoPE from a table over axes_dims_rope
 //    (3 axes), interleaved, fused as one head_norm_rope where kiln's patch can (else the norm
 //    and kiln.rope), a GELU (tanh) feed-forward of 4x the inner dim, gated residuals.
+//  - diffusers SkyReelsV2Transformer3DModel and WanVACETransformer3DModel: as Wan's (SkyReels-V2's
+//    blocks are Wan's, the self-attention masked, diffusion forcing modulating each token; Wan
+//    VACE's control blocks are Wan's over the control stream).
+//  - diffusers ChromaTransformer2DModel: FLUX's blocks with the modulation projections pruned (the
+//    same kernels), and the modulation approximator's RMSNorms at approximator_hidden_dim.
 #pragma once
 
 #include <cstdint>

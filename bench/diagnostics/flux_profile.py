@@ -1,10 +1,11 @@
-"""Where one FLUX step's GPU time goes (bench/flux.py's model and inputs), by kind of kernel:
+"""Where one FLUX step's GPU time goes (bench/flux.py's model and inputs; with --model chroma,
+bench/chroma.py's, and a setting with Chroma's blocks left to diffusers), by kind of kernel:
 matmuls, attention, kiln's kernels, Inductor's (Triton) kernels and the rest (PyTorch's own
 elementwise and reduction kernels), for each setting of the end-to-end bench; then the rest's
 largest kernels. One forward of each setting under torch.profiler after two warm-up calls.
 
-Usage: python bench/diagnostics/flux_profile.py [--layers N] [--single-layers N] [--height H]
-       [--width W] [--top N] [--settings ...]"""
+Usage: python bench/diagnostics/flux_profile.py [--model flux|chroma] [--layers N] [--single-layers N]
+       [--height H] [--width W] [--top N] [--settings ...]"""
 
 import argparse
 import collections
@@ -15,8 +16,11 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+import chroma  # noqa: E402
 import common  # noqa: E402
 import flux  # noqa: E402
+
+BLOCKS_APART = "eager+kiln-blocks-apart"  # a --settings name (no comma)
 
 # Attention first: cuDNN's and FlashAttention's kernel names also carry an architecture tag.
 KINDS = (("attention", re.compile(r"flash|fmha|attention|sdpa", re.I)),
@@ -57,6 +61,7 @@ def kernel_times(call):
 
 def main():
     parser = argparse.ArgumentParser()
+    parser.add_argument("--model", choices=["flux", "chroma"], default="flux")
     parser.add_argument("--layers", type=int, default=0)
     parser.add_argument("--single-layers", type=int, default=None)
     parser.add_argument("--height", type=int, default=1024)
@@ -65,15 +70,21 @@ def main():
     parser.add_argument("--settings", default=",".join(common.SETTINGS))
     args = parser.parse_args()
     kiln = common.fresh_kiln(1024)
-    model = flux.build_model("dev", args.layers, args.single_layers)
-    kwargs = flux.build_inputs(dict(model.config), args.height, args.width)
+    if args.model == "chroma":
+        model = chroma.build_model(args.layers, args.single_layers)
+        kwargs = chroma.build_inputs(dict(model.config))
+        patches = {"eager+kiln": kiln.patch, "compile+kiln": kiln.patch, BLOCKS_APART: chroma.blocks_apart(kiln)}
+    else:
+        model = flux.build_model("dev", args.layers, args.single_layers)
+        kwargs = flux.build_inputs(dict(model.config), args.height, args.width)
+        patches = {"eager+kiln": kiln.patch, "compile+kiln": kiln.patch}
     blocks = list(model.transformer_blocks) + list(model.single_transformer_blocks)
     settings = args.settings.split(",")
     profiles = {}
     with torch.no_grad():
         for name in settings:
-            if name.endswith("kiln"):
-                kiln.patch(model)
+            if name in patches:
+                patches[name](model)
             fn, undo = (common.compile_blocks(blocks)(model) if name.startswith("compile") else (model, lambda: None))
             profiles[name] = kernel_times(lambda: fn(**kwargs))
             undo()

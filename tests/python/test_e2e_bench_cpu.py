@@ -579,6 +579,22 @@ def test_mochi_bench_smoke_run_fuses_its_blocks_and_attentions(tmp_path):
     assert replaced["adaln + gated_adaln"] == 3 and replaced["rope"] == 3 and replaced["swiglu"] == 5
 
 
+def test_chroma_bench_smoke_run_fuses_its_blocks(tmp_path):
+    out, replaced = _transformer_smoke(tmp_path, "chroma.py", "ChromaTransformer2DModel", "chroma")
+    assert "Chroma-shaped transformer" in out
+    # The tiny model's two double and two single blocks, their pruned AdaLN modules and the output's.
+    assert replaced["gated_adaln + gated_residual"] == 2 and replaced["gelu + gated_residual"] == 2
+    assert replaced["adaln"] == 7
+
+
+def test_skyreels_v2_bench_smoke_run_fuses_its_blocks(tmp_path):
+    out, replaced = _transformer_smoke(tmp_path, "skyreels_v2.py", "SkyReelsV2Transformer3DModel",
+                                       "skyreels-v2-df-1.3b", "--causal-block", "3")
+    assert "SkyReels-V2 1.3b-shaped transformer" in out
+    # The tiny model's two blocks and their self-attentions.
+    assert replaced["adaln + gated_adaln"] == 2 and replaced["rms_norm_rope"] == 2
+
+
 def test_sd3_bench_smoke_run_fuses_its_blocks(tmp_path):
     out, replaced = _transformer_smoke(tmp_path, "sd3.py", "SD3Transformer2DModel", "sd3.5-large")
     assert "SD3.5 large-shaped transformer" in out

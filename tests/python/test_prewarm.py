@@ -1017,6 +1017,50 @@ def test_hunyuan_video_prewarms_every_call_its_patched_transformer_makes(fresh_c
     assert_prewarmed(taken)
 
 
+def test_chroma_prewarms_every_call_its_patched_transformer_makes(fresh_cache, tmp_path):
+    # A tiny Chroma (diffusers), patched and run on the CPU with a padded prompt: every kiln call it
+    # makes, as each op's dispatcher sees it, is a problem its config's prewarm compiled. The pruned
+    # AdaLN modules and the double blocks' seams over a LayerNorm with no affine (4), per sample from
+    # the approximator's rows, the gated residual in place and not (16; 8), the approximator's
+    # RMSNorm with its weight (1), the feed-forwards' tanh GELU of a flat row (1) and the single
+    # blocks' into proj_out's input (0), the per-head q/k norms and rotation from diffusers' fp32
+    # table, interleaved, 2 + 2 heads (1 | 2 | 16 | 256), in place on the joint attentions' streams.
+    import torch
+    model = _prewarmed_and_patched(
+        tmp_path, "ChromaTransformer2DModel", patch_size=1, in_channels=8, num_layers=2, num_single_layers=2,
+        attention_head_dim=16, num_attention_heads=2, joint_attention_dim=24, axes_dims_rope=(4, 6, 6),
+        approximator_num_channels=8, approximator_hidden_dim=48, approximator_layers=1)
+    g = torch.Generator().manual_seed(1)
+    bf16 = torch.bfloat16
+    ids = torch.stack(torch.meshgrid(torch.zeros(1), torch.arange(3.0), torch.arange(4.0), indexing="ij"), -1)
+    mask = torch.ones(2, 17, dtype=torch.bool)
+    mask[1, 3:5] = False
+    with torch.no_grad(), KilnCallsAndOuts() as calls:
+        model(hidden_states=torch.randn(2, 12, 8, generator=g).to(bf16),
+              encoder_hidden_states=torch.randn(2, 5, 24, generator=g).to(bf16),
+              timestep=torch.tensor([0.3, 0.7]).to(bf16), img_ids=ids.reshape(12, 3), txt_ids=torch.zeros(5, 3),
+              attention_mask=mask)
+    taken = set()
+    for op, args in calls:
+        x = args[0]
+        if (seam := seam_problem(op, args)) is not None:
+            taken.add(seam)
+        elif op == "rms_norm":
+            assert args[1] is not None
+            taken.add((op, x.shape[-1], 1))
+        elif op in ("gelu", "gelu out"):
+            assert tuple(args[1:3]) in ((), (None,), (None, "tanh"))  # trailing defaults left out
+            taken.add(("gelu", x.shape[-1], 1 if op == "gelu" else 0))
+        else:
+            assert op in ("head_norm_rope", "head_norm_rope_")
+            q, k, cos = args[0], args[1], args[4]
+            assert q.shape[2] == k.shape[2] == 2 and cos.dtype == torch.float32 and cos.shape[-1] == 16
+            taken.add(("rope", q.shape[-1], 1 | 2 | 16 | 256))
+    assert taken == {("adaln", 32, 4), ("gated_adaln", 32, 4), ("gated_residual", 32, 24), ("gated_residual", 32, 8),
+                     ("rms_norm", 48, 1), ("gelu", 128, 1), ("gelu", 128, 0), ("rope", 16, 275)}
+    assert_prewarmed(taken)
+
+
 def test_mochi_prewarms_every_call_its_patched_transformer_makes(fresh_cache, tmp_path):
     # A tiny Mochi (diffusers), patched and run on the CPU with a padded prompt: every kiln call it
     # makes, as each op's dispatcher sees it, is a problem its config's prewarm compiled. Each

@@ -535,6 +535,17 @@ if "{cls}" == "FluxTransformer2DModel":
                   pooled_projections=torch.randn(2, config["pooled_projection_dim"], generator=g))
     extra = dict(img_ids=ids.cuda(), txt_ids=torch.zeros(text, 3, device="cuda"))
     timesteps = [torch.tensor([0.3, 0.7])]
+elif "{cls}" == "ChromaTransformer2DModel":
+    # FLUX's inputs without pooled projections; the prompt's padding masked as the pipeline masks it.
+    tokens = height * width
+    ids = torch.stack(torch.meshgrid(torch.zeros(1), torch.arange(height * 1.0), torch.arange(width * 1.0),
+                                     indexing="ij"), -1).reshape(tokens, 3)
+    inputs = dict(hidden_states=torch.randn(2, tokens, config["in_channels"], generator=g),
+                  encoder_hidden_states=torch.randn(2, text, config["joint_attention_dim"], generator=g))
+    mask = torch.ones(2, text + tokens, dtype=torch.bool, device="cuda")
+    mask[1, text - 2:text] = False
+    extra = dict(img_ids=ids.cuda(), txt_ids=torch.zeros(text, 3, device="cuda"), attention_mask=mask)
+    timesteps = [torch.tensor([0.3, 0.7])]
 elif "{cls}" == "Flux2Transformer2DModel":
     tokens = height * width
     ids = torch.stack(torch.meshgrid(torch.zeros(1), torch.arange(height * 1.0), torch.arange(width * 1.0),
@@ -614,6 +625,21 @@ elif "{cls}" == "MochiTransformer3DModel":
                   encoder_hidden_states=torch.randn(2, text, config["text_embed_dim"], generator=g))
     extra = dict(encoder_attention_mask=torch.tensor([[1] * text, [1] * (text - 2) + [0] * 2], device="cuda"))
     timesteps = [torch.tensor([10, 500])]
+elif "{cls}" == "SkyReelsV2Transformer3DModel":
+    # Text to video (a timestep a sample), or diffusion forcing in causal frame blocks (a timestep
+    # a frame: per-token modulation rows, the self-attention masked).
+    inputs = dict(hidden_states=torch.randn(2, config["in_channels"], frames, 2 * height, 2 * width, generator=g),
+                  encoder_hidden_states=torch.randn(2, text, config["text_dim"], generator=g))
+    forcing = config["num_frame_per_block"] > 1
+    extra = dict(enable_diffusion_forcing=forcing)
+    timesteps = [torch.tensor([[10] * frames, [500] * frames]) if forcing else torch.tensor([10, 500])]
+elif "{cls}" == "WanVACETransformer3DModel":
+    # The video's latents and the control stream's (the first control block projects it).
+    inputs = dict(hidden_states=torch.randn(2, config["in_channels"], frames, 2 * height, 2 * width, generator=g),
+                  encoder_hidden_states=torch.randn(2, text, config["text_dim"], generator=g),
+                  control_hidden_states=torch.randn(2, config["vace_in_channels"], frames, 2 * height, 2 * width,
+                                                    generator=g))
+    timesteps = [torch.tensor([10, 500])]
 elif "{cls}" == "LTXVideoTransformer3DModel":
     inputs = dict(hidden_states=torch.randn(2, tokens, config["in_channels"], generator=g),
                   encoder_hidden_states=torch.randn(2, text, config["caption_channels"], generator=g),
@@ -646,6 +672,10 @@ DIT_MODELS = {
         patch_size=1, in_channels=8, num_layers=1, num_single_layers=2, attention_head_dim=16,
         num_attention_heads=2, joint_attention_dim=24, pooled_projection_dim=12, guidance_embeds=False,
         axes_dims_rope=(4, 6, 6)), ("gated_adaln + gated_residual", "gelu + gated_residual")),
+    "chroma": ("ChromaTransformer2DModel", dict(
+        patch_size=1, in_channels=8, num_layers=1, num_single_layers=2, attention_head_dim=16, num_attention_heads=2,
+        joint_attention_dim=24, axes_dims_rope=(4, 6, 6), approximator_num_channels=8, approximator_hidden_dim=32,
+        approximator_layers=1), ("gated_adaln + gated_residual", "gelu + gated_residual")),
     "ltx-video": ("LTXVideoTransformer3DModel", dict(
         in_channels=8, out_channels=8, num_attention_heads=2, attention_head_dim=16, cross_attention_dim=32,
         num_layers=2, caption_channels=24), ("adaln + gated_residual + gated_adaln",)),
@@ -655,6 +685,17 @@ DIT_MODELS = {
         patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=16, in_channels=4, out_channels=4,
         text_dim=16, freq_dim=16, ffn_dim=64, num_layers=2, cross_attn_norm=True, rope_max_seq_len=32),
         ("adaln + gated_adaln",)),
+    "skyreels-v2": ("SkyReelsV2Transformer3DModel", dict(
+        patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=16, in_channels=4, out_channels=4,
+        text_dim=16, freq_dim=16, ffn_dim=64, num_layers=2, rope_max_seq_len=32), ("adaln + gated_adaln",)),
+    "skyreels-v2-df": ("SkyReelsV2Transformer3DModel", dict(
+        patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=16, in_channels=4, out_channels=4,
+        text_dim=16, freq_dim=16, ffn_dim=64, num_layers=2, rope_max_seq_len=32, num_frame_per_block=2),
+        ("adaln + gated_adaln",)),
+    "wan-vace": ("WanVACETransformer3DModel", dict(
+        patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=16, in_channels=4, out_channels=4,
+        text_dim=16, freq_dim=16, ffn_dim=64, num_layers=2, rope_max_seq_len=32, vace_layers=[0, 1],
+        vace_in_channels=6), ("adaln + gated_adaln",)),
     "wan-i2v": ("WanTransformer3DModel", dict(
         patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=16, in_channels=4, out_channels=4,
         text_dim=16, freq_dim=16, ffn_dim=64, num_layers=2, cross_attn_norm=True, rope_max_seq_len=32,
@@ -724,8 +765,10 @@ DIT_MODELS = {
 
 # What the patched attentions call without autograd: the q/k norms and rotation in one kernel
 # (CogVideoX-2b's q/k LayerNorms alone: it rotates nothing; 5b's rotation is kiln.rope_ after them).
-FUSED_ATTENTION = {"flux": "head_norm_rope", "ltx-video": "rms_norm_rope (angles in-kernel)",
-                   "wan": "rms_norm_rope", "wan-i2v": "rms_norm_rope", "qwen-image": "head_norm_rope",
+FUSED_ATTENTION = {"flux": "head_norm_rope", "chroma": "head_norm_rope",
+                   "ltx-video": "rms_norm_rope (angles in-kernel)",
+                   "wan": "rms_norm_rope", "wan-i2v": "rms_norm_rope", "skyreels-v2": "rms_norm_rope",
+                   "skyreels-v2-df": "rms_norm_rope", "wan-vace": "rms_norm_rope", "qwen-image": "head_norm_rope",
                    "qwen-image-edit": "head_norm_rope", "cogvideox": "layer_norm", "flux2": "head_norm_rope",
                    "ltx2": "rope", "ltx2.3": "rope", "z-image": "head_norm_rope", "hunyuan-video": "head_norm_rope",
                    "hunyuan-video-1.5": "head_norm_rope", "hunyuan-image": "head_norm_rope", "mochi": "rope",
@@ -750,11 +793,11 @@ def _prewarm_then_run_dit(tmp_path, name, training):
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", list(DIT_MODELS))
 def test_prewarm_from_config_serves_a_patched_diffusion_transformer(tmp_path, name):
-    """kiln prewarm --config of a FLUX, FLUX.2, LTX-Video, LTX-2, Wan, Qwen-Image, Z-Image, HunyuanVideo (1.5),
-    HunyuanImage, Mochi, SD3 or CogVideoX config.json, with
-    no GPU, compiles every kernel the patched transformer then calls without autograd (the blocks' AdaLN seams
-    and gated residuals, a timestep per sample and per token, each attention's fused q/k norms
-    and rotation, the cross-attention norms, FLUX's activation written into proj_out's input,
+    """kiln prewarm --config of a FLUX, Chroma, FLUX.2, LTX-Video, LTX-2, Wan, Wan VACE, SkyReels-V2,
+    Qwen-Image, Z-Image, HunyuanVideo (1.5), HunyuanImage, Mochi, SD3 or CogVideoX config.json, with
+    no GPU, compiles every kernel the patched transformer then calls without autograd (the blocks'
+    AdaLN seams and gated residuals, a timestep per sample and per token, each attention's fused q/k
+    norms and rotation, the cross-attention norms, FLUX's activation written into proj_out's input,
     the output norm: Wan's in fp32, as are the LayerNorms of Wan's image embedder for image to
     video): its first forwards on a GPU compile nothing."""
     stats = _prewarm_then_run_dit(tmp_path, name, training=False)

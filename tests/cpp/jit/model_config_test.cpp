@@ -1011,3 +1011,49 @@ TEST_CASE("Stable Diffusion 3's patched blocks are prewarmed as they call kiln")
   sd35.erase("qk_norm");
   CHECK_FALSE(kiln::jit::read_model_config(sd35).ops.contains(Op::rms_norm));
 }
+
+TEST_CASE("Chroma is prewarmed as FLUX, with its approximator's RMSNorms") {
+  // Chroma1-HD's config.json, the keys kiln reads.
+  nlohmann::json chroma = {{"_class_name", "ChromaTransformer2DModel"},
+                           {"attention_head_dim", 128},
+                           {"num_attention_heads", 24},
+                           {"approximator_hidden_dim", 5120}};
+  const kiln::jit::ModelShape model = kiln::jit::read_model_config(chroma);
+  CHECK(model.kind == "chroma");
+  CHECK(model.ops.at(Op::rms_norm) == std::vector<std::int64_t>{128, 5120});
+  CHECK(model.ops.at(Op::gelu) == std::vector<std::int64_t>{12288});
+  CHECK(model.ops.at(Op::rope) == std::vector<std::int64_t>{128});
+  const auto targets = targets_of(model);
+  for (Op op : {Op::adaln, Op::gated_adaln}) {
+    CHECK(prewarmed_flags(targets, op, 3072, kiln::DType::bf16) ==
+          std::vector<std::uint32_t>{kiln::kNormLayer});
+  }
+  CHECK(!prewarmed_flags(targets, Op::rms_norm, 5120, kiln::DType::bf16).empty());
+  chroma.erase("approximator_hidden_dim");
+  CHECK_THROWS_WITH_AS(kiln::jit::read_model_config(chroma),
+                       doctest::Contains("approximator_hidden_dim"), kiln::Error);
+}
+
+TEST_CASE("SkyReels-V2 and Wan VACE are prewarmed as Wan, per sample and per token") {
+  // SkyReels-V2-DF-1.3B's config.json, the keys kiln reads.
+  const nlohmann::json skyreels = {{"_class_name", "SkyReelsV2Transformer3DModel"},
+                                   {"attention_head_dim", 128},
+                                   {"num_attention_heads", 12},
+                                   {"ffn_dim", 8960},
+                                   {"num_frame_per_block", 1}};
+  const kiln::jit::ModelShape model = kiln::jit::read_model_config(skyreels);
+  CHECK(model.kind == "skyreels-v2");
+  // Wan VACE: Wan's kernels, its control blocks' too.
+  nlohmann::json vace = skyreels;
+  vace["_class_name"] = "WanVACETransformer3DModel";
+  CHECK(kiln::jit::read_model_config(vace).kind == "wan-vace");
+  CHECK(kiln::jit::read_model_config(vace).ops == model.ops);
+  CHECK(model.ops.at(Op::gelu) == std::vector<std::int64_t>{8960});
+  CHECK(model.ops.at(Op::rms_norm_rope) == std::vector<std::int64_t>{1536});
+  const auto targets = targets_of(model);
+  constexpr std::uint32_t table = kiln::kNormLayer | kiln::kNormTable | kiln::kNormTableF32;
+  for (Op op : {Op::adaln, Op::gated_adaln}) {
+    CHECK(prewarmed_flags(targets, op, 1536, kiln::DType::bf16) ==
+          std::vector<std::uint32_t>{table, table | kiln::kNormPerToken});
+  }
+}

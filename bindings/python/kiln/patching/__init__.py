@@ -49,7 +49,9 @@ attention processor and blocks (q and k rotated by per-head tables in one ``kiln
 text tokens found once a forward, the modulated RMSNorm seams as ``kiln.adaln`` and
 ``kiln.gated_adaln``: see :mod:`.mochi`), CogVideoX-5b's attention processor (the video tokens'
 rotation as one ``kiln.rope_``: see :mod:`.cogvideox_attention`), SD3's and SD3.5's joint blocks
-(FLUX's seams: see :mod:`.sd3_block`) and diffusers' AdaLN modules (``kiln.adaln``). A patched forward whose
+(FLUX's seams: see :mod:`.sd3_block`), Chroma's blocks and pruned AdaLN modules (FLUX's seams, the
+modulation rows the model hands each block read in place: see :mod:`.chroma`) and diffusers' AdaLN
+modules (``kiln.adaln``). A patched forward whose
 kiln ops have no backward (LTX-Video's fused seams) calls the original where it would record
 an autograd graph.
 """
@@ -60,10 +62,10 @@ from typing import Iterable, Optional
 
 import torch
 
-from . import (bmm_experts, detect, detect_cogvideox, detect_dit, detect_flux2, detect_hunyuan_video, detect_ltx2,
-               detect_mochi, detect_qwen_image, detect_sd3, detect_z_image, dit_block_chain, experts_gate, gated_norm,
-               gelu_mlp, head_norm_attention, ltx, packed_gate, replace, residual_norm_chain, residual_norm_layer,
-               rope_attention, wan_block)
+from . import (bmm_experts, detect, detect_chroma, detect_cogvideox, detect_dit, detect_flux2, detect_hunyuan_video,
+               detect_ltx2, detect_mochi, detect_qwen_image, detect_sd3, detect_z_image, dit_block_chain, experts_gate,
+               gated_norm, gelu_mlp, head_norm_attention, ltx, packed_gate, replace, residual_norm_chain,
+               residual_norm_layer, rope_attention, wan_block)
 from .report import Left, PatchReport, Replaced
 
 # The attentions whose processor is replaced, and those of them whose head norms may join the rotation.
@@ -164,8 +166,8 @@ def _patch_dit(path: str, module: torch.nn.Module, chosen: frozenset, report: Pa
     """The diffusion-transformer patterns (:mod:`.detect_dit`); True if the module was one
     of their candidates (replaced or left)."""
     candidates = detect_flux2.CANDIDATES + detect_hunyuan_video.CANDIDATES + detect_mochi.CANDIDATES \
-        + detect_cogvideox.CANDIDATES + detect_sd3.CANDIDATES + detect_ltx2.CANDIDATES + detect_z_image.CANDIDATES \
-        + detect_dit.CANDIDATES + detect_qwen_image.CANDIDATES
+        + detect_cogvideox.CANDIDATES + detect_sd3.CANDIDATES + detect_chroma.CANDIDATES + detect_ltx2.CANDIDATES \
+        + detect_z_image.CANDIDATES + detect_dit.CANDIDATES + detect_qwen_image.CANDIDATES
     for candidate, classify in candidates:
         if candidate(module):
             break

@@ -57,9 +57,14 @@ def flux_attention_candidate(module: torch.nn.Module) -> bool:
     return _processor_call(module) in ("FluxAttnProcessor.__call__", "Flux2AttnProcessor.__call__")
 
 
+# diffusers' Wan processor and those that compute what it does, with kiln's processor of each.
+_WAN_PROCESSORS = {"WanAttnProcessor.__call__": wan.WanAttnProcessor,
+                   "SkyReelsV2AttnProcessor.__call__": wan.SkyReelsV2AttnProcessor}
+
+
 def wan_attention_candidate(module: torch.nn.Module) -> bool:
     # Wan's cross-attentions are called without tables: their processor computes what it did.
-    return _processor_call(module) == "WanAttnProcessor.__call__" and not getattr(module, "is_cross_attention", False)
+    return _processor_call(module) in _WAN_PROCESSORS and not getattr(module, "is_cross_attention", False)
 
 
 def wan_block_candidate(module: torch.nn.Module) -> bool:
@@ -548,14 +553,15 @@ def classify_wan_attention(module: torch.nn.Module, processor, fuse_norms: bool 
         sin = torch.randn(batch, s, 1, head_dim, generator=g)
         calls.append(((module, x), dict(rotary_emb=(cos, sin))))
     calls.append(((module, x), {}))
-    why, fuse_norms = _fused_or_plain(module, processor, wan.WanAttnProcessor, calls, swaps, ("norm_q", "norm_k"),
-                                      g, fuse_norms)
+    processor_cls = _WAN_PROCESSORS[_processor_call(module)]
+    why, fuse_norms = _fused_or_plain(module, processor, processor_cls, calls, swaps, ("norm_q", "norm_k"), g,
+                                      fuse_norms)
     if why is not None:
         return NoMatch("attention", f"does not compute Wan's attention as kiln's processor does: {why}")
     if fuse_norms:
         return DitMatch("wan attention (q/k rms_norm + rope)", "rms_norm_rope", "rope",
-                        functools.partial(wan.WanAttnProcessor, fuse_norms=True), target="processor")
-    return DitMatch("wan attention (rope of q and k)", "rope", "rope", wan.WanAttnProcessor, target="processor")
+                        functools.partial(processor_cls, fuse_norms=True), target="processor")
+    return DitMatch("wan attention (rope of q and k)", "rope", "rope", processor_cls, target="processor")
 
 
 class _WanProbeAttention(_ProbeMixer):
@@ -577,26 +583,42 @@ def classify_wan_block(module: torch.nn.Module, original: Callable) -> Union[Dit
     for name in ("norm1", "norm3"):
         if getattr(module, name).weight is not None:
             return NoMatch("block", f"its {name} has parameters; Wan's modulated norms have none")
-    params = inspect.signature(original).parameters
+    params = tuple(inspect.signature(original).parameters)
     needed = ("hidden_states", "encoder_hidden_states", "temb", "rotary_emb")
-    if tuple(params) != needed:
-        return NoMatch("block", f"its forward takes {tuple(params)}, not Wan's block arguments {needed}")
+    kinds = {needed: "wan", needed + ("attention_mask",): "skyreels-v2",
+             ("hidden_states", "encoder_hidden_states", "control_hidden_states", "temb", "rotary_emb"): "wan vace"}
+    # SkyReels-V2's block: Wan's, its self-attention masked, its per-token rows [B, 6, S, D]. Wan
+    # VACE's control block: Wan's over the control stream, with input and output projections.
+    model = kinds.get(params)
+    if model is None:
+        return NoMatch("block", f"its forward takes {params}, not Wan's block arguments {needed}")
     g = torch.Generator().manual_seed(0)
     children = {"attn1": _WanProbeAttention(d, g), "attn2": _WanProbeAttention(d, g), "ffn": _ProbeFF(d, g)}
     h = torch.randn(2, 5, d, generator=g) + 0.5
     enc = torch.randn(2, 3, d, generator=g)
     rope = 0.1 * torch.randn(d, generator=g)
-    calls = [((h, enc, torch.randn(2, 6, d, generator=g), rope), {}),
-             ((h, enc, torch.randn(2, 5, 6, d, generator=g), rope), {})]
+    per_sample = torch.randn(2, 6, d, generator=g)
+    if model == "wan vace":
+        for name in ("proj_in", "proj_out"):
+            if isinstance(getattr(module, name, None), torch.nn.Module):
+                children[name] = _linear(d, d, g)
+        control = torch.randn(2, 5, d, generator=g) - 0.5
+        calls = [((h, enc, control, per_sample, rope), {})]
+    else:
+        skyreels = model == "skyreels-v2"
+        per_token = torch.randn(2, 6, 5, d, generator=g) if skyreels else torch.randn(2, 5, 6, d, generator=g)
+        mask = () if not skyreels else ((torch.rand(1, 1, 5, 5, generator=g) > 0.5).float(),)
+        calls = [((h, enc, per_sample, rope) + mask, {}), ((h, enc, per_token, rope) + mask, {})]
     params = {"scale_shift_table": torch.randn(1, 6, d, generator=g) / d ** 0.5}
     swaps = [_Swapped(module, params=params, children=children)]
     norm2 = module.norm2
     if norm2.weight is not None:
         swaps.append(_Swapped(norm2, params={"weight": 1 + 0.3 * torch.randn(d, generator=g)}
                               | ({"bias": 0.3 * torch.randn(d, generator=g)} if norm2.bias is not None else {})))
-    patched = wan_block.wan_block(module, original)
-    match = DitMatch("wan block (adaln, gated residual + norm seams)", wan_block.BLOCK_OPS, "adaln",
-                     wan_block.wan_block)
+    factory = {"wan": wan_block.wan_block, "skyreels-v2": wan_block.skyreels_block,
+               "wan vace": wan_block.vace_block}[model]
+    match = DitMatch(f"{model} block (adaln, gated residual + norm seams)", wan_block.BLOCK_OPS, "adaln", factory)
+    patched = factory(module, original)
     return _confirmed(match, original, patched, calls, swaps, "Wan's block seams")
 
 

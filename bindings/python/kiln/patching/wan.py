@@ -1,5 +1,5 @@
 """Wan's attention processor (diffusers' ``WanTransformer3DModel``: Wan 2.1, Wan 2.2 and the
-models built on its blocks): its q/k RMSNorms across heads and the rotation of q and k as
+models built on its blocks, SkyReels-V2's among them): its q/k RMSNorms across heads and the rotation of q and k as
 one ``kiln.rms_norm_rope``, or, where autograd records (that op has no backward) or the
 norms are not RMSNorms kiln computes, the norm modules and one ``kiln.rope``.
 
@@ -130,14 +130,13 @@ class WanAttnProcessor(SharedAttentionSettings):
             value_img = value_img.unflatten(2, (attn.heads, -1))
             hidden_states_img = self._dispatch(query, key_img, value_img, attn_mask=None, dropout_p=0.0,
                                                is_causal=False, backend=self._attention_backend,
-                                               parallel_config=None)
+                                               parallel_config=self._parallel(False))
             hidden_states_img = hidden_states_img.flatten(2, 3)
             hidden_states_img = hidden_states_img.type_as(query)
 
         hidden_states = self._dispatch(
             query, key, value, attn_mask=attention_mask, dropout_p=0.0, is_causal=False,
-            backend=self._attention_backend,
-            parallel_config=(self._parallel_config if encoder_hidden_states is None else None))
+            backend=self._attention_backend, parallel_config=self._parallel(encoder_hidden_states is None))
         hidden_states = hidden_states.flatten(2, 3)
         hidden_states = hidden_states.type_as(query)
         if hidden_states_img is not None:
@@ -145,3 +144,16 @@ class WanAttnProcessor(SharedAttentionSettings):
         hidden_states = attn.to_out[0](hidden_states)
         hidden_states = attn.to_out[1](hidden_states)
         return hidden_states
+
+    def _parallel(self, self_attention: bool):
+        """The context-parallel settings diffusers' Wan processor passes: its self-attention's
+        alone (the cross-attentions' keys are not split across ranks)."""
+        return self._parallel_config if self_attention else None
+
+
+class SkyReelsV2AttnProcessor(WanAttnProcessor):
+    """kiln's Wan processor for diffusers' ``SkyReelsV2AttnProcessor``, which computes what Wan's
+    does but passes its context-parallel settings to every attention it dispatches."""
+
+    def _parallel(self, self_attention: bool):
+        return self._parallel_config

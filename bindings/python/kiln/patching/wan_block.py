@@ -1,4 +1,5 @@
-"""Wan's transformer block (diffusers' ``WanTransformerBlock``) with its seams fused.
+"""Wan's transformer block (diffusers' ``WanTransformerBlock``, and SkyReels-V2's, which masks its
+self-attention and may modulate each token from [B, 6, S, D] rows) with its seams fused.
 
 diffusers computes each seam in fp32 from an fp32 ``scale_shift_table`` (its loader keeps it in
 fp32) plus temb's rows, each elementwise step a kernel over the whole hidden state in fp32:
@@ -57,14 +58,15 @@ def _zero_operand(h: torch.Tensor, cache: dict) -> torch.Tensor:
     return kept_while_unchanged(cache, "zero", (), h, lambda: h.new_zeros(1, 1, d)).expand(b, 1, d)
 
 
-def _operands(temb: torch.Tensor, h: torch.Tensor):
-    """The six modulation operands of temb ([B, 6, D] per sample, [B, S, 6, D] per token) as
-    [B, 1 or S, D] views, or None where temb has another shape."""
+def _operands(temb: torch.Tensor, h: torch.Tensor, rows_first: bool):
+    """The six modulation operands of temb ([B, 6, D] per sample; per token [B, S, 6, D], or
+    [B, 6, S, D] where ``rows_first``: SkyReels-V2's diffusion forcing) as [B, 1 or S, D] views,
+    or None where temb has another shape."""
     b, s, d = h.shape
     if temb.dim() == 3 and temb.shape == (b, 6, d):
         return temb.unsqueeze(1).unbind(2)
-    if temb.dim() == 4 and temb.shape == (b, s, 6, d):
-        return temb.unbind(2)
+    if temb.dim() == 4 and temb.shape == ((b, 6, s, d) if rows_first else (b, s, 6, d)):
+        return temb.unbind(1 if rows_first else 2)
     return None
 
 
@@ -96,41 +98,85 @@ def wan_block(module: torch.nn.Module, original: Callable) -> Callable:
     # diffusers' own signature (the probe checked the names), so no argument binding runs
     # per call.
     def forward(hidden_states, encoder_hidden_states, temb, rotary_emb):
-        h = hidden_states
-        ops = _operands(temb, h) if _fits(module, h, temb) else None
+        ops = _fitting_operands(module, hidden_states, temb, rows_first=False)
         if ops is None:
             return original(hidden_states, encoder_hidden_states, temb, rotary_emb)
-        shift_msa, scale_msa, gate_msa, c_shift_msa, c_scale_msa, c_gate_msa = ops
-        rows, w2, b2, one_row = _rows(module, h, cache)
-        zero = _zero_operand(h, cache)
-
-        norm_h = dit_block_chain.take(module, h, temb)
-        if norm_h is None:
-            norm_h = norm_ops.adaln(h, scale_msa, shift_msa, None, norm_eps(module.norm1, h), "layer",
-                                    rows[1], rows[0])
-        attn_out = module.attn1(norm_h, None, None, rotary_emb)
-        if attn_out.shape != h.shape or not kiln_can_take(h, attn_out):
-            return _rest_as_diffusers(module, h, attn_out, encoder_hidden_states, ops)
-        h, norm_h = norm_ops.gated_adaln(h, attn_out, gate_msa, zero, zero, None, norm_eps(module.norm2, h),
-                                         "layer", rows[2], w2, b2)
-        attn_out = module.attn2(norm_h, encoder_hidden_states, None, None)
-        if attn_out.shape != h.shape or not kiln_can_take(h, attn_out):
-            h = h + attn_out
-            norm_h = norm_ops.adaln(h, c_scale_msa, c_shift_msa, None, norm_eps(module.norm3, h), "layer",
-                                    rows[4], rows[3])
-        else:
-            h, norm_h = norm_ops.gated_adaln(h, attn_out, zero, c_scale_msa, c_shift_msa, None,
-                                             norm_eps(module.norm3, h), "layer", one_row, rows[4], rows[3])
-        ff_out = module.ffn(norm_h)
-        if ff_out.shape == h.shape and kiln_can_take(h, ff_out):
-            nxt = dit_block_chain.successor(module, h, temb)
-            if nxt is not None:
-                handed = _hand_over(module, nxt, h, ff_out, c_gate_msa, rows[5], ops, temb, cache)
-                if handed is not None:
-                    return handed
-        return (h.float() + ff_out.float() * (rows[5] + c_gate_msa.float())).type_as(h)
+        return _fused(module, hidden_states, encoder_hidden_states, temb, rotary_emb, None, ops, cache)
 
     return forward
+
+
+def skyreels_block(module: torch.nn.Module, original: Callable) -> Callable:
+    """``SkyReelsV2TransformerBlock.forward``: Wan's block whose self-attention takes a mask (the
+    causal mask across frame blocks) and whose per-token modulation comes as [B, 6, S, D]."""
+    cache = {}
+
+    def forward(hidden_states, encoder_hidden_states, temb, rotary_emb, attention_mask):
+        ops = _fitting_operands(module, hidden_states, temb, rows_first=True)
+        if ops is None:
+            return original(hidden_states, encoder_hidden_states, temb, rotary_emb, attention_mask)
+        return _fused(module, hidden_states, encoder_hidden_states, temb, rotary_emb, attention_mask, ops, cache)
+
+    return forward
+
+
+def vace_block(module: torch.nn.Module, original: Callable) -> Callable:
+    """``WanVACETransformerBlock.forward``: Wan's block over the control stream (the first VACE
+    block adds its input projection of the control to the video stream first), returning the
+    stream's output projection (the hint the model adds to a main block's output) and the stream."""
+    cache = {}
+
+    def forward(hidden_states, encoder_hidden_states, control_hidden_states, temb, rotary_emb):
+        c = control_hidden_states
+        ops = _fitting_operands(module, c, temb, rows_first=False) if temb.dim() == 3 else None
+        if ops is None or hidden_states.shape != c.shape:
+            return original(hidden_states, encoder_hidden_states, control_hidden_states, temb, rotary_emb)
+        if module.proj_in is not None:
+            c = module.proj_in(c) + hidden_states
+        c = _fused(module, c, encoder_hidden_states, temb, rotary_emb, None, ops, cache)
+        return (module.proj_out(c) if module.proj_out is not None else None), c
+
+    return forward
+
+
+def _fitting_operands(module: torch.nn.Module, h, temb, rows_first: bool):
+    """The six modulation operands (_operands) where kiln's seams compute the block for h and
+    temb (_fits), else None."""
+    return _operands(temb, h, rows_first) if _fits(module, h, temb) else None
+
+
+def _fused(module: torch.nn.Module, h, encoder_hidden_states, temb, rotary_emb, mask, ops, cache) -> torch.Tensor:
+    """The block on h with kiln's seams (``ops``: _fitting_operands'; ``mask``: the
+    self-attention's)."""
+    shift_msa, scale_msa, gate_msa, c_shift_msa, c_scale_msa, c_gate_msa = ops
+    rows, w2, b2, one_row = _rows(module, h, cache)
+    zero = _zero_operand(h, cache)
+
+    norm_h = dit_block_chain.take(module, h, temb)
+    if norm_h is None:
+        norm_h = norm_ops.adaln(h, scale_msa, shift_msa, None, norm_eps(module.norm1, h), "layer",
+                                rows[1], rows[0])
+    attn_out = module.attn1(norm_h, None, mask, rotary_emb)
+    if attn_out.shape != h.shape or not kiln_can_take(h, attn_out):
+        return _rest_as_diffusers(module, h, attn_out, encoder_hidden_states, ops)
+    h, norm_h = norm_ops.gated_adaln(h, attn_out, gate_msa, zero, zero, None, norm_eps(module.norm2, h),
+                                     "layer", rows[2], w2, b2)
+    attn_out = module.attn2(norm_h, encoder_hidden_states, None, None)
+    if attn_out.shape != h.shape or not kiln_can_take(h, attn_out):
+        h = h + attn_out
+        norm_h = norm_ops.adaln(h, c_scale_msa, c_shift_msa, None, norm_eps(module.norm3, h), "layer",
+                                rows[4], rows[3])
+    else:
+        h, norm_h = norm_ops.gated_adaln(h, attn_out, zero, c_scale_msa, c_shift_msa, None,
+                                         norm_eps(module.norm3, h), "layer", one_row, rows[4], rows[3])
+    ff_out = module.ffn(norm_h)
+    if ff_out.shape == h.shape and kiln_can_take(h, ff_out):
+        nxt = dit_block_chain.successor(module, h, temb)
+        if nxt is not None:
+            handed = _hand_over(module, nxt, h, ff_out, c_gate_msa, rows[5], ops, temb, cache)
+            if handed is not None:
+                return handed
+    return (h.float() + ff_out.float() * (rows[5] + c_gate_msa.float())).type_as(h)
 
 
 def _rest_as_diffusers(module, h, attn_out, encoder_hidden_states, ops):
