@@ -69,6 +69,23 @@ def seam_problem(op, args):
     return None
 
 
+def dit_problem(op, args):
+    """(op, width, flags) of a patched diffusion transformer's seam (seam_problem), norm (the
+    weight 1, the bias 2) or tanh/erf GELU call (a flat row 1; written into a slice, "gelu out",
+    0), or None for any other op (its rotation's and feed-forward's: each model's test reads
+    those)."""
+    if (seam := seam_problem(op, args)) is not None:
+        return seam
+    x = args[0]
+    if op in ("rms_norm", "layer_norm"):
+        weight, bias = (tuple(args[1:3]) + (None, None))[:2] if op == "layer_norm" else (args[1], None)
+        return op, x.shape[-1], (1 if weight is not None else 0) | (2 if bias is not None else 0)
+    if op in ("gelu", "gelu out"):
+        assert tuple(args[1:3]) in ((), (None,), (None, "tanh"), (None, "none"))  # trailing defaults left out
+        return "gelu", x.shape[-1], 1 if op == "gelu" else 0
+    return None
+
+
 def assert_prewarmed(taken):
     """Each (op, width, flags) a patched model called is in the cache its config's prewarm filled."""
     for op, width, flags in taken:
@@ -483,7 +500,6 @@ def test_prewarm_covers_the_norms_and_experts_kiln_patch_takes_in_mla_models(fre
     # with the sigmoid of its gate: 1 | 256; an MLP's SwiGLU of two tensors: flags 1; the latent
     # attention's RoPE: adjacent pairs of the 8 rotated columns written de-interleaved
     # (rope_interleave) from half the table, 512 | 128, q's 4 heads and one k head).
-    import torch
     transformers = pytest.importorskip("transformers")
     common = dict(vocab_size=100, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
                   num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=16,
@@ -727,19 +743,13 @@ def test_cogvideox_prewarms_every_call_its_patched_transformer_makes(fresh_cache
               timestep=torch.tensor([10, 500]), image_rotary_emb=tables)
     taken = set()
     for op, args in calls:
-        x = args[0]
-        if (seam := seam_problem(op, args)) is not None:
-            taken.add(seam)
-        elif op == "layer_norm":
-            assert args[1] is not None and args[2] is not None
-            taken.add((op, x.shape[-1], 1 | 2))
-        elif op == "rope_":
+        if (problem := dit_problem(op, args)) is not None:
+            taken.add(problem)
+        else:
+            assert op == "rope_"
             q, k, cos = args[0], args[1], args[2]
             assert q.shape[1] == k.shape[1] == 2 and cos.dtype == torch.float32 and cos.shape == (32, 16)
             taken.add(("rope", q.shape[-1], 1 | 2 | 16 | (8 if q.stride(2) == q.shape[-1] else 0)))
-        else:
-            assert op == "gelu"
-            taken.add((op, x.shape[-1], 1))
     expected = {("adaln", 32, 5), ("gated_adaln", 32, 5), ("gated_residual", 32, 24), ("layer_norm", 32, 3),
                 ("layer_norm", 16, 3), ("gelu", 128, 1)}
     assert taken - expected == ({("rope", 16, 27)} if rotary else set()) and expected <= taken
@@ -770,19 +780,13 @@ def test_qwen_image_prewarms_every_call_its_patched_transformer_makes(fresh_cach
               timestep=torch.tensor([0.3, 0.8]).to(torch.bfloat16), img_shapes=[[(1, 4, 6)] * images] * 2)
     taken = set()
     for op, args in calls:
-        x = args[0]
-        if (seam := seam_problem(op, args)) is not None:
-            taken.add(seam)
-        elif op == "rms_norm":
-            assert args[1] is not None
-            taken.add((op, x.shape[-1], 1))
-        elif op == "head_norm_rope_":
+        if (problem := dit_problem(op, args)) is not None:
+            taken.add(problem)
+        else:
+            assert op == "head_norm_rope_"
             q, k, cos = args[0], args[1], args[4]
             assert q.shape[2] == k.shape[2] == 4 and cos.dtype == torch.float32 and cos.shape[-1] == 8
             taken.add(("rope", q.shape[-1], 1 | 2 | 128 | 48 | 256))
-        else:
-            assert op == "gelu"
-            taken.add((op, x.shape[-1], 1))
     expected = {("adaln", 64, 4), ("gated_adaln", 64, 4), ("gated_residual", 64, 24), ("rms_norm", 32, 1),
                 ("gelu", 256, 1), ("rope", 16, 435)}
     if edit:  # the image stream's modulations are per token, the text's per sample
@@ -815,8 +819,8 @@ def test_flux2_prewarms_every_call_its_patched_transformer_makes(fresh_cache, tm
     taken = set()
     for op, args in calls:
         x = args[0]
-        if (seam := seam_problem(op, args)) is not None:
-            taken.add(seam)
+        if (problem := dit_problem(op, args)) is not None:
+            taken.add(problem)
         elif op == "swiglu":
             assert len(args) == 1 or args[1] is None  # the packed projection
             # The feed-forwards' is the projection's whole output; the single blocks' a slice of it.
@@ -861,14 +865,8 @@ def test_ltx2_prewarms_every_call_its_patched_transformer_makes(fresh_cache, tmp
     taken = set()
     for op, args in calls:
         x = args[0]
-        if (seam := seam_problem(op, args)) is not None:
-            taken.add(seam)
-        elif op == "rms_norm":
-            assert args[1] is not None
-            taken.add((op, x.shape[-1], 1))
-        elif op == "layer_norm":
-            assert args[1] is None
-            taken.add((op, x.shape[-1], 0))
+        if (problem := dit_problem(op, args)) is not None:
+            taken.add(problem)
         elif op == "rope":
             q, k, cos = args[0], args[1], args[2]
             assert cos.dtype == torch.float32 and q.dim() == 3 and k.shape[:2] == q.shape[:2]
@@ -878,12 +876,10 @@ def test_ltx2_prewarms_every_call_its_patched_transformer_makes(fresh_cache, tmp
             else:
                 assert k.shape[-1] == 0
                 taken.add(("rope", q.shape[-1], 1 | 2))
-        elif op == "rms_norm_rope":
+        else:
+            assert op == "rms_norm_rope"
             assert rope == "interleaved" and args[5].dtype == torch.float32
             taken.add((op, x.shape[-1], 2))
-        else:
-            assert op == "gelu"
-            taken.add((op, x.shape[-1], 1))
     expected = {("adaln", 16, 48), ("gated_adaln", 16, 48), ("adaln", 8, 16), ("gated_adaln", 8, 16),
                 ("gated_residual", 16, 16), ("gated_residual", 8, 24), ("rms_norm", 16, 1), ("rms_norm", 8, 1),
                 ("layer_norm", 16, 0), ("layer_norm", 8, 0), ("gelu", 64, 1), ("gelu", 32, 1)}
@@ -917,14 +913,8 @@ def test_z_image_prewarms_every_call_its_patched_transformer_makes(fresh_cache, 
     taken = set()
     for op, args in calls:
         x = args[0]
-        if (seam := seam_problem(op, args)) is not None:
-            taken.add(seam)
-        elif op == "rms_norm":
-            assert args[1] is not None
-            taken.add((op, x.shape[-1], 1))
-        elif op == "layer_norm":
-            assert args[1] is None
-            taken.add((op, x.shape[-1], 0))
+        if (problem := dit_problem(op, args)) is not None:
+            taken.add(problem)
         elif op == "swiglu":
             assert args[1] is not None and x.is_contiguous()
             taken.add((op, x.shape[-1], 1))
@@ -989,19 +979,8 @@ def test_hunyuan_video_prewarms_every_call_its_patched_transformer_makes(fresh_c
         model(**inputs)
     taken = set()
     for op, args in calls:
-        x = args[0]
-        if (seam := seam_problem(op, args)) is not None:
-            taken.add(seam)
-        elif op == "rms_norm":
-            assert args[1] is not None
-            taken.add((op, x.shape[-1], 1))
-        elif op == "layer_norm":
-            weight, bias = (tuple(args[1:3]) + (None, None))[:2]
-            assert (weight is None) == (bias is None)
-            taken.add((op, x.shape[-1], 0 if weight is None else 1 | 2))
-        elif op in ("gelu", "gelu out"):
-            assert tuple(args[1:3]) in ((), (None,), (None, "tanh"))  # trailing defaults left out
-            taken.add(("gelu", x.shape[-1], 1 if op == "gelu" else 0))
+        if (problem := dit_problem(op, args)) is not None:
+            taken.add(problem)
         else:
             assert op == "head_norm_rope_"
             q, k, cos = args[0], args[1], args[4]
@@ -1042,15 +1021,8 @@ def test_chroma_prewarms_every_call_its_patched_transformer_makes(fresh_cache, t
               attention_mask=mask)
     taken = set()
     for op, args in calls:
-        x = args[0]
-        if (seam := seam_problem(op, args)) is not None:
-            taken.add(seam)
-        elif op == "rms_norm":
-            assert args[1] is not None
-            taken.add((op, x.shape[-1], 1))
-        elif op in ("gelu", "gelu out"):
-            assert tuple(args[1:3]) in ((), (None,), (None, "tanh"))  # trailing defaults left out
-            taken.add(("gelu", x.shape[-1], 1 if op == "gelu" else 0))
+        if (problem := dit_problem(op, args)) is not None:
+            taken.add(problem)
         else:
             assert op in ("head_norm_rope", "head_norm_rope_")
             q, k, cos = args[0], args[1], args[4]
@@ -1082,11 +1054,8 @@ def test_mochi_prewarms_every_call_its_patched_transformer_makes(fresh_cache, tm
     taken = set()
     for op, args in calls:
         x = args[0]
-        if (seam := seam_problem(op, args)) is not None:
-            taken.add(seam)
-        elif op == "rms_norm":
-            assert args[1] is not None
-            taken.add((op, x.shape[-1], 1))
+        if (problem := dit_problem(op, args)) is not None:
+            taken.add(problem)
         elif op == "swiglu":
             assert (len(args) == 1 or args[1] is None) and x.is_contiguous()  # the packed projection
             taken.add((op, x.shape[-1] // 2, 1))
@@ -1121,20 +1090,7 @@ def test_sd3_prewarms_every_call_its_patched_transformer_makes(fresh_cache, tmp_
         model(hidden_states=torch.randn(2, 4, 8, 8, generator=g).to(bf16),
               encoder_hidden_states=torch.randn(2, 7, 24, generator=g).to(bf16),
               pooled_projections=torch.randn(2, 12, generator=g).to(bf16), timestep=torch.tensor([300, 700]))
-    taken = set()
-    for op, args in calls:
-        x = args[0]
-        if (seam := seam_problem(op, args)) is not None:
-            taken.add(seam)
-        elif op == "rms_norm":
-            assert args[1] is not None
-            taken.add((op, x.shape[-1], 1))
-        elif op == "layer_norm":
-            assert (tuple(args[1:3]) + (None, None))[:2] == (None, None)
-            taken.add((op, x.shape[-1], 0))
-        else:
-            assert op == "gelu"
-            taken.add((op, x.shape[-1], 1))
+    taken = {dit_problem(op, args) for op, args in calls}
     expected = {("adaln", 32, 4), ("gated_adaln", 32, 4), ("gated_residual", 32, 24), ("gelu", 128, 1)}
     if medium:
         expected |= {("gated_residual", 32, 8), ("layer_norm", 32, 0), ("rms_norm", 16, 1)}
