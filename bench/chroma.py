@@ -37,25 +37,11 @@ SIZE, TEXT_TOKENS, PROMPT = 1024, 512, 128  # ChromaPipeline's max_sequence_leng
 def build_model(layers=None, single_layers=None, tiny=False, device="cuda", seed=0):
     """The transformer in bf16 (built in bf16: an 8.9B model's fp32 copy would take 36 GB first),
     its norms' weights (where they have any) given a random spread."""
-    from diffusers import ChromaTransformer2DModel
-
     config = dict(TINY if tiny else FULL)
     if not tiny:
         config["num_layers"] = layers or config["num_layers"]
         config["num_single_layers"] = config["num_single_layers"] if single_layers is None else single_layers
-    torch.manual_seed(seed)
-    default = torch.get_default_dtype()
-    torch.set_default_dtype(BF16)
-    try:
-        with torch.device(device):
-            model = ChromaTransformer2DModel(**config)
-            with torch.no_grad():
-                for name, p in model.named_parameters():
-                    if "norm" in name:
-                        p.add_(0.1 * torch.randn_like(p))
-    finally:
-        torch.set_default_dtype(default)
-    return model.eval()
+    return common.bf16_diffusers_model("ChromaTransformer2DModel", config, device, seed)
 
 
 def build_inputs(config, device="cuda", tiny=False, seed=1):

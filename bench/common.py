@@ -449,6 +449,27 @@ def patch_leaving(kiln, detect_module, leave=None):
     return patch
 
 
+def bf16_diffusers_model(cls, config, device="cuda", seed=0, norm_spread=0.1):
+    """diffusers' ``cls`` (its name) of ``config``, built in bf16 (a large model's fp32 copy is
+    never made) on ``device`` after ``torch.manual_seed(seed)``, its norms' parameters given a
+    random spread of ``norm_spread`` (they start at 1 and 0); in eval mode."""
+    import diffusers
+
+    torch.manual_seed(seed)
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        with torch.device(device):
+            model = getattr(diffusers, cls)(**config)
+            with torch.no_grad():
+                for name, p in model.named_parameters():
+                    if "norm" in name:
+                        p.add_(norm_spread * torch.randn_like(p))
+    finally:
+        torch.set_default_dtype(default)
+    return model.eval()
+
+
 def fresh_kiln(recompile_limit=1024):
     """kiln on a fresh, empty cache (so each specialisation's first call is a true cold
     start), with torch.compile allowed one static compile per shape, as a user with fixed

@@ -41,24 +41,10 @@ TINY_TEXT_TOKENS = 5
 def build_model(layers=2, single_layers=8, tiny=False, device="cuda", seed=0):
     """The transformer in bf16, built in bf16 (a 32B model's fp32 copy would not be made first),
     its q/k norms' weights given a random spread (they start at 1)."""
-    from diffusers import Flux2Transformer2DModel
-
     config = dict(TINY) if tiny else dict(FULL, num_layers=layers or FULL["num_layers"],
                                           num_single_layers=FULL["num_single_layers"] if single_layers is None
                                           else single_layers)
-    torch.manual_seed(seed)
-    default = torch.get_default_dtype()
-    torch.set_default_dtype(BF16)
-    try:
-        with torch.device(device):
-            model = Flux2Transformer2DModel(**config)
-            with torch.no_grad():
-                for name, p in model.named_parameters():
-                    if "norm" in name:
-                        p.add_(0.1 * torch.randn_like(p))
-    finally:
-        torch.set_default_dtype(default)
-    return model.eval()
+    return common.bf16_diffusers_model("Flux2Transformer2DModel", config, device, seed)
 
 
 def build_inputs(config, height, width, device="cuda", tiny=False, seed=1):

@@ -11,26 +11,14 @@ pytest.importorskip("diffusers", reason="diffusers is not installed")
 
 from kiln.patching import replace  # noqa: E402
 from test_patch_chroma_cpu import CALLS, _chroma, _chroma_inputs  # noqa: E402
-from test_patch_dit_cpu import Counter  # noqa: E402
-from test_patch_dit_cuda import _as_close_as_the_original  # noqa: E402
+from test_patch_dit_cuda import _as_close_as_the_original, assert_tiny_bf16_model  # noqa: E402
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("masked", [False, True], ids=["unmasked", "masked"])
 def test_chroma_tiny_bf16_cuda(monkeypatch, masked):
-    with torch.no_grad():
-        truth = _chroma(torch.float32, "cuda")(**_chroma_inputs(torch.float32, "cuda", masked))[0]
-        model = _chroma(torch.bfloat16, "cuda")
-        inputs = _chroma_inputs(torch.bfloat16, "cuda", masked)
-        original = model(**inputs)[0]
-        kiln.patch(model)
-        counter = Counter(monkeypatch)
-        patched = model(**inputs)[0]
-        used = counter.used()
-        assert {op: n for op, n in used.items() if op != "gelu"} == {op: n for op, n in CALLS.items() if op != "gelu"}
-        _as_close_as_the_original(patched, original, truth)
-        kiln.unpatch(model)
-        assert torch.equal(model(**inputs)[0], original)
+    assert_tiny_bf16_model(_chroma, lambda dtype, device: _chroma_inputs(dtype, device, masked), CALLS, monkeypatch)
+
 
 
 @pytest.mark.gpu

@@ -24,14 +24,15 @@ from test_patch_dit_cpu import (Counter, _agree, _assert_one_parameter_trains_as
 LAYERS = 2
 
 
-def _wan(dtype, device="cpu", **config):
-    """A tiny Wan transformer in `dtype`, with what diffusers' loader keeps in fp32 (the
-    rotary tables, the time embedder, the modulation tables, the norms' parameters) in fp32."""
+def _wan(dtype, device="cpu", cls="WanTransformer3DModel", **config):
+    """A tiny Wan transformer (or diffusers' ``cls`` built on Wan's blocks) in `dtype`, with what
+    diffusers' loader keeps in fp32 (the rotary tables, the time embedder, the modulation tables,
+    the norms' parameters) in fp32."""
     torch.manual_seed(0)
-    model = diffusers.WanTransformer3DModel(
-        patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=4, out_channels=4,
-        text_dim=16, freq_dim=16, ffn_dim=32, num_layers=LAYERS, cross_attn_norm=True, rope_max_seq_len=32,
-        **config).eval()
+    config = dict(dict(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=4,
+                       out_channels=4, text_dim=16, freq_dim=16, ffn_dim=32, num_layers=LAYERS, cross_attn_norm=True,
+                       rope_max_seq_len=32), **config)
+    model = getattr(diffusers, cls)(**config).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "norm" in name or "scale_shift_table" in name:

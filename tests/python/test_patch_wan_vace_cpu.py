@@ -14,26 +14,15 @@ diffusers = pytest.importorskip("diffusers", reason="diffusers is not installed"
 from graph_model import calls_of  # noqa: E402
 from test_patch_dit_cpu import (Counter, _agree, _compiled_patched_graphs, _instance_forwards,  # noqa: E402
                                 _trains_as_diffusers)
+from test_patch_wan_cpu import _wan  # noqa: E402
 
 LAYERS, VACE_LAYERS = 4, (0, 2)
 
 
 def _vace(dtype, device="cpu"):
     """A tiny Wan VACE transformer in `dtype`, what diffusers' loader keeps in fp32 in fp32."""
-    torch.manual_seed(0)
-    model = diffusers.WanVACETransformer3DModel(
-        patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=4, out_channels=4, text_dim=16,
-        freq_dim=16, ffn_dim=32, num_layers=LAYERS, rope_max_seq_len=32, vace_layers=list(VACE_LAYERS),
-        vace_in_channels=6).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name or "scale_shift_table" in name:
-                p.add_(0.2 * torch.randn_like(p))
-    model = model.to(device=device)
-    for name, tensor in list(model.named_parameters()) + list(model.named_buffers()):
-        if not any(k in name.split(".") for k in model._keep_in_fp32_modules):
-            tensor.data = tensor.data.to(dtype)
-    return model
+    return _wan(dtype, device, "WanVACETransformer3DModel", num_layers=LAYERS, vace_layers=list(VACE_LAYERS),
+                vace_in_channels=6)
 
 
 def _vace_inputs(dtype, device="cpu"):

@@ -25,9 +25,8 @@ from typing import Callable
 
 import torch
 
-from .flux import modulated_norm
+from .flux import modulated_module
 from .flux_block import double_stream, fits_double, fits_single, single_output
-from .forwards import argument_binder
 from .per_forward import OncePerForward
 
 BLOCK_OPS = "gated_adaln + gated_residual"
@@ -45,31 +44,17 @@ PRUNED_NAMES = {6: "zero", 3: "zero single", 2: "continuous"}
 
 
 def pruned_adaln(chunks: int, norm: str) -> Callable:
-    """A factory for a pruned AdaLN module's forward: ``emb`` ``[B, chunks, D]`` flattened and
-    chunked as the module does, ``norm(x) * (1 + scale) + shift`` one ``kiln.adaln``."""
+    """A factory for a pruned AdaLN module's forward: ``emb`` ``[B, chunks, D]`` flattened (and
+    cast to x's dtype where the module casts it) as the module does, ``norm(x) * (1 + scale) +
+    shift`` one ``kiln.adaln``."""
     order, returned, cast = PRUNED_LAYOUTS[chunks]
 
-    def factory(module: torch.nn.Module, original: Callable) -> Callable:
-        bind = argument_binder(original)
+    def modulation(module: torch.nn.Module, x: torch.Tensor, e: torch.Tensor):
+        if e.dim() != 3 or e.shape[1] != chunks:
+            return None
+        return e.flatten(1, 2).to(x.dtype) if cast else e.flatten(1, 2)
 
-        def forward(*args, **kwargs):
-            a = bind(args, kwargs)
-            if a is None:
-                return original(*args, **kwargs)
-            x, e = a.get("x"), a.get("emb")
-            if getattr(module, "emb", None) is not None or not isinstance(x, torch.Tensor) \
-                    or not isinstance(e, torch.Tensor) or x.dim() != 3 or e.dim() != 3 or e.shape[1] != chunks:
-                return original(*args, **kwargs)
-            flat = e.flatten(1, 2).to(x.dtype) if cast else e.flatten(1, 2)
-            parts = dict(zip(order, flat.chunk(chunks, dim=1)))
-            out = modulated_norm(module.norm, x, parts["scale"], parts["shift"], norm, flat)
-            if not returned:
-                return out
-            return (out,) + tuple(parts[name] for name in returned)
-
-        return forward
-
-    return factory
+    return modulated_module("emb", order, returned, norm, modulation)
 
 
 def _pairwise(mask: torch.Tensor) -> torch.Tensor:

@@ -49,12 +49,11 @@ def modulated_norm(nm: torch.nn.Module, x: torch.Tensor, scale: torch.Tensor, sh
     return nm(x) * (1 + scale[:, None]) + shift[:, None]
 
 
-def adaln_module(layout: str, norm: str) -> Callable:
-    """diffusers' ``AdaLayerNormZero`` / ``AdaLayerNormZeroSingle`` /
-    ``AdaLayerNormContinuous`` / ``AdaLayerNorm`` (chunk_dim 1): ``emb = linear(silu(emb))`` as the module computes it, then
-    ``norm(x) * (1 + scale) + shift`` as one ``kiln.adaln`` reading scale and shift in place
-    from emb's chunks (``norm``: ``"layer"`` or ``"rms"``; modulated_norm)."""
-    chunks, emb_name, order, returned = ADALN_LAYOUTS[layout]
+def modulated_module(emb_name: str, order: tuple, returned: tuple, norm: str, modulation: Callable) -> Callable:
+    """A factory for an AdaLN module's forward of (x, ``emb_name``): ``modulation(module, x, emb)``
+    (the [B, chunks * D] rows, or None where the module's own forward must run) chunked in
+    ``order``, ``norm(x) * (1 + scale) + shift`` one ``kiln.adaln`` reading scale and shift in place
+    (modulated_norm; ``norm``: ``"layer"`` or ``"rms"``), and the ``returned`` chunks after it."""
 
     def factory(module: torch.nn.Module, original: Callable) -> Callable:
         bind = argument_binder(original)
@@ -67,10 +66,11 @@ def adaln_module(layout: str, norm: str) -> Callable:
             if getattr(module, "emb", None) is not None or not isinstance(x, torch.Tensor) \
                     or not isinstance(e, torch.Tensor) or x.dim() != 3:
                 return original(*args, **kwargs)
-            silu = module.silu(e)
-            emb = module.linear(silu.to(x.dtype) if layout == "continuous" else silu)
-            parts = dict(zip(order, emb.chunk(chunks, dim=1)))
-            out = modulated_norm(module.norm, x, parts["scale"], parts["shift"], norm, emb)
+            rows = modulation(module, x, e)
+            if rows is None:
+                return original(*args, **kwargs)
+            parts = dict(zip(order, rows.chunk(len(order), dim=1)))
+            out = modulated_norm(module.norm, x, parts["scale"], parts["shift"], norm, rows)
             if not returned:
                 return out
             return (out,) + tuple(parts[name] for name in returned)
@@ -78,6 +78,19 @@ def adaln_module(layout: str, norm: str) -> Callable:
         return forward
 
     return factory
+
+
+def adaln_module(layout: str, norm: str) -> Callable:
+    """diffusers' ``AdaLayerNormZero`` / ``AdaLayerNormZeroSingle`` /
+    ``AdaLayerNormContinuous`` / ``AdaLayerNorm`` (chunk_dim 1): ``emb = linear(silu(emb))`` as the
+    module computes it, then the modulated norm as one ``kiln.adaln`` (modulated_module)."""
+    _, emb_name, order, returned = ADALN_LAYOUTS[layout]
+
+    def modulation(module: torch.nn.Module, x: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
+        silu = module.silu(e)
+        return module.linear(silu.to(x.dtype) if layout == "continuous" else silu)
+
+    return modulated_module(emb_name, order, returned, norm, modulation)
 
 
 def layer_norm_zero(norm: str) -> Callable:
