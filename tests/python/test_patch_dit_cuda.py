@@ -49,18 +49,18 @@ def _as_close_as_the_original(patched, original, truth):
     assert err_patched <= 1.5 * err_original + 1e-2 * truth.double().abs().max().item(), (err_patched, err_original)
 
 
-def assert_tiny_bf16_model(build, inputs, calls, monkeypatch):
+def assert_tiny_bf16_model(build, inputs, calls, monkeypatch, more=()):
     """A tiny model on the GPU (``build(dtype, device)``, ``inputs(dtype, device)``): patched in
     bf16 it is as close to the fp32 model as diffusers' own bf16 forward and makes ``calls`` (but
-    GELU's: on CUDA the tanh GELU after a projection joins its epilogue); unpatched, it computes
-    what it did."""
+    GELU's: on CUDA the tanh GELU after a projection joins its epilogue; ``more``: Counter's other
+    wrappers to count); unpatched, it computes what it did."""
     with torch.no_grad():
         truth = build(torch.float32, "cuda")(**inputs(torch.float32, "cuda"))[0]
         model = build(torch.bfloat16, "cuda")
         bf16_inputs = inputs(torch.bfloat16, "cuda")
         original = model(**bf16_inputs)[0]
         kiln.patch(model)
-        counter = Counter(monkeypatch)
+        counter = Counter(monkeypatch, more)
         patched = model(**bf16_inputs)[0]
         used = {op: n for op, n in counter.used().items() if op != "gelu"}
         assert used == {op: n for op, n in calls.items() if op != "gelu"}

@@ -8,7 +8,8 @@ affine parameters), diffusers' ``GELU`` (``gelu(proj(x))``: the activation becom
 ``kiln.gelu``, the projection stays; on CUDA, without autograd, the tanh form goes into the
 projection's cuBLASLt epilogue instead) and gated MLPs
 ``down_proj(act_fn(gate_proj(x)) * up_proj(x))`` with SiLU or GELU (the activation and
-multiply become ``kiln.swiglu`` / ``kiln.geglu``; the projections stay), the same with gate
+multiply become ``kiln.swiglu`` / ``kiln.geglu``; the projections stay; Lumina's feed-forward,
+``linear_2(silu(linear_1(x)) * linear_3(x))``, too), the same with gate
 and up packed in one projection (Phi-3's and GLM-4's ``gate_up_proj``, diffusers' ``GEGLU``
 and ``SwiGLU``, FLUX.2's ``Flux2SwiGLU`` with no projection of its own: the op reads the packed
 tensor, see :mod:`.packed_gate`), the two-layer GELU MLPs

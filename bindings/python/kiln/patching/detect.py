@@ -2,7 +2,8 @@
 
 A module is a candidate by its attributes (a norm: a leaf with ``variance_epsilon`` or
 ``eps`` and a 1-D ``weight`` or none; a gated MLP: ``gate_proj``, ``up_proj``,
-``down_proj`` and ``act_fn``; diffusers' GELU: a ``proj`` child, ``approximate`` and a
+``down_proj`` and ``act_fn``, or Lumina's ``linear_1``, ``linear_3``, ``linear_2`` and ``silu``;
+diffusers' GELU: a ``proj`` child, ``approximate`` and a
 ``gelu`` method), never by its class. A candidate is replaced only when the
 replacement computes what its own forward computes on a random probe: the original
 forward and the replacement run on the same CPU probe (a random weight of the module's
@@ -346,15 +347,26 @@ def has_child(module: torch.nn.Module, name: str) -> bool:
     return isinstance(getattr(module, name, None), torch.nn.Module)
 
 
-def mlp_activation(module: torch.nn.Module) -> Optional[str]:
-    """The attribute a gated MLP keeps its activation in: ``act_fn`` (Llama's and most), or
-    ``activation_fn`` (Llama 4's); None where it has neither."""
-    return next((name for name in ("act_fn", "activation_fn") if callable(getattr(module, name, None))), None)
+# A gated MLP's (gate, up, down) projections and the attributes it may keep its activation in:
+# transformers' (``act_fn``; Llama 4's ``activation_fn``), and Lumina's feed-forward (Lumina-Next,
+# Lumina-Image 2.0: ``linear_2(silu(linear_1(x)) * linear_3(x))``, its SiLU in fp32).
+MLP_LAYOUTS = ((("gate_proj", "up_proj", "down_proj"), ("act_fn", "activation_fn")),
+               (("linear_1", "linear_3", "linear_2"), ("silu",)))
+
+
+def mlp_layout(module: torch.nn.Module) -> Optional[Tuple[Tuple[str, str, str], str]]:
+    """A gated MLP's projection names and activation attribute, or None where it has none of
+    MLP_LAYOUTS'."""
+    for names, activations in MLP_LAYOUTS:
+        if all(has_child(module, n) for n in names):
+            attr = next((name for name in activations if callable(getattr(module, name, None))), None)
+            if attr is not None:
+                return names, attr
+    return None
 
 
 def mlp_candidate(module: torch.nn.Module) -> bool:
-    return all(has_child(module, n) for n in ("gate_proj", "up_proj", "down_proj")) \
-        and mlp_activation(module) is not None
+    return mlp_layout(module) is not None
 
 
 def _identify_activation(act_fn: Callable) -> Optional[str]:
@@ -387,8 +399,9 @@ def other_children(module: torch.nn.Module, own: tuple) -> Optional[str]:
 
 
 def classify_mlp(module: torch.nn.Module, original: Callable) -> Union[Match, NoMatch]:
-    attr = mlp_activation(module)
-    others = other_children(module, ("gate_proj", "up_proj", "down_proj", attr))
+    names, attr = mlp_layout(module)
+    gate, up, down = names
+    others = other_children(module, names + (attr,))
     if others:
         return NoMatch("mlp", others)
     act_fn = getattr(module, attr)
@@ -396,12 +409,13 @@ def classify_mlp(module: torch.nn.Module, original: Callable) -> Union[Match, No
     if act is None:
         return NoMatch("mlp", f"its {attr} ({type(act_fn).__name__}) is not SiLU or GELU on a probe")
     kind, op = _MLP_OPS[act]
-    factory = forwards.gated_mlp(act, attr)
+    if names != MLP_LAYOUTS[0][0]:
+        kind = f"{kind} ({', '.join(names)})"
+    factory = forwards.gated_mlp(act, attr, names)
     why = compare_with_probe_projections(module, original, factory, attr, (
-        ("gate_proj", _MLP_HIDDEN, _MLP_INNER), ("up_proj", _MLP_HIDDEN, _MLP_INNER),
-        ("down_proj", _MLP_INNER, _MLP_HIDDEN)))
+        (gate, _MLP_HIDDEN, _MLP_INNER), (up, _MLP_HIDDEN, _MLP_INNER), (down, _MLP_INNER, _MLP_HIDDEN)))
     if why is not None:
-        return NoMatch("mlp", f"does not compute down_proj({attr}(gate_proj(x)) * up_proj(x)): {why}")
+        return NoMatch("mlp", f"does not compute {down}({attr}({gate}(x)) * {up}(x)): {why}")
     return Match(kind, op, factory)
 
 

@@ -384,10 +384,12 @@ def rms_norm_offset(module: torch.nn.Module, original: Callable) -> Callable:
     return forward
 
 
-def gated_mlp(act: str, attr: str = "act_fn") -> Callable:
+def gated_mlp(act: str, attr: str = "act_fn", names: tuple = ("gate_proj", "up_proj", "down_proj")) -> Callable:
     """``down_proj(act_fn(gate_proj(x)) * up_proj(x))`` with the ``act_fn(gate) * up`` part
     as one kiln call (``act``: ``"silu"``, ``"gelu_tanh"`` or ``"gelu"``; ``attr``: the
-    attribute the module keeps its activation in); the projections are the module's own."""
+    attribute the module keeps its activation in; ``names``: its gate, up and down projections'
+    attributes); the projections are the module's own."""
+    gate_name, up_name, down_name = names
 
     def fuse(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
         if act == "silu":
@@ -399,15 +401,15 @@ def gated_mlp(act: str, attr: str = "act_fn") -> Callable:
             if not _single_tensor_call(args, kwargs):
                 return original(*args, **kwargs)
             x = args[0]
-            gate = module.gate_proj(x)
-            up = module.up_proj(x)
+            gate = getattr(module, gate_name)(x)
+            up = getattr(module, up_name)(x)
             act_fn = getattr(module, attr)
             if gate.shape == up.shape and runs_probed_activation(module, act_fn) \
                     and kiln_can_take(gate, up, differentiable=True):
                 hidden = fuse(gate, up)
             else:
                 hidden = act_fn(gate) * up
-            return module.down_proj(hidden)
+            return getattr(module, down_name)(hidden)
 
         return forward
 
