@@ -42,8 +42,7 @@ def blocks_apart(kiln):
     """kiln.patch with the blocks left to diffusers (the attention processors, norms and GELU patched)."""
     from kiln.patching import detect_dit
 
-    return common.patch_leaving(kiln, detect_dit, leave=[c for _, c in detect_dit.CANDIDATES
-                                                         if c is not detect_dit.classify_wan_block])
+    return common.patch_leaving(kiln, detect_dit, leave=(detect_dit.classify_wan_block,))
 
 
 def main(argv=None):

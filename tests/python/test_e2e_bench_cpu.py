@@ -595,6 +595,26 @@ def test_skyreels_v2_bench_smoke_run_fuses_its_blocks(tmp_path):
     assert replaced["adaln + gated_adaln"] == 2 and replaced["rms_norm_rope"] == 2
 
 
+@pytest.mark.parametrize("script", ["chroma", "skyreels_v2"])
+def test_blocks_apart_leaves_the_blocks_alone(script):
+    """The benches' "blocks apart" setting leaves the blocks to diffusers and patches the rest
+    (the attentions among it), as the setting's name says."""
+    diffusers = pytest.importorskip("diffusers")
+    bench = load_bench(script)
+    cls = "ChromaTransformer2DModel" if script == "chroma" else "SkyReelsV2Transformer3DModel"
+    if not hasattr(diffusers, cls):
+        pytest.skip(f"this diffusers has no {cls}")
+    if script == "chroma":
+        model = bench.build_model(tiny=True, device="cpu")
+    else:
+        model = bench.wan.build_model("1.3b", tiny=True, device="cpu", cls=cls)
+    kinds = [r.kind for r in bench.blocks_apart(kiln)(model).replaced]
+    assert not any("block" in kind for kind in kinds)
+    assert any(kind.endswith("attention (q/k rms_norm + rope)") or kind.startswith("flux attention")
+               for kind in kinds)
+    kiln.unpatch(model)
+
+
 def test_sd3_bench_smoke_run_fuses_its_blocks(tmp_path):
     out, replaced = _transformer_smoke(tmp_path, "sd3.py", "SD3Transformer2DModel", "sd3.5-large")
     assert "SD3.5 large-shaped transformer" in out
