@@ -25,7 +25,7 @@ if ! command -v chromium >/dev/null 2>&1; then
 fi
 
 PYTHON=${PYTHON:-python3}
-if ! "$PYTHON" -c "import torch, pytest, scikit_build_core, numpy, transformers, accelerate, diffusers" >/dev/null 2>&1; then
+if ! "$PYTHON" -c "import torch, pytest, scikit_build_core, numpy, transformers, accelerate, diffusers, peft" >/dev/null 2>&1; then
   echo "setup: installing Python packages (scripts/requirements.txt)"
   "$PYTHON" -m pip install -q -r scripts/requirements.txt
 fi

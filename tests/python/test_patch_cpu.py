@@ -204,6 +204,19 @@ def test_patch_twice_is_idempotent():
     assert torch.equal(_logits(model, ids), before)
 
 
+@pytest.mark.parametrize("arch", ARCHS)
+def test_patch_leaves_the_global_generator_as_it_was(arch):
+    """The probes' stand-in modules draw their initial weights from torch's global generator;
+    a seeded run after the patch (its inputs, an adapter's initial weights) draws what it would
+    without kiln."""
+    model = _model(arch)
+    torch.manual_seed(7)
+    expected = torch.randn(8)
+    torch.manual_seed(7)
+    assert kiln.patch(model).replaced
+    assert torch.equal(torch.randn(8), expected)
+
+
 def test_ops_filter_and_bad_ops():
     model = _model("llama")
     report = kiln.patch(model, ops=["rms_norm"])

@@ -492,6 +492,17 @@ def test_flux_patched_agrees_and_unpatch_restores(dtype, monkeypatch):
     assert torch.equal(_flux_out(model, inputs), expected)
 
 
+def test_flux_patch_leaves_the_global_generator_as_it_was():
+    """As for transformers' models (test_patch_cpu.py): the block and attention probes' stand-in
+    modules leave torch's global generator where it was."""
+    model = _flux(torch.float32)
+    torch.manual_seed(7)
+    expected = torch.randn(8)
+    torch.manual_seed(7)
+    assert kiln.patch(model).left == []
+    assert torch.equal(torch.randn(8), expected)
+
+
 def test_flux_single_block_reads_adjacent_streams_without_concatenating():
     """A single block's text and image streams, as the previous single block returns them, are
     the two halves of its output: read as that tensor, not copied. Anything else is concatenated."""

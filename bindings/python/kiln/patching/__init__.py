@@ -106,7 +106,10 @@ def patch(model: torch.nn.Module, ops: Optional[Iterable[str]] = None) -> PatchR
     # (torch.set_default_device("cuda")) is not theirs. (Only then: the device's mode sees
     # every torch call the probes make, and slows them severalfold.)
     on_cpu = torch.get_default_device().type == "cpu"
-    with detect.probing_once(), contextlib.nullcontext() if on_cpu else torch.device("cpu"):
+    # The probes' stand-in modules initialise their weights from torch's global generator: a
+    # seeded run (the latents, a LoRA's initial weights) draws what it draws without kiln.
+    with detect.probing_once(), contextlib.nullcontext() if on_cpu else torch.device("cpu"), \
+            torch.random.fork_rng(devices=[]):
         _patch_modules(model, chosen, report)
     for block_ops in (ltx.BLOCK_OPS, wan_block.BLOCK_OPS):
         dit_block_chain.link(model, functools.partial(_is_patched_block, block_ops=block_ops))
@@ -146,9 +149,10 @@ def _patch_modules(model: torch.nn.Module, chosen: frozenset, report: PatchRepor
             continue
         cls = type(module).__name__
         original = replace.inner_forward(module)
-        result = classify(module, original)
-        if classify is rope_attention.classify and isinstance(result, detect.Match) and "rms_norm" in chosen:
-            result = head_norm_attention.fuse(module, result)
+        with replace.hooks_bypassed(module):
+            result = classify(module, original)
+            if classify is rope_attention.classify and isinstance(result, detect.Match) and "rms_norm" in chosen:
+                result = head_norm_attention.fuse(module, result)
         if isinstance(result, detect.NoMatch):
             report.left.append(Left(path, cls, result.reason))
         elif (result.family or result.op) not in chosen:
@@ -176,11 +180,12 @@ def _patch_dit(path: str, module: torch.nn.Module, chosen: frozenset, report: Pa
         return False
     cls = type(module).__name__
     original = module.processor if classify in _PROCESSORS else replace.inner_forward(module)
-    if classify in _NORM_FUSING:
-        # The head norms join the rotation only where rms_norm is patched too, as in transformers' attentions.
-        result = classify(module, original, fuse_norms="rms_norm" in chosen)
-    else:
-        result = classify(module, original)
+    with replace.hooks_bypassed(module):
+        if classify in _NORM_FUSING:
+            # The head norms join the rotation only where rms_norm is patched too, as in transformers' attentions.
+            result = classify(module, original, fuse_norms="rms_norm" in chosen)
+        else:
+            result = classify(module, original)
     if isinstance(result, detect.NoMatch):
         report.left.append(Left(path, cls, result.reason))
     elif result.family not in chosen:

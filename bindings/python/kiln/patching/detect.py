@@ -302,10 +302,14 @@ def _classify_norm(module: torch.nn.Module, original: Callable) -> Union[Match, 
     return NoMatch("norm", f"does not compute an RMSNorm: {reasons[-2]}; nor a LayerNorm: {reasons[-1]}")
 
 
+_COMPUTE_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+
+
 def probe_dtype(projection: torch.nn.Module) -> torch.dtype:
-    """The dtype a probe gives a projection's stand-in: its weight's, where it is a float."""
+    """The dtype a probe gives a projection's stand-in: its weight's, where the weight computes
+    in it (not an fp8 weight that diffusers' layerwise casting upcasts for each call)."""
     weight = getattr(projection, "weight", None)
-    return weight.dtype if isinstance(weight, torch.Tensor) and weight.is_floating_point() else torch.float32
+    return weight.dtype if isinstance(weight, torch.Tensor) and weight.dtype in _COMPUTE_DTYPES else torch.float32
 
 
 def probe_linear(n_in: int, n_out: int, like: torch.nn.Module, dtype: torch.dtype,

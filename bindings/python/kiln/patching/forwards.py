@@ -288,7 +288,13 @@ def any_hooks(module: torch.nn.Module) -> bool:
     """Whether a hook runs around the module's forward: torch's, accelerate's or diffusers'
     (which may change its inputs or outputs, move its weights, or split its outputs for
     context parallelism)."""
-    return torch_hooks(module) or hasattr(module, "_hf_hook") or hasattr(module, "_diffusers_hook")
+    return torch_hooks(module) or hasattr(module, "_hf_hook") or diffusers_hooks(module)
+
+
+def diffusers_hooks(module: torch.nn.Module) -> bool:
+    """Whether diffusers' hooks run around the module's forward (its registry stays on the
+    module, empty, once they are removed, and on a model that set a cache context)."""
+    return bool(getattr(module.__dict__.get("_diffusers_hook"), "hooks", None))
 
 
 def fused_head_norms(norms, x: torch.Tensor, *tensors: torch.Tensor):

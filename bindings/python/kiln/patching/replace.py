@@ -2,12 +2,15 @@
 
 accelerate's hooks (``add_hook_to_module``, ``enable_model_cpu_offload``) keep the
 module's forward as ``module._old_forward`` and set ``module.forward`` to a wrapper that
-calls it between the hook's pre- and post-forward. Where that attribute is there, the
-replacement goes into ``_old_forward``: inside the hook, which still moves the weights
-and inputs around it. A hook added after the patch takes the patched forward as its
-``_old_forward`` the same way, and ``unpatch`` finds it there.
+calls it between the hook's pre- and post-forward. diffusers' hooks (its ``HookRegistry``:
+``enable_group_offload``, ``enable_layerwise_casting``, ``enable_cache``) keep it in the
+registry's first function reference, which the chain of wrappers calls last. Where either
+is there, the replacement goes in that place (:class:`Slot`): inside the hooks, which still
+move the weights and inputs around it, or skip it from a cache. A hook added after the patch
+takes the patched forward as its inner one the same way, and ``unpatch`` finds it there.
 """
 
+import contextlib
 import copy
 import warnings
 from dataclasses import dataclass, replace as _with
@@ -51,9 +54,80 @@ class PatchState:
         return _with(self, original=original, patched=patched)
 
 
+@dataclass(frozen=True, eq=False)
+class Slot:
+    """Where a module keeps the forward that computes its result: an entry of its dictionary
+    (``forward``, or accelerate's ``_old_forward``) or an attribute of the function reference
+    diffusers' hooks call it through."""
+
+    holder: object
+    name: str
+
+    def get(self) -> Optional[Callable]:
+        if isinstance(self.holder, dict):
+            return self.holder.get(self.name)
+        return getattr(self.holder, self.name)
+
+    def set(self, forward: Callable) -> None:
+        if isinstance(self.holder, dict):
+            self.holder[self.name] = forward
+        else:
+            setattr(self.holder, self.name, forward)
+
+
+def _diffusers_wrapper(forward: Callable) -> bool:
+    """Whether ``forward`` is the wrapper diffusers' HookRegistry set as a module's forward."""
+    func = getattr(forward, "func", None)
+    return "HookRegistry." in getattr(func, "__qualname__", "")
+
+
+def _diffusers_slot(module: torch.nn.Module) -> Optional[Slot]:
+    """The place beneath the module's diffusers hooks, if it has any: the first hook's
+    reference keeps the forward the chain calls last (``original_forward`` where that hook
+    replaces the call, as a cache's does, else ``forward``); removing the hooks puts it back."""
+    refs = getattr(module.__dict__.get("_diffusers_hook"), "_fn_refs", None)
+    if not refs:
+        return None
+    first = refs[0]
+    return Slot(first, "original_forward" if getattr(first, "original_forward", None) is not None else "forward")
+
+
+def inner_slot(module: torch.nn.Module) -> Slot:
+    """Where the forward that computes the module's result is: beneath accelerate's hook or
+    diffusers' hooks, whichever was added first, or the module's own ``forward``."""
+    own = module.__dict__
+    diffusers = _diffusers_slot(module)
+    if _HOOKED in own and (diffusers is None or not _diffusers_wrapper(own[_HOOKED])):
+        return Slot(own, _HOOKED)
+    return diffusers if diffusers is not None else Slot(own, "forward")
+
+
 def inner_forward(module: torch.nn.Module) -> Callable:
-    """The forward that computes the module's result: the hooked one under accelerate."""
-    return module.__dict__[_HOOKED] if _HOOKED in module.__dict__ else module.forward
+    """The forward that computes the module's result: the one inside any hook."""
+    forward = inner_slot(module).get()
+    return forward if forward is not None else module.forward
+
+
+def _hooked(module: torch.nn.Module) -> bool:
+    return _HOOKED in module.__dict__ or forwards.diffusers_hooks(module)
+
+
+@contextlib.contextmanager
+def hooks_bypassed(module: torch.nn.Module):
+    """While a probe runs ``module`` on stand-in weights and CPU tensors: its hooked
+    descendants run their inner forwards. An offloading hook would bring the real weights to
+    the GPU in place of the stand-ins, and a casting hook cast them to its storage dtype."""
+    bypassed = [(m, m.__dict__.get("forward")) for m in module.modules() if m is not module and _hooked(m)]
+    for m, _ in bypassed:
+        m.__dict__["forward"] = inner_forward(m)
+    try:
+        yield
+    finally:
+        for m, hooked in bypassed:
+            if hooked is None:
+                m.__dict__.pop("forward", None)
+            else:
+                m.__dict__["forward"] = hooked
 
 
 def state_of(module: torch.nn.Module):
@@ -85,13 +159,15 @@ def install(module: torch.nn.Module, original: Callable, factory: Callable, kind
     if method != "forward":
         install_method(module, method, factory, kind, op)
         return
-    attr = _HOOKED if _HOOKED in module.__dict__ else "forward"
-    class_forward = attr == "forward" and "forward" not in module.__dict__ and _is_class_forward(module, original)
+    slot = inner_slot(module)
+    own = isinstance(slot.holder, dict) and slot.name == "forward"
+    class_forward = own and "forward" not in module.__dict__ and _is_class_forward(module, original)
     patched = factory(module, original)
     # The state before the forward in the dictionary, which a deep copy walks in order.
-    module.__dict__.pop(attr, None)
+    if isinstance(slot.holder, dict):
+        module.__dict__.pop(slot.name, None)
     module.__dict__[_STATE] = PatchState(original, patched, kind, op, class_forward, factory)
-    module.__dict__[attr] = patched
+    slot.set(patched)
 
 
 def install_method(module: torch.nn.Module, method: str, factory: Callable, kind: str, op: str) -> None:
@@ -164,6 +240,10 @@ def uninstall(module: torch.nn.Module, path: str) -> bool:
         del module.__dict__[state.method]  # the class's method again
         return True
     restored = False
+    beneath = _diffusers_slot(module)
+    if beneath is not None and beneath.get() is state.patched:
+        beneath.set(state.original)
+        restored = True
     if module.__dict__.get(_HOOKED) is state.patched:
         module.__dict__[_HOOKED] = state.original
         restored = True
@@ -176,6 +256,6 @@ def uninstall(module: torch.nn.Module, path: str) -> bool:
     if not restored:
         module.__dict__[_STATE] = state
         warnings.warn(f"kiln.unpatch: {path or '<model>'}: its forward was wrapped by something "
-                      "other than an accelerate hook after kiln.patch; left as it is", stacklevel=3)
+                      "other than an accelerate or diffusers hook after kiln.patch; left as it is", stacklevel=3)
         return False
     return True
