@@ -8,10 +8,15 @@ What kiln.patch replaces there: the AdaLN modules (norm plus modulation), each a
 per-head q/k RMSNorms and rotation (``head_norm_rope`` without autograd), the double blocks'
 LayerNorms and the feed-forwards' tanh GELU. The rest of a step is matmuls and attention.
 
+With ``--fp8-storage`` the projections are stored in fp8 and computed in bf16, as diffusers'
+``enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=torch.bfloat16)``
+keeps them (half the weights' memory; each Linear upcasts its weight in a hook around its call):
+kiln.patch then goes beneath the hooks, which still cast.
+
 Usage: python bench/flux.py [--out DIR] [--quick] [--model dev|schnell] [--layers N]
-       [--single-layers N] [--height H] [--width W] [--settings ...] [--device cuda|cpu] [--tiny]
-       [--tag TAG]
-Writes DIR/flux-<model>-<date>-<device>.json and .md; prints the table last."""
+       [--single-layers N] [--height H] [--width W] [--fp8-storage] [--settings ...]
+       [--device cuda|cpu] [--tiny] [--tag TAG]
+Writes DIR/flux-<model>[-fp8-storage]-<date>-<device>.json and .md; prints the table last."""
 
 import argparse
 import os
@@ -105,6 +110,8 @@ def main(argv=None):
     parser.add_argument("--single-layers", type=int, default=None, help="single-stream blocks (default: all 38)")
     parser.add_argument("--height", type=int, default=1024)
     parser.add_argument("--width", type=int, default=1024)
+    parser.add_argument("--fp8-storage", action="store_true",
+                        help="projections stored in fp8, computed in bf16 (diffusers' layerwise casting)")
     args = parser.parse_args(argv)
     settings = common.model_settings(args.settings, "flux")
     layers, single_layers = args.layers, args.single_layers
@@ -114,6 +121,8 @@ def main(argv=None):
     env = common.model_environment(args.device)
     started = time.perf_counter()
     model = build_model(args.model, layers, single_layers, args.tiny, args.device)
+    if args.fp8_storage:
+        model.enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=BF16)
     config = dict(model.config)
     kwargs = build_inputs(config, args.height, args.width, args.device, args.tiny)
     tokens = kwargs["hidden_states"].shape[1]
@@ -127,9 +136,11 @@ def main(argv=None):
         compile_fn=common.compile_blocks(blocks))
     document = {"environment": env, "dtype": "bf16", "image": [args.height, args.width], "image_tokens": tokens,
                 "text_tokens": kwargs["txt_ids"].shape[0], "parameters_billions": billions, "config": config,
-                "settings": records, "patch": common.patch_summary(report)}
+                "settings": records, "patch": common.patch_summary(report),
+                "weight_storage": "float8_e4m3fn (layerwise casting)" if args.fp8_storage else "bf16"}
     table = markdown(env, document, args)
-    common.finish_model_bench(args, f"flux-{args.model}", env, document, table, started)
+    name = f"flux-{args.model}" + ("-fp8-storage" if args.fp8_storage else "")
+    common.finish_model_bench(args, name, env, document, table, started)
     return document
 
 
@@ -140,7 +151,8 @@ def markdown(env, document, args):
         f"FLUX.1-{args.model}-shaped transformer ({config['num_layers']} double-stream and "
         f"{config['num_single_layers']} single-stream blocks, {config['num_attention_heads']} heads of "
         f"{config['attention_head_dim']}, {document['parameters_billions']:.1f}B parameters), one step at "
-        f"{args.height}x{args.width} ({document['image_tokens']} image + {document['text_tokens']} text tokens), bf16, "
+        f"{args.height}x{args.width} ({document['image_tokens']} image + {document['text_tokens']} text tokens), bf16"
+        f"{' (projections stored in fp8: layerwise casting)' if args.fp8_storage else ''}, "
         f"{env['device']} ({env['sm']}), {env['date']}, torch {versions['torch']}, diffusers "
         f"{versions.get('diffusers', '-')}; random weights. ms = median per forward, each call timed alone after at "
         "least 1 s of warm-up calls; host ms = median time the host takes to issue one; speedup of eager+kiln over "

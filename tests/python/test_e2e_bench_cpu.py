@@ -328,6 +328,21 @@ def test_flux_bench_smoke_run(tmp_path):
 
 
 @needs_diffusers
+def test_flux_bench_with_fp8_storage_patches_beneath_the_casting_hooks(tmp_path):
+    """--fp8-storage: the projections stored in fp8 (diffusers' layerwise casting), cast in hooks
+    kiln.patch leaves around them; the patch takes what it takes without them."""
+    out = _smoke("flux.py", tmp_path, "--fp8-storage")
+    assert "projections stored in fp8" in out
+    [doc_path] = tmp_path.glob("flux-dev-fp8-storage-*.json")
+    doc = json.loads(doc_path.read_text())
+    assert doc["weight_storage"].startswith("float8_e4m3fn")
+    replaced = doc["patch"]["replaced"]
+    assert replaced["gated_adaln + gated_residual"] == 1 and replaced["gelu + gated_residual"] == 2
+    err = doc["settings"]["eager+kiln"]["error_vs_eager"]
+    assert err["finite"] and err["max_rel"] < 5e-2
+
+
+@needs_diffusers
 def test_first_forward_bench_smoke_run(tmp_path):
     """The first-forward bench's plumbing on the CPU: each model's config.json written from a
     meta-device build, prewarmed in a process that sees no GPU, then each mode in a process of
