@@ -1,8 +1,8 @@
-"""kiln.patch under diffusers' group offloading and layerwise casting on a GPU, each enabled
-before or after the patch: the offloading hooks bring each block's (or leaf's) weights from the
-CPU around kiln's forwards, the casting hooks upcast fp8-stored projections, and the patched bf16
-model is as close to the truth as diffusers' own (test_patch_diffusers_hooks_cpu.py has the
-rest)."""
+"""kiln.patch under diffusers' group offloading and layerwise casting on a GPU, and under
+accelerate's offloading, each enabled before or after the patch: the offloading hooks bring each
+block's (or leaf's) weights from the CPU around kiln's forwards, the casting hooks upcast
+fp8-stored projections, and the patched bf16 model is as close to the truth as diffusers' own
+(test_patch_diffusers_hooks_cpu.py has the rest)."""
 
 import pytest
 import torch
@@ -90,4 +90,43 @@ def test_flux_fp8_layerwise_casting_cuda(order, monkeypatch):
     patched = run(model, inputs)
     # The hooked projections keep their own GELU (kiln.gelu, not the epilogue).
     assert counter.used() == FLUX_FUSED
+    _as_close_as_the_original(patched, original, truth)
+
+
+def _accelerate_offloaded(model, order, offload):
+    if order == "hook_then_patch":
+        offload(model)
+        report = kiln.patch(model)
+    else:
+        report = kiln.patch(model)
+        offload(model)
+    assert report.left == []
+    return model
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("order", ORDERS)
+@pytest.mark.parametrize("sequential", [False, True], ids=["model", "sequential"])
+def test_flux_accelerate_offload_cuda(sequential, order, monkeypatch):
+    """accelerate's offloading to the GPU: the whole model brought in around its forward
+    (enable_model_cpu_offload's hook), or each leaf's weights around its own (cpu_offload: the q/k
+    norms then run as modules, as under leaf-level group offloading). The probes run beneath the
+    leaves' hooks, which would bring the real weights to the GPU in place of the stand-ins."""
+    accelerate = pytest.importorskip("accelerate", reason="accelerate is not installed")
+
+    def offload(model):
+        if sequential:
+            accelerate.cpu_offload(model, execution_device=CUDA)
+        else:
+            accelerate.cpu_offload_with_hook(model, execution_device=CUDA)
+
+    inputs = _flux_inputs(torch.bfloat16, "cuda")
+    truth = run(_flux(torch.float32, "cuda"), _flux_inputs(torch.float32, "cuda"))
+    reference = _flux(torch.bfloat16)
+    offload(reference)
+    original = run(reference, inputs)
+    model = _accelerate_offloaded(_flux(torch.bfloat16), order, offload)
+    counter = Counter(monkeypatch)
+    patched = run(model, inputs)
+    assert _without_gelu(counter.used()) == _without_gelu(FLUX_LEAF_OFFLOAD if sequential else FLUX_FUSED)
     _as_close_as_the_original(patched, original, truth)
