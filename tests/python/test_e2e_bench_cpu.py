@@ -553,6 +553,21 @@ def test_flux2_bench_smoke_run_fuses_its_blocks_and_attentions(tmp_path):
     assert replaced["head_norm_rope"] == 3 and replaced["swiglu"] == 4
 
 
+def test_flux3_bench_smoke_run_fuses_its_attentions(tmp_path):
+    diffusers = pytest.importorskip("diffusers")
+    if not hasattr(diffusers, "Flux3Transformer2DModel"):
+        pytest.skip("this diffusers has no Flux3Transformer2DModel")
+    out = _smoke("flux3.py", tmp_path, "--reference")
+    assert "FLUX.3-shaped transformer" in out and "image and reference" in out
+    [doc_path] = [p for p in tmp_path.glob("flux3-2*.json") if "partial" not in p.name]
+    doc = json.loads(doc_path.read_text())
+    for setting in ("eager+kiln", "eager+kiln, attentions apart"):
+        err = doc["settings"][setting]["error_vs_eager"]
+        assert err["finite"] and err["max_rel"] < 5e-2
+    # Every attention (one per-mode block a mode, three modes, two joint blocks), every SwiGLU.
+    assert doc["patch"]["replaced"]["head_norm_rope"] == 5 and doc["patch"]["replaced"]["swiglu"] == 5
+
+
 @pytest.mark.parametrize("version, rope", [("2.0", "split"), ("2.0", "interleaved"), ("2.3", "split")])
 def test_ltx2_bench_smoke_run_fuses_its_blocks_and_attentions(tmp_path, version, rope):
     name = ("ltx2" if version == "2.0" else "ltx2.3") + ("" if rope == "split" else "-interleaved")

@@ -51,8 +51,9 @@ text tokens found once a forward, the modulated RMSNorm seams as ``kiln.adaln`` 
 ``kiln.gated_adaln``: see :mod:`.mochi`), CogVideoX-5b's attention processor (the video tokens'
 rotation as one ``kiln.rope_``: see :mod:`.cogvideox_attention`), SD3's and SD3.5's joint blocks
 (FLUX's seams: see :mod:`.sd3_block`), Chroma's blocks and pruned AdaLN modules (FLUX's seams, the
-modulation rows the model hands each block read in place: see :mod:`.chroma`) and diffusers' AdaLN
-modules (``kiln.adaln``). A patched forward whose
+modulation rows the model hands each block read in place: see :mod:`.chroma`), FLUX.3's attention
+processor (its fp32 per-head q/k norms and rotation as one ``kiln.head_norm_rope``: see
+:mod:`.flux3`) and diffusers' AdaLN modules (``kiln.adaln``). A patched forward whose
 kiln ops have no backward (LTX-Video's fused seams) calls the original where it would record
 an autograd graph.
 """
@@ -63,8 +64,8 @@ from typing import Iterable, Optional
 
 import torch
 
-from . import (bmm_experts, detect, detect_chroma, detect_cogvideox, detect_dit, detect_flux2, detect_hunyuan_video,
-               detect_ltx2, detect_mochi, detect_qwen_image, detect_sd3, detect_z_image, dit_block_chain, experts_gate,
+from . import (bmm_experts, detect, detect_chroma, detect_cogvideox, detect_dit, detect_flux2, detect_flux3,
+               detect_hunyuan_video, detect_ltx2, detect_mochi, detect_qwen_image, detect_sd3, detect_z_image, dit_block_chain, experts_gate,
                gated_norm, gelu_mlp, head_norm_attention, ltx, packed_gate, replace, residual_norm_chain,
                residual_norm_layer, rope_attention, wan_block)
 from .report import Left, PatchReport, Replaced
@@ -73,7 +74,7 @@ from .report import Left, PatchReport, Replaced
 _NORM_FUSING = (detect_dit.classify_flux_attention, detect_dit.classify_wan_attention,
                 detect_qwen_image.classify_attention, detect_flux2.classify_parallel_attention,
                 detect_ltx2.classify_attention, detect_z_image.classify_attention,
-                detect_hunyuan_video.classify_attention)
+                detect_hunyuan_video.classify_attention, detect_flux3.classify_attention)
 _PROCESSORS = (detect_dit.classify_ltx_attention, detect_mochi.classify_attention,
                detect_cogvideox.classify_attention) + _NORM_FUSING
 
@@ -170,7 +171,7 @@ def _is_patched_block(module: torch.nn.Module, block_ops: str) -> bool:
 def _patch_dit(path: str, module: torch.nn.Module, chosen: frozenset, report: PatchReport) -> bool:
     """The diffusion-transformer patterns (:mod:`.detect_dit`); True if the module was one
     of their candidates (replaced or left)."""
-    candidates = detect_flux2.CANDIDATES + detect_hunyuan_video.CANDIDATES + detect_mochi.CANDIDATES \
+    candidates = detect_flux2.CANDIDATES + detect_flux3.CANDIDATES + detect_hunyuan_video.CANDIDATES + detect_mochi.CANDIDATES \
         + detect_cogvideox.CANDIDATES + detect_sd3.CANDIDATES + detect_chroma.CANDIDATES + detect_ltx2.CANDIDATES \
         + detect_z_image.CANDIDATES + detect_dit.CANDIDATES + detect_qwen_image.CANDIDATES
     for candidate, classify in candidates:
