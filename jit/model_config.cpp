@@ -620,6 +620,26 @@ ModelShape read_diffusion(const nlohmann::json& config, const std::string& kind)
         {Op::swiglu, {model.intermediate}}, {Op::rms_norm, {model.head_dim}},
         {Op::rope, {model.head_dim}},
     };
+  } else if (kind == "flux3") {
+    // Its patched attentions (the per-mode and the joint blocks'): q's and k's per-head RMSNorms,
+    // whose weights the loader keeps in fp32 (kiln takes them rounded to v's dtype), and the
+    // rotation from diffusers' fp32 table (interleaved) as one head_norm_rope; where autograd
+    // records, diffusers' norms of the fp32 heads (kiln's rms_norm) and kiln.rope of them, both in
+    // fp32. Its LayerNorms with no affine; the feed-forwards' SwiGLU of the packed projection,
+    // mlp_ratio x the inner dim. Its blocks' modulated seams are diffusers'.
+    model.heads_q = model.heads_k = model.hidden / model.head_dim;
+    model.head_norm_layout = kRopeInterleaved | kRopeTableF32;
+    model.rope_tables = {kRopeInterleaved | kRopeTableF32};
+    model.fp32_ops = {Op::rms_norm, Op::rope};
+    model.intermediate = mlp_width(config, model.hidden, 3.0);  // Flux3Transformer2DModel's default
+    model.rope = axes_rope(config, "4-D",
+                           "a table, interleaved pairs, after the per-head q/k RMSNorms in fp32");
+    model.ops = {
+        {Op::layer_norm, {model.hidden}},
+        {Op::swiglu, {model.intermediate}},
+        {Op::rms_norm, {model.head_dim}},
+        {Op::rope, {model.head_dim}},
+    };
   } else if (kind == "qwen-image") {
     // Its patched blocks: each stream's AdaLN over a LayerNorm with no affine, per sample (per
     // token too for Qwen-Image-Edit-2511's zero_cond_t: the target's and the condition image's
@@ -922,6 +942,7 @@ ModelShape read_model_config(const nlohmann::json& config) {
         std::pair{"CogVideoXTransformer3DModel", "cogvideox"},
         std::pair{"QwenImageTransformer2DModel", "qwen-image"},
         std::pair{"Flux2Transformer2DModel", "flux2"},
+        std::pair{"Flux3Transformer2DModel", "flux3"},
         std::pair{"LTX2VideoTransformer3DModel", "ltx2"},
         std::pair{"HunyuanVideoTransformer3DModel", "hunyuan-video"},
         std::pair{"HunyuanVideoFramepackTransformer3DModel", "hunyuan-video"},
@@ -952,6 +973,7 @@ ModelShape read_model_config(const nlohmann::json& config) {
       "kiln prewarm: config.json: expected a transformers LLM config (hidden_size, "
       "intermediate_size, ...) or a diffusers LTXVideoTransformer3DModel, "
       "LTX2VideoTransformer3DModel, FluxTransformer2DModel, Flux2Transformer2DModel, "
+      "Flux3Transformer2DModel, "
       "WanTransformer3DModel, CogVideoXTransformer3DModel, QwenImageTransformer2DModel, "
       "HunyuanVideoTransformer3DModel, HunyuanVideo15Transformer3DModel, "
       "HunyuanImageTransformer2DModel, MochiTransformer3DModel, SD3Transformer2DModel, "

@@ -835,6 +835,62 @@ def test_flux2_prewarms_every_call_its_patched_transformer_makes(fresh_cache, tm
     assert_prewarmed(taken)
 
 
+def test_flux3_prewarms_every_call_its_patched_transformer_makes(fresh_cache, tmp_path):
+    # A tiny FLUX.3 (diffusers), its q/k norms in fp32 as the loader keeps them, patched and run
+    # on the CPU with a reference image: every kiln call it makes is a problem its config's
+    # prewarm compiled. Without autograd: the LayerNorms with no affine (0), the feed-forwards'
+    # SwiGLU of the packed projection (flat, 1), each attention's per-head q/k norms and rotation
+    # from the fp32 table, interleaved, 4 + 4 heads (1 | 2 | 16 | 32 | 256), in bf16. Recording a
+    # graph: diffusers' norms of the fp32 heads (kiln's rms_norm with the fp32 weight, 1) and
+    # kiln.rope of them (1 | 2 | 16 | 32), in fp32.
+    import torch
+    model = _prewarmed_and_patched(
+        tmp_path, "Flux3Transformer2DModel", in_channels=8, cond_in_channels=8, num_layers=1, num_single_layers=2,
+        attention_head_dim=16, num_attention_heads=4, joint_attention_dim=24, timestep_channels=16,
+        axes_dims_rope=(4, 4, 4, 4))
+    for name, p in model.named_parameters():
+        if any(k in name.split(".") for k in model._keep_in_fp32_modules):
+            p.data = p.data.float()
+    g = torch.Generator().manual_seed(1)
+    ids = torch.zeros(12, 4)
+    ids[:, 1:3] = torch.stack(torch.meshgrid(torch.arange(3.0), torch.arange(4.0), indexing="ij"), -1).reshape(12, 2)
+    inputs = dict(hidden_states=torch.randn(1, 12, 8, generator=g).to(torch.bfloat16),
+                  encoder_hidden_states=torch.randn(1, 5, 24, generator=g).to(torch.bfloat16),
+                  timestep=torch.tensor([0.5]).to(torch.bfloat16), img_ids=ids, txt_ids=torch.zeros(5, 4),
+                  image_cond_hidden_states=torch.randn(1, 12, 8, generator=g).to(torch.bfloat16),
+                  image_cond_ids=ids + torch.tensor([1.0, 0, 0, 0]))
+
+    def taken_by(calls):
+        taken = set()
+        for op, args in calls:
+            x = args[0]
+            if (problem := dit_problem(op, args)) is not None:
+                taken.add((x.dtype, *problem))
+            elif op == "swiglu":
+                assert len(args) == 1 or args[1] is None  # the packed projection
+                taken.add((x.dtype, op, x.shape[-1] // 2, 1 if x.is_contiguous() else 0))
+            else:
+                assert op in ("head_norm_rope", "rope")
+                q, k, cos = args[0], args[1], args[2 if op == "rope" else 4]
+                assert q.shape[2] == k.shape[2] == 4 and cos.dtype == torch.float32 and cos.shape[-1] == 16
+                taken.add((q.dtype, "rope", q.shape[-1], 1 | 2 | 16 | 32 | (256 if op == "head_norm_rope" else 0)))
+        return taken
+
+    with torch.no_grad(), KilnCalls() as calls:
+        model(**inputs)
+    inference = taken_by(calls)
+    assert inference == {(torch.bfloat16, "layer_norm", 64, 0), (torch.bfloat16, "swiglu", 192, 1),
+                         (torch.bfloat16, "rope", 16, 307)}
+    with KilnCalls() as calls:
+        model(**inputs)
+    recording = taken_by(calls) - inference
+    assert recording == {(torch.float32, "rms_norm", 16, 1), (torch.float32, "rope", 16, 51)}
+    for dtype, op, width, flags in inference | recording:
+        name = "bf16" if dtype == torch.bfloat16 else "fp32"
+        assert kiln.compile(op, name, width, arch="sm_90", format="cubin", flags=flags)["from_cache"], \
+            (op, name, width, flags)
+
+
 @pytest.mark.parametrize("rope", ["split", "interleaved"])
 def test_ltx2_prewarms_every_call_its_patched_transformer_makes(fresh_cache, tmp_path, rope):
     # A tiny LTX-2 (diffusers), patched and run on the CPU with a timestep per video token (its

@@ -555,6 +555,17 @@ elif "{cls}" == "Flux2Transformer2DModel":
     extra = dict(img_ids=ids.cuda(), txt_ids=torch.zeros(text, 4, device="cuda"),
                  guidance=torch.full((2,), 4.0, device="cuda"))
     timesteps = [torch.tensor([0.3, 0.7])]
+elif "{cls}" == "Flux3Transformer2DModel":
+    # A reference image's tokens too (image editing), at t = 1 of its ids.
+    tokens = height * width
+    grid = torch.stack(torch.meshgrid(torch.arange(height * 1.0), torch.arange(width * 1.0), indexing="ij"), -1)
+    ids = torch.cat([torch.zeros(tokens, 1), grid.reshape(tokens, 2), torch.zeros(tokens, 1)], -1)
+    inputs = dict(hidden_states=torch.randn(2, tokens, config["in_channels"], generator=g),
+                  encoder_hidden_states=torch.randn(2, text, config["joint_attention_dim"], generator=g),
+                  image_cond_hidden_states=torch.randn(2, tokens, config["cond_in_channels"], generator=g))
+    extra = dict(img_ids=ids.cuda(), txt_ids=torch.zeros(text, 4, device="cuda"),
+                 image_cond_ids=(ids + torch.tensor([1.0, 0.0, 0.0, 0.0])).cuda())
+    timesteps = [torch.tensor([0.3, 0.7])]
 elif "{cls}" == "QwenImageTransformer2DModel":
     images = 2 if config.get("zero_cond_t") else 1  # Qwen-Image-Edit-2511: a condition image too
     tokens = images * height * width
@@ -775,9 +786,11 @@ FUSED_ATTENTION = {"flux": "head_norm_rope", "chroma": "head_norm_rope",
                    "cogvideox-5b": "rope", "sd3.5-medium": "rms_norm"}
 
 
-def _prewarm_then_run_dit(tmp_path, name, training):
+def _prewarm_then_run_dit(tmp_path, name, training, models=DIT_MODELS):
     diffusers = pytest.importorskip("diffusers")
-    cls, arguments, block_ops = DIT_MODELS[name]
+    cls, arguments, block_ops = models[name]
+    if not hasattr(diffusers, cls):
+        pytest.skip(f"this diffusers has no {cls}")
     directory = tmp_path / name
     getattr(diffusers, cls)(**arguments).save_config(str(directory))
     warmed, stats, compiled = _prewarm_then_run(
@@ -803,6 +816,32 @@ def test_prewarm_from_config_serves_a_patched_diffusion_transformer(tmp_path, na
     stats = _prewarm_then_run_dit(tmp_path, name, training=False)
     assert FUSED_ATTENTION[name] in stats["ops"]
     assert any(k["problem"].startswith(("adaln.", "gated_adaln.")) for k in stats["kernels"])
+
+
+# Models whose patch takes their attentions and feed-forwards but not their blocks' seams.
+ATTENTION_ONLY_DIT_MODELS = {
+    # Head dims of 16: table rows of 64 bytes, 16-byte aligned as real FLUX.3's (128) are.
+    "flux3": ("Flux3Transformer2DModel", dict(
+        in_channels=8, cond_in_channels=8, num_layers=1, num_single_layers=2, attention_head_dim=16,
+        num_attention_heads=4, joint_attention_dim=24, timestep_channels=16, axes_dims_rope=(4, 4, 4, 4)),
+        ("head_norm_rope", "swiglu")),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("training", [False, True], ids=["inference", "training"])
+@pytest.mark.parametrize("name", list(ATTENTION_ONLY_DIT_MODELS))
+def test_prewarm_from_config_serves_a_patched_dit_attentions(tmp_path, name, training):
+    """kiln prewarm --config (--training) of a FLUX.3 config.json, with no GPU, compiles every
+    kernel the patched transformer then calls: its attentions' fused fp32 q/k norms and rotation
+    (the norms' weights kept in fp32 by the loader), its LayerNorms and packed SwiGLU; with
+    autograd, the fp32 norms and kiln.rope with their backward kernels."""
+    stats = _prewarm_then_run_dit(tmp_path, name, training, ATTENTION_ONLY_DIT_MODELS)
+    problems = [k["problem"] for k in stats["kernels"]]
+    if training:
+        assert any("_backward." in p for p in problems)
+    else:
+        assert "head_norm_rope" in stats["ops"] and any(p.startswith("rope.") for p in problems)
 
 
 @pytest.mark.gpu

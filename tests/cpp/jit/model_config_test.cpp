@@ -828,6 +828,33 @@ TEST_CASE("FLUX.2's patched blocks and attentions are prewarmed as they call kil
   CHECK(std::count(rope.begin(), rope.end(), fused) == 1);
 }
 
+TEST_CASE(
+    "FLUX.3's patched attentions are prewarmed as they call kiln, with and without autograd") {
+  // FLUX.3's config.json, the keys kiln reads.
+  const nlohmann::json flux3 = {{"_class_name", "Flux3Transformer2DModel"},
+                                {"attention_head_dim", 128},
+                                {"num_attention_heads", 24},
+                                {"mlp_ratio", 3.0},
+                                {"axes_dims_rope", {32, 32, 32, 32}}};
+  const kiln::jit::ModelShape model = kiln::jit::read_model_config(flux3);
+  CHECK(model.kind == "flux3");
+  CHECK(model.ops.at(Op::swiglu) == std::vector<std::int64_t>{9216});
+  CHECK(model.ops.at(Op::layer_norm) == std::vector<std::int64_t>{3072});
+  CHECK(model.ops.count(Op::adaln) == 0);  // its blocks' seams are diffusers'
+  const auto targets = targets_of(model);
+  // The per-head q/k norms and rotation from diffusers' fp32 table, interleaved, 24 + 24 heads.
+  const std::uint32_t fused = kiln::kRopeInterleaved | kiln::kRopeTableF32 | kiln::kRopeHeadsEven |
+                              kiln::kRopeHeadsBy4 | kiln::kRopeHeadNorm;
+  const auto rope = prewarmed_flags(targets, Op::rope, 128, kiln::DType::bf16);
+  CHECK(std::count(rope.begin(), rope.end(), fused) == 1);
+  // With autograd: diffusers' fp32 norms and kiln.rope of the fp32 heads.
+  CHECK_FALSE(prewarmed_flags(targets, Op::rms_norm, 128, kiln::DType::f32).empty());
+  const auto fp32_rope = prewarmed_flags(targets, Op::rope, 128, kiln::DType::f32);
+  CHECK(std::count(fp32_rope.begin(), fp32_rope.end(),
+                   kiln::kRopeInterleaved | kiln::kRopeTableF32 | kiln::kRopeHeadsEven |
+                       kiln::kRopeHeadsBy4) == 1);
+}
+
 TEST_CASE("LTX-2's two streams and audio-video attentions are prewarmed as they call kiln") {
   // LTX-2's config.json, the keys kiln reads (its checkpoints rotate each head's halves).
   nlohmann::json ltx2 = {{"_class_name", "LTX2VideoTransformer3DModel"},
