@@ -14,39 +14,31 @@ table, a table kiln does not read, hooks on the norms, autograd, another norm) t
 runs diffusers' formula itself.
 """
 
-import sys
 from typing import Optional
 
 import torch
 
 from .. import rope_ops
 from .flux import FluxAttnProcessor
-from .forwards import SharedAttentionSettings, _kept_weight, any_hooks, kiln_can_take, norm_eps
+from .forwards import _kept_weight, any_hooks, kiln_can_take, norm_eps
 
 # diffusers normalises fp32 heads: an eps of None is fp32's.
 _FP32 = torch.empty(0)
 
 
-class Flux3AttnProcessor(SharedAttentionSettings):
+class Flux3AttnProcessor(FluxAttnProcessor):
     """diffusers' ``Flux3AttnProcessor.__call__`` with the fp32 per-head q/k RMSNorms and the
     rotation as one ``kiln.head_norm_rope`` (``fuse_norms``: the module's q/k norms are RMSNorms
     that kernel computes, checked when patched), or, without, the rotation alone as one
-    ``kiln.rope`` of the normalised fp32 heads."""
-
-    def __init__(self, original: object, fuse_norms: bool = False):
-        self.original = original
-        self.fuse_norms = fuse_norms
-        module = sys.modules[type(original).__module__]
-        self._qkv = module._get_qkv_projections
-        self._apply_rotary_emb = module.apply_rotary_emb
-        self._dispatch = module.dispatch_attention_fn
+    ``kiln.rope`` of the normalised fp32 heads. FLUX's processor's settings, diffusers' functions
+    (from the original processor's module) and table check."""
 
     def _fused(self, attn, query, key, value, image_rotary_emb):
         """(q weight, k weight, eps, (cos, sin)) for one ``kiln.head_norm_rope`` of q and k in
         v's dtype, or None."""
         if not self.fuse_norms or image_rotary_emb is None or query.dtype != value.dtype:
             return None
-        table = FluxAttnProcessor._table(query, key, image_rotary_emb)
+        table = self._table(query, key, image_rotary_emb)
         norms = (attn.norm_q, attn.norm_k)
         if table is None or any(n is None or any_hooks(n) for n in norms) or not kiln_can_take(query, key, value):
             return None
@@ -82,7 +74,7 @@ class Flux3AttnProcessor(SharedAttentionSettings):
             query = attn.norm_q(query.float())
             key = attn.norm_k(key.float())
             if image_rotary_emb is not None:
-                table = FluxAttnProcessor._table(query, key, image_rotary_emb)
+                table = self._table(query, key, image_rotary_emb)
                 if table is not None and kiln_can_take(query, key, differentiable=True):
                     query, key = rope_ops.rope(query, key, *table, interleaved=True, layout="bshd")
                 else:
