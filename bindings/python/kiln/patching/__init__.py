@@ -65,9 +65,9 @@ from typing import Iterable, Optional
 import torch
 
 from . import (bmm_experts, detect, detect_chroma, detect_cogvideox, detect_dit, detect_flux2, detect_flux3,
-               detect_hunyuan_video, detect_ltx2, detect_mochi, detect_qwen_image, detect_sd3, detect_z_image, dit_block_chain, experts_gate,
-               gated_norm, gelu_mlp, head_norm_attention, ltx, packed_gate, replace, residual_norm_chain,
-               residual_norm_layer, rope_attention, wan_block)
+               detect_hunyuan_video, detect_ltx2, detect_mochi, detect_qwen_image, detect_sd3, detect_z_image,
+               dit_block_chain, experts_gate, gated_norm, gelu_mlp, head_norm_attention, ltx, packed_gate, replace,
+               residual_norm_chain, residual_norm_layer, rope_attention, wan_block)
 from .report import Left, PatchReport, Replaced
 
 # The attentions whose processor is replaced, and those of them whose head norms may join the rotation.
@@ -171,9 +171,9 @@ def _is_patched_block(module: torch.nn.Module, block_ops: str) -> bool:
 def _patch_dit(path: str, module: torch.nn.Module, chosen: frozenset, report: PatchReport) -> bool:
     """The diffusion-transformer patterns (:mod:`.detect_dit`); True if the module was one
     of their candidates (replaced or left)."""
-    candidates = detect_flux2.CANDIDATES + detect_flux3.CANDIDATES + detect_hunyuan_video.CANDIDATES + detect_mochi.CANDIDATES \
-        + detect_cogvideox.CANDIDATES + detect_sd3.CANDIDATES + detect_chroma.CANDIDATES + detect_ltx2.CANDIDATES \
-        + detect_z_image.CANDIDATES + detect_dit.CANDIDATES + detect_qwen_image.CANDIDATES
+    candidates = detect_flux2.CANDIDATES + detect_flux3.CANDIDATES + detect_hunyuan_video.CANDIDATES \
+        + detect_mochi.CANDIDATES + detect_cogvideox.CANDIDATES + detect_sd3.CANDIDATES + detect_chroma.CANDIDATES \
+        + detect_ltx2.CANDIDATES + detect_z_image.CANDIDATES + detect_dit.CANDIDATES + detect_qwen_image.CANDIDATES
     for candidate, classify in candidates:
         if candidate(module):
             break
