@@ -1,5 +1,5 @@
 """kiln.patch under diffusers' own hooks (its HookRegistry: group offloading, layerwise casting,
-the first-block cache), added before or after the patch: kiln's forwards go beneath the hooks
+the first-block cache and the other caches), added before or after the patch: kiln's forwards go beneath the hooks
 either way, so the hooks still move the weights, cast them, or skip a block from the cache, and
 the model is patched as fully as without them. unpatch puts the original forwards back beneath
 the hooks; a hook removed after the patch leaves kiln's forward as the module's.
@@ -15,7 +15,8 @@ import kiln
 from kiln.patching import forwards, replace
 
 diffusers = pytest.importorskip("diffusers", reason="diffusers is not installed")
-from diffusers.hooks import FirstBlockCacheConfig, HookRegistry, ModelHook  # noqa: E402
+from diffusers.hooks import (FirstBlockCacheConfig, HookRegistry, MagCacheConfig, ModelHook,  # noqa: E402
+                             PyramidAttentionBroadcastConfig, TaylorSeerCacheConfig)
 
 from test_patch_dit_cpu import FLUX_FUSED, Counter, _agree, _flux, _flux_inputs  # noqa: E402
 from test_patch_mochi_cpu import _mochi, _mochi_inputs  # noqa: E402
@@ -120,6 +121,44 @@ def test_first_block_cache_skips_kiln_blocks(order, monkeypatch):
     assert counter.used() == FLUX_HEAD_BLOCK_ONLY
     _agree(first, expected[0], torch.float32)
     _agree(second, expected[1], torch.float32)
+
+
+# diffusers' other caches, as their users configure them for a few steps: TaylorSeer's forecast of
+# the blocks' outputs, pyramid attention broadcast's reuse of attention outputs, MagCache's skip
+# of the blocks by the residuals' magnitude ratios.
+CACHES = {
+    "taylorseer": lambda: TaylorSeerCacheConfig(cache_interval=3, disable_cache_before_step=2,
+                                                taylor_factors_dtype=torch.float32),
+    "pyramid_attention_broadcast": lambda: PyramidAttentionBroadcastConfig(
+        spatial_attention_block_skip_range=2, spatial_attention_timestep_skip_range=(100, 800),
+        current_timestep_callback=lambda: 500),
+    "magcache": lambda: MagCacheConfig(mag_ratios=torch.ones(8), num_inference_steps=8, retention_ratio=0.0),
+}
+
+
+@pytest.mark.parametrize("order", ["hook_then_patch", "patch_then_hook"])
+@pytest.mark.parametrize("cache", sorted(CACHES))
+@pytest.mark.parametrize("arch", ["flux", "wan"])
+def test_caches_over_denoising_steps(arch, cache, order):
+    """Eight steps of a denoising loop (the latents move a little each step) under one of
+    diffusers' caches: the patched model gives what diffusers' gives at every step, cached or
+    computed, and the patch takes every module it takes without the cache."""
+    build, inputs = {"flux": (_flux, _flux_inputs), "wan": (_wan, _wan_inputs)}[arch]
+    unhooked = kiln.patch(build(torch.float32))
+    reference = build(torch.float32)
+    reference.enable_cache(CACHES[cache]())
+    model = build(torch.float32)
+    if order == "hook_then_patch":
+        model.enable_cache(CACHES[cache]())
+        report = kiln.patch(model)
+    else:
+        report = kiln.patch(model)
+        model.enable_cache(CACHES[cache]())
+    assert replaced(report) == replaced(unhooked) and report.left == []
+    x = inputs(torch.float32)
+    for _ in range(8):
+        x = dict(x, hidden_states=0.97 * x["hidden_states"])
+        _agree(run(model, x), run(reference, x), torch.float32)
 
 
 def test_wan_blocks_hand_over_only_where_no_hook_runs(monkeypatch):
