@@ -10,9 +10,9 @@ import torch
 
 from . import chroma, detect, replace
 from .detect import NoMatch, _Swapped
-from .detect_dit import (DitMatch, _confirmed, _FluxProbeAttention, _linear, _modulated_norm_kind, _norm_weights,
-                         _norm_width, _ProbeFF, _ProbeProjOut, _Stack, double_block_width, flux_double_block_candidate,
-                         flux_single_block_candidate)
+from .detect_dit import (DitMatch, _confirmed, _FluxProbeAttention, _modulated_norm_kind, _norm_weights,
+                         _norm_width, _ProbeFF, _Stack, double_block_width, flux_double_block_candidate,
+                         flux_single_block_candidate, single_block_probe)
 from .detect_flux2 import _takes
 
 _DOUBLE_ARGUMENTS = ("hidden_states", "encoder_hidden_states", "temb", "image_rotary_emb", "attention_mask",
@@ -116,13 +116,10 @@ def classify_double_block(module: torch.nn.Module, original: Callable) -> Union[
 
 
 def classify_single_block(module: torch.nn.Module, original: Callable) -> Union[DitMatch, NoMatch]:
-    act = module.act_mlp
-    if type(act) is not torch.nn.GELU or act.approximate not in ("tanh", "none"):
-        return NoMatch("block", "its act_mlp is not torch's GELU")
-    d, mlp = module.proj_mlp.in_features, 8
-    g = torch.Generator().manual_seed(0)
-    children = {"norm": _ProbePrunedAdaLN(d, 1, g), "proj_mlp": _linear(d, mlp, g),
-                "proj_out": _ProbeProjOut(d, mlp, g), "attn": _ProbeAttention(d, g, joint=False)}
+    probe = single_block_probe(module, _ProbePrunedAdaLN, lambda d, g: _ProbeAttention(d, g, joint=False))
+    if isinstance(probe, NoMatch):
+        return probe
+    d, g, children = probe
     x = torch.randn(2, 8, d, generator=g)
     temb, rope = torch.randn(2, 3, d, generator=g), 0.1 * torch.randn(d, generator=g)
     calls = [((x, temb, rope, None, None), {}),

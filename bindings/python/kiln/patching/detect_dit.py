@@ -504,16 +504,28 @@ def classify_flux_double_block(module: torch.nn.Module, original: Callable) -> U
                       [_Swapped(module, children=children)], "FLUX's double-stream block seams")
 
 
-def classify_flux_single_block(module: torch.nn.Module, original: Callable) -> Union[DitMatch, NoMatch]:
+def single_block_probe(module: torch.nn.Module, norm: Callable, attention: Callable):
+    """(width, generator, stand-in children) for a probe of a FLUX-form single block (FLUX's,
+    Chroma's, HunyuanVideo's: its GELU ``act_mlp`` between ``proj_mlp`` and ``proj_out``), its
+    norm ``norm(width, 1, generator)`` and its attention ``attention(width, generator)``; a
+    NoMatch where its activation is not torch's GELU."""
     act = module.act_mlp
     if type(act) is not torch.nn.GELU or act.approximate not in ("tanh", "none"):
         return NoMatch("block", "its act_mlp is not torch's GELU")
-    if tuple(inspect.signature(original).parameters) != _FLUX_BLOCK_ARGUMENTS:
-        return NoMatch("block", f"its forward does not take FLUX's block arguments {_FLUX_BLOCK_ARGUMENTS}")
     d, mlp = module.proj_mlp.in_features, 8
     g = torch.Generator().manual_seed(0)
-    children = {"norm": _ProbeAdaLN(d, 1, g), "proj_mlp": _linear(d, mlp, g), "proj_out": _ProbeProjOut(d, mlp, g),
-                "attn": _FluxProbeAttention(d, g, joint=False)}
+    children = {"norm": norm(d, 1, g), "proj_mlp": _linear(d, mlp, g), "proj_out": _ProbeProjOut(d, mlp, g),
+                "attn": attention(d, g)}
+    return d, g, children
+
+
+def classify_flux_single_block(module: torch.nn.Module, original: Callable) -> Union[DitMatch, NoMatch]:
+    if tuple(inspect.signature(original).parameters) != _FLUX_BLOCK_ARGUMENTS:
+        return NoMatch("block", f"its forward does not take FLUX's block arguments {_FLUX_BLOCK_ARGUMENTS}")
+    probe = single_block_probe(module, _ProbeAdaLN, lambda d, g: _FluxProbeAttention(d, g, joint=False))
+    if isinstance(probe, NoMatch):
+        return probe
+    d, g, children = probe
     patched = flux_block.flux_single_block(module, original)
     match = DitMatch("flux single block (gelu into proj_out's input, gated residual)", flux_block.SINGLE_OPS, "gelu",
                      flux_block.flux_single_block)

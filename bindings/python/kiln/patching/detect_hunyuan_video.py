@@ -12,7 +12,7 @@ import torch
 from . import flux_block, hunyuan_video
 from .detect import NoMatch, _Swapped
 from .detect_dit import (_PROBE_DIM, DitMatch, _confirmed, _fused_or_plain, _linear, _ProbeAdaLN, _ProbeFF,
-                         _ProbeMixer, _ProbeProjOut, _processor_call, double_block_width)
+                         _ProbeMixer, _processor_call, double_block_width, single_block_probe)
 from .detect_flux2 import _takes
 
 # HunyuanImage's double block names its rotation image_rotary_emb.
@@ -137,13 +137,10 @@ def classify_double_block(module: torch.nn.Module, original: Callable) -> Union[
 
 
 def classify_single_block(module: torch.nn.Module, original: Callable) -> Union[DitMatch, NoMatch]:
-    act = module.act_mlp
-    if type(act) is not torch.nn.GELU or act.approximate not in ("tanh", "none"):
-        return NoMatch("block", "its act_mlp is not torch's GELU")
-    d, mlp = module.proj_mlp.in_features, 8
-    g = torch.Generator().manual_seed(0)
-    children = {"norm": _ProbeAdaLN(d, 1, g), "proj_mlp": _linear(d, mlp, g), "proj_out": _ProbeProjOut(d, mlp, g),
-                "attn": _ProbeAttention(d, g)}
+    probe = single_block_probe(module, _ProbeAdaLN, _ProbeAttention)
+    if isinstance(probe, NoMatch):
+        return probe
+    d, g, children = probe
     match = DitMatch("hunyuan-video single block (gelu into proj_out's input, gated residual)", flux_block.SINGLE_OPS,
                      "gelu", hunyuan_video.single_block)
     return _confirmed(match, original, hunyuan_video.single_block(module, original),
