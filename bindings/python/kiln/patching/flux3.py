@@ -74,12 +74,7 @@ class Flux3AttnProcessor(FluxAttnProcessor):
             query = attn.norm_q(query.float())
             key = attn.norm_k(key.float())
             if image_rotary_emb is not None:
-                table = self._table(query, key, image_rotary_emb)
-                if table is not None and kiln_can_take(query, key, differentiable=True):
-                    query, key = rope_ops.rope(query, key, *table, interleaved=True, layout="bshd")
-                else:
-                    query = self._apply_rotary_emb(query, image_rotary_emb, sequence_dim=1)
-                    key = self._apply_rotary_emb(key, image_rotary_emb, sequence_dim=1)
+                query, key = self._rotate(query, key, image_rotary_emb)
             query, key = query.to(value.dtype), key.to(value.dtype)
         hidden_states = self._dispatch(query, key, value, attn_mask=attention_mask,
                                        backend=self._attention_backend, parallel_config=self._parallel_config)
