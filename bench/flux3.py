@@ -6,9 +6,13 @@ diffusers' compile_repeated_blocks does), at the transformer's default widths (2
 5 per-mode blocks a mode, 28 joint blocks).
 
 What kiln.patch replaces there: each attention's fp32 per-head q/k RMSNorms and rotation (one
-head_norm_rope of q and k), the blocks' LayerNorms and the feed-forwards' packed SwiGLU. A fifth
-setting, "eager+kiln, attentions apart", leaves the attention processors to diffusers: what the
-fused q/k work gives.
+head_norm_rope of q and k), the blocks' seams (adaln, the attention's output added in the
+feed-forward's output projection, gated_residual), the modulation heads and the output norm
+projecting one row a sample of the expanded timestep embeddings, the LayerNorms and the
+feed-forwards' packed SwiGLU. Two more settings: "eager+kiln, blocks apart" leaves the blocks,
+the modulation heads, the output norm and the transformer's forward to diffusers (kiln's
+attentions, norms and SwiGLU: what the seams and the per-sample modulation give), and "eager+kiln,
+FLUX.3 apart" the attention processors too (what the fused q/k work gives on top).
 
 Usage: python bench/flux3.py [--out DIR] [--quick] [--layers N] [--single-layers N] [--height H]
        [--width W] [--reference] [--settings ...] [--device cuda|cpu] [--tiny] [--tag TAG]
@@ -77,12 +81,14 @@ def build_inputs(config, height, width, device="cuda", tiny=False, reference=Fal
     return kwargs
 
 
-def attentions_apart(kiln):
-    """kiln.patch with FLUX.3's attention processors left to diffusers (the norms and SwiGLU
+def apart(kiln, blocks_only):
+    """kiln.patch with FLUX.3's blocks, modulation heads, output norm and forward left to
+    diffusers, and with ``blocks_only`` False its attention processors too (the norms and SwiGLU
     still kiln's)."""
     from kiln.patching import detect_flux3
 
-    return common.patch_leaving(kiln, detect_flux3)
+    leave = [c for _, c in detect_flux3.CANDIDATES if not blocks_only or c is not detect_flux3.classify_attention]
+    return common.patch_leaving(kiln, detect_flux3, leave)
 
 
 def main(argv=None):
@@ -111,7 +117,8 @@ def main(argv=None):
     records, report = common.run_model_settings(
         model, lambda fn: fn(**kwargs)[0], kiln, settings=settings, reps=args.reps or (3 if args.quick else 10),
         compile_fn=common.compile_blocks(blocks),
-        variants={"eager+kiln, attentions apart": attentions_apart(kiln)} if "eager+kiln" in settings else None)
+        variants={"eager+kiln, blocks apart": apart(kiln, True), "eager+kiln, FLUX.3 apart": apart(kiln, False)}
+        if "eager+kiln" in settings else None)
     document = {"environment": env, "dtype": "bf16 (q/k norms fp32)", "image": [args.height, args.width],
                 "image_tokens": tokens, "reference_image": args.reference, "text_tokens": kwargs["txt_ids"].shape[0],
                 "parameters_billions": billions, "config": config, "settings": records,

@@ -626,19 +626,23 @@ ModelShape read_diffusion(const nlohmann::json& config, const std::string& kind)
     // rotation from diffusers' fp32 table (interleaved) as one head_norm_rope; where autograd
     // records, diffusers' norms of the fp32 heads (kiln's rms_norm) and kiln.rope of them, both in
     // fp32. Its LayerNorms with no affine; the feed-forwards' SwiGLU of the packed projection,
-    // mlp_ratio x the inner dim. Its blocks' modulated seams are diffusers'.
+    // mlp_ratio x the inner dim. Its blocks' seams: each stream's AdaLN over a LayerNorm with no
+    // affine and its gated residual, per sample (the modulation heads project one row a sample of
+    // the expanded timestep embeddings), per token in the joint blocks' image stream with a
+    // reference image (the image's and the reference's modulations concatenated); the output
+    // AdaLN per sample.
     model.heads_q = model.heads_k = model.hidden / model.head_dim;
     model.head_norm_layout = kRopeInterleaved | kRopeTableF32;
     model.rope_tables = {kRopeInterleaved | kRopeTableF32};
+    model.modulation_flags = {kNormLayer, kNormLayer | kNormPerToken};
     model.fp32_ops = {Op::rms_norm, Op::rope};
     model.intermediate = mlp_width(config, model.hidden, 3.0);  // Flux3Transformer2DModel's default
     model.rope = axes_rope(config, "4-D",
                            "a table, interleaved pairs, after the per-head q/k RMSNorms in fp32");
     model.ops = {
-        {Op::layer_norm, {model.hidden}},
-        {Op::swiglu, {model.intermediate}},
-        {Op::rms_norm, {model.head_dim}},
-        {Op::rope, {model.head_dim}},
+        {Op::layer_norm, {model.hidden}},     {Op::adaln, {model.hidden}},
+        {Op::gated_residual, {model.hidden}}, {Op::swiglu, {model.intermediate}},
+        {Op::rms_norm, {model.head_dim}},     {Op::rope, {model.head_dim}},
     };
   } else if (kind == "qwen-image") {
     // Its patched blocks: each stream's AdaLN over a LayerNorm with no affine, per sample (per

@@ -553,7 +553,7 @@ def test_flux2_bench_smoke_run_fuses_its_blocks_and_attentions(tmp_path):
     assert replaced["head_norm_rope"] == 3 and replaced["swiglu"] == 4
 
 
-def test_flux3_bench_smoke_run_fuses_its_attentions(tmp_path):
+def test_flux3_bench_smoke_run_fuses_its_blocks_and_attentions(tmp_path):
     diffusers = pytest.importorskip("diffusers")
     if not hasattr(diffusers, "Flux3Transformer2DModel"):
         pytest.skip("this diffusers has no Flux3Transformer2DModel")
@@ -561,11 +561,14 @@ def test_flux3_bench_smoke_run_fuses_its_attentions(tmp_path):
     assert "FLUX.3-shaped transformer" in out and "image and reference" in out
     [doc_path] = [p for p in tmp_path.glob("flux3-2*.json") if "partial" not in p.name]
     doc = json.loads(doc_path.read_text())
-    for setting in ("eager+kiln", "eager+kiln, attentions apart"):
+    for setting in ("eager+kiln", "eager+kiln, blocks apart", "eager+kiln, FLUX.3 apart"):
         err = doc["settings"][setting]["error_vs_eager"]
         assert err["finite"] and err["max_rel"] < 5e-2
-    # Every attention (one per-mode block a mode, three modes, two joint blocks), every SwiGLU.
-    assert doc["patch"]["replaced"]["head_norm_rope"] == 5 and doc["patch"]["replaced"]["swiglu"] == 5
+    # Every attention (one per-mode block a mode, three modes, two joint blocks), every SwiGLU,
+    # every block's seams and the output norm.
+    replaced = doc["patch"]["replaced"]
+    assert replaced["head_norm_rope"] == 5 and replaced["swiglu"] == 5
+    assert replaced["adaln + gated_residual"] == 5 and replaced["adaln"] == 1
 
 
 @pytest.mark.parametrize("version, rope", [("2.0", "split"), ("2.0", "interleaved"), ("2.3", "split")])

@@ -1,7 +1,11 @@
 """kiln.patch on a tiny FLUX.3 transformer (CPU): its attentions' fp32 per-head q/k norms and
 rotation as one kiln.head_norm_rope of q and k (a kept weight of v's dtype where the loader
 keeps the norms in fp32), with and without reference image tokens, in fp32 and bf16; under
-autograd the norms as modules and one kiln.rope; unpatch restores diffusers' processors.
+autograd the norms as modules and one kiln.rope; unpatch restores diffusers' processors. Its
+blocks' seams (kiln.adaln, the attention's output added in the feed-forward's output matmul,
+kiln.gated_residual), its modulation heads and output norm projecting one row a sample of the
+expanded timestep embeddings (the transformer's forward activating them one row a sample), under
+autograd, torch.compile and LoRA adapters.
 
 Tolerances as test_patch_dit_cpu.py's: kiln rounds the normalised heads once more than
 diffusers (an ulp of bf16 at most)."""
@@ -10,12 +14,14 @@ import pytest
 import torch
 
 import kiln
+from kiln.patching import flux3_model
 
 diffusers = pytest.importorskip("diffusers", reason="diffusers is not installed")
 if not hasattr(diffusers, "Flux3Transformer2DModel"):
     pytest.skip("this diffusers has no FLUX.3", allow_module_level=True)
 
-from test_patch_dit_cpu import Counter, _agree, _processors  # noqa: E402
+from graph_model import calls_of  # noqa: E402
+from test_patch_dit_cpu import Counter, _agree, _compiled_patched_graphs, _processors  # noqa: E402
 
 MODE_LAYERS, SINGLE_LAYERS = 2, 2
 
@@ -99,15 +105,26 @@ def test_flux3_with_autograd_rotates_the_normalised_heads(monkeypatch):
     inputs = _flux3_inputs(torch.float32)
     expected = model(**inputs)[0]
     expected.pow(2).mean().backward()
-    grad = model.single_transformer_blocks[0].attn.norm_q.weight.grad.clone()
+    weights = _trained_weights(model)
+    grads = [w.grad.clone() for w in weights]
     model.zero_grad()
     kiln.patch(model)
     counter = Counter(monkeypatch)
     actual = model(**inputs)[0]
     actual.pow(2).mean().backward()
     assert counter.calls["head_norm_rope"] == 0 and counter.calls["rope"] == _attentions(False)
+    # The blocks' seams run diffusers' forward; the modulation heads project one row a sample.
+    assert counter.calls["adaln"] == 0 and counter.calls["gated_residual"] == 0
     _agree(actual.detach(), expected.detach(), torch.float32)
-    torch.testing.assert_close(model.single_transformer_blocks[0].attn.norm_q.weight.grad, grad, rtol=1e-4, atol=1e-6)
+    for w, grad in zip(weights, grads):
+        torch.testing.assert_close(w.grad, grad, rtol=1e-4, atol=1e-6)
+
+
+def _trained_weights(model):
+    """A q norm's weight, the image's and the text's modulation heads', the output norm's."""
+    return [model.single_transformer_blocks[0].attn.norm_q.weight,
+            model.early_stream_modulations["image"].linear.weight,
+            model.single_stream_modulations["txt"].linear.weight, model.norm_out.linear.weight]
 
 
 def test_flux3_norm_weight_change_reaches_the_fused_call():
@@ -129,3 +146,128 @@ def _unpatched_copy(model):
     clone = copy.deepcopy(model)
     kiln.unpatch(clone)
     return clone
+
+
+MODULATIONS = ("early_stream_modulations", "single_stream_modulations")
+BLOCK_KINDS = {
+    "mode": "flux.3 mode block (adaln, attention + feed-forward in one matmul, gated residual)",
+    "joint": "flux.3 joint block (adaln, attention + feed-forward in one matmul, gated residual)",
+    "modulation": "flux.3 modulation (one row a sample of an expanded embedding)",
+    "output": "flux.3 output adaln (layer norm, one row a sample of an expanded embedding)",
+}
+
+
+def _projected_rows(model):
+    """{module path: the rows a sample of each call} of the modulation heads' and the output
+    norm's projections, recorded by forward pre-hooks."""
+    rows = {}
+    paths = [f"{kind}.{mode}.linear" for kind in MODULATIONS for mode in ("image", "image_cond", "txt")]
+    for path in paths + ["norm_out.linear"]:
+        model.get_submodule(path).register_forward_pre_hook(
+            lambda m, args, path=path: rows.setdefault(path, []).append(args[0].shape[1]))
+    return rows
+
+
+def _block_paths(model):
+    mode = [f"mode_blocks.{m}.{i}" for m in ("image", "image_cond") for i in range(MODE_LAYERS)] \
+        + [f"txt_mode_blocks.{i}" for i in range(MODE_LAYERS)]
+    return mode, [f"single_transformer_blocks.{i}" for i in range(SINGLE_LAYERS)]
+
+
+@pytest.mark.parametrize("reference", [False, True], ids=["text-to-image", "with-reference"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_flux3_blocks_fuse_their_seams_and_modulate_once_a_sample(dtype, reference, monkeypatch):
+    model = _flux3(dtype)
+    inputs = _flux3_inputs(dtype, reference=reference)
+    expected = _out(model, inputs)
+    report = kiln.patch(model)
+    kinds = {r.path: r.kind for r in report.replaced}
+    mode, joint = _block_paths(model)
+    assert kinds[""] == flux3_model.KIND and report.left == []
+    assert all(kinds[p] == BLOCK_KINDS["mode"] for p in mode) and all(kinds[p] == BLOCK_KINDS["joint"] for p in joint)
+    assert all(kinds[f"{k}.{m}"] == BLOCK_KINDS["modulation"] for k in MODULATIONS for m in ("image", "image_cond",
+                                                                                                "txt"))
+    assert kinds["norm_out"] == BLOCK_KINDS["output"]
+    rows = _projected_rows(model)
+    counter = Counter(monkeypatch, more=[(torch, "addmm")])
+    actual = _out(model, inputs)
+    modes = 3 if reference else 2
+    # A modulated norm a mode block, one a stream in each joint block, the output norm; a gated
+    # residual a mode block and one a stream; the attention's output added in each feed-forward.
+    assert counter.calls["adaln"] == MODE_LAYERS * modes + 2 * SINGLE_LAYERS + 1
+    assert counter.calls["gated_residual"] == MODE_LAYERS * modes + 2 * SINGLE_LAYERS
+    assert counter.calls["addmm"] == MODE_LAYERS * modes + SINGLE_LAYERS
+    assert counter.calls["layer_norm"] == 0
+    # Every projection of a timestep embedding takes one row a sample (the reference's heads run
+    # only with a reference image).
+    assert set(rows) == {p for p in rows if reference or "image_cond" not in p} and len(rows) == 5 + reference * 2
+    assert all(r == [1] for r in rows.values())
+    _agree(actual, expected, dtype)
+    assert kiln.unpatch(model) == len(report.replaced)
+    assert torch.equal(_out(model, inputs), expected)
+
+
+def test_flux3_feed_forward_with_a_hooked_output_projection_adds_after_it():
+    """A hook on the feed-forward's output projection (an offloading hook, an adapter's) runs:
+    the attention's output is then added after the projection, not in its matmul."""
+    model = _flux3(torch.float32)
+    inputs = _flux3_inputs(torch.float32)
+    expected = _out(model, inputs)
+    kiln.patch(model)
+    calls = []
+    for block in model.single_transformer_blocks:
+        block.ff.linear_out.register_forward_hook(lambda m, args, out: calls.append(out.shape))
+    _agree(_out(model, inputs), expected, torch.float32)
+    assert len(calls) == SINGLE_LAYERS
+
+
+def test_flux3_modulation_of_distinct_rows_projects_every_row():
+    """A modulation head given rows of their own (not one expanded) projects each, as diffusers."""
+    model = _flux3(torch.float32)
+    head = model.single_stream_modulations["image"]
+    temb = torch.randn(2, 7, head.linear.in_features)
+    with torch.no_grad():
+        expected = head(temb)
+        kiln.patch(model)
+        actual = head(temb)
+        expanded = head(temb[:, :1].expand(2, 7, -1))
+    assert actual.stride() == expected.stride()
+    torch.testing.assert_close(actual, expected)
+    assert expanded.stride(1) == 0
+    torch.testing.assert_close(expanded, expected[:, :1].expand(2, 7, -1).clone(), rtol=1e-6, atol=1e-6)
+
+
+def test_flux3_under_torch_compile_leaves_the_seams_to_inductor():
+    """Compiled, the blocks' seams and the output norm run diffusers' formulas (Inductor fuses
+    them), the attentions still normalise and rotate in kiln's launches, and the compiled model
+    agrees with diffusers' (checked by _compiled_patched_graphs)."""
+    graphs = _compiled_patched_graphs(_flux3(torch.float32), _flux3_inputs(torch.float32))
+    assert calls_of(graphs, torch.ops.kiln.adaln.default) == []
+    assert calls_of(graphs, torch.ops.kiln.gated_residual.default) == []
+    assert len(calls_of(graphs, torch.ops.kiln.head_norm_rope.default)) == _attentions(False)
+
+
+def test_flux3_lora_scale_reaches_the_patched_forward():
+    """The transformer's forward is kiln's copy inside diffusers' apply_lora_scale wrapper: a LoRA
+    scale passed in attention_kwargs weighs the adapters (of the attentions, the feed-forwards
+    and the modulation heads) as in diffusers' model."""
+    pytest.importorskip("peft", reason="peft is not installed")
+    from peft import LoraConfig
+
+    def adapted(patch):
+        model = _flux3(torch.float32)
+        if patch:
+            kiln.patch(model)
+        torch.manual_seed(1)
+        model.add_adapter(LoraConfig(r=4, lora_alpha=8, init_lora_weights=False, target_modules=[
+            "to_q", "to_k", "to_v", "to_out.0", "linear_in", "linear_out", "linear"]), "style")
+        return model
+
+    inputs = _flux3_inputs(torch.float32)
+    reference, model = adapted(False), adapted(True)
+    plain = _out(_flux3(torch.float32), inputs)
+    for scale in (1.0, 0.5, 0.0):
+        x = dict(inputs, attention_kwargs={"scale": scale})
+        expected = _out(reference, x)
+        _agree(_out(model, x), expected, torch.float32)
+        assert ((expected - plain).abs().max() > 0.05 * plain.abs().max()) == (scale != 0.0)

@@ -838,11 +838,14 @@ def test_flux2_prewarms_every_call_its_patched_transformer_makes(fresh_cache, tm
 def test_flux3_prewarms_every_call_its_patched_transformer_makes(fresh_cache, tmp_path):
     # A tiny FLUX.3 (diffusers), its q/k norms in fp32 as the loader keeps them, patched and run
     # on the CPU with a reference image: every kiln call it makes is a problem its config's
-    # prewarm compiled. Without autograd: the LayerNorms with no affine (0), the feed-forwards'
-    # SwiGLU of the packed projection (flat, 1), each attention's per-head q/k norms and rotation
+    # prewarm compiled. Without autograd: the blocks' and the output's AdaLN over a LayerNorm with
+    # no affine, one row a sample (4; per token, 36, the joint blocks' image and reference stream),
+    # the gated residuals (per sample, 8; per token, 0), the feed-forwards' SwiGLU of the packed
+    # projection (flat, 1), each attention's per-head q/k norms and rotation
     # from the fp32 table, interleaved, 4 + 4 heads (1 | 2 | 16 | 32 | 256), in bf16. Recording a
-    # graph: diffusers' norms of the fp32 heads (kiln's rms_norm with the fp32 weight, 1) and
-    # kiln.rope of them (1 | 2 | 16 | 32), in fp32.
+    # graph: the blocks' and the output's LayerNorms as modules (0), diffusers' norms of the fp32
+    # heads (kiln's rms_norm with the fp32 weight, 1) and kiln.rope of them (1 | 2 | 16 | 32), in
+    # fp32.
     import torch
     model = _prewarmed_and_patched(
         tmp_path, "Flux3Transformer2DModel", in_channels=8, cond_in_channels=8, num_layers=1, num_single_layers=2,
@@ -879,12 +882,14 @@ def test_flux3_prewarms_every_call_its_patched_transformer_makes(fresh_cache, tm
     with torch.no_grad(), KilnCalls() as calls:
         model(**inputs)
     inference = taken_by(calls)
-    assert inference == {(torch.bfloat16, "layer_norm", 64, 0), (torch.bfloat16, "swiglu", 192, 1),
-                         (torch.bfloat16, "rope", 16, 307)}
+    assert inference == {(torch.bfloat16, "adaln", 64, 4), (torch.bfloat16, "adaln", 64, 36),
+                         (torch.bfloat16, "gated_residual", 64, 8), (torch.bfloat16, "gated_residual", 64, 0),
+                         (torch.bfloat16, "swiglu", 192, 1), (torch.bfloat16, "rope", 16, 307)}
     with KilnCalls() as calls:
         model(**inputs)
     recording = taken_by(calls) - inference
-    assert recording == {(torch.float32, "rms_norm", 16, 1), (torch.float32, "rope", 16, 51)}
+    assert recording == {(torch.bfloat16, "layer_norm", 64, 0), (torch.float32, "rms_norm", 16, 1),
+                         (torch.float32, "rope", 16, 51)}
     for dtype, op, width, flags in inference | recording:
         name = "bf16" if dtype == torch.bfloat16 else "fp32"
         assert kiln.compile(op, name, width, arch="sm_90", format="cubin", flags=flags)["from_cache"], \

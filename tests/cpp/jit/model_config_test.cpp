@@ -829,7 +829,8 @@ TEST_CASE("FLUX.2's patched blocks and attentions are prewarmed as they call kil
 }
 
 TEST_CASE(
-    "FLUX.3's patched attentions are prewarmed as they call kiln, with and without autograd") {
+    "FLUX.3's patched attentions and blocks are prewarmed as they call kiln, with and without "
+    "autograd") {
   // FLUX.3's config.json, the keys kiln reads.
   const nlohmann::json flux3 = {{"_class_name", "Flux3Transformer2DModel"},
                                 {"attention_head_dim", 128},
@@ -840,8 +841,13 @@ TEST_CASE(
   CHECK(model.kind == "flux3");
   CHECK(model.ops.at(Op::swiglu) == std::vector<std::int64_t>{9216});
   CHECK(model.ops.at(Op::layer_norm) == std::vector<std::int64_t>{3072});
-  CHECK(model.ops.count(Op::adaln) == 0);  // its blocks' seams are diffusers'
+  CHECK(model.ops.at(Op::adaln) == std::vector<std::int64_t>{3072});
+  CHECK(model.ops.at(Op::gated_residual) == std::vector<std::int64_t>{3072});
   const auto targets = targets_of(model);
+  // The blocks' and the output's AdaLN over a LayerNorm with no affine, per sample (text to
+  // image) and per token (the joint blocks' image stream with a reference image).
+  CHECK(prewarmed_flags(targets, Op::adaln, 3072, kiln::DType::bf16) ==
+        std::vector<std::uint32_t>{kiln::kNormLayer, kiln::kNormLayer | kiln::kNormPerToken});
   // The per-head q/k norms and rotation from diffusers' fp32 table, interleaved, 24 + 24 heads.
   const std::uint32_t fused = kiln::kRopeInterleaved | kiln::kRopeTableF32 | kiln::kRopeHeadsEven |
                               kiln::kRopeHeadsBy4 | kiln::kRopeHeadNorm;

@@ -53,7 +53,9 @@ rotation as one ``kiln.rope_``: see :mod:`.cogvideox_attention`), SD3's and SD3.
 (FLUX's seams: see :mod:`.sd3_block`), Chroma's blocks and pruned AdaLN modules (FLUX's seams, the
 modulation rows the model hands each block read in place: see :mod:`.chroma`), FLUX.3's attention
 processor (its fp32 per-head q/k norms and rotation as one ``kiln.head_norm_rope``: see
-:mod:`.flux3`) and diffusers' AdaLN modules (``kiln.adaln``). A patched forward whose
+:mod:`.flux3`), its blocks, modulation heads and output norm (the seams as ``kiln.adaln`` and
+``kiln.gated_residual``, the modulation projected one row a sample: see :mod:`.flux3_block` and
+:mod:`.flux3_model`) and diffusers' AdaLN modules (``kiln.adaln``). A patched forward whose
 kiln ops have no backward (LTX-Video's fused seams) calls the original where it would record
 an autograd graph.
 """

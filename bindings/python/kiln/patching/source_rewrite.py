@@ -120,10 +120,14 @@ def _holds(cell, value) -> bool:
         return False
 
 
-def parsed_forward(function: types.FunctionType) -> Optional[Tuple[ast.Module, ast.FunctionDef]]:
+def parsed_forward(function: types.FunctionType,
+                   wrapped: bool = False) -> Optional[Tuple[ast.Module, ast.FunctionDef]]:
     """The syntax tree of ``function``'s own source (the module around it, and its one
     function definition), or None where it has no source, is decorated, has a closure
-    (``super()`` included: the recompiled code would lack its cells) or is opaque."""
+    (``super()`` included: the recompiled code would lack its cells) or is opaque.
+    ``wrapped``: ``function`` is the inner function of a wrapper :func:`editable` copies
+    around the edited copy, so the decorators that made that wrapper are left out of the tree
+    (the wrapper still runs them: diffusers' ``apply_lora_scale``)."""
     if not isinstance(function, types.FunctionType) or function.__code__.co_freevars:
         return None
     try:
@@ -134,6 +138,8 @@ def parsed_forward(function: types.FunctionType) -> Optional[Tuple[ast.Module, a
     if len(tree.body) != 1 or not isinstance(tree.body[0], ast.FunctionDef):
         return None
     fn = tree.body[0]
+    if wrapped:
+        fn.decorator_list = []
     if fn.name != function.__name__ or fn.decorator_list or not fn.args.args or opaque(fn):
         return None
     return tree, fn
