@@ -100,13 +100,21 @@ def _block_swaps(module: torch.nn.Module, d: int, g: torch.Generator) -> list:
     return swaps
 
 
-def classify_mode_block(module: torch.nn.Module, original: Callable) -> Union[DitMatch, NoMatch]:
+def _block_probe(module: torch.nn.Module):
+    """(width, generator, 5 tokens of a stream, a rotation stand-in) for a block's probe, or a
+    NoMatch where its norm is not FLUX.3's."""
     d = _plain_norm_width(module)
     if isinstance(d, NoMatch):
         return d
     g = torch.Generator().manual_seed(0)
-    h = torch.randn(2, 5, d, generator=g) + 0.5
-    rope = 0.1 * torch.randn(d, generator=g)
+    return d, g, torch.randn(2, 5, d, generator=g) + 0.5, 0.1 * torch.randn(d, generator=g)
+
+
+def classify_mode_block(module: torch.nn.Module, original: Callable) -> Union[DitMatch, NoMatch]:
+    probe = _block_probe(module)
+    if isinstance(probe, NoMatch):
+        return probe
+    d, g, h, rope = probe
     calls = [((h, mod, rope), {}) for mod in _modulations(g, 5, 3 * d)]
     match = DitMatch("flux.3 mode block (adaln, attention + feed-forward in one matmul, gated residual)",
                      flux3_block.MODE_OPS, "adaln", flux3_block.flux3_mode_block)
@@ -115,13 +123,11 @@ def classify_mode_block(module: torch.nn.Module, original: Callable) -> Union[Di
 
 
 def classify_single_block(module: torch.nn.Module, original: Callable) -> Union[DitMatch, NoMatch]:
-    d = _plain_norm_width(module)
-    if isinstance(d, NoMatch):
-        return d
-    g = torch.Generator().manual_seed(0)
-    h = torch.randn(2, 5, d, generator=g) + 0.5
+    probe = _block_probe(module)
+    if isinstance(probe, NoMatch):
+        return probe
+    d, g, h, rope = probe
     c = torch.randn(2, 3, d, generator=g) - 0.5
-    rope = 0.1 * torch.randn(d, generator=g)
     (mod, mod_rows), (c_mod, c_mod_rows) = _modulations(g, 5, 3 * d), _modulations(g, 3, 3 * d)
     calls = [((h, c, mod, c_mod_rows, rope), {}), ((h, c, mod_rows, c_mod, rope), {})]
     match = DitMatch("flux.3 joint block (adaln, attention + feed-forward in one matmul, gated residual)",

@@ -98,14 +98,7 @@ def classify(module: torch.nn.Module, original: Callable) -> Union[DitMatch, NoM
         return NoMatch("transformer", "its forward calls no F.silu kiln can edit, or no longer matches its source")
 
     def factory(module: torch.nn.Module, original: Callable) -> Callable:
-        edited = copy.__get__(module)
-
-        def forward(*args, **kwargs):
-            if type(module).forward is not function:
-                return type(module).forward(module, *args, **kwargs)
-            return edited(*args, **kwargs)
-
-        return forward
+        return source_rewrite.bound_forward(copy, module, function)
 
     return DitMatch(KIND, "none", "adaln", factory)
 

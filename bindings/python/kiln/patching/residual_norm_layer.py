@@ -404,15 +404,6 @@ def classify(module: torch.nn.Module, original: Callable):
 
     def factory(module: torch.nn.Module, original: Callable) -> Callable:
         residual_norm_chain.register(module, entry)
-        fused = copy.__get__(module)
-
-        def forward(*args, **kwargs):
-            if type(module).forward is not function:
-                # The class changed since (FSDP2's fully_shard makes a subclass, whose forward
-                # transformers wraps again): its forward, as the module would run unpatched.
-                return type(module).forward(module, *args, **kwargs)
-            return fused(*args, **kwargs)
-
-        return forward
+        return source_rewrite.bound_forward(copy, module, function)
 
     return detect.Match(KIND, "fused_add_rms_norm", factory, family="rms_norm")

@@ -206,3 +206,17 @@ def function_from(code: types.CodeType, scope: dict, like: types.FunctionType) -
     copy.__kwdefaults__ = like.__kwdefaults__
     copy.__qualname__, copy.__doc__ = like.__qualname__, like.__doc__
     return copy
+
+
+def bound_forward(copy: types.FunctionType, module, function: types.FunctionType) -> Callable:
+    """``copy`` (an edited copy of the class forward ``function``) as ``module``'s forward; where
+    the module's class changed since (FSDP2's fully_shard makes a subclass, whose forward
+    transformers wraps again), its class's forward, as the module would run unpatched."""
+    bound = copy.__get__(module)
+
+    def forward(*args, **kwargs):
+        if type(module).forward is not function:
+            return type(module).forward(module, *args, **kwargs)
+        return bound(*args, **kwargs)
+
+    return forward
