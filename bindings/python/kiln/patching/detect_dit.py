@@ -36,6 +36,17 @@ class DitMatch:
 _PROBE_DIM = 8  # the stand-in projections' outer width
 
 
+def attention_match(fused: bool, processor_cls, fused_kind: str, plain_kind: str, fused_op: str = "head_norm_rope",
+                    fused_family: str = "rope") -> DitMatch:
+    """The match of an attention whose processor kiln replaces: with its head norms in the
+    rotation's launch where ``fused`` (``processor_cls`` with ``fuse_norms=True``, calling
+    ``fused_op``), else its rotation alone (``kiln.rope``)."""
+    if fused:
+        return DitMatch(fused_kind, fused_op, fused_family, functools.partial(processor_cls, fuse_norms=True),
+                        target="processor")
+    return DitMatch(plain_kind, "rope", "rope", processor_cls, target="processor")
+
+
 def _processor_call(module: torch.nn.Module) -> str:
     proc = getattr(module, "processor", None)
     if proc is None or not type(proc).__module__.startswith("diffusers."):
@@ -410,10 +421,8 @@ def classify_flux_attention(module: torch.nn.Module, processor, fuse_norms: bool
     why, fuse_norms = _fused_or_plain(module, processor, flux.FluxAttnProcessor, calls, swaps, norms, g, fuse_norms)
     if why is not None:
         return NoMatch("attention", f"does not compute FLUX's attention as kiln's processor does: {why}")
-    if fuse_norms:
-        return DitMatch("flux attention (per-head q/k rms_norm + rope)", "head_norm_rope", "rope",
-                        functools.partial(flux.FluxAttnProcessor, fuse_norms=True), target="processor")
-    return DitMatch("flux attention (rope of q and k)", "rope", "rope", flux.FluxAttnProcessor, target="processor")
+    return attention_match(fuse_norms, flux.FluxAttnProcessor, "flux attention (per-head q/k rms_norm + rope)",
+                           "flux attention (rope of q and k)")
 
 
 class _ProbeAdaLN(torch.nn.Module):
@@ -570,10 +579,8 @@ def classify_wan_attention(module: torch.nn.Module, processor, fuse_norms: bool 
                                       fuse_norms)
     if why is not None:
         return NoMatch("attention", f"does not compute Wan's attention as kiln's processor does: {why}")
-    if fuse_norms:
-        return DitMatch("wan attention (q/k rms_norm + rope)", "rms_norm_rope", "rope",
-                        functools.partial(processor_cls, fuse_norms=True), target="processor")
-    return DitMatch("wan attention (rope of q and k)", "rope", "rope", processor_cls, target="processor")
+    return attention_match(fuse_norms, processor_cls, "wan attention (q/k rms_norm + rope)",
+                           "wan attention (rope of q and k)", fused_op="rms_norm_rope")
 
 
 class _WanProbeAttention(_ProbeMixer):

@@ -3,7 +3,6 @@ single blocks' parallel attention (found by its processor's ``__call__``) and it
 single-stream blocks (found by their children and their forwards' arguments, which FLUX.1's
 blocks do not share). Its double-stream attention is FLUX.1's (:mod:`.detect_dit`)."""
 
-import functools
 import inspect
 from typing import Callable, Union
 
@@ -11,8 +10,8 @@ import torch
 
 from . import flux2, replace
 from .detect import NoMatch, _Swapped
-from .detect_dit import (_PROBE_DIM, DitMatch, _confirmed, _FluxProbeAttention, _fused_or_plain, _linear,
-                         _ProbeFF, _ProbeMixer, _processor_call)
+from .detect_dit import (_PROBE_DIM, DitMatch, attention_match, _confirmed, _FluxProbeAttention, _fused_or_plain,
+                         _linear, _ProbeFF, _ProbeMixer, _processor_call)
 
 _DOUBLE_ARGUMENTS = ("hidden_states", "encoder_hidden_states", "temb_mod_img", "temb_mod_txt", "image_rotary_emb",
                      "joint_attention_kwargs")
@@ -62,12 +61,9 @@ def classify_parallel_attention(module: torch.nn.Module, processor,
                                       ("norm_q", "norm_k"), g, fuse_norms)
     if why is not None:
         return NoMatch("attention", f"does not compute FLUX.2's parallel attention as kiln's processor does: {why}")
-    if fuse_norms:
-        return DitMatch("flux.2 parallel attention (per-head q/k rms_norm + rope, swiglu into to_out's input)",
-                        "head_norm_rope", "rope",
-                        functools.partial(flux2.Flux2ParallelAttnProcessor, fuse_norms=True), target="processor")
-    return DitMatch("flux.2 parallel attention (rope of q and k, swiglu into to_out's input)", "rope", "rope",
-                    flux2.Flux2ParallelAttnProcessor, target="processor")
+    return attention_match(fuse_norms, flux2.Flux2ParallelAttnProcessor,
+                           "flux.2 parallel attention (per-head q/k rms_norm + rope, swiglu into to_out's input)",
+                           "flux.2 parallel attention (rope of q and k, swiglu into to_out's input)")
 
 
 def _layer_norm_width(module: torch.nn.Module, name: str) -> Union[int, NoMatch]:

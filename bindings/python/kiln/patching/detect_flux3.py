@@ -3,15 +3,14 @@
 modulation heads and its output norm (:mod:`.flux3_block`, found by their children and their
 forwards' arguments), and its transformer's forward (:mod:`.flux3_model`)."""
 
-import functools
 from typing import Callable, Union
 
 import torch
 
 from . import flux3, flux3_block, flux3_model
 from .detect import NoMatch, _Swapped
-from .detect_dit import (_PROBE_DIM, DitMatch, _confirmed, _fused_or_plain, _linear, _ProbeFF, _ProbeMixer,
-                         _processor_call)
+from .detect_dit import (_PROBE_DIM, DitMatch, attention_match, _confirmed, _fused_or_plain, _linear, _ProbeFF,
+                         _ProbeMixer, _processor_call)
 from .detect_flux2 import _takes
 from .flux_block import plain_layer_norm
 
@@ -45,10 +44,8 @@ def classify_attention(module: torch.nn.Module, processor, fuse_norms: bool = Tr
                                  fuse_norms)
     if why is not None:
         return NoMatch("attention", f"does not compute FLUX.3's attention as kiln's processor does: {why}")
-    if fused:
-        return DitMatch("flux.3 attention (per-head q/k rms_norm + rope)", "head_norm_rope", "rope",
-                        functools.partial(flux3.Flux3AttnProcessor, fuse_norms=True), target="processor")
-    return DitMatch("flux.3 attention (rope)", "rope", "rope", flux3.Flux3AttnProcessor, target="processor")
+    return attention_match(fused, flux3.Flux3AttnProcessor, "flux.3 attention (per-head q/k rms_norm + rope)",
+                           "flux.3 attention (rope)")
 
 
 def _has(module: torch.nn.Module, *children: str) -> bool:

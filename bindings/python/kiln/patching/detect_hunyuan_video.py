@@ -3,7 +3,6 @@
 double- and single-stream blocks (found by their children and their forwards' arguments, which
 FLUX's blocks do not share)."""
 
-import functools
 import inspect
 from typing import Callable, Union
 
@@ -11,8 +10,8 @@ import torch
 
 from . import flux_block, hunyuan_video
 from .detect import NoMatch, _Swapped
-from .detect_dit import (_PROBE_DIM, DitMatch, _confirmed, _fused_or_plain, _linear, _ProbeAdaLN, _ProbeFF,
-                         _ProbeMixer, _processor_call, double_block_width, single_block_probe)
+from .detect_dit import (_PROBE_DIM, DitMatch, attention_match, _confirmed, _fused_or_plain, _linear, _ProbeAdaLN,
+                         _ProbeFF, _ProbeMixer, _processor_call, double_block_width, single_block_probe)
 from .detect_flux2 import _takes
 
 # HunyuanImage's double block names its rotation image_rotary_emb.
@@ -85,11 +84,9 @@ def classify_attention(module: torch.nn.Module, processor, fuse_norms: bool = Tr
     why, fused = _fused_or_plain(module, processor, processor_cls, calls, swaps, norms, g, fuse_norms)
     if why is not None:
         return NoMatch("attention", f"does not compute HunyuanVideo's attention as kiln's processor does: {why}")
-    if fused:
-        return DitMatch("hunyuan-video attention (per-head q/k rms_norm + rope of the video tokens)",
-                        "head_norm_rope", "rope", functools.partial(processor_cls, fuse_norms=True), target="processor")
-    return DitMatch("hunyuan-video attention (rope of the video tokens' q and k)", "rope", "rope", processor_cls,
-                    target="processor")
+    return attention_match(fused, processor_cls,
+                           "hunyuan-video attention (per-head q/k rms_norm + rope of the video tokens)",
+                           "hunyuan-video attention (rope of the video tokens' q and k)")
 
 
 class _ProbeAttention(_ProbeMixer):

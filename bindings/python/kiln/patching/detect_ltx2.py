@@ -2,7 +2,6 @@
 attention (found by its processor's ``__call__``) and its audio-video transformer block (found
 by its two streams' norms, attentions and tables)."""
 
-import functools
 import inspect
 from typing import Callable, Union
 
@@ -10,8 +9,8 @@ import torch
 
 from . import ltx2
 from .detect import NoMatch, _Swapped
-from .detect_dit import (_PROBE_DIM, DitMatch, _confirmed, _fused_or_plain, _linear, _norm_weights, _ProbeFF,
-                         _processor_call, _rms_norm_child)
+from .detect_dit import (_PROBE_DIM, DitMatch, attention_match, _confirmed, _fused_or_plain, _linear, _norm_weights,
+                         _ProbeFF, _processor_call, _rms_norm_child)
 
 _BLOCK_CHILDREN = ("norm1", "attn1", "audio_norm1", "audio_attn1", "norm2", "attn2", "audio_norm2", "audio_attn2",
                    "audio_to_video_norm", "audio_to_video_attn", "video_to_audio_norm", "video_to_audio_attn",
@@ -86,10 +85,9 @@ def classify_attention(module: torch.nn.Module, processor, fuse_norms: bool = Tr
                                  fuse_norms and style == "interleaved")
     if why is not None:
         return NoMatch("attention", f"does not compute LTX-2's attention as kiln's processor does: {why}")
-    if fused:
-        return DitMatch("ltx2 attention (q/k rms_norm + interleaved rope)", "rms_norm_rope", "rms_norm_rope",
-                        functools.partial(kiln_processor, fuse_norms=True), target="processor")
-    return DitMatch(f"ltx2 attention ({style} rope of q and k)", "rope", "rope", kiln_processor, target="processor")
+    return attention_match(fused, kiln_processor, "ltx2 attention (q/k rms_norm + interleaved rope)",
+                           f"ltx2 attention ({style} rope of q and k)", fused_op="rms_norm_rope",
+                           fused_family="rms_norm_rope")
 
 
 class _ProbeAttention(torch.nn.Module):

@@ -2,7 +2,6 @@
 :mod:`.detect_dit`'s are: its attention (found by its processor's ``__call__``) and its
 transformer block (found by its two streams' modulations, norms and feed-forwards)."""
 
-import functools
 import inspect
 from typing import Callable, Union
 
@@ -10,8 +9,8 @@ import torch
 
 from . import qwen_image
 from .detect import NoMatch, _Swapped
-from .detect_dit import (_PROBE_DIM, DitMatch, _confirmed, _fused_or_plain, _linear, _norm_weights, _ProbeFF,
-                         _processor_call)
+from .detect_dit import (_PROBE_DIM, DitMatch, attention_match, _confirmed, _fused_or_plain, _linear, _norm_weights,
+                         _ProbeFF, _processor_call)
 
 _BLOCK_CHILDREN = ("img_mod", "img_norm1", "attn", "img_norm2", "img_mlp", "txt_mod", "txt_norm1", "txt_norm2",
                    "txt_mlp")
@@ -58,11 +57,8 @@ def classify_attention(module: torch.nn.Module, processor, fuse_norms: bool = Tr
                                       fuse_norms)
     if why is not None:
         return NoMatch("attention", f"does not compute Qwen-Image's attention as kiln's processor does: {why}")
-    if fuse_norms:
-        return DitMatch("qwen-image attention (per-head q/k rms_norm + rope)", "head_norm_rope", "rope",
-                        functools.partial(qwen_image.QwenImageAttnProcessor, fuse_norms=True), target="processor")
-    return DitMatch("qwen-image attention (rope of q and k)", "rope", "rope", qwen_image.QwenImageAttnProcessor,
-                    target="processor")
+    return attention_match(fuse_norms, qwen_image.QwenImageAttnProcessor,
+                           "qwen-image attention (per-head q/k rms_norm + rope)", "qwen-image attention (rope of q and k)")
 
 
 class _ProbeJointAttention(torch.nn.Module):

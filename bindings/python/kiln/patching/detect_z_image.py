@@ -2,7 +2,6 @@
 attention (found by its processor's ``__call__``), its feed-forward (three projections and a
 gating method) and its modulated transformer block."""
 
-import functools
 import inspect
 from typing import Callable, Union
 
@@ -11,8 +10,8 @@ import torch
 from . import z_image
 from .detect import (_MLP_HIDDEN, _MLP_INNER, NoMatch, _Swapped, compare_with_probe_projections, has_child,
                      other_children)
-from .detect_dit import (_PROBE_DIM, DitMatch, _confirmed, _fused_or_plain, _linear, _norm_weights, _ProbeFF,
-                         _processor_call, _rms_norm_child)
+from .detect_dit import (_PROBE_DIM, DitMatch, attention_match, _confirmed, _fused_or_plain, _linear, _norm_weights,
+                         _ProbeFF, _processor_call, _rms_norm_child)
 
 _BLOCK_CHILDREN = ("attention", "feed_forward") + z_image._NORMS
 _BLOCK_ARGUMENTS = ("x", "attn_mask", "freqs_cis", "adaln_input", "noise_mask", "adaln_noisy", "adaln_clean")
@@ -57,11 +56,8 @@ def classify_attention(module: torch.nn.Module, processor, fuse_norms: bool = Tr
                                  fuse_norms)
     if why is not None:
         return NoMatch("attention", f"does not compute Z-Image's attention as kiln's processor does: {why}")
-    if fused:
-        return DitMatch("z-image attention (per-head q/k rms_norm + rope)", "head_norm_rope", "rope",
-                        functools.partial(z_image.ZImageAttnProcessor, fuse_norms=True), target="processor")
-    return DitMatch("z-image attention (rope of q and k)", "rope", "rope", z_image.ZImageAttnProcessor,
-                    target="processor")
+    return attention_match(fused, z_image.ZImageAttnProcessor, "z-image attention (per-head q/k rms_norm + rope)",
+                           "z-image attention (rope of q and k)")
 
 
 def classify_feed_forward(module: torch.nn.Module, original: Callable) -> Union[DitMatch, NoMatch]:
