@@ -271,3 +271,19 @@ def test_flux3_lora_scale_reaches_the_patched_forward():
         expected = _out(reference, x)
         _agree(_out(model, x), expected, torch.float32)
         assert ((expected - plain).abs().max() > 0.05 * plain.abs().max()) == (scale != 0.0)
+
+
+def test_flux3_flow_map_modulates_once_a_sample():
+    """A flow-map (step-distilled) FLUX.3 adds the embedding of the timestep each step jumps to
+    before the expansion: the patched forward still projects one row a sample, as diffusers."""
+    torch.manual_seed(0)
+    model = diffusers.Flux3Transformer2DModel(
+        in_channels=8, cond_in_channels=8, num_layers=1, num_single_layers=1, attention_head_dim=16,
+        num_attention_heads=2, joint_attention_dim=24, timestep_channels=16, axes_dims_rope=(4, 4, 4, 4),
+        flow_map=True).eval()
+    inputs = dict(_flux3_inputs(torch.float32), target_timestep=torch.tensor([0.1, 0.4]))
+    expected = _out(model, inputs)
+    assert kiln.patch(model).left == []
+    rows = _projected_rows(model)
+    _agree(_out(model, inputs), expected, torch.float32)
+    assert rows and all(r == [1] for r in rows.values())
