@@ -352,10 +352,12 @@ def has_child(module: torch.nn.Module, name: str) -> bool:
 
 
 # A gated MLP's (gate, up, down) projections and the attributes it may keep its activation in:
-# transformers' (``act_fn``; Llama 4's ``activation_fn``), and Lumina's feed-forward (Lumina-Next,
-# Lumina-Image 2.0: ``linear_2(silu(linear_1(x)) * linear_3(x))``, its SiLU in fp32).
+# transformers' (``act_fn``; Llama 4's ``activation_fn``), Lumina's feed-forward (Lumina-Next,
+# Lumina-Image 2.0: ``linear_2(silu(linear_1(x)) * linear_3(x))``, its SiLU in fp32) and Qwen-Image
+# 2.1's (``out(silu(gate_layer(x)) * proj(x))``).
 MLP_LAYOUTS = ((("gate_proj", "up_proj", "down_proj"), ("act_fn", "activation_fn")),
-               (("linear_1", "linear_3", "linear_2"), ("silu",)))
+               (("linear_1", "linear_3", "linear_2"), ("silu",)),
+               (("gate_layer", "proj", "out"), ("activation_fn",)))
 
 
 def mlp_layout(module: torch.nn.Module) -> Optional[Tuple[Tuple[str, str, str], str]]:

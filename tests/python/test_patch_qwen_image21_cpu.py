@@ -1,0 +1,76 @@
+"""kiln.patch on a tiny Qwen-Image 2.1 transformer (CPU): its feed-forwards'
+``out(silu(gate_layer(x)) * proj(x))`` as one kiln.swiglu between the projections, its
+LayerNorms, q/k RMSNorms and text RMSNorm kiln's; fp32 and bf16 against diffusers' forward, with
+autograd; unpatch restores it. Its blocks' modulated seams and its attention's rotation are still
+diffusers'."""
+
+import pytest
+import torch
+
+import kiln
+
+diffusers = pytest.importorskip("diffusers", reason="diffusers is not installed")
+if not hasattr(diffusers, "QwenImage21Transformer2DModel"):
+    pytest.skip("this diffusers has no Qwen-Image 2.1", allow_module_level=True)
+
+from test_patch_dit_cpu import Counter, _agree  # noqa: E402
+
+LAYERS = 2
+
+
+def _qwen_image21(dtype):
+    torch.manual_seed(0)
+    model = diffusers.QwenImage21Transformer2DModel(
+        patch_size=1, in_channels=8, out_channels=8, num_layers=LAYERS, attention_head_dim=16, num_attention_heads=2,
+        context_in_dim=24, mlp_ratio=2, axes_dims_rope=(4, 6, 6)).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.add_(0.2 * torch.randn_like(p))
+    return model.to(dtype)
+
+
+def _inputs(dtype):
+    """Two samples of a 4x6 latent grid (2x2 patches: 6 image tokens) after 7 text tokens, the
+    second's text padded after 5."""
+    g = torch.Generator().manual_seed(3)
+    text, h, w = 7, 4, 6
+    mask = torch.ones(2, text, dtype=torch.long)
+    mask[1, 5:] = 0
+    image_mask = torch.cat([torch.zeros(2, text, dtype=torch.bool), torch.ones(2, h * w // 4, dtype=torch.bool)], 1)
+    return dict(hidden_states=torch.randn(2, h * w, 8, generator=g).to(dtype),
+                encoder_hidden_states=torch.randn(2, text, 24, generator=g).to(dtype),
+                timestep=torch.tensor([0.3, 0.7]).to(dtype), img_shapes=[[(1, h, w)]] * 2, img_mask=image_mask,
+                encoder_hidden_states_mask=mask, return_dict=False)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_qwen_image21_feed_forwards_gate_in_one_kiln_call(dtype, monkeypatch):
+    model = _qwen_image21(dtype)
+    inputs = _inputs(dtype)
+    with torch.no_grad():
+        expected = model(**inputs)[0]
+    report = kiln.patch(model)
+    kinds = {r.path: r.kind for r in report.replaced}
+    mlps = [f"transformer_blocks.{i}.img_mlp" for i in range(LAYERS)]
+    assert all(kinds[p] == "mlp swiglu (gate_layer, proj, out)" for p in mlps)
+    counter = Counter(monkeypatch, more=[(kiln.activation_ops, "swiglu")])
+    with torch.no_grad():
+        actual = model(**inputs)[0]
+    assert counter.calls["swiglu"] == LAYERS
+    _agree(actual, expected, dtype)
+    assert kiln.unpatch(model) == len(report.replaced)
+    with torch.no_grad():
+        assert torch.equal(model(**inputs)[0], expected)
+
+
+def test_qwen_image21_trains_through_the_kiln_swiglu():
+    model = _qwen_image21(torch.float32)
+    inputs = _inputs(torch.float32)
+    model(**inputs)[0].pow(2).mean().backward()
+    weight = model.transformer_blocks[0].img_mlp.gate_layer.weight
+    grad = weight.grad.clone()
+    model.zero_grad()
+    kiln.patch(model)
+    model(**inputs)[0].pow(2).mean().backward()
+    torch.testing.assert_close(weight.grad, grad, rtol=1e-4, atol=1e-6)
