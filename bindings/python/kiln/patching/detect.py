@@ -354,17 +354,21 @@ def has_child(module: torch.nn.Module, name: str) -> bool:
 # A gated MLP's (gate, up, down) projections and the attributes it may keep its activation in:
 # transformers' (``act_fn``; Llama 4's ``activation_fn``), Lumina's feed-forward (Lumina-Next,
 # Lumina-Image 2.0: ``linear_2(silu(linear_1(x)) * linear_3(x))``, its SiLU in fp32) and Qwen-Image
-# 2.1's (``out(silu(gate_layer(x)) * proj(x))``).
+# 2.1's (``out(silu(gate_layer(x)) * proj(x))``); with no activation attribute, a forward that
+# calls it itself (Krea 2's ``down(F.silu(gate(x)) * up(x))``), which the probe identifies.
 MLP_LAYOUTS = ((("gate_proj", "up_proj", "down_proj"), ("act_fn", "activation_fn")),
                (("linear_1", "linear_3", "linear_2"), ("silu",)),
-               (("gate_layer", "proj", "out"), ("activation_fn",)))
+               (("gate_layer", "proj", "out"), ("activation_fn",)),
+               (("gate", "up", "down"), ()))
 
 
-def mlp_layout(module: torch.nn.Module) -> Optional[Tuple[Tuple[str, str, str], str]]:
-    """A gated MLP's projection names and activation attribute, or None where it has none of
-    MLP_LAYOUTS'."""
+def mlp_layout(module: torch.nn.Module) -> Optional[Tuple[Tuple[str, str, str], Optional[str]]]:
+    """A gated MLP's projection names and activation attribute (None for a layout whose forward
+    calls its activation itself), or None where it has none of MLP_LAYOUTS'."""
     for names, activations in MLP_LAYOUTS:
         if all(has_child(module, n) for n in names):
+            if not activations:
+                return names, None
             attr = next((name for name in activations if callable(getattr(module, name, None))), None)
             if attr is not None:
                 return names, attr
@@ -407,9 +411,11 @@ def other_children(module: torch.nn.Module, own: tuple) -> Optional[str]:
 def classify_mlp(module: torch.nn.Module, original: Callable) -> Union[Match, NoMatch]:
     names, attr = mlp_layout(module)
     gate, up, down = names
-    others = other_children(module, names + (attr,))
+    others = other_children(module, names + ((attr,) if attr else ()))
     if others:
         return NoMatch("mlp", others)
+    if attr is None:
+        return _mlp_of_its_own_activation(module, original, names)
     act_fn = getattr(module, attr)
     act = _identify_activation(act_fn)
     if act is None:
@@ -418,19 +424,35 @@ def classify_mlp(module: torch.nn.Module, original: Callable) -> Union[Match, No
     if names != MLP_LAYOUTS[0][0]:
         kind = f"{kind} ({', '.join(names)})"
     factory = forwards.gated_mlp(act, attr, names)
-    why = compare_with_probe_projections(module, original, factory, attr, (
-        (gate, _MLP_HIDDEN, _MLP_INNER), (up, _MLP_HIDDEN, _MLP_INNER), (down, _MLP_INNER, _MLP_HIDDEN)))
+    why = compare_with_probe_projections(module, original, factory, attr, _mlp_probe_projections(names))
     if why is not None:
         return NoMatch("mlp", f"does not compute {down}({attr}({gate}(x)) * {up}(x)): {why}")
     return Match(kind, op, factory)
+
+
+def _mlp_probe_projections(names: tuple) -> tuple:
+    gate, up, down = names
+    return (gate, _MLP_HIDDEN, _MLP_INNER), (up, _MLP_HIDDEN, _MLP_INNER), (down, _MLP_INNER, _MLP_HIDDEN)
+
+
+def _mlp_of_its_own_activation(module: torch.nn.Module, original: Callable, names: tuple) -> Union[Match, NoMatch]:
+    """A gated MLP whose forward calls its activation itself: the first of SiLU, tanh GELU and
+    GELU whose replacement agrees with it on the probe."""
+    for act in forwards.ACTIVATIONS:
+        factory = forwards.gated_mlp(act, None, names)
+        if compare_with_probe_projections(module, original, factory, None, _mlp_probe_projections(names)) is None:
+            kind, op = _MLP_OPS[act]
+            return Match(f"{kind} ({', '.join(names)})", op, factory)
+    gate, up, down = names
+    return NoMatch("mlp", f"does not compute {down}(act({gate}(x)) * {up}(x)) with act SiLU or GELU on a probe")
 
 
 # An MLP probe's widths: its input and output rows, and between its projections.
 _MLP_HIDDEN, _MLP_INNER = 24, 40
 
 
-def compare_with_probe_projections(module: torch.nn.Module, original: Callable, factory: Callable, attr: str,
-                                   projections: tuple) -> Optional[str]:
+def compare_with_probe_projections(module: torch.nn.Module, original: Callable, factory: Callable,
+                                   attr: Optional[str], projections: tuple) -> Optional[str]:
     """None when the replacement ``factory`` makes agrees with ``original`` on probes run with the
     module's ``projections`` ((name, in, out) each; the first takes the probe's rows) swapped for
     small random ones, in the first's dtype and the others; else why not. The module's ``attr``
@@ -442,10 +464,11 @@ def compare_with_probe_projections(module: torch.nn.Module, original: Callable, 
                 for name, n_in, n_out in projections}
     dtypes = (dtype,) + tuple(d for d in _PROBE_DTYPES if d != dtype)
     inputs = with_large_values(_probe_inputs(projections[0][1], dtypes, generator))
-    forwards.remember_activation(module, attr)  # the replacement runs kiln's op only for it
+    if attr is not None:
+        forwards.remember_activation(module, attr)  # the replacement runs kiln's op only for it
     # The last projection sums many rounded products: the bound scales with the output's size.
     with torch.no_grad(), _Swapped(module, children=children):
         why = _compare(original, factory(module, original), inputs, scale_of=lambda out: out.abs().max().item())
-    if why is not None:
+    if why is not None and attr is not None:
         forwards.forget_activation(module)
     return why

@@ -390,11 +390,13 @@ def rms_norm_offset(module: torch.nn.Module, original: Callable) -> Callable:
     return forward
 
 
-def gated_mlp(act: str, attr: str = "act_fn", names: tuple = ("gate_proj", "up_proj", "down_proj")) -> Callable:
+def gated_mlp(act: str, attr: Optional[str] = "act_fn",
+              names: tuple = ("gate_proj", "up_proj", "down_proj")) -> Callable:
     """``down_proj(act_fn(gate_proj(x)) * up_proj(x))`` with the ``act_fn(gate) * up`` part
     as one kiln call (``act``: ``"silu"``, ``"gelu_tanh"`` or ``"gelu"``; ``attr``: the
-    attribute the module keeps its activation in; ``names``: its gate, up and down projections'
-    attributes); the projections are the module's own."""
+    attribute the module keeps its activation in, None where its forward calls ``act`` itself;
+    ``names``: its gate, up and down projections' attributes); the projections are the module's
+    own."""
     gate_name, up_name, down_name = names
 
     def fuse(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
@@ -409,8 +411,8 @@ def gated_mlp(act: str, attr: str = "act_fn", names: tuple = ("gate_proj", "up_p
             x = args[0]
             gate = getattr(module, gate_name)(x)
             up = getattr(module, up_name)(x)
-            act_fn = getattr(module, attr)
-            if gate.shape == up.shape and runs_probed_activation(module, act_fn) \
+            act_fn = ACTIVATIONS[act] if attr is None else getattr(module, attr)
+            if gate.shape == up.shape and (attr is None or runs_probed_activation(module, act_fn)) \
                     and kiln_can_take(gate, up, differentiable=True):
                 hidden = fuse(gate, up)
             else:
