@@ -13,7 +13,7 @@ diffusers = pytest.importorskip("diffusers", reason="diffusers is not installed"
 if not hasattr(diffusers, "Krea2Transformer2DModel"):
     pytest.skip("this diffusers has no Krea 2", allow_module_level=True)
 
-from test_patch_dit_cpu import Counter, _agree  # noqa: E402
+from gated_mlp_checks import assert_feed_forwards_gate_once, assert_trains_as_diffusers  # noqa: E402
 
 LAYERS = 2
 
@@ -48,36 +48,14 @@ def _feed_forwards(model):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_krea2_feed_forwards_gate_in_one_kiln_call(dtype, monkeypatch):
     model = _krea2(dtype)
-    inputs = _inputs(dtype)
-    with torch.no_grad():
-        expected = model(**inputs)[0]
-    report = kiln.patch(model)
-    kinds = {r.path: r.kind for r in report.replaced}
-    feed_forwards = _feed_forwards(model)
-    assert len(feed_forwards) == LAYERS + 2  # the main blocks', the text fusion's two blocks'
-    assert all(kinds[p] == "mlp swiglu (gate, up, down)" for p in feed_forwards)
-    counter = Counter(monkeypatch, more=[(kiln.activation_ops, "swiglu")])
-    with torch.no_grad():
-        actual = model(**inputs)[0]
-    assert counter.calls["swiglu"] == len(feed_forwards)
-    _agree(actual, expected, dtype)
-    assert kiln.unpatch(model) == len(report.replaced)
-    with torch.no_grad():
-        assert torch.equal(model(**inputs)[0], expected)
+    paths = _feed_forwards(model)
+    assert len(paths) == LAYERS + 2  # the main blocks', the text fusion's two blocks'
+    assert_feed_forwards_gate_once(model, _inputs(dtype), paths, "mlp swiglu (gate, up, down)", dtype, monkeypatch)
 
 
 def test_krea2_trains_through_the_kiln_swiglu():
-    model = _krea2(torch.float32)
-    inputs = _inputs(torch.float32)
-    model(**inputs)[0].pow(2).mean().backward()
-    weights = [p for n, p in model.named_parameters() if n.endswith(".gate.weight")]
-    assert len(weights) == LAYERS + 2
-    grads = [w.grad.clone() for w in weights]
-    model.zero_grad()
-    kiln.patch(model)
-    model(**inputs)[0].pow(2).mean().backward()
-    for w, grad in zip(weights, grads):
-        torch.testing.assert_close(w.grad, grad, rtol=1e-4, atol=1e-6)
+    assert_trains_as_diffusers(_krea2(torch.float32), _inputs(torch.float32),
+                               lambda m: [p for n, p in m.named_parameters() if n.endswith(".gate.weight")])
 
 
 class _GeluFF(torch.nn.Module):

@@ -7,13 +7,11 @@ diffusers'."""
 import pytest
 import torch
 
-import kiln
-
 diffusers = pytest.importorskip("diffusers", reason="diffusers is not installed")
 if not hasattr(diffusers, "QwenImage21Transformer2DModel"):
     pytest.skip("this diffusers has no Qwen-Image 2.1", allow_module_level=True)
 
-from test_patch_dit_cpu import Counter, _agree  # noqa: E402
+from gated_mlp_checks import assert_feed_forwards_gate_once, assert_trains_as_diffusers  # noqa: E402
 
 LAYERS = 2
 
@@ -46,31 +44,11 @@ def _inputs(dtype):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_qwen_image21_feed_forwards_gate_in_one_kiln_call(dtype, monkeypatch):
-    model = _qwen_image21(dtype)
-    inputs = _inputs(dtype)
-    with torch.no_grad():
-        expected = model(**inputs)[0]
-    report = kiln.patch(model)
-    kinds = {r.path: r.kind for r in report.replaced}
-    mlps = [f"transformer_blocks.{i}.img_mlp" for i in range(LAYERS)]
-    assert all(kinds[p] == "mlp swiglu (gate_layer, proj, out)" for p in mlps)
-    counter = Counter(monkeypatch, more=[(kiln.activation_ops, "swiglu")])
-    with torch.no_grad():
-        actual = model(**inputs)[0]
-    assert counter.calls["swiglu"] == LAYERS
-    _agree(actual, expected, dtype)
-    assert kiln.unpatch(model) == len(report.replaced)
-    with torch.no_grad():
-        assert torch.equal(model(**inputs)[0], expected)
+    assert_feed_forwards_gate_once(_qwen_image21(dtype), _inputs(dtype),
+                                   [f"transformer_blocks.{i}.img_mlp" for i in range(LAYERS)],
+                                   "mlp swiglu (gate_layer, proj, out)", dtype, monkeypatch)
 
 
 def test_qwen_image21_trains_through_the_kiln_swiglu():
-    model = _qwen_image21(torch.float32)
-    inputs = _inputs(torch.float32)
-    model(**inputs)[0].pow(2).mean().backward()
-    weight = model.transformer_blocks[0].img_mlp.gate_layer.weight
-    grad = weight.grad.clone()
-    model.zero_grad()
-    kiln.patch(model)
-    model(**inputs)[0].pow(2).mean().backward()
-    torch.testing.assert_close(weight.grad, grad, rtol=1e-4, atol=1e-6)
+    assert_trains_as_diffusers(_qwen_image21(torch.float32), _inputs(torch.float32),
+                               lambda m: [b.img_mlp.gate_layer.weight for b in m.transformer_blocks])
