@@ -64,9 +64,10 @@ void gated_residual_inplace_cpu(const at::Tensor& h, const at::Tensor& y, const 
 
 // ---- CUDA (activation_cuda.cpp) ----
 at::Tensor swiglu_cuda(const at::Tensor& gate, const std::optional<at::Tensor>& up, bool up_first);
-// Writes into `out`: contiguous, of the output's shape, gate's dtype and device, not
-// overlapping the inputs (the caller checks; see out_variants.cpp).
-void swiglu_cuda_into(const at::Tensor& gate, const std::optional<at::Tensor>& up, bool up_first,
+// Writes into `out` (the output's shape, gate's dtype and device, not overlapping the inputs:
+// the caller checks; see out_variants.cpp) where its rows collapse into one stride, as a slice
+// of a wider buffer's last dimension does; false, writing nothing, where they do not.
+bool swiglu_cuda_into(const at::Tensor& gate, const std::optional<at::Tensor>& up, bool up_first,
                       const at::Tensor& out);
 at::Tensor geglu_cuda(const at::Tensor& gate, const std::optional<at::Tensor>& up,
                       c10::string_view approximate, bool up_first);

@@ -71,9 +71,11 @@ void run(const at::Tensor& like, Problem problem, std::int64_t rows, Elementwise
   launch_op(like, problem, rows, &params);
 }
 
-// `into`, when given, is the output (contiguous, of the output's shape); else a new tensor.
+// `into`, when given, is the output (of the output's shape, its rows `into_row_stride`
+// elements apart); else a new tensor.
 at::Tensor gated_cuda(Op op, const at::Tensor& gate, const std::optional<at::Tensor>& up,
-                      bool up_first, std::uint32_t flags, const at::Tensor* into = nullptr) {
+                      bool up_first, std::uint32_t flags, const at::Tensor* into = nullptr,
+                      std::int64_t into_row_stride = 0) {
   const char* name = op == Op::swiglu ? "swiglu" : "geglu";
   const DType dtype = check_gated(name, gate, up);
   require_cuda(name, "gate", gate);
@@ -104,7 +106,7 @@ at::Tensor gated_cuda(Op op, const at::Tensor& gate, const std::optional<at::Ten
   params.b = u.data;
   params.a_row_stride = g.row_stride;
   params.b_row_stride = u.row_stride;
-  params.out_row_stride = width;
+  params.out_row_stride = into ? into_row_stride : width;
   // run() decides from the strides: a packed tensor's rows are 2 * width apart, so its halves
   // run flat only when it has a single row (decode).
   run(gate, Problem{op, dtype, width, flags, 16}, rows, params, {&g, &u}, true);
@@ -217,9 +219,14 @@ at::Tensor swiglu_cuda(const at::Tensor& gate, const std::optional<at::Tensor>& 
   return gated_cuda(Op::swiglu, gate, up, up_first, 0);
 }
 
-void swiglu_cuda_into(const at::Tensor& gate, const std::optional<at::Tensor>& up, bool up_first,
+bool swiglu_cuda_into(const at::Tensor& gate, const std::optional<at::Tensor>& up, bool up_first,
                       const at::Tensor& out) {
-  gated_cuda(Op::swiglu, gate, up, up_first, 0, &out);
+  const RowView rows = row_view("swiglu", out);
+  if (!rows.tensor.is_same(out)) {
+    return false;
+  }
+  gated_cuda(Op::swiglu, gate, up, up_first, 0, &out, rows.row_stride);
+  return true;
 }
 
 at::Tensor geglu_cuda(const at::Tensor& gate, const std::optional<at::Tensor>& up,

@@ -102,9 +102,7 @@ void swiglu_out_cuda(const at::Tensor& gate, const std::optional<at::Tensor>& up
   check_gated("swiglu", gate, up);
   check_out("swiglu", out, gated_shape(gate, up), gate);
   const at::Tensor* u = up ? &*up : nullptr;
-  if (writes_directly(out, {&gate, u})) {
-    swiglu_cuda_into(gate, up, up_first, out);
-  } else {
+  if (!shares_no_memory(out, {&gate, u}) || !swiglu_cuda_into(gate, up, up_first, out)) {
     const_cast<at::Tensor&>(out).copy_(swiglu_cuda(gate, up, up_first));
   }
 }

@@ -315,9 +315,34 @@ def test_gelu_out_writes_a_slice_of_a_wider_buffer(dtype, tokens, width, lead, b
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("tokens,width,lead", [(1, 12288, 3072), (4608, 12288, 3072), (7, 4545, 33), (128, 5, 3)])
+@pytest.mark.parametrize("packed", [False, True])
+def test_swiglu_out_writes_a_slice_of_a_wider_buffer(dtype, tokens, width, lead, packed):
+    """Ovis-Image's single blocks: silu(gate) * up written into the columns after `lead` of a
+    poisoned [B, S, lead + width] buffer, from one packed [B, S, 2 * width] projection (up
+    first, as Ovis-Image splits it) or two tensors; the columns before stay as they were."""
+    gen = torch.Generator(device="cuda").manual_seed(tokens + width)
+    if packed:
+        inputs = (fresh((2, tokens, 2 * width), dtype, device="cuda", generator=gen), None, True)
+    else:
+        inputs = tuple(fresh((2, tokens, width), dtype, device="cuda", generator=gen) for _ in range(2)) + (False,)
+    buffer = torch.full((2, tokens, lead + width), float("nan"), dtype=dtype, device="cuda")
+    kiln.swiglu(*inputs, out=buffer[..., lead:])  # the kernel loaded and tuned before memory is watched
+    buffer[..., lead:] = float("nan")
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    assert kiln.swiglu(*inputs, out=buffer[..., lead:]).data_ptr() == buffer[..., lead:].data_ptr()
+    # Written in place: no result made beside the buffer and copied in.
+    assert torch.cuda.max_memory_allocated() - before < buffer[..., lead:].nbytes
+    assert_close_to(buffer[..., lead:], swiglu_fp64(*inputs), dtype)
+    assert buffer[..., :lead].isnan().all()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_gelu_out_over_its_own_input_and_across_rows_that_do_not_collapse(dtype):
-    """An `out` that is x itself, or whose rows do not share one stride (a transposed view),
-    is computed beside it and copied in: the same values either way."""
+    """An `out` that is x itself, or whose rows do not share one stride (a transposed view:
+    gelu's and swiglu's), is computed beside it and copied in: the same values either way."""
     gen = torch.Generator(device="cuda").manual_seed(5)
     x = fresh((64, 96), dtype, device="cuda", generator=gen)
     expected = bias_gelu_fp64(x, None, "none")
@@ -327,3 +352,7 @@ def test_gelu_out_over_its_own_input_and_across_rows_that_do_not_collapse(dtype)
     target = torch.full((40, 3, 96), float("nan"), dtype=dtype, device="cuda").transpose(0, 1)
     kiln.gelu(y, out=target)
     assert_close_to(target, bias_gelu_fp64(y, None, "tanh"), dtype)
+    packed = fresh((3, 40, 192), dtype, device="cuda", generator=gen)
+    target = torch.full((40, 3, 96), float("nan"), dtype=dtype, device="cuda").transpose(0, 1)
+    kiln.swiglu(packed, up_first=True, out=target)
+    assert_close_to(target, swiglu_fp64(packed, up_first=True), dtype)

@@ -328,6 +328,22 @@ def test_flux_bench_smoke_run(tmp_path):
 
 
 @needs_diffusers
+def test_flux_bench_runs_ovis_image(tmp_path):
+    """--model ovis-image: FLUX's blocks with a SwiGLU in each single block, no pooled text and
+    no guidance; every attention and block patched."""
+    out = _smoke("flux.py", tmp_path, "--model", "ovis-image")
+    assert "Ovis-Image-7B-shaped transformer" in out
+    [doc_path] = tmp_path.glob("flux-ovis-image-*.json")
+    doc = json.loads(doc_path.read_text())
+    assert doc["text_tokens"] == 5 and "pooled_projection_dim" not in doc["config"]
+    replaced = doc["patch"]["replaced"]
+    assert replaced["gated_adaln + gated_residual"] == 1 and replaced["swiglu + gated_residual"] == 2
+    assert replaced["head_norm_rope"] == 3
+    err = doc["settings"]["eager+kiln"]["error_vs_eager"]
+    assert err["finite"] and err["max_rel"] < 5e-2
+
+
+@needs_diffusers
 def test_flux_bench_with_fp8_storage_patches_beneath_the_casting_hooks(tmp_path):
     """--fp8-storage: the projections stored in fp8 (diffusers' layerwise casting), cast in hooks
     kiln.patch leaves around them; the patch takes what it takes without them."""

@@ -30,7 +30,6 @@ from .flux_block import double_stream, fits_double, fits_single, single_output
 from .per_forward import OncePerForward
 
 BLOCK_OPS = "gated_adaln + gated_residual"
-SINGLE_OPS = "gelu + gated_residual"
 _FP16_MAX = 65504
 
 # chunk count: (the order of the chunks, what is returned after x, whether emb is cast to x's dtype)

@@ -12,7 +12,7 @@ from . import chroma, detect, replace
 from .detect import NoMatch, _Swapped
 from .detect_dit import (DitMatch, _confirmed, _FluxProbeAttention, _modulated_norm_kind, _norm_weights,
                          _norm_width, _ProbeFF, _Stack, double_block_width, flux_double_block_candidate,
-                         flux_single_block_candidate, single_block_probe)
+                         flux_single_block_candidate, single_block_match, single_block_probe)
 from .detect_flux2 import _takes
 
 _DOUBLE_ARGUMENTS = ("hidden_states", "encoder_hidden_states", "temb", "image_rotary_emb", "attention_mask",
@@ -119,15 +119,13 @@ def classify_single_block(module: torch.nn.Module, original: Callable) -> Union[
     probe = single_block_probe(module, _ProbePrunedAdaLN, lambda d, g: _ProbeAttention(d, g, joint=False))
     if isinstance(probe, NoMatch):
         return probe
-    d, g, children = probe
+    d, g, act, swap = probe
     x = torch.randn(2, 8, d, generator=g)
     temb, rope = torch.randn(2, 3, d, generator=g), 0.1 * torch.randn(d, generator=g)
     calls = [((x, temb, rope, None, None), {}),
              ((), dict(hidden_states=x, temb=temb, image_rotary_emb=rope, attention_mask=_mask(g, 8)))]
-    match = DitMatch("chroma single block (gelu into proj_out's input, gated residual)", chroma.SINGLE_OPS, "gelu",
-                     chroma.chroma_single_block)
-    return _confirmed(match, original, chroma.chroma_single_block(module, original), calls,
-                      [_Swapped(module, children=children)], "Chroma's single-stream block")
+    return _confirmed(single_block_match("chroma", act, chroma.chroma_single_block), original,
+                      chroma.chroma_single_block(module, original), calls, [swap], "Chroma's single-stream block")
 
 
 CANDIDATES = ((double_block_candidate, classify_double_block), (single_block_candidate, classify_single_block),

@@ -63,9 +63,16 @@ def ltx_attention_candidate(module: torch.nn.Module) -> bool:
     return _processor_call(module) == "LTXVideoAttnProcessor.__call__"
 
 
+# diffusers' processors that compute FLUX.1's attention, each confirmed on the probe: FLUX.2's
+# double-stream one, and those of the models built as FLUX copies (Bria 3.x, Bria FIBO,
+# LongCat-Image, Ovis-Image).
+_FLUX_PROCESSORS = ("FluxAttnProcessor.__call__", "Flux2AttnProcessor.__call__", "BriaAttnProcessor.__call__",
+                    "BriaFiboAttnProcessor.__call__", "LongCatImageAttnProcessor.__call__",
+                    "OvisImageAttnProcessor.__call__")
+
+
 def flux_attention_candidate(module: torch.nn.Module) -> bool:
-    # FLUX.2's double-stream attention computes what FLUX.1's does (its probe confirms it).
-    return _processor_call(module) in ("FluxAttnProcessor.__call__", "Flux2AttnProcessor.__call__")
+    return _processor_call(module) in _FLUX_PROCESSORS
 
 
 # diffusers' Wan processor and those that compute what it does, with kiln's processor of each.
@@ -393,6 +400,8 @@ def classify_flux_attention(module: torch.nn.Module, processor, fuse_norms: bool
     they are RMSNorms (and ``fuse_norms``: kiln.patch's ops include ``rms_norm``)."""
     g = torch.Generator().manual_seed(0)
     head_dim = getattr(module, "head_dim", None)
+    if head_dim is None and isinstance(getattr(module, "inner_dim", None), int) and module.heads:
+        head_dim = module.inner_dim // module.heads  # diffusers' Attention keeps no head_dim
     if not isinstance(head_dim, int) or head_dim % 2:
         return NoMatch("attention", f"its head_dim {head_dim!r} is not even")
     inner = module.heads * head_dim
@@ -501,8 +510,9 @@ def classify_flux_double_block(module: torch.nn.Module, original: Callable) -> U
     d = double_block_width(module, "FLUX")
     if isinstance(d, NoMatch):
         return d
-    if tuple(inspect.signature(original).parameters) != _FLUX_BLOCK_ARGUMENTS:
-        return NoMatch("block", f"its forward does not take FLUX's block arguments {_FLUX_BLOCK_ARGUMENTS}")
+    arguments = tuple(inspect.signature(original).parameters)
+    if arguments[:-1] != _FLUX_BLOCK_ARGUMENTS[:-1] or arguments[-1] not in flux_block.KWARGS_NAMES:
+        return NoMatch("block", f"its forward takes {arguments}, not FLUX's block arguments {_FLUX_BLOCK_ARGUMENTS}")
     g = torch.Generator().manual_seed(0)
     children = {"norm1": _ProbeAdaLN(d, 4, g), "norm1_context": _ProbeAdaLN(d, 4, g),
                 "attn": _FluxProbeAttention(d, g, joint=True), "ff": _ProbeFF(d, g), "ff_context": _ProbeFF(d, g)}
@@ -514,32 +524,53 @@ def classify_flux_double_block(module: torch.nn.Module, original: Callable) -> U
 
 
 def single_block_probe(module: torch.nn.Module, norm: Callable, attention: Callable):
-    """(width, generator, stand-in children) for a probe of a FLUX-form single block (FLUX's,
-    Chroma's, HunyuanVideo's: its GELU ``act_mlp`` between ``proj_mlp`` and ``proj_out``), its
+    """(width, generator, MLP activation, stand-ins) for a probe of a FLUX-form single block
+    (FLUX's, Chroma's, HunyuanVideo's, the FLUX copies': ``act_mlp`` between ``proj_mlp`` and
+    ``proj_out``, a GELU or Ovis-Image's gated SiLU, :func:`.flux_block.mlp_activation`), its
     norm ``norm(width, 1, generator)`` and its attention ``attention(width, generator)``; a
-    NoMatch where its activation is not torch's GELU."""
-    act = module.act_mlp
-    if type(act) is not torch.nn.GELU or act.approximate not in ("tanh", "none"):
-        return NoMatch("block", "its act_mlp is not torch's GELU")
+    NoMatch where kiln does not take its activation."""
+    act = flux_block.mlp_activation(module)
+    if act is None:
+        return NoMatch("block", "its act_mlp is neither torch's GELU nor a SiLU gating half of proj_mlp")
     d, mlp = module.proj_mlp.in_features, 8
     g = torch.Generator().manual_seed(0)
-    children = {"norm": norm(d, 1, g), "proj_mlp": _linear(d, mlp, g), "proj_out": _ProbeProjOut(d, mlp, g),
-                "attn": attention(d, g)}
-    return d, g, children
+    children = {"norm": norm(d, 1, g), "proj_mlp": _linear(d, 2 * mlp if act == "swiglu" else mlp, g),
+                "proj_out": _ProbeProjOut(d, mlp, g), "attn": attention(d, g)}
+    params = {"mlp_hidden_dim": mlp} if act == "swiglu" else {}
+    return d, g, act, _Swapped(module, params=params, children=children)
+
+
+def single_block_match(model: str, act: str, factory: Callable) -> DitMatch:
+    """The match of ``model``'s FLUX-form single block whose MLP activation is ``act``."""
+    return DitMatch(f"{model} single block ({act} into proj_out's input, gated residual)", f"{act} + gated_residual",
+                    act, factory)
+
+
+# The forms of FLUX-like single blocks: FLUX's (two streams in, two out), Bria's (its
+# attention's keyword arguments named as its transformer passes them), Bria FIBO's (one
+# joined stream in and out).
+_SINGLE_FORMS = {_FLUX_BLOCK_ARGUMENTS: flux_block.flux_single_block,
+                 _FLUX_BLOCK_ARGUMENTS[:-1] + ("attention_kwargs",): flux_block.flux_single_block,
+                 ("hidden_states", "temb", "image_rotary_emb", "joint_attention_kwargs"): flux_block.joined_single_block}
 
 
 def classify_flux_single_block(module: torch.nn.Module, original: Callable) -> Union[DitMatch, NoMatch]:
-    if tuple(inspect.signature(original).parameters) != _FLUX_BLOCK_ARGUMENTS:
-        return NoMatch("block", f"its forward does not take FLUX's block arguments {_FLUX_BLOCK_ARGUMENTS}")
+    arguments = tuple(inspect.signature(original).parameters)
+    factory = _SINGLE_FORMS.get(arguments)
+    if factory is None:
+        return NoMatch("block", f"its forward takes {arguments}, none of FLUX's block arguments {tuple(_SINGLE_FORMS)}")
     probe = single_block_probe(module, _ProbeAdaLN, lambda d, g: _FluxProbeAttention(d, g, joint=False))
     if isinstance(probe, NoMatch):
         return probe
-    d, g, children = probe
-    patched = flux_block.flux_single_block(module, original)
-    match = DitMatch("flux single block (gelu into proj_out's input, gated residual)", flux_block.SINGLE_OPS, "gelu",
-                     flux_block.flux_single_block)
-    return _confirmed(match, original, patched, _flux_block_calls(d, g, adjacent=True),
-                      [_Swapped(module, children=children)], "FLUX's single-stream block")
+    d, g, act, swap = probe
+    if factory is flux_block.joined_single_block:
+        x = torch.randn(2, 8, d, generator=g)
+        temb, rope = torch.randn(2, d, generator=g), 0.1 * torch.randn(d, generator=g)
+        calls = [((x, temb, rope, None), {}), ((), dict(hidden_states=x, temb=temb, image_rotary_emb=rope))]
+    else:
+        calls = _flux_block_calls(d, g, adjacent=True)
+    return _confirmed(single_block_match("flux", act, factory), original, factory(module, original), calls, [swap],
+                      "FLUX's single-stream block")
 
 
 # ---- Wan -------------------------------------------------------------------------------

@@ -11,7 +11,8 @@ import torch
 from . import flux_block, hunyuan_video
 from .detect import NoMatch, _Swapped
 from .detect_dit import (_PROBE_DIM, DitMatch, attention_match, _confirmed, _fused_or_plain, _linear, _ProbeAdaLN,
-                         _ProbeFF, _ProbeMixer, _processor_call, double_block_width, single_block_probe)
+                         _ProbeFF, _ProbeMixer, _processor_call, double_block_width, single_block_match,
+                         single_block_probe)
 from .detect_flux2 import _takes
 
 # HunyuanImage's double block names its rotation image_rotary_emb.
@@ -137,11 +138,9 @@ def classify_single_block(module: torch.nn.Module, original: Callable) -> Union[
     probe = single_block_probe(module, _ProbeAdaLN, _ProbeAttention)
     if isinstance(probe, NoMatch):
         return probe
-    d, g, children = probe
-    match = DitMatch("hunyuan-video single block (gelu into proj_out's input, gated residual)", flux_block.SINGLE_OPS,
-                     "gelu", hunyuan_video.single_block)
-    return _confirmed(match, original, hunyuan_video.single_block(module, original),
-                      _block_calls(original, d, g, True), [_Swapped(module, children=children)],
+    d, g, act, swap = probe
+    return _confirmed(single_block_match("hunyuan-video", act, hunyuan_video.single_block), original,
+                      hunyuan_video.single_block(module, original), _block_calls(original, d, g, True), [swap],
                       "HunyuanVideo's single-stream block")
 
 

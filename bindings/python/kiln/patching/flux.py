@@ -135,6 +135,15 @@ class FluxAttnProcessor(SharedAttentionSettings):
         self._dispatch = module.dispatch_attention_fn
 
     @staticmethod
+    def _heads(attn) -> tuple:
+        """The split of the projections' last dimension into heads: by FLUX's attention's
+        ``head_dim`` (the head count left to follow, as under tensor parallelism), or by the
+        head count of an attention with no ``head_dim`` (diffusers' ``Attention`` of Bria
+        FIBO's single blocks, whose processor splits so)."""
+        head_dim = getattr(attn, "head_dim", None)
+        return (-1, head_dim) if isinstance(head_dim, int) else (attn.heads, -1)
+
+    @staticmethod
     def _table(query, key, image_rotary_emb, text: int = 0):
         """(cos, sin) kiln's rotation reads as they are for q and k [B, S, H, D] of `text` +
         the image's tokens, or None."""
@@ -188,14 +197,15 @@ class FluxAttnProcessor(SharedAttentionSettings):
                  image_rotary_emb: Optional[torch.Tensor] = None) -> torch.Tensor:
         query, key, value, encoder_query, encoder_key, encoder_value = self._qkv(
             attn, hidden_states, encoder_hidden_states)
-        query = query.unflatten(-1, (-1, attn.head_dim))
-        key = key.unflatten(-1, (-1, attn.head_dim))
-        value = value.unflatten(-1, (-1, attn.head_dim))
+        heads = self._heads(attn)
+        query = query.unflatten(-1, heads)
+        key = key.unflatten(-1, heads)
+        value = value.unflatten(-1, heads)
         joint = attn.added_kv_proj_dim is not None
         if joint:
-            encoder_query = encoder_query.unflatten(-1, (-1, attn.head_dim))
-            encoder_key = encoder_key.unflatten(-1, (-1, attn.head_dim))
-            encoder_value = encoder_value.unflatten(-1, (-1, attn.head_dim))
+            encoder_query = encoder_query.unflatten(-1, heads)
+            encoder_key = encoder_key.unflatten(-1, heads)
+            encoder_value = encoder_value.unflatten(-1, heads)
         fused = self._fused_norms(attn, query, key, encoder_query if joint else None,
                                   encoder_key if joint else None, image_rotary_emb)
         if fused is None:

@@ -7,19 +7,26 @@ diffusers runs each seam as separate 16-bit kernels over the whole hidden state;
   + shift_mlp`` -> one ``kiln.gated_adaln`` (norm2 a LayerNorm without parameters); then
   ``h + gate_mlp * ff`` -> one ``kiln.gated_residual_`` into that new h;
 * single-stream block: the attention output and the MLP's activation are written side by side
-  into the buffer ``proj_out`` reads (``kiln.gelu(..., out=buffer[..., d:])``), where diffusers
-  activates into a tensor of its own and concatenates the two; ``residual + gate * proj_out``
+  into the buffer ``proj_out`` reads (``kiln.gelu(..., out=buffer[..., d:])``, or
+  ``kiln.swiglu`` where the MLP is gated as Ovis-Image's: ``proj_mlp`` gives up and gate side by
+  side), where diffusers activates into a tensor of its own and concatenates the two;
+  ``residual + gate * proj_out``
   -> one ``kiln.gated_residual``; and the text and image streams a block receives as two
   adjacent slices of the previous block's output are read as that output, not concatenated
   again.
 
+The FLUX copies in diffusers (Bria's, LongCat-Image's, Ovis-Image's, Bria FIBO's blocks) take the
+same forwards, some with their attention's keyword arguments named ``attention_kwargs``, Bria
+FIBO's single block with the two streams already joined (:func:`joined_single_block`).
+
 Each seam is rounded once to h's dtype where diffusers rounds after each product and sum.
 The attention, norm1 and feed-forward modules are the block's own (patched where kiln.patch
 patched them). Anything else (autograd, a norm2 with parameters or hooks, IP-adapter inputs,
-an activation that is not ``nn.GELU``, torch.compile tracing the single block, where Inductor
+an MLP activation other than ``nn.GELU`` or the gated ``nn.SiLU``, torch.compile tracing the single block, where Inductor
 fuses the concatenation itself) runs diffusers' forward.
 """
 
+import inspect
 from typing import Callable, Optional
 
 import torch
@@ -28,7 +35,6 @@ from .. import activation_ops, norm_ops
 from .forwards import any_hooks, kiln_can_take, norm_eps, records_parameters
 
 DOUBLE_OPS = "gated_adaln + gated_residual"
-SINGLE_OPS = "gelu + gated_residual"
 # diffusers clips 16-bit streams to fp16's range after each block.
 _FP16_MAX = 65504
 
@@ -78,6 +84,28 @@ def double_stream(norm, ff, h, attn, gate_msa, shift_mlp, scale_mlp, gate_mlp) -
     return new_h
 
 
+# What diffusers' FLUX-like blocks call their attention's keyword arguments: FLUX's name, Bria's.
+KWARGS_NAMES = ("joint_attention_kwargs", "attention_kwargs")
+
+
+def kwargs_name(original: Callable) -> str:
+    """The name of the last argument of a FLUX-like block's forward (its attention's keyword
+    arguments)."""
+    return tuple(inspect.signature(original).parameters)[-1]
+
+
+def _taking(forward: Callable, name: str) -> Callable:
+    """A two-stream block's ``forward``, its last argument called ``name`` (callers pass it by
+    keyword: Bria's transformer passes ``attention_kwargs=``)."""
+    if name == "joint_attention_kwargs":
+        return forward
+
+    def renamed(hidden_states, encoder_hidden_states, temb, image_rotary_emb=None, attention_kwargs=None):
+        return forward(hidden_states, encoder_hidden_states, temb, image_rotary_emb, attention_kwargs)
+
+    return renamed
+
+
 def flux_double_block(module: torch.nn.Module, original: Callable) -> Callable:
     """``FluxTransformerBlock.forward`` with its seams fused (see the module's docstring)."""
 
@@ -98,7 +126,7 @@ def flux_double_block(module: torch.nn.Module, original: Callable) -> Callable:
             new_c = new_c.clip(-_FP16_MAX, _FP16_MAX)
         return new_c, new_h
 
-    return forward
+    return _taking(forward, kwargs_name(original))
 
 
 def joined(c: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
@@ -116,16 +144,43 @@ def joined(c: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
     return base
 
 
+def mlp_activation(module: torch.nn.Module) -> Optional[str]:
+    """How a single block activates its ``proj_mlp`` output: "gelu" (FLUX's ``nn.GELU``),
+    "swiglu" (Ovis-Image's ``nn.SiLU`` of the second half times the first, ``proj_mlp`` twice
+    ``mlp_hidden_dim`` wide), else None."""
+    act = module.act_mlp
+    if type(act) is torch.nn.GELU and act.approximate in ("tanh", "none"):
+        return "gelu"
+    width = getattr(module, "mlp_hidden_dim", None)
+    if type(act) is torch.nn.SiLU and isinstance(width, int) \
+            and getattr(module.proj_mlp, "out_features", None) == 2 * width:
+        return "swiglu"
+    return None
+
+
 def fits_single(module: torch.nn.Module, h, c, temb, joint_attention_kwargs) -> bool:
     if torch.compiler.is_compiling():
         return False
     if not (isinstance(h, torch.Tensor) and isinstance(c, torch.Tensor) and isinstance(temb, torch.Tensor)
             and h.dim() == 3 and c.dim() == 3 and h.shape[::2] == c.shape[::2] and kiln_can_take(h, c)):
         return False
-    act = module.act_mlp
-    if type(act) is not torch.nn.GELU or act.approximate not in ("tanh", "none") or any_hooks(act):
+    if mlp_activation(module) is None or any_hooks(module.act_mlp):
         return False
     return not joint_attention_kwargs and not records_parameters(module)
+
+
+def _activated_as_diffusers(module: torch.nn.Module, mlp: torch.Tensor) -> torch.Tensor:
+    if mlp_activation(module) == "swiglu":
+        up, gate = mlp.chunk(2, dim=-1)
+        return module.act_mlp(gate) * up
+    return module.act_mlp(mlp)
+
+
+def _activate_into(module: torch.nn.Module, mlp: torch.Tensor, out: torch.Tensor) -> None:
+    if mlp_activation(module) == "swiglu":
+        activation_ops.swiglu(mlp, None, up_first=True, out=out)
+    else:
+        activation_ops.gelu(mlp, None, module.act_mlp.approximate, out=out)
 
 
 def single_output(module: torch.nn.Module, x: torch.Tensor, attn: torch.Tensor, mlp: torch.Tensor,
@@ -133,13 +188,14 @@ def single_output(module: torch.nn.Module, x: torch.Tensor, attn: torch.Tensor, 
     """``x + gate * proj_out(cat([attn, act_mlp(mlp)], -1))`` for a single-stream block's joined
     stream x [B, N, D]: the activation written beside the attention's output into the buffer
     proj_out reads, the gated residual one kiln call; as written where kiln does not take them."""
+    width = mlp.shape[-1] // 2 if mlp_activation(module) == "swiglu" else mlp.shape[-1]
     if attn.shape[:2] != x.shape[:2] or mlp.shape[:2] != x.shape[:2] or not kiln_can_take(x, attn, mlp, gate):
-        both = torch.cat([attn, module.act_mlp(mlp)], dim=2)
+        both = torch.cat([attn, _activated_as_diffusers(module, mlp)], dim=2)
     else:
         d = attn.shape[-1]
-        both = x.new_empty(*x.shape[:2], d + mlp.shape[-1])
+        both = x.new_empty(*x.shape[:2], d + width)
         both[..., :d].copy_(attn)
-        activation_ops.gelu(mlp, None, module.act_mlp.approximate, out=both[..., d:])
+        _activate_into(module, mlp, both[..., d:])
     out = module.proj_out(both)
     if out.shape == x.shape and kiln_can_take(x, out, gate):
         return activation_ops.gated_residual(x, out, gate[:, None])
@@ -163,5 +219,25 @@ def flux_single_block(module: torch.nn.Module, original: Callable) -> Callable:
         if x.dtype == torch.float16:
             x = x.clip(-_FP16_MAX, _FP16_MAX)
         return x[:, :text], x[:, text:]
+
+    return _taking(forward, kwargs_name(original))
+
+
+def joined_single_block(module: torch.nn.Module, original: Callable) -> Callable:
+    """A single block that receives and returns the joined stream (Bria FIBO's: ``forward(
+    hidden_states, temb, image_rotary_emb, joint_attention_kwargs)``), fused as
+    :func:`flux_single_block`."""
+
+    def forward(hidden_states, temb, image_rotary_emb=None, joint_attention_kwargs=None):
+        x = hidden_states
+        if not fits_single(module, x, x, temb, joint_attention_kwargs):
+            return original(hidden_states, temb, image_rotary_emb, joint_attention_kwargs)
+        norm_x, gate = module.norm(x, emb=temb)
+        mlp = module.proj_mlp(norm_x)
+        attn = module.attn(hidden_states=norm_x, image_rotary_emb=image_rotary_emb)
+        x = single_output(module, x, attn, mlp, gate)
+        if x.dtype == torch.float16:
+            x = x.clip(-_FP16_MAX, _FP16_MAX)
+        return x
 
     return forward
