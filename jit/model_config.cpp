@@ -558,11 +558,11 @@ ModelShape read_diffusion(const nlohmann::json& config, const std::string& kind)
   model.head_dim = require_size(config, "attention_head_dim");
   model.hidden = model.head_dim * require_size(config, "num_attention_heads");
   model.intermediate = kDiffusersFeedForwardMult * model.hidden;
-  if (kind == "flux" || kind == "chroma") {
+  if (kind == "flux" || kind == "chroma" || kind == "ovis-image") {
     // q and k share the head count; kiln's patch rotates them with diffusers' fp32 table.
     // Chroma's blocks are FLUX's with the modulation projections pruned: the same kernels, its
     // pruned AdaLN modules' too (the rows come from the model's approximator, whose RMSNorms
-    // run at its own width).
+    // run at its own width). Ovis-Image's are FLUX's with SwiGLU MLPs.
     model.heads_q = model.heads_k = model.hidden / model.head_dim;
     model.head_norm_layout = kRopeInterleaved | kRopeTableF32;
     model.modulation_flags = {kNormLayer};  // AdaLayerNormZero and the double blocks' seams
@@ -576,6 +576,13 @@ ModelShape read_diffusion(const nlohmann::json& config, const std::string& kind)
     };
     if (kind == "chroma") {
       add_size(model.ops[Op::rms_norm], require_size(config, "approximator_hidden_dim"));
+    }
+    if (kind == "ovis-image") {
+      // Its feed-forwards and its single blocks' MLPs gate 4x the inner dim (the single blocks'
+      // written into proj_out's input); its text input's RMSNorm runs at joint_attention_dim.
+      model.ops.erase(Op::gelu);
+      model.ops[Op::swiglu] = {model.intermediate};
+      add_size(model.ops[Op::rms_norm], require_size(config, "joint_attention_dim"));
     }
   } else if (kind == "cogvideox") {
     // Its patched blocks: each stream's AdaLN over an affine LayerNorm (the weight in the
@@ -943,6 +950,11 @@ ModelShape read_model_config(const nlohmann::json& config) {
   for (const auto& [diffusers_class, kind] :
        {std::pair{"LTXVideoTransformer3DModel", "ltx-video"},
         std::pair{"FluxTransformer2DModel", "flux"}, std::pair{"WanTransformer3DModel", "wan"},
+        // FLUX's copies: the same blocks and attention (Ovis-Image's MLPs gated)
+        std::pair{"BriaTransformer2DModel", "flux"},
+        std::pair{"BriaFiboTransformer2DModel", "flux"},
+        std::pair{"LongCatImageTransformer2DModel", "flux"},
+        std::pair{"OvisImageTransformer2DModel", "ovis-image"},
         std::pair{"CogVideoXTransformer3DModel", "cogvideox"},
         std::pair{"QwenImageTransformer2DModel", "qwen-image"},
         std::pair{"Flux2Transformer2DModel", "flux2"},
@@ -976,7 +988,8 @@ ModelShape read_model_config(const nlohmann::json& config) {
   throw Error(
       "kiln prewarm: config.json: expected a transformers LLM config (hidden_size, "
       "intermediate_size, ...) or a diffusers LTXVideoTransformer3DModel, "
-      "LTX2VideoTransformer3DModel, FluxTransformer2DModel, Flux2Transformer2DModel, "
+      "LTX2VideoTransformer3DModel, FluxTransformer2DModel (or Bria's, Bria FIBO's, "
+      "LongCat-Image's, Ovis-Image's), Flux2Transformer2DModel, "
       "Flux3Transformer2DModel, "
       "WanTransformer3DModel, CogVideoXTransformer3DModel, QwenImageTransformer2DModel, "
       "HunyuanVideoTransformer3DModel, HunyuanVideo15Transformer3DModel, "

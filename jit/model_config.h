@@ -77,6 +77,10 @@
 //    VACE's control blocks are Wan's over the control stream).
 //  - diffusers ChromaTransformer2DModel: FLUX's blocks with the modulation projections pruned (the
 //    same kernels), and the modulation approximator's RMSNorms at approximator_hidden_dim.
+//  - diffusers BriaTransformer2DModel, BriaFiboTransformer2DModel, LongCatImageTransformer2DModel:
+//    FLUX's blocks and attention under other names (the same kernels); OvisImageTransformer2DModel
+//    too, its MLPs SwiGLUs of 4x the inner dim and its text input's RMSNorm at
+//    joint_attention_dim.
 #pragma once
 
 #include <cstdint>

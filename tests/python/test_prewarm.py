@@ -1094,6 +1094,52 @@ def test_chroma_prewarms_every_call_its_patched_transformer_makes(fresh_cache, t
     assert_prewarmed(taken)
 
 
+@pytest.mark.parametrize("cls", ["OvisImageTransformer2DModel", "BriaFiboTransformer2DModel"])
+def test_flux_copies_prewarm_every_call_their_patched_transformer_makes(fresh_cache, tmp_path, cls):
+    # A tiny Ovis-Image or Bria FIBO (diffusers: FLUX's blocks under other names), patched and run
+    # on the CPU: every kiln call it makes, as each op's dispatcher sees it, is a problem its
+    # config's prewarm compiled. FLUX's AdaLN and double-block seams over a LayerNorm with no
+    # affine (4), the gated residual in place and not (per sample: 24, 8), the per-head q/k norms
+    # and rotation from diffusers' fp32 table, interleaved, 2 + 2 heads (1 | 2 | 16 | 256); Ovis-
+    # Image's text input's RMSNorm with its weight (1) and its SwiGLUs, of the packed projection
+    # (flat, 1) and into a slice of proj_out's input (0); Bria FIBO's tanh GELUs, flat (1) and
+    # into the slice (0), its single blocks taking the joined stream.
+    import torch
+    ovis = cls == "OvisImageTransformer2DModel"
+    own = dict(out_channels=8) if ovis else dict(text_encoder_dim=16)
+    model = _prewarmed_and_patched(tmp_path, cls, patch_size=1, in_channels=8, num_layers=1, num_single_layers=2,
+                                   attention_head_dim=16, num_attention_heads=2, joint_attention_dim=24,
+                                   axes_dims_rope=(4, 6, 6), **own)
+    g = torch.Generator().manual_seed(1)
+    bf16 = torch.bfloat16
+    ids = torch.stack(torch.meshgrid(torch.zeros(1), torch.arange(3.0), torch.arange(4.0), indexing="ij"), -1)
+    inputs = dict(hidden_states=torch.randn(2, 12, 8, generator=g).to(bf16),
+                  encoder_hidden_states=torch.randn(2, 5, 24, generator=g).to(bf16),
+                  timestep=torch.tensor([0.3, 0.7]).to(bf16), img_ids=ids.reshape(12, 3), txt_ids=torch.zeros(5, 3))
+    if not ovis:
+        inputs["text_encoder_layers"] = [torch.randn(2, 5, 16, generator=g).to(bf16) for _ in range(3)]
+    with torch.no_grad(), KilnCallsAndOuts() as calls:
+        model(**inputs)
+    taken = set()
+    for op, args in calls:
+        x = args[0]
+        if (problem := dit_problem(op, args)) is not None:
+            taken.add(problem)
+        elif op in ("swiglu", "swiglu out"):
+            assert (len(args) == 1 or args[1] is None) and x.is_contiguous()  # the packed projection
+            taken.add(("swiglu", x.shape[-1] // 2, 1 if op == "swiglu" else 0))
+        else:
+            assert op in ("head_norm_rope", "head_norm_rope_")
+            q, k, cos = args[0], args[1], args[4]
+            assert q.shape[2] == k.shape[2] == 2 and cos.dtype == torch.float32 and cos.shape[-1] == 16
+            taken.add(("rope", q.shape[-1], 1 | 2 | 16 | 256))
+    own_calls = {("rms_norm", 24, 1), ("swiglu", 128, 1), ("swiglu", 128, 0)} if ovis else \
+        {("gelu", 128, 1), ("gelu", 128, 0)}
+    assert taken == {("adaln", 32, 4), ("gated_adaln", 32, 4), ("gated_residual", 32, 24), ("gated_residual", 32, 8),
+                     ("rope", 16, 275)} | own_calls
+    assert_prewarmed(taken)
+
+
 def test_mochi_prewarms_every_call_its_patched_transformer_makes(fresh_cache, tmp_path):
     # A tiny Mochi (diffusers), patched and run on the CPU with a padded prompt: every kiln call it
     # makes, as each op's dispatcher sees it, is a problem its config's prewarm compiled. Each

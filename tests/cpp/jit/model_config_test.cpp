@@ -1067,6 +1067,38 @@ TEST_CASE("Chroma is prewarmed as FLUX, with its approximator's RMSNorms") {
                        doctest::Contains("approximator_hidden_dim"), kiln::Error);
 }
 
+TEST_CASE("FLUX's copies are prewarmed as FLUX; Ovis-Image with its SwiGLU MLPs") {
+  // Their config.json files, the keys kiln reads (Bria 3.2, Bria FIBO, LongCat-Image,
+  // Ovis-Image-7B).
+  for (const char* copy :
+       {"BriaTransformer2DModel", "BriaFiboTransformer2DModel", "LongCatImageTransformer2DModel"}) {
+    const nlohmann::json config = {
+        {"_class_name", copy}, {"attention_head_dim", 128}, {"num_attention_heads", 24}};
+    const kiln::jit::ModelShape model = kiln::jit::read_model_config(config);
+    CHECK(model.kind == "flux");
+    CHECK(model.ops.at(Op::gelu) == std::vector<std::int64_t>{12288});
+    CHECK(model.ops.at(Op::rms_norm) == std::vector<std::int64_t>{128});
+  }
+  nlohmann::json ovis = {{"_class_name", "OvisImageTransformer2DModel"},
+                         {"attention_head_dim", 128},
+                         {"num_attention_heads", 24},
+                         {"joint_attention_dim", 2048}};
+  const kiln::jit::ModelShape model = kiln::jit::read_model_config(ovis);
+  CHECK(model.kind == "ovis-image");
+  CHECK_FALSE(model.ops.contains(Op::gelu));
+  CHECK(model.ops.at(Op::swiglu) == std::vector<std::int64_t>{12288});
+  CHECK(model.ops.at(Op::rms_norm) == std::vector<std::int64_t>{128, 2048});
+  CHECK(model.ops.at(Op::rope) == std::vector<std::int64_t>{128});
+  const auto targets = targets_of(model);
+  for (Op op : {Op::adaln, Op::gated_adaln}) {
+    CHECK(prewarmed_flags(targets, op, 3072, kiln::DType::bf16) ==
+          std::vector<std::uint32_t>{kiln::kNormLayer});
+  }
+  ovis.erase("joint_attention_dim");
+  CHECK_THROWS_WITH_AS(kiln::jit::read_model_config(ovis), doctest::Contains("joint_attention_dim"),
+                       kiln::Error);
+}
+
 TEST_CASE("SkyReels-V2 and Wan VACE are prewarmed as Wan, per sample and per token") {
   // SkyReels-V2-DF-1.3B's config.json, the keys kiln reads.
   const nlohmann::json skyreels = {{"_class_name", "SkyReelsV2Transformer3DModel"},
