@@ -26,7 +26,7 @@ from typing import Callable
 import torch
 
 from .flux import modulated_module
-from .flux_block import double_stream, fits_double, fits_single, single_output
+from .flux_block import double_stream, fits_double, fits_single, single_stream
 from .per_forward import OncePerForward
 
 BLOCK_OPS = "gated_adaln + gated_residual"
@@ -108,13 +108,7 @@ def chroma_single_block(module: torch.nn.Module, original: Callable) -> Callable
         x = hidden_states
         if not fits_single(module, x, x, temb, joint_attention_kwargs):
             return original(hidden_states, temb, image_rotary_emb, attention_mask, joint_attention_kwargs)
-        norm_x, gate = module.norm(x, emb=temb)
-        mlp = module.proj_mlp(norm_x)
-        attn = module.attn(hidden_states=norm_x, image_rotary_emb=image_rotary_emb,
-                           attention_mask=_expanded(attention_mask))
-        x = single_output(module, x, attn, mlp, gate)
-        if x.dtype == torch.float16:
-            x = x.clip(-_FP16_MAX, _FP16_MAX)
-        return x
+        return single_stream(module, x, temb, image_rotary_emb=image_rotary_emb,
+                             attention_mask=_expanded(attention_mask))
 
     return forward

@@ -202,6 +202,19 @@ def single_output(module: torch.nn.Module, x: torch.Tensor, attn: torch.Tensor, 
     return x + gate.unsqueeze(1) * out
 
 
+def single_stream(module: torch.nn.Module, x: torch.Tensor, temb: torch.Tensor, **attention) -> torch.Tensor:
+    """A FLUX-form single block's joined stream x [B, N, D] after it: its norm, MLP projection and
+    attention (called with ``attention``), then :func:`single_output`; clipped to fp16's range
+    as diffusers clips it."""
+    norm_x, gate = module.norm(x, emb=temb)
+    mlp = module.proj_mlp(norm_x)
+    attn = module.attn(hidden_states=norm_x, **attention)
+    x = single_output(module, x, attn, mlp, gate)
+    if x.dtype == torch.float16:
+        x = x.clip(-_FP16_MAX, _FP16_MAX)
+    return x
+
+
 def flux_single_block(module: torch.nn.Module, original: Callable) -> Callable:
     """``FluxSingleTransformerBlock.forward`` with its concatenations and gated residual fused
     (see the module's docstring)."""
@@ -210,15 +223,8 @@ def flux_single_block(module: torch.nn.Module, original: Callable) -> Callable:
         h, c = hidden_states, encoder_hidden_states
         if not fits_single(module, h, c, temb, joint_attention_kwargs):
             return original(hidden_states, encoder_hidden_states, temb, image_rotary_emb, joint_attention_kwargs)
-        text = c.shape[1]
-        x = joined(c, h)
-        norm_x, gate = module.norm(x, emb=temb)
-        mlp = module.proj_mlp(norm_x)
-        attn = module.attn(hidden_states=norm_x, image_rotary_emb=image_rotary_emb)
-        x = single_output(module, x, attn, mlp, gate)
-        if x.dtype == torch.float16:
-            x = x.clip(-_FP16_MAX, _FP16_MAX)
-        return x[:, :text], x[:, text:]
+        x = single_stream(module, joined(c, h), temb, image_rotary_emb=image_rotary_emb)
+        return x[:, :c.shape[1]], x[:, c.shape[1]:]
 
     return _taking(forward, kwargs_name(original))
 
@@ -232,12 +238,6 @@ def joined_single_block(module: torch.nn.Module, original: Callable) -> Callable
         x = hidden_states
         if not fits_single(module, x, x, temb, joint_attention_kwargs):
             return original(hidden_states, temb, image_rotary_emb, joint_attention_kwargs)
-        norm_x, gate = module.norm(x, emb=temb)
-        mlp = module.proj_mlp(norm_x)
-        attn = module.attn(hidden_states=norm_x, image_rotary_emb=image_rotary_emb)
-        x = single_output(module, x, attn, mlp, gate)
-        if x.dtype == torch.float16:
-            x = x.clip(-_FP16_MAX, _FP16_MAX)
-        return x
+        return single_stream(module, x, temb, image_rotary_emb=image_rotary_emb)
 
     return forward
