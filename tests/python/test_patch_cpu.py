@@ -461,6 +461,34 @@ def test_norms_computing_something_else_are_left_with_a_reason():
     assert all(l.cls == "Halved" for l in report.left)
 
 
+class _GammaNorm(torch.nn.Module):
+    """An RMSNorm whose scale is named `gamma` (Stable Audio 3's), held as a parameter, a buffer
+    or a plain tensor attribute; ones, as an untrained model's are."""
+
+    def __init__(self, hidden, kept):
+        super().__init__()
+        self.eps = 1e-6
+        if kept == "parameter":
+            self.gamma = torch.nn.Parameter(torch.ones(hidden))
+        elif kept == "buffer":
+            self.register_buffer("gamma", torch.ones(hidden))
+        else:
+            self.gamma = torch.ones(hidden)
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.gamma
+
+
+@pytest.mark.parametrize("kept", ["parameter", "buffer", "attribute"])
+def test_a_norm_scaled_by_another_tensor_is_left(kept):
+    """A norm of the probe's width whose scale is not its `weight`: ones agree with a norm of no
+    weight on the probe, but kiln's would ignore the scale once trained; it is left, saying why."""
+    report = kiln.patch(torch.nn.Sequential(_GammaNorm(64, kept)))
+    assert report.replaced == []
+    assert [l.reason for l in report.left] == [
+        "it holds tensors besides a weight and a bias (gamma), which kiln's norms do not read"]
+
+
 def test_a_group_norm_is_left_as_one():
     report = kiln.patch(torch.nn.Sequential(torch.nn.GroupNorm(4, 32), torch.nn.GroupNorm(1, 32, affine=False)))
     assert report.replaced == [] and [l.reason for l in report.left] == [

@@ -255,9 +255,24 @@ def classify_norm(module: torch.nn.Module, original: Callable) -> Union[Match, N
     return remembered(key and ("norm", key), lambda: _classify_norm(module, original))
 
 
+def _other_tensors(module: torch.nn.Module) -> list:
+    """The names of the tensors a module holds (parameters, buffers, plain attributes) besides
+    its weight and bias."""
+    held = {**module.__dict__, **module._parameters, **module._buffers}
+    return sorted(name for name, value in held.items()
+                  if isinstance(value, torch.Tensor) and name not in ("weight", "bias"))
+
+
 def _classify_norm(module: torch.nn.Module, original: Callable) -> Union[Match, NoMatch]:
     weight = getattr(module, "weight", None)
     bias = getattr(module, "bias", None)
+    others = _other_tensors(module)
+    if others:
+        # Its forward may read them (Stable Audio 3's scale is `gamma`), where kiln's norms read
+        # only a weight and a bias; a probe would agree wherever they hold ones and zeros, as an
+        # untrained model's do, and the trained values would then be ignored.
+        return NoMatch("norm", f"it holds tensors besides a weight and a bias ({', '.join(others)}), "
+                               "which kiln's norms do not read")
     if bias is not None and not (isinstance(bias, torch.Tensor) and bias.dim() == 1):
         return NoMatch("norm", f"its bias is a {type(bias).__name__} of another shape than [hidden]")
     eps = getattr(module, "variance_epsilon", getattr(module, "eps", None))
