@@ -679,6 +679,27 @@ ModelShape read_diffusion(const nlohmann::json& config, const std::string& kind)
         {Op::rms_norm, {model.head_dim, require_size(config, "joint_attention_dim")}},
         {Op::rope, {model.head_dim}},
     };
+  } else if (kind == "qwen-image-2.1") {
+    // One stream. Its patched blocks: AdaLN over a LayerNorm with no affine, scale only (a shift
+    // of zeros), its seams (gated_adaln, the gated residual in place), per token with
+    // causal_condition (the prompt's tokens modulated from t = 0, the image's from the step's t;
+    // the model's default), else per sample; the feed-forwards' SwiGLU of mlp_ratio x the inner
+    // dim; the per-head q/k RMSNorms and the text input's (at context_in_dim); the output
+    // LayerNorm. Its attention's rotation stays diffusers'.
+    model.heads_q = model.heads_k = model.hidden / model.head_dim;
+    model.intermediate = mlp_width(config, model.hidden, 3.0);
+    model.rope = "diffusers' own (complex frequencies; not patched)";
+    const auto causal = config.find("causal_condition");
+    const bool per_token = causal == config.end() || !causal->is_boolean() || causal->get<bool>();
+    model.modulation_flags = {per_token ? kNormLayer | kNormPerToken : kNormLayer};
+    model.ops = {
+        {Op::layer_norm, {model.hidden}},
+        {Op::adaln, {model.hidden}},
+        {Op::gated_adaln, {model.hidden}},
+        {Op::gated_residual, {model.hidden}},
+        {Op::swiglu, {model.intermediate}},
+        {Op::rms_norm, {model.head_dim, require_size(config, "context_in_dim")}},
+    };
   } else if (kind == "ltx2") {
     read_ltx2(config, model);
   } else if (kind.starts_with("hunyuan-")) {
@@ -957,6 +978,7 @@ ModelShape read_model_config(const nlohmann::json& config) {
         std::pair{"OvisImageTransformer2DModel", "ovis-image"},
         std::pair{"CogVideoXTransformer3DModel", "cogvideox"},
         std::pair{"QwenImageTransformer2DModel", "qwen-image"},
+        std::pair{"QwenImage21Transformer2DModel", "qwen-image-2.1"},
         std::pair{"Flux2Transformer2DModel", "flux2"},
         std::pair{"Flux3Transformer2DModel", "flux3"},
         std::pair{"LTX2VideoTransformer3DModel", "ltx2"},
@@ -992,6 +1014,7 @@ ModelShape read_model_config(const nlohmann::json& config) {
       "LongCat-Image's, Ovis-Image's), Flux2Transformer2DModel, "
       "Flux3Transformer2DModel, "
       "WanTransformer3DModel, CogVideoXTransformer3DModel, QwenImageTransformer2DModel, "
+      "QwenImage21Transformer2DModel, "
       "HunyuanVideoTransformer3DModel, HunyuanVideo15Transformer3DModel, "
       "HunyuanImageTransformer2DModel, MochiTransformer3DModel, SD3Transformer2DModel, "
       "ChromaTransformer2DModel, SkyReelsV2Transformer3DModel, WanVACETransformer3DModel or "

@@ -1,26 +1,33 @@
 """kiln.patch on a tiny Qwen-Image 2.1 transformer (CPU): its feed-forwards'
-``out(silu(gate_layer(x)) * proj(x))`` as one kiln.swiglu between the projections, its
-LayerNorms, q/k RMSNorms and text RMSNorm kiln's; fp32 and bf16 against diffusers' forward, with
-autograd; unpatch restores it. Its blocks' modulated seams and its attention's rotation are still
-diffusers'."""
+``out(silu(gate_layer(x)) * proj(x))`` as one kiln.swiglu between the projections; its blocks'
+modulated seams (adaln, gated_adaln, gated_residual_) from the scales and activated gates derived
+once a forward, per sample or per token (causal_condition); its q/k RMSNorms and text RMSNorm
+kiln's; fp32 and bf16 against diffusers' forward, with autograd; unpatch restores it. Its
+attention's rotation and its output norm are still diffusers'."""
 
 import pytest
 import torch
+
+import kiln
+from kiln.patching import qwen_image21
 
 diffusers = pytest.importorskip("diffusers", reason="diffusers is not installed")
 if not hasattr(diffusers, "QwenImage21Transformer2DModel"):
     pytest.skip("this diffusers has no Qwen-Image 2.1", allow_module_level=True)
 
 from gated_mlp_checks import assert_feed_forwards_gate_once, assert_trains_as_diffusers  # noqa: E402
+from test_patch_dit_cpu import Counter, _agree  # noqa: E402
 
 LAYERS = 2
+# Each block's three seams; the output norm's LayerNorm (its scale-only modulation diffusers').
+BLOCK_CALLS = {"adaln": LAYERS, "gated_adaln": LAYERS, "gated_residual_": LAYERS, "layer_norm": 1}
 
 
-def _qwen_image21(dtype):
+def _qwen_image21(dtype, causal_condition=True):
     torch.manual_seed(0)
     model = diffusers.QwenImage21Transformer2DModel(
         patch_size=1, in_channels=8, out_channels=8, num_layers=LAYERS, attention_head_dim=16, num_attention_heads=2,
-        context_in_dim=24, mlp_ratio=2, axes_dims_rope=(4, 6, 6)).eval()
+        context_in_dim=24, mlp_ratio=2, axes_dims_rope=(4, 6, 6), causal_condition=causal_condition).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "norm" in name:
@@ -52,3 +59,73 @@ def test_qwen_image21_feed_forwards_gate_in_one_kiln_call(dtype, monkeypatch):
 def test_qwen_image21_trains_through_the_kiln_swiglu():
     assert_trains_as_diffusers(_qwen_image21(torch.float32), _inputs(torch.float32),
                                lambda m: [b.img_mlp.gate_layer.weight for b in m.transformer_blocks])
+
+
+@pytest.mark.parametrize("causal_condition", [True, False], ids=["per-token", "per-sample"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_qwen_image21_block_seams(dtype, causal_condition, monkeypatch):
+    """Each block's seams in three kiln calls, the modulation derived once a forward for all the
+    blocks: per token where the text and condition tokens take the t = 0 row (causal_condition),
+    else per sample."""
+    model = _qwen_image21(dtype, causal_condition)
+    inputs = _inputs(dtype)
+    with torch.no_grad():
+        expected = model(**inputs)[0]
+    report = kiln.patch(model)
+    kinds = {r.path: r.kind for r in report.replaced}
+    assert all(kinds[f"transformer_blocks.{i}"] == "qwen-image 2.1 block (adaln, gated residual + norm seams)"
+               for i in range(LAYERS))
+    derived = []
+    real = qwen_image21._derive
+    monkeypatch.setattr(qwen_image21._DERIVED, "make", lambda *a: derived.append(a) or real(*a))
+    counter = Counter(monkeypatch)
+    with torch.no_grad():
+        actual = model(**inputs)[0]
+    assert {k: v for k, v in counter.used().items() if k != "rms_norm"} == BLOCK_CALLS
+    assert len(derived) == 1 and (len(derived[0]) == 2) == causal_condition
+    _agree(actual, expected, dtype)
+    kiln.unpatch(model)
+    with torch.no_grad():
+        assert torch.equal(model(**inputs)[0], expected)
+
+
+def test_qwen_image21_block_with_a_hooked_norm_runs_diffusers_forward(monkeypatch):
+    model = _qwen_image21(torch.float32)
+    inputs = _inputs(torch.float32)
+    with torch.no_grad():
+        expected = model(**inputs)[0]
+    kiln.patch(model)
+    model.transformer_blocks[0].img_norm2.register_forward_hook(lambda *args: None)
+    counter = Counter(monkeypatch)
+    with torch.no_grad():
+        actual = model(**inputs)[0]
+    assert counter.used()["adaln"] == counter.used()["gated_adaln"] == LAYERS - 1
+    _agree(actual, expected, torch.float32)
+
+
+def test_qwen_image21_blocks_train_as_diffusers():
+    """Recording a graph, the blocks run diffusers' forward: the modulation's gradients agree."""
+    assert_trains_as_diffusers(_qwen_image21(torch.float32), _inputs(torch.float32),
+                               lambda m: [m.modulation[1].weight])
+
+
+def test_qwen_image21_block_probe_tells_the_selected_row():
+    """A block that selects the t = 0 row for the target image's tokens (the other way round)
+    does not compute what kiln's seams do: the probe leaves it."""
+    from diffusers.models.transformers import transformer_qwenimage21 as module
+
+    block = _qwen_image21(torch.float32).transformer_blocks[0]
+    original = type(block).forward
+
+    def swapped(self, hidden_states, modulation, rotary_emb=None, attention_mask=None, target_token_mask=None,
+                layer_cache=None, kv_cache_mode=None, cache_write_slice=None, segments=None, key_valid=None):
+        mask = None if target_token_mask is None else ~target_token_mask
+        return original(self, hidden_states, modulation, rotary_emb, attention_mask, mask, layer_cache,
+                        kv_cache_mode, cache_write_slice, segments, key_valid)
+
+    assert module.QwenImage21TransformerBlock.forward is original
+    block.forward = swapped.__get__(block)
+    report = kiln.patch(block)
+    assert "" not in {r.path for r in report.replaced}
+    [left] = [entry for entry in report.left if entry.path == ""]
+    assert "Qwen-Image 2.1's block seams" in left.reason and "fails on the probe" not in left.reason

@@ -1140,6 +1140,39 @@ def test_flux_copies_prewarm_every_call_their_patched_transformer_makes(fresh_ca
     assert_prewarmed(taken)
 
 
+@pytest.mark.parametrize("causal_condition", [True, False], ids=["per-token", "per-sample"])
+def test_qwen_image21_prewarms_every_call_its_patched_transformer_makes(fresh_cache, tmp_path, causal_condition):
+    # A tiny Qwen-Image 2.1 (diffusers), patched and run on the CPU: every kiln call it makes, as
+    # each op's dispatcher sees it, is a problem its config's prewarm compiled. The blocks' AdaLN
+    # and seam over a LayerNorm with no affine (4), per token under causal_condition (32), the
+    # gated residual in place (16; per sample, 8), the feed-forwards' SwiGLU of two tensors (flat,
+    # 1), the q/k RMSNorms and the text's with their weights (1), the output LayerNorm (0).
+    import torch
+    model = _prewarmed_and_patched(
+        tmp_path, "QwenImage21Transformer2DModel", patch_size=1, in_channels=8, out_channels=8, num_layers=2,
+        attention_head_dim=16, num_attention_heads=2, context_in_dim=24, mlp_ratio=2, axes_dims_rope=(4, 6, 6),
+        causal_condition=causal_condition)
+    g = torch.Generator().manual_seed(1)
+    bf16 = torch.bfloat16
+    img_mask = torch.cat([torch.zeros(1, 7, dtype=torch.bool), torch.ones(1, 6, dtype=torch.bool)], 1)
+    with torch.no_grad(), KilnCalls() as calls:
+        model(hidden_states=torch.randn(1, 24, 8, generator=g).to(bf16),
+              encoder_hidden_states=torch.randn(1, 7, 24, generator=g).to(bf16), timestep=torch.tensor([0.5]).to(bf16),
+              img_shapes=[[(1, 4, 6)]], img_mask=img_mask)
+    taken = set()
+    for op, args in calls:
+        if (problem := dit_problem(op, args)) is not None:
+            taken.add(problem)
+        else:
+            assert op == "swiglu" and args[1] is not None and args[0].is_contiguous()
+            taken.add((op, args[0].shape[-1], 1))
+    modulation = 4 | (32 if causal_condition else 0)
+    assert taken == {("adaln", 32, modulation), ("gated_adaln", 32, modulation),
+                     ("gated_residual", 32, 16 | (0 if causal_condition else 8)), ("swiglu", 64, 1),
+                     ("rms_norm", 16, 1), ("rms_norm", 24, 1), ("layer_norm", 32, 0)}
+    assert_prewarmed(taken)
+
+
 def test_mochi_prewarms_every_call_its_patched_transformer_makes(fresh_cache, tmp_path):
     # A tiny Mochi (diffusers), patched and run on the CPU with a padded prompt: every kiln call it
     # makes, as each op's dispatcher sees it, is a problem its config's prewarm compiled. Each

@@ -1067,6 +1067,33 @@ TEST_CASE("Chroma is prewarmed as FLUX, with its approximator's RMSNorms") {
                        doctest::Contains("approximator_hidden_dim"), kiln::Error);
 }
 
+TEST_CASE("Qwen-Image 2.1 is prewarmed per token under causal_condition, per sample without") {
+  // Qwen-Image 2.1's config.json, the keys kiln reads.
+  nlohmann::json config = {{"_class_name", "QwenImage21Transformer2DModel"},
+                           {"attention_head_dim", 128},
+                           {"num_attention_heads", 32},
+                           {"mlp_ratio", 3},
+                           {"context_in_dim", 4096},
+                           {"causal_condition", true}};
+  kiln::jit::ModelShape model = kiln::jit::read_model_config(config);
+  CHECK(model.kind == "qwen-image-2.1");
+  CHECK(model.ops.at(Op::swiglu) == std::vector<std::int64_t>{12288});
+  CHECK(model.ops.at(Op::rms_norm) == std::vector<std::int64_t>{128, 4096});
+  CHECK_FALSE(model.ops.contains(Op::rope));
+  auto targets = targets_of(model);
+  for (Op op : {Op::adaln, Op::gated_adaln}) {
+    CHECK(prewarmed_flags(targets, op, 4096, kiln::DType::bf16) ==
+          std::vector<std::uint32_t>{kiln::kNormLayer | kiln::kNormPerToken});
+  }
+  config["causal_condition"] = false;
+  targets = targets_of(kiln::jit::read_model_config(config));
+  CHECK(prewarmed_flags(targets, Op::adaln, 4096, kiln::DType::bf16) ==
+        std::vector<std::uint32_t>{kiln::kNormLayer});
+  config.erase("context_in_dim");
+  CHECK_THROWS_WITH_AS(kiln::jit::read_model_config(config), doctest::Contains("context_in_dim"),
+                       kiln::Error);
+}
+
 TEST_CASE("FLUX's copies are prewarmed as FLUX; Ovis-Image with its SwiGLU MLPs") {
   // Their config.json files, the keys kiln reads (Bria 3.2, Bria FIBO, LongCat-Image,
   // Ovis-Image-7B).

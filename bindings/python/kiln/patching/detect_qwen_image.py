@@ -1,13 +1,15 @@
 """Qwen-Image's patterns (:mod:`.qwen_image`), each confirmed on a probe as
 :mod:`.detect_dit`'s are: its attention (found by its processor's ``__call__``) and its
-transformer block (found by its two streams' modulations, norms and feed-forwards)."""
+transformer block (found by its two streams' modulations, norms and feed-forwards); and Qwen-Image
+2.1's single-stream block (:mod:`.qwen_image21`: its norms, attention and feed-forward, and the
+model's modulation as an argument)."""
 
 import inspect
 from typing import Callable, Union
 
 import torch
 
-from . import qwen_image
+from . import qwen_image, qwen_image21
 from .detect import NoMatch, _Swapped
 from .detect_dit import (_PROBE_DIM, DitMatch, attention_match, _confirmed, _fused_or_plain, _linear, _norm_weights,
                          _ProbeFF, _processor_call)
@@ -102,7 +104,56 @@ def classify_block(module: torch.nn.Module, original: Callable) -> Union[DitMatc
     return _confirmed(match, original, patched, calls, swaps, "Qwen-Image's block seams")
 
 
+_BLOCK21_ARGUMENTS = ("hidden_states", "modulation", "rotary_emb", "attention_mask", "target_token_mask",
+                      "layer_cache", "kv_cache_mode", "cache_write_slice", "segments", "key_valid")
+
+
+def block21_candidate(module: torch.nn.Module) -> bool:
+    children = qwen_image21.NORMS + ("attn", "img_mlp")
+    return all(isinstance(getattr(module, n, None), torch.nn.Module) for n in children) \
+        and callable(getattr(module, "_modulate", None)) and getattr(module, "txt_mod", None) is None
+
+
+class _ProbeAttention21(torch.nn.Module):
+    """A stand-in for Qwen-Image 2.1's attention: elementwise in the tokens it is given, its
+    rotation changing its output."""
+
+    def __init__(self, dim: int, g: torch.Generator):
+        super().__init__()
+        self.w, self.b = torch.randn(dim, generator=g), torch.randn(dim, generator=g)
+
+    def forward(self, hidden_states, attention_mask=None, rotary_emb=None, layer_cache=None, kv_cache_mode=None,
+                cache_write_slice=None, segments=None, key_valid=None):
+        out = torch.tanh(hidden_states * self.w + self.b)
+        return out if rotary_emb is None else out + rotary_emb
+
+
+def classify_block21(module: torch.nn.Module, original: Callable) -> Union[DitMatch, NoMatch]:
+    norms = [getattr(module, name) for name in qwen_image21.NORMS]
+    if any(type(n) is not torch.nn.LayerNorm or len(n.normalized_shape) != 1 or n.weight is not None
+           or n.bias is not None for n in norms):
+        return NoMatch("block", "its norms are not LayerNorms over the last dimension with no affine parameters")
+    if tuple(inspect.signature(original).parameters) != _BLOCK21_ARGUMENTS:
+        return NoMatch("block", f"its forward does not take Qwen-Image 2.1's block arguments {_BLOCK21_ARGUMENTS}")
+    d = norms[0].normalized_shape[0]
+    g = torch.Generator().manual_seed(0)
+    swaps = [_Swapped(module, children={"attn": _ProbeAttention21(d, g), "img_mlp": _ProbeFF(d, g)})]
+    h = torch.randn(2, 5, d, generator=g) + 0.5
+    rope = 0.1 * torch.randn(d, generator=g)
+    # Per sample; and with causal_condition, the target image's tokens (the last three) on their
+    # sample's row, the others on the extra t = 0 row.
+    mask = torch.tensor([False, False, True, True, True])
+    calls = [((h, torch.randn(2, 4 * d, generator=g), rope), {}),
+             ((), dict(hidden_states=h, modulation=torch.randn(3, 4 * d, generator=g), rotary_emb=rope,
+                       target_token_mask=mask))]
+    match = DitMatch("qwen-image 2.1 block (adaln, gated residual + norm seams)", qwen_image21.BLOCK_OPS, "adaln",
+                     qwen_image21.qwen_image21_block)
+    return _confirmed(match, original, qwen_image21.qwen_image21_block(module, original), calls, swaps,
+                      "Qwen-Image 2.1's block seams")
+
+
 CANDIDATES = (
     (attention_candidate, classify_attention),
     (block_candidate, classify_block),
+    (block21_candidate, classify_block21),
 )
