@@ -552,6 +552,19 @@ void read_ltx2(const nlohmann::json& config, ModelShape& model) {
   model.towers = {audio, across};
 }
 
+// Qwen-Image's and Qwen-Image 2.1's attention: q and k share the head count; each head's
+// RMSNorm and rotation by complex frequencies, read as fp32 half tables (interleaved pairs), one
+// head_norm_rope (training: the norms and kiln.rope).
+void qwen_image_rotation(const nlohmann::json& config, ModelShape& model) {
+  model.heads_q = model.heads_k = model.hidden / model.head_dim;
+  constexpr std::uint32_t kComplexTable = kRopeInterleaved | kRopeTableF32 | kRopeHalfTable;
+  model.head_norm_layout = kComplexTable;
+  model.rope_tables = {kComplexTable};
+  model.rope = axes_rope(config, "3-D",
+                         "complex frequencies read as fp32 half tables, interleaved pairs, after "
+                         "the per-head q/k RMSNorms");
+}
+
 ModelShape read_diffusion(const nlohmann::json& config, const std::string& kind) {
   ModelShape model;
   model.kind = kind;
@@ -658,13 +671,7 @@ ModelShape read_diffusion(const nlohmann::json& config, const std::string& kind)
     // the attention's per-head q/k RMSNorms and rotation by complex frequencies, read as fp32
     // half tables (interleaved pairs), one head_norm_rope a stream (training: the norms and
     // kiln.rope); the text input's RMSNorm at joint_attention_dim; the output AdaLN.
-    model.heads_q = model.heads_k = model.hidden / model.head_dim;
-    constexpr std::uint32_t kComplexTable = kRopeInterleaved | kRopeTableF32 | kRopeHalfTable;
-    model.head_norm_layout = kComplexTable;
-    model.rope_tables = {kComplexTable};
-    model.rope = axes_rope(config, "3-D",
-                           "complex frequencies read as fp32 half tables, interleaved pairs, after "
-                           "the per-head q/k RMSNorms");
+    qwen_image_rotation(config, model);
     model.modulation_flags = {kNormLayer};
     if (auto zero_cond = config.find("zero_cond_t");
         zero_cond != config.end() && zero_cond->is_boolean() && zero_cond->get<bool>()) {
@@ -684,11 +691,11 @@ ModelShape read_diffusion(const nlohmann::json& config, const std::string& kind)
     // of zeros), its seams (gated_adaln, the gated residual in place), per token with
     // causal_condition (the prompt's tokens modulated from t = 0, the image's from the step's t;
     // the model's default), else per sample; the feed-forwards' SwiGLU of mlp_ratio x the inner
-    // dim; the per-head q/k RMSNorms and the text input's (at context_in_dim); the output
-    // LayerNorm. Its attention's rotation stays diffusers'.
-    model.heads_q = model.heads_k = model.hidden / model.head_dim;
+    // dim; the attention's per-head q/k RMSNorms and rotation by complex frequencies, read as
+    // fp32 half tables (interleaved pairs), one head_norm_rope (training: the norms and
+    // kiln.rope); the text input's RMSNorm at context_in_dim; the output LayerNorm.
+    qwen_image_rotation(config, model);
     model.intermediate = mlp_width(config, model.hidden, 3.0);
-    model.rope = "diffusers' own (complex frequencies; not patched)";
     const auto causal = config.find("causal_condition");
     const bool per_token = causal == config.end() || !causal->is_boolean() || causal->get<bool>();
     model.modulation_flags = {per_token ? kNormLayer | kNormPerToken : kNormLayer};
@@ -699,6 +706,7 @@ ModelShape read_diffusion(const nlohmann::json& config, const std::string& kind)
         {Op::gated_residual, {model.hidden}},
         {Op::swiglu, {model.intermediate}},
         {Op::rms_norm, {model.head_dim, require_size(config, "context_in_dim")}},
+        {Op::rope, {model.head_dim}},
     };
   } else if (kind == "ltx2") {
     read_ltx2(config, model);

@@ -79,8 +79,8 @@
 //    same kernels), and the modulation approximator's RMSNorms at approximator_hidden_dim.
 //  - diffusers QwenImage21Transformer2DModel: one stream; AdaLN over a LayerNorm with no affine,
 //    scale only, its seams, per token with causal_condition (else per sample); SwiGLU
-//    feed-forwards of mlp_ratio x the inner dim; the q/k RMSNorms and the text input's at
-//    context_in_dim; diffusers' own rotation.
+//    feed-forwards of mlp_ratio x the inner dim; the q/k RMSNorms and rotation as Qwen-Image's;
+//    the text input's RMSNorm at context_in_dim.
 //  - diffusers BriaTransformer2DModel, BriaFiboTransformer2DModel, LongCatImageTransformer2DModel:
 //    FLUX's blocks and attention under other names (the same kernels); OvisImageTransformer2DModel
 //    too, its MLPs SwiGLUs of 4x the inner dim and its text input's RMSNorm at

@@ -1,9 +1,10 @@
 """kiln.patch on a tiny Qwen-Image 2.1 transformer (CPU): its feed-forwards'
 ``out(silu(gate_layer(x)) * proj(x))`` as one kiln.swiglu between the projections; its blocks'
 modulated seams (adaln, gated_adaln, gated_residual_) from the scales and activated gates derived
-once a forward, per sample or per token (causal_condition); its q/k RMSNorms and text RMSNorm
-kiln's; fp32 and bf16 against diffusers' forward, with autograd; unpatch restores it. Its
-attention's rotation and its output norm are still diffusers'."""
+once a forward, per sample or per token (causal_condition); its attention's q/k norms and complex
+rotation as one kiln.head_norm_rope (the segments and the KV cache diffusers'); its text RMSNorm
+kiln's; fp32 and bf16 against diffusers' forward, with autograd; unpatch restores it. Its output
+norm is still diffusers'."""
 
 import pytest
 import torch
@@ -19,8 +20,10 @@ from gated_mlp_checks import assert_feed_forwards_gate_once, assert_trains_as_di
 from test_patch_dit_cpu import Counter, _agree  # noqa: E402
 
 LAYERS = 2
-# Each block's three seams; the output norm's LayerNorm (its scale-only modulation diffusers').
-BLOCK_CALLS = {"adaln": LAYERS, "gated_adaln": LAYERS, "gated_residual_": LAYERS, "layer_norm": 1}
+# Each block's three seams and its attention's norms and rotation; the text's RMSNorm; the output
+# norm's LayerNorm (its scale-only modulation diffusers').
+CALLS = {"adaln": LAYERS, "gated_adaln": LAYERS, "gated_residual_": LAYERS, "head_norm_rope": LAYERS, "rms_norm": 1,
+         "layer_norm": 1}
 
 
 def _qwen_image21(dtype, causal_condition=True):
@@ -63,10 +66,10 @@ def test_qwen_image21_trains_through_the_kiln_swiglu():
 
 @pytest.mark.parametrize("causal_condition", [True, False], ids=["per-token", "per-sample"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_qwen_image21_block_seams(dtype, causal_condition, monkeypatch):
+def test_qwen_image21_block_seams_and_attention(dtype, causal_condition, monkeypatch):
     """Each block's seams in three kiln calls, the modulation derived once a forward for all the
     blocks: per token where the text and condition tokens take the t = 0 row (causal_condition),
-    else per sample."""
+    else per sample; each attention's q/k norms and rotation in one."""
     model = _qwen_image21(dtype, causal_condition)
     inputs = _inputs(dtype)
     with torch.no_grad():
@@ -74,6 +77,7 @@ def test_qwen_image21_block_seams(dtype, causal_condition, monkeypatch):
     report = kiln.patch(model)
     kinds = {r.path: r.kind for r in report.replaced}
     assert all(kinds[f"transformer_blocks.{i}"] == "qwen-image 2.1 block (adaln, gated residual + norm seams)"
+               and kinds[f"transformer_blocks.{i}.attn"] == "qwen-image 2.1 attention (per-head q/k rms_norm + rope)"
                for i in range(LAYERS))
     derived = []
     real = qwen_image21._derive
@@ -81,7 +85,7 @@ def test_qwen_image21_block_seams(dtype, causal_condition, monkeypatch):
     counter = Counter(monkeypatch)
     with torch.no_grad():
         actual = model(**inputs)[0]
-    assert {k: v for k, v in counter.used().items() if k != "rms_norm"} == BLOCK_CALLS
+    assert counter.used() == CALLS
     assert len(derived) == 1 and (len(derived[0]) == 2) == causal_condition
     _agree(actual, expected, dtype)
     kiln.unpatch(model)
@@ -104,9 +108,10 @@ def test_qwen_image21_block_with_a_hooked_norm_runs_diffusers_forward(monkeypatc
 
 
 def test_qwen_image21_blocks_train_as_diffusers():
-    """Recording a graph, the blocks run diffusers' forward: the modulation's gradients agree."""
+    """Recording a graph, the blocks run diffusers' forward and the attentions the norm modules
+    and kiln.rope: the modulation's and the projections' gradients agree."""
     assert_trains_as_diffusers(_qwen_image21(torch.float32), _inputs(torch.float32),
-                               lambda m: [m.modulation[1].weight])
+                               lambda m: [m.modulation[1].weight] + [b.attn.to_q.weight for b in m.transformer_blocks])
 
 
 def test_qwen_image21_block_probe_tells_the_selected_row():
@@ -129,3 +134,51 @@ def test_qwen_image21_block_probe_tells_the_selected_row():
     assert "" not in {r.path for r in report.replaced}
     [left] = [entry for entry in report.left if entry.path == ""]
     assert "Qwen-Image 2.1's block seams" in left.reason and "fails on the probe" not in left.reason
+
+
+def test_qwen_image21_attention_with_the_prompts_kv_cache(monkeypatch):
+    """The prompt's keys and values cached at the first step (kiln's rotation stored) and read at
+    the next (only the target image's tokens computed): both steps agree with diffusers'."""
+    from diffusers.models.transformers.transformer_qwenimage21 import QwenImage21KVCache
+
+    model = _qwen_image21(torch.float32)
+    steps = [_inputs(torch.float32), dict(_inputs(torch.float32), timestep=torch.tensor([0.2, 0.4]))]
+
+    def run():
+        cache = QwenImage21KVCache(LAYERS)
+        with torch.no_grad():
+            return [model(**inputs, kv_cache=cache, kv_cache_mode=mode)[0]
+                    for inputs, mode in zip(steps, ("extract", "cached"))]
+
+    expected = run()
+    kiln.patch(model)
+    counter = Counter(monkeypatch)
+    actual = run()
+    assert counter.used()["head_norm_rope"] == 2 * LAYERS
+    for a, e in zip(actual, expected):
+        _agree(a, e, torch.float32)
+
+
+def test_qwen_image21_rotation_alone_without_rms_norm_in_ops(monkeypatch):
+    model = _qwen_image21(torch.float32)
+    inputs = _inputs(torch.float32)
+    with torch.no_grad():
+        expected = model(**inputs)[0]
+    report = kiln.patch(model, ops=["rope"])
+    assert {r.path: r.kind for r in report.replaced} == {
+        f"transformer_blocks.{i}.attn": "qwen-image 2.1 attention (rope of q and k)" for i in range(LAYERS)}
+    counter = Counter(monkeypatch)
+    with torch.no_grad():
+        _agree(model(**inputs)[0], expected, torch.float32)
+    assert counter.used() == {"rope": LAYERS}
+
+
+def test_qwen_image21_flex_processor_is_left_to_diffusers():
+    """The model builds its block mask for processors of the flex class: kiln leaves them."""
+    from diffusers.models.transformers.transformer_qwenimage21 import QwenImage21FlexAttnProcessor
+
+    model = _qwen_image21(torch.float32)
+    model.set_attn_processor(QwenImage21FlexAttnProcessor())
+    report = kiln.patch(model)
+    assert not any(r.path.endswith(".attn") for r in report.replaced)
+    assert all(type(b.attn.processor) is QwenImage21FlexAttnProcessor for b in model.transformer_blocks)

@@ -13,17 +13,17 @@ import kiln  # noqa: E402
 from kiln import activation_ops  # noqa: E402
 from kiln.patching import replace  # noqa: E402
 from test_patch_dit_cuda import _as_close_as_the_original, assert_tiny_bf16_model  # noqa: E402
-from test_patch_qwen_image21_cpu import BLOCK_CALLS, LAYERS, _inputs, _qwen_image21  # noqa: E402
+from test_patch_qwen_image21_cpu import CALLS, LAYERS, _inputs, _qwen_image21  # noqa: E402
 
 
 @pytest.mark.gpu
 def test_qwen_image21_tiny_bf16_cuda(monkeypatch):
-    # Each block's feed-forward gates in one kiln.swiglu and its seams are three kiln calls; the
-    # output's LayerNorm, the q/k RMSNorms and the text's are kiln's modules.
+    # Each block's feed-forward gates in one kiln.swiglu, its seams are three kiln calls and its
+    # attention's norms and rotation one; the output's LayerNorm and the text's RMSNorm kiln's.
     assert_tiny_bf16_model(lambda dtype, device: _qwen_image21(dtype).to(device),
                            lambda dtype, device: {k: v.to(device) if isinstance(v, torch.Tensor) else v
                                                   for k, v in _inputs(dtype).items()},
-                           {"swiglu": LAYERS, "rms_norm": 2 * LAYERS + 1, **BLOCK_CALLS}, monkeypatch,
+                           {"swiglu": LAYERS, **CALLS}, monkeypatch,
                            more=[(activation_ops, "swiglu")])
 
 

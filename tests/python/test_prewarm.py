@@ -1146,7 +1146,8 @@ def test_qwen_image21_prewarms_every_call_its_patched_transformer_makes(fresh_ca
     # each op's dispatcher sees it, is a problem its config's prewarm compiled. The blocks' AdaLN
     # and seam over a LayerNorm with no affine (4), per token under causal_condition (32), the
     # gated residual in place (16; per sample, 8), the feed-forwards' SwiGLU of two tensors (flat,
-    # 1), the q/k RMSNorms and the text's with their weights (1), the output LayerNorm (0).
+    # 1), the attention's q/k norms and rotation by fp32 half tables, interleaved, 2 + 2 heads
+    # (1 | 2 | 16 | 128 | 256), the text's RMSNorm with its weight (1), the output LayerNorm (0).
     import torch
     model = _prewarmed_and_patched(
         tmp_path, "QwenImage21Transformer2DModel", patch_size=1, in_channels=8, out_channels=8, num_layers=2,
@@ -1163,13 +1164,18 @@ def test_qwen_image21_prewarms_every_call_its_patched_transformer_makes(fresh_ca
     for op, args in calls:
         if (problem := dit_problem(op, args)) is not None:
             taken.add(problem)
-        else:
-            assert op == "swiglu" and args[1] is not None and args[0].is_contiguous()
+        elif op == "swiglu":
+            assert args[1] is not None and args[0].is_contiguous()
             taken.add((op, args[0].shape[-1], 1))
+        else:
+            assert op == "head_norm_rope"
+            q, k, cos = args[0], args[1], args[4]
+            assert q.shape[2] == k.shape[2] == 2 and cos.dtype == torch.float32 and 2 * cos.shape[-1] == q.shape[-1]
+            taken.add(("rope", q.shape[-1], 1 | 2 | 16 | 128 | 256))
     modulation = 4 | (32 if causal_condition else 0)
     assert taken == {("adaln", 32, modulation), ("gated_adaln", 32, modulation),
                      ("gated_residual", 32, 16 | (0 if causal_condition else 8)), ("swiglu", 64, 1),
-                     ("rms_norm", 16, 1), ("rms_norm", 24, 1), ("layer_norm", 32, 0)}
+                     ("rope", 16, 403), ("rms_norm", 24, 1), ("layer_norm", 32, 0)}
     assert_prewarmed(taken)
 
 

@@ -76,7 +76,8 @@ from .report import Left, PatchReport, Replaced
 _NORM_FUSING = (detect_dit.classify_flux_attention, detect_dit.classify_wan_attention,
                 detect_qwen_image.classify_attention, detect_flux2.classify_parallel_attention,
                 detect_ltx2.classify_attention, detect_z_image.classify_attention,
-                detect_hunyuan_video.classify_attention, detect_flux3.classify_attention)
+                detect_hunyuan_video.classify_attention, detect_flux3.classify_attention,
+                detect_qwen_image.classify_attention21)
 _PROCESSORS = (detect_dit.classify_ltx_attention, detect_mochi.classify_attention,
                detect_cogvideox.classify_attention) + _NORM_FUSING
 

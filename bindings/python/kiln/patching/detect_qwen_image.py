@@ -1,8 +1,9 @@
 """Qwen-Image's patterns (:mod:`.qwen_image`), each confirmed on a probe as
 :mod:`.detect_dit`'s are: its attention (found by its processor's ``__call__``) and its
 transformer block (found by its two streams' modulations, norms and feed-forwards); and Qwen-Image
-2.1's single-stream block (:mod:`.qwen_image21`: its norms, attention and feed-forward, and the
-model's modulation as an argument)."""
+2.1's (:mod:`.qwen_image21`): its attention (its default processor's ``__call__``) and its
+single-stream block (its norms, attention and feed-forward, and the model's modulation as an
+argument)."""
 
 import inspect
 from typing import Callable, Union
@@ -104,6 +105,37 @@ def classify_block(module: torch.nn.Module, original: Callable) -> Union[DitMatc
     return _confirmed(match, original, patched, calls, swaps, "Qwen-Image's block seams")
 
 
+def attention21_candidate(module: torch.nn.Module) -> bool:
+    return _processor_call(module) == "QwenImage21AttnProcessor.__call__"
+
+
+def classify_attention21(module: torch.nn.Module, processor, fuse_norms: bool = True) -> Union[DitMatch, NoMatch]:
+    """kiln's processor for a Qwen-Image 2.1 attention, with the per-head q/k norms in the
+    rotation's launch where they are RMSNorms kiln computes (and ``fuse_norms``)."""
+    heads, inner = getattr(module, "heads", None), getattr(module, "inner_dim", None)
+    if not isinstance(heads, int) or not isinstance(inner, int) or heads <= 0 or inner % heads or (inner // heads) % 2:
+        return NoMatch("attention", f"its heads ({heads!r}) do not split its width {inner!r} into even head dims")
+    g = torch.Generator().manual_seed(0)
+    children = {name: _linear(_PROBE_DIM, inner, g) for name in ("to_q", "to_k", "to_v")}
+    swaps = [_Swapped(module, children=children),
+             _Swapped(module.to_out, children={"0": _linear(inner, _PROBE_DIM, g)})]
+    x = torch.randn(2, 7, _PROBE_DIM, generator=g)
+    rope = _freqs(7, inner // heads, g)
+    # The prefill (a prompt segment, a condition image's, then the target image, the second
+    # sample's prompt padded), the decode (no segments), and no rotation.
+    segments = [(0, 2, True), (2, 4, False)]
+    key_valid = torch.tensor([[True] * 7, [True, False] + [True] * 5])
+    calls = [((module, x), dict(rotary_emb=rope, segments=segments, key_valid=key_valid)),
+             ((module, x), dict(rotary_emb=rope)), ((module, x), {})]
+    why, fuse_norms = _fused_or_plain(module, processor, qwen_image21.QwenImage21AttnProcessor, calls, swaps,
+                                      ("norm_q", "norm_k"), g, fuse_norms)
+    if why is not None:
+        return NoMatch("attention", f"does not compute Qwen-Image 2.1's attention as kiln's processor does: {why}")
+    return attention_match(fuse_norms, qwen_image21.QwenImage21AttnProcessor,
+                           "qwen-image 2.1 attention (per-head q/k rms_norm + rope)",
+                           "qwen-image 2.1 attention (rope of q and k)")
+
+
 _BLOCK21_ARGUMENTS = ("hidden_states", "modulation", "rotary_emb", "attention_mask", "target_token_mask",
                       "layer_cache", "kv_cache_mode", "cache_write_slice", "segments", "key_valid")
 
@@ -155,5 +187,6 @@ def classify_block21(module: torch.nn.Module, original: Callable) -> Union[DitMa
 CANDIDATES = (
     (attention_candidate, classify_attention),
     (block_candidate, classify_block),
+    (attention21_candidate, classify_attention21),
     (block21_candidate, classify_block21),
 )

@@ -1,5 +1,17 @@
 """Qwen-Image 2.1's blocks (diffusers' ``QwenImage21TransformerBlock``: one stream of text,
-condition images and the target image) with the seams between their matmuls fused.
+condition images and the target image) with the seams between their matmuls fused, and its
+attention's q/k norms and rotation in kiln's launches.
+
+The attention (diffusers' default ``QwenImage21AttnProcessor``: the prompt's segments, then the
+image, by SDPA; with a KV cache of the prompt's keys and values across steps) prepares q and k
+in a module-level function its processors share: each head's RMSNorm, then the rotation by
+complex frequencies (``apply_rotary_emb_qwen``, ``use_real=False``), about ten kernels with fp32
+temporaries each for q and for k. kiln's processor is diffusers' ``__call__`` run with kiln's
+preparation in that function's place: where the norms are RMSNorms kiln computes and no graph is
+recorded, one ``kiln.head_norm_rope`` normalises and rotates q and k (the angles' real and
+imaginary parts as fp32 half tables, made once a forward); otherwise the norm modules and one
+``kiln.rope``. The segments, the KV cache and the attention calls stay diffusers'. (The flex
+processor is left: the model builds its block mask for processors of that class.)
 
 Every block reads one modulation the model computes once a forward (``[B', 4D]``: the
 attention's scale and gate, the MLP's), scale only (no shift) and gated through ``tanh``. With
@@ -21,12 +33,15 @@ kiln does not compute) runs diffusers' forward, and so does torch.compile's trac
 Inductor fuses the seams with their neighbours itself.
 """
 
+import sys
+import types
 from typing import Callable, Optional
 
 import torch
 
-from .. import activation_ops, norm_ops
-from .forwards import any_hooks, kiln_can_take, norm_eps, records_parameters
+from .. import activation_ops, norm_ops, rope_ops
+from .forwards import (SharedAttentionSettings, any_hooks, fused_head_norms, kiln_can_take, norm_eps,
+                       records_parameters)
 from .per_forward import OncePerForward
 
 BLOCK_OPS = "adaln + gated_adaln + gated_residual"
@@ -101,3 +116,71 @@ def qwen_image21_block(module: torch.nn.Module, original: Callable) -> Callable:
         return h
 
     return forward
+
+
+# ---- the attention -----------------------------------------------------------------------
+
+_HALF_TABLES = OncePerForward(lambda freqs: (freqs.real.contiguous(), freqs.imag.contiguous()))
+
+
+def _half_tables(freqs, q: torch.Tensor, k: torch.Tensor):
+    """(cos, sin) fp32 half tables of complex64 frequencies [S, D / 2] for q and k [B, S, H, D],
+    or None."""
+    if not (isinstance(freqs, torch.Tensor) and freqs.dtype == torch.complex64 and freqs.dim() == 2
+            and q.dim() == 4 and k.shape == q.shape and freqs.device == q.device and freqs.shape[0] == q.shape[1]
+            and 2 * freqs.shape[1] == q.shape[3]):
+        return None
+    if torch.is_grad_enabled() and freqs.requires_grad:
+        return None
+    return _HALF_TABLES.get(freqs)
+
+
+class QwenImage21AttnProcessor(SharedAttentionSettings):
+    """diffusers' ``QwenImage21AttnProcessor.__call__`` with its q/k preparation kiln's (see the
+    module's docstring)."""
+
+    def __init__(self, original: object, fuse_norms: bool = False):
+        self.original = original
+        # The module's q/k norms are RMSNorms one kiln call computes (checked when patched).
+        self.fuse_norms = fuse_norms
+        self._apply_rotary_emb = sys.modules[type(original).__module__].apply_rotary_emb_qwen
+        # diffusers' __call__ finds the preparation by its module-level name: a copy of it whose
+        # globals give that name kiln's preparation runs the rest as diffusers wrote it.
+        call = type(original).__call__
+        scope = dict(call.__globals__, _qwenimage21_prepare_qkv=self._prepare)
+        self._call = types.FunctionType(call.__code__, scope, call.__name__, call.__defaults__, call.__closure__)
+        self._call.__kwdefaults__ = call.__kwdefaults__
+
+    def __call__(self, attn, hidden_states: torch.Tensor, **kwargs) -> torch.Tensor:
+        return self._call(self, attn, hidden_states, **kwargs)
+
+    def _normed_rotated(self, attn, query, key, value, rotary_emb):
+        tables = None if rotary_emb is None else _half_tables(rotary_emb, query, key)
+        norms = fused_head_norms([attn.norm_q, attn.norm_k], query, key) if self.fuse_norms else None
+        if tables is not None and norms is not None and query.dtype == value.dtype:
+            (wq, wk), eps = norms
+            return rope_ops.head_norm_rope(query, key, wq, wk, *tables, eps, interleaved=True,
+                                           rotary_dim=query.shape[3], layout="bshd")
+        query = attn.norm_q(query).to(value.dtype)
+        key = attn.norm_k(key).to(value.dtype)
+        if rotary_emb is None:
+            return query, key
+        if tables is not None and kiln_can_take(query, key, differentiable=True):
+            return rope_ops.rope(query, key, *tables, interleaved=True, rotary_dim=query.shape[3], layout="bshd")
+        return (self._apply_rotary_emb(query, rotary_emb, use_real=False),
+                self._apply_rotary_emb(key, rotary_emb, use_real=False))
+
+    def _prepare(self, attn, hidden_states, rotary_emb, layer_cache, kv_cache_mode, cache_write_slice):
+        """diffusers' ``_qwenimage21_prepare_qkv`` with the norms and rotation kiln's."""
+        head_dim = attn.inner_dim // attn.heads
+        query, key, value = (proj(hidden_states).unflatten(-1, (-1, head_dim))
+                             for proj in (attn.to_q, attn.to_k, attn.to_v))
+        query, key = self._normed_rotated(attn, query, key, value, rotary_emb)
+        if layer_cache is not None:
+            if kv_cache_mode == "extract" and cache_write_slice is not None:
+                layer_cache.store(key[:, cache_write_slice].clone(), value[:, cache_write_slice].clone())
+            elif kv_cache_mode == "cached":
+                cached_k, cached_v = layer_cache.get()
+                key = torch.cat([cached_k, key], dim=1)
+                value = torch.cat([cached_v, value], dim=1)
+        return query, key, value, query.shape[1]
