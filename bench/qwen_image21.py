@@ -7,9 +7,10 @@ the model's default causal_condition (the prompt's tokens modulated from t = 0, 
 the step's t: modulation per token). What kiln takes: each block's seams (norm1's modulation as
 kiln.adaln; the attention's gated residual with the feed-forward's modulated norm as one
 kiln.gated_adaln; the feed-forward's gated residual as kiln.gated_residual_) from the scales and
-activated gates derived once a forward, every feed-forward's gating (kiln.swiglu), the q/k RMSNorms
-and the text's. A fifth setting, "eager+kiln, blocks apart", leaves the blocks to diffusers: what
-their seams give.
+activated gates derived once a forward, every attention's per-head q/k RMSNorms and complex rotation
+(one kiln.head_norm_rope), every feed-forward's gating (kiln.swiglu) and the text's RMSNorm. A fifth
+setting, "eager+kiln, blocks apart", leaves the blocks and their attention processors to diffusers
+(the q/k norms kiln's modules): what those give.
 
 Usage: python bench/qwen_image21.py [--out DIR] [--quick] [--layers N] [--size PX] [--settings ...]
        [--device cuda|cpu] [--tiny] [--tag TAG]
@@ -61,8 +62,8 @@ def inputs(model, size, device="cuda", seed=1):
 
 
 def blocks_apart(kiln):
-    """kiln.patch with Qwen-Image 2.1's blocks left to diffusers (their feed-forwards and norms
-    still kiln's)."""
+    """kiln.patch with Qwen-Image 2.1's blocks and attention processors left to diffusers (their
+    feed-forwards and norms still kiln's)."""
     from kiln.patching import detect_qwen_image
 
     return common.patch_leaving(kiln, detect_qwen_image)

@@ -611,6 +611,7 @@ def test_qwen_image21_bench_smoke_run_fuses_its_blocks_and_feed_forwards(tmp_pat
     out, replaced = _transformer_smoke(tmp_path, "qwen_image21.py", "QwenImage21Transformer2DModel", "qwen-image21")
     assert "Qwen-Image-2.1-shaped transformer" in out
     assert replaced["adaln + gated_adaln + gated_residual"] == 2 and replaced["swiglu"] == 2
+    assert replaced["head_norm_rope"] == 2
 
 
 @pytest.mark.parametrize("version", ["1.0", "1.5", "image"])
