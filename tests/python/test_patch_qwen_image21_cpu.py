@@ -182,3 +182,17 @@ def test_qwen_image21_flex_processor_is_left_to_diffusers():
     report = kiln.patch(model)
     assert not any(r.path.endswith(".attn") for r in report.replaced)
     assert all(type(b.attn.processor) is QwenImage21FlexAttnProcessor for b in model.transformer_blocks)
+
+
+def test_qwen_image21_patched_model_compiles():
+    """torch.compile traces the patched model (its blocks and attention processors diffusers' own
+    under tracing) and agrees with the eager model."""
+    torch._dynamo.reset()
+    model = _qwen_image21(torch.float32)
+    inputs = _inputs(torch.float32)
+    with torch.no_grad():
+        expected = model(**inputs)[0]
+        kiln.patch(model)
+        for block in model.transformer_blocks:
+            block.compile(backend="eager", fullgraph=False)
+        _agree(model(**inputs)[0], expected, torch.float32)

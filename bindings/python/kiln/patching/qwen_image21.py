@@ -10,8 +10,9 @@ temporaries each for q and for k. kiln's processor is diffusers' ``__call__`` ru
 preparation in that function's place: where the norms are RMSNorms kiln computes and no graph is
 recorded, one ``kiln.head_norm_rope`` normalises and rotates q and k (the angles' real and
 imaginary parts as fp32 half tables, made once a forward); otherwise the norm modules and one
-``kiln.rope``. The segments, the KV cache and the attention calls stay diffusers'. (The flex
-processor is left: the model builds its block mask for processors of that class.)
+``kiln.rope``. The segments, the KV cache and the attention calls stay diffusers'. Under
+torch.compile the processor is diffusers' own. (The flex processor is left: the model builds its
+block mask for processors of that class.)
 
 Every block reads one modulation the model computes once a forward (``[B', 4D]``: the
 attention's scale and gate, the MLP's), scale only (no shift) and gated through ``tanh``. With
@@ -152,6 +153,10 @@ class QwenImage21AttnProcessor(SharedAttentionSettings):
         self._call.__kwdefaults__ = call.__kwdefaults__
 
     def __call__(self, attn, hidden_states: torch.Tensor, **kwargs) -> torch.Tensor:
+        if torch.compiler.is_compiling():
+            # Dynamo does not trace the copied __call__ (its guards take it for a method); Inductor
+            # fuses diffusers' norms and rotation itself.
+            return self.original(attn, hidden_states, **kwargs)
         return self._call(self, attn, hidden_states, **kwargs)
 
     def _normed_rotated(self, attn, query, key, value, rotary_emb):
