@@ -549,9 +549,10 @@ def single_block_match(model: str, act: str, factory: Callable) -> DitMatch:
 # The forms of FLUX-like single blocks: FLUX's (two streams in, two out), Bria's (its
 # attention's keyword arguments named as its transformer passes them), Bria FIBO's (one
 # joined stream in and out).
+_JOINED_ARGUMENTS = ("hidden_states", "temb", "image_rotary_emb", "joint_attention_kwargs")
 _SINGLE_FORMS = {_FLUX_BLOCK_ARGUMENTS: flux_block.flux_single_block,
                  _FLUX_BLOCK_ARGUMENTS[:-1] + ("attention_kwargs",): flux_block.flux_single_block,
-                 ("hidden_states", "temb", "image_rotary_emb", "joint_attention_kwargs"): flux_block.joined_single_block}
+                 _JOINED_ARGUMENTS: flux_block.joined_single_block}
 
 
 def classify_flux_single_block(module: torch.nn.Module, original: Callable) -> Union[DitMatch, NoMatch]:

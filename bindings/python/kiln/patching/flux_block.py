@@ -22,8 +22,8 @@ FIBO's single block with the two streams already joined (:func:`joined_single_bl
 Each seam is rounded once to h's dtype where diffusers rounds after each product and sum.
 The attention, norm1 and feed-forward modules are the block's own (patched where kiln.patch
 patched them). Anything else (autograd, a norm2 with parameters or hooks, IP-adapter inputs,
-an MLP activation other than ``nn.GELU`` or the gated ``nn.SiLU``, torch.compile tracing the single block, where Inductor
-fuses the concatenation itself) runs diffusers' forward.
+an MLP activation other than ``nn.GELU`` or the gated ``nn.SiLU``, torch.compile tracing the
+single block, where Inductor fuses the concatenation itself) runs diffusers' forward.
 """
 
 import inspect
