@@ -169,15 +169,15 @@ def fits_single(module: torch.nn.Module, h, c, temb, joint_attention_kwargs) -> 
     return not joint_attention_kwargs and not records_parameters(module)
 
 
-def _activated_as_diffusers(module: torch.nn.Module, mlp: torch.Tensor) -> torch.Tensor:
-    if mlp_activation(module) == "swiglu":
+def _activated_as_diffusers(module: torch.nn.Module, mlp: torch.Tensor, gated: bool) -> torch.Tensor:
+    if gated:
         up, gate = mlp.chunk(2, dim=-1)
         return module.act_mlp(gate) * up
     return module.act_mlp(mlp)
 
 
-def _activate_into(module: torch.nn.Module, mlp: torch.Tensor, out: torch.Tensor) -> None:
-    if mlp_activation(module) == "swiglu":
+def _activate_into(module: torch.nn.Module, mlp: torch.Tensor, gated: bool, out: torch.Tensor) -> None:
+    if gated:
         activation_ops.swiglu(mlp, None, up_first=True, out=out)
     else:
         activation_ops.gelu(mlp, None, module.act_mlp.approximate, out=out)
@@ -188,14 +188,14 @@ def single_output(module: torch.nn.Module, x: torch.Tensor, attn: torch.Tensor, 
     """``x + gate * proj_out(cat([attn, act_mlp(mlp)], -1))`` for a single-stream block's joined
     stream x [B, N, D]: the activation written beside the attention's output into the buffer
     proj_out reads, the gated residual one kiln call; as written where kiln does not take them."""
-    width = mlp.shape[-1] // 2 if mlp_activation(module) == "swiglu" else mlp.shape[-1]
+    gated = mlp_activation(module) == "swiglu"
     if attn.shape[:2] != x.shape[:2] or mlp.shape[:2] != x.shape[:2] or not kiln_can_take(x, attn, mlp, gate):
-        both = torch.cat([attn, _activated_as_diffusers(module, mlp)], dim=2)
+        both = torch.cat([attn, _activated_as_diffusers(module, mlp, gated)], dim=2)
     else:
         d = attn.shape[-1]
-        both = x.new_empty(*x.shape[:2], d + width)
+        both = x.new_empty(*x.shape[:2], d + (mlp.shape[-1] // 2 if gated else mlp.shape[-1]))
         both[..., :d].copy_(attn)
-        _activate_into(module, mlp, both[..., d:])
+        _activate_into(module, mlp, gated, both[..., d:])
     out = module.proj_out(both)
     if out.shape == x.shape and kiln_can_take(x, out, gate):
         return activation_ops.gated_residual(x, out, gate[:, None])

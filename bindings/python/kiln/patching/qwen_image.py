@@ -40,8 +40,9 @@ from .per_forward import OncePerForward
 BLOCK_OPS = "adaln + gated_adaln + gated_residual"
 
 
-def _parts(img_freqs: torch.Tensor, txt_freqs: torch.Tensor):
-    return tuple(t.contiguous() for f in (img_freqs, txt_freqs) for t in (f.real, f.imag))
+def _parts(*freqs: torch.Tensor):
+    """The real and imaginary parts of each complex frequency tensor, contiguous: fp32 half tables."""
+    return tuple(t.contiguous() for f in freqs for t in (f.real, f.imag))
 
 
 _TABLES = OncePerForward(_parts)

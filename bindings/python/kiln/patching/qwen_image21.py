@@ -40,10 +40,10 @@ from typing import Callable, Optional
 
 import torch
 
-from .. import activation_ops, norm_ops, rope_ops
-from .forwards import (SharedAttentionSettings, any_hooks, fused_head_norms, kiln_can_take, norm_eps,
-                       records_parameters)
+from .. import rope_ops
+from .forwards import SharedAttentionSettings, any_hooks, fused_head_norms, kiln_can_take, records_parameters
 from .per_forward import OncePerForward
+from .qwen_image import _freqs_fit, _gated_modulated, _modulated, _parts, _residual
 
 BLOCK_OPS = "adaln + gated_adaln + gated_residual"
 NORMS = ("img_norm1", "img_norm2")
@@ -98,20 +98,12 @@ def qwen_image21_block(module: torch.nn.Module, original: Callable) -> Callable:
                             kv_cache_mode, cache_write_slice, segments, key_valid)
         scale1, gate1, scale2, gate2, zero = _DERIVED.get(modulation) if mask is None else \
             _DERIVED.get(modulation, mask)
-        x = norm_ops.adaln(h, scale1, zero, None, norm_eps(module.img_norm1, h), "layer")
+        x = _modulated(module.img_norm1, h, zero, scale1)
         attn = module.attn(hidden_states=x, attention_mask=attention_mask, rotary_emb=rotary_emb,
                            layer_cache=layer_cache, kv_cache_mode=kv_cache_mode, cache_write_slice=cache_write_slice,
                            segments=segments, key_valid=key_valid)
-        if attn.shape != h.shape or not kiln_can_take(h, attn):
-            h = h + gate1 * attn
-            x = module.img_norm2(h) * (1 + scale2)
-        else:
-            h, x = norm_ops.gated_adaln(h, attn, gate1, scale2, zero, None, norm_eps(module.img_norm2, h), "layer")
-        mlp = module.img_mlp(x)
-        if mlp.shape != h.shape or not kiln_can_take(h, mlp):
-            h = h + gate2 * mlp
-        else:
-            h = activation_ops.gated_residual_(h, mlp, gate2)
+        h, x = _gated_modulated(module.img_norm2, h, attn, gate1, zero, scale2)
+        h = _residual(h, module.img_mlp(x), gate2)
         if h.dtype == torch.float16:
             h = h.clip(-65504, 65504)
         return h
@@ -121,15 +113,13 @@ def qwen_image21_block(module: torch.nn.Module, original: Callable) -> Callable:
 
 # ---- the attention -----------------------------------------------------------------------
 
-_HALF_TABLES = OncePerForward(lambda freqs: (freqs.real.contiguous(), freqs.imag.contiguous()))
+_HALF_TABLES = OncePerForward(_parts)
 
 
 def _half_tables(freqs, q: torch.Tensor, k: torch.Tensor):
     """(cos, sin) fp32 half tables of complex64 frequencies [S, D / 2] for q and k [B, S, H, D],
     or None."""
-    if not (isinstance(freqs, torch.Tensor) and freqs.dtype == torch.complex64 and freqs.dim() == 2
-            and q.dim() == 4 and k.shape == q.shape and freqs.device == q.device and freqs.shape[0] == q.shape[1]
-            and 2 * freqs.shape[1] == q.shape[3]):
+    if not (_freqs_fit(freqs, q) and q.dim() == 4 and k.shape == q.shape):
         return None
     if torch.is_grad_enabled() and freqs.requires_grad:
         return None
@@ -162,7 +152,7 @@ class QwenImage21AttnProcessor(SharedAttentionSettings):
     def _normed_rotated(self, attn, query, key, value, rotary_emb):
         tables = None if rotary_emb is None else _half_tables(rotary_emb, query, key)
         norms = fused_head_norms([attn.norm_q, attn.norm_k], query, key) if self.fuse_norms else None
-        if tables is not None and norms is not None and query.dtype == value.dtype:
+        if tables is not None and norms is not None:
             (wq, wk), eps = norms
             return rope_ops.head_norm_rope(query, key, wq, wk, *tables, eps, interleaved=True,
                                            rotary_dim=query.shape[3], layout="bshd")
