@@ -16,6 +16,7 @@ diffusers = pytest.importorskip("diffusers", reason="diffusers is not installed"
 if not hasattr(diffusers, "QwenImage21Transformer2DModel"):
     pytest.skip("this diffusers has no Qwen-Image 2.1", allow_module_level=True)
 
+from graph_model import calls_of  # noqa: E402
 from gated_mlp_checks import assert_feed_forwards_gate_once, assert_trains_as_diffusers  # noqa: E402
 from test_patch_dit_cpu import Counter, _agree  # noqa: E402
 
@@ -185,14 +186,25 @@ def test_qwen_image21_flex_processor_is_left_to_diffusers():
 
 
 def test_qwen_image21_patched_model_compiles():
-    """torch.compile traces the patched model (its blocks and attention processors diffusers' own
-    under tracing) and agrees with the eager model."""
+    """torch.compile traces the patched model in one graph a block and agrees with the eager model:
+    its blocks' seams diffusers' (Inductor reads the per-token selection in the kernels it fuses),
+    its attention's q/k preparation kiln's (Inductor generates no complex arithmetic)."""
     torch._dynamo.reset()
     model = _qwen_image21(torch.float32)
     inputs = _inputs(torch.float32)
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
     with torch.no_grad():
         expected = model(**inputs)[0]
         kiln.patch(model)
         for block in model.transformer_blocks:
-            block.compile(backend="eager", fullgraph=False)
+            block.compile(backend=backend, fullgraph=True)
         _agree(model(**inputs)[0], expected, torch.float32)
+    torch._dynamo.reset()
+    assert len(graphs) == 1  # the second block reuses the first's graph
+    assert len(calls_of(graphs, torch.ops.kiln.head_norm_rope.default)) == 1
+    assert calls_of(graphs, torch.ops.kiln.adaln.default) == []

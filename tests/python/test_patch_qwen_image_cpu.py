@@ -104,10 +104,17 @@ def test_qwen_image_trains_through_kiln_rope_and_diffusers_seams(monkeypatch):
     assert used["rope"] == 4 and "head_norm_rope_" not in used and "gated_adaln" not in used
 
 
-def test_qwen_image_block_is_left_to_inductor_under_torch_compile():
-    """Compiled, a patched block runs diffusers' seams (Inductor fuses them with their
-    neighbours); its attention still normalises and rotates in kiln's launches."""
+def test_qwen_image_block_seams_are_kiln_under_torch_compile():
+    """Compiled, a patched block's seams are kiln's in the graph where its modulation is per
+    sample, and diffusers' (Inductor reads the selection in the kernels it fuses) where it is per
+    token; the attention normalises and rotates in kiln's launches either way."""
     graphs = _compiled_patched_graphs(_qwen_image(torch.float32), _qwen_image_inputs(torch.float32))
+    seams = {op: len(calls_of(graphs, getattr(torch.ops.kiln, op).default))
+             for op in ("adaln", "gated_adaln", "gated_residual_", "head_norm_rope_")}
+    # A stream each in each block; one adaln more: the output norm.
+    assert seams == {"adaln": 5, "gated_adaln": 4, "gated_residual_": 4, "head_norm_rope_": 4}
+    graphs = _compiled_patched_graphs(_qwen_image(torch.float32, zero_cond_t=True),
+                                      _qwen_image_inputs(torch.float32, images=2))
     assert calls_of(graphs, torch.ops.kiln.gated_adaln.default) == []
     assert len(calls_of(graphs, torch.ops.kiln.head_norm_rope_.default)) == 4
 

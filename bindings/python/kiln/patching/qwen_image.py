@@ -22,8 +22,9 @@ or the second half of the batch's embeddings) is selected as diffusers selects i
 per token. Each seam is rounded once to h's dtype where diffusers rounds after each product
 and sum. The attention and the feed-forwards are the block's own modules (patched where
 kiln.patch patched them). Anything else (autograd, hooks on the norms, a norm kiln does not
-compute) runs diffusers' forward, and so does torch.compile's tracing, where Inductor fuses
-the seams with their neighbours itself.
+compute) runs diffusers' forward. Under torch.compile the seams are kiln's in the graph where the
+modulation is per sample (no pass of Inductor's reads less); a per-token modulation is traced as
+diffusers wrote it, Inductor reading the selection inside the kernels it fuses.
 """
 
 import sys
@@ -150,9 +151,13 @@ class QwenImageAttnProcessor(SharedAttentionSettings):
 _NORMS = ("img_norm1", "img_norm2", "txt_norm1", "txt_norm2")
 
 
-def _fits(module: torch.nn.Module, h, c, temb) -> bool:
-    if torch.compiler.is_compiling():
-        return False
+def _fits(module: torch.nn.Module, h, c, temb, index) -> bool:
+    # Compiled, a per-token modulation stays diffusers': Inductor reads the selection inside the
+    # kernels it fuses, where kiln's would read the selected [B, T, D] chunks made beforehand.
+    return not (index is not None and torch.compiler.is_compiling()) and _takes(module, h, c, temb, index)
+
+
+def _takes(module: torch.nn.Module, h, c, temb, index) -> bool:
     if not all(isinstance(t, torch.Tensor) for t in (h, c, temb)) or h.dim() != 3 or c.dim() != 3 \
             or temb.dim() != 2 or c.shape[2] != h.shape[2] or not kiln_can_take(h, c):
         return False
@@ -205,7 +210,7 @@ def qwen_image_block(module: torch.nn.Module, original: Callable) -> Callable:
                 joint_attention_kwargs=None, modulate_index=None):
         h, c = hidden_states, encoder_hidden_states
         index = modulate_index if isinstance(modulate_index, torch.Tensor) else None
-        if not _fits(module, h, c, temb) or (modulate_index is not None and index is None):
+        if (modulate_index is not None and index is None) or not _fits(module, h, c, temb, index):
             return original(hidden_states, encoder_hidden_states, encoder_hidden_states_mask, temb, image_rotary_emb,
                             joint_attention_kwargs, modulate_index)
         img_mod = module.img_mod(temb)

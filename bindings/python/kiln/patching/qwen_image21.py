@@ -10,9 +10,10 @@ temporaries each for q and for k. kiln's processor is diffusers' ``__call__`` ru
 preparation in that function's place: where the norms are RMSNorms kiln computes and no graph is
 recorded, one ``kiln.head_norm_rope`` normalises and rotates q and k (the angles' real and
 imaginary parts as fp32 half tables, made once a forward); otherwise the norm modules and one
-``kiln.rope``. The segments, the KV cache and the attention calls stay diffusers'. Under
-torch.compile the processor is diffusers' own. (The flex processor is left: the model builds its
-block mask for processors of that class.)
+``kiln.rope``. The segments, the KV cache and the attention calls stay diffusers', and
+torch.compile traces it all (Inductor generates no complex arithmetic: diffusers' rotation would
+run eagerly in the compiled model). (The flex processor is left: the model builds its block mask
+for processors of that class.)
 
 Every block reads one modulation the model computes once a forward (``[B', 4D]``: the
 attention's scale and gate, the MLP's), scale only (no shift) and gated through ``tanh``. With
@@ -30,8 +31,9 @@ in each block:
 Each seam is rounded once to h's dtype where diffusers rounds after each product and sum. The
 attention (with its KV cache and segments) and the feed-forward are the block's own modules
 (patched where kiln.patch patched them). Anything else (autograd, hooks on the norms, a norm
-kiln does not compute) runs diffusers' forward, and so does torch.compile's tracing, where
-Inductor fuses the seams with their neighbours itself.
+kiln does not compute) runs diffusers' forward, and so does torch.compile's tracing: Inductor
+reads the per-token selection inside the kernels it fuses, where kiln's seams in the graph would
+read scales and gates made in each block's graph (1-2% slower in bench/diagnostics/qwen_compile.py).
 """
 
 import sys
@@ -70,8 +72,10 @@ _DERIVED = OncePerForward(_derive)
 
 
 def _fits(module: torch.nn.Module, h, modulation, mask) -> bool:
-    if torch.compiler.is_compiling():
-        return False
+    return not torch.compiler.is_compiling() and _takes(module, h, modulation, mask)
+
+
+def _takes(module: torch.nn.Module, h, modulation, mask) -> bool:
     if not isinstance(h, torch.Tensor) or not isinstance(modulation, torch.Tensor) or h.dim() != 3 \
             or modulation.dim() != 2 or modulation.shape[-1] != 4 * h.shape[-1] or not kiln_can_take(h, modulation):
         return False
@@ -136,17 +140,18 @@ class QwenImage21AttnProcessor(SharedAttentionSettings):
         self.fuse_norms = fuse_norms
         self._apply_rotary_emb = sys.modules[type(original).__module__].apply_rotary_emb_qwen
         # diffusers' __call__ finds the preparation by its module-level name: a copy of it whose
-        # globals give that name kiln's preparation runs the rest as diffusers wrote it.
+        # globals give that name kiln's preparation runs the rest as diffusers wrote it. The copy's
+        # globals have no __name__: Dynamo would guard their names as the diffusers module's
+        # attributes (where the preparation is a plain function, not this bound method), and
+        # without one guards the dictionary itself.
         call = type(original).__call__
         scope = dict(call.__globals__, _qwenimage21_prepare_qkv=self._prepare)
+        del scope["__name__"]
         self._call = types.FunctionType(call.__code__, scope, call.__name__, call.__defaults__, call.__closure__)
         self._call.__kwdefaults__ = call.__kwdefaults__
+        self._call.__module__ = call.__module__
 
     def __call__(self, attn, hidden_states: torch.Tensor, **kwargs) -> torch.Tensor:
-        if torch.compiler.is_compiling():
-            # Dynamo does not trace the copied __call__ (its guards take it for a method); Inductor
-            # fuses diffusers' norms and rotation itself.
-            return self.original(attn, hidden_states, **kwargs)
         return self._call(self, attn, hidden_states, **kwargs)
 
     def _normed_rotated(self, attn, query, key, value, rotary_emb):
