@@ -759,6 +759,30 @@ ModelShape read_diffusion(const nlohmann::json& config, const std::string& kind)
   return model;
 }
 
+// Stable Audio 3 (diffusers' StableAudio3DiTModel, its defaults where the config has none): its
+// RMSNorms (the scale named gamma) at the model's width and at each head's (the differential
+// attentions' q/k norms), and its feed-forwards' SwiGLU over one packed projection, up first,
+// ff_mult x the width (truncated as diffusers' int(dim * mult)).
+ModelShape read_stable_audio3(const nlohmann::json& config) {
+  ModelShape model;
+  model.kind = "stable-audio-3";
+  model.hidden = size_if_set(config, "embed_dim").value_or(1536);
+  const std::int64_t heads = size_if_set(config, "num_heads").value_or(24);
+  if (heads <= 0 || model.hidden % heads != 0) {
+    throw Error(
+        "kiln prewarm: config.json: expected embed_dim divisible by num_heads, got embed_dim " +
+        std::to_string(model.hidden) + " and num_heads " + std::to_string(heads));
+  }
+  model.head_dim = model.hidden / heads;
+  double mult = 4.0;
+  if (auto it = config.find("ff_mult"); it != config.end() && it->is_number()) {
+    mult = it->get<double>();
+  }
+  model.intermediate = static_cast<std::int64_t>(static_cast<double>(model.hidden) * mult);
+  model.ops = {{Op::rms_norm, {model.hidden, model.head_dim}}, {Op::swiglu, {model.intermediate}}};
+  return model;
+}
+
 // Z-Image (diffusers' ZImageTransformer2DModel: Z-Image, Z-Image-Turbo, Z-Image-Omni with
 // siglip_feat_dim). Its patched modulated blocks: AdaLN over an RMSNorm with its weight (no shift,
 // no table), per sample or per token (Omni's noisy and clean tokens); the attention's gated
@@ -975,6 +999,9 @@ ModelShape read_model_config(const nlohmann::json& config) {
   if (class_name == "ZImageTransformer2DModel") {
     return read_z_image(config);
   }
+  if (class_name == "StableAudio3DiTModel") {
+    return read_stable_audio3(config);
+  }
   // diffusers' transformers, by the class that wrote the config
   for (const auto& [diffusers_class, kind] :
        {std::pair{"LTXVideoTransformer3DModel", "ltx-video"},
@@ -1025,8 +1052,8 @@ ModelShape read_model_config(const nlohmann::json& config) {
       "QwenImage21Transformer2DModel, "
       "HunyuanVideoTransformer3DModel, HunyuanVideo15Transformer3DModel, "
       "HunyuanImageTransformer2DModel, MochiTransformer3DModel, SD3Transformer2DModel, "
-      "ChromaTransformer2DModel, SkyReelsV2Transformer3DModel, WanVACETransformer3DModel or "
-      "ZImageTransformer2DModel config, got " +
+      "ChromaTransformer2DModel, SkyReelsV2Transformer3DModel, WanVACETransformer3DModel, "
+      "ZImageTransformer2DModel or StableAudio3DiTModel config, got " +
       (class_name.empty() ? std::string("neither") : "_class_name \"" + class_name + "\""));
 }
 

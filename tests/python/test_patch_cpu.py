@@ -461,32 +461,50 @@ def test_norms_computing_something_else_are_left_with_a_reason():
     assert all(l.cls == "Halved" for l in report.left)
 
 
-class _GammaNorm(torch.nn.Module):
-    """An RMSNorm whose scale is named `gamma` (Stable Audio 3's), held as a parameter, a buffer
-    or a plain tensor attribute; ones, as an untrained model's are."""
+class _ScaledNorm(torch.nn.Module):
+    """An RMSNorm whose scale is not named `weight` (Stable Audio 3's `gamma`), held as a
+    parameter, a buffer or a plain tensor attribute; ones, as an untrained model's are."""
 
-    def __init__(self, hidden, kept):
+    def __init__(self, hidden, kept, name="gamma"):
         super().__init__()
         self.eps = 1e-6
+        self.name = name
         if kept == "parameter":
-            self.gamma = torch.nn.Parameter(torch.ones(hidden))
+            setattr(self, name, torch.nn.Parameter(torch.ones(hidden)))
         elif kept == "buffer":
-            self.register_buffer("gamma", torch.ones(hidden))
+            self.register_buffer(name, torch.ones(hidden))
         else:
-            self.gamma = torch.ones(hidden)
+            setattr(self, name, torch.ones(hidden))
 
     def forward(self, x):
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.gamma
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * getattr(self, self.name)
 
 
 @pytest.mark.parametrize("kept", ["parameter", "buffer", "attribute"])
-def test_a_norm_scaled_by_another_tensor_is_left(kept):
-    """A norm of the probe's width whose scale is not its `weight`: ones agree with a norm of no
-    weight on the probe, but kiln's would ignore the scale once trained; it is left, saying why."""
-    report = kiln.patch(torch.nn.Sequential(_GammaNorm(64, kept)))
+def test_a_norm_scaled_by_gamma_reads_its_trained_values(kept, monkeypatch):
+    """A norm of the probe's width scaled by its `gamma`: ones would agree with a norm of no weight
+    on the probe, so the probe swaps gamma for random values; once patched, kiln reads gamma as it
+    is at each call (trained after the patch, here)."""
+    norm = _ScaledNorm(64, kept)
+    report = kiln.patch(torch.nn.Sequential(norm))
+    assert [(r.kind, r.op) for r in report.replaced] == [("rms_norm (scale named gamma)", "rms_norm")]
+    with torch.no_grad():
+        norm.gamma.copy_(1 + 0.5 * torch.randn(64, generator=torch.Generator().manual_seed(1)))
+    x = torch.randn(3, 5, 64, generator=torch.Generator().manual_seed(2))
+    calls = []
+    real = kiln_ops.rms_norm
+    monkeypatch.setattr(kiln_ops, "rms_norm", lambda *a, **k: calls.append(1) or real(*a, **k))
+    expected = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * norm.gamma
+    torch.testing.assert_close(norm(x), expected, rtol=1e-5, atol=1e-5)
+    assert calls == [1]
+
+
+def test_a_norm_scaled_by_another_tensor_is_left():
+    """A scale under any other name is not read by kiln's norms: the norm is left, saying why."""
+    report = kiln.patch(torch.nn.Sequential(_ScaledNorm(64, "parameter", name="alpha")))
     assert report.replaced == []
     assert [l.reason for l in report.left] == [
-        "it holds tensors besides a weight and a bias (gamma), which kiln's norms do not read"]
+        "it holds tensors besides a weight and a bias (alpha), which kiln's norms do not read"]
 
 
 def test_a_group_norm_is_left_as_one():

@@ -158,6 +158,50 @@ def test_other_computations_are_left_with_the_reason():
     assert report.replaced == [] and report.left == []
 
 
+class _FunctionalGate(torch.nn.Module):
+    """Stable Audio 3's feed-forward form: ``proj_out(first * act(second))`` with the activation a
+    function of torch's the forward calls (no activation module)."""
+
+    def __init__(self, act, inner=40, up_first=True):
+        super().__init__()
+        self.act, self.up_first = act, up_first
+        self.proj_in = torch.nn.Linear(DIM, 2 * inner)
+        self.proj_out = torch.nn.Linear(inner, DIM)
+
+    def forward(self, x):
+        first, second = self.proj_in(x).chunk(2, dim=-1)
+        up, gate = (first, second) if self.up_first else (second, first)
+        return self.proj_out(up * self.act(gate))
+
+
+@pytest.mark.parametrize("act, op, approximate", [
+    (torch.nn.functional.silu, "swiglu", None),
+    (lambda t: torch.nn.functional.gelu(t, approximate="tanh"), "geglu", "tanh"),
+    (torch.nn.functional.gelu, "geglu", "none")], ids=["silu", "gelu-tanh", "gelu"])
+@pytest.mark.parametrize("up_first", [True, False], ids=["up-first", "gate-first"])
+def test_an_activation_the_forward_calls_is_found_on_the_probe(act, op, approximate, up_first, monkeypatch):
+    module = _FunctionalGate(act, up_first=up_first)
+    x = _x(shape=(3, 5))
+    with torch.no_grad():
+        expected = module(x)
+    report = kiln.patch(module)
+    assert report.replaced[0].op == op
+    calls = _Calls(monkeypatch)
+    with torch.no_grad():
+        torch.testing.assert_close(module(x), expected, rtol=1e-5, atol=1e-5)
+    assert calls.calls == [(op, False, up_first, approximate)]
+
+
+def test_proj_in_and_proj_out_without_a_gate_are_left_with_the_reason():
+    report = kiln.patch(_FunctionalGate(torch.relu))
+    assert report.replaced == [] and report.left[0].reason.startswith(
+        "does not compute proj_out(up * act(gate)) of proj_in(x)'s halves with SiLU or GELU, gate first")
+    # Projections of other widths (no halves for proj_out) are no candidate.
+    module = _FunctionalGate(torch.nn.functional.silu)
+    module.proj_in = torch.nn.Linear(DIM, 60)
+    assert kiln.patch(module).left == []
+
+
 def test_inputs_kiln_does_not_take_run_the_original(monkeypatch):
     model = _feed_forward("geglu").double()
     kiln.patch(model)

@@ -1242,3 +1242,29 @@ def test_sd3_prewarms_every_call_its_patched_transformer_makes(fresh_cache, tmp_
         expected |= {("gated_residual", 32, 8), ("layer_norm", 32, 0), ("rms_norm", 16, 1)}
     assert taken == expected
     assert_prewarmed(taken)
+
+
+def test_stable_audio3_prewarms_every_call_its_patched_transformer_makes(fresh_cache, tmp_path):
+    # A tiny Stable Audio 3 DiT (diffusers), patched and run on the CPU: every kiln call it makes,
+    # as each op's dispatcher sees it, is a problem its config's prewarm compiled. Its RMSNorms
+    # scaled by gamma at the model's width and at each head's (the differential attentions' q/k
+    # norms; 1: the weight), its feed-forwards' SwiGLU of the packed projection, up first (flat, 1).
+    import torch
+    model = _prewarmed_and_patched(tmp_path, "StableAudio3DiTModel", io_channels=8, embed_dim=64, depth=2,
+                                   num_heads=2, cond_token_dim=16, global_cond_dim=16, local_add_cond_dim=5,
+                                   timestep_features_dim=16, num_memory_tokens=4)
+    g = torch.Generator().manual_seed(1)
+    bf16 = torch.bfloat16
+    with torch.no_grad(), KilnCalls() as calls:
+        model(hidden_states=torch.randn(2, 8, 12, generator=g).to(bf16), timestep=torch.tensor([0.2, 0.7]).to(bf16),
+              encoder_hidden_states=torch.randn(2, 5, 16, generator=g).to(bf16),
+              global_hidden_states=torch.randn(2, 16, generator=g).to(bf16))
+    taken = set()
+    for op, args in calls:
+        if (problem := dit_problem(op, args)) is not None:
+            taken.add(problem)
+        else:
+            assert op == "swiglu" and (len(args) == 1 or args[1] is None)  # the packed projection
+            taken.add(("swiglu", args[0].shape[-1] // 2, 1))
+    assert taken == {("rms_norm", 64, 1), ("rms_norm", 32, 1), ("swiglu", 256, 1)}
+    assert_prewarmed(taken)

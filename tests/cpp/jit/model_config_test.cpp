@@ -1094,6 +1094,30 @@ TEST_CASE("Qwen-Image 2.1 is prewarmed per token under causal_condition, per sam
                        kiln::Error);
 }
 
+TEST_CASE("Stable Audio 3 is prewarmed at its width, its heads' and its feed-forward's") {
+  // Stable Audio 3's config.json, the keys kiln reads; diffusers' defaults where absent.
+  nlohmann::json config = {{"_class_name", "StableAudio3DiTModel"},
+                           {"embed_dim", 1536},
+                           {"num_heads", 24},
+                           {"ff_mult", 4.0}};
+  kiln::jit::ModelShape model = kiln::jit::read_model_config(config);
+  CHECK(model.kind == "stable-audio-3");
+  CHECK(model.ops.at(Op::rms_norm) == std::vector<std::int64_t>{1536, 64});
+  CHECK(model.ops.at(Op::swiglu) == std::vector<std::int64_t>{6144});
+  CHECK(model.ops.size() == 2);
+  config["ff_mult"] = 2.5;
+  config["embed_dim"] = 1000;
+  config["num_heads"] = 8;
+  model = kiln::jit::read_model_config(config);
+  CHECK(model.ops.at(Op::rms_norm) == std::vector<std::int64_t>{1000, 125});
+  CHECK(model.ops.at(Op::swiglu) == std::vector<std::int64_t>{2500});
+  model = kiln::jit::read_model_config({{"_class_name", "StableAudio3DiTModel"}});
+  CHECK(model.ops.at(Op::rms_norm) == std::vector<std::int64_t>{1536, 64});
+  config["num_heads"] = 7;
+  CHECK_THROWS_WITH_AS(kiln::jit::read_model_config(config),
+                       doctest::Contains("embed_dim divisible by num_heads"), kiln::Error);
+}
+
 TEST_CASE("FLUX's copies are prewarmed as FLUX; Ovis-Image with its SwiGLU MLPs") {
   // Their config.json files, the keys kiln reads (Bria 3.2, Bria FIBO, LongCat-Image,
   // Ovis-Image-7B).

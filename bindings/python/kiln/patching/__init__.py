@@ -3,8 +3,8 @@ forward that calls the op; ``kiln.unpatch(model)`` puts the originals back.
 
 What is recognised (by what the module computes, see :mod:`.detect`): RMSNorms (Llama's
 rounding rule, Gemma's ``1 + weight``, diffusers' weight-dtype rule, ``nn.RMSNorm``, norms
-with no weight), LayerNorms over the last dimension (``nn.LayerNorm`` with or without
-affine parameters), diffusers' ``GELU`` (``gelu(proj(x))``: the activation becomes
+with no weight, Stable Audio 3's scaled by ``gamma``), LayerNorms over the last dimension
+(``nn.LayerNorm`` with or without affine parameters), diffusers' ``GELU`` (``gelu(proj(x))``: the activation becomes
 ``kiln.gelu``, the projection stays; on CUDA, without autograd, the tanh form goes into the
 projection's cuBLASLt epilogue instead) and gated MLPs
 ``down_proj(act_fn(gate_proj(x)) * up_proj(x))`` with SiLU or GELU (the activation and

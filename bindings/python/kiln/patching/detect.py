@@ -161,6 +161,8 @@ NORM_VARIANTS: Tuple[Tuple[str, Callable], ...] = (
     ("rms_norm", forwards.rms_norm_plain),
 )
 LAYER_NORM_VARIANT = ("layer_norm", forwards.layer_norm)
+# A norm whose scale has another name than ``weight`` (and no weight or bias): Stable Audio 3's.
+SCALE_NAMED_GAMMA = ("rms_norm (scale named gamma)", forwards.rms_norm_gamma)
 
 
 def norm_candidate(module: torch.nn.Module) -> bool:
@@ -217,7 +219,7 @@ def state_key(module: torch.nn.Module) -> Optional[tuple]:
             if value:
                 return None
         elif name == "_parameters":
-            if set(value) - {"weight", "bias"}:
+            if set(value) - {"weight", "bias", "gamma"}:
                 return None
             items.append((name, tuple(sorted((n, None if t is None else (t.dtype, tuple(t.shape), t.device.type))
                                              for n, t in value.items()))))
@@ -267,10 +269,12 @@ def _classify_norm(module: torch.nn.Module, original: Callable) -> Union[Match, 
     weight = getattr(module, "weight", None)
     bias = getattr(module, "bias", None)
     others = _other_tensors(module)
+    if others == ["gamma"] and weight is None and bias is None:
+        return _classify_gamma_norm(module, original)
     if others:
-        # Its forward may read them (Stable Audio 3's scale is `gamma`), where kiln's norms read
-        # only a weight and a bias; a probe would agree wherever they hold ones and zeros, as an
-        # untrained model's do, and the trained values would then be ignored.
+        # Its forward may read them (a scale under another name), where kiln's norms read only a
+        # weight and a bias (or a gamma, above); a probe would agree wherever they hold ones and
+        # zeros, as an untrained model's do, and the trained values would then be ignored.
         return NoMatch("norm", f"it holds tensors besides a weight and a bias ({', '.join(others)}), "
                                "which kiln's norms do not read")
     if bias is not None and not (isinstance(bias, torch.Tensor) and bias.dim() == 1):
@@ -315,6 +319,24 @@ def _classify_norm(module: torch.nn.Module, original: Callable) -> Union[Match, 
     if len(reasons) == 1:
         return NoMatch("norm", "does not compute a LayerNorm (it has a bias, so not an RMSNorm): " + reasons[0])
     return NoMatch("norm", f"does not compute an RMSNorm: {reasons[-2]}; nor a LayerNorm: {reasons[-1]}")
+
+
+def _classify_gamma_norm(module: torch.nn.Module, original: Callable) -> Union[Match, NoMatch]:
+    """A norm whose one tensor is ``gamma``: an RMSNorm scaled by it, or NoMatch."""
+    gamma = module.gamma
+    eps = getattr(module, "variance_epsilon", getattr(module, "eps", None))
+    if gamma.dim() != 1 or not isinstance(eps, (int, float)):
+        return NoMatch("norm", f"its gamma is not one [hidden] row ({tuple(gamma.shape)}) or its eps not a number")
+    generator = torch.Generator().manual_seed(0)
+    swap = {"gamma": 1 + 0.3 * torch.randn(gamma.shape[0], generator=generator).to(gamma.dtype)}
+    dtypes = (gamma.dtype,) + tuple(d for d in _PROBE_DTYPES if d != gamma.dtype)
+    inputs = _probe_inputs(gamma.shape[0], dtypes, generator)
+    kind, factory = SCALE_NAMED_GAMMA
+    with torch.no_grad(), _Swapped(module, params=swap):
+        why = _compare(original, factory(module, original), inputs)
+    if why is None:
+        return Match(kind, "rms_norm", factory)
+    return NoMatch("norm", f"does not compute an RMSNorm scaled by its gamma: {why}")
 
 
 _COMPUTE_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)

@@ -158,6 +158,24 @@ def rms_norm_plain(module: torch.nn.Module, original: Callable) -> Callable:
     return forward
 
 
+def rms_norm_gamma(module: torch.nn.Module, original: Callable) -> Callable:
+    """An RMSNorm whose scale is named ``gamma`` (Stable Audio 3's ``StableAudio3RMSNorm``:
+    normalised and scaled in fp32, rounded once to x's dtype): one kiln call where gamma has
+    x's dtype; the original forward otherwise."""
+
+    def forward(*args, **kwargs):
+        if not _single_tensor_call(args, kwargs):
+            return original(*args, **kwargs)
+        x = args[0]
+        gamma = getattr(module, "gamma", None)
+        if not isinstance(gamma, torch.Tensor) or gamma.shape != x.shape[-1:] \
+                or not kiln_can_take(x, gamma, differentiable=True):
+            return original(x)
+        return ops.rms_norm(x, gamma, norm_eps(module, x))
+
+    return forward
+
+
 def rms_norm_llama(module: torch.nn.Module, original: Callable) -> Callable:
     """transformers' ``LlamaRMSNorm`` (and the Mistral, Qwen2, Qwen3 copies of it):
     ``weight * normalized.to(input_dtype)``, the output dtype the promotion of the weight's
