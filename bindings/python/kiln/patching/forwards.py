@@ -161,10 +161,13 @@ def rms_norm_plain(module: torch.nn.Module, original: Callable) -> Callable:
 def rms_norm_gamma(module: torch.nn.Module, original: Callable) -> Callable:
     """An RMSNorm whose scale is named ``gamma`` (Stable Audio 3's ``StableAudio3RMSNorm``:
     normalised and scaled in fp32, rounded once to x's dtype): one kiln call where gamma has
-    x's dtype; the original forward otherwise."""
+    x's dtype; the original forward otherwise, and under torch.compile, where Inductor fuses the
+    norm into the modulation or rotation after it and reads the attentions' q and k in place in
+    their packed projection, which kiln's norm would copy out first (a step of the model took
+    twice the compiled time with kiln's norms there: BENCHMARKS.md, Stable Audio 3)."""
 
     def forward(*args, **kwargs):
-        if not _single_tensor_call(args, kwargs):
+        if not _single_tensor_call(args, kwargs) or torch.compiler.is_compiling():
             return original(*args, **kwargs)
         x = args[0]
         gamma = getattr(module, "gamma", None)
