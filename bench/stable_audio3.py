@@ -2,9 +2,11 @@
 DiT in the four settings of bench/llama.py (eager, eager + kiln, torch.compile and torch.compile +
 kiln, compiled by block as diffusers' compile_repeated_blocks does), batch 2 (the prompt and the
 negative prompt, as a pipeline with guidance calls it). What kiln takes: every RMSNorm (scaled by
-its gamma: each block's pre-norms and its differential attentions' q/k norms, twice a head) and
-every feed-forward's gate (``proj_out(h * F.silu(gate))`` over proj_in's packed halves, one
-kiln.swiglu). The blocks' AdaLN seams (``sigmoid(1 - gate)`` gating) stay diffusers'.
+its gamma: its differential attentions' q/k norms, twice a head), every feed-forward's gate
+(``proj_out(h * F.silu(gate))`` over proj_in's packed halves, one kiln.swiglu) and every block's
+seams (its pre-norms with their modulation and the ``sigmoid(1 - gate)`` gated residuals: one
+kiln.adaln, two kiln.gated_adaln and one kiln.gated_residual_ a block). Under torch.compile the
+seams and norms are Inductor's.
 
 diffusers' defaults: 24 blocks of 1536 (24 heads of 64), feed-forward 4x, 64 memory tokens;
 --frames audio latents (default 1024: about 47 s of 44.1 kHz audio at the VAE's 2048x) and 128

@@ -761,8 +761,9 @@ ModelShape read_diffusion(const nlohmann::json& config, const std::string& kind)
 
 // Stable Audio 3 (diffusers' StableAudio3DiTModel, its defaults where the config has none): its
 // RMSNorms (the scale named gamma) at the model's width and at each head's (the differential
-// attentions' q/k norms), and its feed-forwards' SwiGLU over one packed projection, up first,
-// ff_mult x the width (truncated as diffusers' int(dim * mult)).
+// attentions' q/k norms), its blocks' seams (AdaLN and gated residuals over those norms), and its
+// feed-forwards' SwiGLU over one packed projection, up first, ff_mult x the width (truncated as
+// diffusers' int(dim * mult)).
 ModelShape read_stable_audio3(const nlohmann::json& config) {
   ModelShape model;
   model.kind = "stable-audio-3";
@@ -779,7 +780,12 @@ ModelShape read_stable_audio3(const nlohmann::json& config) {
     mult = it->get<double>();
   }
   model.intermediate = static_cast<std::int64_t>(static_cast<double>(model.hidden) * mult);
-  model.ops = {{Op::rms_norm, {model.hidden, model.head_dim}}, {Op::swiglu, {model.intermediate}}};
+  model.modulation_flags = {kNormWeight};  // each seam's norm scaled by its gamma, per sample
+  model.ops = {{Op::rms_norm, {model.hidden, model.head_dim}},
+               {Op::adaln, {model.hidden}},
+               {Op::gated_adaln, {model.hidden}},
+               {Op::gated_residual, {model.hidden}},
+               {Op::swiglu, {model.intermediate}}};
   return model;
 }
 

@@ -614,7 +614,7 @@ def test_qwen_image21_bench_smoke_run_fuses_its_blocks_and_feed_forwards(tmp_pat
     assert replaced["head_norm_rope"] == 2
 
 
-def test_stable_audio3_bench_smoke_run_takes_its_norms_and_feed_forwards(tmp_path):
+def test_stable_audio3_bench_smoke_run_takes_its_blocks_norms_and_feed_forwards(tmp_path):
     diffusers = pytest.importorskip("diffusers")
     if not hasattr(diffusers, "StableAudio3DiTModel"):
         pytest.skip("this diffusers has no StableAudio3DiTModel")
@@ -624,8 +624,9 @@ def test_stable_audio3_bench_smoke_run_takes_its_norms_and_feed_forwards(tmp_pat
     doc = json.loads(doc_path.read_text())
     err = doc["settings"]["eager+kiln"]["error_vs_eager"]
     assert err["finite"] and err["max_rel"] < 5e-2
-    # Each block's seven RMSNorms and its feed-forward; nothing left.
-    assert doc["patch"] == {"replaced": {"rms_norm": 14, "swiglu": 2}, "left": 0}
+    # Each block's seams, its seven RMSNorms and its feed-forward; nothing left.
+    assert doc["patch"] == {"replaced": {"adaln + gated_adaln + gated_residual": 2, "rms_norm": 14, "swiglu": 2},
+                            "left": 0}
 
 
 @pytest.mark.parametrize("version", ["1.0", "1.5", "image"])

@@ -1,8 +1,10 @@
 """kiln.patch on a tiny Stable Audio 3 DiT (diffusers' StableAudio3DiTModel, CPU): its RMSNorms,
 whose scale is named ``gamma`` (normalised and scaled in fp32, rounded once), as kiln.rms_norm,
-and its feed-forwards' ``proj_out(h * silu(gate))`` over proj_in's packed halves (up first, SiLU
-called as a function) as one kiln.swiglu; fp32 and bf16 against diffusers' forward, with
-autograd (gamma's gradients too); unpatch restores it."""
+its feed-forwards' ``proj_out(h * silu(gate))`` over proj_in's packed halves (up first, SiLU
+called as a function) as one kiln.swiglu, and its blocks' seams as kiln.adaln, kiln.gated_adaln
+and kiln.gated_residual_; fp32 and bf16 against diffusers' forward, with autograd (gamma's
+gradients too; the blocks diffusers'), with inpainting's local conditioning (the blocks
+diffusers'); unpatch restores it."""
 
 import pytest
 import torch
@@ -17,12 +19,16 @@ sa3 = pytest.importorskip("diffusers.models.transformers.transformer_stable_audi
 from test_patch_dit_cpu import Counter, _agree, _instance_forwards, _trains_as_diffusers  # noqa: E402
 
 LAYERS = 2
-# Each block: its pre-norm, the cross-attention's and the feed-forward's, and the self- and
-# cross-attention's q and k norms twice each (differential attention: two maps a head); and its
-# feed-forward's gate.
-CALLS = {"rms_norm": 11 * LAYERS, "swiglu": LAYERS}
+# Each block: the self- and cross-attention's q and k norms twice each (differential attention:
+# two maps a head); its pre-norm's seam (adaln), the cross-attention's and the feed-forward's
+# (gated_adaln), its last gated residual; its feed-forward's gate.
+CALLS = {"rms_norm": 8 * LAYERS, "adaln": LAYERS, "gated_adaln": 2 * LAYERS, "gated_residual_": LAYERS,
+         "swiglu": LAYERS}
+# The blocks diffusers' (autograd, inpainting): their three pre-norms kiln.rms_norm calls too.
+UNFUSED_CALLS = {"rms_norm": 11 * LAYERS, "swiglu": LAYERS}
 NORM = "rms_norm (scale named gamma)"
 FEED_FORWARD = "mlp swiglu, one gate_up projection"
+BLOCK = "stable-audio-3 block (adaln, gated residual + norm seams)"
 
 
 def _stable_audio3(dtype, device="cpu"):
@@ -57,6 +63,7 @@ def test_stable_audio3_patched_agrees_and_unpatch_restores(dtype, monkeypatch):
         kinds = {r.path: r.kind for r in report.replaced}
         for i in range(LAYERS):
             block = f"transformer_blocks.{i}"
+            assert kinds[block] == BLOCK
             assert kinds[f"{block}.ff"] == FEED_FORWARD
             assert all(kinds[f"{block}.{n}"] == NORM for n in ("pre_norm", "self_attn.q_norm", "self_attn.k_norm",
                                                                 "cross_attend_norm", "cross_attn.q_norm",
@@ -77,7 +84,52 @@ def test_stable_audio3_trains_as_diffusers(monkeypatch):
     assert any(name.endswith("gamma") for name, _ in model.named_parameters())
     used = _trains_as_diffusers(model, _inputs(torch.float32),
                                 lambda: Counter(monkeypatch, more=[(activation_ops, "swiglu")]))
-    assert used == CALLS
+    assert used == UNFUSED_CALLS
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_stable_audio3_inpainting_keeps_diffusers_blocks(dtype, monkeypatch):
+    """local_add_cond (inpainting) adds each block's local projection between its cross-attention
+    and its feed-forward: the blocks run diffusers' forward, their norms and feed-forwards kiln's."""
+    model = _stable_audio3(dtype)
+    inputs = _inputs(dtype)
+    g = torch.Generator().manual_seed(5)
+    inputs["local_add_cond"] = torch.randn(2, 5, 12, generator=g).to(dtype)
+    with torch.no_grad():
+        for block in model.transformer_blocks:  # its last projection starts at zero: a trained one's is not
+            block.to_local_embed[-1].weight.normal_(0, 0.3)
+        expected = model(**inputs)[0]
+        kiln.patch(model)
+        counter = Counter(monkeypatch, more=[(activation_ops, "swiglu")])
+        actual = model(**inputs)[0]
+    assert counter.used() == UNFUSED_CALLS
+    _agree(actual, expected, dtype)
+
+
+def test_a_block_gating_otherwise_is_left():
+    """A block whose gated branches are scaled by their gate itself, not sigmoid(1 - gate), is left
+    with the probe's reason; its norms and feed-forward are still kiln's."""
+
+    class GatedByItself(sa3.StableAudio3DiTBlock):
+        def forward(self, hidden_states, context, global_modulation, rope, context_mask=None, local_seq=None,
+                    num_memory_tokens=0):
+            modulation = self.to_scale_shift_gate + global_modulation
+            scale_attn, shift_attn, gate_attn, scale_ff, shift_ff, gate_ff = modulation.chunk(6, dim=-1)
+            h = hidden_states
+            normed = self.pre_norm(h) * (1 + scale_attn.unsqueeze(1)) + shift_attn.unsqueeze(1)
+            h = h + self.self_attn(normed, rope=rope) * gate_attn.unsqueeze(1)
+            h = h + self.cross_attn(self.cross_attend_norm(h), context=context, context_mask=context_mask)
+            normed = self.ff_norm(h) * (1 + scale_ff.unsqueeze(1)) + shift_ff.unsqueeze(1)
+            return h + self.ff(normed) * gate_ff.unsqueeze(1)
+
+    model = _stable_audio3(torch.float32)
+    block = model.transformer_blocks[0]
+    odd = GatedByItself(64, 64, dim_heads=32, local_add_cond_dim=5)
+    odd.load_state_dict(block.state_dict())
+    report = kiln.patch(torch.nn.ModuleList([odd]))
+    [left] = report.left
+    assert left.path == "0" and "does not compute Stable Audio 3's block seams" in left.reason
+    assert {r.path for r in report.replaced} >= {"0.pre_norm", "0.ff"}
 
 
 def test_a_norm_computed_in_its_input_dtype_is_left_or_agrees():
@@ -97,12 +149,12 @@ def test_a_norm_computed_in_its_input_dtype_is_left_or_agrees():
 
 
 def test_stable_audio3_patched_model_compiles():
-    """torch.compile traces the patched model: its feed-forwards kiln's ops in the graph, its norms
-    diffusers' (Inductor fuses each into the modulation or rotation after it)."""
+    """torch.compile traces the patched model: its feed-forwards kiln's ops in the graph, its blocks'
+    seams and its norms diffusers' (Inductor fuses each norm into the modulation or rotation after it)."""
     from graph_model import calls_of
     from test_patch_dit_cpu import _compiled_patched_graphs
 
     graphs = _compiled_patched_graphs(_stable_audio3(torch.float32), _inputs(torch.float32))
     assert calls_of(graphs, torch.ops.kiln.rms_norm.default) == []
-    assert len(calls_of(graphs, torch.rsqrt)) == CALLS["rms_norm"]
+    assert len(calls_of(graphs, torch.rsqrt)) == UNFUSED_CALLS["rms_norm"]
     assert len(calls_of(graphs, torch.ops.kiln.swiglu.default)) == CALLS["swiglu"]

@@ -1246,9 +1246,10 @@ def test_sd3_prewarms_every_call_its_patched_transformer_makes(fresh_cache, tmp_
 
 def test_stable_audio3_prewarms_every_call_its_patched_transformer_makes(fresh_cache, tmp_path):
     # A tiny Stable Audio 3 DiT (diffusers), patched and run on the CPU: every kiln call it makes,
-    # as each op's dispatcher sees it, is a problem its config's prewarm compiled. Its RMSNorms
-    # scaled by gamma at the model's width and at each head's (the differential attentions' q/k
-    # norms; 1: the weight), its feed-forwards' SwiGLU of the packed projection, up first (flat, 1).
+    # as each op's dispatcher sees it, is a problem its config's prewarm compiled. Its blocks'
+    # seams over its norms scaled by gamma (1: the weight; the last gated residual per sample, in
+    # place), its RMSNorms at each head's width (the differential attentions' q/k norms), its
+    # feed-forwards' SwiGLU of the packed projection, up first (flat, 1).
     import torch
     model = _prewarmed_and_patched(tmp_path, "StableAudio3DiTModel", io_channels=8, embed_dim=64, depth=2,
                                    num_heads=2, cond_token_dim=16, global_cond_dim=16, local_add_cond_dim=5,
@@ -1266,5 +1267,6 @@ def test_stable_audio3_prewarms_every_call_its_patched_transformer_makes(fresh_c
         else:
             assert op == "swiglu" and (len(args) == 1 or args[1] is None)  # the packed projection
             taken.add(("swiglu", args[0].shape[-1] // 2, 1))
-    assert taken == {("rms_norm", 64, 1), ("rms_norm", 32, 1), ("swiglu", 256, 1)}
+    assert taken == {("adaln", 64, 1), ("gated_adaln", 64, 1), ("gated_residual", 64, 24), ("rms_norm", 32, 1),
+                     ("swiglu", 256, 1)}
     assert_prewarmed(taken)

@@ -1094,7 +1094,8 @@ TEST_CASE("Qwen-Image 2.1 is prewarmed per token under causal_condition, per sam
                        kiln::Error);
 }
 
-TEST_CASE("Stable Audio 3 is prewarmed at its width, its heads' and its feed-forward's") {
+TEST_CASE(
+    "Stable Audio 3 is prewarmed at its width, its heads', its seams' and its feed-forward's") {
   // Stable Audio 3's config.json, the keys kiln reads; diffusers' defaults where absent.
   nlohmann::json config = {{"_class_name", "StableAudio3DiTModel"},
                            {"embed_dim", 1536},
@@ -1104,7 +1105,14 @@ TEST_CASE("Stable Audio 3 is prewarmed at its width, its heads' and its feed-for
   CHECK(model.kind == "stable-audio-3");
   CHECK(model.ops.at(Op::rms_norm) == std::vector<std::int64_t>{1536, 64});
   CHECK(model.ops.at(Op::swiglu) == std::vector<std::int64_t>{6144});
-  CHECK(model.ops.size() == 2);
+  for (Op op : {Op::adaln, Op::gated_adaln, Op::gated_residual}) {
+    CHECK(model.ops.at(op) == std::vector<std::int64_t>{1536});
+  }
+  CHECK(model.ops.size() == 5);
+  for (Op op : {Op::adaln, Op::gated_adaln}) {
+    CHECK(prewarmed_flags(targets_of(model), op, 1536, kiln::DType::bf16) ==
+          std::vector<std::uint32_t>{kiln::kNormWeight});
+  }
   config["ff_mult"] = 2.5;
   config["embed_dim"] = 1000;
   config["num_heads"] = 8;

@@ -4,8 +4,8 @@ forward that calls the op; ``kiln.unpatch(model)`` puts the originals back.
 What is recognised (by what the module computes, see :mod:`.detect`): RMSNorms (Llama's
 rounding rule, Gemma's ``1 + weight``, diffusers' weight-dtype rule, ``nn.RMSNorm``, norms
 with no weight, Stable Audio 3's scaled by ``gamma``), LayerNorms over the last dimension
-(``nn.LayerNorm`` with or without affine parameters), diffusers' ``GELU`` (``gelu(proj(x))``: the activation becomes
-``kiln.gelu``, the projection stays; on CUDA, without autograd, the tanh form goes into the
+(``nn.LayerNorm`` with or without affine parameters), diffusers' ``GELU`` (``gelu(proj(x))``:
+the activation becomes ``kiln.gelu``, the projection stays; on CUDA, without autograd, the tanh form goes into the
 projection's cuBLASLt epilogue instead) and gated MLPs
 ``down_proj(act_fn(gate_proj(x)) * up_proj(x))`` with SiLU or GELU (the activation and
 multiply become ``kiln.swiglu`` / ``kiln.geglu``; the projections stay; Lumina's feed-forward,
@@ -55,7 +55,9 @@ modulation rows the model hands each block read in place: see :mod:`.chroma`), F
 processor (its fp32 per-head q/k norms and rotation as one ``kiln.head_norm_rope``: see
 :mod:`.flux3`), its blocks, modulation heads and output norm (the seams as ``kiln.adaln`` and
 ``kiln.gated_residual``, the modulation projected one row a sample: see :mod:`.flux3_block` and
-:mod:`.flux3_model`) and diffusers' AdaLN modules (``kiln.adaln``). A patched forward whose
+:mod:`.flux3_model`), Stable Audio 3's blocks (the seams of its gamma-scaled norms and
+``sigmoid(1 - gate)`` gates as ``kiln.adaln``, ``kiln.gated_adaln`` and ``kiln.gated_residual_``:
+see :mod:`.stable_audio3`) and diffusers' AdaLN modules (``kiln.adaln``). A patched forward whose
 kiln ops have no backward (LTX-Video's fused seams) calls the original where it would record
 an autograd graph.
 """
@@ -67,8 +69,8 @@ from typing import Iterable, Optional
 import torch
 
 from . import (bmm_experts, detect, detect_chroma, detect_cogvideox, detect_dit, detect_flux2, detect_flux3,
-               detect_hunyuan_video, detect_ltx2, detect_mochi, detect_qwen_image, detect_sd3, detect_z_image,
-               dit_block_chain, experts_gate, gated_norm, gelu_mlp, head_norm_attention, ltx, packed_gate, replace,
+               detect_hunyuan_video, detect_ltx2, detect_mochi, detect_qwen_image, detect_sd3, detect_stable_audio3,
+               detect_z_image, dit_block_chain, experts_gate, gated_norm, gelu_mlp, head_norm_attention, ltx, packed_gate, replace,
                residual_norm_chain, residual_norm_layer, rope_attention, wan_block)
 from .report import Left, PatchReport, Replaced
 
@@ -176,7 +178,8 @@ def _patch_dit(path: str, module: torch.nn.Module, chosen: frozenset, report: Pa
     of their candidates (replaced or left)."""
     candidates = detect_flux2.CANDIDATES + detect_flux3.CANDIDATES + detect_hunyuan_video.CANDIDATES \
         + detect_mochi.CANDIDATES + detect_cogvideox.CANDIDATES + detect_sd3.CANDIDATES + detect_chroma.CANDIDATES \
-        + detect_ltx2.CANDIDATES + detect_z_image.CANDIDATES + detect_dit.CANDIDATES + detect_qwen_image.CANDIDATES
+        + detect_ltx2.CANDIDATES + detect_z_image.CANDIDATES + detect_dit.CANDIDATES + detect_qwen_image.CANDIDATES \
+        + detect_stable_audio3.CANDIDATES
     for candidate, classify in candidates:
         if candidate(module):
             break
