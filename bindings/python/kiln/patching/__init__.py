@@ -5,8 +5,8 @@ What is recognised (by what the module computes, see :mod:`.detect`): RMSNorms (
 rounding rule, Gemma's ``1 + weight``, diffusers' weight-dtype rule, ``nn.RMSNorm``, norms
 with no weight, Stable Audio 3's scaled by ``gamma``), LayerNorms over the last dimension
 (``nn.LayerNorm`` with or without affine parameters), diffusers' ``GELU`` (``gelu(proj(x))``:
-the activation becomes ``kiln.gelu``, the projection stays; on CUDA, without autograd, the tanh form goes into the
-projection's cuBLASLt epilogue instead) and gated MLPs
+the activation becomes ``kiln.gelu``, the projection stays; on CUDA, without autograd, the tanh
+form goes into the projection's cuBLASLt epilogue instead) and gated MLPs
 ``down_proj(act_fn(gate_proj(x)) * up_proj(x))`` with SiLU or GELU (the activation and
 multiply become ``kiln.swiglu`` / ``kiln.geglu``; the projections stay; Lumina's feed-forward,
 ``linear_2(silu(linear_1(x)) * linear_3(x))``, too), the same with gate
@@ -70,8 +70,8 @@ import torch
 
 from . import (bmm_experts, detect, detect_chroma, detect_cogvideox, detect_dit, detect_flux2, detect_flux3,
                detect_hunyuan_video, detect_ltx2, detect_mochi, detect_qwen_image, detect_sd3, detect_stable_audio3,
-               detect_z_image, dit_block_chain, experts_gate, gated_norm, gelu_mlp, head_norm_attention, ltx, packed_gate, replace,
-               residual_norm_chain, residual_norm_layer, rope_attention, wan_block)
+               detect_z_image, dit_block_chain, experts_gate, gated_norm, gelu_mlp, head_norm_attention, ltx,
+               packed_gate, replace, residual_norm_chain, residual_norm_layer, rope_attention, wan_block)
 from .report import Left, PatchReport, Replaced
 
 # The attentions whose processor is replaced, and those of them whose head norms may join the rotation.

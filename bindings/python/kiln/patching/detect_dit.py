@@ -128,6 +128,16 @@ def _rms_norm_child(module: torch.nn.Module, name: str) -> Union[detect.Match, N
     return result
 
 
+def _rms_norm_children(module: torch.nn.Module, names, what: str) -> Optional[NoMatch]:
+    """None where each named child is an RMSNorm one kiln.rms_norm call computes, else why not
+    (a NoMatch of ``what``)."""
+    for name in names:
+        result = _rms_norm_child(module, name)
+        if isinstance(result, NoMatch):
+            return NoMatch(what, result.reason)
+    return None
+
+
 def _worst(expected, actual) -> Optional[str]:
     """None when every tensor of actual agrees with expected's (within fp32 rounding of the
     output's own scale) and it returns None where expected does, else how they differ."""
@@ -283,10 +293,9 @@ def classify_video_rope(module: torch.nn.Module, original: Callable) -> Union[Di
 
 
 def classify_ltx_attention(module: torch.nn.Module, processor) -> Union[DitMatch, NoMatch]:
-    for name in ("norm_q", "norm_k"):
-        result = _rms_norm_child(module, name)
-        if isinstance(result, NoMatch):
-            return NoMatch("attention", result.reason)
+    why = _rms_norm_children(module, ("norm_q", "norm_k"), "attention")
+    if why is not None:
+        return why
     g = torch.Generator().manual_seed(0)
     inner, inner_kv = module.to_q.out_features, module.to_k.out_features
     children = {"to_q": _linear(_PROBE_DIM, inner, g), "to_k": _linear(_PROBE_DIM, inner_kv, g),
@@ -349,10 +358,9 @@ class _ProbeFF(torch.nn.Module):
 
 
 def classify_ltx_block(module: torch.nn.Module, original: Callable) -> Union[DitMatch, NoMatch]:
-    for name in ("norm1", "norm2"):
-        result = _rms_norm_child(module, name)
-        if isinstance(result, NoMatch):
-            return NoMatch("block", result.reason)
+    why = _rms_norm_children(module, ("norm1", "norm2"), "block")
+    if why is not None:
+        return why
     table = module.scale_shift_table
     if table.shape[0] != 6:
         return NoMatch("block", f"its scale_shift_table has {table.shape[0]} rows, not LTX-Video's 6")

@@ -10,7 +10,7 @@ import torch
 from . import ltx2
 from .detect import NoMatch, _Swapped
 from .detect_dit import (_PROBE_DIM, DitMatch, attention_match, _confirmed, _fused_or_plain, _linear, _norm_weights,
-                         _ProbeFF, _processor_call, _rms_norm_child)
+                         _ProbeFF, _processor_call, _rms_norm_children)
 
 _BLOCK_CHILDREN = ("norm1", "attn1", "audio_norm1", "audio_attn1", "norm2", "attn2", "audio_norm2", "audio_attn2",
                    "audio_to_video_norm", "audio_to_video_attn", "video_to_audio_norm", "video_to_audio_attn",
@@ -108,10 +108,9 @@ class _ProbeAttention(torch.nn.Module):
 
 
 def classify_block(module: torch.nn.Module, original: Callable) -> Union[DitMatch, NoMatch]:
-    for name in _NORMS:
-        result = _rms_norm_child(module, name)
-        if isinstance(result, NoMatch):
-            return NoMatch("block", result.reason)
+    why = _rms_norm_children(module, _NORMS, "block")
+    if why is not None:
+        return why
     if tuple(inspect.signature(original).parameters) != _BLOCK_ARGUMENTS:
         return NoMatch("block", f"its forward does not take LTX-2's block arguments {_BLOCK_ARGUMENTS}")
     nv, d = module.scale_shift_table.shape

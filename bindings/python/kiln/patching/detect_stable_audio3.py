@@ -7,7 +7,7 @@ from typing import Callable, Union
 
 import torch
 
-from . import stable_audio3
+from . import forwards, stable_audio3
 from .detect import NoMatch, _Swapped, has_child
 from .detect_dit import DitMatch, _confirmed, _ProbeFF, _rms_norm_child
 
@@ -47,12 +47,12 @@ class _ProbeCrossAttention(torch.nn.Module):
 
 
 def classify_block(module: torch.nn.Module, original: Callable) -> Union[DitMatch, NoMatch]:
-    for name in stable_audio3.NORMS:
+    for name in stable_audio3.NORMS:  # the seams read each norm's gamma
         result = _rms_norm_child(module, name)
         if isinstance(result, NoMatch):
             return NoMatch("block", result.reason)
-        if not isinstance(getattr(getattr(module, name), "gamma", None), torch.Tensor):
-            return NoMatch("block", f"{name} is not scaled by a gamma")
+        if result.factory is not forwards.rms_norm_gamma:
+            return NoMatch("block", f"{name} computes {result.kind}, not an RMSNorm scaled by a gamma")
     if tuple(inspect.signature(original).parameters) != _BLOCK_ARGUMENTS:
         return NoMatch("block", f"its forward does not take Stable Audio 3's block arguments {_BLOCK_ARGUMENTS}")
     table = module.to_scale_shift_gate

@@ -11,7 +11,7 @@ from . import z_image
 from .detect import (_MLP_HIDDEN, _MLP_INNER, NoMatch, _Swapped, compare_with_probe_projections, has_child,
                      other_children)
 from .detect_dit import (_PROBE_DIM, DitMatch, attention_match, _confirmed, _fused_or_plain, _linear, _norm_weights,
-                         _ProbeFF, _processor_call, _rms_norm_child)
+                         _ProbeFF, _processor_call, _rms_norm_children)
 
 _BLOCK_CHILDREN = ("attention", "feed_forward") + z_image._NORMS
 _BLOCK_ARGUMENTS = ("x", "attn_mask", "freqs_cis", "adaln_input", "noise_mask", "adaln_noisy", "adaln_clean")
@@ -89,10 +89,9 @@ class _ProbeAttention(torch.nn.Module):
 
 
 def classify_block(module: torch.nn.Module, original: Callable) -> Union[DitMatch, NoMatch]:
-    for name in z_image._NORMS:
-        result = _rms_norm_child(module, name)
-        if isinstance(result, NoMatch):
-            return NoMatch("block", result.reason)
+    why = _rms_norm_children(module, z_image._NORMS, "block")
+    if why is not None:
+        return why
     if tuple(inspect.signature(original).parameters) != _BLOCK_ARGUMENTS:
         return NoMatch("block", f"its forward does not take Z-Image's block arguments {_BLOCK_ARGUMENTS}")
     modulation = module.adaLN_modulation

@@ -70,10 +70,6 @@ def stable_audio3_block(module: torch.nn.Module, original: Callable) -> Callable
 
         normed = norm_ops.adaln(h, scale_attn, shift_attn, pre.gamma, norm_eps(pre, h), "rms")
         attn_out = module.self_attn(normed, rope=rope)
-        if attn_out.shape != h.shape or not kiln_can_take(h, attn_out):  # an attention of another kind's
-            h = h + attn_out * torch.sigmoid(1 - gate_attn)
-            h = h + module.cross_attn(cross_norm(h), context=context, context_mask=context_mask)
-            return h + module.ff(ff_norm(h) * (1 + scale_ff) + shift_ff) * torch.sigmoid(1 - gate_ff)
         h, normed = norm_ops.gated_adaln(h, attn_out, torch.sigmoid(1 - gate_attn), zero, zero, cross_norm.gamma,
                                          norm_eps(cross_norm, h), "rms")
         cross = module.cross_attn(normed, context=context, context_mask=context_mask)
